@@ -1,0 +1,307 @@
+//! Upload streams (`STORAGE_VOL_UPLOAD`): bytes from any `AsyncRead` into a volume.
+//!
+//! Guarantees (finding H2), every path ends in bounded time and leaves nothing behind:
+//! - the source fails → the stream is aborted and the source's error returned;
+//! - the daemon fails mid-stream (disk full, volume deleted) → sending stops at once and the
+//!   daemon's error is returned;
+//! - the deadline passes or the future is dropped → the stream is aborted, and if the daemon
+//!   does not confirm within the abort budget the connection is killed;
+//! - no task outlives the call except, after a drop, one bounded abort task.
+//!
+//! Uploads should run on a dedicated connection, so that killing it never hurts other callers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::mpsc;
+
+use crate::conn::{
+    Connection, STREAM_QUEUE, Shared, Waiter, remote_packet, reply_result, stream_error,
+};
+use crate::error::{DeathReason, Error, Kind, Result};
+use crate::frame::{LEGACY_STREAM_PAYLOAD, MAX_PAYLOAD, MessageType, Packet, Status};
+
+/// Default upload chunk: the largest stream payload every libvirt version accepts.
+pub const DEFAULT_CHUNK: usize = LEGACY_STREAM_PAYLOAD;
+/// Default time the daemon gets to confirm an abort before the connection is killed.
+// NB: libvirtd confirms an abort in milliseconds; 5 s covers a loaded host without letting a
+// frozen one hold the caller.
+pub const DEFAULT_ABORT_BUDGET: Duration = Duration::from_secs(5);
+/// Default time the daemon gets to confirm the end of a finished upload (it flushes the
+/// volume to disk first).
+pub const DEFAULT_FINISH_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How an upload behaves.
+#[derive(Debug, Clone)]
+pub struct UploadOptions {
+    /// Bytes per stream packet (1 ..= 32 MiB - 24).
+    pub chunk_size: usize,
+    /// Deadline for the whole upload; `None` means only the per-step bounds apply.
+    pub deadline: Option<Duration>,
+    /// How long an abort may wait for the daemon's confirmation.
+    pub abort_budget: Duration,
+    /// How long the daemon may take to confirm a completed upload.
+    pub finish_timeout: Duration,
+}
+
+impl Default for UploadOptions {
+    fn default() -> Self {
+        Self {
+            chunk_size: DEFAULT_CHUNK,
+            deadline: None,
+            abort_budget: DEFAULT_ABORT_BUDGET,
+            finish_timeout: DEFAULT_FINISH_TIMEOUT,
+        }
+    }
+}
+
+/// Tracks an open stream; if it is dropped unfinished, aborts it in a bounded background
+/// task (or kills the connection when no runtime is available).
+struct StreamGuard {
+    shared: Arc<Shared>,
+    serial: u32,
+    proc_: i32,
+    rx: Option<mpsc::Receiver<Packet>>,
+    finished: bool,
+    abort_budget: Duration,
+}
+
+impl StreamGuard {
+    fn rx(&mut self) -> Result<&mut mpsc::Receiver<Packet>> {
+        match self.rx.as_mut() {
+            Some(rx) => Ok(rx),
+            None => Err(Error::protocol("stream receiver already taken")),
+        }
+    }
+
+    /// Sends an abort and waits (bounded) for the daemon to confirm; kills the connection
+    /// when it does not.
+    async fn abort(&mut self) {
+        self.finished = true;
+        let rx = self.rx.take();
+        abort_stream(
+            self.shared.clone(),
+            self.serial,
+            self.proc_,
+            rx,
+            self.abort_budget,
+        )
+        .await;
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        if self.finished {
+            self.shared.remove(self.serial);
+            return;
+        }
+        let shared = self.shared.clone();
+        let (serial, proc_, budget, rx) =
+            (self.serial, self.proc_, self.abort_budget, self.rx.take());
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn(abort_stream(shared, serial, proc_, rx, budget));
+            }
+            Err(_) => shared.die(DeathReason::StreamAbortTimeout),
+        }
+    }
+}
+
+async fn abort_stream(
+    shared: Arc<Shared>,
+    serial: u32,
+    proc_: i32,
+    rx: Option<mpsc::Receiver<Packet>>,
+    budget: Duration,
+) {
+    let confirmed = async {
+        let pkt = remote_packet(proc_, MessageType::Stream, serial, Status::Error, &[]).ok()?;
+        shared.send(pkt).await.ok()?;
+        let mut rx = rx?;
+        rx.recv().await
+    };
+    let ok = matches!(tokio::time::timeout(budget, confirmed).await, Ok(Some(_)));
+    shared.remove(serial);
+    if !ok && !shared.is_dead() {
+        tracing::warn!(
+            serial,
+            "upload abort not confirmed in {budget:?}; killing the connection"
+        );
+        shared.die(DeathReason::StreamAbortTimeout);
+    }
+}
+
+/// What the daemon said while we were sending.
+fn interrupted(shared: &Shared, pkt: Option<Packet>) -> Error {
+    match pkt {
+        None => shared.dead_error(),
+        Some(p) if p.header.status == Status::Error => stream_error(shared, &p),
+        Some(p) => Error::protocol(format!(
+            "unexpected {:?}/{:?} packet during an upload",
+            p.header.mtype, p.header.status
+        )),
+    }
+}
+
+/// Reads up to `chunk` bytes, stopping early only at end of input.
+async fn fill<R: AsyncRead + Unpin>(
+    src: &mut R,
+    buf: &mut BytesMut,
+    chunk: usize,
+) -> std::io::Result<()> {
+    while buf.len() < chunk {
+        let before = buf.len();
+        let mut limited = (&mut *src).take((chunk - before) as u64);
+        let n = limited.read_buf(buf).await?;
+        if n == 0 {
+            break;
+        }
+    }
+    Ok(())
+}
+
+impl Connection {
+    /// Runs an upload stream for procedure `proc_` with XDR-encoded `args`, sending every
+    /// byte of `src`. Returns the number of bytes sent.
+    pub async fn upload<R: AsyncRead + Unpin>(
+        &self,
+        proc_: i32,
+        args: Bytes,
+        mut src: R,
+        opts: &UploadOptions,
+    ) -> Result<u64> {
+        if opts.chunk_size == 0 || opts.chunk_size > MAX_PAYLOAD {
+            return Err(Error::setup(
+                format!(
+                    "invalid upload chunk_size = {}: must be between 1 and {MAX_PAYLOAD}",
+                    opts.chunk_size
+                ),
+                true,
+            ));
+        }
+        let shared = self.shared().clone();
+        let serial = shared.next_serial();
+        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+        shared.register(serial, Waiter::Stream(tx))?;
+        let mut guard = StreamGuard {
+            shared: shared.clone(),
+            serial,
+            proc_,
+            rx: Some(rx),
+            finished: false,
+            abort_budget: opts.abort_budget,
+        };
+        let call_timeout = shared.config().call_timeout;
+
+        // 1. The call and its reply.
+        let call = remote_packet(proc_, MessageType::Call, serial, Status::Ok, &args)?;
+        let opened = tokio::time::timeout(call_timeout, async {
+            shared.send(call).await?;
+            guard.rx()?.recv().await.ok_or_else(|| shared.dead_error())
+        })
+        .await;
+        match opened {
+            Err(_) => {
+                guard.abort().await;
+                return Err(Error::timeout("upload call"));
+            }
+            Ok(Err(e)) => {
+                guard.finished = true;
+                return Err(e);
+            }
+            Ok(Ok(pkt)) => {
+                if let Err(e) = reply_result(&shared, pkt) {
+                    guard.finished = true;
+                    return Err(e);
+                }
+            }
+        }
+
+        // 2. Data, then the end-of-stream confirmation.
+        let body = send_body(&shared, &mut guard, &mut src, opts);
+        let res = match opts.deadline {
+            Some(d) => match tokio::time::timeout(d, body).await {
+                Ok(r) => r,
+                Err(_) => Err(Error::timeout("upload")),
+            },
+            None => body.await,
+        };
+        match res {
+            Ok(n) => {
+                guard.finished = true;
+                Ok(n)
+            }
+            Err(e) if e.is_timeout() || e.source_error().is_some() => {
+                if !guard.finished {
+                    guard.abort().await;
+                }
+                Err(e)
+            }
+            Err(e) => {
+                guard.finished = true;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Sends the body; on a source error returns it without aborting (the caller aborts).
+async fn send_body<R: AsyncRead + Unpin>(
+    shared: &Arc<Shared>,
+    guard: &mut StreamGuard,
+    src: &mut R,
+    opts: &UploadOptions,
+) -> Result<u64> {
+    let serial = guard.serial;
+    let proc_ = guard.proc_;
+    let mut sent: u64 = 0;
+    let mut buf = BytesMut::with_capacity(opts.chunk_size);
+    loop {
+        buf.clear();
+        let rx = guard.rx()?;
+        let read = tokio::select! {
+            biased;
+            pkt = rx.recv() => return Err(interrupted(shared, pkt)),
+            r = fill(src, &mut buf, opts.chunk_size) => r,
+        };
+        if let Err(e) = read {
+            return Err(Error::new(Kind::Source(Arc::new(e))));
+        }
+        if buf.is_empty() {
+            break;
+        }
+        let pkt = remote_packet(proc_, MessageType::Stream, serial, Status::Continue, &buf)?;
+        let rx = guard.rx()?;
+        tokio::select! {
+            biased;
+            pkt = rx.recv() => return Err(interrupted(shared, pkt)),
+            r = shared.send(pkt) => r?,
+        }
+        sent = sent.saturating_add(buf.len() as u64);
+    }
+    // End of data: send the finish packet, then wait for the daemon's confirmation.
+    let fin = remote_packet(proc_, MessageType::Stream, serial, Status::Ok, &[])?;
+    let rx = guard.rx()?;
+    tokio::select! {
+        biased;
+        pkt = rx.recv() => return Err(interrupted(shared, pkt)),
+        r = shared.send(fin) => r?,
+    }
+    let confirm = tokio::time::timeout(opts.finish_timeout, guard.rx()?.recv()).await;
+    match confirm {
+        Err(_) => {
+            // The data is sent; the daemon is not answering. Nothing to abort: kill.
+            guard.finished = true;
+            shared.die(DeathReason::StreamAbortTimeout);
+            Err(Error::timeout("upload finish"))
+        }
+        Ok(Some(p)) if p.header.status == Status::Ok => Ok(sent),
+        Ok(pkt) => {
+            guard.finished = true;
+            Err(interrupted(shared, pkt))
+        }
+    }
+}

@@ -179,8 +179,7 @@ pub(crate) struct Shared {
     kill: KillSwitch,
     counters: Counters,
     events: broadcast::Sender<Event>,
-    epoch: Instant,
-    last_rx_ms: AtomicU64,
+    rx_packets: AtomicU64,
     peer: String,
 }
 
@@ -265,13 +264,7 @@ impl Shared {
     }
 
     fn touch(&self) {
-        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_rx_ms.store(ms, Ordering::Relaxed);
-    }
-
-    fn idle(&self) -> Duration {
-        let last = Duration::from_millis(self.last_rx_ms.load(Ordering::Relaxed));
-        self.epoch.elapsed().saturating_sub(last)
+        self.rx_packets.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -401,8 +394,7 @@ impl Connection {
             kill,
             counters: Counters::default(),
             events,
-            epoch: Instant::now(),
-            last_rx_ms: AtomicU64::new(0),
+            rx_packets: AtomicU64::new(0),
             peer,
         });
         tokio::spawn(reader_task(shared.clone(), reader));
@@ -527,7 +519,6 @@ impl Connection {
 
 async fn reader_task(shared: Arc<Shared>, reader: Box<dyn tokio::io::AsyncRead + Send + Unpin>) {
     let mut framed = FramedRead::new(reader, PacketCodec);
-    shared.touch();
     loop {
         let next = tokio::select! {
             biased;
@@ -661,13 +652,17 @@ async fn keepalive_task(shared: Arc<Shared>) {
     let mut tick = tokio::time::interval_at(Instant::now() + interval, interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut missed: u32 = 0;
+    let mut seen = shared.rx_packets.load(Ordering::Relaxed);
     loop {
         tokio::select! {
             biased;
             () = shared.cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if shared.idle() < interval {
+        // Any inbound packet during the last interval (a PONG, a reply, an event) is liveness.
+        let now = shared.rx_packets.load(Ordering::Relaxed);
+        if now != seen {
+            seen = now;
             missed = 0;
             continue;
         }

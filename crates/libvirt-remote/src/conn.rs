@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::{DeathReason, Error, Kind, RemoteError, Result};
+use crate::error::{DeathReason, Error, RemoteError, Result};
 use crate::frame::{self, FrameError, Header, MessageType, Packet, PacketCodec, Status};
 use crate::proto::{self, RemoteErrorWire};
 use crate::transport::{KillSwitch, Transport};
@@ -160,10 +160,10 @@ impl Pending {
     fn abandon(&mut self, serial: u32) {
         if self.waiters.remove(&serial).is_some() && self.abandoned.insert(serial) {
             self.abandoned_order.push_back(serial);
-            if self.abandoned_order.len() > ABANDONED_MEMORY {
-                if let Some(old) = self.abandoned_order.pop_front() {
-                    self.abandoned.remove(&old);
-                }
+            if self.abandoned_order.len() > ABANDONED_MEMORY
+                && let Some(old) = self.abandoned_order.pop_front()
+            {
+                self.abandoned.remove(&old);
             }
         }
     }
@@ -323,10 +323,16 @@ pub(crate) fn reply_result(shared: &Shared, pkt: Packet) -> Result<Bytes> {
                 Err(Error::protocol(format!("undecodable error reply: {e}")))
             }
         },
-        other => Err(Error::protocol(format!(
-            "unexpected reply status {other:?} for procedure {}",
-            pkt.header.proc_
-        ))),
+        other => {
+            // NB: the peers disagree on the protocol; a link that stayed up here would look
+            // alive while answering nonsense (found by fuzzing, fuzz/fuzz_targets/connection.rs).
+            let msg = format!(
+                "unexpected reply status {other:?} for procedure {}",
+                pkt.header.proc_
+            );
+            shared.die(DeathReason::Malformed(msg.clone()));
+            Err(Error::protocol(msg))
+        }
     }
 }
 
@@ -545,10 +551,10 @@ fn dispatch(shared: &Shared, pkt: Packet) {
         match h.proc_ {
             proto::KEEPALIVE_PING => {
                 // A full queue means we are sending, which the peer counts as liveness.
-                if let Ok(b) = keepalive_packet(proto::KEEPALIVE_PONG) {
-                    if shared.try_send(b) {
-                        c.pings_answered.fetch_add(1, Ordering::Relaxed);
-                    }
+                if let Ok(b) = keepalive_packet(proto::KEEPALIVE_PONG)
+                    && shared.try_send(b)
+                {
+                    c.pings_answered.fetch_add(1, Ordering::Relaxed);
                 }
             }
             proto::KEEPALIVE_PONG => {
@@ -670,10 +676,10 @@ async fn keepalive_task(shared: Arc<Shared>) {
         if missed > count {
             return shared.die(DeathReason::KeepaliveTimeout { missed });
         }
-        if let Ok(b) = keepalive_packet(proto::KEEPALIVE_PING) {
-            if shared.try_send(b) {
-                shared.counters.pings_sent.fetch_add(1, Ordering::Relaxed);
-            }
+        if let Ok(b) = keepalive_packet(proto::KEEPALIVE_PING)
+            && shared.try_send(b)
+        {
+            shared.counters.pings_sent.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -682,9 +688,11 @@ async fn keepalive_task(shared: Arc<Shared>) {
 pub(crate) fn stream_error(shared: &Shared, pkt: &Packet) -> Error {
     match xdr::from_bytes::<RemoteErrorWire>(&pkt.payload) {
         Ok(w) => Error::from(RemoteError::from(w)),
-        Err(_) if pkt.payload.is_empty() => Error::new(Kind::Protocol(
-            "the daemon ended the stream with an error and no detail".into(),
-        )),
+        Err(_) if pkt.payload.is_empty() => {
+            let msg = "the daemon ended the stream with an error and no detail";
+            shared.die(DeathReason::Malformed(msg.into()));
+            Error::protocol(msg)
+        }
         Err(e) => {
             shared.die(DeathReason::Malformed(format!(
                 "undecodable stream error: {e}"

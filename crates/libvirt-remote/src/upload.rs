@@ -139,10 +139,16 @@ fn interrupted(shared: &Shared, pkt: Option<Packet>) -> Error {
     match pkt {
         None => shared.dead_error(),
         Some(p) if p.header.status == Status::Error => stream_error(shared, &p),
-        Some(p) => Error::protocol(format!(
-            "unexpected {:?}/{:?} packet during an upload",
-            p.header.mtype, p.header.status
-        )),
+        Some(p) => {
+            // NB: the daemon broke the stream protocol; its side of the stream is in an
+            // unknown state, so the (dedicated) connection goes too.
+            let msg = format!(
+                "unexpected {:?}/{:?} packet during an upload",
+                p.header.mtype, p.header.status
+            );
+            shared.die(DeathReason::Malformed(msg.clone()));
+            Error::protocol(msg)
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::error::{Error, Result};
 
+pub mod ssh;
 pub mod tcp;
 pub mod unix;
 

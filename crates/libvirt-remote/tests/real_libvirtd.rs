@@ -360,3 +360,44 @@ fn the_generated_source_is_the_same_however_it_is_read() {
     }
     assert_ne!(a[..8], a[8..16], "the generator repeats itself");
 }
+
+#[test]
+fn keep_switch_parses_booleans_strictly() {
+    // finding: L25 — `EPTEST_KEEP=0` means remove, never keep; garbage is refused.
+    use real::cleanup::parse_bool;
+    for v in ["0", "false", "FALSE", "no", "off", "", " 0 "] {
+        assert_eq!(parse_bool(v), Some(false), "{v:?}");
+    }
+    for v in ["1", "true", "Yes", "on"] {
+        assert_eq!(parse_bool(v), Some(true), "{v:?}");
+    }
+    for v in ["2", "keep", "nope", "0x1"] {
+        assert_eq!(parse_bool(v), None, "{v:?}");
+    }
+}
+
+#[test]
+fn ci_builds_and_runs_every_test_target() {
+    // finding: L23 — the seed's integration tests were never compiled; ours are, because the
+    // README's test command (run by .ci/run) builds and runs every target of every crate.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let test = std::fs::read_to_string(root.join("scripts/test")).expect("scripts/test");
+    let cmd = test
+        .lines()
+        .find(|l| l.trim_start().starts_with("exec cargo test"))
+        .expect("scripts/test runs cargo test");
+    assert!(
+        cmd.contains("--workspace") && cmd.contains("--all-targets"),
+        "{cmd}"
+    );
+    let ci = std::fs::read_to_string(root.join(".ci/run")).expect(".ci/run");
+    assert!(
+        ci.lines().any(|l| l.trim() == "./scripts/test"),
+        ".ci/run must run ./scripts/test"
+    );
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    assert!(
+        readme.contains("./scripts/test"),
+        "README must show the test command"
+    );
+}

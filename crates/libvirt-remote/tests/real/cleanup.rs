@@ -32,6 +32,31 @@ pub const VIRSH_TIMEOUT_SECS: &str = "60";
 /// The URI `virsh` manages.
 pub const VIRSH_URI: &str = "qemu:///system";
 
+/// Set to a true value (`1`, `true`, `yes`, `on`) to keep what the tests create, for
+/// debugging; false values (`0`, `false`, `no`, `off`, empty) and absence remove it. The
+/// sweep still collects kept resources once they are older than [`SWEEP_AGE`].
+pub const KEEP_ENV: &str = "EPTEST_KEEP";
+
+/// Parses a boolean environment value strictly: `None` for anything that is not clearly true
+/// or false (finding L25: `KEEP=0` must never mean "keep").
+pub fn parse_bool(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "" | "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+/// Whether [`KEEP_ENV`] asks to keep resources; an unparsable value fails the test loudly
+/// rather than guessing.
+pub fn keep_requested() -> bool {
+    match std::env::var(KEEP_ENV) {
+        Err(_) => false,
+        Ok(v) => parse_bool(&v)
+            .unwrap_or_else(|| panic!("{KEEP_ENV}={v:?} is not a boolean (use 1/0, true/false)")),
+    }
+}
+
 fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -148,6 +173,10 @@ impl DomainGuard {
 
 impl Drop for DomainGuard {
     fn drop(&mut self) {
+        if keep_requested() {
+            println!("eptest: keeping domain {} ({KEEP_ENV})", self.name);
+            return;
+        }
         remove_domain(&self.name);
     }
 }
@@ -186,6 +215,10 @@ impl PoolFixture {
 
 impl Drop for PoolFixture {
     fn drop(&mut self) {
+        if keep_requested() {
+            println!("eptest: keeping pool {} ({KEEP_ENV})", self.name);
+            return;
+        }
         remove_pool(&self.name);
         let _ = std::fs::remove_dir_all(&self.dir);
     }

@@ -662,8 +662,9 @@ impl Client {
             .await
     }
 
-    /// `STORAGE_VOL_UPLOAD`: streams `src` into `vol` at `offset` (`length` 0: to the end of
-    /// the source). Returns the bytes sent. Run it on a dedicated connection.
+    /// `STORAGE_VOL_UPLOAD`: streams `src` into `vol` at `offset`; at most `length` bytes are
+    /// sent (`length` 0: to the end of the source). Returns the bytes sent. Run it on a
+    /// dedicated connection.
     pub async fn vol_upload<R: AsyncRead + Unpin>(
         &self,
         vol: &StorageVol,
@@ -678,6 +679,10 @@ impl Client {
             length,
             flags: 0,
         });
+        // NB: libvirtd 11.3 was seen to crash when sent more than the declared length; never
+        // send past it.
+        let limit = if length == 0 { u64::MAX } else { length };
+        let src = tokio::io::AsyncReadExt::take(src, limit);
         self.conn.upload(STORAGE_VOL_UPLOAD, args, src, opts).await
     }
 }

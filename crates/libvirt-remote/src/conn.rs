@@ -180,6 +180,8 @@ pub(crate) struct Shared {
     counters: Counters,
     events: broadcast::Sender<Event>,
     rx_packets: AtomicU64,
+    epoch: Instant,
+    last_rx_ms: AtomicU64,
     peer: String,
 }
 
@@ -264,6 +266,8 @@ impl Shared {
     }
 
     fn touch(&self) {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_rx_ms.store(ms, Ordering::Relaxed);
         self.rx_packets.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -401,6 +405,8 @@ impl Connection {
             counters: Counters::default(),
             events,
             rx_packets: AtomicU64::new(0),
+            epoch: Instant::now(),
+            last_rx_ms: AtomicU64::new(0),
             peer,
         });
         tokio::spawn(reader_task(shared.clone(), reader));
@@ -655,26 +661,31 @@ async fn writer_task(
 async fn keepalive_task(shared: Arc<Shared>) {
     let interval = shared.config.keepalive_interval;
     let count = shared.config.keepalive_count;
-    let mut tick = tokio::time::interval_at(Instant::now() + interval, interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // NB: deadlines are measured from the last inbound packet, like libvirt's own keepalive:
+    // a PING goes out after `interval` of silence, another after each further interval, and
+    // the peer is dead after interval × (count + 1) of silence — never a tick later.
     let mut missed: u32 = 0;
     let mut seen = shared.rx_packets.load(Ordering::Relaxed);
+    let mut last_rx = shared.epoch;
     loop {
+        let deadline = last_rx + interval.saturating_mul(missed.saturating_add(1));
         tokio::select! {
             biased;
             () = shared.cancel.cancelled() => return,
-            _ = tick.tick() => {}
+            () = tokio::time::sleep_until(deadline) => {}
         }
-        // Any inbound packet during the last interval (a PONG, a reply, an event) is liveness.
+        // Any inbound packet (a PONG, a reply, an event) is liveness.
         let now = shared.rx_packets.load(Ordering::Relaxed);
         if now != seen {
             seen = now;
             missed = 0;
+            last_rx =
+                shared.epoch + Duration::from_millis(shared.last_rx_ms.load(Ordering::Relaxed));
             continue;
         }
         missed = missed.saturating_add(1);
         if missed > count {
-            return shared.die(DeathReason::KeepaliveTimeout { missed });
+            return shared.die(DeathReason::KeepaliveTimeout { missed: count });
         }
         if let Ok(b) = keepalive_packet(proto::KEEPALIVE_PING)
             && shared.try_send(b)

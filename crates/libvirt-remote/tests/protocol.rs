@@ -892,3 +892,29 @@ async fn killing_a_connection_blocked_on_a_frozen_peer_returns_at_once() {
     assert!(eof.is_ok(), "socket was not shut down");
     let _ = Domain::default();
 }
+
+#[tokio::test]
+async fn upload_never_sends_past_the_declared_length() {
+    // libvirtd 11.3 was seen to crash when a stream carried more bytes than the call's length.
+    let (client, mut peer) = pair(quiet());
+    let c = client.clone();
+    let up = tokio::spawn(async move {
+        c.vol_upload(&vol(), 0, 300_000, tokio::io::repeat(5), &UploadOptions::default())
+            .await
+    });
+    let _call = accept_upload(&mut peer).await;
+    let mut data = 0usize;
+    loop {
+        let p = peer.recv_remote().await;
+        match p.header.status {
+            Status::Continue => data += p.payload.len(),
+            Status::Ok => {
+                peer.send(reply_to(&p, Status::Ok, Bytes::new())).await;
+                break;
+            }
+            s => panic!("unexpected {s:?}"),
+        }
+    }
+    assert_eq!(data, 300_000);
+    assert_eq!(up.await.unwrap().unwrap(), 300_000);
+}

@@ -899,8 +899,14 @@ async fn upload_never_sends_past_the_declared_length() {
     let (client, mut peer) = pair(quiet());
     let c = client.clone();
     let up = tokio::spawn(async move {
-        c.vol_upload(&vol(), 0, 300_000, tokio::io::repeat(5), &UploadOptions::default())
-            .await
+        c.vol_upload(
+            &vol(),
+            0,
+            300_000,
+            tokio::io::repeat(5),
+            &UploadOptions::default(),
+        )
+        .await
     });
     let _call = accept_upload(&mut peer).await;
     let mut data = 0usize;

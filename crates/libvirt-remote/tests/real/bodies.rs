@@ -696,10 +696,11 @@ async fn next_event_for(
             }
             Err(e) => panic!("event stream ended: {e}"),
         };
-        if let Some(l) = LifecycleEvent::from_event(&ev) {
-            if l.domain.name == name && l.event == event {
-                return l;
-            }
+        if let Some(l) = LifecycleEvent::from_event(&ev)
+            && l.domain.name == name
+            && l.event == event
+        {
+            return l;
         }
     }
 }

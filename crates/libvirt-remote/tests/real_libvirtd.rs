@@ -384,11 +384,16 @@ fn ci_builds_and_runs_every_test_target() {
     let test = std::fs::read_to_string(root.join("scripts/test")).expect("scripts/test");
     let cmd = test
         .lines()
-        .find(|l| l.trim_start().starts_with("exec cargo test"))
-        .expect("scripts/test runs cargo test");
+        .find(|l| {
+            l.trim_start()
+                .starts_with("cargo test --workspace --all-targets")
+        })
+        .expect("scripts/test runs cargo test on every target of the workspace");
+    assert!(!cmd.contains("--exclude") && !cmd.contains(" -p "), "{cmd}");
     assert!(
-        cmd.contains("--workspace") && cmd.contains("--all-targets"),
-        "{cmd}"
+        test.lines()
+            .any(|l| l.trim_start().starts_with("cargo test --workspace --doc")),
+        "scripts/test runs the doc tests"
     );
     let ci = std::fs::read_to_string(root.join(".ci/run")).expect(".ci/run");
     assert!(

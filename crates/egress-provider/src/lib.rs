@@ -1,0 +1,14 @@
+//! Proxies as instances: the [`Provider`] trait, its model and error classes, and the libvirt
+//! implementation. Nothing here depends on Kubernetes.
+
+pub mod error;
+pub mod libvirt;
+pub mod model;
+pub mod provider;
+
+pub use error::{ErrorClass, ProviderError, Result};
+pub use model::{
+    CreateRequest, HostReport, HostState, Instance, InstanceState, NoProgress, OwnedInstance,
+    Progress, ProviderId, ProxyUid,
+};
+pub use provider::Provider;

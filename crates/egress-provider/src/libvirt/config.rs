@@ -1,0 +1,247 @@
+//! The settings of one libvirt provider entry, as read from the provider config file.
+//! Loading and validation with field-path errors belong to the config module of the operator;
+//! these types only describe the shape and its defaults.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The libvirt socket path on hosts by default.
+pub const DEFAULT_SOCKET: &str = "/run/libvirt/libvirt-sock";
+/// SSH port by default.
+pub const DEFAULT_SSH_PORT: u16 = 22;
+
+/// One provider entry of type `libvirt`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LibvirtEntry {
+    /// Entry name: a safe identifier; part of every domain and volume name.
+    pub name: String,
+    /// Hosts of this entry.
+    pub hosts: Vec<HostConfig>,
+    /// Image catalogue: key → source.
+    #[serde(default)]
+    pub images: BTreeMap<String, ImageSpec>,
+    /// Whether and where `image` may be a URL.
+    #[serde(default)]
+    pub url_images: UrlImagePolicy,
+    /// Largest image accepted, in bytes (enforced while streaming).
+    #[serde(default = "default_max_image_bytes")]
+    pub max_image_bytes: u64,
+    /// Guest settings.
+    #[serde(default)]
+    pub guest: GuestSettings,
+    /// Timeouts.
+    #[serde(default)]
+    pub timeouts: Timeouts,
+}
+
+fn default_max_image_bytes() -> u64 {
+    // NB: cloud images are 300 MiB–2 GiB; 8 GiB bounds a runaway download.
+    8 << 30
+}
+
+/// `virtType` per host.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum VirtType {
+    /// Use KVM only if the host's capabilities say it works, else TCG.
+    #[default]
+    Auto,
+    /// KVM only.
+    Kvm,
+    /// TCG (software emulation).
+    Qemu,
+}
+
+/// One libvirt host.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HostConfig {
+    /// Host name within the entry (used in providerIDs).
+    pub name: String,
+    /// `host[:port]` of its sshd.
+    pub address: String,
+    /// SSH user.
+    #[serde(default = "default_user")]
+    pub user: String,
+    /// libvirt socket path on the host.
+    #[serde(default = "default_socket")]
+    pub socket: String,
+    /// Storage pool for bases, overlays and seeds.
+    #[serde(default = "default_pool")]
+    pub pool: String,
+    /// Bridge to attach NICs to (exclusive with `network`).
+    #[serde(default)]
+    pub bridge: Option<String>,
+    /// libvirt network to attach NICs to (exclusive with `bridge`).
+    #[serde(default)]
+    pub network: Option<String>,
+    /// Virtualisation type.
+    #[serde(default)]
+    pub virt_type: VirtType,
+    /// Space kept free in the pool, GiB.
+    #[serde(default)]
+    pub pool_reserve_gib: u64,
+    /// SSH private key file.
+    #[serde(default)]
+    pub ssh_key_file: Option<PathBuf>,
+    /// known_hosts file.
+    #[serde(default)]
+    pub known_hosts_file: Option<PathBuf>,
+    /// Concurrent operations allowed on this host.
+    #[serde(default = "default_host_concurrency")]
+    pub max_concurrent: u32,
+}
+
+fn default_user() -> String {
+    "root".into()
+}
+fn default_socket() -> String {
+    DEFAULT_SOCKET.into()
+}
+fn default_pool() -> String {
+    "default".into()
+}
+fn default_host_concurrency() -> u32 {
+    // NB: one image transfer plus a few control calls; a frozen host can pin at most this many
+    // workers (finding H1's blast radius).
+    4
+}
+
+/// Disk image format.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageFormat {
+    /// qcow2.
+    #[default]
+    Qcow2,
+    /// raw.
+    Raw,
+}
+
+impl ImageFormat {
+    /// The libvirt/qemu format name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Qcow2 => "qcow2",
+            Self::Raw => "raw",
+        }
+    }
+}
+
+/// Firmware a guest image needs.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Firmware {
+    /// Legacy BIOS.
+    #[default]
+    Bios,
+    /// UEFI.
+    Uefi,
+}
+
+/// One catalogue entry.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImageSpec {
+    /// Where to download it.
+    pub url: String,
+    /// Expected sha256 (lowercase hex); required for http:// URLs.
+    #[serde(default)]
+    pub sha256: Option<String>,
+    /// Declared format (verified against the bytes).
+    #[serde(default)]
+    pub format: ImageFormat,
+    /// Firmware it boots with.
+    #[serde(default)]
+    pub firmware: Firmware,
+}
+
+/// URL images policy (off unless enabled).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UrlImagePolicy {
+    /// Whether `image` may be a URL.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Host names allowed.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+}
+
+/// Guest settings.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GuestSettings {
+    /// Install and enable qemu-guest-agent if missing.
+    #[serde(default = "yes")]
+    pub install_guest_agent: bool,
+    /// cloud-init vendor-data (must be `#cloud-config` or a script cloud-init recognises).
+    #[serde(default)]
+    pub vendor_data: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for GuestSettings {
+    fn default() -> Self {
+        Self {
+            install_guest_agent: true,
+            vendor_data: None,
+        }
+    }
+}
+
+/// Timeouts of the entry, in seconds in the file.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Timeouts {
+    /// SSH dial.
+    #[serde(default = "d10", with = "secs")]
+    pub dial: Duration,
+    /// One libvirt call.
+    #[serde(default = "d60", with = "secs")]
+    pub call: Duration,
+    /// A whole image import.
+    #[serde(default = "d1800", with = "secs")]
+    pub image_import: Duration,
+    /// Waiting for a started domain to be running.
+    #[serde(default = "d60", with = "secs")]
+    pub start: Duration,
+}
+
+fn d10() -> Duration {
+    Duration::from_secs(10)
+}
+fn d60() -> Duration {
+    Duration::from_secs(60)
+}
+fn d1800() -> Duration {
+    Duration::from_secs(1800)
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            dial: d10(),
+            call: d60(),
+            image_import: d1800(),
+            start: d60(),
+        }
+    }
+}
+
+mod secs {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_secs(u64::deserialize(d)?))
+    }
+}

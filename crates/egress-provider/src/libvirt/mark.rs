@@ -1,0 +1,199 @@
+//! The ownership mark: domain metadata in our own namespace saying the domain is managed by
+//! us, for which Proxy UID, in which entry, since when.
+//!
+//! Guarantees (findings M2, E2, L9): [`parse`] accepts only a mark whose `managed` is exactly
+//! `true`, whose UID is a canonical lowercase UUID with no padding, whose entry equals the
+//! expected entry exactly, and whose creation time is RFC 3339; anything else is `None`, and
+//! a domain without a valid mark is never touched. A creation time in the future is clamped
+//! to now.
+
+use std::time::SystemTime;
+
+use quick_xml::Reader;
+use quick_xml::events::Event;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use crate::model::ProxyUid;
+
+/// The metadata namespace URI of the mark.
+pub const NAMESPACE: &str = "https://egress-proxies.dev/libvirt/v1";
+/// The key (element prefix) libvirt stores the mark under.
+pub const KEY: &str = "ep";
+
+/// A verified mark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mark {
+    /// The Proxy UID.
+    pub uid: ProxyUid,
+    /// The provider entry.
+    pub entry: String,
+    /// Creation time (never in the future).
+    pub created_at: SystemTime,
+}
+
+/// The metadata XML written at define (the element libvirt stores under [`NAMESPACE`]).
+pub fn render(uid: &ProxyUid, entry: &str, created_at: SystemTime) -> String {
+    let ts = OffsetDateTime::from(created_at)
+        .replace_nanosecond(0)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_else(|| "1970-01-01T00:00:00Z".into());
+    format!(
+        "<{KEY}:instance xmlns:{KEY}=\"{NAMESPACE}\"><{KEY}:managed>true</{KEY}:managed>\
+         <{KEY}:uid>{}</{KEY}:uid><{KEY}:entry>{}</{KEY}:entry>\
+         <{KEY}:createdAt>{ts}</{KEY}:createdAt></{KEY}:instance>",
+        uid.canonical(),
+        xml_escape(entry),
+    )
+}
+
+fn xml_escape(s: &str) -> String {
+    quick_xml::escape::escape(s).into_owned()
+}
+
+/// Parses a mark as returned by `DOMAIN_GET_METADATA` for [`NAMESPACE`], requiring `entry`.
+/// Returns `None` for anything that is not exactly a mark of ours for that entry.
+pub fn parse(xml: &str, entry: &str, now: SystemTime) -> Option<Mark> {
+    let mut reader = Reader::from_str(xml);
+    let mut depth = 0usize;
+    let mut current: Option<String> = None;
+    let (mut managed, mut uid, mut ent, mut created) = (None, None, None, None);
+    let mut root_seen = false;
+    loop {
+        match reader.read_event().ok()? {
+            Event::Start(e) => {
+                let name = e.local_name().into_inner().to_owned();
+                depth += 1;
+                match depth {
+                    1 => {
+                        if name != "instance" || root_seen {
+                            return None;
+                        }
+                        root_seen = true;
+                    }
+                    2 => current = Some(name),
+                    _ => return None,
+                }
+            }
+            Event::End(_) => {
+                depth = depth.checked_sub(1)?;
+                current = None;
+            }
+            Event::Text(t) => {
+                let text = t.xml10_content().into_owned();
+                if let Some(field) = current.as_deref() {
+                    let slot = match field {
+                        "managed" => &mut managed,
+                        "uid" => &mut uid,
+                        "entry" => &mut ent,
+                        "createdAt" => &mut created,
+                        _ => continue,
+                    };
+                    if slot.is_some() {
+                        return None; // duplicated field
+                    }
+                    *slot = Some(text);
+                } else if !text.trim().is_empty() {
+                    return None;
+                }
+            }
+            // NB: none of our fields ever needs an entity or CDATA; their presence means the
+            // mark was not written by us.
+            Event::Empty(_) | Event::CData(_) | Event::GeneralRef(_) => return None,
+            Event::Eof => break,
+            _ => {}
+        }
+    }
+    if managed.as_deref() != Some("true") {
+        return None;
+    }
+    let uid = ProxyUid::parse_strict(uid.as_deref()?)?;
+    if ent.as_deref() != Some(entry) {
+        return None;
+    }
+    let t = OffsetDateTime::parse(created.as_deref()?, &Rfc3339).ok()?;
+    let created_at = SystemTime::from(t).min(now);
+    Some(Mark {
+        uid,
+        entry: entry.to_owned(),
+        created_at,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn uid() -> ProxyUid {
+        ProxyUid::parse_strict("0f8fad5b-d9cb-469f-a165-70867728950e").unwrap()
+    }
+
+    /// The mark as libvirt returns it: namespace declared as default, re-indented.
+    fn as_libvirt_returns(uid: &str, entry: &str, created: &str) -> String {
+        format!(
+            "<instance xmlns=\"{NAMESPACE}\">\n  <managed>true</managed>\n  <uid>{uid}</uid>\n  \
+             <entry>{entry}</entry>\n  <createdAt>{created}</createdAt>\n</instance>"
+        )
+    }
+
+    #[test]
+    fn a_rendered_mark_parses_back() {
+        let now = SystemTime::now();
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000);
+        let m = parse(&render(&uid(), "home", t), "home", now).unwrap();
+        assert_eq!(m.uid, uid());
+        assert_eq!(m.entry, "home");
+        assert_eq!(m.created_at, t);
+        let lv = as_libvirt_returns(&uid().canonical(), "home", "2026-11-29T10:00:00Z");
+        assert!(parse(&lv, "home", now).is_some());
+    }
+
+    #[test]
+    fn padded_or_recased_uids_are_not_marks() {
+        // finding: E2
+        let now = SystemTime::now();
+        let u = uid().canonical();
+        for bad in [
+            format!(" {u}"),
+            format!("{u}\n"),
+            u.to_uppercase(),
+            format!("\n  {u}\n  "),
+        ] {
+            let xml = as_libvirt_returns(&bad, "home", "2026-11-29T10:00:00Z");
+            assert!(parse(&xml, "home", now).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn marks_of_other_entries_or_unmanaged_are_not_ours() {
+        // finding: M2
+        let now = SystemTime::now();
+        let u = uid().canonical();
+        let other = as_libvirt_returns(&u, "lab", "2026-11-29T10:00:00Z");
+        assert!(parse(&other, "home", now).is_none());
+        assert!(parse(&other.replace(">true<", ">false<"), "lab", now).is_none());
+        assert!(
+            parse(
+                &other.replace("2026-11-29T10:00:00Z", "yesterday"),
+                "lab",
+                now
+            )
+            .is_none()
+        );
+        assert!(parse("<instance/>", "lab", now).is_none());
+        assert!(parse("garbage <", "lab", now).is_none());
+        let dup = other.replace("<entry>lab</entry>", "<entry>lab</entry><entry>lab</entry>");
+        assert!(parse(&dup, "lab", now).is_none());
+    }
+
+    #[test]
+    fn future_creation_times_are_clamped_to_now() {
+        // finding: L9
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000);
+        let xml = as_libvirt_returns(&uid().canonical(), "home", "2099-01-01T00:00:00Z");
+        assert_eq!(parse(&xml, "home", now).unwrap().created_at, now);
+    }
+}

@@ -1,0 +1,248 @@
+//! What the controller asks a provider for and what it gets back. No Kubernetes types.
+//!
+//! Guarantees: a [`ProviderId`] always names the provider entry, the host and the instance,
+//! and round-trips through its string form; UIDs are canonical lowercase UUIDs.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime};
+
+use crate::error::ProviderError;
+
+/// A Proxy's UID in canonical form (lowercase, hyphenated UUID).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProxyUid(pub uuid::Uuid);
+
+impl ProxyUid {
+    /// Parses strictly: exactly the canonical 36-character lowercase hyphenated form, with no
+    /// padding (finding E2: a padded or re-cased UID is not a UID of ours).
+    pub fn parse_strict(s: &str) -> Option<Self> {
+        if s.len() != 36 {
+            return None;
+        }
+        let u = uuid::Uuid::try_parse(s).ok()?;
+        // Round-trip check: only the canonical form is accepted.
+        if u.hyphenated().to_string() != s {
+            return None;
+        }
+        Some(Self(u))
+    }
+
+    /// The canonical lowercase form.
+    pub fn canonical(&self) -> String {
+        self.0.hyphenated().to_string()
+    }
+
+    /// The UID without hyphens (32 lowercase hex digits), used in names.
+    pub fn simple(&self) -> String {
+        self.0.simple().to_string()
+    }
+}
+
+impl fmt::Display for ProxyUid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.canonical())
+    }
+}
+
+/// Identifies an instance: `libvirt://<entry>/<host>/<domain name>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ProviderId {
+    /// Provider entry name.
+    pub entry: String,
+    /// Host name (as configured in the entry).
+    pub host: String,
+    /// Domain name on that host.
+    pub name: String,
+}
+
+impl fmt::Display for ProviderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "libvirt://{}/{}/{}", self.entry, self.host, self.name)
+    }
+}
+
+impl FromStr for ProviderId {
+    type Err = ProviderError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || {
+            ProviderError::permanent(format!(
+                "invalid providerID {s:?}: expected libvirt://ENTRY/HOST/NAME"
+            ))
+        };
+        let rest = s.strip_prefix("libvirt://").ok_or_else(bad)?;
+        let mut parts = rest.split('/');
+        let (Some(entry), Some(host), Some(name), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
+        if entry.is_empty() || host.is_empty() || name.is_empty() {
+            return Err(bad());
+        }
+        Ok(Self {
+            entry: entry.into(),
+            host: host.into(),
+            name: name.into(),
+        })
+    }
+}
+
+/// What the controller asks the provider to create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateRequest {
+    /// The Proxy's UID.
+    pub uid: ProxyUid,
+    /// The Proxy's namespace/name, for descriptions only.
+    pub display_name: String,
+    /// Host to place on (the controller has already chosen it).
+    pub host: String,
+    /// Catalogue key, or an `http(s)://` URL when URL images are enabled.
+    pub image: String,
+    /// Root disk size in GiB.
+    pub disk_gib: u64,
+    /// Memory in MiB.
+    pub memory_mib: u64,
+    /// Virtual CPUs.
+    pub vcpus: u32,
+    /// cloud-init user-data (already rendered by the caller; carries the proxy config).
+    pub user_data: String,
+}
+
+/// An instance's lifecycle state as the provider observes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InstanceState {
+    /// Defined/started but not yet reporting an address.
+    Provisioning,
+    /// Running with a known address.
+    Running,
+    /// Paused or suspended; never destroyed for it (finding M1). The libvirt reason is kept.
+    Paused {
+        /// Why (e.g. "I/O error: host storage full").
+        reason: String,
+    },
+    /// Shut off or crashed.
+    Stopped {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// An instance as observed now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    /// Where it lives.
+    pub id: ProviderId,
+    /// The Proxy UID from its verified mark.
+    pub uid: ProxyUid,
+    /// State.
+    pub state: InstanceState,
+    /// The address of our NIC, when known.
+    pub ip: Option<IpAddr>,
+    /// The NIC's MAC address.
+    pub mac: String,
+}
+
+/// An instance found by listing, with its verified mark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedInstance {
+    /// Where it lives.
+    pub id: ProviderId,
+    /// The UID from the mark.
+    pub uid: ProxyUid,
+    /// Creation time from the mark, clamped to now (finding L9).
+    pub created_at: SystemTime,
+    /// Whether the domain name equals the name derived from the mark's UID (GC requires it).
+    pub name_matches_uid: bool,
+}
+
+/// One host's health as a provider sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostReport {
+    /// Host name from the entry.
+    pub host: String,
+    /// Overall state.
+    pub state: HostState,
+    /// Latency of the probe call only (finding L15).
+    pub latency: Option<Duration>,
+    /// The host's hostname (truncated).
+    pub hostname: Option<String>,
+    /// libvirt version as "major.minor.micro".
+    pub libvirt_version: Option<String>,
+    /// Virt types that were found usable.
+    pub virt_types: Vec<String>,
+    /// Whether a UEFI loader is available.
+    pub uefi: bool,
+    /// Free pool space after the reserve, in bytes.
+    pub pool_free_bytes: Option<u64>,
+    /// Missing capabilities (bridge, network, firmware...), named.
+    pub missing: Vec<String>,
+    /// Last error (redacted, truncated).
+    pub error: Option<String>,
+}
+
+/// A host's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostState {
+    /// Reachable and usable.
+    Ready,
+    /// Could not connect.
+    Unreachable,
+    /// The host's own call hit its deadline (finding L16).
+    Timeout,
+    /// Reachable but something required is missing or low.
+    Degraded,
+}
+
+/// Progress of a long transfer, for the CLI and metrics.
+pub trait Progress: Send + Sync {
+    /// Called as bytes are transferred; `total` when known.
+    fn update(&self, done: u64, total: Option<u64>);
+}
+
+/// A progress sink that ignores updates.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoProgress;
+
+impl Progress for NoProgress {
+    fn update(&self, _: u64, _: Option<u64>) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uids_parse_only_in_canonical_hyphenated_form() {
+        // finding: E2
+        let ok = "0f8fad5b-d9cb-469f-a165-70867728950e";
+        assert_eq!(ProxyUid::parse_strict(ok).unwrap().canonical(), ok);
+        for bad in [
+            ok.to_uppercase().as_str(),
+            " 0f8fad5b-d9cb-469f-a165-70867728950e",
+            "0f8fad5b-d9cb-469f-a165-70867728950e\n",
+            "0f8fad5bd9cb469fa16570867728950e",
+            "{0f8fad5b-d9cb-469f-a165-70867728950e}",
+            "urn:uuid:0f8fad5b-d9cb-469f-a165-70867728950e",
+            "",
+        ] {
+            assert!(ProxyUid::parse_strict(bad).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn provider_ids_round_trip_and_reject_garbage() {
+        let id: ProviderId = "libvirt://home/h1/ep-home-abc".parse().unwrap();
+        assert_eq!(id.to_string(), "libvirt://home/h1/ep-home-abc");
+        for bad in [
+            "",
+            "kvm://a/b/c",
+            "libvirt://a/b",
+            "libvirt://a//c",
+            "libvirt://a/b/c/d",
+        ] {
+            assert!(bad.parse::<ProviderId>().is_err(), "{bad}");
+        }
+    }
+}

@@ -119,10 +119,12 @@ const IMPLEMENTED: &[i32] = &[
     STORAGE_POOL_LOOKUP_BY_NAME,
     STORAGE_POOL_GET_INFO,
     STORAGE_VOL_CREATE_XML,
+    STORAGE_VOL_CREATE_XML_FROM,
     STORAGE_VOL_DELETE,
     STORAGE_VOL_LOOKUP_BY_NAME,
     STORAGE_VOL_GET_INFO,
     STORAGE_VOL_GET_PATH,
+    procs::STORAGE_VOL_GET_XML_DESC,
     CONNECT_GET_LIB_VERSION,
     DOMAIN_CREATE_WITH_FLAGS,
     STORAGE_VOL_UPLOAD,
@@ -472,6 +474,12 @@ fn run(
                 vol: state.create_volume(&a.pool, &a.xml)?,
             })
         }
+        STORAGE_VOL_CREATE_XML_FROM => {
+            let a: StorageVolCreateXmlFromArgs = decode(proc_, payload)?;
+            ok(StorageVolRet {
+                vol: state.create_volume_from(&a.pool, &a.xml, &a.clonevol)?,
+            })
+        }
         STORAGE_VOL_LOOKUP_BY_NAME => {
             let a: StorageVolLookupByNameArgs = decode(proc_, payload)?;
             ok(StorageVolRet {
@@ -486,6 +494,12 @@ fn run(
             let a: StorageVolArgs = decode(proc_, payload)?;
             ok(StringRet {
                 value: state.volume_path(&a.vol)?,
+            })
+        }
+        procs::STORAGE_VOL_GET_XML_DESC => {
+            let a: StorageVolFlagsArgs = decode(proc_, payload)?;
+            ok(StringRet {
+                value: state.volume_xml(&a.vol)?,
             })
         }
         STORAGE_VOL_DELETE => {

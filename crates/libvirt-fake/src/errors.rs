@@ -370,6 +370,16 @@ pub(crate) fn vol_exists(name: &str) -> Box<RemoteErrorWire> {
     )
 }
 
+/// `STORAGE_VOL_CREATE_XML_FROM` onto a taken name: libvirtd 11.3 reports an internal error
+/// (code 1), not code 90 as `STORAGE_VOL_CREATE_XML` does (observed with `vol-create-from`).
+pub(crate) fn clone_name_in_use(name: &str) -> Box<RemoteErrorWire> {
+    remote_error(
+        codes::INTERNAL_ERROR,
+        domains::STORAGE,
+        format!("internal error: storage volume name '{name}' already in use."),
+    )
+}
+
 pub(crate) fn backing_missing(path: &str) -> Box<RemoteErrorWire> {
     system_error(
         domains::STORAGE,

@@ -252,6 +252,15 @@ pub(crate) struct State {
 /// Prefix of generated UUIDs ("fake" in ASCII, then a counter), so they are recognisable.
 const UUID_PREFIX: [u8; 8] = *b"fakeuuid";
 
+/// The virtual size in a qcow2 header (magic `QFI\xfb`, big-endian size at byte 24).
+fn qcow2_virtual_size(content: &[u8]) -> Option<u64> {
+    if content.get(..4)? != b"QFI\xfb" {
+        return None;
+    }
+    let b: [u8; 8] = content.get(24..32)?.try_into().ok()?;
+    Some(u64::from_be_bytes(b))
+}
+
 fn ip_kind(addr: &str) -> i32 {
     if addr.contains(':') { IP_V6 } else { IP_V4 }
 }
@@ -964,6 +973,18 @@ impl State {
 
     pub fn refresh_pool(&mut self, h: &proto::StoragePool) -> OpResult<()> {
         let p = self.pool_mut_by_handle(h)?;
+        // NB: a `dir` pool re-probes every file on refresh: one that starts with the qcow2
+        // magic reads as qcow2 with the header's virtual size (observed after `vol-upload` of
+        // a qcow2 into a raw volume).
+        for v in p.volumes.values_mut() {
+            if let Some(size) = qcow2_virtual_size(&v.content) {
+                v.format = "qcow2".into();
+                v.capacity = size;
+            } else if v.format == "raw" {
+                // A raw file is as large as its last written byte.
+                v.capacity = v.capacity.max(v.content.len() as u64);
+            }
+        }
         p.cached_allocation = p.allocation;
         p.cached_available = p.available;
         Ok(())
@@ -1042,6 +1063,48 @@ impl State {
         Ok(handle)
     }
 
+    /// `STORAGE_VOL_CREATE_XML_FROM`: a new volume named by `xml` with `clone`'s content and
+    /// format (unless the XML names one), at least `clone`'s capacity (as libvirtd does).
+    pub fn create_volume_from(
+        &mut self,
+        h: &proto::StoragePool,
+        xml_text: &str,
+        clone: &proto::StorageVol,
+    ) -> OpResult<proto::StorageVol> {
+        self.pool_name_by_handle(h)?;
+        let src = self
+            .pool_for_volume(clone)?
+            .volumes
+            .get(&clone.name)
+            .cloned()
+            .ok_or_else(|| errors::no_vol(&clone.name))?;
+        let parsed = xml::parse_volume(xml_text)
+            .map_err(|e| errors::xml_error(domains::STORAGE, &e.to_string()))?;
+        let p = self.pool_mut_by_handle(h)?;
+        if p.volumes.contains_key(&parsed.name) {
+            return Err(errors::clone_name_in_use(&parsed.name));
+        }
+        let capacity = parsed.capacity.unwrap_or(0).max(src.capacity);
+        let allocation = src.allocation;
+        let path = format!("{}/{}", p.path, parsed.name);
+        if allocation > p.available {
+            return Err(errors::vol_no_space(allocation, &path));
+        }
+        let v = VolumeObj {
+            name: parsed.name.clone(),
+            path,
+            capacity,
+            allocation,
+            format: parsed.format.unwrap_or(src.format),
+            backing: None,
+            content: src.content,
+        };
+        p.account(0, allocation);
+        let handle = p.vol_handle(&v);
+        p.volumes.insert(parsed.name, v);
+        Ok(handle)
+    }
+
     fn pool_for_volume(&self, h: &proto::StorageVol) -> OpResult<&PoolObj> {
         // NB: libvirt resolves a volume by pool name and volume name; a missing pool reads as a
         // missing volume (observed).
@@ -1082,6 +1145,43 @@ impl State {
             .get(&h.name)
             .map(|v| v.path.clone())
             .ok_or_else(|| errors::no_vol(&h.name))
+    }
+
+    /// The volume's XML as libvirt formats the parts we model: name, key, capacity,
+    /// allocation, target path and format, backing store path and format.
+    pub fn volume_xml(&self, h: &proto::StorageVol) -> OpResult<String> {
+        let p = self.pool_for_volume(h)?;
+        let v = p
+            .volumes
+            .get(&h.name)
+            .ok_or_else(|| errors::no_vol(&h.name))?;
+        let esc = |s: &str| quick_xml::escape::escape(s).into_owned();
+        let backing = match &v.backing {
+            Some(path) => {
+                let fmt = self
+                    .volume_path_exists(path)
+                    .map(|b| b.format.clone())
+                    .unwrap_or_else(|| "raw".into());
+                format!(
+                    "  <backingStore>\n    <path>{}</path>\n    <format type='{}'/>\n  </backingStore>\n",
+                    esc(path),
+                    esc(&fmt)
+                )
+            }
+            None => String::new(),
+        };
+        Ok(format!(
+            "<volume type='file'>\n  <name>{}</name>\n  <key>{}</key>\n  \
+             <capacity unit='bytes'>{}</capacity>\n  <allocation unit='bytes'>{}</allocation>\n  \
+             <target>\n    <path>{}</path>\n    <format type='{}'/>\n  </target>\n{}</volume>\n",
+            esc(&v.name),
+            esc(&v.path),
+            v.capacity,
+            v.allocation,
+            esc(&v.path),
+            esc(&v.format),
+            backing
+        ))
     }
 
     pub fn delete_volume(&mut self, h: &proto::StorageVol) -> OpResult<()> {

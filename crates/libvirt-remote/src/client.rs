@@ -618,6 +618,39 @@ impl Client {
         Ok(r.vol)
     }
 
+    /// `STORAGE_VOL_CREATE_XML_FROM`: creates a volume from `xml` in `pool` with the content
+    /// of `clone` (libvirt copies or converts it; the new name is visible while it copies).
+    /// `timeout` bounds this call instead of the connection's call timeout, since the copy
+    /// takes time proportional to the volume.
+    pub async fn vol_create_xml_from(
+        &self,
+        pool: &StoragePool,
+        xml: &str,
+        clone: &StorageVol,
+        flags: u32,
+        timeout: Duration,
+    ) -> Result<StorageVol> {
+        let args = xdr::to_bytes(&StorageVolCreateXmlFromArgs {
+            pool: pool.clone(),
+            xml: xml.into(),
+            clonevol: clone.clone(),
+            flags,
+        });
+        let reply = self
+            .conn
+            .call_raw_with_timeout(STORAGE_VOL_CREATE_XML_FROM, args, timeout)
+            .await?;
+        // NB: as in `Connection::call`, a reply that does not decode means the peers disagree
+        // on the wire: the connection goes.
+        let r: StorageVolRet = xdr::from_bytes(&reply).map_err(|e| {
+            self.conn.kill();
+            Error::protocol(format!(
+                "cannot decode reply to STORAGE_VOL_CREATE_XML_FROM: {e}"
+            ))
+        })?;
+        Ok(r.vol)
+    }
+
     /// `STORAGE_VOL_LOOKUP_BY_NAME`.
     pub async fn vol_lookup_by_name(&self, pool: &StoragePool, name: &str) -> Result<StorageVol> {
         let r: StorageVolRet = self
@@ -638,6 +671,21 @@ impl Client {
         self.conn
             .call(STORAGE_VOL_GET_INFO, &StorageVolArgs { vol: vol.clone() })
             .await
+    }
+
+    /// `STORAGE_VOL_GET_XML_DESC`: the volume's XML (capacity, format, backing store).
+    pub async fn vol_xml(&self, vol: &StorageVol) -> Result<String> {
+        let r: StringRet = self
+            .conn
+            .call(
+                STORAGE_VOL_GET_XML_DESC,
+                &StorageVolFlagsArgs {
+                    vol: vol.clone(),
+                    flags: 0,
+                },
+            )
+            .await?;
+        Ok(r.value)
     }
 
     /// `STORAGE_VOL_GET_PATH`.

@@ -48,9 +48,11 @@ pub mod procs {
     pub const STORAGE_POOL_LOOKUP_BY_NAME: i32 = 84;
     pub const STORAGE_POOL_GET_INFO: i32 = 87;
     pub const STORAGE_VOL_CREATE_XML: i32 = 93;
+    pub const STORAGE_VOL_CREATE_XML_FROM: i32 = 125;
     pub const STORAGE_VOL_DELETE: i32 = 94;
     pub const STORAGE_VOL_LOOKUP_BY_NAME: i32 = 95;
     pub const STORAGE_VOL_GET_INFO: i32 = 98;
+    pub const STORAGE_VOL_GET_XML_DESC: i32 = 99;
     pub const STORAGE_VOL_GET_PATH: i32 = 100;
     pub const CONNECT_GET_LIB_VERSION: i32 = 157;
     pub const DOMAIN_CREATE_WITH_FLAGS: i32 = 196;
@@ -367,6 +369,11 @@ xdr_struct! {
 xdr_struct! {
     /// `remote_storage_vol_create_xml_args`.
     pub struct StorageVolCreateXmlArgs { pub pool: StoragePool, pub xml: String, pub flags: u32 }
+}
+xdr_struct! {
+    /// `remote_storage_vol_create_xml_from_args`: a new volume from `xml`, its content cloned
+    /// from `clonevol`.
+    pub struct StorageVolCreateXmlFromArgs { pub pool: StoragePool, pub xml: String, pub clonevol: StorageVol, pub flags: u32 }
 }
 xdr_struct! {
     /// `remote_storage_vol_lookup_by_name_args`.

@@ -3,6 +3,16 @@
 //! Modules: [`config`] (one provider entry), [`names`] (every name derived from entry + UID),
 //! [`mark`] (the ownership mark, strictly parsed).
 
+pub mod caps;
+pub mod check;
+pub mod classify;
 pub mod config;
+pub mod domain_xml;
+pub mod hostpool;
+pub mod image;
 pub mod mark;
 pub mod names;
+pub mod ops;
+pub mod provider_impl;
+pub mod seed;
+pub mod volumes;

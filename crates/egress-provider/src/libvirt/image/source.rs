@@ -1,0 +1,207 @@
+//! Resolving a Proxy's `image` (a catalogue key, or a URL when URL images are enabled) to
+//! a source to fetch, with every check that needs no network (findings M12, M17, L7, L8, L24).
+//!
+//! Guarantees: a URL image is refused unless `urlImages.enabled`, its host is on
+//! `urlImages.allowedHosts` (its address is checked by the fetcher, before any traffic), and it is https unless a
+//! digest is pinned; URLs with credentials (`user:pass@`) are refused, catalogue ones too;
+//! a plain-http source always needs a pinned sha256; every message is redacted and names the
+//! setting to change. URL images pin a digest with a fragment, `URL#sha256=<64 hex>`; the
+//! fragment is never sent. Unpinned sources are identified by their URL (`url-<sha256(url)>`
+//! names), so editing a catalogue URL without a pin fetches anew (H4 scenario 1); pinned
+//! catalogue entries are identified by key and digest (`img-<key>` names).
+
+use reqwest::Url;
+
+use crate::error::{ProviderError, Result, redact};
+use crate::libvirt::config::{Firmware, ImageFormat, LibvirtEntry};
+use crate::libvirt::names::ImageSource;
+
+/// Where an image comes from, after every offline check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    /// What to GET (no fragment, no credentials).
+    pub url: Url,
+    /// The sha256 the bytes must have (64 lowercase hex), when pinned.
+    pub pinned: Option<String>,
+    /// The declared format, verified against the bytes; `None` for URL images (detected).
+    pub declared: Option<ImageFormat>,
+    /// Firmware the image boots with (URL images: BIOS).
+    pub firmware: Firmware,
+    /// The catalogue key, for catalogue images.
+    pub key: Option<String>,
+    /// Whether this came from a Proxy's URL (untrusted: address policy applies).
+    pub untrusted: bool,
+    /// The redacted URL for messages and the marker.
+    pub display: String,
+}
+
+impl Source {
+    /// The identity used in volume names: pinned catalogue entries by key, everything else by
+    /// URL (finding L8: distinct `img-`/`url-` prefixes, full-strength digests).
+    pub fn name_source(&self) -> ImageSource<'_> {
+        match (&self.key, &self.pinned) {
+            (Some(k), Some(_)) => ImageSource::Catalogue(k),
+            _ => ImageSource::Url(self.url.as_str()),
+        }
+    }
+
+    /// The setting that holds this source's URL, for messages.
+    pub fn setting(&self) -> String {
+        match &self.key {
+            Some(k) => format!("images.{k}.url"),
+            None => "the Proxy's placement.image".into(),
+        }
+    }
+}
+
+/// Whether `image` is written as a URL rather than a catalogue key.
+pub fn is_url(image: &str) -> bool {
+    let l = image.trim_start().to_ascii_lowercase();
+    l.starts_with("http://") || l.starts_with("https://") || l.contains("://")
+}
+
+/// Resolves `image` in `entry`.
+pub fn resolve(entry: &LibvirtEntry, image: &str) -> Result<Source> {
+    if is_url(image) {
+        resolve_url_image(entry, image)
+    } else {
+        resolve_catalogue(entry, image)
+    }
+}
+
+fn resolve_catalogue(entry: &LibvirtEntry, key: &str) -> Result<Source> {
+    let Some(spec) = entry.images.get(key) else {
+        let known: Vec<&str> = entry.images.keys().map(String::as_str).collect();
+        return Err(ProviderError::permanent(format!(
+            "image {key:?} is not in the catalogue of provider entry {:?} (known keys: {}); \
+             add images.{key} or use a known key",
+            entry.name,
+            if known.is_empty() {
+                "none".into()
+            } else {
+                known.join(", ")
+            }
+        )));
+    };
+    let setting = format!("images.{key}.url");
+    let mut url = parse_url(&spec.url, &setting)?;
+    url.set_fragment(None);
+    let pinned = match &spec.sha256 {
+        Some(d) => Some(check_digest(d, &format!("images.{key}.sha256"))?),
+        None => None,
+    };
+    require_https_or_pin(
+        &url,
+        pinned.is_some(),
+        &format!("images.{key}.sha256"),
+        &setting,
+    )?;
+    Ok(Source {
+        display: redact(url.as_str()),
+        url,
+        pinned,
+        declared: Some(spec.format),
+        firmware: spec.firmware,
+        key: Some(key.into()),
+        untrusted: false,
+    })
+}
+
+fn resolve_url_image(entry: &LibvirtEntry, image: &str) -> Result<Source> {
+    let shown = redact(image);
+    if !entry.url_images.enabled {
+        return Err(ProviderError::permanent(format!(
+            "image {shown} is a URL, but URL images are disabled for provider entry {:?}; \
+             use a catalogue key, or set urlImages.enabled and urlImages.allowedHosts",
+            entry.name
+        )));
+    }
+    let setting = "the Proxy's placement.image";
+    let mut url = parse_url(image, setting)?;
+    let pinned = match url.fragment() {
+        None => None,
+        Some(f) => match f.strip_prefix("sha256=") {
+            Some(d) => Some(check_digest(d, "the #sha256= fragment of placement.image")?),
+            None => {
+                return Err(ProviderError::permanent(format!(
+                    "image {shown}: the only fragment accepted is #sha256=<64 hex digits>"
+                )));
+            }
+        },
+    };
+    url.set_fragment(None);
+    let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
+    let host_bare = host.trim_start_matches('[').trim_end_matches(']');
+    let allowed = entry.url_images.allowed_hosts.iter().any(|h| {
+        let h = h.trim().to_ascii_lowercase();
+        h == host || h.trim_start_matches('[').trim_end_matches(']') == host_bare
+    });
+    if !allowed {
+        return Err(ProviderError::permanent(format!(
+            "image {shown}: host {host:?} is not in urlImages.allowedHosts of provider entry \
+             {:?}; add it there or use a catalogue key",
+            entry.name
+        )));
+    }
+    require_https_or_pin(
+        &url,
+        pinned.is_some(),
+        "a #sha256= fragment on placement.image",
+        setting,
+    )?;
+    Ok(Source {
+        display: redact(url.as_str()),
+        url,
+        pinned,
+        declared: None,
+        firmware: Firmware::Bios,
+        key: None,
+        untrusted: true,
+    })
+}
+
+fn parse_url(raw: &str, setting: &str) -> Result<Url> {
+    let shown = redact(raw);
+    let url = Url::parse(raw.trim()).map_err(|e| {
+        ProviderError::permanent(format!("{setting} = {shown} is not a valid URL: {e}"))
+    })?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(ProviderError::permanent(format!(
+            "{setting} = {shown}: only http and https URLs are supported"
+        )));
+    }
+    // finding L24: credentials in an image URL end up in logs and errors; refuse them.
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(ProviderError::permanent(format!(
+            "{setting} = {shown} carries credentials (user:password@); remove them (serve the \
+             image without credentials or from a catalogue entry)"
+        )));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(ProviderError::permanent(format!(
+            "{setting} = {shown} has no host"
+        )));
+    }
+    Ok(url)
+}
+
+fn check_digest(d: &str, setting: &str) -> Result<String> {
+    let ok = d.len() == 64 && d.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if ok {
+        Ok(d.to_owned())
+    } else {
+        Err(ProviderError::permanent(format!(
+            "{setting} = {d:?} is not a sha256 digest: expected 64 lowercase hex digits"
+        )))
+    }
+}
+
+fn require_https_or_pin(url: &Url, pinned: bool, pin_setting: &str, setting: &str) -> Result<()> {
+    if url.scheme() == "http" && !pinned {
+        return Err(ProviderError::permanent(format!(
+            "{setting} = {} is plain http without a pinned digest; use https or set {pin_setting}",
+            redact(url.as_str())
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,240 @@
+//! The address of OUR NIC in a running domain: the guest agent's view of the interface whose
+//! hardware address is the MAC we gave the NIC, else the libvirt network's DHCP lease for that
+//! MAC (hosts that attach to a `network`), else the host's ARP table for that MAC.
+//!
+//! Guarantees:
+//! - only an interface whose MAC equals ours (case-insensitively) is ever read; `docker0`,
+//!   `tailscale0` and any other guest interface are ignored whatever their order (finding M14);
+//! - IPv4 is preferred; loopback, link-local, unspecified and multicast addresses are skipped;
+//! - a source that is merely unavailable (agent not configured or not connected, the domain
+//!   not running, the source unsupported) is "no address from it"; only when every source
+//!   consulted answered and none had an address is the result `None` ("no address yet");
+//! - a connection-class failure or a timeout while reading fails the read Transient, never
+//!   "no address" (finding H3); a domain that vanished meanwhile is NotFound (finding L6); a
+//!   read where no source answered at all is Transient, naming each source's error.
+//!   Address-read failures are never Permanent: they must not latch a running proxy Failed.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use libvirt_remote::client::addr_source;
+use libvirt_remote::proto::{Domain, DomainInterface};
+use libvirt_remote::{Client, Error as LvError};
+
+use super::{
+    CODE_AGENT_UNRESPONSIVE, CODE_ARGUMENT_UNSUPPORTED, CODE_NO_DOMAIN, CODE_NO_NETWORK,
+    CODE_NO_SUPPORT, CODE_OPERATION_INVALID, is_code, is_connection_class,
+};
+use crate::error::ProviderError;
+use crate::libvirt::config::HostConfig;
+
+/// One place an address can come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Agent,
+    Lease,
+    Arp,
+}
+
+impl Source {
+    fn wire(self) -> u32 {
+        match self {
+            Self::Agent => addr_source::AGENT,
+            Self::Lease => addr_source::LEASE,
+            Self::Arp => addr_source::ARP,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Agent => "the guest agent",
+            Self::Lease => "the libvirt network's DHCP leases",
+            Self::Arp => "the host's ARP table",
+        }
+    }
+
+    /// Codes meaning "this source has nothing to say now", not "reading failed".
+    fn unavailable(self, e: &LvError) -> bool {
+        let common = [CODE_NO_SUPPORT, CODE_OPERATION_INVALID];
+        let codes: &[i32] = match self {
+            // 74: no agent channel configured; 86: agent not connected / not answering.
+            Self::Agent => &[CODE_ARGUMENT_UNSUPPORTED, CODE_AGENT_UNRESPONSIVE],
+            // 43: the network is gone; 74: the NIC is not on a libvirt network.
+            Self::Lease => &[CODE_NO_NETWORK, CODE_ARGUMENT_UNSUPPORTED],
+            Self::Arp => &[],
+        };
+        e.libvirt_code()
+            .is_some_and(|c| common.contains(&c) || codes.contains(&c))
+    }
+}
+
+/// Reads the address of the NIC with MAC `mac` of the running domain `dom` on `host`.
+/// `Ok(None)`: every source answered and none knows an address for our MAC yet.
+pub async fn address(
+    client: &Client,
+    dom: &Domain,
+    mac: &str,
+    host: &HostConfig,
+) -> Result<Option<IpAddr>, ProviderError> {
+    let mut sources = vec![Source::Agent];
+    if host.network.is_some() {
+        sources.push(Source::Lease);
+    }
+    sources.push(Source::Arp);
+
+    let mut answered = false;
+    let mut failures = Vec::new();
+    for src in sources {
+        match client.domain_interface_addresses(dom, src.wire()).await {
+            Ok(ifaces) => {
+                answered = true;
+                if let Some(ip) = pick(&ifaces, mac) {
+                    return Ok(Some(ip));
+                }
+            }
+            Err(e) if is_code(&e, CODE_NO_DOMAIN) => {
+                return Err(ProviderError::not_found(format!(
+                    "domain {} on host {} vanished while its address was read",
+                    dom.name, host.name
+                ))
+                .with_code(e.libvirt_code()));
+            }
+            Err(e) if is_connection_class(&e) => {
+                return Err(ProviderError::transient(format!(
+                    "reading the address of domain {} on host {} from {}: {e}",
+                    dom.name,
+                    host.name,
+                    src.describe()
+                ))
+                .with_code(e.libvirt_code()));
+            }
+            Err(e) if src.unavailable(&e) => {
+                tracing::debug!(domain = %dom.name, host = %host.name, source = src.describe(),
+                    error = %e, "address source unavailable");
+                answered = true;
+            }
+            Err(e) => {
+                tracing::debug!(domain = %dom.name, host = %host.name, source = src.describe(),
+                    error = %e, "address source failed");
+                failures.push((src, e));
+            }
+        }
+    }
+    if answered {
+        return Ok(None);
+    }
+    let detail = failures
+        .iter()
+        .map(|(s, e)| format!("{}: {e}", s.describe()))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let code = failures.first().and_then(|(_, e)| e.libvirt_code());
+    Err(ProviderError::transient(format!(
+        "reading the address of domain {} on host {}: every source failed ({detail})",
+        dom.name, host.name
+    ))
+    .with_code(code))
+}
+
+/// The best address of the interfaces whose hardware address is `mac`: the first usable IPv4,
+/// else the first usable IPv6.
+pub fn pick(ifaces: &[DomainInterface], mac: &str) -> Option<IpAddr> {
+    let ours = ifaces.iter().filter(|i| {
+        i.hwaddr
+            .as_deref()
+            .is_some_and(|h| h.trim().eq_ignore_ascii_case(mac))
+    });
+    let addrs: Vec<IpAddr> = ours
+        .flat_map(|i| i.addrs.iter())
+        .filter_map(|a| a.addr.trim().parse::<IpAddr>().ok())
+        .filter(usable)
+        .collect();
+    addrs
+        .iter()
+        .copied()
+        .find(IpAddr::is_ipv4)
+        .or_else(|| addrs.first().copied())
+}
+
+fn usable(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => usable_v4(v4),
+        IpAddr::V6(v6) => usable_v6(v6),
+    }
+}
+
+fn usable_v4(ip: &Ipv4Addr) -> bool {
+    !(ip.is_loopback()
+        || ip.is_link_local()
+        || ip.is_unspecified()
+        || ip.is_multicast()
+        || ip.is_broadcast())
+}
+
+fn usable_v6(ip: &Ipv6Addr) -> bool {
+    !(ip.is_loopback()
+        || ip.is_unspecified()
+        || ip.is_multicast()
+        || ip.is_unicast_link_local()
+        || ip.to_ipv4_mapped().is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use libvirt_remote::proto::DomainIpAddr;
+
+    use super::*;
+
+    fn iface(name: &str, mac: &str, addrs: &[&str]) -> DomainInterface {
+        DomainInterface {
+            name: name.into(),
+            hwaddr: Some(mac.into()),
+            addrs: addrs
+                .iter()
+                .map(|a| DomainIpAddr {
+                    kind: i32::from(a.contains(':')),
+                    addr: (*a).into(),
+                    prefix: 24,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn only_the_interface_with_our_mac_counts() {
+        // finding: M14
+        let ifaces = [
+            iface("lo", "00:00:00:00:00:00", &["127.0.0.1", "::1"]),
+            iface("docker0", "02:42:ac:11:00:01", &["172.17.0.1"]),
+            iface("tailscale0", "", &["100.64.0.7"]),
+            iface(
+                "eth0",
+                "52:54:00:AB:CD:EF",
+                &["fe80::1", "2001:db8::5", "10.0.0.5"],
+            ),
+        ];
+        assert_eq!(
+            pick(&ifaces, "52:54:00:ab:cd:ef"),
+            Some("10.0.0.5".parse().unwrap())
+        );
+        assert_eq!(pick(&ifaces, "52:54:00:00:00:01"), None);
+    }
+
+    #[test]
+    fn link_local_and_loopback_are_skipped_and_ipv6_is_a_fallback() {
+        let ifaces = [iface(
+            "eth0",
+            "52:54:00:01:02:03",
+            &["169.254.3.4", "fe80::2", "2001:db8::9"],
+        )];
+        assert_eq!(
+            pick(&ifaces, "52:54:00:01:02:03"),
+            Some("2001:db8::9".parse().unwrap())
+        );
+        let none = [iface(
+            "eth0",
+            "52:54:00:01:02:03",
+            &["169.254.3.4", "fe80::2"],
+        )];
+        assert_eq!(pick(&none, "52:54:00:01:02:03"), None);
+    }
+}

@@ -1,0 +1,147 @@
+//! Observing one instance: the domain named by the providerID, only if it carries our mark for
+//! the expected UID, with its state, reason and our NIC's address.
+//!
+//! Guarantees: a domain that does not exist, vanishes while being read (finding L6), has no
+//! mark, a mark in another namespace, of another entry, of another UID, or an invalid one, is
+//! NotFound to us — never "ours" (finding M2); a providerID naming another entry or a name not
+//! derived from the UID is NotFound without any call; paused is never Stopped (M1); a
+//! connection-class failure at any step, the address read included, fails Transient (H3).
+
+use std::time::SystemTime;
+
+use libvirt_remote::proto::Domain;
+use libvirt_remote::{Client, Error as LvError};
+
+use super::{CODE_NO_DOMAIN, CODE_NO_DOMAIN_METADATA, address, classify, is_code, state};
+use crate::error::{ProviderError, Result};
+use crate::libvirt::config::HostConfig;
+use crate::libvirt::{mark, names};
+use crate::model::{Instance, ProviderId, ProxyUid};
+
+/// Observes the instance `id` of `uid` in `entry` on `host`, whose connection is `client`.
+/// Ok only for a domain whose mark is valid for `entry` and `uid`; NotFound otherwise.
+pub async fn get(
+    client: &Client,
+    entry: &str,
+    host: &HostConfig,
+    id: &ProviderId,
+    uid: &ProxyUid,
+) -> Result<Instance> {
+    let expected = names::domain(entry, uid);
+    if id.entry != entry || id.host != host.name || id.name != expected {
+        return Err(ProviderError::not_found(format!(
+            "providerID {id} is not the instance of Proxy {uid} in entry {entry} on host {} \
+             (expected domain {expected})",
+            host.name
+        )));
+    }
+    let vanished = |e: LvError| -> ProviderError {
+        if is_code(&e, CODE_NO_DOMAIN) {
+            ProviderError::not_found(format!(
+                "domain {expected} does not exist on host {}",
+                host.name
+            ))
+            .with_code(e.libvirt_code())
+        } else {
+            classify(
+                &e,
+                &format!("reading domain {expected} on host {}", host.name),
+            )
+        }
+    };
+    let dom = client
+        .domain_lookup_by_name(&expected)
+        .await
+        .map_err(vanished)?;
+    verify_mark(client, &dom, entry, uid, &host.name)
+        .await?
+        .ok_or_else(|| {
+            ProviderError::not_found(format!(
+                "domain {expected} on host {} carries no valid mark of entry {entry} for \
+                 Proxy {uid}; it is not ours and is left alone",
+                host.name
+            ))
+        })?;
+    let (st, reason) = client.domain_state(&dom).await.map_err(vanished)?;
+    let mac = names::mac(entry, uid);
+    let ip = if state::wants_address(st) {
+        address::address(client, &dom, &mac, host).await?
+    } else {
+        None
+    };
+    Ok(Instance {
+        id: id.clone(),
+        uid: *uid,
+        state: state::map(st, reason, ip.is_some()),
+        ip,
+        mac,
+    })
+}
+
+/// What a domain's mark says about ownership by `entry` for `uid`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MarkCheck {
+    /// A valid mark of `entry` for `uid`.
+    Ours,
+    /// No metadata under our namespace.
+    Unmarked,
+    /// A valid mark of `entry`, for another UID.
+    OtherUid(ProxyUid),
+    /// Something under our namespace that is not a valid mark of `entry`.
+    Invalid,
+}
+
+impl MarkCheck {
+    /// Words for messages ("no mark of ours", "mark of Proxy X").
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Ours => "our mark".into(),
+            Self::Unmarked => "no mark under our namespace".into(),
+            Self::OtherUid(u) => format!("a mark of Proxy {u}"),
+            Self::Invalid => {
+                "a mark that is not valid for this entry (other entry, unmanaged, padded or \
+                 malformed)"
+                    .into()
+            }
+        }
+    }
+}
+
+/// Reads and checks the mark of `dom`. `Err` for connection-class failures and for a domain
+/// that vanished (NotFound); `Ok(check)` otherwise.
+pub async fn check_mark(
+    client: &Client,
+    dom: &Domain,
+    entry: &str,
+    uid: &ProxyUid,
+    host: &str,
+) -> Result<MarkCheck> {
+    match client.domain_metadata(dom, mark::NAMESPACE, 0).await {
+        Ok(xml) => Ok(match mark::parse(&xml, entry, SystemTime::now()) {
+            Some(m) if m.uid == *uid => MarkCheck::Ours,
+            Some(m) => MarkCheck::OtherUid(m.uid),
+            None => MarkCheck::Invalid,
+        }),
+        Err(e) if is_code(&e, CODE_NO_DOMAIN_METADATA) => Ok(MarkCheck::Unmarked),
+        Err(e) if is_code(&e, CODE_NO_DOMAIN) => Err(ProviderError::not_found(format!(
+            "domain {} on host {host} vanished while its mark was read",
+            dom.name
+        ))
+        .with_code(e.libvirt_code())),
+        Err(e) => Err(classify(
+            &e,
+            &format!("reading the mark of domain {} on host {host}", dom.name),
+        )),
+    }
+}
+
+/// `Some(())` when `dom` carries a valid mark of `entry` for `uid`.
+async fn verify_mark(
+    client: &Client,
+    dom: &Domain,
+    entry: &str,
+    uid: &ProxyUid,
+    host: &str,
+) -> Result<Option<()>> {
+    Ok((check_mark(client, dom, entry, uid, host).await? == MarkCheck::Ours).then_some(()))
+}

@@ -1,0 +1,558 @@
+//! [`LibvirtProvider`]: the [`Provider`] trait over one libvirt entry — the host pool, the
+//! image cache, volumes, seed, domain XML and the get/delete/list operations, wired together.
+//!
+//! Create, in order (design.md): per-name lock with a deadline → host slot → adopt an
+//! existing domain only if its mark is ours and its disks exist (L4) → capabilities (cached
+//! per host) → base ensured (verified, published) → disk size vs the base (M5) → seed built in
+//! memory (M8) → pool refreshed and space checked with the reserve (M4) → overlay (verified if
+//! it exists) → seed volume → define with the mark → start → wait running. Anything this call
+//! created is removed when a later step fails; nothing else ever is.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use libvirt_remote::Client;
+use libvirt_remote::client::{domain_state, undefine};
+use libvirt_remote::proto::{Domain, StoragePool, StorageVol};
+
+use super::caps::{self, HostCaps, Virt};
+use super::check::{self, CheckOptions};
+use super::classify::classify;
+use super::config::{HostConfig, LibvirtEntry, VirtType};
+use super::domain_xml::{self, Backing, DiskSource, DomainSpec, Nic, NicAttach};
+use super::hostpool::{HostLease, HostPool};
+use super::image::{self, BulkConnect, Target, fetch::FetchOptions};
+use super::names;
+use super::ops::{self, get::MarkCheck};
+use super::seed::{self, SeedInput};
+use super::volumes::{self, BackingBase};
+use crate::error::{ProviderError, Result};
+use crate::model::{
+    CreateRequest, HostReport, HostState, Instance, OwnedInstance, Progress, ProviderId, ProxyUid,
+};
+use crate::provider::Provider;
+
+/// How long a create waits for another create/delete of the same name in this process.
+// NB: a create holding the lock may be importing an image (minutes); waiting longer than a
+// reconcile deadline is pointless — the controller retries.
+pub const NAME_LOCK_WAIT: Duration = Duration::from_secs(120);
+/// How often a started domain's state is polled while waiting for RUNNING.
+const START_POLL: Duration = Duration::from_millis(250);
+/// Space an overlay and a seed need at creation (the overlay is thin; the seed is < 1 MiB).
+// NB: the overlay grows with the guest; the reserve (poolReserveGiB) is what protects the
+// pool from that growth, so only the immediate need is checked here.
+const CREATE_SPACE: u64 = 64 << 20;
+/// Deadline for removing what a failed create made.
+const CLEANUP_BUDGET: Duration = Duration::from_secs(30);
+
+/// A provider for one libvirt entry.
+pub struct LibvirtProvider {
+    pool: HostPool,
+    fetch: FetchOptions,
+    check: CheckOptions,
+    caps: Mutex<HashMap<String, HostCaps>>,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl std::fmt::Debug for LibvirtProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LibvirtProvider")
+            .field("entry", &self.pool.entry().name)
+            .finish_non_exhaustive()
+    }
+}
+
+struct LeaseBulk<'a>(&'a HostLease);
+
+#[async_trait]
+impl BulkConnect for LeaseBulk<'_> {
+    async fn open(&self) -> Result<Client> {
+        self.0.bulk().await
+    }
+}
+
+/// What a create made, so a failure removes exactly that.
+#[derive(Default)]
+struct Made {
+    overlay: Option<StorageVol>,
+    seed: Option<StorageVol>,
+    domain: Option<Domain>,
+}
+
+impl LibvirtProvider {
+    /// A provider over `pool` (which carries the entry).
+    pub fn new(pool: HostPool, fetch: FetchOptions, check: CheckOptions) -> Self {
+        Self {
+            pool,
+            fetch,
+            check,
+            caps: Mutex::new(HashMap::new()),
+            locks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The host pool.
+    pub fn pool(&self) -> &HostPool {
+        &self.pool
+    }
+
+    fn entry_cfg(&self) -> &LibvirtEntry {
+        self.pool.entry()
+    }
+
+    async fn lock_name(&self, name: &str) -> Result<tokio::sync::OwnedMutexGuard<()>> {
+        let m = {
+            let mut g = match self.locks.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            g.entry(name.to_owned()).or_default().clone()
+        };
+        tokio::time::timeout(NAME_LOCK_WAIT, m.lock_owned())
+            .await
+            .map_err(|_| {
+                ProviderError::transient(format!(
+                    "another operation on {name} has held it for {NAME_LOCK_WAIT:?}; retrying later"
+                ))
+            })
+    }
+
+    async fn host_caps(&self, client: &Client, host: &HostConfig) -> Result<HostCaps> {
+        let cached = {
+            let g = match self.caps.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            g.get(&host.name).cloned()
+        };
+        if let Some(c) = cached {
+            return Ok(c);
+        }
+        let c = caps::probe(
+            client,
+            &host.name,
+            host.virt_type,
+            self.entry_cfg().timeouts.call,
+        )
+        .await?;
+        self.remember_caps(&host.name, c.clone());
+        Ok(c)
+    }
+
+    fn remember_caps(&self, host: &str, caps: HostCaps) {
+        let mut g = match self.caps.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        g.insert(host.to_owned(), caps);
+    }
+
+    fn id(&self, host: &str, uid: &ProxyUid) -> ProviderId {
+        ProviderId {
+            entry: self.entry_cfg().name.clone(),
+            host: host.to_owned(),
+            name: names::domain(&self.entry_cfg().name, uid),
+        }
+    }
+
+    /// Adopts an existing domain of ours: returns `Some(instance)` when it can be used as is
+    /// (after starting it if it was shut off), `None` when it was removed to be recreated.
+    async fn adopt(
+        &self,
+        lease: &HostLease,
+        dom: &Domain,
+        req: &CreateRequest,
+    ) -> Result<Option<Instance>> {
+        let c = lease.client();
+        let host = lease.host();
+        let entry = &self.entry_cfg().name;
+        match ops::get::check_mark(c, dom, entry, &req.uid, &host.name).await? {
+            MarkCheck::Ours => {}
+            other => {
+                return Err(ProviderError::permanent(format!(
+                    "domain {} on host {} exists and is not this Proxy's ({}); it is left \
+                     untouched: remove or rename it",
+                    dom.name,
+                    host.name,
+                    other.describe()
+                )));
+            }
+        }
+        // finding: L4 — a defined domain is started only if its disks are the ones we make.
+        let pool = lookup_pool(c, host).await?;
+        let overlay = names::overlay(entry, &req.uid);
+        let seed_name = names::seed(entry, &req.uid);
+        let disks_ok = volume_exists(c, &pool, &overlay, &host.name).await?
+            && volume_exists(c, &pool, &seed_name, &host.name).await?;
+        if !disks_ok {
+            tracing::info!(domain = %dom.name, host = %host.name, "adopted domain lacks its disks; recreating");
+            ops::delete::delete(c, entry, host, &req.uid).await?;
+            return Ok(None);
+        }
+        let (state, _) = c.domain_state(dom).await.map_err(|e| {
+            classify(
+                &e,
+                &format!("reading state of {} on host {}", dom.name, host.name),
+            )
+        })?;
+        if matches!(state, domain_state::SHUTOFF | domain_state::CRASHED) {
+            c.domain_create(dom).await.map_err(|e| {
+                classify(&e, &format!("starting {} on host {}", dom.name, host.name))
+            })?;
+        }
+        let id = self.id(&host.name, &req.uid);
+        ops::get::get(c, entry, host, &id, &req.uid).await.map(Some)
+    }
+
+    async fn create_new(
+        &self,
+        lease: &HostLease,
+        req: &CreateRequest,
+        progress: &dyn Progress,
+        made: &mut Made,
+    ) -> Result<Instance> {
+        let c = lease.client();
+        let host = lease.host();
+        let cfg = self.entry_cfg();
+        let entry = &cfg.name;
+        let caps = self.host_caps(c, host).await?;
+        let pool = lookup_pool(c, host).await?;
+        let reserve = host.pool_reserve_gib.saturating_mul(volumes::GIB);
+
+        let bulk = LeaseBulk(lease);
+        let base = image::ensure_base(
+            &Target {
+                entry: cfg,
+                host: &host.name,
+                client: c,
+                pool: &pool,
+                reserve_bytes: reserve,
+                bulk: &bulk,
+                progress,
+                fetch: &self.fetch,
+            },
+            &req.image,
+        )
+        .await?;
+        let backing = BackingBase {
+            path: base.path.clone(),
+            capacity: base.capacity,
+            format: base.format,
+            image: req.image.clone(),
+        };
+        let disk = volumes::check_disk_size(req.disk_gib, &backing)?;
+        let name = names::domain(entry, &req.uid);
+        let seed = seed::build(&SeedInput {
+            instance_id: &req.uid,
+            hostname: &name,
+            user_data: &req.user_data,
+            network_config: None,
+            guest: &cfg.guest,
+        })?;
+        volumes::check_space(c, &host.name, &pool, CREATE_SPACE.max(seed.len()), reserve).await?;
+
+        let overlay_name = names::overlay(entry, &req.uid);
+        let (overlay, created) =
+            volumes::ensure_overlay(c, &host.name, &pool, &overlay_name, disk, &backing).await?;
+        if created {
+            made.overlay = Some(overlay.clone());
+        }
+
+        let seed_name = names::seed(entry, &req.uid);
+        if let Some(old) = lookup_vol(c, &pool, &seed_name, &host.name).await? {
+            // The seed is ours by name and rebuilt every time: replace it.
+            c.vol_delete(&old, 0).await.map_err(|e| {
+                classify(
+                    &e,
+                    &format!("replacing seed {seed_name} on host {}", host.name),
+                )
+            })?;
+        }
+        let seed_vol = c
+            .vol_create_xml(&pool, &volumes::seed_xml(&seed_name, seed.len()), 0)
+            .await
+            .map_err(|e| {
+                classify(
+                    &e,
+                    &format!("creating seed {seed_name} on host {}", host.name),
+                )
+            })?;
+        made.seed = Some(seed_vol.clone());
+        upload_seed(lease, &seed_vol, &seed.image, &host.name).await?;
+
+        let nic = match (&host.bridge, &host.network) {
+            (Some(b), _) => Some(NicAttach::Bridge(b)),
+            (None, Some(n)) => Some(NicAttach::Network(n)),
+            (None, None) => None,
+        };
+        let mac = names::mac(entry, &req.uid);
+        let define = |caps: &HostCaps, uuid: Option<uuid::Uuid>| {
+            domain_xml::build(
+                &DomainSpec {
+                    name: &name,
+                    uuid,
+                    vcpus: req.vcpus,
+                    memory_mib: req.memory_mib,
+                    firmware: base.firmware,
+                    root: DiskSource::Volume {
+                        pool: &pool.name,
+                        volume: &overlay.name,
+                    },
+                    backing: Some(Backing {
+                        path: &base.path,
+                        format: base.format,
+                    }),
+                    seed: DiskSource::Volume {
+                        pool: &pool.name,
+                        volume: &seed_vol.name,
+                    },
+                    nic: nic.map(|attach| Nic { attach, mac: &mac }),
+                    uid: &req.uid,
+                    entry,
+                    created_at: SystemTime::now(),
+                },
+                caps,
+            )
+        };
+        let xml = define(&caps, None)?;
+        let mut dom = c
+            .domain_define_xml(&xml, 0)
+            .await
+            .map_err(|e| classify(&e, &format!("defining {name} on host {}", host.name)))?;
+        made.domain = Some(dom.clone());
+        if let Err(e) = c.domain_create(&dom).await {
+            let err = classify(&e, &format!("starting {name} on host {}", host.name));
+            // NB: `virtType: auto` chose KVM because the host lists it and QEMU enabled it,
+            // but nested KVM can still fail at start ("failed to set MSR"): no remote query
+            // shows that. Learn it once per host, fall back to TCG, and retry this domain.
+            if host.virt_type != VirtType::Auto || caps.virt != Virt::Kvm {
+                return Err(err);
+            }
+            tracing::warn!(host = %host.name, "KVM listed but a guest failed to start ({err}); using TCG on this host");
+            let tcg = caps::probe(c, &host.name, VirtType::Qemu, cfg.timeouts.call).await?;
+            self.remember_caps(&host.name, tcg.clone());
+            // Same UUID: this replaces the definition we just made.
+            let xml = define(&tcg, Some(uuid::Uuid::from_bytes(dom.uuid)))?;
+            dom = c.domain_define_xml(&xml, 0).await.map_err(|e| {
+                classify(
+                    &e,
+                    &format!("redefining {name} for TCG on host {}", host.name),
+                )
+            })?;
+            made.domain = Some(dom.clone());
+            c.domain_create(&dom).await.map_err(|e| {
+                classify(
+                    &e,
+                    &format!("starting {name} with TCG on host {}", host.name),
+                )
+            })?;
+        }
+        wait_running(c, &dom, &host.name, cfg.timeouts.start).await?;
+        let id = self.id(&host.name, &req.uid);
+        ops::get::get(c, entry, host, &id, &req.uid).await
+    }
+}
+
+async fn lookup_pool(c: &Client, host: &HostConfig) -> Result<StoragePool> {
+    c.pool_lookup_by_name(&host.pool).await.map_err(|e| {
+        let err = classify(
+            &e,
+            &format!("looking up pool {} on host {}", host.pool, host.name),
+        );
+        if err.is_not_found() {
+            ProviderError::permanent(format!(
+                "storage pool {} (hosts[{}].pool) does not exist on host {}",
+                host.pool, host.name, host.name
+            ))
+        } else {
+            err
+        }
+    })
+}
+
+async fn lookup_vol(
+    c: &Client,
+    pool: &StoragePool,
+    name: &str,
+    host: &str,
+) -> Result<Option<StorageVol>> {
+    match c.vol_lookup_by_name(pool, name).await {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.libvirt_code() == Some(50) => Ok(None),
+        Err(e) => Err(classify(
+            &e,
+            &format!("looking up volume {name} on host {host}"),
+        )),
+    }
+}
+
+async fn volume_exists(c: &Client, pool: &StoragePool, name: &str, host: &str) -> Result<bool> {
+    lookup_vol(c, pool, name, host).await.map(|v| v.is_some())
+}
+
+async fn upload_seed(lease: &HostLease, vol: &StorageVol, bytes: &[u8], host: &str) -> Result<()> {
+    // NB: a dedicated connection, like every transfer: aborting it never hurts other callers.
+    let bulk = lease.bulk().await?;
+    let res = bulk
+        .vol_upload(
+            vol,
+            0,
+            bytes.len() as u64,
+            bytes,
+            &libvirt_remote::UploadOptions::default(),
+        )
+        .await;
+    bulk.close();
+    res.map(|_| ())
+        .map_err(|e| classify(&e, &format!("uploading seed {} to host {host}", vol.name)))
+}
+
+async fn wait_running(c: &Client, dom: &Domain, host: &str, budget: Duration) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + budget;
+    loop {
+        let (state, reason) = c
+            .domain_state(dom)
+            .await
+            .map_err(|e| classify(&e, &format!("reading state of {} on host {host}", dom.name)))?;
+        if state == domain_state::RUNNING {
+            return Ok(());
+        }
+        if matches!(state, domain_state::SHUTOFF | domain_state::CRASHED) {
+            return Err(ProviderError::transient(format!(
+                "{} on host {host} stopped right after starting (state {state}, reason {reason}); \
+                 see the host's /var/log/libvirt/qemu/{}.log",
+                dom.name, dom.name
+            )));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ProviderError::transient(format!(
+                "{} on host {host} did not reach running within {budget:?} (state {state})",
+                dom.name
+            )));
+        }
+        tokio::time::sleep(START_POLL).await;
+    }
+}
+
+/// Removes what a failed create made, newest first; best effort, bounded.
+async fn undo(c: &Client, made: Made, host: &str) {
+    let work = async {
+        if let Some(dom) = made.domain {
+            let _ = c.domain_destroy(&dom, 0).await;
+            if let Err(e) = c.domain_undefine(&dom, undefine::ALL_METADATA).await {
+                tracing::warn!(domain = %dom.name, host, "cleanup: undefine failed: {e}");
+            }
+        }
+        for vol in [made.seed, made.overlay].into_iter().flatten() {
+            if let Err(e) = c.vol_delete(&vol, 0).await {
+                tracing::warn!(volume = %vol.name, host, "cleanup: delete failed: {e}");
+            }
+        }
+    };
+    if tokio::time::timeout(CLEANUP_BUDGET, work).await.is_err() {
+        tracing::warn!(
+            host,
+            "cleanup after a failed create did not finish in {CLEANUP_BUDGET:?}"
+        );
+    }
+}
+
+#[async_trait]
+impl Provider for LibvirtProvider {
+    fn entry(&self) -> &str {
+        &self.entry_cfg().name
+    }
+
+    async fn create(&self, req: &CreateRequest, progress: &dyn Progress) -> Result<Instance> {
+        let host_name = req.host.clone();
+        self.pool.host(&host_name)?;
+        let name = names::domain(&self.entry_cfg().name, &req.uid);
+        let _guard = self.lock_name(&name).await?;
+        let lease = self.pool.acquire(&host_name).await?;
+        let c = lease.client();
+        match c.domain_lookup_by_name(&name).await {
+            Ok(dom) => {
+                if let Some(inst) = self.adopt(&lease, &dom, req).await? {
+                    return Ok(inst);
+                }
+            }
+            Err(e) if e.libvirt_code() == Some(42) => {}
+            Err(e) => {
+                return Err(classify(
+                    &e,
+                    &format!("looking up {name} on host {host_name}"),
+                ));
+            }
+        }
+        let mut made = Made::default();
+        match self.create_new(&lease, req, progress, &mut made).await {
+            Ok(inst) => Ok(inst),
+            Err(e) => {
+                undo(c, made, &host_name).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn get(&self, id: &ProviderId, uid: &ProxyUid) -> Result<Instance> {
+        if id.entry != self.entry_cfg().name {
+            return Err(ProviderError::not_found(format!(
+                "providerID {id} belongs to entry {}, not {}",
+                id.entry,
+                self.entry_cfg().name
+            )));
+        }
+        let lease = self.pool.acquire(&id.host).await?;
+        ops::get::get(
+            lease.client(),
+            &self.entry_cfg().name,
+            lease.host(),
+            id,
+            uid,
+        )
+        .await
+    }
+
+    async fn delete(&self, host: &str, uid: &ProxyUid) -> Result<()> {
+        let name = names::domain(&self.entry_cfg().name, uid);
+        let _guard = self.lock_name(&name).await?;
+        let lease = self.pool.acquire(host).await?;
+        ops::delete::delete(lease.client(), &self.entry_cfg().name, lease.host(), uid).await
+    }
+
+    async fn list_owned(&self) -> Result<Vec<OwnedInstance>> {
+        let mut all = Vec::new();
+        for h in &self.entry_cfg().hosts {
+            let lease = self.pool.acquire(&h.name).await?;
+            all.extend(
+                ops::list::list_owned(lease.client(), &self.entry_cfg().name, &h.name).await?,
+            );
+        }
+        Ok(all)
+    }
+
+    async fn check(&self) -> Vec<HostReport> {
+        match check::check_all(&self.pool, &self.check).await {
+            Ok(r) => r,
+            Err(e) => self
+                .entry_cfg()
+                .hosts
+                .iter()
+                .map(|h| HostReport {
+                    host: h.name.clone(),
+                    state: HostState::Degraded,
+                    latency: None,
+                    hostname: None,
+                    libvirt_version: None,
+                    virt_types: vec![],
+                    uefi: false,
+                    pool_free_bytes: None,
+                    missing: vec![],
+                    error: Some(e.message.clone()),
+                })
+                .collect(),
+        }
+    }
+}

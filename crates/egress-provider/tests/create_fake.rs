@@ -1,0 +1,380 @@
+//! `LibvirtProvider` end to end against libvirt-fake, with a local HTTP image server: create
+//! converges, is idempotent, cleans up after itself, and refuses what it must.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod image_support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use egress_provider::libvirt::check::CheckOptions;
+use egress_provider::libvirt::config::{
+    HostConfig, ImageFormat, ImageSpec, LibvirtEntry, VirtType,
+};
+use egress_provider::libvirt::hostpool::{Connector, HostPool, PoolOptions};
+use egress_provider::libvirt::image::fetch::FetchOptions;
+use egress_provider::libvirt::mark;
+use egress_provider::libvirt::names;
+use egress_provider::libvirt::provider_impl::LibvirtProvider;
+use egress_provider::{
+    CreateRequest, ErrorClass, InstanceState, NoProgress, Provider, ProviderError, ProxyUid,
+};
+use image_support::{ImageServer, Route, qcow2, sha};
+use libvirt_fake::{FakeLibvirt, PoolSpec, codes};
+use libvirt_remote::Transport;
+use libvirt_remote::proto::procs;
+
+const GIB: u64 = 1 << 30;
+const POOL: &str = "images";
+
+struct FakeConnector(FakeLibvirt);
+
+#[async_trait]
+impl Connector for FakeConnector {
+    async fn connect(&self, _host: &HostConfig) -> Result<Transport, ProviderError> {
+        Ok(self.0.connect_duplex())
+    }
+}
+
+struct Setup {
+    fake: FakeLibvirt,
+    provider: LibvirtProvider,
+    server: ImageServer,
+    image_path: String,
+}
+
+fn host() -> HostConfig {
+    HostConfig {
+        name: "h1".into(),
+        address: "h1.invalid".into(),
+        user: "root".into(),
+        socket: "/run/libvirt/libvirt-sock".into(),
+        pool: POOL.into(),
+        bridge: None,
+        network: None,
+        virt_type: VirtType::Qemu,
+        pool_reserve_gib: 1,
+        ssh_key_file: None,
+        known_hosts_file: None,
+        max_concurrent: 4,
+    }
+}
+
+async fn setup() -> Setup {
+    let fake = FakeLibvirt::new();
+    fake.add_pool(PoolSpec::new(POOL).capacity(100 * GIB))
+        .unwrap();
+    let server = ImageServer::start().await;
+    let image = qcow2(2 * GIB, 4096);
+    let image_path = "/tiny.qcow2".to_string();
+    let url = server.route(&image_path, Route::new(image.clone()));
+    let mut images = BTreeMap::new();
+    images.insert(
+        "tiny".to_string(),
+        ImageSpec {
+            url,
+            sha256: Some(sha(&image)),
+            format: ImageFormat::Qcow2,
+            firmware: Default::default(),
+        },
+    );
+    let entry = LibvirtEntry {
+        name: "home".into(),
+        hosts: vec![host()],
+        images,
+        url_images: Default::default(),
+        max_image_bytes: GIB,
+        guest: Default::default(),
+        timeouts: Default::default(),
+    };
+    let pool = HostPool::new(
+        entry,
+        Arc::new(FakeConnector(fake.clone())),
+        PoolOptions::default(),
+    )
+    .unwrap();
+    let provider = LibvirtProvider::new(pool, FetchOptions::default(), CheckOptions::default());
+    Setup {
+        fake,
+        provider,
+        server,
+        image_path,
+    }
+}
+
+fn uid(n: u8) -> ProxyUid {
+    ProxyUid::parse_strict(&format!("0f8fad5b-d9cb-469f-a165-7086772895{n:02x}")).unwrap()
+}
+
+fn request(u: ProxyUid, disk_gib: u64) -> CreateRequest {
+    CreateRequest {
+        uid: u,
+        display_name: "default/p".into(),
+        host: "h1".into(),
+        image: "tiny".into(),
+        disk_gib,
+        memory_mib: 256,
+        vcpus: 1,
+        user_data: "#cloud-config\n{}\n".into(),
+    }
+}
+
+fn vols(fake: &FakeLibvirt) -> Vec<String> {
+    let mut v = fake.volumes(POOL).unwrap();
+    v.sort();
+    v
+}
+
+fn instance_vols(fake: &FakeLibvirt, u: &ProxyUid) -> Vec<String> {
+    let (o, s) = (names::overlay("home", u), names::seed("home", u));
+    vols(fake)
+        .into_iter()
+        .filter(|v| *v == o || *v == s)
+        .collect()
+}
+
+#[tokio::test]
+async fn create_builds_a_marked_running_domain_and_delete_leaves_only_the_base() {
+    let s = setup().await;
+    let u = uid(1);
+    let inst = s
+        .provider
+        .create(&request(u, 4), &NoProgress)
+        .await
+        .unwrap();
+    assert_eq!(inst.uid, u);
+    assert_eq!(inst.id.name, names::domain("home", &u));
+    assert_eq!(
+        inst.state,
+        InstanceState::Provisioning,
+        "running, no address yet"
+    );
+    assert_eq!(inst.mac, names::mac("home", &u));
+    let d = s.fake.domain(&inst.id.name).unwrap();
+    assert_eq!(d.state, 1, "started");
+    let m = s
+        .fake
+        .domain_metadata(&inst.id.name, mark::NAMESPACE)
+        .unwrap();
+    assert_eq!(
+        mark::parse(&m, "home", std::time::SystemTime::now())
+            .unwrap()
+            .uid,
+        u
+    );
+    assert_eq!(instance_vols(&s.fake, &u).len(), 2, "{:?}", vols(&s.fake));
+    let bases: Vec<_> = vols(&s.fake)
+        .into_iter()
+        .filter(|v| v.starts_with(&names::base_prefix("home")) && v.ends_with(".qcow2"))
+        .collect();
+    assert_eq!(bases.len(), 1, "{:?}", vols(&s.fake));
+
+    // Get through the trait sees the same instance.
+    let got = s.provider.get(&inst.id, &u).await.unwrap();
+    assert_eq!(got.id, inst.id);
+
+    // Idempotent: a second create converges on the same domain, no second download.
+    let again = s
+        .provider
+        .create(&request(u, 4), &NoProgress)
+        .await
+        .unwrap();
+    assert_eq!(again.id, inst.id);
+    assert_eq!(s.server.gets(&s.image_path), 1);
+
+    s.provider.delete("h1", &u).await.unwrap();
+    assert!(s.fake.domain(&inst.id.name).is_none());
+    assert!(instance_vols(&s.fake, &u).is_empty());
+    assert!(vols(&s.fake).contains(&bases[0]), "the base stays");
+    let e = s.provider.get(&inst.id, &u).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::NotFound);
+    // A second delete is a no-op success.
+    s.provider.delete("h1", &u).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_second_proxy_reuses_the_cached_base() {
+    let s = setup().await;
+    s.provider
+        .create(&request(uid(1), 4), &NoProgress)
+        .await
+        .unwrap();
+    s.provider
+        .create(&request(uid(2), 4), &NoProgress)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.server.gets(&s.image_path),
+        1,
+        "one download for two proxies"
+    );
+    let owned = s.provider.list_owned().await.unwrap();
+    assert_eq!(owned.len(), 2);
+    assert!(owned.iter().all(|o| o.name_matches_uid));
+}
+
+#[tokio::test]
+async fn a_disk_smaller_than_the_image_is_refused_before_any_instance_volume_exists() {
+    // finding: M5 — the image's virtual size is 2 GiB; a 1 GiB disk would never boot.
+    let s = setup().await;
+    let u = uid(3);
+    let e = s
+        .provider
+        .create(&request(u, 1), &NoProgress)
+        .await
+        .unwrap_err();
+    assert_eq!(e.class, ErrorClass::Permanent, "{e}");
+    assert!(e.message.contains("diskSizeGb 1"), "{}", e.message);
+    assert!(e.message.contains(&(2 * GIB).to_string()), "{}", e.message);
+    assert!(e.message.contains("tiny"), "{}", e.message);
+    assert!(instance_vols(&s.fake, &u).is_empty(), "{:?}", vols(&s.fake));
+    assert!(s.fake.domain(&names::domain("home", &u)).is_none());
+}
+
+#[tokio::test]
+async fn pool_space_is_checked_on_fresh_figures_not_libvirts_cached_ones() {
+    // finding: M4 — the pool's cached `available` still says 100 GiB while the disk is full;
+    // only a refresh shows it. Create must refresh and refuse with QuotaExceeded.
+    let s = setup().await;
+    s.provider
+        .create(&request(uid(1), 4), &NoProgress)
+        .await
+        .unwrap();
+    let p = s.fake.pool(POOL).unwrap();
+    s.fake
+        .set_pool_usage(POOL, 100 * GIB - GIB - (10 << 20), GIB + (10 << 20))
+        .unwrap();
+    assert_eq!(
+        s.fake.pool(POOL).unwrap().cached_available,
+        p.cached_available,
+        "libvirt still reports the old figure until a refresh"
+    );
+    assert!(p.cached_available > 90 * GIB);
+    let u = uid(2);
+    let e = s
+        .provider
+        .create(&request(u, 4), &NoProgress)
+        .await
+        .unwrap_err();
+    assert_eq!(e.class, ErrorClass::QuotaExceeded, "{e}");
+    assert!(
+        e.message.contains(POOL) && e.message.contains("poolReserveGiB"),
+        "{}",
+        e.message
+    );
+    assert!(instance_vols(&s.fake, &u).is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_define_removes_what_the_create_made_and_is_permanent() {
+    // finding: M3, M7 — code 67 (config unsupported) on define is Permanent, and the overlay
+    // and seed this call created are removed, not leaked.
+    let s = setup().await;
+    s.fake.faults().fail_calls(
+        procs::DOMAIN_DEFINE_XML_FLAGS,
+        codes::CONFIG_UNSUPPORTED,
+        10,
+        "unsupported configuration: machine type 'q35' not supported",
+        Some(1),
+    );
+    let u = uid(4);
+    let e = s
+        .provider
+        .create(&request(u, 4), &NoProgress)
+        .await
+        .unwrap_err();
+    assert_eq!(e.class, ErrorClass::Permanent, "{e}");
+    assert_eq!(e.libvirt_code, Some(67));
+    assert!(instance_vols(&s.fake, &u).is_empty(), "{:?}", vols(&s.fake));
+    assert!(s.fake.domain(&names::domain("home", &u)).is_none());
+    // The cached base is not something this create made for the instance: it stays.
+    assert!(
+        vols(&s.fake)
+            .iter()
+            .any(|v| v.starts_with(&names::base_prefix("home")))
+    );
+    // And the next attempt succeeds.
+    s.provider
+        .create(&request(u, 4), &NoProgress)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_domain_of_ours_without_its_disks_is_recreated_not_started() {
+    // finding: L4 — adopting a defined domain verifies its overlay and seed first.
+    let s = setup().await;
+    let u = uid(5);
+    let inst = s
+        .provider
+        .create(&request(u, 4), &NoProgress)
+        .await
+        .unwrap();
+    // Someone removed the overlay behind our back and the domain stopped.
+    s.fake.set_domain_state(&inst.id.name, 5, 1).unwrap();
+    let c = libvirt_remote::Client::open(s.fake.connect_duplex(), Default::default())
+        .await
+        .unwrap();
+    let pool = c.pool_lookup_by_name(POOL).await.unwrap();
+    let ov = c
+        .vol_lookup_by_name(&pool, &names::overlay("home", &u))
+        .await
+        .unwrap();
+    c.vol_delete(&ov, 0).await.unwrap();
+    let again = s
+        .provider
+        .create(&request(u, 4), &NoProgress)
+        .await
+        .unwrap();
+    assert_eq!(again.id, inst.id);
+    assert_eq!(instance_vols(&s.fake, &u).len(), 2, "overlay recreated");
+    assert_eq!(s.fake.domain(&inst.id.name).unwrap().state, 1);
+}
+
+#[tokio::test]
+async fn create_refuses_a_same_named_domain_that_is_not_this_proxys() {
+    // finding: M2 — a domain carrying another UID's mark under our name is never adopted,
+    // started or removed by create.
+    let s = setup().await;
+    let u = uid(6);
+    let other = uid(7);
+    let name = names::domain("home", &u);
+    let xml = format!(
+        "<domain type='qemu'><name>{name}</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>\
+         <os><type arch='x86_64'>hvm</type></os><metadata>{}</metadata></domain>",
+        mark::render(&other, "home", std::time::SystemTime::now())
+    );
+    s.fake.define_domain_xml(&xml).unwrap();
+    let e = s
+        .provider
+        .create(&request(u, 4), &NoProgress)
+        .await
+        .unwrap_err();
+    assert_eq!(e.class, ErrorClass::Permanent, "{e}");
+    assert!(e.message.contains("not this Proxy's"), "{}", e.message);
+    let d = s.fake.domain(&name).unwrap();
+    assert_eq!(d.state, 5, "left shut off, untouched");
+    assert!(instance_vols(&s.fake, &u).is_empty());
+}
+
+#[tokio::test]
+async fn invalid_sizes_are_permanent_and_leave_nothing_behind() {
+    // finding: L11, L20 — zero vCPUs or absurd memory never reach libvirt.
+    let s = setup().await;
+    for (i, (vcpus, mem)) in [(0u32, 256u64), (1, u64::MAX / 2)].into_iter().enumerate() {
+        let u = uid(10 + i as u8);
+        let mut r = request(u, 4);
+        r.vcpus = vcpus;
+        r.memory_mib = mem;
+        let e = s.provider.create(&r, &NoProgress).await.unwrap_err();
+        assert_eq!(e.class, ErrorClass::Permanent, "{e}");
+        assert!(instance_vols(&s.fake, &u).is_empty(), "{:?}", vols(&s.fake));
+        assert!(s.fake.domain(&names::domain("home", &u)).is_none());
+    }
+}

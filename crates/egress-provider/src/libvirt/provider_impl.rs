@@ -30,7 +30,8 @@ use super::seed::{self, SeedInput};
 use super::volumes::{self, BackingBase};
 use crate::error::{ProviderError, Result};
 use crate::model::{
-    CreateRequest, HostReport, HostState, Instance, OwnedInstance, Progress, ProviderId, ProxyUid,
+    CreateRequest, HostReport, HostState, Instance, InstanceState, OwnedInstance, Progress,
+    ProviderId, ProxyUid,
 };
 use crate::provider::Provider;
 
@@ -44,6 +45,8 @@ const START_POLL: Duration = Duration::from_millis(250);
 // NB: the overlay grows with the guest; the reserve (poolReserveGiB) is what protects the
 // pool from that growth, so only the immediate need is checked here.
 const CREATE_SPACE: u64 = 64 << 20;
+/// Deadline for uploading a seed (at most 2 MiB) on the control connection.
+const SEED_UPLOAD_BUDGET: Duration = Duration::from_secs(30);
 /// Deadline for removing what a failed create made.
 const CLEANUP_BUDGET: Duration = Duration::from_secs(30);
 
@@ -261,26 +264,29 @@ impl LibvirtProvider {
         }
 
         let seed_name = names::seed(entry, &req.uid);
-        if let Some(old) = lookup_vol(c, &pool, &seed_name, &host.name).await? {
-            // The seed is ours by name and rebuilt every time: replace it.
-            c.vol_delete(&old, 0).await.map_err(|e| {
-                classify(
-                    &e,
-                    &format!("replacing seed {seed_name} on host {}", host.name),
-                )
-            })?;
-        }
-        let seed_vol = c
-            .vol_create_xml(&pool, &volumes::seed_xml(&seed_name, seed.len()), 0)
-            .await
-            .map_err(|e| {
-                classify(
-                    &e,
-                    &format!("creating seed {seed_name} on host {}", host.name),
-                )
-            })?;
+        let seed_xml = volumes::seed_xml(&seed_name, seed.len());
+        let what = format!("creating seed {seed_name} on host {}", host.name);
+        // NB: create first (one round trip on the usual path); an existing seed is ours by
+        // name and rebuilt every time, so it is replaced.
+        let seed_vol = match c.vol_create_xml(&pool, &seed_xml, 0).await {
+            Ok(v) => v,
+            Err(e) if e.libvirt_code() == Some(90) => {
+                if let Some(old) = lookup_vol(c, &pool, &seed_name, &host.name).await? {
+                    c.vol_delete(&old, 0).await.map_err(|e| {
+                        classify(
+                            &e,
+                            &format!("replacing seed {seed_name} on host {}", host.name),
+                        )
+                    })?;
+                }
+                c.vol_create_xml(&pool, &seed_xml, 0)
+                    .await
+                    .map_err(|e| classify(&e, &what))?
+            }
+            Err(e) => return Err(classify(&e, &what)),
+        };
         made.seed = Some(seed_vol.clone());
-        upload_seed(lease, &seed_vol, &seed.image, &host.name).await?;
+        upload_seed(c, &seed_vol, &seed.image, &host.name).await?;
 
         let nic = match (&host.bridge, &host.network) {
             (Some(b), _) => Some(NicAttach::Bridge(b)),
@@ -350,8 +356,15 @@ impl LibvirtProvider {
             })?;
         }
         wait_running(c, &dom, &host.name, cfg.timeouts.start).await?;
-        let id = self.id(&host.name, &req.uid);
-        ops::get::get(c, entry, host, &id, &req.uid).await
+        // NB: just defined with our mark and seen running: reading it all back would cost
+        // five more round trips for what we already know; the address comes with `get`.
+        Ok(Instance {
+            id: self.id(&host.name, &req.uid),
+            uid: req.uid,
+            state: InstanceState::Provisioning,
+            ip: None,
+            mac,
+        })
     }
 }
 
@@ -392,20 +405,17 @@ async fn volume_exists(c: &Client, pool: &StoragePool, name: &str, host: &str) -
     lookup_vol(c, pool, name, host).await.map(|v| v.is_some())
 }
 
-async fn upload_seed(lease: &HostLease, vol: &StorageVol, bytes: &[u8], host: &str) -> Result<()> {
-    // NB: a dedicated connection, like every transfer: aborting it never hurts other callers.
-    let bulk = lease.bulk().await?;
-    let res = bulk
-        .vol_upload(
-            vol,
-            0,
-            bytes.len() as u64,
-            bytes,
-            &libvirt_remote::UploadOptions::default(),
-        )
-        .await;
-    bulk.close();
-    res.map(|_| ())
+async fn upload_seed(c: &Client, vol: &StorageVol, bytes: &[u8], host: &str) -> Result<()> {
+    // NB: the seed is small (≤ 2 MiB, bounded by the seed builder), so it goes on the pooled
+    // control connection: a dedicated one would cost a dial and three handshake calls. Image
+    // imports, which are bulk, always use dedicated connections.
+    let opts = libvirt_remote::UploadOptions {
+        deadline: Some(SEED_UPLOAD_BUDGET),
+        ..Default::default()
+    };
+    c.vol_upload(vol, 0, bytes.len() as u64, bytes, &opts)
+        .await
+        .map(|_| ())
         .map_err(|e| classify(&e, &format!("uploading seed {} to host {host}", vol.name)))
 }
 

@@ -190,8 +190,18 @@ pub async fn ensure_overlay(
     disk: u64,
     base: &BackingBase,
 ) -> Result<(StorageVol, bool)> {
-    match client.vol_lookup_by_name(pool, name).await {
-        Ok(vol) => {
+    // NB: create first (one round trip on the usual path); "exists" (90) means a previous
+    // attempt made it, and it is verified before reuse.
+    match client
+        .vol_create_xml(pool, &overlay_xml(name, disk, base), 0)
+        .await
+    {
+        Ok(vol) => Ok((vol, true)),
+        Err(e) if e.libvirt_code() == Some(90) => {
+            let vol = client
+                .vol_lookup_by_name(pool, name)
+                .await
+                .map_err(|e| classify(&e, &format!("looking up overlay {name} on host {host}")))?;
             let xml = client
                 .vol_xml(&vol)
                 .await
@@ -204,16 +214,9 @@ pub async fn ensure_overlay(
             verify_overlay(name, host, &facts, disk, base)?;
             Ok((vol, false))
         }
-        Err(e) if e.libvirt_code() == Some(50) => {
-            let vol = client
-                .vol_create_xml(pool, &overlay_xml(name, disk, base), 0)
-                .await
-                .map_err(|e| classify(&e, &format!("creating overlay {name} on host {host}")))?;
-            Ok((vol, true))
-        }
         Err(e) => Err(classify(
             &e,
-            &format!("looking up overlay {name} on host {host}"),
+            &format!("creating overlay {name} on host {host}"),
         )),
     }
 }

@@ -122,6 +122,20 @@ impl Transport {
         Self::new(r, w, kill, peer)
     }
 
+    /// Takes the transport apart (e.g. to wrap its halves for tracing or counting) so it can
+    /// be rebuilt with [`Transport::new`].
+    #[allow(clippy::type_complexity)]
+    pub fn into_parts(
+        self,
+    ) -> (
+        Box<dyn AsyncRead + Send + Unpin>,
+        Box<dyn AsyncWrite + Send + Unpin>,
+        KillSwitch,
+        String,
+    ) {
+        (self.reader, self.writer, self.kill, self.peer)
+    }
+
     /// A description of the peer, for logs.
     pub fn peer(&self) -> &str {
         &self.peer

@@ -56,6 +56,7 @@ pub struct LibvirtProvider {
     fetch: FetchOptions,
     check: CheckOptions,
     caps: Mutex<HashMap<String, HostCaps>>,
+    pools: Mutex<HashMap<String, StoragePool>>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
@@ -92,6 +93,7 @@ impl LibvirtProvider {
             fetch,
             check,
             caps: Mutex::new(HashMap::new()),
+            pools: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
         }
     }
@@ -142,6 +144,36 @@ impl LibvirtProvider {
         .await?;
         self.remember_caps(&host.name, c.clone());
         Ok(c)
+    }
+
+    /// The host's pool handle, looked up once per host. A handle that went stale (pool
+    /// recreated: code 49 on use) is dropped by [`forget_pool`](Self::forget_pool).
+    async fn pool_handle(&self, client: &Client, host: &HostConfig) -> Result<StoragePool> {
+        let cached = {
+            let g = match self.pools.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            g.get(&host.name).cloned()
+        };
+        if let Some(p) = cached {
+            return Ok(p);
+        }
+        let p = lookup_pool(client, host).await?;
+        let mut g = match self.pools.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        g.insert(host.name.clone(), p.clone());
+        Ok(p)
+    }
+
+    fn forget_pool(&self, host: &str) {
+        let mut g = match self.pools.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        g.remove(host);
     }
 
     fn remember_caps(&self, host: &str, caps: HostCaps) {
@@ -221,7 +253,7 @@ impl LibvirtProvider {
         let cfg = self.entry_cfg();
         let entry = &cfg.name;
         let caps = self.host_caps(c, host).await?;
-        let pool = lookup_pool(c, host).await?;
+        let pool = self.pool_handle(c, host).await?;
         let reserve = host.pool_reserve_gib.saturating_mul(volumes::GIB);
 
         let bulk = LeaseBulk(lease);
@@ -501,6 +533,11 @@ impl Provider for LibvirtProvider {
             Ok(inst) => Ok(inst),
             Err(e) => {
                 undo(c, made, &host_name).await;
+                if e.libvirt_code == Some(49) {
+                    // The cached pool handle may be stale (pool recreated): look it up again
+                    // next time.
+                    self.forget_pool(&host_name);
+                }
                 Err(e)
             }
         }

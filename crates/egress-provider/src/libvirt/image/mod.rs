@@ -175,12 +175,18 @@ async fn find(target: &Target<'_>, src: &Source) -> Result<Option<Base>> {
     };
     for (name, digest, format) in candidates {
         if let Some(p) = cache::check_published(c, pool, &name, target.host).await? {
-            let path = c.vol_path(&p.vol).await.map_err(|e| {
-                classify(
-                    &e,
-                    &format!("reading the path of {name} on host {}", target.host),
-                )
-            })?;
+            // NB: for file-based pools (dir, fs, netfs, logical) libvirt's volume key IS its
+            // path; only other pool types need the extra round trip.
+            let path = if p.vol.key.starts_with('/') {
+                p.vol.key.clone()
+            } else {
+                c.vol_path(&p.vol).await.map_err(|e| {
+                    classify(
+                        &e,
+                        &format!("reading the path of {name} on host {}", target.host),
+                    )
+                })?
+            };
             return Ok(Some(Base {
                 vol: p.vol,
                 name,

@@ -251,6 +251,8 @@ async fn main() {
         max_image_bytes: 4 << 30,
         guest: Default::default(),
         timeouts: Timeouts::default(),
+        defaults: Default::default(),
+        limits: Default::default(),
     };
     let log = CallLog::default();
     let t = Timeouts::default();

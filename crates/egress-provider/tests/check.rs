@@ -61,6 +61,8 @@ fn entry(hosts: Vec<HostConfig>, dial: Duration) -> LibvirtEntry {
             dial,
             ..Timeouts::default()
         },
+        defaults: Default::default(),
+        limits: Default::default(),
     }
 }
 

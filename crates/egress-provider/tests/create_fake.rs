@@ -92,6 +92,8 @@ async fn setup() -> Setup {
         max_image_bytes: GIB,
         guest: Default::default(),
         timeouts: Default::default(),
+        defaults: Default::default(),
+        limits: Default::default(),
     };
     let pool = HostPool::new(
         entry,

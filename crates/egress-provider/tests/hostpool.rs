@@ -58,6 +58,8 @@ fn entry(hosts: Vec<HostConfig>, dial: Duration, call: Duration) -> LibvirtEntry
             call,
             ..Timeouts::default()
         },
+        defaults: Default::default(),
+        limits: Default::default(),
     }
 }
 

@@ -40,6 +40,8 @@ fn entry(name: &str) -> LibvirtEntry {
         max_image_bytes: 64 * MIB,
         guest: GuestSettings::default(),
         timeouts: Timeouts::default(),
+        defaults: Default::default(),
+        limits: Default::default(),
     }
 }
 

@@ -172,6 +172,8 @@ fn provider_with(
         max_image_bytes: GIB,
         guest: Default::default(),
         timeouts: Timeouts::default(),
+        defaults: Default::default(),
+        limits: Default::default(),
     };
     let t = Timeouts::default();
     let pool = HostPool::new(e, Arc::new(SshConnector::new(&t)), PoolOptions::default()).unwrap();

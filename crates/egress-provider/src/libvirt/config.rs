@@ -36,6 +36,85 @@ pub struct LibvirtEntry {
     /// Timeouts.
     #[serde(default)]
     pub timeouts: Timeouts,
+    /// Sizes a Proxy gets when its spec names none.
+    #[serde(default)]
+    pub defaults: SizeDefaults,
+    /// Largest sizes a Proxy may ask for (finding L20: bounds checked at load).
+    #[serde(default)]
+    pub limits: SizeLimits,
+}
+
+/// Default instance sizes of an entry (`defaults:` in the file).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SizeDefaults {
+    /// Root disk, GiB.
+    #[serde(rename = "diskGiB", default = "default_disk_gib")]
+    pub disk_gib: u64,
+    /// Memory, MiB.
+    #[serde(rename = "memoryMiB", default = "default_memory_mib")]
+    pub memory_mib: u64,
+    /// Virtual CPUs.
+    #[serde(default = "default_vcpus")]
+    pub vcpus: u32,
+}
+
+// NB: a forward proxy needs little: 10 GiB holds a cloud image plus logs, 512 MiB and one vCPU
+// run tinyproxy/squid for a handful of clients.
+fn default_disk_gib() -> u64 {
+    10
+}
+fn default_memory_mib() -> u64 {
+    512
+}
+fn default_vcpus() -> u32 {
+    1
+}
+
+impl Default for SizeDefaults {
+    fn default() -> Self {
+        Self {
+            disk_gib: default_disk_gib(),
+            memory_mib: default_memory_mib(),
+            vcpus: default_vcpus(),
+        }
+    }
+}
+
+/// Maximum instance sizes of an entry (`limits:` in the file).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SizeLimits {
+    /// Root disk, GiB.
+    #[serde(rename = "diskGiB", default = "limit_disk_gib")]
+    pub disk_gib: u64,
+    /// Memory, MiB.
+    #[serde(rename = "memoryMiB", default = "limit_memory_mib")]
+    pub memory_mib: u64,
+    /// Virtual CPUs.
+    #[serde(default = "limit_vcpus")]
+    pub vcpus: u32,
+}
+
+// NB: generous for a proxy yet small enough that one bad spec cannot take a whole host.
+fn limit_disk_gib() -> u64 {
+    100
+}
+fn limit_memory_mib() -> u64 {
+    8192
+}
+fn limit_vcpus() -> u32 {
+    8
+}
+
+impl Default for SizeLimits {
+    fn default() -> Self {
+        Self {
+            disk_gib: limit_disk_gib(),
+            memory_mib: limit_memory_mib(),
+            vcpus: limit_vcpus(),
+        }
+    }
 }
 
 fn default_max_image_bytes() -> u64 {
@@ -83,7 +162,7 @@ pub struct HostConfig {
     #[serde(default)]
     pub virt_type: VirtType,
     /// Space kept free in the pool, GiB.
-    #[serde(default)]
+    #[serde(default, alias = "poolReserveGiB")]
     pub pool_reserve_gib: u64,
     /// SSH private key file.
     #[serde(default)]

@@ -535,14 +535,20 @@ fn warnings_are_reported_alongside_errors() {
 
 #[test]
 fn yaml_and_shape_errors_carry_line_and_column() {
-    let e = errs(&with(
+    let text = with(
         "        maxConcurrent: 4",
         "        maxConcurrent: 4\n        bogus: 1",
-    ));
+    );
+    let line = text
+        .lines()
+        .position(|l| l.trim_start().starts_with("bogus:"))
+        .unwrap()
+        + 1;
+    let e = errs(&text);
     assert_eq!(e.errors.len(), 1);
     let m = &e.errors[0].message;
     assert!(
-        m.contains("unknown field `bogus`") && m.contains("line 28 column 9"),
+        m.contains("unknown field `bogus`") && m.contains(&format!("line {line} column 9")),
         "{m}"
     );
     let e = errs(&with("    type: libvirt", "    type: xen"));

@@ -11,9 +11,7 @@
     clippy::indexing_slicing
 )]
 
-#[allow(dead_code)]
-#[path = "../../libvirt-remote/tests/real/cleanup.rs"]
-mod cleanup;
+use ep_test_support::cleanup;
 
 use std::path::Path;
 use std::process::Command;

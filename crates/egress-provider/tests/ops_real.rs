@@ -13,18 +13,17 @@
     clippy::indexing_slicing
 )]
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
 use std::sync::Once;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use egress_provider::libvirt::config::{HostConfig, VirtType};
 use egress_provider::libvirt::ops::{delete, get, list};
 use egress_provider::libvirt::{mark, names};
 use egress_provider::{ErrorClass, InstanceState, ProviderId, ProxyUid};
+use ep_test_support::cleanup::{
+    names_from, now_secs, random_u32, remove_domain, remove_pool, virsh, virsh_ok,
+};
 use ep_test_support::sshd::Sshd;
 use libvirt_remote::transport::ssh::{self, SshOptions};
 use libvirt_remote::{Client, OpenOptions};
@@ -36,47 +35,10 @@ const TEST_BUDGET: Duration = Duration::from_secs(120);
 /// Leftovers older than this are swept.
 // NB: a run takes well under a minute; 30 minutes never touches a run in progress.
 const SWEEP_AGE: Duration = Duration::from_secs(30 * 60);
-/// Deadline of one `virsh` invocation (coreutils `timeout`).
-// NB: virsh answers in well under a second; destroying a wedged QEMU can take ~10 s.
-const VIRSH_TIMEOUT_SECS: &str = "60";
 /// Prefix of the entries these tests use; domains are `ep-eptest-<secs>-<rand>-<uid>`.
 const ENTRY_PREFIX: &str = "eptest-";
 
 // ---------------------------------------------------------------- fixtures
-
-fn virsh(args: &[&str]) -> Output {
-    Command::new("timeout")
-        .args([VIRSH_TIMEOUT_SECS, "virsh", "-q", "-c", "qemu:///system"])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run virsh (is libvirt-clients installed?)")
-}
-
-fn virsh_ok(args: &[&str]) -> String {
-    let out = virsh(args);
-    assert!(
-        out.status.success(),
-        "virsh {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-fn random_u32() -> u32 {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut h = RandomState::new().build_hasher();
-    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    h.write_u32(std::process::id());
-    (h.finish() & 0xffff_ffff) as u32
-}
 
 /// A unique entry name: `eptest-<unix secs>-<random>`.
 fn unique_entry() -> String {
@@ -96,44 +58,18 @@ fn age_of(name: &str) -> Option<Duration> {
     Some(Duration::from_secs(now_secs().saturating_sub(secs)))
 }
 
-fn remove_domain(name: &str) {
-    let _ = virsh(&["destroy", name]);
-    let _ = virsh(&[
-        "undefine",
-        name,
-        "--managed-save",
-        "--snapshots-metadata",
-        "--checkpoints-metadata",
-        "--nvram",
-    ]);
-}
-
-fn remove_pool(name: &str) {
-    let _ = virsh(&["pool-destroy", name]);
-    let _ = virsh(&["pool-undefine", name]);
-}
-
-fn listed(args: &[&str]) -> Vec<String> {
-    String::from_utf8_lossy(&virsh(args).stdout)
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(str::to_owned)
-        .collect()
-}
-
 /// Removes this suite's leftovers older than [`SWEEP_AGE`], once per process.
 fn sweep_once() {
     static SWEEP: Once = Once::new();
     SWEEP.call_once(|| {
         let old = |n: &str| age_of(n).is_some_and(|a| a > SWEEP_AGE);
-        for d in listed(&["list", "--all", "--name"]) {
+        for d in names_from(&["list", "--all", "--name"]) {
             if d.starts_with(&format!("{}{ENTRY_PREFIX}", names::PREFIX)) && old(&d) {
                 println!("eptest: sweeping leftover domain {d}");
                 remove_domain(&d);
             }
         }
-        for p in listed(&["pool-list", "--all", "--name"]) {
+        for p in names_from(&["pool-list", "--all", "--name"]) {
             if p.starts_with(ENTRY_PREFIX) && old(&p) {
                 println!("eptest: sweeping leftover pool {p}");
                 remove_pool(&p);
@@ -208,7 +144,7 @@ impl PoolGuard {
 
     fn has(&self, name: &str) -> bool {
         let _ = virsh(&["pool-refresh", &self.name]);
-        listed(&["vol-list", &self.name])
+        names_from(&["vol-list", &self.name])
             .iter()
             .any(|l| l.split_whitespace().next() == Some(name))
     }

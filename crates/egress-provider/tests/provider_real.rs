@@ -12,7 +12,6 @@
 mod image_support;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -26,19 +25,12 @@ use egress_provider::libvirt::image::fetch::FetchOptions;
 use egress_provider::libvirt::provider_impl::LibvirtProvider;
 use egress_provider::libvirt::{mark, names, volumes};
 use egress_provider::{CreateRequest, ErrorClass, NoProgress, Provider, ProxyUid};
+use ep_test_support::cleanup::{self, PoolFixture};
 use ep_test_support::sshd::Sshd;
 use image_support::{ImageServer, Route, sha};
 use libvirt_remote::{Client, OpenOptions, transport};
 
 const GIB: u64 = 1 << 30;
-
-fn virsh(args: &[&str]) -> std::process::Output {
-    Command::new("timeout")
-        .args(["60", "virsh", "-q", "-c", "qemu:///system"])
-        .args(args)
-        .output()
-        .expect("run virsh")
-}
 
 fn unique(tag: &str) -> String {
     let n = SystemTime::now()
@@ -51,56 +43,13 @@ fn unique(tag: &str) -> String {
     )
 }
 
-/// A transient dir pool over a fresh temp directory; destroyed (with its files) on Drop.
-struct PoolGuard {
-    name: String,
-    dir: PathBuf,
-}
-
-impl PoolGuard {
-    fn new() -> Self {
-        let name = format!("eptest-provider-{}", unique("p"));
-        let dir = std::env::temp_dir().join(&name);
-        println!("eptest: creating pool {name} at {}", dir.display());
-        std::fs::create_dir_all(&dir).unwrap();
-        let out = virsh(&[
-            "pool-create-as",
-            &name,
-            "dir",
-            "--target",
-            dir.to_str().unwrap(),
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Self { name, dir }
-    }
-}
-
-impl Drop for PoolGuard {
-    fn drop(&mut self) {
-        let _ = virsh(&["pool-destroy", &self.name]);
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// Removes domains by name on Drop (destroy, then undefine with every metadata flag).
 struct DomainGuard(Vec<String>);
 
 impl Drop for DomainGuard {
     fn drop(&mut self) {
         for d in &self.0 {
-            let _ = virsh(&["destroy", d]);
-            let _ = virsh(&[
-                "undefine",
-                d,
-                "--nvram",
-                "--snapshots-metadata",
-                "--checkpoints-metadata",
-                "--managed-save",
-            ]);
+            cleanup::remove_domain(d);
         }
     }
 }
@@ -213,7 +162,7 @@ fn vol_names(dir: &std::path::Path) -> Vec<String> {
 async fn proxies_are_created_reused_and_deleted_on_the_real_libvirtd_through_sshd() {
     // finding: H4, M13, M5, M3, M2
     let sshd = Sshd::start();
-    let pool = PoolGuard::new();
+    let pool = PoolFixture::create("provider");
     let server = ImageServer::start().await;
     let scratch_dir = tempfile::Builder::new()
         .prefix("eptest-scratch-")
@@ -327,7 +276,7 @@ async fn virt_type_auto_starts_a_guest_even_where_kvm_is_listed_but_unusable() {
     // finding: M7 — on these machines KVM is listed (and QEMU enables it) but guests fail to
     // start; `auto` must still produce a running guest, falling back to TCG.
     let sshd = Sshd::start();
-    let pool = PoolGuard::new();
+    let pool = PoolFixture::create("provider");
     let server = ImageServer::start().await;
     let scratch = tempfile::Builder::new()
         .prefix("eptest-scratch-")

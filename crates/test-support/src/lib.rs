@@ -1,5 +1,6 @@
 //! Test support shared by the workspace's integration tests: a real OpenSSH `sshd` on
-//! 127.0.0.1 ([`sshd`]) and a TCP relay that can freeze ([`relay`]).
+//! 127.0.0.1 ([`sshd`]), a TCP relay that can freeze ([`relay`]), and unique names, Drop
+//! guards and the leftover sweep for resources made on the real libvirtd ([`cleanup`]).
 //!
 //! Everything cleans up on Drop: sshd is killed and its temporary directory removed; relay
 //! tasks are aborted and their sockets closed. Test-only code: it panics on setup failures.
@@ -10,5 +11,6 @@
     clippy::indexing_slicing
 )]
 
+pub mod cleanup;
 pub mod relay;
 pub mod sshd;

@@ -9,7 +9,7 @@
 //! created is removed when a later step fails; nothing else ever is.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -109,10 +109,7 @@ impl LibvirtProvider {
 
     async fn lock_name(&self, name: &str) -> Result<tokio::sync::OwnedMutexGuard<()>> {
         let m = {
-            let mut g = match self.locks.lock() {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
+            let mut g = lock(&self.locks);
             g.entry(name.to_owned()).or_default().clone()
         };
         tokio::time::timeout(NAME_LOCK_WAIT, m.lock_owned())
@@ -126,10 +123,7 @@ impl LibvirtProvider {
 
     async fn host_caps(&self, client: &Client, host: &HostConfig) -> Result<HostCaps> {
         let cached = {
-            let g = match self.caps.lock() {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
+            let g = lock(&self.caps);
             g.get(&host.name).cloned()
         };
         if let Some(c) = cached {
@@ -150,37 +144,25 @@ impl LibvirtProvider {
     /// recreated: code 49 on use) is dropped by [`forget_pool`](Self::forget_pool).
     async fn pool_handle(&self, client: &Client, host: &HostConfig) -> Result<StoragePool> {
         let cached = {
-            let g = match self.pools.lock() {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
+            let g = lock(&self.pools);
             g.get(&host.name).cloned()
         };
         if let Some(p) = cached {
             return Ok(p);
         }
         let p = lookup_pool(client, host).await?;
-        let mut g = match self.pools.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut g = lock(&self.pools);
         g.insert(host.name.clone(), p.clone());
         Ok(p)
     }
 
     fn forget_pool(&self, host: &str) {
-        let mut g = match self.pools.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut g = lock(&self.pools);
         g.remove(host);
     }
 
     fn remember_caps(&self, host: &str, caps: HostCaps) {
-        let mut g = match self.caps.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut g = lock(&self.caps);
         g.insert(host.to_owned(), caps);
     }
 
@@ -400,6 +382,14 @@ impl LibvirtProvider {
     }
 }
 
+/// Locks a cache mutex; a poisoned one (a panic elsewhere) still holds usable data.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
 async fn lookup_pool(c: &Client, host: &HostConfig) -> Result<StoragePool> {
     c.pool_lookup_by_name(&host.pool).await.map_err(|e| {
         let err = classify(
@@ -423,14 +413,9 @@ async fn lookup_vol(
     name: &str,
     host: &str,
 ) -> Result<Option<StorageVol>> {
-    match c.vol_lookup_by_name(pool, name).await {
-        Ok(v) => Ok(Some(v)),
-        Err(e) if e.libvirt_code() == Some(50) => Ok(None),
-        Err(e) => Err(classify(
-            &e,
-            &format!("looking up volume {name} on host {host}"),
-        )),
-    }
+    image::cache::lookup(c, pool, name)
+        .await
+        .map_err(|e| classify(&e, &format!("looking up volume {name} on host {host}")))
 }
 
 async fn volume_exists(c: &Client, pool: &StoragePool, name: &str, host: &str) -> Result<bool> {

@@ -14,7 +14,7 @@
 //! saying so (CI guarantees the daemon), they never skip.
 
 pub mod bodies;
-pub mod cleanup;
+pub use ep_test_support::cleanup;
 pub mod sources;
 pub mod ssh;
 pub mod tap;

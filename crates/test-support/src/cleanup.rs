@@ -57,14 +57,16 @@ pub fn keep_requested() -> bool {
     }
 }
 
-fn now_secs() -> u64 {
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
 }
 
-fn random_u32() -> u32 {
+/// A random-enough u32 for unique names (per process and call).
+pub fn random_u32() -> u32 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut h = RandomState::new().build_hasher();
     h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
@@ -116,7 +118,8 @@ pub fn virsh_ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn names_from(args: &[&str]) -> Vec<String> {
+/// The non-empty trimmed lines `virsh ARGS` prints (names, volume lists).
+pub fn names_from(args: &[&str]) -> Vec<String> {
     let out = virsh(args);
     String::from_utf8_lossy(&out.stdout)
         .lines()

@@ -1,4 +1,6 @@
-//! The operator core of egress-proxies. For now: the provider configuration loader
-//! ([`config`]); the Proxy model, the reconciler, orphan GC and standalone mode follow.
+//! The operator core of egress-proxies: the provider configuration loader ([`config`]) and
+//! the Proxy model shared by both drivers ([`model`]).
 
 pub mod config;
+pub mod model;
+pub mod providers;

@@ -1,0 +1,466 @@
+//! The Proxy model shared by both drivers (Kubernetes and standalone): the manifest a user
+//! writes, its spec, and the status the operator reports. No Kubernetes types: the Kubernetes
+//! driver wraps these in its custom resource; standalone mode reads the same YAML from files.
+//!
+//! Guarantees:
+//! - A manifest that deserializes has a well-formed shape; [`ProxySpec::validate`] checks
+//!   the values and names the field path at fault (`spec.proxy.port`).
+//! - Status messages are redacted on the way in ([`Condition::new`] and
+//!   [`ProxyStatus::set_condition`] pass every message through
+//!   [`egress_provider::error::redact`] and truncate it), so status never carries credentials
+//!   (finding D5) or unbounded remote strings (finding L18).
+
+use std::net::IpAddr;
+
+use egress_provider::error::redact;
+use serde::{Deserialize, Serialize};
+
+/// The API group/version of a Proxy manifest.
+pub const API_VERSION: &str = "egress-proxies.dev/v1alpha1";
+/// The kind of a Proxy manifest.
+pub const KIND: &str = "Proxy";
+/// Longest message kept in a condition (finding L18).
+// NB: enough for a classified provider error with its host, setting and both sizes; status
+// objects stay small when hundreds of proxies fail the same way.
+pub const MAX_MESSAGE_CHARS: usize = 1024;
+/// Default proxy listen port (tinyproxy/squid convention).
+pub const DEFAULT_PROXY_PORT: u16 = 3128;
+
+/// A Proxy manifest: the same YAML in a standalone directory and in Kubernetes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProxyManifest {
+    /// Must be [`API_VERSION`].
+    pub api_version: String,
+    /// Must be [`KIND`].
+    pub kind: String,
+    /// Name and namespace.
+    pub metadata: ObjectMeta,
+    /// What the user wants.
+    pub spec: ProxySpec,
+}
+
+/// The metadata a manifest carries (a subset of Kubernetes' ObjectMeta).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectMeta {
+    /// Name, unique within the namespace.
+    pub name: String,
+    /// Namespace; `default` when omitted.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// Labels (informational in standalone mode).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+fn default_namespace() -> String {
+    "default".into()
+}
+
+/// What a Proxy asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProxySpec {
+    /// The provider entry (its `name` in the provider config).
+    pub provider: String,
+    /// Pin to one host of the entry; otherwise the reconciler places it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Image: a catalogue key of the entry (or a URL, when the entry allows URL images).
+    pub image: String,
+    /// Size overrides; the entry's `defaults` fill what is omitted.
+    #[serde(default)]
+    pub resources: Resources,
+    /// The proxy software's settings.
+    #[serde(default)]
+    pub proxy: ProxySettings,
+}
+
+/// Size overrides of a Proxy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    /// Root disk, GiB.
+    #[serde(rename = "diskGiB", default, skip_serializing_if = "Option::is_none")]
+    pub disk_gib: Option<u64>,
+    /// Memory, MiB.
+    #[serde(rename = "memoryMiB", default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+    /// Virtual CPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<u32>,
+}
+
+/// Proxy protocol served by the guest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyProtocol {
+    /// HTTP forward proxy with CONNECT.
+    #[default]
+    Http,
+    /// SOCKS5.
+    Socks5,
+}
+
+/// Settings of the proxy software in the guest. A proxy is never an open relay: at least one
+/// allowed client CIDR or a credentials reference is required ([`ProxySpec::validate`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProxySettings {
+    /// Listen port.
+    #[serde(default = "default_port")]
+    pub port: u16,
+    /// Protocol.
+    #[serde(default)]
+    pub protocol: ProxyProtocol,
+    /// Client networks allowed to use the proxy (CIDR notation).
+    #[serde(default)]
+    pub allowed_client_cidrs: Vec<String>,
+    /// Reference to credentials (a Secret name in Kubernetes, a file in standalone mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_ref: Option<String>,
+}
+
+fn default_port() -> u16 {
+    DEFAULT_PROXY_PORT
+}
+
+impl Default for ProxySettings {
+    fn default() -> Self {
+        Self {
+            port: DEFAULT_PROXY_PORT,
+            protocol: ProxyProtocol::Http,
+            allowed_client_cidrs: Vec::new(),
+            credentials_ref: None,
+        }
+    }
+}
+
+/// One invalid value in a spec: the field path and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecError {
+    /// Field path, e.g. `spec.proxy.allowedClientCidrs[1]`.
+    pub path: String,
+    /// What is wrong, naming the value.
+    pub message: String,
+}
+
+impl std::fmt::Display for SpecError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+impl ProxySpec {
+    /// Checks the values a shape check cannot: every error at once, each with its path.
+    /// Provider-specific checks (does the entry exist, is the image in its catalogue, sizes
+    /// within its limits) belong to the reconciler, which knows the config.
+    pub fn validate(&self) -> Vec<SpecError> {
+        let mut errs = Vec::new();
+        let mut err = |path: String, message: String| {
+            errs.push(SpecError {
+                path,
+                message: truncate(&redact(&message), MAX_MESSAGE_CHARS),
+            })
+        };
+        if self.provider.trim().is_empty() {
+            err("spec.provider".into(), "must name a provider entry".into());
+        }
+        if self.image.trim().is_empty() {
+            err("spec.image".into(), "must name an image".into());
+        }
+        if let Some(h) = &self.host
+            && h.trim().is_empty()
+        {
+            err("spec.host".into(), "must not be empty when given".into());
+        }
+        if self.proxy.port == 0 {
+            err("spec.proxy.port".into(), "0 is not a usable port".into());
+        }
+        if self.resources.disk_gib == Some(0) {
+            err("spec.resources.diskGiB".into(), "must be at least 1".into());
+        }
+        if self.resources.memory_mib == Some(0) {
+            err(
+                "spec.resources.memoryMiB".into(),
+                "must be at least 1".into(),
+            );
+        }
+        if self.resources.vcpus == Some(0) {
+            err("spec.resources.vcpus".into(), "must be at least 1".into());
+        }
+        for (i, c) in self.proxy.allowed_client_cidrs.iter().enumerate() {
+            if parse_cidr(c).is_none() {
+                err(
+                    format!("spec.proxy.allowedClientCidrs[{i}]"),
+                    format!("{c:?} is not a CIDR (e.g. 10.0.0.0/8 or 2001:db8::/32)"),
+                );
+            }
+        }
+        if self.proxy.allowed_client_cidrs.is_empty() && self.proxy.credentials_ref.is_none() {
+            err(
+                "spec.proxy".into(),
+                "set allowedClientCidrs or credentialsRef: a proxy open to everyone is an open \
+                 relay"
+                    .into(),
+            );
+        }
+        errs
+    }
+}
+
+/// Parses `addr/len` with the length within the address family's bounds.
+pub fn parse_cidr(s: &str) -> Option<(IpAddr, u8)> {
+    let (a, l) = s.split_once('/')?;
+    let ip: IpAddr = a.parse().ok()?;
+    let len: u8 = l.parse().ok()?;
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    (len <= max && l == len.to_string()).then_some((ip, len))
+}
+
+/// Where a Proxy is in its life.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Phase {
+    /// Not yet placed or created.
+    #[default]
+    Pending,
+    /// Created; waiting for it to run and report an address.
+    Provisioning,
+    /// Running with an address.
+    Running,
+    /// Paused by the hypervisor (e.g. storage full); never destroyed for it (finding M1).
+    Paused,
+    /// A permanent failure or an expired provisioning deadline; see the conditions.
+    Failed,
+    /// Being deleted.
+    Terminating,
+}
+
+impl Phase {
+    /// The name shown in status tables and metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Provisioning => "Provisioning",
+            Self::Running => "Running",
+            Self::Paused => "Paused",
+            Self::Failed => "Failed",
+            Self::Terminating => "Terminating",
+        }
+    }
+}
+
+/// Condition types a Proxy reports.
+pub mod condition {
+    /// The instance exists on a host.
+    pub const PROVISIONED: &str = "Provisioned";
+    /// The proxy answers through itself (set by the health engine).
+    pub const HEALTHY: &str = "Healthy";
+    /// Usable by clients.
+    pub const READY: &str = "Ready";
+}
+
+/// A condition's truth value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ConditionStatus {
+    /// Holds.
+    True,
+    /// Does not hold.
+    False,
+    /// Not known yet.
+    Unknown,
+}
+
+/// One condition, as in Kubernetes' `metav1.Condition`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// `Provisioned`, `Healthy` or `Ready`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// True / False / Unknown.
+    pub status: ConditionStatus,
+    /// A CamelCase reason (stable: used as an event reason and a metrics label).
+    pub reason: String,
+    /// Human-readable, redacted, bounded.
+    pub message: String,
+    /// When `status` last changed (RFC 3339).
+    pub last_transition_time: String,
+    /// The spec generation this condition was computed from.
+    pub observed_generation: i64,
+}
+
+impl Condition {
+    /// A condition with a redacted, truncated message.
+    pub fn new(
+        type_: &str,
+        status: ConditionStatus,
+        reason: &str,
+        message: &str,
+        now: &str,
+        generation: i64,
+    ) -> Self {
+        Self {
+            type_: type_.to_owned(),
+            status,
+            reason: reason.to_owned(),
+            message: truncate(&redact(message), MAX_MESSAGE_CHARS),
+            last_transition_time: now.to_owned(),
+            observed_generation: generation,
+        }
+    }
+}
+
+/// What the operator reports about a Proxy.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyStatus {
+    /// Phase.
+    pub phase: Phase,
+    /// Host the instance is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// `libvirt://ENTRY/HOST/NAME`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
+    /// The instance's address (kept through short Provisioning gaps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+    /// Conditions.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// The spec generation last acted on.
+    #[serde(default)]
+    pub observed_generation: i64,
+    /// When the current provisioning attempt began (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provisioning_since: Option<String>,
+    /// When the address was last seen (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip_seen_at: Option<String>,
+}
+
+impl ProxyStatus {
+    /// The condition of `type_`, if set.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+
+    /// Sets a condition; keeps its transition time when the status value does not change.
+    /// The message is redacted and truncated.
+    pub fn set_condition(&mut self, new: Condition) {
+        let mut new = new;
+        new.message = truncate(&redact(&new.message), MAX_MESSAGE_CHARS);
+        if let Some(old) = self.conditions.iter_mut().find(|c| c.type_ == new.type_) {
+            if old.status == new.status {
+                new.last_transition_time = old.last_transition_time.clone();
+            }
+            *old = new;
+        } else {
+            self.conditions.push(new);
+        }
+    }
+}
+
+/// Truncates `s` to at most `max` characters, marking the cut (finding L18).
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_owned();
+    }
+    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> ProxySpec {
+        ProxySpec {
+            provider: "home".into(),
+            host: None,
+            image: "debian-12".into(),
+            resources: Resources::default(),
+            proxy: ProxySettings {
+                allowed_client_cidrs: vec!["10.0.0.0/8".into()],
+                ..ProxySettings::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_manifest_parses_with_defaults() {
+        let y = "apiVersion: egress-proxies.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: p1\n\
+                 spec:\n  provider: home\n  image: debian-12\n  proxy:\n    allowedClientCidrs: [10.0.0.0/8]\n";
+        let m: ProxyManifest = serde_saphyr::from_str(y).unwrap();
+        assert_eq!(m.metadata.namespace, "default");
+        assert_eq!(m.spec.proxy.port, DEFAULT_PROXY_PORT);
+        assert!(m.spec.validate().is_empty());
+    }
+
+    #[test]
+    fn an_open_relay_and_bad_values_are_refused_with_their_paths() {
+        let mut s = spec();
+        s.proxy.allowed_client_cidrs = vec!["10.0.0.0/8".into(), "10.0.0.0/33".into()];
+        s.proxy.port = 0;
+        s.resources.vcpus = Some(0);
+        let paths: Vec<String> = s.validate().into_iter().map(|e| e.path).collect();
+        assert_eq!(
+            paths,
+            [
+                "spec.proxy.port",
+                "spec.resources.vcpus",
+                "spec.proxy.allowedClientCidrs[1]"
+            ]
+        );
+        let mut open = spec();
+        open.proxy.allowed_client_cidrs.clear();
+        assert_eq!(open.validate()[0].path, "spec.proxy");
+    }
+
+    #[test]
+    fn condition_messages_are_redacted_and_bounded() {
+        // finding: D5, L18
+        let long = format!(
+            "fetch https://user:pw@example.com/x failed {}",
+            "x".repeat(5000)
+        );
+        let c = Condition::new("Ready", ConditionStatus::False, "E", &long, "t", 1);
+        assert!(!c.message.contains("pw@"), "{}", &c.message[..80]);
+        assert!(c.message.chars().count() <= MAX_MESSAGE_CHARS);
+    }
+
+    #[test]
+    fn setting_a_condition_keeps_the_transition_time_while_its_status_holds() {
+        let mut st = ProxyStatus::default();
+        st.set_condition(Condition::new(
+            "Ready",
+            ConditionStatus::False,
+            "A",
+            "a",
+            "t1",
+            1,
+        ));
+        st.set_condition(Condition::new(
+            "Ready",
+            ConditionStatus::False,
+            "B",
+            "b",
+            "t2",
+            1,
+        ));
+        assert_eq!(st.condition("Ready").unwrap().last_transition_time, "t1");
+        assert_eq!(st.condition("Ready").unwrap().reason, "B");
+        st.set_condition(Condition::new(
+            "Ready",
+            ConditionStatus::True,
+            "C",
+            "c",
+            "t3",
+            1,
+        ));
+        assert_eq!(st.condition("Ready").unwrap().last_transition_time, "t3");
+    }
+}

@@ -1,0 +1,159 @@
+//! The provider registry: one [`Provider`] per entry of a loaded [`ProviderConfig`], with
+//! the entry's configuration beside it so the reconciler can read defaults, limits, hosts and
+//! the catalogue.
+//!
+//! Guarantees:
+//! - Building the registry does no I/O: no host is dialed, no key file read (connections are
+//!   made on first use by the host pool). A config that built once builds the same way again.
+//! - Each handle carries a digest of its entry's configuration, so a latched Permanent failure
+//!   can be released when the provider config changes.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use egress_provider::error::ProviderError;
+use egress_provider::libvirt::check::CheckOptions;
+use egress_provider::libvirt::config::{HostConfig, LibvirtEntry};
+use egress_provider::libvirt::hostpool::{
+    Connector, HostPool, PoolOptions, SshConnector, UnixConnector,
+};
+use egress_provider::libvirt::image::fetch::FetchOptions;
+use egress_provider::libvirt::provider_impl::LibvirtProvider;
+use egress_provider::provider::Provider;
+use libvirt_remote::transport::Transport;
+use sha2::{Digest, Sha256};
+
+use crate::config::{ProviderConfig, ProviderEntry};
+
+/// The `address` that means "the libvirt socket on this machine, without SSH".
+pub const LOCAL_ADDRESS: &str = "local";
+
+/// One provider entry, ready to use.
+#[derive(Clone)]
+pub struct ProviderHandle {
+    /// The entry's configuration, as loaded.
+    pub config: Arc<LibvirtEntry>,
+    /// The provider serving it.
+    pub provider: Arc<dyn Provider>,
+    /// Hex sha256 of the entry's configuration; changes whenever the entry changes.
+    pub config_digest: String,
+}
+
+impl fmt::Debug for ProviderHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProviderHandle")
+            .field("entry", &self.config.name)
+            .field("config_digest", &self.config_digest)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProviderHandle {
+    /// A handle for `provider` serving `config` (tests build fake-backed providers this way).
+    pub fn new(config: LibvirtEntry, provider: Arc<dyn Provider>) -> Self {
+        let config_digest = digest(&config);
+        Self {
+            config: Arc::new(config),
+            provider,
+            config_digest,
+        }
+    }
+
+    /// The host named `name` in this entry.
+    pub fn host(&self, name: &str) -> Option<&HostConfig> {
+        self.config.hosts.iter().find(|h| h.name == name)
+    }
+}
+
+/// Every provider entry by name.
+#[derive(Debug, Clone, Default)]
+pub struct Providers {
+    entries: BTreeMap<String, ProviderHandle>,
+}
+
+/// Options for building real providers from a config.
+#[derive(Debug, Clone, Default)]
+pub struct BuildOptions {
+    /// Image download options.
+    pub fetch: FetchOptions,
+    /// Host check options.
+    pub check: CheckOptions,
+    /// Host pool options.
+    pub pool: PoolOptions,
+}
+
+impl Providers {
+    /// Builds a libvirt provider for every entry of `cfg`. Hosts whose `address` is
+    /// [`LOCAL_ADDRESS`] are reached through their `socket` on this machine, others over SSH.
+    pub fn from_config(cfg: &ProviderConfig, opts: &BuildOptions) -> Result<Self, ProviderError> {
+        let mut handles = Vec::new();
+        for entry in &cfg.providers {
+            let ProviderEntry::Libvirt(e) = entry;
+            let connector = Arc::new(DispatchConnector {
+                ssh: SshConnector::new(&e.timeouts),
+                unix: UnixConnector::new(&e.timeouts),
+            });
+            let pool = HostPool::new(e.clone(), connector, opts.pool.clone())?;
+            let provider = LibvirtProvider::new(pool, opts.fetch.clone(), opts.check.clone());
+            handles.push(ProviderHandle::new(e.clone(), Arc::new(provider)));
+        }
+        Ok(Self::from_handles(handles))
+    }
+
+    /// A registry of ready-made handles (later duplicates of a name replace earlier ones).
+    pub fn from_handles(handles: impl IntoIterator<Item = ProviderHandle>) -> Self {
+        Self {
+            entries: handles
+                .into_iter()
+                .map(|h| (h.config.name.clone(), h))
+                .collect(),
+        }
+    }
+
+    /// The entry named `name`.
+    pub fn get(&self, name: &str) -> Option<&ProviderHandle> {
+        self.entries.get(name)
+    }
+
+    /// Every entry, by name.
+    pub fn iter(&self) -> impl Iterator<Item = &ProviderHandle> {
+        self.entries.values()
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether there are no entries.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// Hex sha256 of an entry's configuration.
+// NB: the Debug form covers every field (all config types derive Debug) and is stable within
+// one build, which is all a latch release needs.
+fn digest(e: &LibvirtEntry) -> String {
+    let d = Sha256::digest(format!("{e:?}").as_bytes());
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Picks the unix connector for [`LOCAL_ADDRESS`] hosts and SSH for the rest.
+struct DispatchConnector {
+    ssh: SshConnector,
+    unix: UnixConnector,
+}
+
+#[async_trait]
+impl Connector for DispatchConnector {
+    async fn connect(&self, host: &HostConfig) -> Result<Transport, ProviderError> {
+        if host.address == LOCAL_ADDRESS {
+            self.unix.connect(host).await
+        } else {
+            self.ssh.connect(host).await
+        }
+    }
+}

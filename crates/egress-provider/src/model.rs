@@ -209,6 +209,55 @@ impl Progress for NoProgress {
     fn update(&self, _: u64, _: Option<u64>) {}
 }
 
+/// What kind of volume of our naming scheme an [`OwnedVolume`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum VolumeKind {
+    /// A Proxy's root overlay (`ep-<entry>-<uid>-root.qcow2`).
+    Overlay,
+    /// A Proxy's cloud-init seed (`ep-<entry>-<uid>-seed.iso`).
+    Seed,
+    /// A temporary image upload left by an import (`...part-<unix>-<random>`); never a base.
+    Part,
+}
+
+impl VolumeKind {
+    /// A stable lowercase label (reports, metrics).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Overlay => "overlay",
+            Self::Seed => "seed",
+            Self::Part => "part",
+        }
+    }
+}
+
+impl fmt::Display for VolumeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A volume of this entry's naming scheme found by listing a host's pool. Only overlays,
+/// seeds and temporary parts are ever listed: never a base, a marker, or a foreign name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedVolume {
+    /// Provider entry.
+    pub entry: String,
+    /// Host name (as configured in the entry).
+    pub host: String,
+    /// Volume name in the host's pool.
+    pub name: String,
+    /// What it is.
+    pub kind: VolumeKind,
+    /// The Proxy UID its name encodes (canonical; `Some` exactly for overlays and seeds).
+    pub uid: Option<ProxyUid>,
+    /// The time its age is measured from, when known, never in the future: for a part, the
+    /// creation time in its name; for an overlay or seed with no domain named for its UID, its
+    /// last change (the later of mtime and ctime) when the host reports timestamps; else
+    /// `None`.
+    pub age_since: Option<SystemTime>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use crate::error::Result;
 use crate::model::{
-    CreateRequest, HostReport, Instance, OwnedInstance, Progress, ProviderId, ProxyUid,
+    CreateRequest, HostReport, Instance, OwnedInstance, OwnedVolume, Progress, ProviderId, ProxyUid,
 };
 
 /// A place that runs proxies as instances.
@@ -35,4 +35,39 @@ pub trait Provider: Send + Sync {
 
     /// Checks every host of the entry.
     async fn check(&self) -> Vec<HostReport>;
+
+    /// Every volume on every host of the entry whose name is of this entry's scheme and
+    /// collectable: Proxy overlays and seeds (with the UID their name encodes, canonical only)
+    /// and temporary image uploads (with their age). Never a base, a marker or a foreign
+    /// name. Fails as a whole on any connection-class error (finding M15).
+    ///
+    /// The default (for providers that keep no volumes of their own) lists nothing.
+    async fn list_owned_volumes(&self) -> Result<Vec<OwnedVolume>> {
+        Ok(Vec::new())
+    }
+
+    /// Deletes `v`, a volume [`list_owned_volumes`](Self::list_owned_volumes) returned, after
+    /// re-checking right before the delete that its name is still of this entry's scheme and,
+    /// for an overlay or seed, that no domain named for its UID exists on the host (else it
+    /// refuses, Permanent, and touches nothing). A volume already gone is success.
+    ///
+    /// The default refuses (Permanent): a provider that lists no volumes deletes none.
+    async fn delete_orphan_volume(&self, v: &OwnedVolume) -> Result<()> {
+        Err(crate::error::ProviderError::permanent(format!(
+            "provider entry {} does not collect volumes (asked to delete {})",
+            v.entry, v.name
+        )))
+    }
+
+    /// Makes sure the base for catalogue key (or allowed URL) `image` is cached, verified and
+    /// published on `host`, importing it if needed and reporting bytes through `progress`.
+    /// Idempotent: a cached base is reused without a download. Never creates an instance.
+    /// The default fails Permanent: the provider does not cache images.
+    async fn prefetch(&self, host: &str, image: &str, progress: &dyn Progress) -> Result<()> {
+        let _ = (host, progress);
+        Err(crate::error::ProviderError::permanent(format!(
+            "provider entry {} does not support prefetching images (asked for {image})",
+            self.entry()
+        )))
+    }
 }

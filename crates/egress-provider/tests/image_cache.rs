@@ -130,11 +130,30 @@ impl Fx {
         self.fake.volumes(POOL).unwrap()
     }
 
+    /// Parts no volume uses as its backing store (a published base's data volume is kept).
     fn parts(&self) -> Vec<String> {
+        let used: Vec<String> = self
+            .volumes()
+            .iter()
+            .filter_map(|v| self.fake.volume(POOL, v).and_then(|i| i.backing))
+            .collect();
         self.volumes()
             .into_iter()
-            .filter(|v| v.contains(".part-"))
+            .filter(|v| v.contains(".part-") && !used.contains(&format!("/pool/{v}")))
             .collect()
+    }
+
+    /// The image bytes behind published base `name`: it is a qcow2 overlay whose backing
+    /// store is the verified data volume (the publish copies nothing).
+    fn base_bytes(&self, name: &str) -> Vec<u8> {
+        let b = self.fake.volume(POOL, name).expect("base exists");
+        assert_eq!(b.format, "qcow2", "a base is a qcow2 overlay: {b:?}");
+        let data = b.backing.expect("a base has a backing store");
+        let data = data
+            .strip_prefix("/pool/")
+            .expect("the data volume is in the pool");
+        assert!(data.contains(".part-"), "backed by its data volume: {data}");
+        self.fake.volume_content(POOL, data).unwrap()
     }
 }
 
@@ -174,7 +193,7 @@ async fn a_pinned_image_is_imported_once_published_with_its_marker_and_reused() 
     assert_eq!(b.capacity, 64 * MIB, "virtual size from the qcow2 header");
     assert_eq!(b.format, ImageFormat::Qcow2);
     assert_eq!(b.path, format!("/pool/{}", b.name));
-    assert_eq!(fx.fake.volume_content(POOL, &b.name).unwrap(), img);
+    assert_eq!(fx.base_bytes(&b.name), img);
     let marker = cache::marker_name(&b.name);
     let text = String::from_utf8(fx.fake.volume_content(POOL, &marker).unwrap()).unwrap();
     assert!(
@@ -221,8 +240,8 @@ async fn two_entries_with_the_same_key_and_different_urls_never_share_a_base() {
     let ba = fx.ensure(&ea, "debian-13").await.unwrap();
     let bb = fx.ensure(&eb, "debian-13").await.unwrap();
     assert_ne!(ba.name, bb.name);
-    assert_eq!(fx.fake.volume_content(POOL, &ba.name).unwrap(), a);
-    assert_eq!(fx.fake.volume_content(POOL, &bb.name).unwrap(), b);
+    assert_eq!(fx.base_bytes(&ba.name), a);
+    assert_eq!(fx.base_bytes(&bb.name), b);
     // Editing an unpinned URL is not a silent no-op: unpinned sources are named by URL.
     let mut e = entry("home");
     e.images.insert(
@@ -264,11 +283,7 @@ async fn a_digest_change_makes_a_new_base_and_never_deletes_the_old_one() {
     );
     let b2 = fx.ensure(&e, "deb").await.unwrap();
     assert_ne!(b1.name, b2.name);
-    assert_eq!(
-        fx.fake.volume_content(POOL, &b1.name).unwrap(),
-        d1,
-        "old base intact"
-    );
+    assert_eq!(fx.base_bytes(&b1.name), d1, "old base intact");
     assert!(
         fx.fake
             .volume(POOL, &cache::marker_name(&b1.name))
@@ -303,7 +318,7 @@ async fn concurrent_imports_of_one_base_in_one_process_download_once() {
     assert_eq!(a.vol, b.vol);
     assert!(a.imported ^ b.imported);
     assert_eq!(fx.server.gets("/c"), 1);
-    assert_eq!(fx.fake.volume_content(POOL, &a.name).unwrap(), img);
+    assert_eq!(fx.base_bytes(&a.name), img);
 }
 
 #[tokio::test]
@@ -326,11 +341,7 @@ async fn concurrent_imports_from_two_processes_publish_one_base_and_delete_nothi
     );
     let (a, b) = (a.unwrap(), b.unwrap());
     assert_eq!(a.name, b.name);
-    assert_eq!(
-        fx.fake.volume_content(POOL, &a.name).unwrap(),
-        img,
-        "complete, not partial"
-    );
+    assert_eq!(fx.base_bytes(&a.name), img, "complete, not partial");
     assert!(fx.parts().is_empty(), "{:?}", fx.volumes());
     let bases: Vec<_> = fx
         .volumes()
@@ -383,6 +394,95 @@ async fn a_final_name_without_its_marker_is_never_adopted_nor_deleted() {
     assert!(fx.parts().is_empty(), "{:?}", fx.volumes());
 }
 
+#[tokio::test]
+async fn publishing_copies_nothing_and_the_sweep_keeps_a_published_bases_data() {
+    // finding: H4, M13
+    // The publish is an instant qcow2 overlay on the verified part: no clone; a sweep of old
+    // parts removes a dead import's leftover but never the data a published base reads.
+    use libvirt_remote::proto::procs;
+    let fx = Fx::new().await;
+    let img = qcow2(8 * MIB, 4_000);
+    let url = fx.server.route("/s", Route::new(img.clone()));
+    let mut e = entry("home");
+    e.images.insert(
+        "deb".into(),
+        spec(&url, Some(&sha(&img)), ImageFormat::Qcow2),
+    );
+    let b = fx.ensure(&e, "deb").await.unwrap();
+    assert_eq!(fx.fake.calls(procs::STORAGE_VOL_CREATE_XML_FROM), 0);
+    assert_eq!(b.disk_format, ImageFormat::Qcow2);
+    assert_eq!(fx.base_bytes(&b.name), img);
+    let marker = String::from_utf8(
+        fx.fake
+            .volume_content(POOL, &cache::marker_name(&b.name))
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(
+        marker.contains("layout=qcow2 overlay on data volume"),
+        "{marker}"
+    );
+
+    let stray = format!(
+        "ep-home-base-img-deb-unverified{}1000-00000000000000aa",
+        cache::PART_INFIX
+    );
+    fx.fake
+        .add_volume(POOL, libvirt_fake::VolumeSpec::new(&stray, MIB))
+        .unwrap();
+    let swept = image::sweep_parts(&fx.client, &fx.pool, "home", Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(swept, vec![stray.clone()]);
+    let again = image::sweep_parts(&fx.client, &fx.pool, "home", Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(again.is_empty(), "the data volume stays: {again:?}");
+    assert_eq!(fx.base_bytes(&b.name), img);
+    let hit = fx.ensure(&e, "deb").await.unwrap();
+    assert!(!hit.imported);
+    assert_eq!(hit.path, b.path);
+    assert_eq!(hit.disk_format, ImageFormat::Qcow2);
+}
+
+#[tokio::test]
+async fn a_publish_that_fails_before_its_marker_removes_its_base_and_its_data() {
+    // finding: H4, M13
+    use libvirt_remote::proto::procs;
+    let fx = Fx::new().await;
+    let img = qcow2(8 * MIB, 5_000);
+    let url = fx.server.route("/f", Route::new(img.clone()));
+    let mut e = entry("home");
+    e.images.insert(
+        "deb".into(),
+        spec(&url, Some(&sha(&img)), ImageFormat::Qcow2),
+    );
+    // A marker left behind by hand, recording another size: the publish creates its base,
+    // then finds the marker disagrees, and must remove the base and its data, nothing else.
+    let name = names::base(
+        "home",
+        names::ImageSource::Catalogue("deb"),
+        &sha(&img),
+        ImageFormat::Qcow2,
+    );
+    let marker = cache::marker_name(&name);
+    fx.fake
+        .add_volume(POOL, libvirt_fake::VolumeSpec::new(&marker, 1))
+        .unwrap();
+    let r = fx.ensure(&e, "deb").await;
+    assert_eq!(class(&r), ErrorClass::Permanent, "{r:?}");
+    assert!(r.unwrap_err().message.contains(&marker));
+    assert_eq!(
+        fx.volumes(),
+        vec![marker],
+        "base and data removed, marker untouched"
+    );
+    assert!(
+        fx.fake.calls(procs::STORAGE_VOL_CREATE_XML) >= 2,
+        "a base was created"
+    );
+}
+
 // ---------------------------------------------------------------- M10
 
 #[tokio::test]
@@ -406,7 +506,7 @@ async fn an_import_completes_when_the_unrelated_pooled_link_dies_meanwhile() {
     );
     assert!(b.imported);
     assert!(fx.fake.volume(POOL, &cache::marker_name(&b.name)).is_some());
-    assert_eq!(fx.fake.volume_content(POOL, &b.name).unwrap(), img);
+    assert_eq!(fx.base_bytes(&b.name), img);
 }
 
 // ---------------------------------------------------------------- M9, M11
@@ -429,7 +529,7 @@ async fn a_head_without_a_usable_length_falls_back_to_get() {
             .ensure(&e, "deb")
             .await
             .unwrap_or_else(|e| panic!("{head:?}: {e}"));
-        assert_eq!(fx.fake.volume_content(POOL, &b.name).unwrap(), img);
+        assert_eq!(fx.base_bytes(&b.name), img);
     }
 }
 
@@ -710,7 +810,7 @@ async fn a_live_redirect_to_a_forbidden_host_is_refused_and_an_allowed_url_image
     let b = image::ensure_base(&t, &format!("{good}#sha256={}", sha(&img)))
         .await
         .unwrap();
-    assert_eq!(fx.fake.volume_content(POOL, &b.name).unwrap(), img);
+    assert_eq!(fx.base_bytes(&b.name), img);
 }
 
 #[tokio::test]
@@ -919,7 +1019,29 @@ mod real {
             );
             let files = pg.files();
             assert!(files.contains(&cache::marker_name(&b1.name)), "{files:?}");
-            assert!(!files.iter().any(|f| f.contains(".part-")), "{files:?}");
+            // finding: H4, M13 — published without a copy: the base is a qcow2 overlay whose
+            // backing store is the verified data volume (the part), format given.
+            let parts: Vec<&String> = files.iter().filter(|f| f.contains(".part-")).collect();
+            assert_eq!(parts.len(), 1, "only the base's data volume: {files:?}");
+            let data = pg.dir.join(parts[0]);
+            let chain = Command::new("qemu-img")
+                .args(["info", "-U", "--backing-chain", &b1.path])
+                .output()
+                .unwrap();
+            let chain = String::from_utf8_lossy(&chain.stdout);
+            assert!(
+                chain.contains(&format!("backing file: {}", data.display()))
+                    && chain.contains("backing file format: qcow2")
+                    && chain.matches("file format: qcow2").count() >= 2,
+                "{chain}"
+            );
+            assert_eq!(b1.disk_format, ImageFormat::Qcow2);
+            // The sweep never removes a published base's data volume, however old.
+            let swept = image::sweep_parts(&client, &pool, "eptest", Duration::ZERO)
+                .await
+                .unwrap();
+            assert!(swept.is_empty(), "{swept:?}");
+            assert!(data.exists());
 
             // Reused: no second download.
             let again = image::ensure_base(&t, "deb").await.unwrap();
@@ -967,11 +1089,15 @@ mod real {
             assert_eq!(ra.name, rb.name);
             assert_eq!(ra.capacity, 32 * MIB);
             let files = pg.files();
-            assert!(!files.iter().any(|f| f.contains(".part-")), "{files:?}");
             assert_eq!(
                 files.iter().filter(|f| f.contains(&sha(&img3))).count(),
-                2,
-                "base + marker: {files:?}"
+                3,
+                "base + marker + its data volume, the loser's part deleted: {files:?}"
+            );
+            assert_eq!(
+                files.iter().filter(|f| f.contains(".part-")).count(),
+                3,
+                "one data volume per base (three bases): {files:?}"
             );
             client.close();
         })

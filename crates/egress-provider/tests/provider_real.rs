@@ -208,6 +208,19 @@ async fn proxies_are_created_reused_and_deleted_on_the_real_libvirtd_through_ssh
         "{base_path}"
     );
     assert_eq!(facts.capacity, 2 * GIB);
+    // finding: H4, M13 — the base was published without a copy: the running TCG guest's
+    // chain is overlay → base (a qcow2 overlay) → the verified data volume.
+    let ov_path = facts.path.clone().expect("overlay path");
+    let chain = std::process::Command::new("qemu-img")
+        .args(["info", "-U", "--backing-chain", &ov_path])
+        .output()
+        .unwrap();
+    let chain = String::from_utf8_lossy(&chain.stdout);
+    assert!(
+        chain.contains(&format!("backing file: {base_path}")) && chain.contains(".part-"),
+        "{chain}"
+    );
+    assert_eq!(chain.matches("image: ").count(), 3, "{chain}");
     assert_eq!(p1.get(&a.id, &ua).await.unwrap().id, a.id);
 
     // A second proxy reuses the cached base: one download.

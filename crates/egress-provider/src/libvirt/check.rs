@@ -26,7 +26,10 @@
 //!   space at or below the reserve each add an entry to [`HostReport::missing`] and make the
 //!   host [`HostState::Degraded`].
 //! - Pool free space is `available − poolReserveGiB` read right after a pool refresh (finding
-//!   M4: libvirt's figures are cached until refreshed).
+//!   M4: libvirt's figures are cached until refreshed). A refresh libvirtd refuses because the
+//!   pool is busy (code 1, "pool … has asynchronous jobs running": a volume clone or build in
+//!   progress, e.g. an image being published) is not a fault of the host: the check falls back
+//!   to the figures of libvirt's last refresh, says so in a warning, and the host stays Ready.
 //! - A configured bridge is looked up as a host interface (`INTERFACE_LOOKUP_BY_NAME`); when the
 //!   host's libvirt has no interface driver it is left unverified (not missing).
 
@@ -83,6 +86,10 @@ const CODE_NO_NETWORK: i32 = 43;
 const CODE_OPERATION_INVALID: i32 = 55;
 /// `VIR_STORAGE_POOL_RUNNING`.
 const POOL_RUNNING: u8 = 2;
+/// `VIR_ERR_INTERNAL_ERROR`: what libvirtd answers a refresh of a pool with jobs running.
+const CODE_INTERNAL_ERROR: i32 = 1;
+/// The words of libvirtd's "pool '…' has asynchronous jobs running." (observed on 11.3).
+const POOL_BUSY_TEXT: &str = "asynchronous jobs";
 
 /// Settings of a check round.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -487,7 +494,14 @@ async fn probe(
                 .push(format!("storage pool {p} is not active (hosts[{h}].pool)"));
             return Ok(());
         }
-        note(r, &f.err);
+        if f.code == Some(CODE_INTERNAL_ERROR) && f.err.message.contains(POOL_BUSY_TEXT) {
+            // NB: a clone or build in the pool blocks refreshes for its whole length; the
+            // figures of the last refresh are still libvirt's best, so they are reported.
+            tracing::warn!(host = %h, pool = %p, error = %f.err.message,
+                "storage pool busy: free space is as of libvirt's last refresh");
+        } else {
+            note(r, &f.err);
+        }
     }
     let what = format!("host {h}: reading storage pool {p}");
     match call(t, client.pool_info(&sp), &what).await? {

@@ -256,7 +256,8 @@ impl LibvirtProvider {
         let backing = BackingBase {
             path: base.path.clone(),
             capacity: base.capacity,
-            format: base.format,
+            // The base volume's own format (qcow2: an overlay on its data volume).
+            format: base.disk_format,
             image: req.image.clone(),
         };
         let disk = volumes::check_disk_size(req.disk_gib, &backing)?;
@@ -322,7 +323,7 @@ impl LibvirtProvider {
                     },
                     backing: Some(Backing {
                         path: &base.path,
-                        format: base.format,
+                        format: base.disk_format,
                     }),
                     seed: DiskSource::Volume {
                         pool: &pool.name,
@@ -586,5 +587,76 @@ impl Provider for LibvirtProvider {
                 })
                 .collect(),
         }
+    }
+
+    async fn prefetch(&self, host: &str, image: &str, progress: &dyn Progress) -> Result<()> {
+        // Same path as create's base step: host slot, cached pool handle, reserve, bulk
+        // connections from the lease; nothing but the base (and its marker) is made.
+        let lease = self.pool.acquire(host).await?;
+        let c = lease.client();
+        let host_cfg = lease.host();
+        let pool = self.pool_handle(c, host_cfg).await?;
+        let bulk = LeaseBulk(&lease);
+        let res = image::ensure_base(
+            &Target {
+                entry: self.entry_cfg(),
+                host: &host_cfg.name,
+                client: c,
+                pool: &pool,
+                reserve_bytes: host_cfg.pool_reserve_gib.saturating_mul(volumes::GIB),
+                bulk: &bulk,
+                progress,
+                fetch: &self.fetch,
+            },
+            image,
+        )
+        .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                if e.libvirt_code == Some(49) {
+                    self.forget_pool(host);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn list_owned_volumes(&self) -> Result<Vec<crate::model::OwnedVolume>> {
+        // NB: like `list_owned`, all or nothing: one host failing fails the entry's list, so
+        // a collector never sweeps from a partial view (finding M15).
+        let now = SystemTime::now();
+        let mut all = Vec::new();
+        for h in &self.entry_cfg().hosts {
+            let lease = self.pool.acquire(&h.name).await?;
+            all.extend(
+                ops::orphans::list_volumes(
+                    lease.client(),
+                    &self.entry_cfg().name,
+                    &h.name,
+                    &h.pool,
+                    now,
+                )
+                .await?,
+            );
+        }
+        Ok(all)
+    }
+
+    async fn delete_orphan_volume(&self, v: &crate::model::OwnedVolume) -> Result<()> {
+        // NB: an overlay or seed is deleted under the same per-name lock as create and delete
+        // of its UID, so a create in this process cannot define the domain between the
+        // re-check and the delete.
+        let _guard = match v.uid {
+            Some(uid) => Some(
+                self.lock_name(&names::domain(&self.entry_cfg().name, &uid))
+                    .await?,
+            ),
+            None => None,
+        };
+        let lease = self.pool.acquire(&v.host).await?;
+        let pool_name = lease.host().pool.clone();
+        ops::orphans::delete_orphan_volume(lease.client(), &self.entry_cfg().name, &pool_name, v)
+            .await
     }
 }

@@ -91,9 +91,11 @@ pub struct VolumeFacts {
     pub format: Option<String>,
     /// Backing store path.
     pub backing: Option<String>,
+    /// The volume's own path (`<target><path>`).
+    pub path: Option<String>,
 }
 
-/// Reads capacity, format and backing path from a volume's XML.
+/// Reads capacity, format, own path and backing path from a volume's XML.
 pub fn parse_volume_xml(xml: &str) -> Option<VolumeFacts> {
     use quick_xml::Reader;
     use quick_xml::events::Event;
@@ -130,6 +132,7 @@ pub fn parse_volume_xml(xml: &str) -> Option<VolumeFacts> {
                         facts.capacity = to_bytes(text.parse().ok()?, &unit)?;
                     }
                     ["volume", "backingStore", "path"] => facts.backing = Some(text),
+                    ["volume", "target", "path"] => facts.path = Some(text),
                     _ => {}
                 }
             }
@@ -312,6 +315,7 @@ mod tests {
         assert_eq!(f.capacity, 5 * GIB);
         assert_eq!(f.format.as_deref(), Some("qcow2"));
         assert_eq!(f.backing.as_deref(), Some("/p/b"));
+        assert_eq!(f.path.as_deref(), Some("/p/x"));
     }
 
     #[test]
@@ -322,6 +326,7 @@ mod tests {
             capacity: 2 * GIB,
             format: Some("qcow2".into()),
             backing: Some(b.path.clone()),
+            path: None,
         };
         verify_overlay("o", "h", &good, 2 * GIB, &b).unwrap();
         let short = VolumeFacts {

@@ -1,22 +1,31 @@
-//! The volume side of the image cache: finding a published base, and publishing one
-//! (findings H4, M10, M13, E7).
+//! The volume side of the image cache: finding a published base, publishing one without
+//! copying it, and sweeping what dead imports left (findings H4, M10, M13, E7).
 //!
 //! The protocol, as every reader and writer follows it:
-//! - An import uploads into a temporary volume `<prefix>-<source>-<digest|unverified>.part-
-//!   <unix>-<random>`, so a sweep can tell its age; nothing ever reads a `.part-*`.
-//! - Once the digest is verified, the final, digest-bearing name is created by cloning the
-//!   part (`STORAGE_VOL_CREATE_XML_FROM`; libvirt has no rename). The final name is visible
-//!   while libvirt copies, so it means nothing by itself.
+//! - An import uploads into a temporary data volume `<prefix>-<source>-<digest|unverified>
+//!   .part-<unix>-<random>`, so a sweep can tell its age. Until a published base references
+//!   it, nothing reads a `.part-*`.
+//! - Once the digest is verified, the final, digest-bearing name is created as an instant
+//!   qcow2 overlay whose backing store is the verified part, backing format given
+//!   ([`overlay_base_xml`]; libvirt has no rename, and a clone copies every byte). The final
+//!   name is visible before its marker, so it means nothing by itself.
 //! - Last, the marker `<final>.marker` is created: a raw volume whose capacity records the
-//!   base's virtual size and whose content records digest, size, capacity, format and the
-//!   redacted source, for humans (`virsh vol-download`). A base is usable only when its
-//!   marker exists and the marker's capacity equals the base's; the name binds entry, source
-//!   and digest, so the digest always matches by construction.
-//! - The clone is the claim: exactly one creator wins the final name. The loser (libvirt says
-//!   the name is in use) never touches it and waits, bounded, for the winner's marker.
-//! - A call deletes only what it created: its own part, and the final base it cloned if the
-//!   publish then fails before the marker. A digest change is a new name and a new volume;
-//!   old bases stay until a collector finds no overlay on them.
+//!   base's virtual size and whose content records digest, size, capacity, format, the data
+//!   volume and the redacted source, for humans (`virsh vol-download`). A base is usable only
+//!   when its marker exists and the marker's capacity equals the base's; the name binds
+//!   entry, source and digest, so the digest always matches by construction.
+//! - Creating the final name is the claim: exactly one creator wins it (libvirt refuses a
+//!   second volume of that name). The loser never touches it, deletes its own part and waits,
+//!   bounded, for the winner's marker.
+//! - A call deletes only what it created: its own part (unless its base now references it),
+//!   and the final base it created if the publish then fails before the marker. A digest
+//!   change is a new name and new volumes; old bases stay until a collector finds no overlay
+//!   on them (and then removes the base, its marker and its data volume together).
+//! - The sweep ([`super::sweep_parts`]) deletes old parts of its entry, never one that any
+//!   volume of the entry's base prefix names as its backing store (a published base's data).
+//! - Readers ([`check_published`]) build volume handles from names (libvirt resolves a volume
+//!   by pool and name; a missing one answers "no storage vol") and read the marker's info and
+//!   the base's XML: two round trips, which also give the base's path and on-disk format.
 //! - Every step after the upload runs on the upload's own dedicated connection, reopened
 //!   once if it died (M10); the pooled control link is used only for cache lookups.
 
@@ -132,18 +141,35 @@ pub async fn lookup(
     }
 }
 
+/// A volume handle for `name` in `pool`, built without a lookup: libvirt resolves handles by
+/// pool and volume name (the key is informative only), so calls on it answer "no storage
+/// vol" when the volume does not exist.
+pub fn handle(pool: &StoragePool, name: &str, key: &str) -> StorageVol {
+    StorageVol {
+        pool: pool.name.clone(),
+        name: name.to_owned(),
+        key: key.to_owned(),
+    }
+}
+
 /// A base that passed the reader's checks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Published {
-    /// The base volume.
+    /// The base volume (its key is its path, as libvirt reports it for file-based pools).
     pub vol: StorageVol,
     /// Its virtual size as libvirt reports it.
     pub capacity: u64,
+    /// Its path on the host.
+    pub path: String,
+    /// Its on-disk format (qcow2 for bases published as overlays on their data volume).
+    pub disk_format: ImageFormat,
 }
 
 /// Checks base `name` the way every reader must: base and marker exist and the marker's
-/// capacity equals the base's. `Ok(None)`: not (yet) published. Err Permanent: both exist
-/// but disagree (something outside this protocol changed one of them).
+/// capacity equals the base's. Two round trips (the marker's info, the base's XML), on
+/// handles built from the names. `Ok(None)`: not (yet) published. Err Permanent: both exist
+/// but disagree (something outside this protocol changed one of them), or the base's XML
+/// lacks its path or a known format.
 pub async fn check_published(
     c: &Client,
     pool: &StoragePool,
@@ -152,38 +178,62 @@ pub async fn check_published(
 ) -> Result<Option<Published>> {
     let marker = marker_name(name);
     let lv = |e: LvError, what: &str| classify(&e, &format!("{what} on host {host}"));
-    let Some(m) = lookup(c, pool, &marker)
-        .await
-        .map_err(|e| lv(e, "looking up the base marker"))?
-    else {
-        return Ok(None);
+    let mi = match c.vol_info(&handle(pool, &marker, "")).await {
+        Ok(i) => i,
+        Err(e) if is_no_vol(&e) => return Ok(None),
+        Err(e) => return Err(lv(e, "reading the base marker")),
     };
-    let Some(b) = lookup(c, pool, name)
-        .await
-        .map_err(|e| lv(e, "looking up the base"))?
-    else {
-        return Ok(None);
+    let xml = match c.vol_xml(&handle(pool, name, "")).await {
+        Ok(x) => x,
+        Err(e) if is_no_vol(&e) => return Ok(None),
+        Err(e) => return Err(lv(e, "reading the base")),
     };
-    let bi = c
-        .vol_info(&b)
-        .await
-        .map_err(|e| lv(e, "reading the base"))?;
-    let mi = c
-        .vol_info(&m)
-        .await
-        .map_err(|e| lv(e, "reading the base marker"))?;
-    if bi.capacity != mi.capacity {
-        return Err(ProviderError::permanent(format!(
-            "base volume {name} in pool {} on host {host} does not match its marker ({} bytes \
-             virtual vs {} recorded): it was changed outside the operator; delete both {name} \
-             and {marker} once no guest uses them",
-            pool.name, bi.capacity, mi.capacity
+    let bad = |why: &str| {
+        ProviderError::permanent(format!(
+            "base volume {name} in pool {} on host {host} {why}: it was changed outside the \
+             operator; delete both {name} and {marker} once no guest uses them",
+            pool.name
+        ))
+    };
+    let facts = crate::libvirt::volumes::parse_volume_xml(&xml)
+        .ok_or_else(|| bad("has a description that cannot be read"))?;
+    let path = facts.path.clone().ok_or_else(|| bad("has no path"))?;
+    let disk_format = match facts.format.as_deref() {
+        Some("qcow2") => ImageFormat::Qcow2,
+        Some("raw") => ImageFormat::Raw,
+        other => return Err(bad(&format!("has format {other:?}, neither qcow2 nor raw"))),
+    };
+    if facts.capacity != mi.capacity {
+        return Err(bad(&format!(
+            "does not match its marker ({} bytes virtual vs {} recorded)",
+            facts.capacity, mi.capacity
         )));
     }
     Ok(Some(Published {
-        vol: b,
-        capacity: bi.capacity,
+        vol: handle(pool, name, &path),
+        capacity: facts.capacity,
+        path,
+        disk_format,
     }))
+}
+
+/// The XML of the published base `name`: a qcow2 overlay of `capacity` bytes whose backing
+/// store is the verified data volume at `data_path`, in `data_format` (given, never probed).
+pub fn overlay_base_xml(
+    name: &str,
+    capacity: u64,
+    data_path: &str,
+    data_format: ImageFormat,
+) -> String {
+    let esc = |s: &str| quick_xml::escape::escape(s).into_owned();
+    format!(
+        "<volume><name>{}</name><capacity unit='bytes'>{capacity}</capacity>\
+         <target><format type='qcow2'/></target>\
+         <backingStore><path>{}</path><format type='{}'/></backingStore></volume>",
+        esc(name),
+        esc(data_path),
+        data_format.as_str()
+    )
 }
 
 /// The XML of a new raw volume `name` of `capacity` bytes, sparse.
@@ -192,16 +242,6 @@ pub fn raw_volume_xml(name: &str, capacity: u64) -> String {
         "<volume><name>{}</name><capacity unit='bytes'>{capacity}</capacity>\
          <allocation unit='bytes'>0</allocation><target><format type='raw'/></target></volume>",
         quick_xml::escape::escape(name)
-    )
-}
-
-/// The XML of the final base cloned from a part.
-pub fn clone_xml(name: &str, capacity: u64, format: ImageFormat) -> String {
-    format!(
-        "<volume><name>{}</name><capacity unit='bytes'>{capacity}</capacity>\
-         <target><format type='{}'/></target></volume>",
-        quick_xml::escape::escape(name),
-        format.as_str()
     )
 }
 
@@ -226,6 +266,7 @@ pub fn marker_text(
     size: u64,
     capacity: u64,
     format: ImageFormat,
+    data: &str,
     source: &str,
 ) -> String {
     let now = SystemTime::now()
@@ -234,7 +275,8 @@ pub fn marker_text(
         .unwrap_or(0);
     format!(
         "egress-proxies base marker v1\nbase={base}\ndigest=sha256:{digest}\nsize={size}\n\
-         capacity={capacity}\nformat={}\nsource={source}\ncreated={now}\n",
+         capacity={capacity}\nformat={}\nlayout=qcow2 overlay on data volume {data}\n\
+         source={source}\ncreated={now}\n",
         format.as_str()
     )
 }

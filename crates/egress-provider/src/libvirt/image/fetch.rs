@@ -7,7 +7,8 @@
 //! policy for URL images); a `HEAD` without a usable length falls back to `GET`'s length and
 //! is never an error by itself (M9); the body reader fails the moment more bytes arrive than
 //! `maxImageBytes` or than the `GET` declared, or when the body ends short; the image is never
-//! buffered beyond one chunk; messages carry redacted URLs only.
+//! buffered beyond one chunk plus two hash batches ([`HASH_BATCH`], shared, not copied): the
+//! sha256 runs on the blocking pool, overlapping the upload; messages carry redacted URLs only.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -308,12 +309,111 @@ pub struct Tally {
 
 type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 
+/// Bytes handed to the hashing thread at once.
+// NB: 1 MiB makes the blocking-pool hop per batch negligible (1024 per GiB), while the two
+// batches alive at most (one hashing, one filling) hold ~2 MiB, far below the import's
+// 32 MiB peak-RSS goal.
+pub const HASH_BATCH: usize = 1 << 20;
+
+/// sha256 off the upload's task: chunks (shared `Bytes`, never copied) are batched and hashed
+/// in order on tokio's blocking pool, one batch at a time, so hashing overlaps the upload's
+/// framing and encryption instead of adding to them. A dropped reader leaves at most one
+/// batch being hashed, which ends on its own.
+struct Hashing {
+    batch: Vec<Bytes>,
+    batch_len: usize,
+    idle: Option<Sha256>,
+    job: Option<tokio::task::JoinHandle<Sha256>>,
+}
+
+impl Hashing {
+    fn new() -> Self {
+        Self {
+            batch: Vec::new(),
+            batch_len: 0,
+            idle: Some(Sha256::new()),
+            job: None,
+        }
+    }
+
+    fn push(&mut self, chunk: Bytes) {
+        self.batch_len = self.batch_len.saturating_add(chunk.len());
+        self.batch.push(chunk);
+    }
+
+    fn full(&self) -> bool {
+        self.batch_len >= HASH_BATCH
+    }
+
+    /// Waits for the batch being hashed, if any, and takes the hasher.
+    fn poll_hasher(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::result::Result<Sha256, ProviderError>> {
+        if let Some(job) = self.job.as_mut() {
+            let r = std::task::ready!(Pin::new(job).poll(cx));
+            self.job = None;
+            match r {
+                Ok(h) => self.idle = Some(h),
+                Err(e) => {
+                    return Poll::Ready(Err(ProviderError::transient(format!(
+                        "hashing the image stopped: {e}"
+                    ))));
+                }
+            }
+        }
+        Poll::Ready(
+            self.idle
+                .take()
+                .ok_or_else(|| ProviderError::transient("the image hasher was lost")),
+        )
+    }
+
+    /// Hands the filled batch to the blocking pool once the previous one is hashed.
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), ProviderError>> {
+        let mut h = match std::task::ready!(self.poll_hasher(cx)) {
+            Ok(h) => h,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        let batch = std::mem::take(&mut self.batch);
+        self.batch_len = 0;
+        self.job = Some(tokio::task::spawn_blocking(move || {
+            for c in &batch {
+                h.update(c);
+            }
+            h
+        }));
+        Poll::Ready(Ok(()))
+    }
+
+    /// Hashes the rest (less than a batch, here) and returns the digest in lowercase hex.
+    fn poll_digest(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::result::Result<String, ProviderError>> {
+        let mut h = match std::task::ready!(self.poll_hasher(cx)) {
+            Ok(h) => h,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        for c in self.batch.drain(..) {
+            h.update(&c);
+        }
+        self.batch_len = 0;
+        Poll::Ready(Ok(h
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()))
+    }
+}
+
 /// The `GET` body as an `AsyncRead`: hashes, counts, sniffs and enforces the limits while
-/// the upload reads it. One chunk at most is held.
+/// the upload reads it. At most one chunk and two hash batches are held.
 pub struct Body<'a> {
     stream: ByteStream,
     pending: Bytes,
-    hasher: Sha256,
+    hash: Hashing,
+    ended: bool,
     head: Vec<u8>,
     declared: Option<ImageFormat>,
     expected: Option<u64>,
@@ -337,7 +437,8 @@ impl<'a> Body<'a> {
         Self {
             stream: Box::pin(resp.bytes_stream()),
             pending: Bytes::new(),
-            hasher: Sha256::new(),
+            hash: Hashing::new(),
+            ended: false,
             head: Vec::with_capacity(SNIFF_LEN),
             declared: source.declared,
             expected,
@@ -394,7 +495,7 @@ impl<'a> Body<'a> {
                 self.sniff()?;
             }
         }
-        self.hasher.update(chunk);
+        self.hash.push(chunk.clone());
         self.tally.bytes = total;
         self.progress.update(total, self.expected);
         Ok(())
@@ -412,10 +513,7 @@ impl<'a> Body<'a> {
         if self.tally.bytes == 0 {
             return Err(ProviderError::permanent(format!("{} is empty", self.what)));
         }
-        self.sniff()?;
-        let d = std::mem::take(&mut self.hasher).finalize();
-        self.tally.digest = Some(d.iter().map(|b| format!("{b:02x}")).collect());
-        Ok(())
+        self.sniff()
     }
 }
 
@@ -439,6 +537,24 @@ impl AsyncRead for Body<'_> {
             if let Some(e) = &this.tally.error {
                 return Poll::Ready(Err(std::io::Error::other(e.clone())));
             }
+            if this.hash.full() {
+                match this.hash.poll_flush(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(this.fail(e))),
+                    Poll::Ready(Ok(())) => {}
+                }
+            }
+            if this.ended {
+                match this.hash.poll_digest(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(this.fail(e))),
+                    Poll::Ready(Ok(d)) => {
+                        this.tally.digest = Some(d);
+                        this.done = true;
+                    }
+                }
+                continue;
+            }
             match this.stream.as_mut().poll_next(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(Ok(chunk))) => {
@@ -461,7 +577,7 @@ impl AsyncRead for Body<'_> {
                     if let Err(e) = this.finish() {
                         return Poll::Ready(Err(this.fail(e)));
                     }
-                    this.done = true;
+                    this.ended = true;
                 }
             }
         }

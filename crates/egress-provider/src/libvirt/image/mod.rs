@@ -7,7 +7,8 @@
 //! size actually streamed, M11) drives the pool-space check; the body is streamed through a
 //! hashing, size-capping, format-sniffing reader straight into `STORAGE_VOL_UPLOAD` on a
 //! dedicated connection opened with [`BulkConnect`], never buffered; the part is verified
-//! and published by the protocol in [`cache`].
+//! and published by the protocol in [`cache`]: the final name is an instant qcow2 overlay on
+//! the verified part (no copy), then the marker.
 //!
 //! Guarantees: a base returned is complete and verified (its marker exists and matches); no
 //! call deletes a volume it did not create; concurrent imports of one base in this process
@@ -78,8 +79,12 @@ pub struct Base {
     pub path: String,
     /// Its virtual size in bytes as libvirt reports it (qcow2: from the header).
     pub capacity: u64,
-    /// Its format.
+    /// The image's format (the bytes downloaded; also in the name).
     pub format: ImageFormat,
+    /// The base volume's own on-disk format, as libvirt reads it: what an overlay on the base
+    /// must name as its backing format. qcow2 for every base this code publishes (an overlay
+    /// on its data volume).
+    pub disk_format: ImageFormat,
     /// Firmware it boots with.
     pub firmware: Firmware,
     /// The sha256 of the imported bytes.
@@ -174,25 +179,16 @@ async fn find(target: &Target<'_>, src: &Source) -> Result<Option<Base>> {
         }
     };
     for (name, digest, format) in candidates {
+        // NB: two round trips (marker info, base XML), which also give the base's path and
+        // on-disk format.
         if let Some(p) = cache::check_published(c, pool, &name, target.host).await? {
-            // NB: for file-based pools (dir, fs, netfs, logical) libvirt's volume key IS its
-            // path; only other pool types need the extra round trip.
-            let path = if p.vol.key.starts_with('/') {
-                p.vol.key.clone()
-            } else {
-                c.vol_path(&p.vol).await.map_err(|e| {
-                    classify(
-                        &e,
-                        &format!("reading the path of {name} on host {}", target.host),
-                    )
-                })?
-            };
             return Ok(Some(Base {
                 vol: p.vol,
                 name,
-                path,
+                path: p.path,
                 capacity: p.capacity,
                 format,
+                disk_format: p.disk_format,
                 firmware: src.firmware,
                 digest,
                 imported: false,
@@ -422,7 +418,9 @@ async fn import_on(
         )));
     }
 
-    // 4. Publish (on this dedicated link, reopened if it died: M10).
+    // 4. Publish (on this dedicated link, reopened if it died: M10). The part becomes the
+    // published base's data volume, or is deleted unless a base may reference it.
+    let mut keep_part = false;
     let res = publish(
         target,
         src,
@@ -432,9 +430,12 @@ async fn import_on(
         format,
         tally.bytes,
         deadline,
+        &mut keep_part,
     )
     .await;
-    discard(link, &part).await;
+    if !keep_part {
+        discard(link, &part).await;
+    }
     res
 }
 
@@ -455,6 +456,9 @@ async fn discard(link: &mut Link<'_>, part: &StorageVol) {
     }
 }
 
+/// Publishes the verified `part` as base `name`: an instant qcow2 overlay backed by the part,
+/// then the marker. Sets `keep_part` when a base references (or may reference) the part, so
+/// the caller must not delete it.
 #[allow(clippy::too_many_arguments)]
 async fn publish(
     target: &Target<'_>,
@@ -465,20 +469,23 @@ async fn publish(
     format: ImageFormat,
     size: u64,
     deadline: Instant,
+    keep_part: &mut bool,
 ) -> Result<Base> {
     let host = target.host;
     let pool = target.pool;
     let entry = &target.entry.name;
 
-    let part_info = settle_part(target, src, link, part, format, size, deadline).await?;
+    let (part_info, part_path) =
+        settle_part(target, src, link, part, format, size, deadline).await?;
     let name = names::base(entry, src.name_source(), digest, format);
     let marker = cache::marker_name(&name);
-    let done = |vol: StorageVol, capacity: u64, path: String, imported: bool| Base {
-        vol,
+    let done = |p: cache::Published, imported: bool| Base {
+        vol: p.vol,
         name: name.clone(),
-        path,
-        capacity,
+        path: p.path,
+        capacity: p.capacity,
         format,
+        disk_format: p.disk_format,
         firmware: src.firmware,
         digest: digest.to_owned(),
         imported,
@@ -486,27 +493,27 @@ async fn publish(
 
     // Already published (by another process, or a concurrent entry of ours)?
     if let Some(p) = cache::check_published(&link.client, pool, &name, host).await? {
-        let path =
-            on_link!(link, |c| c.vol_path(&p.vol)).map_err(lv(host, "reading the base path"))?;
-        return Ok(done(p.vol, p.capacity, path, false));
+        return Ok(done(p, false));
     }
 
-    // The clone is the claim on the final name.
-    let xml = cache::clone_xml(&name, part_info.capacity, format);
-    let cloned = link
-        .client
-        .vol_create_xml_from(pool, &xml, part, 0, remaining(deadline))
-        .await;
-    let base = match cloned {
+    // Creating the final name is the claim. It is instant: a qcow2 header naming the part
+    // as its backing store, so no byte of the image is copied.
+    let xml = cache::overlay_base_xml(&name, part_info.capacity, &part_path, format);
+    // NB: not retried on a fresh link: a retry after a lost reply would find "our" name
+    // taken and wait for a marker nobody writes.
+    let created = link.client.vol_create_xml(pool, &xml, 0).await;
+    let base = match created {
         Ok(v) => v,
         Err(e) if e.is_connection() || e.is_timeout() => {
-            // NB: the clone may still complete on the host; we cannot prove the name is ours,
-            // so we never write its marker or delete it.
+            // NB: the volume may exist on the host, backed by our part; we cannot prove the
+            // name is ours, so we never write its marker or delete it, nor the part.
+            *keep_part = true;
             return Err(classify(
                 &e,
                 &format!(
-                    "publishing base {name} on host {host} (the copy may still finish; if {name} \
-                 stays without {marker}, delete it)"
+                    "publishing base {name} on host {host} (it may have been created; if \
+                     {name} stays without {marker}, delete it, then its data volume {})",
+                    part.name
                 ),
             ));
         }
@@ -521,19 +528,18 @@ async fn publish(
             }
             // Lost the race: wait for the winner's marker; touch nothing of theirs.
             let p = wait_for_marker(target, link, &name, deadline).await?;
-            let path = on_link!(link, |c| c.vol_path(&p.vol))
-                .map_err(lv(host, "reading the base path"))?;
-            return Ok(done(p.vol, p.capacity, path, false));
+            return Ok(done(p, false));
         }
     };
 
-    // From here the final name is ours: if publishing fails, remove it.
+    // From here the final name is ours and references the part: if publishing fails,
+    // remove the base (then the part goes too).
     let finish = async {
         let info =
             on_link!(link, |c| c.vol_info(&base)).map_err(lv(host, "reading the new base"))?;
         if info.capacity != part_info.capacity {
             return Err(ProviderError::transient(format!(
-                "base {name} on host {host} reads {} bytes virtual after the copy, the upload {}",
+                "base {name} on host {host} reads {} bytes virtual, the upload {}",
                 info.capacity, part_info.capacity
             )));
         }
@@ -564,7 +570,15 @@ async fn publish(
             }
         };
         if let Some(m) = m {
-            let text = cache::marker_text(&name, digest, size, info.capacity, format, &src.display);
+            let text = cache::marker_text(
+                &name,
+                digest,
+                size,
+                info.capacity,
+                format,
+                &part.name,
+                &src.display,
+            );
             let len = text.len() as u64;
             let opts = UploadOptions {
                 deadline: Some(remaining(deadline)),
@@ -580,15 +594,30 @@ async fn publish(
                 tracing::warn!(marker = %marker, error = %e, "could not write the marker text");
             }
         }
-        let path =
-            on_link!(link, |c| c.vol_path(&base)).map_err(lv(host, "reading the base path"))?;
-        Ok(done(base.clone(), info.capacity, path, true))
+        // NB: for file-based pools the key is the path; other pool types ask.
+        let path = if base.key.starts_with('/') {
+            base.key.clone()
+        } else {
+            on_link!(link, |c| c.vol_path(&base)).map_err(lv(host, "reading the base path"))?
+        };
+        Ok(cache::Published {
+            vol: base.clone(),
+            capacity: info.capacity,
+            path,
+            disk_format: ImageFormat::Qcow2,
+        })
     };
     match finish.await {
-        Ok(b) => Ok(b),
+        Ok(p) => {
+            *keep_part = true;
+            Ok(done(p, true))
+        }
         Err(e) => {
-            // Ours (we cloned it in this call) and unmarked: remove it.
-            let _ = on_link!(link, |c| c.vol_delete(&base, 0));
+            // Ours (created in this call) and unmarked: remove it; the caller then deletes
+            // the part. If the base cannot be removed, the part stays with it.
+            if on_link!(link, |c| c.vol_delete(&base, 0)).is_err() {
+                *keep_part = true;
+            }
             Err(e)
         }
     }
@@ -610,7 +639,8 @@ fn pool_busy(e: &LvError) -> bool {
 }
 
 /// Waits until libvirt reads the uploaded part as `format` (qcow2: with the header's virtual
-/// size; raw: with the uploaded size), refreshing the pool when libvirtd allows it.
+/// size; raw: with the uploaded size), refreshing the pool when libvirtd allows it. Returns
+/// its info and its path.
 async fn settle_part(
     target: &Target<'_>,
     src: &Source,
@@ -619,7 +649,7 @@ async fn settle_part(
     format: ImageFormat,
     size: u64,
     deadline: Instant,
-) -> Result<libvirt_remote::proto::StorageVolGetInfoRet> {
+) -> Result<(libvirt_remote::proto::StorageVolGetInfoRet, String)> {
     let host = target.host;
     let pool = target.pool;
     let until = (Instant::now() + SETTLE_WAIT).min(deadline);
@@ -638,7 +668,12 @@ async fn settle_part(
             && info.capacity > 0
             && (format == ImageFormat::Qcow2 || info.capacity == size);
         if settled {
-            return Ok(info);
+            let path = match crate::libvirt::volumes::parse_volume_xml(&xml).and_then(|f| f.path) {
+                Some(p) => p,
+                None => on_link!(link, |c| c.vol_path(part))
+                    .map_err(lv(host, "reading the uploaded volume's path"))?,
+            };
+            return Ok((info, path));
         }
         if Instant::now() + SETTLE_POLL > until {
             return Err(ProviderError::transient(format!(
@@ -688,7 +723,10 @@ async fn wait_for_marker(
 }
 
 /// Deletes this entry's temporary upload volumes older than `older_than` (left by imports
-/// that died). Returns the names deleted. Never touches anything else.
+/// that died), except any part that a volume of the entry's base prefix names as its backing
+/// store (a published base's data volume, or one a publish may still be marking). Returns the
+/// names deleted. Never touches anything else. `older_than` must exceed
+/// `timeouts.imageImport`, so that no live import's part is old enough.
 pub async fn sweep_parts(
     client: &Client,
     pool: &StoragePool,
@@ -699,22 +737,56 @@ pub async fn sweep_parts(
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
+    let ctx = |what: &str| format!("{what} in pool {}", pool.name);
     let vols = client
         .pool_list_volumes(pool)
         .await
-        .map_err(|e| classify(&e, &format!("listing pool {}", pool.name)))?;
-    let mut gone = Vec::new();
-    for v in vols {
-        let Some(t) = cache::part_age(entry, &v.name) else {
-            continue;
+        .map_err(|e| classify(&e, &ctx("listing volumes")))?;
+    let prefix = names::base_prefix(entry);
+    let old: Vec<&StorageVol> = vols
+        .iter()
+        .filter(|v| {
+            cache::part_age(entry, &v.name)
+                .is_some_and(|t| now.saturating_sub(t) >= older_than.as_secs())
+        })
+        .collect();
+    if old.is_empty() {
+        return Ok(Vec::new());
+    }
+    // NB: every non-part, non-marker volume of the prefix may be a base; its backing store
+    // is read from its XML (bases are few: one per image digest).
+    let mut referenced = std::collections::HashSet::new();
+    for v in vols.iter().filter(|v| {
+        v.name.starts_with(&prefix)
+            && !v.name.contains(cache::PART_INFIX)
+            && !v.name.ends_with(cache::MARKER_SUFFIX)
+    }) {
+        let xml = match client.vol_xml(v).await {
+            Ok(x) => x,
+            Err(e) if cache::is_no_vol(&e) => continue,
+            Err(e) => return Err(classify(&e, &ctx(&format!("reading {}", v.name)))),
         };
-        if now.saturating_sub(t) < older_than.as_secs() {
+        if let Some(b) = crate::libvirt::volumes::parse_volume_xml(&xml).and_then(|f| f.backing) {
+            referenced.insert(b);
+        }
+    }
+    let mut gone = Vec::new();
+    for v in old {
+        let path = if v.key.starts_with('/') {
+            v.key.clone()
+        } else {
+            client
+                .vol_path(v)
+                .await
+                .map_err(|e| classify(&e, &ctx(&format!("reading the path of {}", v.name))))?
+        };
+        if referenced.contains(&path) {
             continue;
         }
-        match client.vol_delete(&v, 0).await {
-            Ok(()) => gone.push(v.name),
+        match client.vol_delete(v, 0).await {
+            Ok(()) => gone.push(v.name.clone()),
             Err(e) if cache::is_no_vol(&e) => {}
-            Err(e) => return Err(classify(&e, &format!("deleting {}", v.name))),
+            Err(e) => return Err(classify(&e, &ctx(&format!("deleting {}", v.name)))),
         }
     }
     Ok(gone)

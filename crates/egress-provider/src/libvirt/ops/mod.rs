@@ -19,6 +19,7 @@ pub mod address;
 pub mod delete;
 pub mod get;
 pub mod list;
+pub mod orphans;
 pub mod state;
 
 use libvirt_remote::Error as LvError;

@@ -1,0 +1,36 @@
+//! `egress-proxies version`: what was built, from which commit, speaking which protocol.
+//!
+//! Guarantees: no network, no file read; the output is stable lines of `key: value` after
+//! the first line, so scripts can grep them.
+
+use libvirt_remote::proto::{REMOTE_PROGRAM, REMOTE_VERSION};
+
+/// Build-time environment variable carrying the git commit (set by CI or the packager:
+/// `EGRESS_PROXIES_GIT_COMMIT=$(git rev-parse --short HEAD) cargo build`).
+pub const GIT_COMMIT_ENV: &str = "EGRESS_PROXIES_GIT_COMMIT";
+
+/// The text `version` prints.
+pub fn text() -> String {
+    // NB: read at compile time through option_env! rather than a build script running git:
+    // builds from a source tarball have no .git, and a build script would rerun on every
+    // commit in the shared target dir.
+    let commit = option_env!("EGRESS_PROXIES_GIT_COMMIT").map_or_else(
+        || format!("unknown ({GIT_COMMIT_ENV} was not set at build time)"),
+        str::to_owned,
+    );
+    format!(
+        "egress-proxies {version}\n\
+         commit: {commit}\n\
+         libvirt protocol: remote program {REMOTE_PROGRAM:#x} version {REMOTE_VERSION} \
+         (libvirtd's own RPC; pure Rust client, no libvirt C library needed)\n\
+         transport: SSH with stream-local forwarding to the host's libvirt socket \
+         (or the local unix socket for address `local`)\n",
+        version = env!("CARGO_PKG_VERSION"),
+    )
+}
+
+/// Prints [`text`] to stdout; always succeeds.
+pub fn run() -> u8 {
+    print!("{}", text());
+    super::EXIT_OK
+}

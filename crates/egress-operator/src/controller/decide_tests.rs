@@ -1,0 +1,871 @@
+//! Table-driven tests of [`super::decide`]: one per rule, with fixture builders.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use egress_provider::error::ProviderError;
+use egress_provider::libvirt::config::{
+    HostConfig, ImageFormat, ImageSpec, LibvirtEntry, VirtType,
+};
+use egress_provider::model::{HostState, Instance, InstanceState, ProviderId, ProxyUid};
+
+use super::decide::{
+    Action, Decision, EntryView, HostInfo, Inputs, Latch, Memory, Observed, OpView, decide,
+    fmt_time, reason,
+};
+use super::{ControllerSettings, EventKind, ProxyCredentials, ProxyObject};
+use crate::model::{
+    ConditionStatus, Phase, ProxySettings, ProxySpec, ProxyStatus, Resources, condition,
+};
+
+const DIGEST: &str = "digest-1";
+
+fn t0() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn uid(n: u8) -> ProxyUid {
+    ProxyUid::parse_strict(&format!("0f8fad5b-d9cb-469f-a165-7086772895{n:02x}")).unwrap()
+}
+
+fn host(name: &str) -> HostConfig {
+    HostConfig {
+        name: name.into(),
+        address: format!("{name}.invalid"),
+        user: "root".into(),
+        socket: "/run/libvirt/libvirt-sock".into(),
+        pool: "images".into(),
+        bridge: None,
+        network: None,
+        virt_type: VirtType::Qemu,
+        pool_reserve_gib: 1,
+        ssh_key_file: None,
+        known_hosts_file: None,
+        max_concurrent: 2,
+    }
+}
+
+fn entry() -> LibvirtEntry {
+    let mut images = BTreeMap::new();
+    images.insert(
+        "debian-12".to_string(),
+        ImageSpec {
+            url: "https://images.invalid/debian-12.qcow2".into(),
+            sha256: Some("a".repeat(64)),
+            format: ImageFormat::Qcow2,
+            firmware: Default::default(),
+        },
+    );
+    LibvirtEntry {
+        name: "home".into(),
+        hosts: vec![host("h1"), host("h2")],
+        images,
+        url_images: Default::default(),
+        max_image_bytes: 1 << 30,
+        guest: Default::default(),
+        timeouts: Default::default(),
+        defaults: Default::default(),
+        limits: Default::default(),
+    }
+}
+
+/// A Proxy builder: `proxy().on_host("h1").with_image("debian-12")`.
+#[derive(Clone)]
+struct P(ProxyObject);
+
+fn proxy() -> P {
+    P(ProxyObject {
+        namespace: "default".into(),
+        name: "p1".into(),
+        uid: uid(1),
+        generation: 1,
+        spec: ProxySpec {
+            provider: "home".into(),
+            host: None,
+            image: "debian-12".into(),
+            resources: Resources::default(),
+            proxy: ProxySettings {
+                allowed_client_cidrs: vec!["10.0.0.0/8".into()],
+                ..ProxySettings::default()
+            },
+        },
+        deleting: false,
+        credentials: None,
+    })
+}
+
+impl P {
+    fn on_host(mut self, h: &str) -> Self {
+        self.0.spec.host = Some(h.into());
+        self
+    }
+    fn with_image(mut self, i: &str) -> Self {
+        self.0.spec.image = i.into();
+        self
+    }
+    fn with_provider(mut self, p: &str) -> Self {
+        self.0.spec.provider = p.into();
+        self
+    }
+    fn with_disk(mut self, gib: u64) -> Self {
+        self.0.spec.resources.disk_gib = Some(gib);
+        self
+    }
+    fn with_vcpus(mut self, n: u32) -> Self {
+        self.0.spec.resources.vcpus = Some(n);
+        self
+    }
+    fn generation(mut self, g: i64) -> Self {
+        self.0.generation = g;
+        self
+    }
+    fn deleting(mut self) -> Self {
+        self.0.deleting = true;
+        self
+    }
+    fn credentials_ref(mut self, r: &str) -> Self {
+        self.0.spec.proxy.credentials_ref = Some(r.into());
+        self
+    }
+    fn credentials(mut self) -> Self {
+        self.0.credentials = Some(ProxyCredentials {
+            username: "alice".into(),
+            password: "pw".into(),
+        });
+        self
+    }
+}
+
+fn id(h: &str) -> ProviderId {
+    ProviderId {
+        entry: "home".into(),
+        host: h.into(),
+        name: format!("ep-home-{}", uid(1).simple()),
+    }
+}
+
+fn inst(h: &str, state: InstanceState, ip: Option<&str>) -> Instance {
+    Instance {
+        id: id(h),
+        uid: uid(1),
+        state,
+        ip: ip.map(|s| s.parse().unwrap()),
+        mac: "52:54:00:00:00:01".into(),
+    }
+}
+
+fn running(h: &str) -> Instance {
+    inst(h, InstanceState::Running, Some("192.0.2.10"))
+}
+
+fn provisioning(h: &str) -> Instance {
+    inst(h, InstanceState::Provisioning, None)
+}
+
+/// A status as it is after `running(h)` was seen at `at`.
+fn running_status(h: &str, at: SystemTime) -> ProxyStatus {
+    ProxyStatus {
+        phase: Phase::Running,
+        host: Some(h.into()),
+        provider_id: Some(id(h).to_string()),
+        ip: Some("192.0.2.10".into()),
+        ip_seen_at: Some(fmt_time(at)),
+        observed_generation: 1,
+        ..ProxyStatus::default()
+    }
+}
+
+fn provisioning_status(h: &str, since: SystemTime) -> ProxyStatus {
+    ProxyStatus {
+        phase: Phase::Provisioning,
+        host: Some(h.into()),
+        provider_id: Some(id(h).to_string()),
+        provisioning_since: Some(fmt_time(since)),
+        observed_generation: 1,
+        ..ProxyStatus::default()
+    }
+}
+
+/// One decision's inputs, with defaults.
+struct Case {
+    obj: ProxyObject,
+    status: ProxyStatus,
+    entry: Option<LibvirtEntry>,
+    digest: String,
+    location: Option<ProviderId>,
+    observed: Observed,
+    op: OpView,
+    hosts: BTreeMap<String, HostInfo>,
+    memory: Memory,
+    now: SystemTime,
+    settings: ControllerSettings,
+}
+
+fn case(p: P) -> Case {
+    let e = entry();
+    Case {
+        obj: p.0,
+        status: ProxyStatus::default(),
+        hosts: e
+            .hosts
+            .iter()
+            .map(|h| (h.name.clone(), HostInfo::default()))
+            .collect(),
+        entry: Some(e),
+        digest: DIGEST.into(),
+        location: None,
+        observed: Observed::Unknown,
+        op: OpView::Idle,
+        memory: Memory::default(),
+        now: t0(),
+        settings: ControllerSettings::default(),
+    }
+}
+
+impl Case {
+    fn status(mut self, s: ProxyStatus) -> Self {
+        self.status = s;
+        self
+    }
+    fn at(mut self, h: &str) -> Self {
+        self.location = Some(id(h));
+        self
+    }
+    fn observed(mut self, o: Observed) -> Self {
+        self.observed = o;
+        self
+    }
+    fn op(mut self, o: OpView) -> Self {
+        self.op = o;
+        self
+    }
+    fn load(mut self, h: &str, load: usize, health: Option<HostState>) -> Self {
+        self.hosts.insert(h.into(), HostInfo { load, health });
+        self
+    }
+    fn memory(mut self, m: Memory) -> Self {
+        self.memory = m;
+        self
+    }
+    fn now(mut self, t: SystemTime) -> Self {
+        self.now = t;
+        self
+    }
+    fn no_entry(mut self) -> Self {
+        self.entry = None;
+        self
+    }
+    fn settings(mut self, f: impl FnOnce(&mut ControllerSettings)) -> Self {
+        f(&mut self.settings);
+        self
+    }
+    fn run(&self) -> Decision {
+        let ev = self.entry.as_ref().map(|e| EntryView {
+            config: e,
+            config_digest: &self.digest,
+        });
+        decide(&Inputs {
+            obj: &self.obj,
+            status: &self.status,
+            entry: ev.as_ref(),
+            location: self.location.as_ref(),
+            observed: &self.observed,
+            op: &self.op,
+            hosts: &self.hosts,
+            memory: &self.memory,
+            now: self.now,
+            settings: &self.settings,
+        })
+    }
+}
+
+fn ready(d: &Decision) -> (ConditionStatus, String, String) {
+    let c = d
+        .status
+        .condition(condition::READY)
+        .expect("Ready condition");
+    (c.status, c.reason.clone(), c.message.clone())
+}
+
+fn created_host(d: &Decision) -> (String, bool) {
+    match &d.action {
+        Action::Create { req, replace } => (req.host.clone(), *replace),
+        other => panic!("expected a create, got {other:?}"),
+    }
+}
+
+// ------------------------------------------------------------------ create and placement
+
+#[test]
+fn a_new_proxy_is_created_with_the_entry_defaults_and_rendered_user_data() {
+    let d = case(proxy()).run();
+    let Action::Create { req, replace } = &d.action else {
+        panic!("{:?}", d.action)
+    };
+    assert!(!replace);
+    assert_eq!((req.disk_gib, req.memory_mib, req.vcpus), (10, 512, 1));
+    assert_eq!(req.image, "debian-12");
+    assert_eq!(req.display_name, "default/p1");
+    assert!(req.user_data.starts_with("#cloud-config\n"));
+    assert!(req.user_data.contains("Allow 10.0.0.0/8"));
+    assert_eq!(d.status.phase, Phase::Provisioning);
+    assert_eq!(d.status.host.as_deref(), Some("h1"));
+    assert_eq!(d.status.provisioning_since, Some(fmt_time(t0())));
+    assert_eq!(ready(&d).1, reason::CREATING);
+    assert_eq!(d.requeue_after, Some(d_settings().poll_provisioning));
+}
+
+fn d_settings() -> ControllerSettings {
+    ControllerSettings::default()
+}
+
+#[test]
+fn placement_follows_the_pin_then_the_fewest_proxies_then_the_name() {
+    let table: Vec<(Case, &str)> = vec![
+        (case(proxy()), "h1"),
+        (case(proxy()).load("h1", 3, None).load("h2", 1, None), "h2"),
+        (case(proxy()).load("h1", 2, None).load("h2", 2, None), "h1"),
+        (case(proxy().on_host("h2")).load("h2", 9, None), "h2"),
+    ];
+    for (c, want) in table {
+        assert_eq!(created_host(&c.run()).0, want);
+    }
+}
+
+#[test]
+fn placement_skips_a_host_whose_last_report_is_not_ready_while_another_is_usable() {
+    let c = case(proxy())
+        .load("h1", 0, Some(HostState::Unreachable))
+        .load("h2", 5, Some(HostState::Ready));
+    assert_eq!(created_host(&c.run()).0, "h2");
+    let c = case(proxy()).load("h1", 1, Some(HostState::Timeout)).load(
+        "h2",
+        0,
+        Some(HostState::Degraded),
+    );
+    assert_eq!(
+        created_host(&c.run()).0,
+        "h2",
+        "all unhealthy: least loaded"
+    );
+}
+
+#[test]
+fn a_vanished_instance_is_recreated_on_its_host() {
+    let d = case(proxy())
+        .status(running_status("h2", t0()))
+        .at("h2")
+        .observed(Observed::NotFound)
+        .run();
+    assert_eq!(created_host(&d), ("h2".into(), false));
+    assert!(d.events.iter().any(|e| e.reason == reason::INSTANCE_LOST));
+    assert_eq!(d.status.ip, None);
+    assert_eq!(d.status.provider_id, None);
+}
+
+// ------------------------------------------------------------------ observation
+
+#[test]
+fn a_running_instance_with_an_address_makes_the_proxy_ready() {
+    let d = case(proxy())
+        .status(provisioning_status("h1", t0()))
+        .at("h1")
+        .observed(Observed::Found(running("h1")))
+        .memory(Memory {
+            failures: 3,
+            latch: None,
+        })
+        .now(t0() + secs(40))
+        .run();
+    assert_eq!(d.action, Action::None);
+    assert_eq!(d.status.phase, Phase::Running);
+    assert_eq!(d.status.ip.as_deref(), Some("192.0.2.10"));
+    assert_eq!(d.status.provisioning_since, None);
+    assert_eq!(ready(&d).0, ConditionStatus::True);
+    assert_eq!(d.memory.failures, 0, "success resets the backoff");
+    assert_eq!(d.requeue_after, Some(d_settings().poll_running));
+    assert!(d.events.iter().any(|e| e.reason == reason::RUNNING));
+}
+
+#[test]
+fn a_finished_create_is_picked_up_without_another_get() {
+    let d = case(proxy())
+        .status(provisioning_status("h1", t0()))
+        .op(OpView::CreateFinished {
+            host: "h1".into(),
+            result: Ok(provisioning("h1")),
+        })
+        .now(t0() + secs(30))
+        .run();
+    assert_eq!(d.action, Action::None);
+    assert_eq!(d.status.phase, Phase::Provisioning);
+    assert_eq!(d.status.provider_id, Some(id("h1").to_string()));
+    assert_eq!(ready(&d).1, reason::WAITING_FOR_ADDRESS);
+}
+
+#[test]
+fn the_last_ip_is_kept_through_a_provisioning_gap_shorter_than_the_grace() {
+    // finding: H3
+    let seen = t0();
+    let gap = case(proxy())
+        .status(running_status("h1", seen))
+        .at("h1")
+        .observed(Observed::Found(provisioning("h1")));
+    let d = gap.now(seen + secs(30)).run();
+    assert_eq!(d.status.phase, Phase::Running);
+    assert_eq!(d.status.ip.as_deref(), Some("192.0.2.10"));
+    assert_eq!(ready(&d).1, reason::ADDRESS_GAP);
+
+    let d = case(proxy())
+        .status(running_status("h1", seen))
+        .at("h1")
+        .observed(Observed::Found(provisioning("h1")))
+        .now(seen + secs(90))
+        .run();
+    assert_eq!(d.status.phase, Phase::Provisioning);
+    assert_eq!(d.status.ip, None);
+    assert_eq!(d.status.provisioning_since, Some(fmt_time(seen + secs(90))));
+}
+
+#[test]
+fn a_paused_instance_is_reported_and_never_destroyed() {
+    // finding: M1
+    let paused = inst(
+        "h1",
+        InstanceState::Paused {
+            reason: "I/O error: host storage full".into(),
+        },
+        Some("192.0.2.10"),
+    );
+    let d = case(proxy())
+        .status(running_status("h1", t0()))
+        .at("h1")
+        .observed(Observed::Found(paused.clone()))
+        .run();
+    assert_eq!(d.action, Action::None);
+    assert_eq!(d.status.phase, Phase::Paused);
+    assert!(ready(&d).2.contains("storage full"));
+    // Even past the provisioning deadline, with the replace policy.
+    let d = case(proxy())
+        .status(provisioning_status("h1", t0()))
+        .at("h1")
+        .observed(Observed::Found(paused))
+        .now(t0() + secs(3600))
+        .run();
+    assert_eq!(d.action, Action::None, "paused is never replaced");
+    let (_, r, m) = ready(&d);
+    assert_eq!(r, reason::PROVISIONING_TIMEOUT);
+    assert!(m.contains("not running"), "{m}");
+}
+
+#[test]
+fn a_stopped_instance_of_this_proxy_is_replaced_on_its_host() {
+    // finding: M2
+    let stopped = inst(
+        "h2",
+        InstanceState::Stopped {
+            reason: "crashed".into(),
+        },
+        None,
+    );
+    let d = case(proxy())
+        .status(running_status("h2", t0()))
+        .at("h2")
+        .observed(Observed::Found(stopped))
+        .run();
+    assert_eq!(created_host(&d), ("h2".into(), true));
+    assert_eq!(d.status.phase, Phase::Provisioning);
+    assert_eq!(ready(&d).1, reason::REPLACING);
+}
+
+#[test]
+fn a_stopped_instance_carrying_another_proxys_uid_is_never_touched() {
+    // finding: M2
+    let mut foreign = inst(
+        "h1",
+        InstanceState::Stopped {
+            reason: "shutdown".into(),
+        },
+        None,
+    );
+    foreign.uid = uid(2);
+    let d = case(proxy())
+        .status(running_status("h1", t0()))
+        .at("h1")
+        .observed(Observed::Found(foreign))
+        .run();
+    assert_eq!(d.action, Action::None);
+    assert_eq!(d.status.phase, Phase::Failed);
+    assert_eq!(ready(&d).1, reason::FOREIGN_INSTANCE);
+    assert!(d.memory.latch.is_some());
+}
+
+// ------------------------------------------------------------------ provisioning deadline
+
+#[test]
+fn no_address_past_the_deadline_names_what_is_missing_and_replaces_the_instance() {
+    // finding: APX-1
+    let d = case(proxy())
+        .status(provisioning_status("h1", t0()))
+        .at("h1")
+        .observed(Observed::Found(provisioning("h1")))
+        .now(t0() + secs(16 * 60))
+        .run();
+    assert_eq!(created_host(&d), ("h1".into(), true));
+    let (st, r, m) = ready(&d);
+    assert_eq!(
+        (st, r.as_str()),
+        (ConditionStatus::False, reason::PROVISIONING_TIMEOUT)
+    );
+    assert!(m.contains("no address was reported"), "{m}");
+    assert!(m.contains("15m"), "{m}");
+    assert_eq!(
+        d.status.provisioning_since,
+        Some(fmt_time(t0() + secs(16 * 60))),
+        "the replacement is a new attempt"
+    );
+    // Just under the deadline: keep waiting.
+    let d = case(proxy())
+        .status(provisioning_status("h1", t0()))
+        .at("h1")
+        .observed(Observed::Found(provisioning("h1")))
+        .now(t0() + secs(14 * 60))
+        .run();
+    assert_eq!(d.action, Action::None);
+    assert_eq!(ready(&d).1, reason::WAITING_FOR_ADDRESS);
+}
+
+#[test]
+fn with_the_failed_policy_an_expired_deadline_reports_failed_and_latches() {
+    // finding: APX-1
+    let d = case(proxy())
+        .settings(|s| s.replace_on_deadline = false)
+        .status(provisioning_status("h1", t0()))
+        .at("h1")
+        .observed(Observed::Found(provisioning("h1")))
+        .now(t0() + secs(16 * 60))
+        .run();
+    assert_eq!(d.action, Action::None);
+    assert_eq!(d.status.phase, Phase::Failed);
+    assert_eq!(ready(&d).1, reason::PROVISIONING_TIMEOUT);
+    assert_eq!(d.requeue_after, None);
+    assert!(d.memory.latch.is_some());
+}
+
+#[test]
+fn a_create_still_running_past_the_deadline_says_so_with_its_progress() {
+    // finding: APX-1
+    let op = OpView::Creating {
+        host: "h1".into(),
+        image: "debian-12".into(),
+        started: t0(),
+        progress: Some((312 << 20, Some(1024 << 20))),
+    };
+    let d = case(proxy())
+        .status(provisioning_status("h1", t0()))
+        .op(op.clone())
+        .now(t0() + secs(60))
+        .run();
+    assert_eq!(d.action, Action::None);
+    let (_, r, m) = ready(&d);
+    assert_eq!(r, reason::CREATING);
+    assert!(m.contains("importing image debian-12: 312/1024 MiB"), "{m}");
+
+    let d = case(proxy())
+        .settings(|s| s.replace_on_deadline = false)
+        .status(provisioning_status("h1", t0()))
+        .op(op)
+        .now(t0() + secs(20 * 60))
+        .run();
+    assert_eq!(d.action, Action::Cancel);
+    assert_eq!(d.status.phase, Phase::Failed);
+    let m = ready(&d).2;
+    assert!(m.contains("create still in progress on host h1"), "{m}");
+}
+
+// ------------------------------------------------------------------ failures
+
+fn transient() -> ProviderError {
+    ProviderError::transient("connection to https://bob:hunter2@h1.example/x?token=t reset")
+}
+
+#[test]
+fn a_transient_failure_is_visible_keeps_phase_and_ip_and_backs_off_without_latching() {
+    // finding: APX-2, D5
+    let mut memory = Memory::default();
+    let mut delays = Vec::new();
+    for _ in 0..8 {
+        let d = case(proxy())
+            .status(running_status("h1", t0()))
+            .at("h1")
+            .observed(Observed::GetFailed(transient()))
+            .memory(memory.clone())
+            .run();
+        assert_eq!(d.action, Action::None);
+        assert_eq!(d.status.phase, Phase::Running, "phase unchanged");
+        assert_eq!(d.status.ip.as_deref(), Some("192.0.2.10"), "IP kept");
+        let (st, r, m) = ready(&d);
+        assert_eq!(
+            (st, r.as_str()),
+            (ConditionStatus::False, reason::TRANSIENT_ERROR)
+        );
+        assert!(
+            m.contains("reset") && !m.contains("hunter2") && !m.contains("token"),
+            "{m}"
+        );
+        assert!(d.events.iter().all(|e| !e.message.contains("hunter2")));
+        assert!(d.memory.latch.is_none(), "transient never latches");
+        delays.push(d.requeue_after.unwrap().as_secs());
+        memory = d.memory;
+    }
+    assert_eq!(delays, [5, 10, 20, 40, 80, 160, 300, 300]);
+    // Non-latching: the next good observation clears it.
+    let d = case(proxy())
+        .status(running_status("h1", t0()))
+        .at("h1")
+        .observed(Observed::Found(running("h1")))
+        .memory(memory)
+        .run();
+    assert_eq!(ready(&d).0, ConditionStatus::True);
+    assert_eq!(d.memory.failures, 0);
+}
+
+#[test]
+fn a_transient_create_failure_keeps_the_proxy_pending_and_retries() {
+    // finding: APX-2
+    let d = case(proxy())
+        .status(provisioning_status("h1", t0()))
+        .op(OpView::CreateFinished {
+            host: "h1".into(),
+            result: Err(ProviderError::quota(
+                "pool images on host h1 has 1 GiB free",
+            )),
+        })
+        .run();
+    assert_eq!(d.action, Action::None);
+    assert_eq!(d.status.phase, Phase::Provisioning);
+    assert_eq!(ready(&d).1, reason::QUOTA_EXCEEDED);
+    assert_eq!(
+        d.status.condition(condition::PROVISIONED).unwrap().reason,
+        reason::QUOTA_EXCEEDED
+    );
+    assert_eq!(d.requeue_after, Some(secs(5)));
+    // After the backoff the next reconcile (nothing known) creates again.
+    let again = case(proxy()).status(d.status).memory(d.memory).run();
+    assert!(matches!(again.action, Action::Create { .. }));
+}
+
+#[test]
+fn a_permanent_failure_latches_until_the_generation_or_the_config_changes() {
+    let failed = case(proxy())
+        .status(provisioning_status("h1", t0()))
+        .op(OpView::CreateFinished {
+            host: "h1".into(),
+            result: Err(ProviderError::permanent(
+                "unsupported configuration: machine q35",
+            )),
+        })
+        .run();
+    assert_eq!(failed.status.phase, Phase::Failed);
+    assert_eq!(failed.requeue_after, None);
+    assert_eq!(
+        failed.memory.latch,
+        Some(Latch {
+            generation: 1,
+            config_digest: DIGEST.into()
+        })
+    );
+    // Same generation and config: nothing happens, nothing is retried.
+    let held = case(proxy())
+        .status(failed.status.clone())
+        .memory(failed.memory.clone())
+        .run();
+    assert_eq!(held.action, Action::None);
+    assert_eq!(held.requeue_after, None);
+    assert_eq!(held.status, failed.status);
+    // A new generation releases it.
+    let gen2 = case(proxy().generation(2))
+        .status(failed.status.clone())
+        .memory(failed.memory.clone())
+        .run();
+    assert!(matches!(gen2.action, Action::Create { .. }));
+    assert!(gen2.events.iter().any(|e| e.reason == reason::RETRYING));
+    // So does a config change.
+    let mut c = case(proxy()).status(failed.status).memory(failed.memory);
+    c.digest = "digest-2".into();
+    assert!(matches!(c.run().action, Action::Create { .. }));
+}
+
+#[test]
+fn spec_problems_are_permanent_conditions_naming_the_field_and_value() {
+    let table: Vec<(Case, &str)> = vec![
+        (
+            case(proxy().with_provider("nope")).no_entry(),
+            "spec.provider: \"nope\"",
+        ),
+        (case(proxy().on_host("h9")), "spec.host: \"h9\""),
+        (case(proxy().with_image("fedora")), "spec.image: \"fedora\""),
+        (
+            case(proxy().with_image("https://evil.invalid/x.img")),
+            "spec.image: \"https://evil.invalid/x.img\"",
+        ),
+        (case(proxy().with_disk(500)), "spec.resources.diskGiB: 500"),
+        (case(proxy().with_vcpus(64)), "spec.resources.vcpus: 64"),
+        (case(proxy().with_disk(0)), "spec.resources.diskGiB"),
+    ];
+    for (c, want) in table {
+        let d = c.run();
+        assert_eq!(d.action, Action::None, "{want}");
+        assert_eq!(d.status.phase, Phase::Failed, "{want}");
+        let (_, r, m) = ready(&d);
+        assert_eq!(r, reason::INVALID_SPEC, "{want}");
+        assert!(m.contains(want), "{want} not in {m}");
+        assert!(d.memory.latch.is_some());
+    }
+}
+
+#[test]
+fn size_arithmetic_is_checked_even_when_the_limits_are_huge() {
+    // finding: L20
+    let mut c = case(proxy().with_disk(u64::MAX));
+    if let Some(e) = c.entry.as_mut() {
+        e.limits.disk_gib = u64::MAX;
+    }
+    let d = c.run();
+    assert_eq!(d.status.phase, Phase::Failed);
+    assert!(ready(&d).2.contains("spec.resources.diskGiB"));
+}
+
+#[test]
+fn missing_credentials_wait_with_backoff_instead_of_latching() {
+    let d = case(proxy().credentials_ref("proxy-auth")).run();
+    assert_eq!(d.action, Action::None);
+    assert_eq!(ready(&d).1, reason::CREDENTIALS_MISSING);
+    assert!(d.memory.latch.is_none());
+    assert!(d.requeue_after.is_some());
+    let d = case(proxy().credentials_ref("proxy-auth").credentials()).run();
+    let Action::Create { req, .. } = d.action else {
+        panic!()
+    };
+    assert!(req.user_data.contains("BasicAuth alice pw"));
+}
+
+#[test]
+fn a_busy_host_read_leaves_the_status_alone_and_looks_again_soon() {
+    // finding: H1
+    let st = running_status("h1", t0());
+    let d = case(proxy())
+        .status(st.clone())
+        .at("h1")
+        .observed(Observed::HostBusy("h1".into()))
+        .run();
+    assert_eq!(d.action, Action::None);
+    assert_eq!(d.status.phase, st.phase);
+    assert_eq!(d.requeue_after, Some(d_settings().poll_provisioning));
+}
+
+// ------------------------------------------------------------------ deletion
+
+#[test]
+fn deleting_with_no_provider_id_deletes_by_uid_on_every_host_of_the_entry() {
+    // finding: M3
+    let d = case(proxy().deleting()).run();
+    assert_eq!(
+        d.action,
+        Action::Delete {
+            hosts: vec!["h1".into(), "h2".into()]
+        }
+    );
+    assert_eq!(d.status.phase, Phase::Terminating);
+    assert!(!d.finalized);
+}
+
+#[test]
+fn deleting_a_placed_proxy_deletes_on_its_host_and_aborts_a_create_in_flight() {
+    // finding: M3
+    let d = case(proxy().deleting()).at("h2").run();
+    assert_eq!(
+        d.action,
+        Action::Delete {
+            hosts: vec!["h2".into()]
+        }
+    );
+    let d = case(proxy().deleting())
+        .op(OpView::Creating {
+            host: "h1".into(),
+            image: "debian-12".into(),
+            started: t0(),
+            progress: None,
+        })
+        .run();
+    assert_eq!(
+        d.action,
+        Action::Delete {
+            hosts: vec!["h1".into()]
+        }
+    );
+}
+
+#[test]
+fn a_finished_delete_finalizes_and_a_failed_one_retries_with_backoff() {
+    let d = case(proxy().deleting())
+        .op(OpView::DeleteFinished { result: Ok(()) })
+        .run();
+    assert!(d.finalized);
+    assert!(d.events.iter().any(|e| e.reason == reason::DELETED));
+    let d = case(proxy().deleting())
+        .op(OpView::DeleteFinished {
+            result: Err(transient()),
+        })
+        .run();
+    assert!(!d.finalized);
+    assert_eq!(d.action, Action::None);
+    assert_eq!(d.status.phase, Phase::Terminating);
+    assert_eq!(d.requeue_after, Some(secs(5)));
+    assert!(d.events.iter().any(|e| e.kind == EventKind::Warning));
+}
+
+#[test]
+fn a_latched_proxy_can_still_be_deleted() {
+    let d = case(proxy().deleting())
+        .memory(Memory {
+            failures: 0,
+            latch: Some(Latch {
+                generation: 1,
+                config_digest: DIGEST.into(),
+            }),
+        })
+        .run();
+    assert!(matches!(d.action, Action::Delete { .. }));
+}
+
+#[test]
+fn a_retry_after_a_failed_create_stays_on_the_same_host_unless_it_is_unhealthy() {
+    let mut st = provisioning_status("h2", t0());
+    st.provider_id = None;
+    let d = case(proxy())
+        .status(st.clone())
+        .load("h1", 0, None)
+        .load("h2", 5, None)
+        .run();
+    assert_eq!(
+        created_host(&d).0,
+        "h2",
+        "converge the partial state where it is"
+    );
+    let d = case(proxy())
+        .status(st)
+        .load("h2", 5, Some(HostState::Unreachable))
+        .run();
+    assert_eq!(created_host(&d).0, "h1");
+}

@@ -1,0 +1,274 @@
+//! Tests of the executor ([`super::Controller`]) over a scripted in-memory provider, with
+//! tokio's paused clock: deadlines, in-flight tracking, per-host slots, shutdown.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use egress_provider::error::{ProviderError, Result};
+use egress_provider::libvirt::config::{
+    HostConfig, ImageFormat, ImageSpec, LibvirtEntry, VirtType,
+};
+use egress_provider::model::{
+    CreateRequest, HostReport, Instance, InstanceState, OwnedInstance, Progress, ProviderId,
+    ProxyUid,
+};
+use egress_provider::provider::Provider;
+
+use super::decide::reason;
+use super::{Controller, ControllerSettings, ProxyObject};
+use crate::model::{Phase, ProxySettings, ProxySpec, ProxyStatus, Resources, condition};
+use crate::providers::{ProviderHandle, Providers};
+
+/// A provider whose calls hang while `hang` is set, and whose creates report progress.
+#[derive(Default)]
+struct Scripted {
+    hang_get: AtomicBool,
+    hang_create: AtomicBool,
+    creates: AtomicU32,
+    deletes: Mutex<Vec<String>>,
+    made: Mutex<BTreeMap<ProxyUid, Instance>>,
+}
+
+fn uid(n: u8) -> ProxyUid {
+    ProxyUid::parse_strict(&format!("0f8fad5b-d9cb-469f-a165-7086772895{n:02x}")).unwrap()
+}
+
+#[async_trait]
+impl Provider for Scripted {
+    fn entry(&self) -> &str {
+        "home"
+    }
+    async fn create(&self, req: &CreateRequest, progress: &dyn Progress) -> Result<Instance> {
+        self.creates.fetch_add(1, Ordering::SeqCst);
+        progress.update(312 << 20, Some(1024 << 20));
+        while self.hang_create.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let inst = Instance {
+            id: ProviderId {
+                entry: "home".into(),
+                host: req.host.clone(),
+                name: format!("ep-home-{}", req.uid.simple()),
+            },
+            uid: req.uid,
+            state: InstanceState::Running,
+            ip: Some("192.0.2.7".parse().unwrap()),
+            mac: "52:54:00:00:00:07".into(),
+        };
+        self.made.lock().unwrap().insert(req.uid, inst.clone());
+        Ok(inst)
+    }
+    async fn get(&self, _id: &ProviderId, uid: &ProxyUid) -> Result<Instance> {
+        if self.hang_get.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        self.made
+            .lock()
+            .unwrap()
+            .get(uid)
+            .cloned()
+            .ok_or_else(|| ProviderError::not_found("gone"))
+    }
+    async fn delete(&self, host: &str, uid: &ProxyUid) -> Result<()> {
+        self.deletes.lock().unwrap().push(host.to_owned());
+        self.made.lock().unwrap().remove(uid);
+        Ok(())
+    }
+    async fn list_owned(&self) -> Result<Vec<OwnedInstance>> {
+        Ok(Vec::new())
+    }
+    async fn check(&self) -> Vec<HostReport> {
+        Vec::new()
+    }
+}
+
+fn entry(max_concurrent: u32) -> LibvirtEntry {
+    let host = |n: &str| HostConfig {
+        name: n.into(),
+        address: format!("{n}.invalid"),
+        user: "root".into(),
+        socket: "/run/libvirt/libvirt-sock".into(),
+        pool: "images".into(),
+        bridge: None,
+        network: None,
+        virt_type: VirtType::Qemu,
+        pool_reserve_gib: 1,
+        ssh_key_file: None,
+        known_hosts_file: None,
+        max_concurrent,
+    };
+    let mut images = BTreeMap::new();
+    images.insert(
+        "debian-12".to_string(),
+        ImageSpec {
+            url: "https://images.invalid/d.qcow2".into(),
+            sha256: Some("a".repeat(64)),
+            format: ImageFormat::Qcow2,
+            firmware: Default::default(),
+        },
+    );
+    LibvirtEntry {
+        name: "home".into(),
+        hosts: vec![host("h1"), host("h2")],
+        images,
+        url_images: Default::default(),
+        max_image_bytes: 1 << 30,
+        guest: Default::default(),
+        timeouts: Default::default(),
+        defaults: Default::default(),
+        limits: Default::default(),
+    }
+}
+
+fn controller(p: Arc<Scripted>, max_concurrent: u32) -> Controller {
+    let h = ProviderHandle::new(entry(max_concurrent), p);
+    Controller::new(
+        Arc::new(Providers::from_handles([h])),
+        ControllerSettings::default(),
+    )
+}
+
+fn obj(n: u8, host: Option<&str>) -> ProxyObject {
+    ProxyObject {
+        namespace: "default".into(),
+        name: format!("p{n}"),
+        uid: uid(n),
+        generation: 1,
+        spec: ProxySpec {
+            provider: "home".into(),
+            host: host.map(str::to_owned),
+            image: "debian-12".into(),
+            resources: Resources::default(),
+            proxy: ProxySettings {
+                allowed_client_cidrs: vec!["10.0.0.0/8".into()],
+                ..ProxySettings::default()
+            },
+        },
+        deleting: false,
+        credentials: None,
+    }
+}
+
+fn now() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+fn ready_reason(s: &ProxyStatus) -> String {
+    s.condition(condition::READY).unwrap().reason.clone()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reconcile_never_outlives_its_deadline_even_when_the_host_never_answers() {
+    // finding: APX-3
+    let p = Arc::new(Scripted::default());
+    let c = controller(p.clone(), 2);
+    let o = obj(1, None);
+    let first = c.reconcile(&o, &ProxyStatus::default(), now()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await; // the create finishes
+    let st = c.reconcile(&o, &first.status, now()).await.status;
+    assert_eq!(st.phase, Phase::Running);
+    p.hang_get.store(true, Ordering::SeqCst);
+    let started = tokio::time::Instant::now();
+    let out = c.reconcile(&o, &st, now()).await;
+    let took = started.elapsed();
+    assert!(
+        took <= ControllerSettings::default().reconcile_deadline,
+        "took {took:?}"
+    );
+    assert_eq!(out.status.phase, Phase::Running, "phase kept");
+    assert_eq!(out.status.ip.as_deref(), Some("192.0.2.7"), "IP kept");
+    assert_eq!(ready_reason(&out.status), reason::TRANSIENT_ERROR);
+    assert!(out.requeue_after.is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_create_runs_in_the_background_and_reconcile_reports_its_progress() {
+    let p = Arc::new(Scripted::default());
+    p.hang_create.store(true, Ordering::SeqCst);
+    let c = controller(p.clone(), 2);
+    let o = obj(1, None);
+    let out = c.reconcile(&o, &ProxyStatus::default(), now()).await;
+    assert_eq!(out.status.phase, Phase::Provisioning);
+    tokio::task::yield_now().await;
+    let out = c.reconcile(&o, &out.status, now()).await;
+    let m = &out.status.condition(condition::READY).unwrap().message;
+    assert!(m.contains("importing image debian-12: 312/1024 MiB"), "{m}");
+    assert_eq!(c.metrics().creates_in_flight, 1);
+    assert_eq!(
+        p.creates.load(Ordering::SeqCst),
+        1,
+        "one create, not one per reconcile"
+    );
+    p.hang_create.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let out = c.reconcile(&o, &out.status, now()).await;
+    assert_eq!(out.status.phase, Phase::Running);
+    assert_eq!(c.metrics().creates_succeeded, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_host_reports_host_busy_while_other_hosts_take_work() {
+    // finding: H1
+    let p = Arc::new(Scripted::default());
+    p.hang_create.store(true, Ordering::SeqCst);
+    let c = controller(p.clone(), 1);
+    let a = c
+        .reconcile(&obj(1, Some("h1")), &ProxyStatus::default(), now())
+        .await;
+    assert_eq!(ready_reason(&a.status), reason::CREATING);
+    let b = c
+        .reconcile(&obj(2, Some("h1")), &ProxyStatus::default(), now())
+        .await;
+    assert_eq!(ready_reason(&b.status), reason::HOST_BUSY);
+    assert_eq!(b.status.phase, Phase::Pending);
+    assert!(b.requeue_after.is_some());
+    let other = c
+        .reconcile(&obj(3, Some("h2")), &ProxyStatus::default(), now())
+        .await;
+    assert_eq!(ready_reason(&other.status), reason::CREATING);
+    assert_eq!(c.metrics().host_busy, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_starts_no_new_work_and_aborts_what_outlives_the_grace() {
+    let p = Arc::new(Scripted::default());
+    p.hang_create.store(true, Ordering::SeqCst);
+    let c = controller(p.clone(), 2);
+    let _ = c
+        .reconcile(&obj(1, None), &ProxyStatus::default(), now())
+        .await;
+    c.shutdown(Duration::from_secs(5)).await;
+    let out = c
+        .reconcile(&obj(2, None), &ProxyStatus::default(), now())
+        .await;
+    assert_eq!(ready_reason(&out.status), reason::SHUTTING_DOWN);
+    assert_eq!(p.creates.load(Ordering::SeqCst), 1);
+    tokio::task::yield_now().await;
+    assert_eq!(c.metrics().creates_in_flight, 0, "aborted after the grace");
+}
+
+#[tokio::test(start_paused = true)]
+async fn deleting_an_unplaced_proxy_reaches_every_host_then_finalizes() {
+    // finding: M3
+    let p = Arc::new(Scripted::default());
+    let c = controller(p.clone(), 2);
+    let mut o = obj(1, None);
+    o.deleting = true;
+    let out = c.reconcile(&o, &ProxyStatus::default(), now()).await;
+    assert!(!out.finalized);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let out = c.reconcile(&o, &out.status, now()).await;
+    assert!(out.finalized);
+    let mut hosts = p.deletes.lock().unwrap().clone();
+    hosts.sort();
+    assert_eq!(hosts, ["h1", "h2"]);
+}

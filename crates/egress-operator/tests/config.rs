@@ -598,3 +598,25 @@ fn an_unreadable_file_is_one_error_naming_the_path() {
     assert_eq!(e.errors.len(), 1);
     assert!(e.to_string().contains("/nonexistent/providers.yaml"), "{e}");
 }
+
+#[test]
+fn a_local_host_needs_no_ssh_files_but_a_remote_one_does() {
+    let local = "providers:\n  - name: home\n    type: libvirt\n    hosts:\n      - name: h1\n        address: local\n        pool: p\n";
+    ok(local);
+    let e = errs(&local.replace("address: local", "address: 10.0.0.1"));
+    assert_eq!(
+        paths(&e),
+        [
+            "providers[0].hosts[0].sshKeyFile",
+            "providers[0].hosts[0].knownHostsFile"
+        ]
+    );
+}
+
+#[test]
+fn the_embedded_default_config_loads_without_ssh_files() {
+    let c = egress_operator::standalone::load_config(None).unwrap();
+    let ProviderEntry::Libvirt(e) = &c.providers[0];
+    assert_eq!(e.hosts[0].address, "local");
+    assert!(e.hosts[0].ssh_key_file.is_none());
+}

@@ -73,8 +73,9 @@ impl Report {
 /// - `pool` and `network` are libvirt object names: 1 to [`MAX_LIBVIRT_NAME_LEN`] bytes, no
 ///   `/`, whitespace or control characters, not starting with `-` or `.`; `bridge` the same
 ///   and at most 15 bytes (a Linux interface name) (L12); at most one of `bridge`/`network`;
-/// - `sshKeyFile` and `knownHostsFile` are set and absolute (the transport is always SSH, even
-///   to localhost; relative paths would depend on the operator's working directory);
+/// - `sshKeyFile` and `knownHostsFile` are set and absolute (the transport is SSH, even to
+///   localhost; relative paths would depend on the operator's working directory) — except for
+///   `address: local` (this machine's libvirt socket, no SSH), where they may be omitted;
 /// - `maxConcurrent` is 1 to [`MAX_HOST_CONCURRENCY`]; `poolReserveGiB` × 2³⁰ fits in u64;
 /// - image URLs are `http`/`https` with a host and no userinfo (L24); an `http://` URL
 ///   needs `sha256` (M17); `sha256` is 64 lowercase hex digits;
@@ -286,18 +287,25 @@ fn host<'a>(
     if let Some(n) = &h.network {
         libvirt_name(r, &format!("{hp}.network"), n, MAX_LIBVIRT_NAME_LEN);
     }
-    abs_path(
-        r,
-        &format!("{hp}.sshKeyFile"),
-        h.ssh_key_file.as_deref(),
-        "the SSH private key",
-    );
-    abs_path(
-        r,
-        &format!("{hp}.knownHostsFile"),
-        h.known_hosts_file.as_deref(),
-        "the known_hosts file (host keys are never trusted on first use)",
-    );
+    // NB: `address: local` is this machine's libvirt socket, reached without SSH: the key
+    // and known_hosts are then optional (still checked when given).
+    let local = h.address == crate::providers::LOCAL_ADDRESS;
+    if !local || h.ssh_key_file.is_some() {
+        abs_path(
+            r,
+            &format!("{hp}.sshKeyFile"),
+            h.ssh_key_file.as_deref(),
+            "the SSH private key",
+        );
+    }
+    if !local || h.known_hosts_file.is_some() {
+        abs_path(
+            r,
+            &format!("{hp}.knownHostsFile"),
+            h.known_hosts_file.as_deref(),
+            "the known_hosts file (host keys are never trusted on first use)",
+        );
+    }
     if h.max_concurrent == 0 || h.max_concurrent > MAX_HOST_CONCURRENCY {
         r.err(
             &format!("{hp}.maxConcurrent"),

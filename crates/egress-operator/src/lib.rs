@@ -5,6 +5,8 @@ pub mod cli;
 pub mod config;
 pub mod controller;
 pub mod gc;
+pub mod health;
+pub mod hosthealth;
 pub mod metrics;
 pub mod model;
 pub mod providers;

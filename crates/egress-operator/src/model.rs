@@ -60,14 +60,28 @@ fn default_namespace() -> String {
 
 /// What a Proxy asks for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.proxy) && ((has(self.proxy.allowedClientCidrs) && size(self.proxy.allowedClientCidrs) > 0) || has(self.proxy.credentialsRef))",
+    "message": "set proxy.allowedClientCidrs or proxy.credentialsRef: a proxy open to everyone is an open relay"
+}])))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ProxySpec {
-    /// The provider entry (its `name` in the provider config).
+    /// The provider entry (its `name` in the provider config). Immutable in Kubernetes: to
+    /// move a Proxy to another entry, delete it and create a new one.
+    // NB: a CEL transition rule, because re-typing a Proxy to another entry would orphan its
+    // instance on the old entry's hosts (finding M2).
+    #[cfg_attr(feature = "schema", schemars(length(min = 1), extend("x-kubernetes-validations" = [{
+        "rule": "self == oldSelf",
+        "message": "spec.provider is immutable: delete the Proxy and create a new one"
+    }])))]
     pub provider: String,
     /// Pin to one host of the entry; otherwise the reconciler places it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
     pub host: Option<String>,
     /// Image: a catalogue key of the entry (or a URL, when the entry allows URL images).
+    #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
     pub image: String,
     /// Size overrides; the entry's `defaults` fill what is omitted.
     #[serde(default)]
@@ -79,21 +93,26 @@ pub struct ProxySpec {
 
 /// Size overrides of a Proxy.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Resources {
     /// Root disk, GiB.
     #[serde(rename = "diskGiB", default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub disk_gib: Option<u64>,
     /// Memory, MiB.
     #[serde(rename = "memoryMiB", default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub memory_mib: Option<u64>,
     /// Virtual CPUs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub vcpus: Option<u32>,
 }
 
 /// Proxy protocol served by the guest.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum ProxyProtocol {
     /// HTTP forward proxy with CONNECT.
@@ -106,20 +125,37 @@ pub enum ProxyProtocol {
 /// Settings of the proxy software in the guest. A proxy is never an open relay: at least one
 /// allowed client CIDR or a credentials reference is required ([`ProxySpec::validate`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ProxySettings {
     /// Listen port.
     #[serde(default = "default_port")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65535)))]
     pub port: u16,
     /// Protocol.
     #[serde(default)]
     pub protocol: ProxyProtocol,
     /// Client networks allowed to use the proxy (CIDR notation).
+    // NB: the item bound keeps the CEL rule's cost estimate within the API server's budget;
+    // 256 networks is far more than an allowlist of client networks needs.
     #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(length(max = 256), extend(
+        "items" = {"type": "string", "format": "cidr", "maxLength": 64},
+        "x-kubernetes-validations" = [{
+            "rule": "self.all(c, isCIDR(c))",
+            "message": "every allowedClientCidrs entry must be a CIDR, e.g. 10.0.0.0/8 or 2001:db8::/32"
+        }]
+    )))]
     pub allowed_client_cidrs: Vec<String>,
     /// Reference to credentials (a Secret name in Kubernetes, a file in standalone mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_ref: Option<String>,
+    /// The egress address the world must see from this proxy: an IP (`203.0.113.7`) or a
+    /// CIDR (`203.0.113.0/24`). When set, a health check that sees another address makes the
+    /// proxy unhealthy with reason `EgressMismatch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 64)))]
+    pub expected_egress: Option<String>,
 }
 
 fn default_port() -> u16 {
@@ -133,6 +169,7 @@ impl Default for ProxySettings {
             protocol: ProxyProtocol::Http,
             allowed_client_cidrs: Vec::new(),
             credentials_ref: None,
+            expected_egress: None,
         }
     }
 }
@@ -198,6 +235,14 @@ impl ProxySpec {
                 );
             }
         }
+        if let Some(e) = &self.proxy.expected_egress
+            && parse_ip_or_cidr(e).is_none()
+        {
+            err(
+                "spec.proxy.expectedEgress".into(),
+                format!("{e:?} is not an IP or a CIDR (e.g. 203.0.113.7 or 203.0.113.0/24)"),
+            );
+        }
         if self.proxy.allowed_client_cidrs.is_empty() && self.proxy.credentials_ref.is_none() {
             err(
                 "spec.proxy".into(),
@@ -219,8 +264,17 @@ pub fn parse_cidr(s: &str) -> Option<(IpAddr, u8)> {
     (len <= max && l == len.to_string()).then_some((ip, len))
 }
 
+/// Parses an IP (as a host-length CIDR) or `addr/len`; `None` when it is neither.
+pub fn parse_ip_or_cidr(s: &str) -> Option<(IpAddr, u8)> {
+    match s.parse::<IpAddr>() {
+        Ok(ip) => Some((ip, if ip.is_ipv4() { 32 } else { 128 })),
+        Err(_) => parse_cidr(s),
+    }
+}
+
 /// Where a Proxy is in its life.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum Phase {
     /// Not yet placed or created.
     #[default]
@@ -263,6 +317,7 @@ pub mod condition {
 
 /// A condition's truth value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum ConditionStatus {
     /// Holds.
     True,
@@ -274,6 +329,7 @@ pub enum ConditionStatus {
 
 /// One condition, as in Kubernetes' `metav1.Condition`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     /// `Provisioned`, `Healthy` or `Ready`.
@@ -314,6 +370,7 @@ impl Condition {
 
 /// What the operator reports about a Proxy.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ProxyStatus {
     /// Phase.
@@ -328,7 +385,12 @@ pub struct ProxyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip: Option<String>,
     /// Conditions.
+    // NB: a map keyed by `type` for server-side apply, as Kubernetes' own conditions are.
     #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend(
+        "x-kubernetes-list-type" = "map",
+        "x-kubernetes-list-map-keys" = ["type"]
+    )))]
     pub conditions: Vec<Condition>,
     /// The spec generation last acted on.
     #[serde(default)]
@@ -339,6 +401,38 @@ pub struct ProxyStatus {
     /// When the address was last seen (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip_seen_at: Option<String>,
+    /// What the proxy health engine last saw through the proxy (absent while health checks
+    /// are off or before the first check).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthStatus>,
+}
+
+/// The proxy health engine's view of one Proxy, as published in its status.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct HealthStatus {
+    /// `true` healthy, `false` unhealthy, absent until enough consecutive results decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy: Option<bool>,
+    /// The address the check target saw the last successful check come from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_ip: Option<String>,
+    /// When the last check finished (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_check: Option<String>,
+    /// Latency of the last successful probe (connect through the proxy to the answer), ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<u64>,
+    /// Consecutive failed checks (0 after a success).
+    #[serde(default)]
+    pub consecutive_failures: u32,
+    /// Consecutive successful checks (0 after a failure).
+    #[serde(default)]
+    pub consecutive_successes: u32,
+    /// Why the last check failed (redacted, bounded), absent after a success.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 impl ProxyStatus {
@@ -418,6 +512,26 @@ mod tests {
         let mut open = spec();
         open.proxy.allowed_client_cidrs.clear();
         assert_eq!(open.validate()[0].path, "spec.proxy");
+    }
+
+    #[test]
+    fn expected_egress_accepts_an_ip_or_a_cidr_and_names_its_path_otherwise() {
+        let mut s = spec();
+        for ok in [
+            "203.0.113.7",
+            "203.0.113.0/24",
+            "2001:db8::1",
+            "2001:db8::/32",
+        ] {
+            s.proxy.expected_egress = Some(ok.into());
+            assert!(s.validate().is_empty(), "{ok}");
+        }
+        s.proxy.expected_egress = Some("203.0.113.0/33".into());
+        assert_eq!(s.validate()[0].path, "spec.proxy.expectedEgress");
+        let y = "provider: home\nimage: debian-12\nproxy:\n  allowedClientCidrs: [10.0.0.0/8]\n  \
+                 expectedEgress: 203.0.113.7\n";
+        let parsed: ProxySpec = serde_saphyr::from_str(y).unwrap();
+        assert_eq!(parsed.proxy.expected_egress.as_deref(), Some("203.0.113.7"));
     }
 
     #[test]

@@ -113,6 +113,7 @@ fn setup() -> Setup {
             sha256: Some(digest()),
             format: ImageFormat::Qcow2,
             firmware: Default::default(),
+            ca_file: None,
         },
     );
     let entry = LibvirtEntry {

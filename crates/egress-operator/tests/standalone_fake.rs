@@ -117,6 +117,7 @@ async fn world(host_names: &[&str], dhcp: bool) -> World {
             sha256: Some(sha(&image)),
             format: ImageFormat::Qcow2,
             firmware: Default::default(),
+            ca_file: None,
         },
     );
     let entry = LibvirtEntry {

@@ -247,6 +247,7 @@ async fn main() {
             sha256: Some(digest),
             format: ImageFormat::Raw,
             firmware: Default::default(),
+            ca_file: None,
         },
     );
     let host = HostConfig {

@@ -173,6 +173,7 @@ async fn what_the_host_lacks_is_named_and_makes_it_degraded() {
             sha256: None,
             format: ImageFormat::Qcow2,
             firmware: Firmware::Uefi,
+            ca_file: None,
         },
     );
     let pool = pool_of(e, FakeConnector::with(&[("h1", &fake, Dial::Ok)]));
@@ -292,7 +293,7 @@ async fn a_round_timeout_that_cannot_cover_the_dial_budget_is_refused() {
         FakeConnector::with(&[("h1", &fake, Dial::Ok)]),
     );
     let opts = CheckOptions {
-        round_timeout: Duration::from_secs(10),
+        round_timeout: Some(Duration::from_secs(10)),
         ..CheckOptions::default()
     };
     let e = check_all(&pool, &opts).await.unwrap_err();
@@ -306,12 +307,20 @@ async fn a_round_timeout_that_cannot_cover_the_dial_budget_is_refused() {
         FakeConnector::with(&[]),
     );
     let opts = CheckOptions {
+        round_timeout: Some(Duration::from_secs(60)),
         max_parallel: 1,
         ..CheckOptions::default()
     };
     assert!(opts.validate(&pool).is_err());
+    // Unset, the round timeout is computed from the waves and always covers them.
     let opts = CheckOptions {
-        round_timeout: Duration::from_secs(150),
+        max_parallel: 1,
+        ..CheckOptions::default()
+    };
+    opts.validate(&pool).unwrap();
+    assert!(opts.effective_round_timeout(&pool) >= Duration::from_secs(3 * 50));
+    let opts = CheckOptions {
+        round_timeout: Some(Duration::from_secs(150)),
         max_parallel: 1,
         ..CheckOptions::default()
     };
@@ -378,7 +387,7 @@ async fn many_hosts_are_checked_with_bounded_fan_out_in_entry_order() {
     );
     let opts = CheckOptions {
         max_parallel: 2,
-        round_timeout: Duration::from_secs(150),
+        round_timeout: Some(Duration::from_secs(150)),
         ..CheckOptions::default()
     };
     let reports = check_all(&pool, &opts).await.unwrap();
@@ -522,4 +531,30 @@ async fn a_host_whose_sshd_refuses_is_unreachable_with_its_reason() {
     let r = check_host(&pool, "h1").await;
     assert_eq!(r.state, HostState::Unreachable, "{r:?}");
     assert!(r.error.as_deref().unwrap().contains("h1"), "{r:?}");
+}
+
+#[tokio::test]
+async fn an_entry_of_many_hosts_is_checked_with_the_default_options() {
+    // finding: L17
+    // 40 hosts with the default 10 s dial: a fixed 60 s round used to refuse the whole round,
+    // so every host read Degraded and received no placements.
+    let fake = fake_with_pool();
+    let names: Vec<String> = (0..40).map(|i| format!("h{i}")).collect();
+    let dials: Vec<(&str, &FakeLibvirt, Dial)> = names
+        .iter()
+        .map(|n| (n.as_str(), &fake, Dial::Ok))
+        .collect();
+    let pool = pool_of(
+        entry(
+            names.iter().map(|n| host(n)).collect(),
+            Duration::from_secs(10),
+        ),
+        FakeConnector::with(&dials),
+    );
+    let reports = check_all(&pool, &CheckOptions::default()).await.unwrap();
+    assert_eq!(reports.len(), 40);
+    assert!(
+        reports.iter().all(|r| r.state == HostState::Ready),
+        "{reports:?}"
+    );
 }

@@ -82,6 +82,7 @@ async fn setup() -> Setup {
             sha256: Some(sha(&image)),
             format: ImageFormat::Qcow2,
             firmware: Default::default(),
+            ca_file: None,
         },
     );
     let entry = LibvirtEntry {

@@ -51,6 +51,7 @@ fn spec(url: &str, sha256: Option<&str>, format: ImageFormat) -> ImageSpec {
         sha256: sha256.map(str::to_owned),
         format,
         firmware: Firmware::Bios,
+        ca_file: None,
     }
 }
 

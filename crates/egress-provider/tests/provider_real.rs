@@ -111,6 +111,7 @@ fn provider_with(
             sha256: Some(sha(image)),
             format: ImageFormat::Qcow2,
             firmware: Default::default(),
+            ca_file: None,
         },
     );
     let e = LibvirtEntry {

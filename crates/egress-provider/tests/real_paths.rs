@@ -76,6 +76,9 @@ const BUSY_POLL: Duration = Duration::from_millis(20);
 const UPLOAD_BYTES: usize = 1 << 20;
 /// Where libvirt's network driver reads a bridge's DHCP leases.
 const DNSMASQ_DIR: &str = "/var/lib/libvirt/dnsmasq";
+/// The network namespace `.ci/setup-host` starts libvirtd in: its bridges (and so their
+/// neighbour tables, which libvirt's ARP source reads) live there, not in ours.
+const LIBVIRT_NETNS: &str = "egress-proxies";
 
 // ---------------------------------------------------------------- names and sweep
 
@@ -227,9 +230,20 @@ impl Drop for NetGuard {
     }
 }
 
+/// Runs `ip` in libvirtd's network namespace (where its bridges are) when `.ci/setup-host`
+/// created it, else in ours (a libvirtd started by hand in the root namespace).
 fn ip_cmd(args: &[&str]) -> std::process::Output {
+    let in_ns: &[&str] = if std::path::Path::new("/run/netns")
+        .join(LIBVIRT_NETNS)
+        .exists()
+    {
+        &["-n", LIBVIRT_NETNS]
+    } else {
+        &[]
+    };
     Command::new("timeout")
         .args([VIRSH_TIMEOUT_SECS, "ip"])
+        .args(in_ns)
         .args(args)
         .stdin(Stdio::null())
         .output()

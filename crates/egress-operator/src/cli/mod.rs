@@ -14,6 +14,7 @@
 //!   without the orphan rules of [`crate::gc`].
 
 mod check;
+mod echo;
 mod gc;
 mod images;
 mod progress;
@@ -68,7 +69,9 @@ pub enum Command {
     /// Run the operator without Kubernetes: Proxy manifests from a directory, status over HTTP.
     ///
     /// Reconciles every Proxy manifest in --proxies against the hosts of the provider config,
-    /// serves /status, /metrics, /healthz and /readyz on --listen, and stops gracefully on
+    /// serves /status, /proxies, /hosts, /healthy.txt, /metrics, /healthz and /readyz on
+    /// --listen (with --health-target, every proxy is checked through itself and /healthy.txt
+    /// lists the healthy ones as ip:port), and stops gracefully on
     /// SIGTERM or SIGINT (exit 0). A rejected config or manifest directory is exit 2.
     #[command(after_help = AFTER_HELP)]
     Standalone(standalone::StandaloneArgs),
@@ -86,6 +89,12 @@ pub enum Command {
     /// with bad manifests. Exit 1 when a listing or a deletion failed.
     #[command(after_help = AFTER_HELP)]
     Gc(gc::GcArgs),
+    /// Serve the health check target: answers every GET with the caller's IP on one line.
+    ///
+    /// Run it where the proxies can reach it and give its URL to `standalone
+    /// --health-target`; the health engine then reports the egress IP of every proxy.
+    #[command(after_help = AFTER_HELP)]
+    Echo(echo::EchoArgs),
 }
 
 /// Whether a failure is the user's input (exit 2) rather than the world (exit 1).
@@ -146,13 +155,14 @@ async fn dispatch(cmd: Command) -> anyhow::Result<u8> {
         Command::Standalone(a) => standalone::run(a).await,
         Command::Status(a) => status::run(a).await,
         Command::Gc(a) => gc::run(a).await,
+        Command::Echo(a) => echo::run(a).await,
     }
 }
 
 /// `info` for the long-running `standalone` (its log is its output), `warn` for the rest.
 fn default_log_level(cmd: &Command) -> &'static str {
     match cmd {
-        Command::Standalone(_) => "info",
+        Command::Standalone(_) | Command::Echo(_) => "info",
         _ => "warn",
     }
 }
@@ -166,6 +176,43 @@ fn init_tracing(default: &str) {
         .with_writer(std::io::stderr)
         .with_target(false)
         .try_init();
+}
+
+/// Proxy health-check arguments (shared by the drivers' commands).
+#[derive(Debug, Clone, clap::Args)]
+pub struct HealthArgs {
+    /// Check every proxy through itself against this target (an `egress-proxies echo`, or any
+    /// http:// URL answering the caller's IP as plain text or JSON `{"ip": ...}`); without it
+    /// proxy health checks are off.
+    #[arg(long, value_name = "URL", env = "EGRESS_PROXIES_HEALTH_TARGET")]
+    pub health_target: Option<String>,
+    /// Pause between health rounds (a random jitter of up to 10% is added).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
+          default_value = "30s")]
+    pub health_interval: std::time::Duration,
+    /// Health probes in flight at once.
+    #[arg(long, value_name = "N", default_value_t = crate::health::DEFAULT_CONCURRENCY)]
+    pub health_concurrency: usize,
+}
+
+impl HealthArgs {
+    /// The engine settings, `None` when no target is given; a bad URL or a zero concurrency
+    /// is a usage error.
+    pub fn settings(&self) -> Result<Option<crate::health::HealthSettings>, UsageError> {
+        let Some(url) = &self.health_target else {
+            return Ok(None);
+        };
+        let target = crate::health::probe::CheckTarget::parse(url)
+            .map_err(|e| UsageError::new(format!("--health-target: {e}")))?;
+        if self.health_concurrency == 0 {
+            return Err(UsageError::new("--health-concurrency must be at least 1"));
+        }
+        let mut s = crate::health::HealthSettings::new(target);
+        s.interval = self.health_interval;
+        s.jitter = self.health_interval / 10;
+        s.concurrency = self.health_concurrency;
+        Ok(Some(s))
+    }
 }
 
 /// Loads and validates the provider config at `path`: warnings go to stderr; a rejected file

@@ -54,6 +54,9 @@ pub struct StandaloneArgs {
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
           default_value = "60s")]
     shutdown_grace: Duration,
+    /// Proxy health checks (through each proxy, to an echo target).
+    #[command(flatten)]
+    health: super::HealthArgs,
 }
 
 /// Runs `standalone` until a signal.
@@ -71,6 +74,7 @@ pub async fn run(a: StandaloneArgs) -> anyhow::Result<u8> {
     opts.check_interval = a.check_interval;
     opts.controller.provisioning_deadline = a.provisioning_deadline;
     opts.shutdown_grace = a.shutdown_grace;
+    opts.health = a.health.settings()?;
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         listen = %opts.listen,

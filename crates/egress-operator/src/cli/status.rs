@@ -1,5 +1,7 @@
 //! `egress-proxies status [--server URL] [--json]`: what a running `egress-proxies
-//! standalone` reports at `GET /status`, as a table.
+//! standalone` reports at `GET /status`, as a table: phase, host, address, whether traffic
+//! through the proxy works (HEALTHY: `yes`, `no`, `?` before the health engine decided, `-`
+//! when health checks are off) and the EGRESS IP the check target saw.
 //!
 //! Guarantees: one HTTP GET to the given server and nothing else (no libvirt host is
 //! contacted); bounded by [`STATUS_CONNECT_TIMEOUT`] and [`STATUS_TIMEOUT`]; a body larger
@@ -127,7 +129,16 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
 
 /// The table of proxies, then host problems and manifest errors.
 pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
-    let mut t = Table::new(&["NAMESPACE/NAME", "PHASE", "HOST", "IP", "AGE", "LAST ERROR"]);
+    let mut t = Table::new(&[
+        "NAMESPACE/NAME",
+        "PHASE",
+        "HOST",
+        "IP",
+        "HEALTHY",
+        "EGRESS IP",
+        "AGE",
+        "LAST ERROR",
+    ]);
     for p in &doc.proxies {
         let age = humantime::parse_rfc3339_weak(&p.created_at)
             .ok()
@@ -138,6 +149,16 @@ pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
             p.phase.as_str().to_owned(),
             p.host.clone().unwrap_or_else(|| "-".into()),
             p.ip.clone().unwrap_or_else(|| "-".into()),
+            match (&p.health, p.healthy()) {
+                (None, _) => "-".into(),
+                (Some(_), None) => "?".into(),
+                (Some(_), Some(true)) => "yes".into(),
+                (Some(_), Some(false)) => "no".into(),
+            },
+            p.health
+                .as_ref()
+                .and_then(|h| h.egress_ip.clone())
+                .unwrap_or_else(|| "-".into()),
             age,
             p.last_error.as_deref().map_or_else(
                 || "-".into(),
@@ -191,6 +212,8 @@ mod tests {
                 created_at: "2026-01-01T00:00:00Z".into(),
                 last_error: Some(long.clone()),
                 conditions: vec![],
+                port: Some(3128),
+                health: None,
             }],
             hosts: vec![HostRow {
                 entry: "home".into(),
@@ -204,7 +227,7 @@ mod tests {
         let out = render(&doc, now);
         let row = out.lines().nth(1).unwrap_or_default();
         assert!(
-            row.starts_with("default/p1      Provisioning  h1    -   2h   eee"),
+            row.starts_with("default/p1      Provisioning  h1    -   -        -          2h   eee"),
             "{out}"
         );
         assert!(!out.contains(&long), "truncated: {out}");
@@ -213,5 +236,46 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("manifest error: a.yaml: bad"), "{out}");
+    }
+
+    #[test]
+    fn the_table_shows_health_and_the_egress_ip() {
+        use crate::model::HealthStatus;
+        let row = |name: &str, healthy: Option<bool>| ProxyStatusRow {
+            namespace: "default".into(),
+            name: name.into(),
+            uid: "0f8fad5b-d9cb-469f-a165-70867728950e".into(),
+            phase: Phase::Running,
+            host: Some("h1".into()),
+            ip: Some("192.0.2.1".into()),
+            provider_id: None,
+            created_at: "2026-01-01T00:00:00Z".into(),
+            last_error: None,
+            conditions: vec![],
+            port: Some(3128),
+            health: Some(HealthStatus {
+                healthy,
+                egress_ip: Some("203.0.113.7".into()),
+                ..HealthStatus::default()
+            }),
+        };
+        let doc = StatusDocument {
+            generated_at: "2026-01-01T02:00:00Z".into(),
+            proxies: vec![row("a", Some(true)), row("b", Some(false)), row("c", None)],
+            hosts: vec![],
+            manifest_errors: vec![],
+        };
+        let out = render(&doc, SystemTime::UNIX_EPOCH);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines
+                .first()
+                .is_some_and(|l| l.contains("HEALTHY  EGRESS IP")),
+            "{out}"
+        );
+        for (line, want) in lines.iter().skip(1).zip(["yes", "no", "?"]) {
+            assert!(line.contains(&format!("192.0.2.1  {want}")), "{out}");
+            assert!(line.contains("203.0.113.7"), "{out}");
+        }
     }
 }

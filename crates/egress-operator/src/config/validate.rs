@@ -78,7 +78,9 @@ impl Report {
 ///   `address: local` (this machine's libvirt socket, no SSH), where they may be omitted;
 /// - `maxConcurrent` is 1 to [`MAX_HOST_CONCURRENCY`]; `poolReserveGiB` × 2³⁰ fits in u64;
 /// - image URLs are `http`/`https` with a host and no userinfo (L24); an `http://` URL
-///   needs `sha256` (M17); `sha256` is 64 lowercase hex digits;
+///   needs `sha256` (M17); `sha256` is 64 lowercase hex digits; `caFile`, when set, is an
+///   absolute path (not opened here: no I/O at load; the provider reads it once, on the
+///   first download, and reports an unreadable file naming the setting);
 /// - `urlImages.allowedHosts` is non-empty when URL images are enabled, and each is a host
 ///   name (no scheme, port or path);
 /// - `maxImageBytes` > 0;
@@ -95,7 +97,8 @@ impl Report {
 /// Warnings: a host with neither `bridge` nor `network` (the guest gets no NIC, so the
 /// proxy is unreachable: useful only for tests); two hosts (in any entries) with the same
 /// address, socket and pool (they share the pool's space and its volumes' namespace, the
-/// seed's H4 scenario); `urlImages.allowedHosts` set while URL images are disabled.
+/// seed's H4 scenario); `urlImages.allowedHosts` set while URL images are disabled; a
+/// `caFile` on a plain `http://` image (used only if it redirects to https).
 pub fn validate(providers: &[ProviderEntry]) -> (Vec<ConfigError>, Vec<ConfigWarning>) {
     let mut r = Report::default();
     if providers.is_empty() {
@@ -185,6 +188,17 @@ fn libvirt_entry<'a>(
                 ),
             ),
             _ => {}
+        }
+        if let Some(ca) = &img.ca_file {
+            let cp = format!("{kp}.caFile");
+            abs_path(r, &cp, Some(ca.as_path()), "a PEM file of CA certificates");
+            if scheme.as_deref() == Some("http") {
+                r.warn(
+                    &cp,
+                    "is used only if the plain http:// URL redirects to https://; give the \
+                     https:// URL of the mirror",
+                );
+            }
         }
     }
     let up = format!("{path}.urlImages.allowedHosts");
@@ -634,4 +648,70 @@ fn bounded(r: &mut Report, p: &str, v: u64, lo: u64, hi: u64, unit: u64) -> bool
         return false;
     }
     true
+}
+
+#[cfg(test)]
+mod ca_file_tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )]
+
+    use crate::config::parse;
+
+    const BASE: &str = "providers:
+  - name: home
+    type: libvirt
+    hosts:
+      - name: h1
+        address: local
+    images:
+      mirror:
+        url: https://mirror.example/img.qcow2
+";
+
+    fn with_ca(url: &str, ca: &str) -> String {
+        BASE.replace("https://mirror.example/img.qcow2", url) + &format!("        caFile: {ca}\n")
+    }
+
+    #[test]
+    fn an_absolute_ca_file_on_an_https_image_loads_without_reading_it() {
+        // The file does not exist: load does no I/O, the provider reads it on first use.
+        let text = with_ca("https://mirror.example/img.qcow2", "/nonexistent/ca.pem");
+        let cfg = parse(&text, "test.yaml").unwrap();
+        assert!(
+            !cfg.warnings.iter().any(|w| w.path.contains("caFile")),
+            "{:?}",
+            cfg.warnings
+        );
+    }
+
+    #[test]
+    fn a_relative_ca_file_is_rejected_naming_the_field() {
+        let text = with_ca("https://mirror.example/img.qcow2", "certs/ca.pem");
+        let errs = parse(&text, "test.yaml").unwrap_err();
+        let e = errs
+            .errors
+            .iter()
+            .find(|e| e.path.ends_with("images.mirror.caFile"))
+            .unwrap_or_else(|| panic!("no caFile error in {errs:?}"));
+        assert!(e.message.contains("relative"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_ca_file_on_a_plain_http_image_is_a_warning() {
+        let sha = "0".repeat(64);
+        let text = with_ca("http://mirror.example/img.qcow2", "/etc/ca.pem")
+            + &format!("        sha256: \"{sha}\"\n");
+        let cfg = parse(&text, "test.yaml").unwrap();
+        assert!(
+            cfg.warnings
+                .iter()
+                .any(|w| w.path.ends_with("images.mirror.caFile")),
+            "{:?}",
+            cfg.warnings
+        );
+    }
 }

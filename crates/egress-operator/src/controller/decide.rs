@@ -58,6 +58,8 @@ pub mod reason {
     pub const PERMANENT_ERROR: &str = "PermanentError";
     /// The host lacks capacity.
     pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
+    /// No host of the entry accepts new proxies (unhealthy, or its pool below the reserve).
+    pub const NO_USABLE_HOST: &str = "NoUsableHost";
     /// The provisioning deadline passed (APX-1).
     pub const PROVISIONING_TIMEOUT: &str = "ProvisioningTimeout";
     /// The hypervisor paused the instance (M1).
@@ -635,24 +637,60 @@ pub fn sizes(obj: &ProxyObject, entry: &LibvirtEntry) -> Result<(u64, u64, u32),
     }
 }
 
-/// Where to place: the pin, else the healthy host with the fewest proxies of this entry
-/// (ties by name); hosts whose last report is not Ready are skipped while another is usable.
+/// Where to place: the pin when it accepts placements, else the host accepting placements
+/// with the fewest proxies of this entry (ties by name). A host accepts placements only when
+/// its last report is Ready or it has none yet ([`crate::hosthealth::accepts_placements`]):
+/// an unhealthy host, or one whose pool is at or below its reserve (reported Degraded), gets
+/// no new proxies (issue 6). `None` when no host qualifies.
 pub fn place(
     entry: &LibvirtEntry,
     pinned: Option<&str>,
     hosts: &BTreeMap<String, HostInfo>,
 ) -> Option<String> {
-    if let Some(p) = pinned {
-        return Some(p.to_owned());
-    }
     let info = |n: &str| hosts.get(n).copied().unwrap_or_default();
-    let usable = |n: &str| matches!(info(n).health, None | Some(HostState::Ready));
-    let names: Vec<&str> = entry.hosts.iter().map(|h| h.name.as_str()).collect();
-    let healthy: Vec<&str> = names.iter().copied().filter(|n| usable(n)).collect();
-    let pool = if healthy.is_empty() { names } else { healthy };
-    pool.into_iter()
+    let usable = |n: &str| crate::hosthealth::accepts_placements(info(n).health);
+    if let Some(p) = pinned {
+        return usable(p).then(|| p.to_owned());
+    }
+    entry
+        .hosts
+        .iter()
+        .map(|h| h.name.as_str())
+        .filter(|n| usable(n))
         .min_by(|a, b| info(a).load.cmp(&info(b).load).then_with(|| a.cmp(b)))
         .map(str::to_owned)
+}
+
+/// Why no host was chosen: each host with its last state.
+fn no_usable_host(
+    entry: &LibvirtEntry,
+    pinned: Option<&str>,
+    hosts: &BTreeMap<String, HostInfo>,
+) -> String {
+    let state = |n: &str| {
+        hosts
+            .get(n)
+            .and_then(|x| x.health)
+            .map_or_else(|| "unchecked".to_owned(), |s| format!("{s:?}"))
+    };
+    match pinned {
+        Some(p) => format!(
+            "host {p} (spec.host) is {}: no new proxies on a host that is not Ready; waiting",
+            state(p)
+        ),
+        None => {
+            let list: Vec<String> = entry
+                .hosts
+                .iter()
+                .map(|h| format!("{} {}", h.name, state(&h.name)))
+                .collect();
+            format!(
+                "no host of provider entry {:?} takes new proxies ({}); waiting for one to be Ready",
+                entry.name,
+                list.join(", ")
+            )
+        }
+    }
 }
 
 /// The create request for `obj` on `host`, or why it cannot be made yet.
@@ -697,10 +735,21 @@ fn start_create(
     why: &str,
 ) -> Decision {
     let i = cx.i;
-    let pinned = i.obj.spec.host.as_deref().or(prefer);
-    let Some(host) = place(entry.config, pinned, i.hosts) else {
+    let pin = i.obj.spec.host.as_deref();
+    let pinned = pin.or(prefer);
+    if entry.config.hosts.is_empty() {
         let msg = format!("provider entry {:?} has no hosts", entry.config.name);
         return cx.latch(reason::INVALID_SPEC, &msg, Action::None);
+    }
+    // A preferred (sticky) host that stopped accepting placements yields to the others.
+    let chosen = place(entry.config, pinned, i.hosts).or_else(|| {
+        pin.is_none()
+            .then(|| place(entry.config, None, i.hosts))
+            .flatten()
+    });
+    let Some(host) = chosen else {
+        let msg = no_usable_host(entry.config, pin, i.hosts);
+        return cx.retry(reason::NO_USABLE_HOST, &msg, Action::None);
     };
     let req = match request(i.obj, entry.config, &host) {
         Ok(r) => r,

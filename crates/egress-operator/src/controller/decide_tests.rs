@@ -64,6 +64,7 @@ fn entry() -> LibvirtEntry {
             sha256: Some("a".repeat(64)),
             format: ImageFormat::Qcow2,
             firmware: Default::default(),
+            ca_file: None,
         },
     );
     LibvirtEntry {
@@ -343,21 +344,24 @@ fn placement_follows_the_pin_then_the_fewest_proxies_then_the_name() {
 }
 
 #[test]
-fn placement_skips_a_host_whose_last_report_is_not_ready_while_another_is_usable() {
+fn placement_never_uses_a_host_whose_last_report_is_not_ready() {
     let c = case(proxy())
         .load("h1", 0, Some(HostState::Unreachable))
         .load("h2", 5, Some(HostState::Ready));
     assert_eq!(created_host(&c.run()).0, "h2");
-    let c = case(proxy()).load("h1", 1, Some(HostState::Timeout)).load(
-        "h2",
-        0,
-        Some(HostState::Degraded),
-    );
-    assert_eq!(
-        created_host(&c.run()).0,
-        "h2",
-        "all unhealthy: least loaded"
-    );
+    // All unhealthy (a Degraded host includes a pool below its reserve): nothing is placed;
+    // the Proxy waits with a retryable reason naming each host's state (issue 6).
+    for p in [proxy(), proxy().on_host("h2")] {
+        let d = case(p)
+            .load("h1", 1, Some(HostState::Timeout))
+            .load("h2", 0, Some(HostState::Degraded))
+            .run();
+        assert_eq!(d.action, Action::None, "all unhealthy: nothing placed");
+        let ready = d.status.condition("Ready").unwrap();
+        assert_eq!(ready.reason, "NoUsableHost");
+        assert!(ready.message.contains("Degraded"), "{}", ready.message);
+        assert!(d.requeue_after.is_some());
+    }
 }
 
 #[test]

@@ -114,6 +114,7 @@ fn entry(max_concurrent: u32) -> LibvirtEntry {
             sha256: Some("a".repeat(64)),
             format: ImageFormat::Qcow2,
             firmware: Default::default(),
+            ca_file: None,
         },
     );
     LibvirtEntry {

@@ -59,6 +59,19 @@ impl HostLimits {
     pub fn try_read(&self, entry: &str, host: &str, max: u32) -> Option<Slot> {
         self.try_take(entry, host, max, Kind::Read)
     }
+
+    /// How many work slots on `host` of `entry` are free now: a snapshot for placement (no
+    /// slot is taken, so the answer may be stale by the time a caller acts on it).
+    pub fn work_available(&self, entry: &str, host: &str, max: u32) -> usize {
+        let max = max.max(1);
+        let pools = self
+            .pools
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        pools
+            .get(&(entry.to_owned(), host.to_owned(), max, Kind::Work))
+            .map_or(max as usize, |s| s.available_permits())
+    }
 }
 
 #[cfg(test)]
@@ -77,7 +90,14 @@ mod tests {
             l.try_read("e", "a", 2).is_some(),
             "reads have their own slots"
         );
+        assert_eq!(l.work_available("e", "a", 2), 0);
+        assert_eq!(
+            l.work_available("e", "c", 2),
+            2,
+            "an unused host has every slot"
+        );
         drop(a1);
+        assert_eq!(l.work_available("e", "a", 2), 1);
         assert!(
             l.try_work("e", "a", 2).is_some(),
             "a dropped slot is free again"

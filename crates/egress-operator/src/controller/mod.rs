@@ -18,6 +18,9 @@
 //!   continues and is picked up by the next reconcile).
 //! - Every message put in a status or an event is redacted ([`crate::model::Condition`] does
 //!   it; finding D5).
+//! - Image bytes a create transfers are counted as its progress arrives
+//!   ([`Controller::image_bytes`], a monotonic total a driver exports as a metric), so a long
+//!   import shows its throughput while it runs, not only when it ends.
 
 pub mod backoff;
 pub mod decide;
@@ -29,7 +32,7 @@ pub mod limits;
 pub mod metrics;
 pub mod userdata;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -91,10 +94,22 @@ pub const CREATE_SLACK: Duration = Duration::from_secs(120);
 // NB: lock, capability probe, pool refresh, volume creates, seed upload, define, start: ~10
 // sequential calls, each bounded by `timeouts.call`.
 pub const CREATE_CALL_BUDGETS: u32 = 10;
+/// Load added, in the placement's view, to a host whose work slots are all taken.
+// NB: placement picks the least loaded host; without this a Proxy refused on a full host is
+// placed there again while another host has a free slot, and waits for its next poll. 2^20 is
+// above any real number of proxies on one host, so every host that can start work now sorts
+// first, and full hosts keep their order by real load among themselves.
+const FULL_HOST_LOAD: usize = 1 << 20;
 /// Share of the reconcile deadline a provider `get` may use (numerator / denominator).
 // NB: three quarters leaves the rest for deciding and reporting; the outer deadline still
 // bounds the whole call.
 const GET_SHARE: (u32, u32) = (3, 4);
+
+/// How the controller tells its driver that a Proxy's reconcile can make progress now: its
+/// create or delete finished, or a host slot it was refused freed up. The driver queues the
+/// UID (e.g. standalone's de-duplicating work queue); it must not block. See
+/// [`Controller::set_waker`].
+pub type Waker = Arc<dyn Fn(ProxyUid) + Send + Sync>;
 
 /// What a driver knows about one Proxy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -228,11 +243,18 @@ struct ProgressCell {
     /// `u64::MAX` = unknown.
     total: AtomicU64,
     seen: AtomicBool,
+    /// The controller's running total of image bytes, fed with each update's increase.
+    image_bytes: Option<Arc<AtomicU64>>,
 }
 
 impl Progress for ProgressCell {
     fn update(&self, done: u64, total: Option<u64>) {
-        self.done.store(done, Ordering::Relaxed);
+        let before = self.done.swap(done, Ordering::Relaxed);
+        if let Some(sum) = &self.image_bytes {
+            // `done` is cumulative per transfer; a smaller value is a new transfer from 0.
+            let added = if done >= before { done - before } else { done };
+            sum.fetch_add(added, Ordering::Relaxed);
+        }
         self.total
             .store(total.unwrap_or(u64::MAX), Ordering::Relaxed);
         self.seen.store(true, Ordering::Relaxed);
@@ -287,6 +309,52 @@ struct State {
     locations: HashMap<ProxyUid, ProviderId>,
     /// Last reported health per (entry, host).
     health: HashMap<(String, String), HostState>,
+    /// When each UID's instance was created: its mark's time from a listing, or when a
+    /// create of it succeeded in this process.
+    created: HashMap<ProxyUid, SystemTime>,
+    /// UIDs refused a work slot, per (entry, host), oldest first, with whether the Proxy is
+    /// pinned to that host; each UID at most once per host (bounded by the number of
+    /// Proxies). A freed slot wakes a waiter (see [`State::take_waiter`]).
+    waiting: HashMap<(String, String), VecDeque<(ProxyUid, bool)>>,
+}
+
+impl State {
+    fn wait_for_slot(&mut self, entry: &str, host: &str, uid: ProxyUid, pinned: bool) {
+        let q = self
+            .waiting
+            .entry((entry.to_owned(), host.to_owned()))
+            .or_default();
+        if !q.iter().any(|(u, _)| *u == uid) {
+            q.push_back((uid, pinned));
+        }
+    }
+
+    /// The waiter to wake for a freed slot on `host`: the oldest refused on that host, else
+    /// the oldest unpinned one refused on another host of the entry (placement sends it to a
+    /// host with a free slot, see [`FULL_HOST_LOAD`]); a pinned Proxy is only woken for its
+    /// own host, where it can use the slot.
+    fn take_waiter(&mut self, entry: &str, host: &str) -> Option<ProxyUid> {
+        let key = (entry.to_owned(), host.to_owned());
+        let own = self.waiting.get_mut(&key).and_then(VecDeque::pop_front);
+        let found = own.map(|(u, _)| u).or_else(|| {
+            self.waiting
+                .iter_mut()
+                .filter(|((e, _), _)| e == entry)
+                .find_map(|(_, q)| {
+                    let i = q.iter().position(|(_, pinned)| !pinned)?;
+                    q.remove(i).map(|(u, _)| u)
+                })
+        });
+        self.waiting.retain(|_, q| !q.is_empty());
+        found
+    }
+
+    fn forget_waiter(&mut self, uid: &ProxyUid) {
+        self.waiting.retain(|_, q| {
+            q.retain(|(u, _)| u != uid);
+            !q.is_empty()
+        });
+    }
 }
 
 struct Inner {
@@ -297,6 +365,26 @@ struct Inner {
     counters: Counters,
     tracker: TaskTracker,
     stopping: AtomicBool,
+    /// Image bytes transferred by creates (their imports' progress), since start.
+    image_bytes: Arc<AtomicU64>,
+    /// The driver's waker, when it set one.
+    waker: RwLock<Option<Waker>>,
+}
+
+impl Inner {
+    /// Wakes `uids` through the driver's waker (no lock of ours is held while it runs).
+    fn wake(&self, uids: impl IntoIterator<Item = ProxyUid>) {
+        let w = self
+            .waker
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(w) = w {
+            for u in uids {
+                w(u);
+            }
+        }
+    }
 }
 
 /// The reconciler's executor. `Send + Sync`; share it in an `Arc` between workers.
@@ -330,8 +418,23 @@ impl Controller {
                 counters: Counters::default(),
                 tracker: TaskTracker::new(),
                 stopping: AtomicBool::new(false),
+                image_bytes: Arc::new(AtomicU64::new(0)),
+                waker: RwLock::new(None),
             }),
         }
+    }
+
+    /// Sets the driver's waker: called with a Proxy's UID when its create or delete finished
+    /// (so the result is picked up at once rather than at the next poll), and with the
+    /// oldest UIDs refused a work slot on a host when that host's slots free up. Without a
+    /// waker, those Proxies are reconciled at their requeue time as before; with one, they
+    /// still are (waking only brings a reconcile forward).
+    pub fn set_waker(&self, waker: Waker) {
+        *self
+            .inner
+            .waker
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(waker);
     }
 
     /// Replaces the providers after a config reload. Work in flight keeps the provider it
@@ -356,14 +459,31 @@ impl Controller {
 
     /// Learns where instances are from a complete `list_owned` of `entry` (the driver calls
     /// it at start and after each listing), so a restart finds each Proxy's instance from the
-    /// hosts' marks. Only instances whose domain name matches their mark's UID are adopted.
+    /// hosts' marks. Only instances whose domain name matches their mark's UID are adopted;
+    /// their marks' creation times become [`Controller::created_at`].
     pub fn adopt(&self, entry: &str, owned: &[OwnedInstance]) {
         let mut st = lock(&self.inner.state);
         for o in owned {
             if o.name_matches_uid && o.id.entry == entry {
                 st.locations.insert(o.uid, o.id.clone());
+                st.created.insert(o.uid, o.created_at);
             }
         }
+    }
+
+    /// When `uid`'s instance was created, when known: the creation time in its mark (from
+    /// the last complete listing given to [`Controller::adopt`]), or the time a create of it
+    /// finished in this process (the mark written by that create is at most one create's
+    /// duration earlier; the next listing replaces it with the mark's own time). `None` before
+    /// either, and once the instance was deleted.
+    pub fn created_at(&self, uid: &ProxyUid) -> Option<SystemTime> {
+        lock(&self.inner.state).created.get(uid).copied()
+    }
+
+    /// Image bytes transferred to hosts by this controller's creates since it was built (the
+    /// sum of their imports' progress, fed as it happens). Monotonic.
+    pub fn image_bytes(&self) -> u64 {
+        self.inner.image_bytes.load(Ordering::Relaxed)
     }
 
     /// Records host health for placement (from `Provider::check()`): a host whose last report
@@ -387,6 +507,8 @@ impl Controller {
             op.abort.abort();
         }
         st.locations.remove(uid);
+        st.created.remove(uid);
+        st.forget_waiter(uid);
     }
 
     /// Counters for `/metrics`.
@@ -480,11 +602,25 @@ impl Controller {
             let hosts = handle
                 .as_ref()
                 .map(|h| {
-                    host_view(
+                    let mut view = host_view(
                         &st,
                         &h.config.name,
                         h.config.hosts.iter().map(|c| c.name.as_str()),
-                    )
+                    );
+                    // Placement prefers a host that can start the work now (see
+                    // FULL_HOST_LOAD); the order by real load is kept within each group.
+                    for c in &h.config.hosts {
+                        if self.inner.limits.work_available(
+                            &h.config.name,
+                            &c.name,
+                            c.max_concurrent,
+                        ) == 0
+                            && let Some(hi) = view.get_mut(&c.name)
+                        {
+                            hi.load = hi.load.saturating_add(FULL_HOST_LOAD);
+                        }
+                    }
+                    view
                 })
                 .unwrap_or_default();
             let o = st.objects.entry(obj.uid).or_default();
@@ -552,7 +688,10 @@ impl Controller {
                 Observed::Found(inst)
             }
             Ok(Err(e)) if e.is_not_found() => {
-                lock(&self.inner.state).locations.remove(uid);
+                let mut st = lock(&self.inner.state);
+                st.locations.remove(uid);
+                st.created.remove(uid);
+                drop(st);
                 Observed::NotFound
             }
             Ok(Err(e)) => Observed::GetFailed(e),
@@ -590,6 +729,8 @@ impl Controller {
                 op.abort.abort();
             }
             st.locations.remove(&obj.uid);
+            st.created.remove(&obj.uid);
+            st.forget_waiter(&obj.uid);
             return Outcome {
                 status,
                 requeue_after,
@@ -600,6 +741,10 @@ impl Controller {
         let o = st.objects.entry(obj.uid).or_default();
         o.memory = memory;
         let stopping = self.inner.stopping.load(Ordering::SeqCst);
+        // A host whose work slots were all taken: this UID waits for one to free up. (The
+        // state lock is held from the try-acquire to the registration, and a finishing op
+        // frees its slot before taking waiters under the same lock, so no wake-up is lost.)
+        let mut wait_on: Option<(String, String, bool)> = None;
         match action {
             Action::None => {}
             Action::Cancel => {
@@ -623,6 +768,11 @@ impl Controller {
                                 status = decide::host_busy(status, obj, &req.host, now);
                                 requeue_after = Some(settings.poll_provisioning);
                                 events.retain(|e| e.kind == EventKind::Warning);
+                                wait_on = Some((
+                                    h.config.name.clone(),
+                                    req.host.clone(),
+                                    obj.spec.host.is_some(),
+                                ));
                             }
                             Some(permit) => {
                                 if let Some(old) = o.op.take() {
@@ -631,6 +781,7 @@ impl Controller {
                                 let deadline = create_deadline(&h.config.timeouts);
                                 o.op = Some(self.spawn_create(
                                     h.provider.clone(),
+                                    h.config.name.clone(),
                                     req,
                                     replace,
                                     permit,
@@ -670,9 +821,12 @@ impl Controller {
                             .fetch_add(1, Ordering::Relaxed);
                         status = decide::host_busy(status, obj, &host, now);
                         requeue_after = Some(settings.poll_provisioning);
+                        // A delete must run where the instance is: treat it as pinned.
+                        wait_on = Some((h.config.name.clone(), host, true));
                     } else {
                         o.op = Some(self.spawn_delete(
                             h.provider.clone(),
+                            h.config.name.clone(),
                             obj.uid,
                             hosts,
                             permits,
@@ -682,6 +836,9 @@ impl Controller {
                 }
             }
         }
+        if let Some((entry, host, pinned)) = wait_on {
+            st.wait_for_slot(&entry, &host, obj.uid, pinned);
+        }
         Outcome {
             status,
             requeue_after,
@@ -690,16 +847,21 @@ impl Controller {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn spawn_create(
         &self,
         provider: Arc<dyn Provider>,
+        entry: String,
         req: CreateRequest,
         replace: bool,
         permit: limits::Slot,
         deadline: Duration,
         now: SystemTime,
     ) -> RunningOp {
-        let progress = Arc::new(ProgressCell::default());
+        let progress = Arc::new(ProgressCell {
+            image_bytes: Some(Arc::clone(&self.inner.image_bytes)),
+            ..ProgressCell::default()
+        });
         let result = Arc::new(Mutex::new(None));
         let kind = OpKind::Create {
             host: req.host.clone(),
@@ -715,7 +877,6 @@ impl Controller {
             inner.counters.replacements.fetch_add(1, Ordering::Relaxed);
         }
         let task = self.inner.tracker.spawn(async move {
-            let _permit = permit;
             let work = async {
                 if replace {
                     provider.delete(&req.host, &req.uid).await?;
@@ -736,9 +897,9 @@ impl Controller {
                         .counters
                         .creates_succeeded
                         .fetch_add(1, Ordering::Relaxed);
-                    lock(&inner.state)
-                        .locations
-                        .insert(req.uid, inst.id.clone());
+                    let mut st = lock(&inner.state);
+                    st.locations.insert(req.uid, inst.id.clone());
+                    st.created.insert(req.uid, SystemTime::now());
                 }
                 Err(e) => {
                     inner
@@ -749,6 +910,10 @@ impl Controller {
                 }
             }
             *lock(&r) = Some(OpResult::Created(res));
+            // Free the slot first, then pick its next user (see `act`).
+            drop(permit);
+            let waiter = lock(&inner.state).take_waiter(&entry, &req.host);
+            inner.wake(std::iter::once(req.uid).chain(waiter));
         });
         RunningOp {
             kind,
@@ -762,6 +927,7 @@ impl Controller {
     fn spawn_delete(
         &self,
         provider: Arc<dyn Provider>,
+        entry: String,
         uid: ProxyUid,
         hosts: Vec<String>,
         permits: Vec<limits::Slot>,
@@ -776,7 +942,6 @@ impl Controller {
             .fetch_add(1, Ordering::Relaxed);
         let hs = hosts.clone();
         let task = self.inner.tracker.spawn(async move {
-            let _permits = permits;
             // NB: hosts are deleted concurrently so one frozen host delays the result by one
             // DELETE_DEADLINE, not one per host.
             let calls = hs.iter().map(|h| {
@@ -798,11 +963,23 @@ impl Controller {
                 .map_or(Ok(()), Err);
             match &res {
                 Ok(()) => {
-                    lock(&inner.state).locations.remove(&uid);
+                    let mut st = lock(&inner.state);
+                    st.locations.remove(&uid);
+                    st.created.remove(&uid);
                 }
                 Err(e) => inner.counters.count_error(e.class),
             }
             *lock(&r) = Some(OpResult::Deleted(res));
+            // Free the slots first, then pick their next users (see `act`).
+            drop(permits);
+            let mut wake = vec![uid];
+            {
+                let mut st = lock(&inner.state);
+                for h in &hs {
+                    wake.extend(st.take_waiter(&entry, h));
+                }
+            }
+            inner.wake(wake);
         });
         RunningOp {
             kind: OpKind::Delete { hosts },

@@ -11,8 +11,11 @@
 //!   systemd runs, else `rc-update`/`rc-service`, and knows both images' service names.
 //! - Injection-safe: CIDRs are re-parsed, user names and passwords are restricted to
 //!   characters that need no quoting in YAML, shell single quotes or the proxies' configs.
+//! - The proxy package is installed by the start script only when its binary is missing (no
+//!   cloud-init `packages:` key, which refreshes the package index even when nothing needs
+//!   installing), so images with the proxy preinstalled boot offline (issue 6).
 //! - Configs are staged under `/etc/egress-proxy/` and installed by the start script after the
-//!   packages are installed, so a package's own default config never overwrites ours.
+//!   package is installed, so a package's own default config never overwrites ours.
 //!   Files holding credentials are mode 0600.
 
 use std::fmt::Write as _;
@@ -104,12 +107,14 @@ pub fn render(
     if let Some(c) = credentials {
         check_credentials(c)?;
     }
-    let (package, files, script) = match settings.protocol {
+    let (files, script) = match settings.protocol {
         ProxyProtocol::Http => http(settings.port, &cidrs, credentials),
         ProxyProtocol::Socks5 => socks5(settings.port, &cidrs, credentials),
     };
     let mut out = String::from("#cloud-config\n");
-    let _ = writeln!(out, "packages:\n  - {package}");
+    // NB: no `packages:` key: cloud-init refreshes the package index whenever it is set, which
+    // fails (after retries) on an image with the proxy preinstalled and no network; the start
+    // script installs the package only when its binary is missing.
     out.push_str("write_files:\n");
     let mut all = files;
     all.push(StagedFile {
@@ -135,6 +140,24 @@ struct StagedFile {
     content: String,
 }
 
+/// The shell that installs `deb`/`apk` (Debian/Ubuntu or Alpine package name) only when
+/// `present` (a shell test) fails, so images with the proxy preinstalled boot offline.
+fn install_if_missing(out: &mut String, present: &str, deb: &str, apk: &str) {
+    let _ = writeln!(
+        out,
+        "if ! {{ {present}; }} >/dev/null 2>&1; then\n  \
+         if command -v apt-get >/dev/null 2>&1; then\n    \
+         export DEBIAN_FRONTEND=noninteractive\n    \
+         apt-get update && apt-get install -y --no-install-recommends {deb}\n  \
+         elif command -v apk >/dev/null 2>&1; then\n    \
+         apk add --no-cache {apk}\n  \
+         elif command -v dnf >/dev/null 2>&1; then\n    \
+         dnf install -y {deb}\n  \
+         fi\n\
+         fi"
+    );
+}
+
 /// The shell that enables and (re)starts `services` (the first that exists) on systemd or
 /// OpenRC (finding L10).
 fn start_service(out: &mut String, systemd: &str, openrc: &str) {
@@ -152,7 +175,7 @@ fn http(
     port: u16,
     cidrs: &[String],
     creds: Option<&ProxyCredentials>,
-) -> (&'static str, Vec<StagedFile>, String) {
+) -> (Vec<StagedFile>, String) {
     let mut conf = String::new();
     conf.push_str("User tinyproxy\nGroup tinyproxy\n");
     let _ = writeln!(conf, "Port {port}");
@@ -165,13 +188,18 @@ fn http(
     }
     let mut script =
         String::from("#!/bin/sh\n# Installs the staged tinyproxy config and starts it.\n");
+    install_if_missing(
+        &mut script,
+        "command -v tinyproxy || [ -x /usr/bin/tinyproxy ] || [ -x /usr/sbin/tinyproxy ]",
+        "tinyproxy",
+        "tinyproxy",
+    );
     let _ = writeln!(
         script,
         "mkdir -p /etc/tinyproxy\ninstall -m 0600 {STAGE_DIR}/tinyproxy.conf /etc/tinyproxy/tinyproxy.conf"
     );
     start_service(&mut script, "tinyproxy", "tinyproxy");
     (
-        "tinyproxy",
         vec![StagedFile {
             name: "tinyproxy.conf",
             mode: "0600",
@@ -185,7 +213,7 @@ fn socks5(
     port: u16,
     cidrs: &[String],
     creds: Option<&ProxyCredentials>,
-) -> (&'static str, Vec<StagedFile>, String) {
+) -> (Vec<StagedFile>, String) {
     let mut conf = String::from("logoutput: syslog\n");
     let _ = writeln!(conf, "internal: 0.0.0.0 port = {port}");
     // The outgoing interface is the default route's, found at boot.
@@ -215,6 +243,12 @@ fn socks5(
     conf.push_str("socks block {\n  from: 0/0 to: 0/0\n}\n");
 
     let mut script = String::from("#!/bin/sh\n# Installs the staged dante config and starts it.\n");
+    install_if_missing(
+        &mut script,
+        "command -v danted || command -v sockd || [ -x /usr/sbin/danted ] || [ -x /usr/sbin/sockd ]",
+        "dante-server",
+        "dante-server",
+    );
     if let Some(c) = creds {
         let _ = writeln!(
             script,
@@ -240,7 +274,6 @@ fn socks5(
     );
     start_service(&mut script, "danted", "danted");
     (
-        "dante-server",
         vec![StagedFile {
             name: "danted.conf",
             mode: "0600",
@@ -261,6 +294,7 @@ mod tests {
             protocol,
             allowed_client_cidrs: cidrs.iter().map(|s| (*s).to_owned()).collect(),
             credentials_ref: None,
+            expected_egress: None,
         }
     }
 
@@ -291,7 +325,10 @@ mod tests {
         .unwrap();
         assert!(ud.starts_with("#cloud-config\n"));
         let v: serde_json::Value = serde_saphyr::from_str(&ud).unwrap();
-        assert_eq!(v["packages"][0], "tinyproxy");
+        assert!(v.get("packages").is_none(), "no index refresh: {ud}");
+        assert!(
+            file(&ud, "start.sh").contains("apt-get install -y --no-install-recommends tinyproxy")
+        );
         let conf = file(&ud, "tinyproxy.conf");
         assert!(conf.contains("Port 8888\n"), "{conf}");
         assert!(
@@ -318,7 +355,8 @@ mod tests {
     fn socks5_user_data_passes_only_the_given_networks_and_blocks_the_rest() {
         let ud = render(&settings(ProxyProtocol::Socks5, &["192.168.1.0/24"]), None).unwrap();
         let v: serde_json::Value = serde_saphyr::from_str(&ud).unwrap();
-        assert_eq!(v["packages"][0], "dante-server");
+        assert!(v.get("packages").is_none(), "no index refresh: {ud}");
+        assert!(file(&ud, "start.sh").contains("apk add --no-cache dante-server"));
         let conf = file(&ud, "danted.conf");
         assert!(conf.contains("internal: 0.0.0.0 port = 8888\n"), "{conf}");
         assert!(
@@ -369,6 +407,22 @@ mod tests {
             socks.contains("rc-service sockd restart"),
             "Alpine's service: {socks}"
         );
+    }
+
+    #[test]
+    fn the_package_is_installed_only_when_missing_so_preinstalled_images_boot_offline() {
+        for (proto, probe) in [
+            (ProxyProtocol::Http, "command -v tinyproxy"),
+            (ProxyProtocol::Socks5, "command -v danted"),
+        ] {
+            let ud = render(&settings(proto, &["10.0.0.0/8"]), None).unwrap();
+            let script = file(&ud, "start.sh");
+            let check = script.find(&format!("if ! {{ {probe}")).unwrap();
+            let install = script.find("apt-get update").unwrap();
+            let config = script.find("/etc/egress-proxy/").unwrap();
+            assert!(check < install && install < config, "{script}");
+            assert!(!ud.contains("packages:"), "{ud}");
+        }
     }
 
     #[test]

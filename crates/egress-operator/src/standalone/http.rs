@@ -1,6 +1,9 @@
 //! The standalone HTTP endpoint: `GET /status` (JSON [`StatusDocument`]), `GET /metrics`
-//! (OpenMetrics text), `GET /healthz` (the process is alive) and `GET /readyz` (config
-//! loaded and first adoption done).
+//! (OpenMetrics text), `GET /healthz` (the process is alive), `GET /readyz` (config
+//! loaded and first adoption done), `GET /proxies` (JSON: every Proxy's row with its health
+//! and egress IP), `GET /hosts` (JSON: every host's last check, [`HostHealth`]) and
+//! `GET /healthy.txt` (one `ip:port` per line of every Running proxy the health engine
+//! decided healthy, sorted; empty when none is or health checks are off).
 //!
 //! Guarantees: request handling is bounded — at most [`MAX_CONNECTIONS`] connections at a
 //! time (others wait in the kernel backlog), headers must arrive within
@@ -27,6 +30,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::status::StatusDocument;
+use crate::hosthealth::HostHealth;
 
 /// Most connections served at once.
 // NB: the endpoint serves a Prometheus scraper, a health checker and an occasional `status`
@@ -48,6 +52,54 @@ pub trait Endpoints: Send + Sync + 'static {
     fn metrics(&self) -> String;
     /// Whether the config is loaded and the first adoption is done.
     fn ready(&self) -> bool;
+    /// What `/readyz` says while [`Endpoints::ready`] is false (the Kubernetes driver has
+    /// its own readiness rule).
+    fn not_ready_reason(&self) -> String {
+        "waiting for the first adoption".to_owned()
+    }
+    /// Every host's last check (`/hosts`); by default built from the status document's rows.
+    fn hosts(&self) -> Vec<HostHealth> {
+        self.status()
+            .hosts
+            .into_iter()
+            .map(|r| HostHealth {
+                state: r.state.clone(),
+                accepts_placements: r.state == "Ready" || r.state == "Unknown",
+                latency_ms: r.latency_ms,
+                error: r.error,
+                ..HostHealth::unknown(&r.entry, &r.host)
+            })
+            .collect()
+    }
+}
+
+/// The `/healthy.txt` body: `ip:port` of every healthy Running proxy, one per line, sorted.
+pub fn healthy_list(doc: &StatusDocument) -> String {
+    let mut eps: Vec<String> = doc
+        .proxies
+        .iter()
+        .filter_map(|p| p.healthy_endpoint())
+        .map(|a| a.to_string())
+        .collect();
+    eps.sort();
+    eps.dedup();
+    let mut out = String::with_capacity(eps.len() * 22);
+    for e in eps {
+        out.push_str(&e);
+        out.push('\n');
+    }
+    out
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Response<Full<Bytes>> {
+    match serde_json::to_vec(v) {
+        Ok(j) => respond(StatusCode::OK, "application/json", j),
+        Err(e) => respond(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain",
+            format!("cannot encode: {e}\n"),
+        ),
+    }
 }
 
 fn respond(code: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
@@ -82,6 +134,13 @@ pub fn handle(ep: &dyn Endpoints, method: &Method, path: &str) -> Response<Full<
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             ep.metrics(),
         ),
+        "/proxies" => json(&ep.status().proxies),
+        "/hosts" => json(&ep.hosts()),
+        "/healthy.txt" => respond(
+            StatusCode::OK,
+            "text/plain; charset=utf-8",
+            healthy_list(&ep.status()),
+        ),
         "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
         "/readyz" => {
             if ep.ready() {
@@ -90,7 +149,7 @@ pub fn handle(ep: &dyn Endpoints, method: &Method, path: &str) -> Response<Full<
                 respond(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "text/plain",
-                    "not ready: waiting for the first adoption\n",
+                    format!("not ready: {}\n", ep.not_ready_reason()),
                 )
             }
         }

@@ -19,9 +19,21 @@
 //!   be listed.
 //! - A bad manifest file keeps the proxies of its last good version (see [`manifests`]); a
 //!   bad config reload keeps the running config.
+//! - Readiness (`/readyz`) turns on once every entry was adopted from a complete listing, and
+//!   a bad config reload does not turn it off. Decision: the running config stays in effect
+//!   and keeps working, so the process still does its job; turning readiness off would make a
+//!   supervisor unroute or restart a working operator, and the restarted process would refuse
+//!   the broken file and do nothing at all. The refusal is logged at error level with every
+//!   field error.
 //! - Shutdown (the token): no new reconcile starts; [`Controller::shutdown`] lets creates and
 //!   deletes in flight finish within the grace (a create is never cut while publishing a
 //!   base: the provider publishes only verified bases); then everything stops.
+//! - Health (issue 6): the host check loop feeds placement (a host not Ready, or with its pool
+//!   at or below the reserve, gets no new proxies), the `/status` host rows and `/hosts`; with
+//!   [`StandaloneOptions::health`] set, the proxy health engine ([`crate::health`]) checks
+//!   every Running proxy through itself, and each round and each reconcile merges its state
+//!   into the Proxy's status (`health`, `Healthy`, `Ready` = Running ∧ Healthy), served at
+//!   `/proxies` and `/healthy.txt`. A Proxy's health state is dropped only when it is deleted.
 //! - Every network call is bounded: reconciles by the controller's deadline, listings by
 //!   [`ADOPT_DEADLINE`], checks by [`CHECK_DEADLINE`], GC by its own budgets. No lock is held
 //!   across an `.await`.
@@ -33,7 +45,7 @@ pub mod status;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -50,6 +62,8 @@ use crate::controller::{
     Controller, ControllerSettings, EventKind, Outcome, ProxyCredentials, ProxyObject,
 };
 use crate::gc::{self, GcSettings};
+use crate::health::{self, HealthEngine, HealthSettings, ProbeTarget};
+use crate::hosthealth::{self, HostHealth};
 use crate::metrics::Metrics;
 use crate::model::{ConditionStatus, Phase, ProxyStatus};
 use crate::providers::{BuildOptions, Providers};
@@ -127,6 +141,9 @@ pub struct StandaloneOptions {
     pub gc: GcSettings,
     /// Time given to work in flight at shutdown.
     pub shutdown_grace: Duration,
+    /// Proxy health checks through each proxy; `None` turns them off (then `Ready` is the
+    /// controller's alone and `/healthy.txt` is empty).
+    pub health: Option<HealthSettings>,
 }
 
 impl StandaloneOptions {
@@ -142,6 +159,7 @@ impl StandaloneOptions {
             controller: ControllerSettings::default(),
             gc: GcSettings::default(),
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            health: None,
         }
     }
 }
@@ -281,10 +299,21 @@ pub async fn run_with_providers(
         ready: AtomicBool::new(false),
         stopping: AtomicBool::new(false),
         metrics: Metrics::new(),
+        image_bytes_exported: AtomicU64::new(0),
+        health: opts.health.clone().map(|h| Arc::new(HealthEngine::new(h))),
+        host_health: Mutex::new(BTreeMap::new()),
         queue: WorkQueue::default(),
         timers: Mutex::new(HashMap::new()),
     });
     shared.seed_host_rows();
+    // A finished create/delete, or a freed host slot, queues the Proxy at once (a weak
+    // reference: the controller lives inside `shared`).
+    let weak = Arc::downgrade(&shared);
+    shared.controller.set_waker(Arc::new(move |uid| {
+        if let Some(sh) = weak.upgrade() {
+            sh.queue.add(uid);
+        }
+    }));
 
     // Loops stop on `stop`; the HTTP server outlives them until everything is down.
     let stop = shutdown.child_token();
@@ -315,6 +344,9 @@ pub async fn run_with_providers(
         stop.clone(),
     ));
     loops.spawn(resync_loop(Arc::clone(&shared), stop.clone()));
+    if let Some(engine) = shared.health.clone() {
+        loops.spawn(health_loop(Arc::clone(&shared), engine, stop.clone()));
+    }
     if let Some(p) = opts.config_path.clone() {
         loops.spawn(config_loop(Arc::clone(&shared), p, stop.clone()));
     }
@@ -378,6 +410,12 @@ struct Shared {
     /// Set at shutdown: no requeue timer is started any more.
     stopping: AtomicBool,
     metrics: Metrics,
+    /// The controller's image-byte total already added to `metrics`.
+    image_bytes_exported: AtomicU64,
+    /// The proxy health engine, when health checks are on.
+    health: Option<Arc<HealthEngine>>,
+    /// Full host rows (`/hosts`), from the host check loop.
+    host_health: Mutex<BTreeMap<(String, String), HostHealth>>,
     queue: WorkQueue,
     timers: Mutex<HashMap<ProxyUid, AbortHandle>>,
 }
@@ -400,6 +438,9 @@ impl Shared {
             for c in &h.config.hosts {
                 let key = (h.config.name.clone(), c.name.clone());
                 keep.insert(key.clone());
+                lock(&self.host_health)
+                    .entry(key.clone())
+                    .or_insert_with(|| HostHealth::unknown(&h.config.name, &c.name));
                 hosts.entry(key).or_insert_with(|| HostRow {
                     entry: h.config.name.clone(),
                     host: c.name.clone(),
@@ -410,6 +451,7 @@ impl Shared {
             }
         }
         hosts.retain(|k, _| keep.contains(k));
+        lock(&self.host_health).retain(|k, _| keep.contains(k));
     }
 
     /// Merges a manifest scan into the objects: new and changed proxies are (re)queued,
@@ -525,7 +567,16 @@ impl Shared {
         {
             let mut objects = lock(&self.objects);
             if let Some(o) = objects.get_mut(&uid) {
-                o.status = out.status;
+                let previous = std::mem::replace(&mut o.status, out.status);
+                if let Some(engine) = &self.health {
+                    health::apply_to_status(
+                        &mut o.status,
+                        engine.get(&uid).as_ref(),
+                        Some(&previous),
+                        SystemTime::now(),
+                        o.object.generation,
+                    );
+                }
                 if out.finalized && o.object.deleting {
                     objects.remove(&uid);
                     forget = true;
@@ -533,6 +584,9 @@ impl Shared {
             }
         }
         if forget {
+            if let Some(engine) = &self.health {
+                engine.forget(&uid, &key);
+            }
             tracing::info!(proxy = %key, "deleted: nothing left on any host");
             if let Some(t) = lock(&self.timers).remove(&uid) {
                 t.abort();
@@ -554,7 +608,14 @@ impl Shared {
                 host: o.status.host.clone(),
                 ip: o.status.ip.clone(),
                 provider_id: o.status.provider_id.clone(),
-                created_at: humantime::format_rfc3339_seconds(o.first_seen).to_string(),
+                // The instance's creation (its mark's time) when known, else when this
+                // process first saw the manifest.
+                created_at: humantime::format_rfc3339_seconds(
+                    self.controller
+                        .created_at(&o.object.uid)
+                        .unwrap_or(o.first_seen),
+                )
+                .to_string(),
                 last_error: o
                     .status
                     .conditions
@@ -562,6 +623,8 @@ impl Shared {
                     .find(|c| c.status == ConditionStatus::False && !c.message.is_empty())
                     .map(|c| c.message.clone()),
                 conditions: o.status.conditions.clone(),
+                port: Some(o.object.spec.proxy.port),
+                health: o.status.health.clone(),
             })
             .collect();
         proxies.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
@@ -582,11 +645,31 @@ impl http::Endpoints for Shared {
     fn metrics(&self) -> String {
         self.metrics
             .set_controller_counters(self.controller.metrics());
-        self.metrics.encode()
+        // The controller keeps a monotonic total; the counter gets what it has not seen yet.
+        let total = self.controller.image_bytes();
+        let before = self.image_bytes_exported.fetch_max(total, Ordering::SeqCst);
+        if total > before {
+            self.metrics.image_bytes(total - before);
+        }
+        let mut text = self.metrics.encode();
+        if let Some(engine) = &self.health {
+            // One exposition: the health registry goes before the single `# EOF`.
+            if let Some(body) = text.strip_suffix("# EOF\n") {
+                let mut out = body.to_owned();
+                engine.metrics().encode_into(&mut out);
+                out.push_str("# EOF\n");
+                text = out;
+            }
+        }
+        text
     }
 
     fn ready(&self) -> bool {
         self.ready.load(Ordering::SeqCst)
+    }
+
+    fn hosts(&self) -> Vec<HostHealth> {
+        lock(&self.host_health).values().cloned().collect()
     }
 }
 
@@ -670,6 +753,16 @@ async fn adoption_loop(sh: Arc<Shared>, stop: CancellationToken) {
                     sh.controller.adopt(&name, &owned);
                     lock(&sh.adopted).insert((name.clone(), h.config_digest.clone()));
                     tracing::info!(entry = %name, instances = owned.len(), "adopted");
+                    // Its Proxies were waiting for this: reconcile them now, not at their
+                    // retry timer.
+                    let uids: Vec<ProxyUid> = lock(&sh.objects)
+                        .iter()
+                        .filter(|(_, o)| o.object.spec.provider == name)
+                        .map(|(u, _)| *u)
+                        .collect();
+                    for u in uids {
+                        sh.queue.add(u);
+                    }
                 }
                 Ok(Err(e)) => {
                     all_ok = false;
@@ -690,73 +783,117 @@ async fn adoption_loop(sh: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
+/// Checks every entry's hosts each `interval` (bounded fan-out, see [`hosthealth`]); feeds
+/// placement ([`Controller::record_host_reports`]), the `/status` host rows, `/hosts` and the
+/// host metrics. An entry whose check missed [`CHECK_DEADLINE`] is recorded as Timeout on
+/// every host, so placement avoids it too.
 async fn check_loop(sh: Arc<Shared>, interval: Duration, stop: CancellationToken) {
     loop {
         let providers = sh.providers();
-        let checks = providers.iter().map(|h| {
-            let h = h.clone();
-            async move {
-                let r = tokio::time::timeout(CHECK_DEADLINE, h.provider.check()).await;
-                (h, r)
-            }
-        });
         let results = tokio::select! {
             () = stop.cancelled() => return,
-            r = futures_util::future::join_all(checks) => r,
+            r = hosthealth::check_all(
+                &providers,
+                hosthealth::DEFAULT_MAX_PARALLEL_ENTRIES,
+                CHECK_DEADLINE,
+            ) => r,
         };
-        for (h, r) in results {
-            let entry = h.config.name.clone();
-            match r {
-                Ok(reports) => {
-                    sh.controller.record_host_reports(&entry, &reports);
-                    let mut hosts = lock(&sh.hosts);
-                    for rep in &reports {
-                        let ready = rep.state == HostState::Ready;
-                        sh.metrics.host_checked(
-                            &entry,
-                            &rep.host,
-                            ready,
-                            rep.latency.map(|l| l.as_secs_f64()),
-                        );
-                        hosts.insert(
-                            (entry.clone(), rep.host.clone()),
-                            HostRow {
-                                entry: entry.clone(),
-                                host: rep.host.clone(),
-                                state: format!("{:?}", rep.state),
-                                latency_ms: rep
-                                    .latency
-                                    .map(|l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX)),
-                                error: rep.error.clone(),
-                            },
-                        );
-                    }
-                }
-                Err(_) => {
-                    let mut hosts = lock(&sh.hosts);
-                    for c in &h.config.hosts {
-                        sh.metrics.host_checked(&entry, &c.name, false, None);
-                        hosts.insert(
-                            (entry.clone(), c.name.clone()),
-                            HostRow {
-                                entry: entry.clone(),
-                                host: c.name.clone(),
-                                state: "Timeout".into(),
-                                latency_ms: None,
-                                error: Some(format!(
-                                    "the check did not finish within {}s",
-                                    CHECK_DEADLINE.as_secs()
-                                )),
-                            },
-                        );
-                    }
-                }
+        let now = SystemTime::now();
+        for check in results {
+            let entry = check.handle.config.name.clone();
+            let rows = check.rows(CHECK_DEADLINE, now);
+            let reports: Vec<egress_provider::model::HostReport> = match &check.reports {
+                Some(r) => r.clone(),
+                None => check
+                    .handle
+                    .config
+                    .hosts
+                    .iter()
+                    .map(|c| egress_provider::model::HostReport {
+                        host: c.name.clone(),
+                        state: HostState::Timeout,
+                        latency: None,
+                        hostname: None,
+                        libvirt_version: None,
+                        virt_types: Vec::new(),
+                        uefi: false,
+                        pool_free_bytes: None,
+                        missing: Vec::new(),
+                        error: None,
+                    })
+                    .collect(),
+            };
+            sh.controller.record_host_reports(&entry, &reports);
+            let mut hosts = lock(&sh.hosts);
+            let mut full = lock(&sh.host_health);
+            for row in rows {
+                let ready = row.state == "Ready";
+                let latency = check
+                    .reports
+                    .as_ref()
+                    .and_then(|rs| rs.iter().find(|r| r.host == row.host))
+                    .and_then(|r| r.latency)
+                    .map(|l| l.as_secs_f64());
+                sh.metrics.host_checked(&entry, &row.host, ready, latency);
+                hosts.insert(
+                    (entry.clone(), row.host.clone()),
+                    HostRow {
+                        entry: entry.clone(),
+                        host: row.host.clone(),
+                        state: row.state.clone(),
+                        latency_ms: row.latency_ms,
+                        error: row.error.clone(),
+                    },
+                );
+                full.insert((entry.clone(), row.host.clone()), row);
             }
         }
         if !sleep_or_stop(interval, &stop).await {
             return;
         }
     }
+}
+
+/// Runs the proxy health engine: each round probes every Running Proxy with an address (not
+/// being deleted) and merges every Proxy's health into its status (`Healthy`, `Ready` =
+/// Running ∧ Healthy). A Proxy that is not probed this round keeps its state (finding H3);
+/// deleted Proxies are dropped from the engine.
+async fn health_loop(sh: Arc<Shared>, engine: Arc<HealthEngine>, stop: CancellationToken) {
+    let targets_sh = Arc::clone(&sh);
+    let targets = move || -> Vec<ProbeTarget> {
+        lock(&targets_sh.objects)
+            .iter()
+            .filter(|(_, o)| !o.object.deleting)
+            .filter_map(|(uid, o)| {
+                ProbeTarget::of(
+                    *uid,
+                    format!("{}/{}", o.object.namespace, o.object.name),
+                    &o.object.spec.proxy,
+                    o.object.credentials.as_ref(),
+                    &o.status,
+                )
+            })
+            .collect()
+    };
+    let merge_sh = Arc::clone(&sh);
+    let merge_engine = Arc::clone(&engine);
+    let after_round = move |r: &health::RoundReport| {
+        let now = SystemTime::now();
+        let mut objects = lock(&merge_sh.objects);
+        merge_engine.retain(|u| objects.contains_key(u));
+        for (uid, o) in objects.iter_mut() {
+            let previous = o.status.clone();
+            health::apply_to_status(
+                &mut o.status,
+                merge_engine.get(uid).as_ref(),
+                Some(&previous),
+                now,
+                o.object.generation,
+            );
+        }
+        tracing::debug!(probed = r.probed, ok = r.succeeded, elapsed = ?r.elapsed, "health round");
+    };
+    engine.run(targets, after_round, stop).await;
 }
 
 async fn gc_loop(

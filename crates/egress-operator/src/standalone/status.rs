@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Condition, Phase};
+use crate::model::{Condition, HealthStatus, Phase};
 
 /// Everything standalone mode knows, at one instant.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,6 +48,30 @@ pub struct ProxyStatusRow {
     pub last_error: Option<String>,
     /// All conditions.
     pub conditions: Vec<Condition>,
+    /// The proxy's listen port (`spec.proxy.port`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// What the health engine saw through the proxy (absent while health checks are off or
+    /// before the first check): healthy, egress IP, latency, last check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthStatus>,
+}
+
+impl ProxyStatusRow {
+    /// `Some(true)` when the health engine decided the proxy is healthy and it is Running.
+    pub fn healthy(&self) -> Option<bool> {
+        let h = self.health.as_ref()?.healthy?;
+        Some(h && self.phase == Phase::Running)
+    }
+
+    /// `ip:port` when Running, healthy, with an address and a port (IPv6 bracketed).
+    pub fn healthy_endpoint(&self) -> Option<std::net::SocketAddr> {
+        if self.healthy() != Some(true) {
+            return None;
+        }
+        let ip: std::net::IpAddr = self.ip.as_deref()?.parse().ok()?;
+        Some(std::net::SocketAddr::new(ip, self.port?))
+    }
 }
 
 /// One host of one provider entry.
@@ -68,7 +92,7 @@ pub struct HostRow {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
 
     #[test]
@@ -86,6 +110,12 @@ mod tests {
                 created_at: "2026-01-01T00:00:00Z".into(),
                 last_error: None,
                 conditions: vec![],
+                port: Some(3128),
+                health: Some(HealthStatus {
+                    healthy: Some(true),
+                    egress_ip: Some("203.0.113.7".into()),
+                    ..HealthStatus::default()
+                }),
             }],
             hosts: vec![HostRow {
                 entry: "local".into(),
@@ -98,6 +128,11 @@ mod tests {
         };
         let j = serde_json::to_string(&d).unwrap();
         assert!(j.contains("\"generatedAt\"") && j.contains("\"providerId\""));
+        assert!(j.contains("\"egressIp\":\"203.0.113.7\""), "{j}");
+        assert_eq!(
+            d.proxies[0].healthy_endpoint(),
+            Some("192.0.2.1:3128".parse().unwrap())
+        );
         let back: StatusDocument = serde_json::from_str(&j).unwrap();
         assert_eq!(back, d);
     }

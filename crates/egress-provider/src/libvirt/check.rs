@@ -67,12 +67,16 @@ pub const DEFAULT_CHECK_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_PROBE_BUDGET: Duration = Duration::from_secs(20);
 
 /// Hosts checked at once by default (finding L19: bounded fan-out).
-// NB: entries have a handful of hosts; 8 checks them all in one wave while bounding tasks and
-// sockets for large entries.
-pub const DEFAULT_MAX_PARALLEL: usize = 8;
+// NB: a check holds one socket and one small task per host; 32 checks the entries we expect
+// (a handful to a few dozen hosts) in one wave, so the round takes one host's budget, while
+// bounding tasks and sockets for very large entries. (At 8, an entry of 10 hosts with the
+// default 10 s dial needed two waves, 100 s, more than the old fixed 60 s round timeout: every
+// host of it read Degraded and received no placements.)
+pub const DEFAULT_MAX_PARALLEL: usize = 32;
 
-/// Round timeout by default: one wave at default budgets (30 s dial + 20 s probe) plus slack.
-pub const DEFAULT_ROUND_TIMEOUT: Duration = Duration::from_secs(60);
+/// Slack added to the computed round timeout ([`CheckOptions::round_timeout`] `None`).
+// NB: covers scheduling between waves on a loaded 2-core machine; small next to a host budget.
+pub const ROUND_SLACK: Duration = Duration::from_secs(5);
 
 /// `REMOTE_PROC_INTERFACE_LOOKUP_BY_NAME` (not wrapped by the client).
 const PROC_INTERFACE_LOOKUP_BY_NAME: i32 = 128;
@@ -94,8 +98,10 @@ const POOL_BUSY_TEXT: &str = "asynchronous jobs";
 /// Settings of a check round.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckOptions {
-    /// Deadline of the whole round ([`check_all`]).
-    pub round_timeout: Duration,
+    /// Deadline of the whole round ([`check_all`]); `None` (the default) computes it from
+    /// the entry: waves × one host's budget + [`ROUND_SLACK`], so it always covers every
+    /// host's own deadlines (finding L17). A value set here is validated against them.
+    pub round_timeout: Option<Duration>,
     /// Hosts checked at once.
     pub max_parallel: usize,
     /// Deadline of each call.
@@ -107,7 +113,7 @@ pub struct CheckOptions {
 impl Default for CheckOptions {
     fn default() -> Self {
         Self {
-            round_timeout: DEFAULT_ROUND_TIMEOUT,
+            round_timeout: None,
             max_parallel: DEFAULT_MAX_PARALLEL,
             call_timeout: DEFAULT_CHECK_CALL_TIMEOUT,
             probe_budget: DEFAULT_PROBE_BUDGET,
@@ -119,6 +125,22 @@ impl CheckOptions {
     /// One host's worst case: the pool's dial budget plus [`Self::probe_budget`].
     pub fn host_budget(&self, pool: &HostPool) -> Duration {
         pool.dial_budget().saturating_add(self.probe_budget)
+    }
+
+    /// The round deadline in effect for `pool`'s entry: the configured one, or the worst case
+    /// of its waves plus [`ROUND_SLACK`].
+    pub fn effective_round_timeout(&self, pool: &HostPool) -> Duration {
+        match self.round_timeout {
+            Some(t) => t,
+            None => self.worst_case(pool).0.saturating_add(ROUND_SLACK),
+        }
+    }
+
+    /// The worst case of a round (every host using its whole budget) and its wave count.
+    fn worst_case(&self, pool: &HostPool) -> (Duration, u32) {
+        let hosts = pool.entry().hosts.len().max(1);
+        let waves = u32::try_from(hosts.div_ceil(self.max_parallel.max(1))).unwrap_or(u32::MAX);
+        (self.host_budget(pool).saturating_mul(waves), waves)
     }
 
     /// Refuses settings under which the round deadline could cut a host before its own
@@ -134,18 +156,17 @@ impl CheckOptions {
                 self.probe_budget
             )));
         }
-        let hosts = pool.entry().hosts.len().max(1);
-        let waves = u32::try_from(hosts.div_ceil(self.max_parallel)).unwrap_or(u32::MAX);
         let host = self.host_budget(pool);
-        let need = host.saturating_mul(waves);
-        if self.round_timeout < need {
+        let (need, waves) = self.worst_case(pool);
+        let round = self.effective_round_timeout(pool);
+        if round < need {
             return Err(ProviderError::permanent(format!(
                 "host check of entry {}: the round timeout {}s is shorter than {}s, the worst \
                  case of {waves} wave(s) of {} host(s) at a time, each up to {}s (dial budget \
                  {}s = 3 × timeouts.dial, plus {}s of probes); raise the round timeout or \
                  lower timeouts.dial",
                 pool.entry().name,
-                self.round_timeout.as_secs_f64(),
+                round.as_secs_f64(),
                 need.as_secs_f64(),
                 self.max_parallel,
                 host.as_secs_f64(),
@@ -174,7 +195,7 @@ pub async fn check_host_with(pool: &HostPool, host: &str, opts: &CheckOptions) -
 /// order. Fails (Permanent) only when `opts` do not [`validate`](CheckOptions::validate).
 pub async fn check_all(pool: &HostPool, opts: &CheckOptions) -> Result<Vec<HostReport>> {
     opts.validate(pool)?;
-    let round_deadline = Instant::now() + opts.round_timeout;
+    let round_deadline = Instant::now() + opts.effective_round_timeout(pool);
     let names: Vec<String> = pool.entry().hosts.iter().map(|h| h.name.clone()).collect();
     let reports = futures_util::stream::iter(names)
         .map(|name| async move {

@@ -237,6 +237,11 @@ pub struct ImageSpec {
     /// Firmware it boots with.
     #[serde(default)]
     pub firmware: Firmware,
+    /// A PEM file of extra CA certificates trusted (besides the system's roots) for this
+    /// image's https downloads and their redirects, for a mirror behind a private CA.
+    /// Absolute path; read once per provider, on the first download that needs it.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// URL images policy (off unless enabled).

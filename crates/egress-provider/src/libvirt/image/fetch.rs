@@ -9,9 +9,24 @@
 //! `maxImageBytes` or than the `GET` declared, or when the body ends short; the image is never
 //! buffered beyond one chunk plus two hash batches ([`HASH_BATCH`], shared, not copied): the
 //! sha256 runs on the blocking pool, overlapping the upload; messages carry redacted URLs only.
+//!
+//! TLS: https is verified against the system's roots, plus, for a catalogue entry with
+//! `caFile`, the certificates of that PEM file ([`CaRoots`]: read once per provider, on the
+//! first download that needs them, bounded by [`MAX_CA_FILE_BYTES`]; a missing, oversized or
+//! certificate-less file is a Permanent error naming `images.<key>.caFile` and the path). A
+//! certificate the client does not trust fails the download as **Transient**, with a message
+//! naming the (redacted) URL, the TLS problem and `caFile`: a certificate's validity changes
+//! on the server (expiry, renewal, a rotated mirror) without any change to our
+//! configuration, so a latch would keep every Proxy failed after the mirror is fixed; the
+//! condition shows it meanwhile. Nothing is uploaded or published: the `GET` fails before a
+//! temporary volume exists.
 
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -56,6 +71,9 @@ pub struct FetchOptions {
     pub max_redirects: usize,
     /// Admit loopback addresses for URL images. Tests only: not reachable from configuration.
     pub allow_loopback_for_tests: bool,
+    /// Extra CA certificates read from catalogue `caFile`s, shared by every clone of these
+    /// options (the provider's), so each file is read once per provider.
+    pub ca_roots: CaRoots,
 }
 
 impl Default for FetchOptions {
@@ -66,8 +84,92 @@ impl Default for FetchOptions {
             head_timeout: HEAD_TIMEOUT,
             max_redirects: MAX_REDIRECTS,
             allow_loopback_for_tests: false,
+            ca_roots: CaRoots::default(),
         }
     }
+}
+
+/// Largest `caFile` read.
+// NB: a private CA is one or two certificates (~2 KiB each); even the whole Mozilla bundle
+// is ~220 KiB. 1 MiB refuses a wrong path (an image, a log) without reading it all.
+pub const MAX_CA_FILE_BYTES: u64 = 1 << 20;
+
+/// The extra CA certificates of catalogue `caFile`s, read once per path and shared by every
+/// clone (cheap: one `Arc`). Reads happen under a short std mutex with no `.await`, so two
+/// concurrent first downloads read a file once; a failed read is not remembered (the next
+/// download tries again and reports the same error until the file is fixed).
+#[derive(Clone, Default)]
+pub struct CaRoots {
+    inner: Arc<CaRootsInner>,
+}
+
+#[derive(Default)]
+struct CaRootsInner {
+    loaded: Mutex<HashMap<PathBuf, Arc<Vec<reqwest::Certificate>>>>,
+    reads: AtomicU64,
+}
+
+impl std::fmt::Debug for CaRoots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaRoots")
+            .field("reads", &self.reads())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CaRoots {
+    /// How many times a CA file was read from disk (for tests and diagnostics).
+    pub fn reads(&self) -> u64 {
+        self.inner.reads.load(Ordering::Relaxed)
+    }
+
+    /// The certificates of `path` (read on first use, then shared). Errors are Permanent and
+    /// name `setting` and the path: an absolute path is required, the file must be readable,
+    /// at most [`MAX_CA_FILE_BYTES`], and hold at least one PEM `CERTIFICATE`.
+    pub fn get(&self, path: &Path, setting: &str) -> Result<Arc<Vec<reqwest::Certificate>>> {
+        let mut loaded = match self.inner.loaded.lock() {
+            Ok(l) => l,
+            Err(p) => p.into_inner(),
+        };
+        if let Some(c) = loaded.get(path) {
+            return Ok(c.clone());
+        }
+        // NB: synchronous read on purpose: once per provider and path, a few KiB of a local
+        // file, under a mutex that guards no network call.
+        self.inner.reads.fetch_add(1, Ordering::Relaxed);
+        let certs = Arc::new(read_ca_file(path, setting)?);
+        loaded.insert(path.to_owned(), certs.clone());
+        Ok(certs)
+    }
+}
+
+fn read_ca_file(path: &Path, setting: &str) -> Result<Vec<reqwest::Certificate>> {
+    let shown = path.display();
+    let bad = |why: String| ProviderError::permanent(format!("{setting} = {shown}: {why}"));
+    if !path.is_absolute() {
+        return Err(bad("must be an absolute path".into()));
+    }
+    let file = std::fs::File::open(path)
+        .map_err(|e| bad(format!("cannot be read ({e}); fix the path or the file")))?;
+    let mut pem = Vec::new();
+    file.take(MAX_CA_FILE_BYTES.saturating_add(1))
+        .read_to_end(&mut pem)
+        .map_err(|e| bad(format!("cannot be read ({e}); fix the path or the file")))?;
+    if pem.len() as u64 > MAX_CA_FILE_BYTES {
+        return Err(bad(format!(
+            "is larger than {MAX_CA_FILE_BYTES} bytes; it must be a PEM file of CA certificates"
+        )));
+    }
+    let certs = reqwest::Certificate::from_pem_bundle(&pem)
+        .map_err(|e| bad(format!("is not a PEM certificate bundle ({e})")))?;
+    if certs.is_empty() {
+        return Err(bad(
+            "holds no PEM certificate (-----BEGIN CERTIFICATE-----); it must hold the CA \
+             that signed the mirror's certificate"
+                .into(),
+        ));
+    }
+    Ok(certs)
 }
 
 /// An HTTP client set up for one source's policy.
@@ -118,9 +220,25 @@ impl Fetcher {
         if let Some(g) = guard {
             b = b.dns_resolver(g);
         }
-        let http = b
-            .build()
-            .map_err(|e| ProviderError::transient(format!("cannot build the HTTP client: {e}")))?;
+        let extra = match &source.ca_file {
+            Some(path) => Some((path, opts.ca_roots.get(path, &source.ca_setting())?)),
+            None => None,
+        };
+        if let Some((_, certs)) = &extra {
+            // NB: merged with the system's roots (reqwest's rustls platform verifier), not
+            // replacing them: a mirror that redirects to a public CDN keeps working.
+            b = b.tls_certs_merge(certs.iter().cloned());
+        }
+        let http = b.build().map_err(|e| match &extra {
+            // The only input the build can reject is our certificates.
+            Some((path, _)) => ProviderError::permanent(format!(
+                "{} = {}: its certificates cannot be used: {}",
+                source.ca_setting(),
+                path.display(),
+                chain(&e)
+            )),
+            None => ProviderError::transient(format!("cannot build the HTTP client: {e}")),
+        })?;
         Ok(Self {
             http,
             source: source.clone(),
@@ -174,6 +292,25 @@ impl Fetcher {
         if let Some(why) = refused(e) {
             return self.refusal(&why);
         }
+        if let Some(tls) = tls_problem(e) {
+            let fix = if self.source.key.is_some() {
+                format!(
+                    "set {} to the PEM file of the CA that signed it, or fix the server's \
+                     certificate",
+                    self.source.ca_setting()
+                )
+            } else {
+                "URL images trust the system's roots only: fix the server's certificate, or \
+                 use a catalogue entry with caFile"
+                    .to_owned()
+            };
+            return ProviderError::transient(format!(
+                "{what} {}: TLS with the server failed ({}): the server's certificate is not \
+                 trusted; {fix}",
+                self.source.display,
+                redact(&tls)
+            ));
+        }
         let kind = if e.is_timeout() {
             "timed out"
         } else if e.is_connect() {
@@ -223,6 +360,29 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
         cur = c.source();
     }
     s
+}
+
+/// The TLS failure inside a reqwest error (rustls' own error, found through the `io::Error`s
+/// that carry it), if that is what failed.
+fn tls_problem(e: &reqwest::Error) -> Option<String> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if let Some(r) = c.downcast_ref::<rustls::Error>() {
+            return Some(r.to_string());
+        }
+        // NB: observed: reqwest 0.13 carries rustls' error inside an io::Error inside another
+        // (Other → InvalidData → rustls), and `io::Error::source` skips the error it wraps,
+        // so look inside explicitly, through any depth of io::Errors.
+        let mut io = c.downcast_ref::<std::io::Error>();
+        while let Some(inner) = io.and_then(|x| x.get_ref()) {
+            if let Some(r) = inner.downcast_ref::<rustls::Error>() {
+                return Some(r.to_string());
+            }
+            io = inner.downcast_ref::<std::io::Error>();
+        }
+        cur = c.source();
+    }
+    None
 }
 
 /// The address-policy refusal inside a reqwest error, if that is what failed.

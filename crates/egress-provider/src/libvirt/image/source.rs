@@ -8,7 +8,12 @@
 //! setting to change. URL images pin a digest with a fragment, `URL#sha256=<64 hex>`; the
 //! fragment is never sent. Unpinned sources are identified by their URL (`url-<sha256(url)>`
 //! names), so editing a catalogue URL without a pin fetches anew (H4 scenario 1); pinned
-//! catalogue entries are identified by key and digest (`img-<key>` names).
+//! catalogue entries are identified by key and digest (`img-<key>` names). A catalogue
+//! entry's `caFile` travels with its source (the fetcher trusts it besides the system's
+//! roots); URL images never carry one, so a private CA widens trust for the operator's own
+//! catalogue only.
+
+use std::path::PathBuf;
 
 use reqwest::Url;
 
@@ -33,6 +38,10 @@ pub struct Source {
     pub untrusted: bool,
     /// The redacted URL for messages and the marker.
     pub display: String,
+    /// Extra CA certificates (PEM file) trusted for this source's https downloads: the
+    /// catalogue entry's `caFile`; always `None` for URL images, which trust the system's
+    /// roots only.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Source {
@@ -42,6 +51,14 @@ impl Source {
         match (&self.key, &self.pinned) {
             (Some(k), Some(_)) => ImageSource::Catalogue(k),
             _ => ImageSource::Url(self.url.as_str()),
+        }
+    }
+
+    /// The setting that holds this source's extra CA file, for messages.
+    pub fn ca_setting(&self) -> String {
+        match &self.key {
+            Some(k) => format!("images.{k}.caFile"),
+            None => "images.<key>.caFile (catalogue images only)".into(),
         }
     }
 
@@ -104,6 +121,7 @@ fn resolve_catalogue(entry: &LibvirtEntry, key: &str) -> Result<Source> {
         firmware: spec.firmware,
         key: Some(key.into()),
         untrusted: false,
+        ca_file: spec.ca_file.clone(),
     })
 }
 
@@ -157,6 +175,7 @@ fn resolve_url_image(entry: &LibvirtEntry, image: &str) -> Result<Source> {
         firmware: Firmware::Bios,
         key: None,
         untrusted: true,
+        ca_file: None,
     })
 }
 

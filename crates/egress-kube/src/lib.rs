@@ -1,0 +1,12 @@
+//! The Kubernetes driver of egress-proxies: the custom resources ([`api`]) and, over the
+//! operator core (`egress_operator`), the kube-runtime controller. The core never depends on
+//! kube; everything Kubernetes-specific lives here.
+
+pub mod api;
+pub mod driver;
+pub mod leader;
+pub mod observe;
+pub mod rbac;
+
+pub use driver::{KubeOptions, RunError, run};
+pub use observe::Observer;

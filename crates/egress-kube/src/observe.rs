@@ -1,0 +1,252 @@
+//! What the Kubernetes driver shows about itself on `--listen`: `/metrics` (the core's
+//! [`Metrics`] plus the proxy health engine's), `/healthz`, `/readyz`, and the same read-only
+//! views as standalone mode (`/status`, `/proxies`, `/hosts`, `/healthy.txt`) built from the
+//! driver's watch cache. The HTTP server is the standalone one
+//! ([`egress_operator::standalone::http::serve`]); this module only implements its
+//! [`Endpoints`].
+//!
+//! Guarantees:
+//! - **Readiness**: ready once the provider config is loaded and either this replica leads or
+//!   its last Lease attempt reached the API server (a follower with a working connection is
+//!   ready to take over; one that cannot reach the API server is not).
+//! - **Liveness** (`/healthz`) answers as long as the process serves HTTP.
+//! - Every view is a snapshot under a short-lived lock: no lock is held across an `.await`,
+//!   and serving a request never waits on the network.
+//! - Metric labels come from the provider config and from Proxy names (bounded by the
+//!   cluster's objects), never from error text.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::SystemTime;
+
+use egress_operator::controller::Controller as Core;
+use egress_operator::health::{HealthEngine, HealthSettings};
+use egress_operator::hosthealth::HostHealth;
+use egress_operator::metrics::Metrics;
+use egress_operator::model::Phase;
+use egress_operator::standalone::http::Endpoints;
+use egress_operator::standalone::status::{HostRow, ProxyStatusRow, StatusDocument};
+use egress_provider::model::HostReport;
+
+/// The driver's observable state, shared between the driver (writer) and the HTTP server
+/// (reader). Create one per process with [`Observer::new`].
+#[derive(Debug)]
+pub struct Observer {
+    metrics: Metrics,
+    health: Option<Arc<HealthEngine>>,
+    config_loaded: AtomicBool,
+    leader: AtomicBool,
+    api_ok: AtomicBool,
+    core: Mutex<Option<Arc<Core>>>,
+    image_bytes_exported: AtomicU64,
+    rows: Mutex<Vec<ProxyStatusRow>>,
+    hosts: Mutex<BTreeMap<(String, String), HostHealth>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Observer {
+    /// A fresh observer (not ready); `health` turns the proxy health engine on. No I/O.
+    pub fn new(health: Option<HealthSettings>) -> Self {
+        Self {
+            metrics: Metrics::new(),
+            health: health.map(|h| Arc::new(HealthEngine::new(h))),
+            config_loaded: AtomicBool::new(false),
+            leader: AtomicBool::new(false),
+            api_ok: AtomicBool::new(false),
+            core: Mutex::new(None),
+            image_bytes_exported: AtomicU64::new(0),
+            rows: Mutex::new(Vec::new()),
+            hosts: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The core metrics the driver records into.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The proxy health engine, when health checks are on. Its state lives as long as the
+    /// process (a new leadership term keeps what earlier terms learned).
+    pub fn health(&self) -> Option<&Arc<HealthEngine>> {
+        self.health.as_ref()
+    }
+
+    /// Records that the provider config loaded.
+    pub fn set_config_loaded(&self, v: bool) {
+        self.config_loaded.store(v, Ordering::SeqCst);
+    }
+
+    /// Records whether this replica leads.
+    pub fn set_leader(&self, v: bool) {
+        self.leader.store(v, Ordering::SeqCst);
+    }
+
+    /// Records whether the last Lease attempt reached the API server.
+    pub fn set_api_ok(&self, v: bool) {
+        self.api_ok.store(v, Ordering::SeqCst);
+    }
+
+    /// Whether this replica leads (as last recorded).
+    pub fn is_leader(&self) -> bool {
+        self.leader.load(Ordering::SeqCst)
+    }
+
+    /// The core of the current leadership term (its counters are exported), or `None`.
+    pub fn set_core(&self, core: Option<Arc<Core>>) {
+        *lock(&self.core) = core;
+    }
+
+    /// Replaces the proxy rows (`/status`, `/proxies`, `/healthy.txt`) and the per-phase
+    /// gauge.
+    pub fn set_proxies(&self, rows: Vec<ProxyStatusRow>) {
+        let mut counts: BTreeMap<&'static str, (Phase, i64)> = BTreeMap::new();
+        for r in &rows {
+            let e = counts.entry(r.phase.as_str()).or_insert((r.phase, 0));
+            e.1 = e.1.saturating_add(1);
+        }
+        let counts: Vec<(Phase, i64)> = counts.into_values().collect();
+        self.metrics.set_phase_counts(&counts);
+        *lock(&self.rows) = rows;
+    }
+
+    /// Records one entry's host check (`/hosts`, host metrics).
+    pub fn record_hosts(&self, entry: &str, reports: &[HostReport], now: SystemTime) {
+        let mut hosts = lock(&self.hosts);
+        hosts.retain(|(e, _), _| e != entry);
+        for r in reports {
+            let row = HostHealth::from_report(entry, r, now);
+            self.metrics.host_checked(
+                entry,
+                &r.host,
+                row.state == "Ready",
+                r.latency.map(|l| l.as_secs_f64()),
+            );
+            hosts.insert((entry.to_owned(), r.host.clone()), row);
+        }
+    }
+
+    /// Drops the host rows of entries not in `entries` (removed from the config).
+    pub fn retain_entries(&self, entries: &[String]) {
+        lock(&self.hosts).retain(|(e, _), _| entries.contains(e));
+    }
+}
+
+impl Endpoints for Observer {
+    fn status(&self) -> StatusDocument {
+        StatusDocument {
+            generated_at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+            proxies: lock(&self.rows).clone(),
+            hosts: lock(&self.hosts)
+                .values()
+                .map(|h| HostRow {
+                    entry: h.entry.clone(),
+                    host: h.host.clone(),
+                    state: h.state.clone(),
+                    latency_ms: h.latency_ms,
+                    error: h.error.clone(),
+                })
+                .collect(),
+            manifest_errors: Vec::new(),
+        }
+    }
+
+    fn metrics(&self) -> String {
+        if let Some(core) = lock(&self.core).clone() {
+            self.metrics.set_controller_counters(core.metrics());
+            // The core keeps a monotonic total; the counter gets what it has not seen yet.
+            let total = core.image_bytes();
+            let before = self.image_bytes_exported.fetch_max(total, Ordering::SeqCst);
+            if total > before {
+                self.metrics.image_bytes(total - before);
+            }
+        }
+        let mut text = self.metrics.encode();
+        if let Some(engine) = &self.health {
+            // One exposition: the health registry goes before the single `# EOF`.
+            if let Some(body) = text.strip_suffix("# EOF\n") {
+                let mut out = body.to_owned();
+                engine.metrics().encode_into(&mut out);
+                out.push_str("# EOF\n");
+                text = out;
+            }
+        }
+        text
+    }
+
+    fn ready(&self) -> bool {
+        self.config_loaded.load(Ordering::SeqCst)
+            && (self.leader.load(Ordering::SeqCst) || self.api_ok.load(Ordering::SeqCst))
+    }
+
+    fn not_ready_reason(&self) -> String {
+        if !self.config_loaded.load(Ordering::SeqCst) {
+            "the provider config is not loaded".to_owned()
+        } else {
+            "no working connection to the Kubernetes API server".to_owned()
+        }
+    }
+
+    fn hosts(&self) -> Vec<HostHealth> {
+        lock(&self.hosts).values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use egress_operator::standalone::http::handle;
+    use hyper::{Method, StatusCode};
+
+    #[test]
+    fn readiness_needs_a_loaded_config_and_either_leadership_or_a_working_api_connection() {
+        let o = Observer::new(None);
+        let code = |o: &Observer| handle(o, &Method::GET, "/readyz").status();
+        assert_eq!(code(&o), StatusCode::SERVICE_UNAVAILABLE);
+        o.set_api_ok(true);
+        assert_eq!(
+            code(&o),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "config not loaded"
+        );
+        o.set_config_loaded(true);
+        assert_eq!(code(&o), StatusCode::OK, "a follower with a working API");
+        o.set_api_ok(false);
+        assert_eq!(code(&o), StatusCode::SERVICE_UNAVAILABLE);
+        o.set_leader(true);
+        assert_eq!(code(&o), StatusCode::OK, "the leader");
+        assert_eq!(
+            handle(&o, &Method::GET, "/healthz").status(),
+            StatusCode::OK
+        );
+    }
+
+    #[test]
+    fn metrics_carry_phase_counts_and_host_state() {
+        let o = Observer::new(None);
+        o.set_proxies(vec![ProxyStatusRow {
+            namespace: "default".into(),
+            name: "p".into(),
+            uid: "u".into(),
+            phase: Phase::Running,
+            host: None,
+            ip: None,
+            provider_id: None,
+            created_at: String::new(),
+            last_error: None,
+            conditions: vec![],
+            port: Some(3128),
+            health: None,
+        }]);
+        let t = Endpoints::metrics(&o);
+        assert!(
+            t.contains("egress_proxies_proxies{phase=\"Running\"} 1"),
+            "{t}"
+        );
+        assert!(t.ends_with("# EOF\n"));
+    }
+}

@@ -1,0 +1,1003 @@
+//! The Kubernetes driver end to end without a cluster: the real kube-runtime Controller, event
+//! Recorder and Lease elector against the in-process fake API server (kube-fake), over
+//! libvirt-fake hosts with a pre-published base image.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+#[path = "../../egress-operator/tests/health_support/mod.rs"]
+mod health_support;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use egress_kube::api::{Proxy, ProxyCrdSpec};
+use egress_kube::driver::{DriverStats, KubeOptions, Reload, run_with};
+use egress_kube::leader::LeaseSettings;
+use egress_kube::observe::Observer;
+use egress_operator::controller::ControllerSettings;
+use egress_operator::health::HealthSettings;
+use egress_operator::model::{Phase, ProxySettings, ProxySpec, Resources};
+use egress_operator::providers::{ProviderHandle, Providers};
+use egress_provider::ProviderError;
+use egress_provider::libvirt::check::CheckOptions;
+use egress_provider::libvirt::config::{
+    HostConfig, ImageFormat, ImageSpec, LibvirtEntry, Timeouts, VirtType,
+};
+use egress_provider::libvirt::hostpool::{Connector, HostPool, PoolOptions};
+use egress_provider::libvirt::image::fetch::FetchOptions;
+use egress_provider::libvirt::names::{self, ImageSource};
+use egress_provider::libvirt::provider_impl::LibvirtProvider;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube_fake::FakeApiServer;
+use libvirt_fake::{FakeLibvirt, Interface, PoolSpec, VolumeSpec};
+use libvirt_remote::Transport;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const GIB: u64 = 1 << 30;
+const ENTRY: &str = "home";
+const POOL: &str = "images";
+const IMAGE: &str = "tiny";
+/// An image only a reloaded config has.
+const LATE_IMAGE: &str = "late";
+const GROUP: &str = "egress-proxies.dev";
+/// Hang guard of every wait (the fakes answer in milliseconds).
+const WAIT: Duration = Duration::from_secs(30);
+
+struct FakeHosts(BTreeMap<String, FakeLibvirt>);
+
+#[async_trait]
+impl Connector for FakeHosts {
+    async fn connect(&self, host: &HostConfig) -> Result<Transport, ProviderError> {
+        let fake = self
+            .0
+            .get(&host.name)
+            .ok_or_else(|| ProviderError::permanent(format!("no fake for {}", host.name)))?;
+        Ok(fake.connect_duplex())
+    }
+}
+
+fn digest(c: char) -> String {
+    c.to_string().repeat(64)
+}
+
+fn fake_host() -> FakeLibvirt {
+    let fake = FakeLibvirt::new();
+    fake.add_pool(PoolSpec::new(POOL).capacity(100 * GIB))
+        .unwrap();
+    for (img, d) in [(IMAGE, digest('a')), (LATE_IMAGE, digest('b'))] {
+        let base = names::base(ENTRY, ImageSource::Catalogue(img), &d, ImageFormat::Qcow2);
+        fake.add_volume(POOL, VolumeSpec::new(base.clone(), 2 * GIB).format("qcow2"))
+            .unwrap();
+        fake.add_volume(POOL, VolumeSpec::new(format!("{base}.marker"), 2 * GIB))
+            .unwrap();
+    }
+    fake
+}
+
+fn providers(fakes: &BTreeMap<String, FakeLibvirt>, with_late: bool) -> Providers {
+    let mut images = BTreeMap::new();
+    let mut add = |k: &str, d: String| {
+        images.insert(
+            k.to_string(),
+            ImageSpec {
+                url: format!("https://images.invalid/{k}.qcow2"),
+                sha256: Some(d),
+                format: ImageFormat::Qcow2,
+                firmware: Default::default(),
+                ca_file: None,
+            },
+        );
+    };
+    add(IMAGE, digest('a'));
+    if with_late {
+        add(LATE_IMAGE, digest('b'));
+    }
+    let host = HostConfig {
+        name: "h1".into(),
+        address: "h1.invalid".into(),
+        user: "root".into(),
+        socket: "/run/libvirt/libvirt-sock".into(),
+        pool: POOL.into(),
+        bridge: None,
+        network: None,
+        virt_type: VirtType::Qemu,
+        pool_reserve_gib: 1,
+        ssh_key_file: None,
+        known_hosts_file: None,
+        max_concurrent: 4,
+    };
+    let entry = LibvirtEntry {
+        name: ENTRY.into(),
+        hosts: vec![host],
+        images,
+        url_images: Default::default(),
+        max_image_bytes: GIB,
+        guest: Default::default(),
+        timeouts: Timeouts {
+            dial: Duration::from_secs(1),
+            call: Duration::from_secs(1),
+            image_import: Duration::from_secs(5),
+            start: Duration::from_secs(5),
+        },
+        defaults: Default::default(),
+        limits: Default::default(),
+    };
+    let pool = HostPool::new(
+        entry.clone(),
+        Arc::new(FakeHosts(fakes.clone())),
+        PoolOptions {
+            permit_wait: Duration::from_secs(1),
+        },
+    )
+    .unwrap();
+    let provider = Arc::new(LibvirtProvider::new(
+        pool,
+        FetchOptions::default(),
+        CheckOptions::default(),
+    ));
+    Providers::from_handles([ProviderHandle::new(entry, provider)])
+}
+
+struct Replica {
+    stats: Arc<DriverStats>,
+    observer: Arc<Observer>,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+struct World {
+    api: FakeApiServer,
+    fakes: BTreeMap<String, FakeLibvirt>,
+    late: Arc<AtomicBool>,
+    dir: tempfile::TempDir,
+    /// Guest address per Proxy name (others get [`DEFAULT_IP`]).
+    addrs: Mutex<BTreeMap<String, String>>,
+}
+
+/// The address a guest reports unless the test chose one.
+const DEFAULT_IP: &str = "192.168.122.10";
+
+impl World {
+    fn new() -> Self {
+        let api = FakeApiServer::new();
+        api.enable_status_subresource(GROUP, "proxies");
+        api.enable_status_subresource(GROUP, "providerhealths");
+        let fakes: BTreeMap<String, FakeLibvirt> =
+            [("h1".to_string(), fake_host())].into_iter().collect();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("providers.yaml"), "v1").unwrap();
+        Self {
+            api,
+            fakes,
+            late: Arc::new(AtomicBool::new(false)),
+            dir,
+            addrs: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn options(&self, identity: &str) -> KubeOptions {
+        let mut lease = LeaseSettings::new("egress-proxies", "ops", identity);
+        lease.lease_duration = Duration::from_secs(10);
+        lease.renew_deadline = Duration::from_secs(5);
+        lease.retry_period = Duration::from_millis(100);
+        let mut o = KubeOptions::new(self.dir.path().join("providers.yaml"), lease);
+        o.controller = ControllerSettings {
+            reconcile_deadline: Duration::from_secs(2),
+            backoff_base: Duration::from_millis(50),
+            backoff_max: Duration::from_millis(200),
+            poll_provisioning: Duration::from_millis(50),
+            poll_running: Duration::from_millis(100),
+            ..ControllerSettings::default()
+        };
+        o.gc_interval = Duration::from_millis(100);
+        o.check_interval = Duration::from_millis(200);
+        o.watch_interval = Duration::from_millis(50);
+        o.shutdown_grace = Duration::from_secs(2);
+        o
+    }
+
+    fn start(&self, identity: &str) -> Replica {
+        self.start_with(identity, None, |_| {})
+    }
+
+    fn start_with(
+        &self,
+        identity: &str,
+        health: Option<HealthSettings>,
+        tweak: impl FnOnce(&mut KubeOptions),
+    ) -> Replica {
+        let mut opts = self.options(identity);
+        tweak(&mut opts);
+        let observer = Arc::new(Observer::new(health));
+        let (fakes, late) = (self.fakes.clone(), self.late.clone());
+        let reload: Reload = Arc::new(move || Ok(providers(&fakes, late.load(Ordering::SeqCst))));
+        let stats = Arc::new(DriverStats::default());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run_with(
+            opts,
+            self.api.client("default"),
+            providers(&self.fakes, self.late.load(Ordering::SeqCst)),
+            reload,
+            stats.clone(),
+            observer.clone(),
+            shutdown.clone(),
+        ));
+        Replica {
+            stats,
+            observer,
+            shutdown,
+            task,
+        }
+    }
+
+    fn proxies(&self) -> Api<Proxy> {
+        Api::namespaced(self.api.client("default"), "default")
+    }
+
+    fn proxy_json(&self, name: &str) -> Option<Value> {
+        self.api.object(GROUP, "proxies", "default", name)
+    }
+
+    /// The guest "boots": its agent reports an address on the instance's NIC.
+    fn give_addresses(&self) {
+        for p in self.api.objects(GROUP, "proxies") {
+            let Some(uid) = p["metadata"]["uid"]
+                .as_str()
+                .and_then(egress_provider::ProxyUid::parse_strict)
+            else {
+                continue;
+            };
+            let ip = p["metadata"]["name"]
+                .as_str()
+                .and_then(|n| self.addrs.lock().unwrap().get(n).cloned())
+                .unwrap_or_else(|| DEFAULT_IP.to_owned());
+            let name = names::domain(ENTRY, &uid);
+            for fake in self.fakes.values() {
+                if fake.domain(&name).is_some() {
+                    let _ = fake.set_interfaces(
+                        &name,
+                        vec![Interface::new("eth0", names::mac(ENTRY, &uid)).addr(ip.clone(), 24)],
+                    );
+                }
+            }
+        }
+    }
+
+    /// Waits until `f` holds, giving guests addresses meanwhile.
+    async fn until(&self, what: &str, f: impl Fn(&Self) -> bool) {
+        let t = Instant::now();
+        while !f(self) {
+            assert!(
+                t.elapsed() < WAIT,
+                "timed out waiting for {what}; proxies: {:?}",
+                self.api
+                    .objects(GROUP, "proxies")
+                    .iter()
+                    .map(|p| p.get("status").cloned())
+                    .collect::<Vec<_>>()
+            );
+            self.give_addresses();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn events(&self) -> Vec<(String, String)> {
+        self.api
+            .objects("events.k8s.io", "events")
+            .into_iter()
+            .map(|e| {
+                (
+                    e["type"].as_str().unwrap_or("").to_owned(),
+                    e["reason"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn phase_of(v: &Option<Value>) -> Option<String> {
+    v.as_ref()?
+        .pointer("/status/phase")?
+        .as_str()
+        .map(str::to_owned)
+}
+
+fn ready_reason(v: &Option<Value>) -> Option<String> {
+    v.as_ref()?
+        .pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready")?["reason"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+fn spec(image: &str) -> ProxySpec {
+    ProxySpec {
+        provider: ENTRY.into(),
+        host: None,
+        image: image.into(),
+        resources: Resources::default(),
+        proxy: ProxySettings {
+            allowed_client_cidrs: vec!["10.0.0.0/8".into()],
+            ..ProxySettings::default()
+        },
+    }
+}
+
+async fn create(w: &World, name: &str, image: &str) {
+    let p = Proxy::new(name, ProxyCrdSpec(spec(image)));
+    w.proxies()
+        .create(&PostParams::default(), &p)
+        .await
+        .unwrap();
+}
+
+async fn stop(r: Replica) {
+    r.shutdown.cancel();
+    let t = Instant::now();
+    tokio::time::timeout(WAIT, r.task).await.unwrap().unwrap();
+    eprintln!("replica stopped in {:?}", t.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_runs_with_status_and_events_and_its_deletion_waits_for_the_instance() {
+    let w = World::new();
+    let r = w.start("a");
+    create(&w, "p1", IMAGE).await;
+    w.until("p1 Running", |w| {
+        phase_of(&w.proxy_json("p1")).as_deref() == Some(Phase::Running.as_str())
+    })
+    .await;
+    let p = w.proxy_json("p1").unwrap();
+    assert_eq!(p["status"]["ip"], "192.168.122.10");
+    assert_eq!(
+        p["metadata"]["finalizers"][0],
+        egress_kube::driver::FINALIZER
+    );
+    let managers: Vec<&str> = p["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["operation"] == "Apply")
+        .map(|m| m["manager"].as_str().unwrap())
+        .collect();
+    assert_eq!(managers, [egress_kube::driver::FIELD_MANAGER]);
+    let uid =
+        egress_provider::ProxyUid::parse_strict(p["metadata"]["uid"].as_str().unwrap()).unwrap();
+    let domain = names::domain(ENTRY, &uid);
+    assert!(w.fakes["h1"].domain(&domain).is_some());
+    w.until("a Running event", |w| {
+        w.events()
+            .iter()
+            .any(|(t, r)| t == "Normal" && r == "Running")
+    })
+    .await;
+
+    w.proxies()
+        .delete("p1", &DeleteParams::default())
+        .await
+        .unwrap();
+    w.until("p1 gone", |w| w.proxy_json("p1").is_none()).await;
+    assert!(
+        w.fakes["h1"].domain(&domain).is_none(),
+        "the finalizer is removed only after the instance is gone"
+    );
+    stop(r).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_failure_sets_a_condition_and_an_event_and_is_retried() {
+    // finding: APX-2
+    let w = World::new();
+    w.fakes["h1"].faults().freeze();
+    let r = w.start("a");
+    create(&w, "p1", IMAGE).await;
+    // The create's transient error, or (when the health loop saw the frozen host first)
+    // placement refusing the unreachable host: either way a visible, non-latching condition.
+    w.until("a transient condition", |w| {
+        matches!(
+            ready_reason(&w.proxy_json("p1")).as_deref(),
+            Some("TransientError" | "NoUsableHost")
+        )
+    })
+    .await;
+    w.until("a warning event", |w| {
+        w.events().iter().any(|(t, _)| t == "Warning")
+    })
+    .await;
+    // Not latched: once the host answers again the same object converges.
+    w.fakes["h1"].faults().thaw();
+    w.until("p1 Running after the host recovers", |w| {
+        phase_of(&w.proxy_json("p1")).as_deref() == Some("Running")
+    })
+    .await;
+    stop(r).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_failure_latches_until_the_spec_changes() {
+    let w = World::new();
+    let r = w.start("a");
+    create(&w, "p1", "no-such-image").await;
+    w.until("p1 Failed", |w| {
+        phase_of(&w.proxy_json("p1")).as_deref() == Some("Failed")
+    })
+    .await;
+    let rv = w.proxy_json("p1").unwrap()["metadata"]["resourceVersion"].clone();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        w.proxy_json("p1").unwrap()["metadata"]["resourceVersion"],
+        rv,
+        "a latched failure is not retried (no status churn)"
+    );
+    let fix = json!({"spec": {"image": IMAGE}});
+    w.proxies()
+        .patch("p1", &PatchParams::default(), &Patch::Merge(&fix))
+        .await
+        .unwrap();
+    w.until("p1 Running after the spec change", |w| {
+        phase_of(&w.proxy_json("p1")).as_deref() == Some("Running")
+    })
+    .await;
+    stop(r).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_config_change_releases_a_latched_failure() {
+    let w = World::new();
+    let r = w.start("a");
+    create(&w, "p1", LATE_IMAGE).await;
+    w.until("p1 Failed", |w| {
+        phase_of(&w.proxy_json("p1")).as_deref() == Some("Failed")
+    })
+    .await;
+    // The operator's config gains the image; the mounted file changes.
+    w.late.store(true, Ordering::SeqCst);
+    std::fs::write(w.dir.path().join("providers.yaml"), "v2").unwrap();
+    w.until("p1 Running after the config change", |w| {
+        phase_of(&w.proxy_json("p1")).as_deref() == Some("Running")
+    })
+    .await;
+    assert_eq!(r.stats.reloads.load(Ordering::Relaxed), 1);
+    stop(r).await;
+}
+
+fn holder(w: &World) -> Option<String> {
+    w.api
+        .object("coordination.k8s.io", "leases", "ops", "egress-proxies")
+        .and_then(|l| serde_json::from_value::<Lease>(l).ok())
+        .and_then(|l| l.spec?.holder_identity)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_runs_gc_and_a_released_lease_hands_over_within_seconds() {
+    // finding: APX-3
+    let w = World::new();
+    let a = w.start("a");
+    w.until("a leads", |w| holder(w).as_deref() == Some("a"))
+        .await;
+    let b = w.start("b");
+    w.until("a runs GC", |_| {
+        a.stats.gc_passes.load(Ordering::Relaxed) >= 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        b.stats.gc_passes.load(Ordering::Relaxed),
+        0,
+        "a follower never runs GC"
+    );
+    assert_eq!(b.stats.health_rounds.load(Ordering::Relaxed), 0);
+    assert_eq!(b.stats.terms.load(Ordering::Relaxed), 0);
+
+    // Graceful shutdown of the leader (SIGTERM in a rollout) releases the Lease.
+    let t = Instant::now();
+    let a_stats = a.stats.clone();
+    stop(a).await;
+    let a_passes = a_stats.gc_passes.load(Ordering::Relaxed);
+    w.until("b leads", |w| holder(w).as_deref() == Some("b"))
+        .await;
+    w.until("b runs GC", |_| {
+        b.stats.gc_passes.load(Ordering::Relaxed) >= 1
+    })
+    .await;
+    // NB: the Lease lasts 10 s; without the release b would wait all of it.
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "hand-over took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(
+        a_stats.gc_passes.load(Ordering::Relaxed),
+        a_passes,
+        "a stopped replica runs no more GC"
+    );
+    stop(b).await;
+    assert_eq!(holder(&w), None, "the last replica released the Lease too");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_host_cannot_hold_a_reconcile_past_its_deadline() {
+    // finding: APX-3
+    let w = World::new();
+    let r = w.start("a");
+    create(&w, "p1", IMAGE).await;
+    w.until("p1 Running", |w| {
+        phase_of(&w.proxy_json("p1")).as_deref() == Some("Running")
+    })
+    .await;
+    w.fakes["h1"].faults().freeze();
+    let t = Instant::now();
+    w.until("a transient condition from the frozen host", |w| {
+        ready_reason(&w.proxy_json("p1")).as_deref() == Some("TransientError")
+    })
+    .await;
+    // Reconcile deadline 2 s (a get may use 3/4 of it) + poll 100 ms + slack.
+    assert!(
+        t.elapsed() < Duration::from_secs(6),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(
+        phase_of(&w.proxy_json("p1")).as_deref(),
+        Some("Running"),
+        "a transient read failure keeps the phase"
+    );
+    w.fakes["h1"].faults().thaw();
+    stop(r).await;
+}
+
+// ---- health, publishing, ProviderHealth, credentials, RBAC ----
+
+use egress_kube::api::{ProviderHealth, ProviderHealthSpec};
+use egress_kube::driver::publish::GROUP_LABEL;
+use egress_operator::health::probe::CheckTarget;
+use egress_operator::standalone::http::{Endpoints, healthy_list};
+use k8s_openapi::api::core::v1::Secret;
+
+/// 192.0.2.N:P → 127.0.0.N:P, where the test's in-process proxies listen.
+fn to_loopback(a: std::net::SocketAddr) -> std::net::SocketAddr {
+    match a.ip() {
+        std::net::IpAddr::V4(v4) if v4.octets()[..3] == [192, 0, 2] => {
+            std::net::SocketAddr::from(([127, 0, 0, v4.octets()[3]], a.port()))
+        }
+        _ => std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
+    }
+}
+
+fn health(echo: std::net::SocketAddr) -> HealthSettings {
+    let mut h = HealthSettings::new(CheckTarget::parse(&format!("http://{echo}/")).unwrap());
+    h.interval = Duration::from_millis(100);
+    h.jitter = Duration::from_millis(10);
+    h.probe_timeout = Duration::from_secs(1);
+    h.healthy_after = 1;
+    h.unhealthy_after = 2;
+    h.dial_map = Some(to_loopback);
+    h
+}
+
+async fn create_member(
+    w: &World,
+    name: &str,
+    port: u16,
+    group: Option<&str>,
+    credentials: Option<&str>,
+) {
+    let mut sp = spec(IMAGE);
+    sp.proxy.port = port;
+    sp.proxy.credentials_ref = credentials.map(str::to_owned);
+    let mut p = Proxy::new(name, ProxyCrdSpec(sp));
+    if let Some(g) = group {
+        p.metadata.labels = Some([(GROUP_LABEL.to_owned(), g.to_owned())].into());
+    }
+    w.proxies()
+        .create(&PostParams::default(), &p)
+        .await
+        .unwrap();
+}
+
+/// (status, reason) of condition `t`.
+fn condition(v: &Option<Value>, t: &str) -> Option<(String, String)> {
+    let c = v
+        .as_ref()?
+        .pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == t)?
+        .clone();
+    Some((
+        c["status"].as_str()?.to_owned(),
+        c["reason"].as_str()?.to_owned(),
+    ))
+}
+
+fn slice_ips(w: &World, group: &str) -> Option<Vec<String>> {
+    let s = w.api.object(
+        "discovery.k8s.io",
+        "endpointslices",
+        "default",
+        &format!("{group}-ipv4"),
+    )?;
+    Some(
+        s["endpoints"]
+            .as_array()
+            .map(|eps| {
+                eps.iter()
+                    .filter_map(|e| e["addresses"][0].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    )
+}
+
+async fn create_secret(w: &World, name: &str) {
+    let s: Secret = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "stringData": {},
+        "data": {"username": "dXNlcjE=", "password": "UGFzc3cwcmQ="},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(w.api.client("default"), "default")
+        .create(&PostParams::default(), &s)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_healthy_group_members_are_published_and_an_emptied_group_is_unpublished() {
+    let w = World::new();
+    let (echo, _echo) = health_support::start_echo().await;
+    let good = health_support::http_proxy("127.0.0.2:0", Default::default()).await;
+    let port = good.addr.port();
+    // "bad" reports 192.0.2.3, where nothing listens (127.0.0.3:port).
+    w.addrs.lock().unwrap().extend([
+        ("good".to_owned(), "192.0.2.2".to_owned()),
+        ("bad".to_owned(), "192.0.2.3".to_owned()),
+    ]);
+    let r = w.start_with("a", Some(health(echo)), |_| {});
+    create_member(&w, "good", port, Some("web"), None).await;
+    create_member(&w, "bad", port, Some("web"), None).await;
+    w.until("good published, bad decided unhealthy", |w| {
+        slice_ips(w, "web") == Some(vec!["192.0.2.2".to_owned()])
+            && condition(&w.proxy_json("bad"), "Healthy")
+                .map(|c| c.0)
+                .as_deref()
+                == Some("False")
+            && condition(&w.proxy_json("good"), "Ready")
+                .map(|c| c.0)
+                .as_deref()
+                == Some("True")
+    })
+    .await;
+    let svc = w.api.object("", "services", "default", "web").unwrap();
+    assert_eq!(svc["spec"]["ports"][0]["port"], port);
+    assert!(svc["spec"].get("selector").is_none(), "no selector: {svc}");
+    assert_eq!(
+        svc["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        "egress-proxies"
+    );
+    let slice = w
+        .api
+        .object("discovery.k8s.io", "endpointslices", "default", "web-ipv4")
+        .unwrap();
+    assert_eq!(
+        slice["metadata"]["labels"]["kubernetes.io/service-name"],
+        "web"
+    );
+    assert_eq!(
+        slice["metadata"]["ownerReferences"][0]["uid"],
+        svc["metadata"]["uid"]
+    );
+    assert_eq!(slice["ports"][0]["port"], port);
+    let g = w.proxy_json("good");
+    assert_eq!(
+        condition(&g, "Healthy"),
+        Some(("True".into(), "ProbeSucceeded".into()))
+    );
+    assert_eq!(
+        g.as_ref().unwrap()["status"]["health"]["egressIp"],
+        "127.0.0.1"
+    );
+    assert_eq!(
+        condition(&w.proxy_json("bad"), "Ready"),
+        Some(("False".into(), "NotHealthy".into())),
+        "Ready = Running ∧ Healthy"
+    );
+    w.until("health transition events", |w| {
+        let ev = w.events();
+        ev.iter().any(|(t, r)| t == "Normal" && r == "Healthy")
+            && ev.iter().any(|(t, r)| t == "Warning" && r == "ProbeFailed")
+    })
+    .await;
+    // The served views of the Kubernetes mode.
+    assert!(r.observer.ready());
+    let m = Endpoints::metrics(r.observer.as_ref());
+    assert!(
+        m.contains("egress_proxies_proxies{phase=\"Running\"} 2"),
+        "{m}"
+    );
+    assert_eq!(
+        healthy_list(&r.observer.status()),
+        format!("192.0.2.2:{port}\n")
+    );
+
+    // A member turning unhealthy leaves the slice; the Service stays.
+    good.stop();
+    drop(good);
+    w.until("good leaves the slice", |w| {
+        slice_ips(w, "web") == Some(vec![])
+    })
+    .await;
+    assert!(w.api.object("", "services", "default", "web").is_some());
+
+    // An emptied group loses its Service and slice.
+    for n in ["good", "bad"] {
+        w.proxies()
+            .delete(n, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    w.until("the group's Service and slice are gone", |w| {
+        w.api.object("", "services", "default", "web").is_none() && slice_ips(w, "web").is_none()
+    })
+    .await;
+    stop(r).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_writes_one_provider_health_per_entry_and_deletes_those_of_removed_entries() {
+    let w = World::new();
+    let api: Api<ProviderHealth> = Api::all(w.api.client("default"));
+    let stale = ProviderHealth::new(
+        "gone",
+        ProviderHealthSpec {
+            provider: "gone".into(),
+        },
+    );
+    api.create(&PostParams::default(), &stale).await.unwrap();
+    let r = w.start("a");
+    w.until("a ProviderHealth with a Ready host row", |w| {
+        w.api
+            .object(GROUP, "providerhealths", "", ENTRY)
+            .and_then(|o| o.pointer("/status/hosts/0/state").cloned())
+            == Some(json!("Ready"))
+    })
+    .await;
+    let ph = w.api.object(GROUP, "providerhealths", "", ENTRY).unwrap();
+    assert_eq!(ph["spec"]["provider"], ENTRY);
+    assert_eq!(ph["status"]["hosts"][0]["host"], "h1");
+    assert_eq!(ph["status"]["hostCount"], 1);
+    assert_eq!(ph["status"]["readyHosts"], 1);
+    let ready = &ph["status"]["conditions"][0];
+    assert_eq!(
+        (ready["type"].as_str(), ready["status"].as_str()),
+        (Some("Ready"), Some("True"))
+    );
+    let appliers: Vec<&str> = ph["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["operation"] == "Apply")
+        .map(|m| m["manager"].as_str().unwrap())
+        .collect();
+    assert!(
+        !appliers.is_empty()
+            && appliers
+                .iter()
+                .all(|m| *m == egress_kube::driver::FIELD_MANAGER)
+    );
+    w.until("the removed entry's ProviderHealth is deleted", |w| {
+        w.api.object(GROUP, "providerhealths", "", "gone").is_none()
+    })
+    .await;
+    // A host that stops answering turns its row and the Ready condition False.
+    w.fakes["h1"].faults().freeze();
+    w.until("the host row leaves Ready", |w| {
+        w.api
+            .object(GROUP, "providerhealths", "", ENTRY)
+            .is_some_and(|o| {
+                o.pointer("/status/hosts/0/state") != Some(&json!("Ready"))
+                    && o.pointer("/status/conditions/0/status") == Some(&json!("False"))
+            })
+    })
+    .await;
+    w.fakes["h1"].faults().thaw();
+    stop(r).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credentials_secret_created_late_re_reconciles_its_proxy_without_waiting_for_backoff() {
+    let w = World::new();
+    let r = w.start_with("a", None, |o| {
+        // Without the Secret poller the retry would come after a minute (beyond WAIT).
+        o.controller.backoff_base = Duration::from_secs(60);
+        o.controller.backoff_max = Duration::from_secs(60);
+        o.secret_poll_interval = Duration::from_millis(100);
+    });
+    create_member(&w, "p1", 3128, None, Some("creds")).await;
+    w.until("p1 waits for its Secret", |w| {
+        w.proxy_json("p1")
+            .and_then(|p| p.pointer("/status/conditions").cloned())
+            .is_some_and(|c| c.to_string().contains("could not be read yet"))
+    })
+    .await;
+    create_secret(&w, "creds").await;
+    w.until("p1 Running once the Secret exists", |w| {
+        phase_of(&w.proxy_json("p1")).as_deref() == Some("Running")
+    })
+    .await;
+    stop(r).await;
+}
+
+/// The RBAC verb a recorded request needs, and its resource (`plural[/subresource]`), group
+/// and namespace.
+fn access_of(req: &kube_fake::RecordedRequest) -> Vec<(String, String, String, Option<String>)> {
+    let segs: Vec<&str> = req.path.trim_matches('/').split('/').collect();
+    let (group, rest) = match segs.first() {
+        Some(&"api") => ("", &segs[2..]),
+        Some(&"apis") => (segs[1], &segs[3..]),
+        _ => return vec![],
+    };
+    let (ns, rest) = if rest.first() == Some(&"namespaces") && rest.len() >= 3 {
+        (Some(rest[1].to_owned()), &rest[2..])
+    } else {
+        (None, rest)
+    };
+    let resource = match rest.get(2) {
+        Some(sub) => format!("{}/{sub}", rest[0]),
+        None => rest[0].to_owned(),
+    };
+    let named = rest.len() >= 2;
+    let verbs: Vec<&str> = match (req.method.as_str(), named) {
+        ("GET", true) => vec!["get"],
+        ("GET", false) if req.query.contains("watch=true") || req.query.contains("watch=1") => {
+            vec!["watch"]
+        }
+        ("GET", false) => vec!["list"],
+        ("POST", _) => vec!["create"],
+        ("PUT", _) => vec!["update"],
+        // An apply that creates is authorized as a create too.
+        ("PATCH", _) if req.status == 201 => vec!["patch", "create"],
+        ("PATCH", _) => vec!["patch"],
+        ("DELETE", _) => vec!["delete"],
+        _ => vec![],
+    };
+    verbs
+        .into_iter()
+        .map(|v| (group.to_owned(), resource.clone(), v.to_owned(), ns.clone()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_calls_exactly_the_apis_its_rbac_table_grants() {
+    // finding: APX-3 (least privilege: the RBAC grants what the code calls, no more)
+    use egress_kube::rbac::{API_ACCESS, PROXIES, PROXIES_FINALIZERS, Scope};
+    use std::collections::BTreeSet;
+    let w = World::new();
+    // A tour of every path: Secret-backed proxy in a published group, health, a removed
+    // entry's ProviderHealth, transient failures (repeated events), deletion, GC, release.
+    let (echo, _echo) = health_support::start_echo().await;
+    let good = health_support::http_proxy("127.0.0.2:0", Default::default()).await;
+    w.addrs
+        .lock()
+        .unwrap()
+        .insert("good".to_owned(), "192.0.2.2".to_owned());
+    create_secret(&w, "creds").await;
+    Api::<ProviderHealth>::all(w.api.client("default"))
+        .create(
+            &PostParams::default(),
+            &ProviderHealth::new(
+                "gone",
+                ProviderHealthSpec {
+                    provider: "gone".into(),
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    let tests_requests = w.api.requests().len();
+    let r = w.start_with("a", Some(health(echo)), |o| {
+        o.secret_poll_interval = Duration::from_millis(100);
+        o.publish_interval = Duration::from_millis(100);
+    });
+    create_member(&w, "good", good.addr.port(), Some("web"), Some("creds")).await;
+    w.until("good published", |w| {
+        slice_ips(w, "web") == Some(vec!["192.0.2.2".to_owned()])
+    })
+    .await;
+    w.until("the stale ProviderHealth is deleted", |w| {
+        w.api.object(GROUP, "providerhealths", "", "gone").is_none()
+    })
+    .await;
+    create(&w, "p2", "no-such-image").await;
+    w.fakes["h1"].faults().freeze();
+    w.until("a repeated event became a series", |w| {
+        w.api
+            .objects("events.k8s.io", "events")
+            .iter()
+            .any(|e| e.get("series").is_some_and(|s| !s.is_null()))
+    })
+    .await;
+    w.fakes["h1"].faults().thaw();
+    for n in ["good", "p2"] {
+        w.proxies()
+            .delete(n, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    w.until("proxies and the group gone", |w| {
+        w.proxy_json("good").is_none()
+            && w.proxy_json("p2").is_none()
+            && w.api.object("", "services", "default", "web").is_none()
+    })
+    .await;
+    w.until("a GC pass", |_| {
+        r.stats.gc_passes.load(Ordering::Relaxed) >= 1
+    })
+    .await;
+    stop(r).await;
+
+    let reqs = w.api.requests();
+    let mut seen: BTreeSet<(String, String, String)> = BTreeSet::new();
+    for req in &reqs[tests_requests..] {
+        for (g, res, verb, ns) in access_of(req) {
+            // The test's own calls during the tour: it creates and deletes the Proxies (the
+            // driver never does either).
+            if g == GROUP && res == "proxies" && (verb == "create" || verb == "delete") {
+                continue;
+            }
+            if res == "leases" {
+                assert_eq!(
+                    ns.as_deref(),
+                    Some("ops"),
+                    "a Lease outside the operator namespace"
+                );
+            }
+            seen.insert((g, res, verb));
+        }
+    }
+    // Writing finalizers (a JSON patch of the Proxy) is authorized on proxies/finalizers
+    // where the OwnerReferencesPermissionEnforcement plugin is on: implied by that patch.
+    if seen.contains(&(
+        PROXIES.group.into(),
+        PROXIES.resource.into(),
+        "patch".into(),
+    )) {
+        seen.insert((
+            PROXIES_FINALIZERS.group.into(),
+            PROXIES_FINALIZERS.resource.into(),
+            "update".into(),
+        ));
+    }
+    let table: BTreeSet<(String, String, String)> = API_ACCESS
+        .iter()
+        .flat_map(|a| {
+            a.verbs
+                .iter()
+                .map(|v| (a.group.to_owned(), a.resource.to_owned(), (*v).to_owned()))
+        })
+        .collect();
+    let unlisted: Vec<_> = seen.difference(&table).collect();
+    let unused: Vec<_> = table.difference(&seen).collect();
+    assert!(
+        unlisted.is_empty() && unused.is_empty(),
+        "calls not in rbac::API_ACCESS: {unlisted:?}; grants never used: {unused:?}"
+    );
+    assert!(
+        API_ACCESS
+            .iter()
+            .all(|a| (a.resource == "leases") == (a.scope == Scope::OperatorNamespace))
+    );
+    drop(good);
+}

@@ -1,0 +1,218 @@
+#![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+use super::*;
+
+fn settings() -> HealthSettings {
+    HealthSettings::new(CheckTarget::parse("http://127.0.0.1:9/").unwrap())
+}
+
+fn addr() -> SocketAddr {
+    "192.0.2.10:3128".parse().unwrap()
+}
+
+fn ok(ip: &str) -> ProbeResult {
+    ProbeResult::Ok(ProbeSuccess {
+        egress_ip: ip.parse().unwrap(),
+        latency: Duration::from_millis(12),
+    })
+}
+
+fn failed() -> ProbeResult {
+    ProbeResult::Failed(ProbeError::Connect("connection refused".into()))
+}
+
+fn t(s: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + s)
+}
+
+#[test]
+fn hysteresis_needs_consecutive_results_in_both_directions() {
+    let s = settings();
+    let mut h = ProxyHealth::default();
+    h.record(addr(), &ok("203.0.113.7"), None, &s, t(0));
+    assert_eq!(h.state, HealthState::Unknown, "one success is not enough");
+    h.record(addr(), &ok("203.0.113.7"), None, &s, t(1));
+    assert_eq!(h.state, HealthState::Healthy);
+    for i in 0..DEFAULT_UNHEALTHY_AFTER - 1 {
+        h.record(addr(), &failed(), None, &s, t(2 + u64::from(i)));
+        assert_eq!(
+            h.state,
+            HealthState::Healthy,
+            "failure {i} keeps it healthy"
+        );
+    }
+    h.record(addr(), &failed(), None, &s, t(9));
+    assert_eq!(h.state, HealthState::Unhealthy);
+    assert_eq!(h.reason, reason::PROBE_FAILED);
+    assert!(h.message.contains("ProxyUnreachable"), "{}", h.message);
+    assert_eq!(h.consecutive_failures, DEFAULT_UNHEALTHY_AFTER);
+    assert_eq!(
+        h.egress_ip,
+        Some("203.0.113.7".parse().unwrap()),
+        "last egress kept"
+    );
+}
+
+#[test]
+fn an_egress_outside_the_expected_cidr_is_unhealthy_at_once_with_both_addresses() {
+    let s = settings();
+    let mut h = ProxyHealth::default();
+    h.record(
+        addr(),
+        &ok("198.51.100.1"),
+        Some("203.0.113.0/24"),
+        &s,
+        t(0),
+    );
+    assert_eq!(h.state, HealthState::Unhealthy);
+    assert_eq!(h.reason, reason::EGRESS_MISMATCH);
+    assert!(h.message.contains("198.51.100.1") && h.message.contains("203.0.113.0/24"));
+    h.record(addr(), &ok("203.0.113.9"), Some("203.0.113.0/24"), &s, t(1));
+    h.record(addr(), &ok("203.0.113.9"), Some("203.0.113.0/24"), &s, t(2));
+    assert_eq!(h.state, HealthState::Healthy);
+}
+
+#[test]
+fn egress_matching_handles_ips_cidrs_and_families() {
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    assert!(egress_matches("203.0.113.7", ip("203.0.113.7")));
+    assert!(!egress_matches("203.0.113.7", ip("203.0.113.8")));
+    assert!(egress_matches("203.0.113.0/24", ip("203.0.113.200")));
+    assert!(egress_matches("0.0.0.0/0", ip("8.8.8.8")));
+    assert!(egress_matches("2001:db8::/32", ip("2001:db8:1::5")));
+    assert!(!egress_matches("2001:db8::/32", ip("203.0.113.7")));
+    assert!(!egress_matches("nonsense", ip("203.0.113.7")));
+}
+
+#[test]
+fn a_new_address_resets_the_state_but_an_unprobed_round_keeps_it() {
+    // finding: H3
+    let s = settings();
+    let mut h = ProxyHealth::default();
+    h.record(addr(), &ok("203.0.113.7"), None, &s, t(0));
+    h.record(addr(), &ok("203.0.113.7"), None, &s, t(1));
+    assert_eq!(h.state, HealthState::Healthy);
+    let other: SocketAddr = "192.0.2.11:3128".parse().unwrap();
+    h.record(other, &ok("203.0.113.7"), None, &s, t(2));
+    assert_eq!(
+        h.state,
+        HealthState::Unknown,
+        "a replaced instance starts over"
+    );
+    assert_eq!(h.consecutive_successes, 1);
+}
+
+fn running() -> ProxyStatus {
+    let mut st = ProxyStatus {
+        phase: Phase::Running,
+        ip: Some("192.0.2.10".into()),
+        ..ProxyStatus::default()
+    };
+    st.set_condition(Condition::new(
+        condition::READY,
+        ConditionStatus::True,
+        "Running",
+        "running",
+        "2026-01-01T00:00:00Z",
+        1,
+    ));
+    st
+}
+
+#[test]
+fn ready_is_running_and_healthy_and_keeps_its_transition_time() {
+    let s = settings();
+    let mut h = ProxyHealth::default();
+    h.record(addr(), &ok("203.0.113.7"), None, &s, t(0));
+    // Not decided yet: Ready False, Healthy Unknown.
+    let mut st = running();
+    apply_to_status(&mut st, Some(&h), None, t(0), 1);
+    assert_eq!(
+        st.condition(condition::HEALTHY).unwrap().status,
+        ConditionStatus::Unknown
+    );
+    let ready = st.condition(condition::READY).unwrap().clone();
+    assert_eq!(ready.status, ConditionStatus::False);
+    assert_eq!(ready.reason, reason::NOT_HEALTHY);
+    // The next reconcile sets Ready True again; merging keeps the earlier False's time.
+    let prev = st.clone();
+    let mut next = running();
+    apply_to_status(&mut next, Some(&h), Some(&prev), t(30), 1);
+    assert_eq!(
+        next.condition(condition::READY)
+            .unwrap()
+            .last_transition_time,
+        ready.last_transition_time
+    );
+    // Healthy: Ready True.
+    h.record(addr(), &ok("203.0.113.7"), None, &s, t(31));
+    let mut st = running();
+    apply_to_status(&mut st, Some(&h), Some(&next), t(31), 1);
+    assert_eq!(
+        st.condition(condition::READY).unwrap().status,
+        ConditionStatus::True
+    );
+    assert_eq!(
+        st.condition(condition::HEALTHY).unwrap().reason,
+        reason::PROBE_SUCCEEDED
+    );
+    let hs = st.health.unwrap();
+    assert_eq!(hs.healthy, Some(true));
+    assert_eq!(hs.egress_ip.as_deref(), Some("203.0.113.7"));
+    assert_eq!(hs.latency_ms, Some(12));
+}
+
+#[test]
+fn a_proxy_that_is_not_running_is_never_ready_through_health() {
+    let mut st = ProxyStatus {
+        phase: Phase::Provisioning,
+        ..ProxyStatus::default()
+    };
+    apply_to_status(&mut st, None, None, t(0), 1);
+    assert_eq!(
+        st.condition(condition::HEALTHY).unwrap().reason,
+        reason::NOT_RUNNING
+    );
+    assert!(
+        st.condition(condition::READY).is_none(),
+        "Ready stays the controller's"
+    );
+}
+
+#[test]
+fn the_healthy_list_holds_only_running_healthy_members() {
+    let mut a = running();
+    a.health = Some(HealthStatus {
+        healthy: Some(true),
+        ..HealthStatus::default()
+    });
+    let mut b = running();
+    b.ip = Some("2001:db8::5".into());
+    b.health = a.health.clone();
+    let mut c = running();
+    c.health = Some(HealthStatus {
+        healthy: Some(false),
+        ..HealthStatus::default()
+    });
+    let d = running();
+    let list = healthy_endpoints([(&a, 3128), (&b, 1080), (&c, 3128), (&d, 3128)]);
+    let text: Vec<String> = list.iter().map(ToString::to_string).collect();
+    assert_eq!(text, ["192.0.2.10:3128", "[2001:db8::5]:1080"]);
+}
+
+#[test]
+fn a_proxy_held_unready_by_health_becomes_ready_when_healthy_without_a_reconcile() {
+    let s = settings();
+    let mut h = ProxyHealth::default();
+    h.record(addr(), &ok("203.0.113.7"), None, &s, t(0));
+    let mut st = running();
+    apply_to_status(&mut st, Some(&h), None, t(0), 1);
+    assert_eq!(
+        st.condition(condition::READY).unwrap().status,
+        ConditionStatus::False
+    );
+    h.record(addr(), &ok("203.0.113.7"), None, &s, t(30));
+    let prev = st.clone();
+    apply_to_status(&mut st, Some(&h), Some(&prev), t(30), 1);
+    let ready = st.condition(condition::READY).unwrap();
+    assert_eq!(ready.status, ConditionStatus::True, "{ready:?}");
+}

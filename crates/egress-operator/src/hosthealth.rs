@@ -1,0 +1,255 @@
+//! Host health: every provider entry's hosts checked on an interval ([`check_all`]), turned
+//! into plain rows ([`HostHealth`]) that standalone mode serves at `/hosts` and the
+//! Kubernetes driver publishes as `ProviderHealth`, and the placement rule
+//! ([`accepts_placements`]) the controller applies.
+//!
+//! Guarantees:
+//! - **Bounded fan-out**: at most [`DEFAULT_MAX_PARALLEL_ENTRIES`] entries are checked at once;
+//!   inside an entry the provider bounds its own hosts (`check.maxParallel`). Every entry's
+//!   check runs under a deadline; an entry that misses it yields one row per host with state
+//!   `Timeout` and a message naming the deadline, never a hang.
+//! - **Per-host reasons first** (finding L16): a host's row carries the provider's own state
+//!   for that host (`Unreachable`, `Timeout` only for its own deadline, `Degraded` with what is
+//!   missing); only an entry whose whole check missed the round deadline is reported as a
+//!   round `Timeout`, and the provider validates at load that its round deadline cannot cut a
+//!   host's dial (finding L17).
+//! - **Latency of the probe only** (finding L15): `latencyMs` is the provider's probe-call
+//!   latency, never the round's or the dial's.
+//! - **Bounded strings** (finding L18): hostname, versions, error and every `missing` item are
+//!   re-cut here ([`MAX_REMOTE_STRING`]) whatever the provider did.
+//! - **Placement**: a host accepts new proxies only when its last report is `Ready`, or before
+//!   its first report. A pool at or below its reserve makes the provider report the host
+//!   `Degraded` ("free space in storage pool …"), so it takes no new proxies either.
+
+use std::time::{Duration, SystemTime};
+
+use egress_provider::model::{HostReport, HostState};
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use crate::model::truncate;
+use crate::providers::{ProviderHandle, Providers};
+
+/// Entries checked at once.
+// NB: each entry already checks its hosts in parallel (8 by default); 4 entries at once keeps
+// one round to a few dozen sockets even with many entries, and configs rarely have more.
+pub const DEFAULT_MAX_PARALLEL_ENTRIES: usize = 4;
+/// Longest remote string kept in a row.
+// NB: DNS's limit for a hostname; error strings were already cut to 512 by the provider and
+// are cut again to the model's message bound.
+pub const MAX_REMOTE_STRING: usize = 253;
+/// Most `missing` items kept.
+// NB: a host lacks at most a handful of things (virt type, UEFI, network, bridge, pool, space).
+pub const MAX_MISSING_ITEMS: usize = 16;
+
+/// One host of one provider entry, as last checked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostHealth {
+    /// Provider entry.
+    pub entry: String,
+    /// Host name in the entry.
+    pub host: String,
+    /// `Ready`, `Unreachable`, `Timeout`, `Degraded`, or `Unknown` before the first check.
+    pub state: String,
+    /// Whether it takes new proxies ([`accepts_placements`]).
+    pub accepts_placements: bool,
+    /// Latency of the probe call only, milliseconds (finding L15).
+    pub latency_ms: Option<u64>,
+    /// The host's hostname (bounded).
+    pub hostname: Option<String>,
+    /// libvirt version.
+    pub libvirt_version: Option<String>,
+    /// Usable virt types.
+    pub virt_types: Vec<String>,
+    /// UEFI loader available.
+    pub uefi: bool,
+    /// Free pool space after the reserve, bytes.
+    pub pool_free_bytes: Option<u64>,
+    /// What is missing or low (each bounded).
+    pub missing: Vec<String>,
+    /// Last error (redacted by the provider, bounded).
+    pub error: Option<String>,
+    /// When this row was produced (RFC 3339); absent before the first check.
+    pub checked_at: Option<String>,
+}
+
+fn cut(s: &str) -> String {
+    truncate(s, MAX_REMOTE_STRING)
+}
+
+fn state_name(s: HostState) -> &'static str {
+    match s {
+        HostState::Ready => "Ready",
+        HostState::Unreachable => "Unreachable",
+        HostState::Timeout => "Timeout",
+        HostState::Degraded => "Degraded",
+    }
+}
+
+/// Whether a host whose last state is `state` (`None`: never checked) takes new proxies.
+pub fn accepts_placements(state: Option<HostState>) -> bool {
+    matches!(state, None | Some(HostState::Ready))
+}
+
+impl HostHealth {
+    /// The row of a host not checked yet.
+    pub fn unknown(entry: &str, host: &str) -> Self {
+        Self {
+            entry: entry.to_owned(),
+            host: host.to_owned(),
+            state: "Unknown".into(),
+            accepts_placements: true,
+            latency_ms: None,
+            hostname: None,
+            libvirt_version: None,
+            virt_types: Vec::new(),
+            uefi: false,
+            pool_free_bytes: None,
+            missing: Vec::new(),
+            error: None,
+            checked_at: None,
+        }
+    }
+
+    /// The row of one provider report, every string bounded (finding L18).
+    pub fn from_report(entry: &str, r: &HostReport, now: SystemTime) -> Self {
+        Self {
+            entry: entry.to_owned(),
+            host: r.host.clone(),
+            state: state_name(r.state).into(),
+            accepts_placements: accepts_placements(Some(r.state)),
+            latency_ms: r
+                .latency
+                .map(|l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX)),
+            hostname: r.hostname.as_deref().map(cut),
+            libvirt_version: r.libvirt_version.as_deref().map(cut),
+            virt_types: r
+                .virt_types
+                .iter()
+                .take(MAX_MISSING_ITEMS)
+                .map(|s| cut(s))
+                .collect(),
+            uefi: r.uefi,
+            pool_free_bytes: r.pool_free_bytes,
+            missing: r
+                .missing
+                .iter()
+                .take(MAX_MISSING_ITEMS)
+                .map(|s| cut(s))
+                .collect(),
+            error: r
+                .error
+                .as_deref()
+                .map(|e| truncate(e, crate::model::MAX_MESSAGE_CHARS)),
+            checked_at: Some(humantime::format_rfc3339_seconds(now).to_string()),
+        }
+    }
+
+    /// The row of a host whose entry's whole check missed `deadline`.
+    pub fn round_timeout(entry: &str, host: &str, deadline: Duration, now: SystemTime) -> Self {
+        Self {
+            state: "Timeout".into(),
+            accepts_placements: false,
+            error: Some(format!(
+                "the entry's check did not finish within {}s",
+                deadline.as_secs()
+            )),
+            checked_at: Some(humantime::format_rfc3339_seconds(now).to_string()),
+            ..Self::unknown(entry, host)
+        }
+    }
+}
+
+/// One entry's check result.
+#[derive(Debug, Clone)]
+pub struct EntryCheck {
+    /// The entry checked.
+    pub handle: ProviderHandle,
+    /// Its reports, or `None` when the whole check missed the deadline.
+    pub reports: Option<Vec<HostReport>>,
+}
+
+impl EntryCheck {
+    /// The rows of this check (one per configured host on a timeout).
+    pub fn rows(&self, deadline: Duration, now: SystemTime) -> Vec<HostHealth> {
+        let entry = &self.handle.config.name;
+        match &self.reports {
+            Some(rs) => rs
+                .iter()
+                .map(|r| HostHealth::from_report(entry, r, now))
+                .collect(),
+            None => self
+                .handle
+                .config
+                .hosts
+                .iter()
+                .map(|h| HostHealth::round_timeout(entry, &h.name, deadline, now))
+                .collect(),
+        }
+    }
+}
+
+/// Checks every entry of `providers`, at most `max_parallel` entries at once, each within
+/// `deadline`.
+pub async fn check_all(
+    providers: &Providers,
+    max_parallel: usize,
+    deadline: Duration,
+) -> Vec<EntryCheck> {
+    futures_util::stream::iter(providers.iter().cloned())
+        .map(|h| async move {
+            let reports = tokio::time::timeout(deadline, h.provider.check())
+                .await
+                .ok();
+            EntryCheck { handle: h, reports }
+        })
+        .buffer_unordered(max_parallel.max(1))
+        .collect()
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+    use super::*;
+
+    fn report(state: HostState) -> HostReport {
+        HostReport {
+            host: "h1".into(),
+            state,
+            latency: Some(Duration::from_micros(1500)),
+            hostname: Some("x".repeat(10_000)),
+            libvirt_version: Some("11.3.0".into()),
+            virt_types: vec!["qemu".into()],
+            uefi: true,
+            pool_free_bytes: Some(0),
+            missing: vec!["free space in storage pool p: 0 bytes".into()],
+            error: Some("e".repeat(10_000)),
+        }
+    }
+
+    #[test]
+    fn rows_bound_every_remote_string() {
+        // finding: L18
+        let r = HostHealth::from_report("e", &report(HostState::Degraded), SystemTime::UNIX_EPOCH);
+        assert_eq!(r.hostname.unwrap().chars().count(), MAX_REMOTE_STRING);
+        assert!(r.error.unwrap().chars().count() <= crate::model::MAX_MESSAGE_CHARS);
+        assert_eq!(r.latency_ms, Some(1));
+        assert_eq!(r.state, "Degraded");
+        assert!(!r.accepts_placements);
+    }
+
+    #[test]
+    fn only_ready_or_unchecked_hosts_accept_placements() {
+        assert!(accepts_placements(None));
+        assert!(accepts_placements(Some(HostState::Ready)));
+        for s in [
+            HostState::Degraded,
+            HostState::Unreachable,
+            HostState::Timeout,
+        ] {
+            assert!(!accepts_placements(Some(s)), "{s:?}");
+        }
+    }
+}

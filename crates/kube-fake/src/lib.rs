@@ -1,0 +1,1161 @@
+//! An in-process fake Kubernetes API server for tests: a tower `Service` behind
+//! [`kube::Client`] that keeps objects in memory, so a real kube-runtime `Controller`, the
+//! event `Recorder` and a Lease-based elector can run end to end without a cluster (kube 5 has
+//! no in-memory API server; kube-rs issue 1108).
+//!
+//! What it serves (URL shapes of the core `/api/v1` and the `/apis/GROUP/VERSION` groups,
+//! namespaced and cluster-scoped, any resource without registration):
+//! - get, list (with `labelSelector` equality/existence terms and `fieldSelector`
+//!   `metadata.name` / `metadata.namespace` equality), watch (a streaming JSON-lines body of
+//!   `ADDED` / `MODIFIED` / `DELETED` events replayed from `resourceVersion`, then live, then a
+//!   `BOOKMARK`; the stream ends after `timeoutSeconds` like a real server's);
+//! - create (409 `AlreadyExists`), replace (409 `Conflict` on a stale
+//!   `metadata.resourceVersion`), delete;
+//! - patches: JSON merge (RFC 7386), strategic merge (treated as a JSON merge: lists are
+//!   replaced, never merged by key — enough for the objects our tests patch), JSON patch
+//!   (RFC 6902, including `test`), and server-side apply;
+//! - server-side apply, simplified: each (field manager, subresource) owns the leaf paths it
+//!   applied (objects are recursed, lists are atomic); applying a leaf another manager owns
+//!   with a different value is a 409 `Conflict` unless `force=true` (which takes ownership);
+//!   leaves a manager applied before and omits now are removed when nobody else owns them;
+//!   the applied config is then deep-merged. `metadata.managedFields` lists one entry per
+//!   manager (no `fieldsV1`). Non-apply writes take no ownership. An apply that creates the
+//!   object answers 201; a `metadata.resourceVersion` in the applied config is a
+//!   precondition (409 `Conflict` when stale).
+//! - the status subresource, for resources registered with
+//!   [`FakeApiServer::enable_status_subresource`]: writes to `/status` change only `status`;
+//!   writes to the main resource never change `status`; create drops `status`;
+//! - server-owned metadata (`uid`, `resourceVersion`, `generation`, `creationTimestamp`,
+//!   `deletionTimestamp`, `managedFields`) cannot be written by clients; `generation` starts at 1
+//!   and increments whenever anything outside `metadata` and `status` changes;
+//! - finalizers: deleting an object with finalizers only sets `deletionTimestamp`; the object
+//!   is removed by the write that empties its finalizers.
+//!
+//! Guarantees: one global resourceVersion counter (like etcd's revision), strictly increasing
+//! per write; every write is one history record, so a watch from any earlier version replays
+//! every change in order; a watcher whose bounded queue fills is disconnected (its stream
+//! ends and the client re-watches from its last version, as with a real server). No lock is
+//! held across an `.await`. Every request is recorded for assertions ([`FakeApiServer::requests`]).
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc;
+
+/// Queue of one watcher; a watcher that falls this far behind is disconnected.
+// NB: a test's controller consumes events within microseconds; 1024 pending events means the
+// consumer is gone or stuck, and a disconnect makes the client re-list, as a real server does.
+pub const WATCH_QUEUE: usize = 1024;
+/// Server-side watch timeout when the client sends none (the real API server's default range).
+// NB: kube-runtime sends 290 s; this only applies to hand-made requests.
+pub const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(290);
+/// Requests kept for [`FakeApiServer::requests`]; older ones are dropped.
+// NB: a test run makes hundreds of requests; 100 000 bounds memory at a few MiB.
+pub const MAX_RECORDED_REQUESTS: usize = 100_000;
+
+/// The response body type: whole JSON documents, or a watch stream.
+pub type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// One request as the server saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedRequest {
+    /// HTTP method.
+    pub method: String,
+    /// Path without the query.
+    pub path: String,
+    /// Raw query string ("" when none).
+    pub query: String,
+    /// `Content-Type`, for patches.
+    pub content_type: String,
+    /// The status code answered.
+    pub status: u16,
+}
+
+/// Where a resource type lives: `group` ("" for core) and `plural`.
+type TypeKey = (String, String);
+/// One object: type, namespace ("" when cluster-scoped), name.
+type ObjKey = (String, String, String, String);
+
+#[derive(Debug, Clone)]
+struct Stored {
+    object: Value,
+    /// (manager, subresource) → owned leaf paths (JSON pointers).
+    applied: BTreeMap<(String, String), BTreeSet<String>>,
+    /// (manager, operation, subresource) of every writer with a field manager.
+    managers: BTreeSet<(String, String, String)>,
+}
+
+#[derive(Debug, Clone)]
+struct Record {
+    rv: u64,
+    group: String,
+    plural: String,
+    kind: &'static str,
+    object: Value,
+}
+
+struct Watcher {
+    group: String,
+    plural: String,
+    namespace: Option<String>,
+    selectors: Selectors,
+    tx: mpsc::Sender<Bytes>,
+}
+
+#[derive(Default)]
+struct State {
+    rv: u64,
+    uid_counter: u64,
+    objects: BTreeMap<ObjKey, Stored>,
+    history: Vec<Record>,
+    watchers: Vec<Watcher>,
+    status_sub: HashSet<TypeKey>,
+    requests: Vec<RecordedRequest>,
+}
+
+/// The fake server. Cloning shares the same store; [`FakeApiServer::client`] makes a
+/// `kube::Client` over it.
+#[derive(Clone, Default)]
+pub struct FakeApiServer {
+    state: Arc<Mutex<State>>,
+}
+
+impl std::fmt::Debug for FakeApiServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.lock();
+        f.debug_struct("FakeApiServer")
+            .field("resource_version", &st.rv)
+            .field("objects", &st.objects.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A parsed request path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Route {
+    group: String,
+    version: String,
+    plural: String,
+    namespace: Option<String>,
+    name: Option<String>,
+    subresource: Option<String>,
+}
+
+impl Route {
+    fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+}
+
+fn parse_route(path: &str) -> Option<Route> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match segs.as_slice() {
+        ["api", v, rest @ ..] => (String::new(), (*v).to_owned(), rest),
+        ["apis", g, v, rest @ ..] => ((*g).to_owned(), (*v).to_owned(), rest),
+        _ => return None,
+    };
+    let s = |x: &&str| (*x).to_owned();
+    let (namespace, plural, tail) = match rest {
+        ["namespaces", ns, plural, tail @ ..] => (Some(s(ns)), s(plural), tail),
+        [plural, tail @ ..] => (None, s(plural), tail),
+        [] => return None,
+    };
+    let (name, sub) = match tail {
+        [] => (None, None),
+        [name] => (Some(s(name)), None),
+        [name, sub] => (Some(s(name)), Some(s(sub))),
+        _ => return None,
+    };
+    Some(Route {
+        group,
+        version,
+        plural,
+        namespace,
+        name,
+        subresource: sub,
+    })
+}
+
+/// Label and field selectors of a list or watch.
+#[derive(Debug, Clone, Default)]
+struct Selectors {
+    labels: Vec<(String, Option<String>, bool)>,
+    fields: Vec<(String, String)>,
+}
+
+impl Selectors {
+    fn parse(q: &BTreeMap<String, String>) -> Self {
+        let mut s = Self::default();
+        if let Some(l) = q.get("labelSelector") {
+            for term in l.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+                if let Some((k, v)) = term.split_once("!=") {
+                    s.labels
+                        .push((k.trim().into(), Some(v.trim().into()), false));
+                } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('='))
+                {
+                    s.labels
+                        .push((k.trim().into(), Some(v.trim().into()), true));
+                } else if let Some(k) = term.strip_prefix('!') {
+                    s.labels.push((k.trim().into(), None, false));
+                } else {
+                    s.labels.push((term.into(), None, true));
+                }
+            }
+        }
+        if let Some(f) = q.get("fieldSelector") {
+            for term in f.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+                if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
+                    s.fields.push((k.trim().into(), v.trim().into()));
+                }
+            }
+        }
+        s
+    }
+
+    fn matches(&self, obj: &Value) -> bool {
+        let labels = obj.pointer("/metadata/labels");
+        let label_ok = self.labels.iter().all(|(k, v, eq)| {
+            let have = labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+            match (v, eq) {
+                (Some(v), true) => have == Some(v.as_str()),
+                (Some(v), false) => have != Some(v.as_str()),
+                (None, true) => have.is_some(),
+                (None, false) => have.is_none(),
+            }
+        });
+        let field_ok = self.fields.iter().all(|(k, v)| {
+            let ptr = format!("/{}", k.replace('.', "/"));
+            obj.pointer(&ptr).and_then(Value::as_str) == Some(v.as_str())
+        });
+        label_ok && field_ok
+    }
+}
+
+/// An API error as the server answers it.
+struct ApiError {
+    code: StatusCode,
+    reason: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason,
+            message: message.into(),
+        }
+    }
+    fn not_found(r: &Route, name: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("{} \"{name}\" not found", r.plural),
+        )
+    }
+    fn bad(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "BadRequest", message)
+    }
+    fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "Conflict", message)
+    }
+}
+
+fn full(code: StatusCode, v: &Value) -> Response<Body> {
+    let bytes = serde_json::to_vec(v).unwrap_or_default();
+    let mut resp = Response::new(Full::new(Bytes::from(bytes)).boxed_unsync());
+    *resp.status_mut() = code;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn error_response(e: &ApiError) -> Response<Body> {
+    full(
+        e.code,
+        &json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": e.message, "reason": e.reason, "code": e.code.as_u16(),
+        }),
+    )
+}
+
+fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .replace_nanosecond(0)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
+}
+
+/// Metadata fields only the server writes.
+const SERVER_META: &[&str] = &[
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "managedFields",
+];
+
+fn meta_mut(obj: &mut Value) -> Option<&mut Map<String, Value>> {
+    if !obj.get("metadata").is_some_and(Value::is_object) {
+        obj.as_object_mut()?
+            .insert("metadata".into(), Value::Object(Map::new()));
+    }
+    obj.get_mut("metadata")?.as_object_mut()
+}
+
+/// Everything but `metadata` and `status`: what a generation tracks.
+fn spec_part(obj: &Value) -> Value {
+    let mut o = obj.as_object().cloned().unwrap_or_default();
+    o.remove("metadata");
+    o.remove("status");
+    o.remove("apiVersion");
+    o.remove("kind");
+    Value::Object(o)
+}
+
+fn has_finalizers(obj: &Value) -> bool {
+    obj.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .is_some_and(|a| !a.is_empty())
+}
+
+/// Leaf paths of an applied config (objects recursed, everything else a leaf).
+fn leaves(v: &Value, prefix: &str, out: &mut BTreeSet<String>) {
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            for (k, c) in m {
+                let esc = k.replace('~', "~0").replace('/', "~1");
+                leaves(c, &format!("{prefix}/{esc}"), out);
+            }
+        }
+        _ => {
+            out.insert(prefix.to_owned());
+        }
+    }
+}
+
+/// Removes the value at a JSON pointer, and parents left empty.
+fn remove_path(obj: &mut Value, ptr: &str) {
+    let Some((parent, last)) = ptr.rsplit_once('/') else {
+        return;
+    };
+    let key = last.replace("~1", "/").replace("~0", "~");
+    if let Some(p) = obj.pointer_mut(parent).and_then(Value::as_object_mut) {
+        p.remove(&key);
+        if p.is_empty() && !parent.is_empty() {
+            remove_path(obj, parent);
+        }
+    }
+}
+
+/// Deep merge for apply: objects merged key by key, anything else replaced.
+fn deep_merge(into: &mut Value, from: &Value) {
+    match (into, from) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                match a.get_mut(k) {
+                    Some(slot) if slot.is_object() && v.is_object() => deep_merge(slot, v),
+                    _ => {
+                        a.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (slot, v) => *slot = v.clone(),
+    }
+}
+
+impl State {
+    fn next_rv(&mut self) -> u64 {
+        self.rv = self.rv.saturating_add(1);
+        self.rv
+    }
+
+    fn record(&mut self, group: &str, plural: &str, kind: &'static str, object: Value) {
+        let rec = Record {
+            rv: self.rv,
+            group: group.to_owned(),
+            plural: plural.to_owned(),
+            kind,
+            object,
+        };
+        let line = event_line(kind, &rec.object);
+        self.watchers.retain(|w| {
+            if !w.matches(&rec) {
+                return !w.tx.is_closed();
+            }
+            // NB: a full queue disconnects the watcher (see WATCH_QUEUE).
+            w.tx.try_send(line.clone()).is_ok()
+        });
+        self.history.push(rec);
+    }
+
+    fn status_sub(&self, r: &Route) -> bool {
+        self.status_sub
+            .contains(&(r.group.clone(), r.plural.clone()))
+    }
+}
+
+impl Watcher {
+    fn matches(&self, rec: &Record) -> bool {
+        rec.group == self.group
+            && rec.plural == self.plural
+            && self.namespace.as_deref().is_none_or(|ns| {
+                rec.object
+                    .pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    == Some(ns)
+            })
+            && self.selectors.matches(&rec.object)
+    }
+}
+
+fn event_line(kind: &str, object: &Value) -> Bytes {
+    let mut v = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
+    v.push(b'\n');
+    Bytes::from(v)
+}
+
+fn key(r: &Route, name: &str) -> ObjKey {
+    (
+        r.group.clone(),
+        r.plural.clone(),
+        r.namespace.clone().unwrap_or_default(),
+        name.to_owned(),
+    )
+}
+
+/// How a write changes an object.
+enum Write {
+    Replace(Value),
+    MergePatch(Value),
+    JsonPatch(json_patch::Patch),
+    Apply {
+        config: Value,
+        manager: String,
+        force: bool,
+    },
+}
+
+impl FakeApiServer {
+    /// An empty server.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A `kube::Client` whose requests this server answers; `default_namespace` is what
+    /// `Api::default_namespaced` uses.
+    pub fn client(&self, default_namespace: &str) -> kube::Client {
+        kube::Client::new(self.clone(), default_namespace)
+    }
+
+    /// Gives the resource `plural` of `group` ("" for core) a status subresource.
+    pub fn enable_status_subresource(&self, group: &str, plural: &str) {
+        self.lock()
+            .status_sub
+            .insert((group.to_owned(), plural.to_owned()));
+    }
+
+    /// The stored object, if any (`namespace` "" for cluster-scoped ones).
+    pub fn object(&self, group: &str, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+        self.lock()
+            .objects
+            .get(&(group.into(), plural.into(), namespace.into(), name.into()))
+            .map(|s| s.object.clone())
+    }
+
+    /// Every stored object of a resource type, in (namespace, name) order.
+    pub fn objects(&self, group: &str, plural: &str) -> Vec<Value> {
+        self.lock()
+            .objects
+            .iter()
+            .filter(|((g, p, _, _), _)| g == group && p == plural)
+            .map(|(_, s)| s.object.clone())
+            .collect()
+    }
+
+    /// The current resourceVersion (the number of writes so far).
+    pub fn resource_version(&self) -> u64 {
+        self.lock().rv
+    }
+
+    /// Every request so far (up to [`MAX_RECORDED_REQUESTS`], oldest dropped first).
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.lock().requests.clone()
+    }
+
+    /// Disconnects every open watch (their streams end; clients re-watch from their last
+    /// version), as an API server restart would.
+    pub fn disconnect_watches(&self) {
+        self.lock().watchers.clear();
+    }
+
+    async fn serve(self, req: Request<kube::client::Body>) -> Response<Body> {
+        let (parts, body) = req.into_parts();
+        let body = match body.collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) => return error_response(&ApiError::bad(format!("unreadable body: {e}"))),
+        };
+        let content_type = parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let path = parts.uri.path().to_owned();
+        let query_str = parts.uri.query().unwrap_or("").to_owned();
+        let query: BTreeMap<String, String> = url::form_urlencoded::parse(query_str.as_bytes())
+            .into_owned()
+            .collect();
+        let resp = match parse_route(&path) {
+            None => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("no route for {path}"),
+            )),
+            Some(route) => self.dispatch(&parts.method, &route, &query, &content_type, &body),
+        };
+        let resp = resp.unwrap_or_else(|e| error_response(&e));
+        let mut st = self.lock();
+        if st.requests.len() >= MAX_RECORDED_REQUESTS {
+            st.requests.remove(0);
+        }
+        st.requests.push(RecordedRequest {
+            method: parts.method.to_string(),
+            path,
+            query: query_str,
+            content_type,
+            status: resp.status().as_u16(),
+        });
+        resp
+    }
+
+    fn dispatch(
+        &self,
+        method: &Method,
+        r: &Route,
+        q: &BTreeMap<String, String>,
+        content_type: &str,
+        body: &Bytes,
+    ) -> Result<Response<Body>, ApiError> {
+        let parse = || -> Result<Value, ApiError> {
+            serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid JSON: {e}")))
+        };
+        match (method, &r.name) {
+            (&Method::GET, None) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => {
+                Ok(self.watch(r, q))
+            }
+            (&Method::GET, None) => Ok(self.list(r, q)),
+            (&Method::GET, Some(name)) => {
+                let st = self.lock();
+                st.objects
+                    .get(&key(r, name))
+                    .map(|s| full(StatusCode::OK, &s.object))
+                    .ok_or_else(|| ApiError::not_found(r, name))
+            }
+            (&Method::POST, None) => self.create(r, q, parse()?),
+            (&Method::PUT, Some(name)) => self.write(r, name, q, Write::Replace(parse()?)),
+            (&Method::PATCH, Some(name)) => {
+                let ct = content_type.split(';').next().unwrap_or("").trim();
+                let w = match ct {
+                    "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
+                        Write::MergePatch(parse()?)
+                    }
+                    "application/json-patch+json" => Write::JsonPatch(
+                        serde_json::from_slice(body)
+                            .map_err(|e| ApiError::bad(format!("invalid JSON patch: {e}")))?,
+                    ),
+                    "application/apply-patch+yaml" => {
+                        let manager = q
+                            .get("fieldManager")
+                            .filter(|m| !m.is_empty())
+                            .ok_or_else(|| {
+                                ApiError::bad("fieldManager is required for apply patch")
+                            })?
+                            .clone();
+                        Write::Apply {
+                            config: parse()?,
+                            manager,
+                            force: q.get("force").is_some_and(|f| f == "true"),
+                        }
+                    }
+                    other => {
+                        return Err(ApiError::new(
+                            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                            "UnsupportedMediaType",
+                            format!("unsupported patch type {other:?}"),
+                        ));
+                    }
+                };
+                self.write(r, name, q, w)
+            }
+            (&Method::DELETE, Some(name)) => self.delete(r, name),
+            _ => Err(ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                format!("{method} is not supported here"),
+            )),
+        }
+    }
+
+    fn list(&self, r: &Route, q: &BTreeMap<String, String>) -> Response<Body> {
+        let sel = Selectors::parse(q);
+        let st = self.lock();
+        let items: Vec<Value> = st
+            .objects
+            .iter()
+            .filter(|((g, p, ns, _), s)| {
+                *g == r.group
+                    && *p == r.plural
+                    && r.namespace.as_ref().is_none_or(|n| n == ns)
+                    && sel.matches(&s.object)
+            })
+            .map(|(_, s)| s.object.clone())
+            .collect();
+        let kind = items
+            .first()
+            .and_then(|o| o.get("kind"))
+            .and_then(Value::as_str)
+            .map_or_else(|| "List".to_owned(), |k| format!("{k}List"));
+        full(
+            StatusCode::OK,
+            &json!({
+                "apiVersion": r.api_version(), "kind": kind,
+                "metadata": {"resourceVersion": st.rv.to_string()},
+                "items": items,
+            }),
+        )
+    }
+
+    fn watch(&self, r: &Route, q: &BTreeMap<String, String>) -> Response<Body> {
+        let selectors = Selectors::parse(q);
+        let from: Option<u64> = q
+            .get("resourceVersion")
+            .filter(|v| !v.is_empty() && *v != "0")
+            .and_then(|v| v.parse().ok());
+        let timeout = q
+            .get("timeoutSeconds")
+            .and_then(|t| t.parse().ok())
+            .map_or(DEFAULT_WATCH_TIMEOUT, Duration::from_secs);
+        let (tx, rx) = mpsc::channel(WATCH_QUEUE);
+        let (backlog, rv) = {
+            let mut st = self.lock();
+            let w = Watcher {
+                group: r.group.clone(),
+                plural: r.plural.clone(),
+                namespace: r.namespace.clone(),
+                selectors,
+                tx,
+            };
+            let backlog: Vec<Bytes> = match from {
+                Some(from) => st
+                    .history
+                    .iter()
+                    .filter(|rec| rec.rv > from && w.matches(rec))
+                    .map(|rec| event_line(rec.kind, &rec.object))
+                    .collect(),
+                // No version: synthetic ADDED events for what exists now.
+                None => st
+                    .objects
+                    .iter()
+                    .filter(|((g, p, ns, _), s)| {
+                        *g == r.group
+                            && *p == r.plural
+                            && r.namespace.as_ref().is_none_or(|n| n == ns)
+                            && w.selectors.matches(&s.object)
+                    })
+                    .map(|(_, s)| event_line("ADDED", &s.object))
+                    .collect(),
+            };
+            st.watchers.push(w);
+            (backlog, st.rv)
+        };
+        let bookmark = event_line(
+            "BOOKMARK",
+            &json!({"apiVersion": r.api_version(), "kind": "Bookmark",
+                    "metadata": {"resourceVersion": rv.to_string()}}),
+        );
+        let stream = futures_util::stream::iter(backlog)
+            .chain(futures_util::stream::iter([bookmark]))
+            .chain(futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|b| (b, rx))
+            }))
+            .take_until(tokio::time::sleep(timeout))
+            .map(|b| Ok::<_, Infallible>(http_body::Frame::data(b)));
+        let mut resp = Response::new(StreamBody::new(stream).boxed_unsync());
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        resp
+    }
+
+    fn create(
+        &self,
+        r: &Route,
+        q: &BTreeMap<String, String>,
+        mut obj: Value,
+    ) -> Result<Response<Body>, ApiError> {
+        let mut st = self.lock();
+        let name = match obj.pointer("/metadata/name").and_then(Value::as_str) {
+            Some(n) if !n.is_empty() => n.to_owned(),
+            _ => match obj
+                .pointer("/metadata/generateName")
+                .and_then(Value::as_str)
+            {
+                Some(prefix) => format!("{prefix}{:05x}", st.rv.saturating_add(1)),
+                None => return Err(ApiError::bad("metadata.name is required")),
+            },
+        };
+        let k = key(r, &name);
+        if st.objects.contains_key(&k) {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "AlreadyExists",
+                format!("{} \"{name}\" already exists", r.plural),
+            ));
+        }
+        if st.status_sub(r)
+            && let Some(o) = obj.as_object_mut()
+        {
+            o.remove("status");
+        }
+        st.uid_counter = st.uid_counter.saturating_add(1);
+        let uid = format!("00000000-0000-4000-8000-{:012x}", st.uid_counter);
+        let rv = st.next_rv();
+        if let Some(o) = obj.as_object_mut() {
+            o.insert("apiVersion".into(), Value::String(r.api_version()));
+        }
+        let manager = q.get("fieldManager").cloned();
+        let meta = meta_mut(&mut obj).ok_or_else(|| ApiError::bad("object expected"))?;
+        for f in SERVER_META {
+            meta.remove(*f);
+        }
+        meta.insert("name".into(), Value::String(name));
+        if let Some(ns) = &r.namespace {
+            meta.insert("namespace".into(), Value::String(ns.clone()));
+        }
+        meta.insert("uid".into(), Value::String(uid));
+        meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
+        meta.insert("generation".into(), json!(1));
+        meta.insert("creationTimestamp".into(), Value::String(now_rfc3339()));
+        let mut stored = Stored {
+            object: obj,
+            applied: BTreeMap::new(),
+            managers: BTreeSet::new(),
+        };
+        if let Some(m) = manager {
+            stored.managers.insert((m, "Update".into(), String::new()));
+            set_managed_fields(&mut stored, &r.api_version());
+        }
+        let out = stored.object.clone();
+        st.objects.insert(k, stored);
+        st.record(&r.group, &r.plural, "ADDED", out.clone());
+        Ok(full(StatusCode::CREATED, &out))
+    }
+
+    fn write(
+        &self,
+        r: &Route,
+        name: &str,
+        q: &BTreeMap<String, String>,
+        w: Write,
+    ) -> Result<Response<Body>, ApiError> {
+        let status_write = match r.subresource.as_deref() {
+            None => false,
+            Some("status") => true,
+            Some(other) => {
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("subresource {other} is not served"),
+                ));
+            }
+        };
+        let mut st = self.lock();
+        let status_sub = st.status_sub(r);
+        if status_write && !status_sub {
+            return Err(ApiError::not_found(r, &format!("{name}/status")));
+        }
+        let k = key(r, name);
+        let old = match st.objects.get(&k) {
+            Some(s) => s.clone(),
+            None => match &w {
+                // Apply creates what does not exist (not through /status).
+                Write::Apply { config, .. } if !status_write => {
+                    let mut cfg = config.clone();
+                    if let Some(m) = meta_mut(&mut cfg) {
+                        m.insert("name".into(), Value::String(name.to_owned()));
+                    }
+                    drop(st);
+                    let mut created_q = q.clone();
+                    created_q.remove("fieldManager");
+                    self.create(r, &created_q, json!({"metadata": {"name": name}, "apiVersion": r.api_version(), "kind": config.get("kind").cloned().unwrap_or(Value::Null)}))?;
+                    // An apply that creates answers 201 Created, as a real server does (and is
+                    // authorized as a create too).
+                    let mut resp = self.write(r, name, q, w)?;
+                    *resp.status_mut() = StatusCode::CREATED;
+                    return Ok(resp);
+                }
+                _ => return Err(ApiError::not_found(r, name)),
+            },
+        };
+        let old_obj = old.object.clone();
+        let mut stored = old.clone();
+        let (mut new, op) = match w {
+            Write::Replace(v) => {
+                let want_rv = v
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str);
+                let have_rv = old_obj
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str);
+                if want_rv.is_some_and(|w| !w.is_empty()) && want_rv != have_rv {
+                    return Err(ApiError::conflict(format!(
+                        "Operation cannot be fulfilled on {} \"{name}\": the object has been \
+                         modified; please apply your changes to the latest version and try again",
+                        r.plural
+                    )));
+                }
+                (v, "Update")
+            }
+            Write::MergePatch(p) => {
+                let mut v = old_obj.clone();
+                json_patch::merge(&mut v, &p);
+                check_patched_rv(&old_obj, &p, r, name)?;
+                (v, "Update")
+            }
+            Write::JsonPatch(p) => {
+                let mut v = old_obj.clone();
+                json_patch::patch(&mut v, &p).map_err(|e| {
+                    ApiError::new(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "Invalid",
+                        format!("JSON patch failed: {e}"),
+                    )
+                })?;
+                (v, "Update")
+            }
+            Write::Apply {
+                config,
+                manager,
+                force,
+            } => {
+                let sub = if status_write { "status" } else { "" };
+                // A resourceVersion in the applied config is a precondition, as on a real
+                // server.
+                let want_rv = config
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str);
+                let have_rv = old_obj
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str);
+                if want_rv.is_some_and(|w| !w.is_empty()) && want_rv != have_rv {
+                    return Err(ApiError::conflict(format!(
+                        "Operation cannot be fulfilled on {} \"{name}\": the object has been \
+                         modified; please apply your changes to the latest version and try again",
+                        r.plural
+                    )));
+                }
+                let mut config = config;
+                restrict(&mut config, status_write, status_sub);
+                let v = apply(&mut stored, &old_obj, &config, &manager, sub, force)?;
+                stored
+                    .managers
+                    .insert((manager, "Apply".into(), sub.to_owned()));
+                (v, "Apply")
+            }
+        };
+        if op == "Update"
+            && let Some(m) = q.get("fieldManager")
+        {
+            let sub = if status_write { "status" } else { "" };
+            stored
+                .managers
+                .insert((m.clone(), "Update".into(), sub.to_owned()));
+        }
+        // Status subresource rules.
+        if status_sub {
+            let old_status = old_obj.get("status").cloned();
+            if status_write {
+                let new_status = new.get("status").cloned();
+                new = old_obj.clone();
+                set_key(&mut new, "status", new_status);
+            } else {
+                set_key(&mut new, "status", old_status);
+            }
+        }
+        // Server-owned metadata and identity stay as they were.
+        let old_meta = old_obj.get("metadata").cloned().unwrap_or(json!({}));
+        if let Some(o) = new.as_object_mut() {
+            o.insert("apiVersion".into(), Value::String(r.api_version()));
+            if let Some(k) = old_obj.get("kind") {
+                o.insert("kind".into(), k.clone());
+            }
+        }
+        let meta = meta_mut(&mut new).ok_or_else(|| ApiError::bad("object expected"))?;
+        for f in SERVER_META.iter().chain(["name", "namespace"].iter()) {
+            match old_meta.get(*f) {
+                Some(v) => meta.insert((*f).to_owned(), v.clone()),
+                None => meta.remove(*f),
+            };
+        }
+        if new == old_obj {
+            // A no-op write changes nothing (no new version, no event), as on a real server.
+            st.objects.insert(k, stored);
+            return Ok(full(StatusCode::OK, &old_obj));
+        }
+        let generation = old_obj
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        let rv = st.next_rv();
+        let bump = spec_part(&new) != spec_part(&old_obj);
+        if let Some(meta) = meta_mut(&mut new) {
+            meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
+            if bump {
+                meta.insert("generation".into(), json!(generation.saturating_add(1)));
+            }
+        }
+        stored.object = new;
+        set_managed_fields(&mut stored, &r.api_version());
+        let out = stored.object.clone();
+        let deleting = out.pointer("/metadata/deletionTimestamp").is_some();
+        if deleting && !has_finalizers(&out) {
+            st.objects.remove(&k);
+            st.record(&r.group, &r.plural, "DELETED", out.clone());
+        } else {
+            st.objects.insert(k, stored);
+            st.record(&r.group, &r.plural, "MODIFIED", out.clone());
+        }
+        Ok(full(StatusCode::OK, &out))
+    }
+
+    fn delete(&self, r: &Route, name: &str) -> Result<Response<Body>, ApiError> {
+        let mut st = self.lock();
+        let k = key(r, name);
+        let Some(mut stored) = st.objects.get(&k).cloned() else {
+            return Err(ApiError::not_found(r, name));
+        };
+        if has_finalizers(&stored.object) {
+            if stored
+                .object
+                .pointer("/metadata/deletionTimestamp")
+                .is_none()
+            {
+                let rv = st.next_rv();
+                if let Some(meta) = meta_mut(&mut stored.object) {
+                    meta.insert("deletionTimestamp".into(), Value::String(now_rfc3339()));
+                    meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
+                }
+                let out = stored.object.clone();
+                st.objects.insert(k, stored);
+                st.record(&r.group, &r.plural, "MODIFIED", out);
+            }
+            let out = st.objects.get(&key(r, name)).map(|s| s.object.clone());
+            return Ok(full(StatusCode::ACCEPTED, &out.unwrap_or(Value::Null)));
+        }
+        let rv = st.next_rv();
+        if let Some(meta) = meta_mut(&mut stored.object) {
+            meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
+        }
+        st.objects.remove(&k);
+        st.record(&r.group, &r.plural, "DELETED", stored.object.clone());
+        Ok(full(StatusCode::OK, &stored.object))
+    }
+}
+
+fn set_key(obj: &mut Value, k: &str, v: Option<Value>) {
+    if let Some(o) = obj.as_object_mut() {
+        match v {
+            Some(v) => o.insert(k.to_owned(), v),
+            None => o.remove(k),
+        };
+    }
+}
+
+/// A merge patch that names a resourceVersion must name the current one.
+fn check_patched_rv(old: &Value, patch: &Value, r: &Route, name: &str) -> Result<(), ApiError> {
+    let want = patch
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str);
+    let have = old
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str);
+    match want {
+        Some(w) if Some(w) != have => Err(ApiError::conflict(format!(
+            "Operation cannot be fulfilled on {} \"{name}\": the object has been modified",
+            r.plural
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Keeps only what an apply to this endpoint may set: `status` through `/status`; everything
+/// but `status` through the main resource when a status subresource exists.
+fn restrict(config: &mut Value, status_write: bool, status_sub: bool) {
+    let Some(o) = config.as_object_mut() else {
+        return;
+    };
+    o.remove("apiVersion");
+    o.remove("kind");
+    if let Some(Value::Object(m)) = o.get_mut("metadata") {
+        m.remove("name");
+        m.remove("namespace");
+        for f in SERVER_META {
+            m.remove(*f);
+        }
+        if m.is_empty() {
+            o.remove("metadata");
+        }
+    }
+    if status_write {
+        o.retain(|k, _| k == "status");
+    } else if status_sub {
+        o.remove("status");
+    }
+}
+
+/// Server-side apply of `config` by `manager` on `sub` (see the module docs).
+fn apply(
+    stored: &mut Stored,
+    old: &Value,
+    config: &Value,
+    manager: &str,
+    sub: &str,
+    force: bool,
+) -> Result<Value, ApiError> {
+    let mut paths = BTreeSet::new();
+    leaves(config, "", &mut paths);
+    paths.remove("");
+    let me = (manager.to_owned(), sub.to_owned());
+    let mut conflicts = Vec::new();
+    for (owner, owned) in &stored.applied {
+        if *owner == me {
+            continue;
+        }
+        for p in paths.intersection(owned) {
+            if old.pointer(p) != config.pointer(p) {
+                conflicts.push(format!("{p} (owned by {})", owner.0));
+            }
+        }
+    }
+    if !conflicts.is_empty() && !force {
+        return Err(ApiError::conflict(format!(
+            "Apply failed with {} conflict(s): {}",
+            conflicts.len(),
+            conflicts.join(", ")
+        )));
+    }
+    if force {
+        for (owner, owned) in stored.applied.iter_mut() {
+            if *owner != me {
+                owned.retain(|p| !paths.contains(p));
+            }
+        }
+    }
+    let mut new = old.clone();
+    let before = stored.applied.get(&me).cloned().unwrap_or_default();
+    for p in before.difference(&paths) {
+        let others = stored
+            .applied
+            .iter()
+            .any(|(o, owned)| *o != me && owned.contains(p));
+        if !others {
+            remove_path(&mut new, p);
+        }
+    }
+    deep_merge(&mut new, config);
+    stored.applied.insert(me, paths);
+    Ok(new)
+}
+
+fn set_managed_fields(stored: &mut Stored, api_version: &str) {
+    let entries: Vec<Value> = stored
+        .managers
+        .iter()
+        .map(|(m, op, sub)| {
+            let mut e = json!({"manager": m, "operation": op, "apiVersion": api_version});
+            if !sub.is_empty()
+                && let Some(o) = e.as_object_mut()
+            {
+                o.insert("subresource".into(), Value::String(sub.clone()));
+            }
+            e
+        })
+        .collect();
+    if let Some(meta) = meta_mut(&mut stored.object) {
+        if entries.is_empty() {
+            meta.remove("managedFields");
+        } else {
+            meta.insert("managedFields".into(), Value::Array(entries));
+        }
+    }
+}
+
+impl tower_service::Service<Request<kube::client::Body>> for FakeApiServer {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<kube::client::Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.serve(req).await) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_of_core_group_namespaced_and_cluster_scoped_resources_parse() {
+        let r = parse_route("/api/v1/namespaces/ns1/secrets/s").unwrap();
+        assert_eq!(
+            (
+                r.group.as_str(),
+                r.plural.as_str(),
+                r.namespace.as_deref(),
+                r.name.as_deref()
+            ),
+            ("", "secrets", Some("ns1"), Some("s"))
+        );
+        let r =
+            parse_route("/apis/egress-proxies.dev/v1alpha1/namespaces/a/proxies/p/status").unwrap();
+        assert_eq!(r.subresource.as_deref(), Some("status"));
+        let r = parse_route("/apis/egress-proxies.dev/v1alpha1/providerhealths/home").unwrap();
+        assert_eq!((r.namespace, r.name.as_deref()), (None, Some("home")));
+        assert!(parse_route("/version").is_none());
+    }
+}

@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use egress_kube::api::{Proxy, ProxyCrdSpec};
 use egress_kube::driver::{DriverStats, KubeOptions, Reload, run_with};
 use egress_kube::leader::LeaseSettings;
@@ -24,28 +23,18 @@ use egress_kube::observe::Observer;
 use egress_operator::controller::ControllerSettings;
 use egress_operator::health::HealthSettings;
 use egress_operator::model::{Phase, ProxySettings, ProxySpec, Resources};
-use egress_operator::providers::{ProviderHandle, Providers};
-use egress_provider::ProviderError;
-use egress_provider::libvirt::check::CheckOptions;
-use egress_provider::libvirt::config::{
-    HostConfig, ImageFormat, ImageSpec, LibvirtEntry, Timeouts, VirtType,
-};
-use egress_provider::libvirt::hostpool::{Connector, HostPool, PoolOptions};
-use egress_provider::libvirt::image::fetch::FetchOptions;
-use egress_provider::libvirt::names::{self, ImageSource};
-use egress_provider::libvirt::provider_impl::LibvirtProvider;
+use egress_operator::providers::Providers;
+use egress_provider::libvirt::names;
+use ep_operator_fixtures::{FakeHosts, qcow2_image};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube_fake::FakeApiServer;
-use libvirt_fake::{FakeLibvirt, Interface, PoolSpec, VolumeSpec};
-use libvirt_remote::Transport;
+use libvirt_fake::{FakeLibvirt, Interface};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-const GIB: u64 = 1 << 30;
 const ENTRY: &str = "home";
-const POOL: &str = "images";
 const IMAGE: &str = "tiny";
 /// An image only a reloaded config has.
 const LATE_IMAGE: &str = "late";
@@ -53,99 +42,31 @@ const GROUP: &str = "egress-proxies.dev";
 /// Hang guard of every wait (the fakes answer in milliseconds).
 const WAIT: Duration = Duration::from_secs(30);
 
-struct FakeHosts(BTreeMap<String, FakeLibvirt>);
-
-#[async_trait]
-impl Connector for FakeHosts {
-    async fn connect(&self, host: &HostConfig) -> Result<Transport, ProviderError> {
-        let fake = self
-            .0
-            .get(&host.name)
-            .ok_or_else(|| ProviderError::permanent(format!("no fake for {}", host.name)))?;
-        Ok(fake.connect_duplex())
-    }
-}
-
 fn digest(c: char) -> String {
     c.to_string().repeat(64)
 }
 
-fn fake_host() -> FakeLibvirt {
-    let fake = FakeLibvirt::new();
-    fake.add_pool(PoolSpec::new(POOL).capacity(100 * GIB))
-        .unwrap();
-    for (img, d) in [(IMAGE, digest('a')), (LATE_IMAGE, digest('b'))] {
-        let base = names::base(ENTRY, ImageSource::Catalogue(img), &d, ImageFormat::Qcow2);
-        fake.add_volume(POOL, VolumeSpec::new(base.clone(), 2 * GIB).format("qcow2"))
-            .unwrap();
-        fake.add_volume(POOL, VolumeSpec::new(format!("{base}.marker"), 2 * GIB))
-            .unwrap();
-    }
-    fake
+/// Host h1 with the pool and published bases of IMAGE and LATE_IMAGE; only IMAGE is in the
+/// catalogue (a reloaded config adds LATE_IMAGE, see [`providers`]).
+fn fake_hosts() -> FakeHosts {
+    FakeHosts::new(ENTRY, &["h1"])
+        .max_concurrent(4)
+        .short_timeouts()
+        .short_permit_wait()
+        .published_image(IMAGE, &digest('a'))
+        .publish(LATE_IMAGE, &digest('b'))
 }
 
-fn providers(fakes: &BTreeMap<String, FakeLibvirt>, with_late: bool) -> Providers {
-    let mut images = BTreeMap::new();
-    let mut add = |k: &str, d: String| {
-        images.insert(
-            k.to_string(),
-            ImageSpec {
-                url: format!("https://images.invalid/{k}.qcow2"),
-                sha256: Some(d),
-                format: ImageFormat::Qcow2,
-                firmware: Default::default(),
-                ca_file: None,
-            },
-        );
-    };
-    add(IMAGE, digest('a'));
+fn providers(hosts: &FakeHosts, with_late: bool) -> Providers {
     if with_late {
-        add(LATE_IMAGE, digest('b'));
+        let url = format!("https://images.invalid/{LATE_IMAGE}.qcow2");
+        hosts
+            .clone()
+            .image(LATE_IMAGE, qcow2_image(url, digest('b')))
+            .providers()
+    } else {
+        hosts.providers()
     }
-    let host = HostConfig {
-        name: "h1".into(),
-        address: "h1.invalid".into(),
-        user: "root".into(),
-        socket: "/run/libvirt/libvirt-sock".into(),
-        pool: POOL.into(),
-        bridge: None,
-        network: None,
-        virt_type: VirtType::Qemu,
-        pool_reserve_gib: 1,
-        ssh_key_file: None,
-        known_hosts_file: None,
-        max_concurrent: 4,
-    };
-    let entry = LibvirtEntry {
-        name: ENTRY.into(),
-        hosts: vec![host],
-        images,
-        url_images: Default::default(),
-        max_image_bytes: GIB,
-        guest: Default::default(),
-        timeouts: Timeouts {
-            dial: Duration::from_secs(1),
-            call: Duration::from_secs(1),
-            image_import: Duration::from_secs(5),
-            start: Duration::from_secs(5),
-        },
-        defaults: Default::default(),
-        limits: Default::default(),
-    };
-    let pool = HostPool::new(
-        entry.clone(),
-        Arc::new(FakeHosts(fakes.clone())),
-        PoolOptions {
-            permit_wait: Duration::from_secs(1),
-        },
-    )
-    .unwrap();
-    let provider = Arc::new(LibvirtProvider::new(
-        pool,
-        FetchOptions::default(),
-        CheckOptions::default(),
-    ));
-    Providers::from_handles([ProviderHandle::new(entry, provider)])
 }
 
 struct Replica {
@@ -157,6 +78,7 @@ struct Replica {
 
 struct World {
     api: FakeApiServer,
+    hosts: FakeHosts,
     fakes: BTreeMap<String, FakeLibvirt>,
     late: Arc<AtomicBool>,
     dir: tempfile::TempDir,
@@ -172,13 +94,13 @@ impl World {
         let api = FakeApiServer::new();
         api.enable_status_subresource(GROUP, "proxies");
         api.enable_status_subresource(GROUP, "providerhealths");
-        let fakes: BTreeMap<String, FakeLibvirt> =
-            [("h1".to_string(), fake_host())].into_iter().collect();
+        let hosts = fake_hosts();
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("providers.yaml"), "v1").unwrap();
         Self {
             api,
-            fakes,
+            fakes: hosts.fakes().clone(),
+            hosts,
             late: Arc::new(AtomicBool::new(false)),
             dir,
             addrs: Mutex::new(BTreeMap::new()),
@@ -219,14 +141,14 @@ impl World {
         let mut opts = self.options(identity);
         tweak(&mut opts);
         let observer = Arc::new(Observer::new(health));
-        let (fakes, late) = (self.fakes.clone(), self.late.clone());
-        let reload: Reload = Arc::new(move || Ok(providers(&fakes, late.load(Ordering::SeqCst))));
+        let (hosts, late) = (self.hosts.clone(), self.late.clone());
+        let reload: Reload = Arc::new(move || Ok(providers(&hosts, late.load(Ordering::SeqCst))));
         let stats = Arc::new(DriverStats::default());
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(run_with(
             opts,
             self.api.client("default"),
-            providers(&self.fakes, self.late.load(Ordering::SeqCst)),
+            providers(&self.hosts, self.late.load(Ordering::SeqCst)),
             reload,
             stats.clone(),
             observer.clone(),

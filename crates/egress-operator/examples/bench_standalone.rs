@@ -4,10 +4,10 @@
 //! Two modes of one program:
 //! - `bench_standalone hosts --dir DIR --hosts H`: serves H `FakeLibvirt` daemons on the unix
 //!   sockets `DIR/h0.sock`..., each with the pool, the network and a published base (base +
-//!   marker of equal capacity: the image cache's publish protocol, as
-//!   `tests/controller_fake.rs` seeds them, so no image is downloaded), plus a "DHCP" task
-//!   that gives every running domain an address on the NIC with its derived MAC (as
-//!   `tests/standalone_fake.rs` does). Prints `ready` on stdout once every socket listens;
+//!   marker of equal capacity: the image cache's publish protocol, seeded by
+//!   `ep_operator_fixtures::publish_base`, so no image is downloaded), plus the fixtures'
+//!   "DHCP" task (`ep_operator_fixtures::run_dhcp`) that gives every running domain an
+//!   address on the NIC with its derived MAC. Prints `ready` on stdout once every socket listens;
 //!   exits when its stdin closes.
 //! - `bench_standalone run --bin target/release/egress-proxies`: per run, starts the hosts
 //!   process above (fresh, empty daemons), writes a provider config with H hosts
@@ -18,7 +18,7 @@
 //!
 //! Used by `scripts/bench operator`; figures in `docs/benchmarks.md`.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -28,12 +28,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use egress_operator::model::Phase;
 use egress_operator::standalone::status::StatusDocument;
-use egress_provider::libvirt::config::ImageFormat;
-use egress_provider::libvirt::names::{self, ImageSource};
-use libvirt_fake::{FakeLibvirt, Interface, NetworkSpec, PoolSpec, VolumeSpec, domain_state};
+use ep_operator_fixtures::{POOL, publish_base, run_dhcp};
+use libvirt_fake::{FakeLibvirt, NetworkSpec, PoolSpec};
+use tokio_util::sync::CancellationToken;
 
 const ENTRY: &str = "bench";
-const POOL: &str = "images";
 const NETWORK: &str = "default";
 const IMAGE: &str = "tiny";
 const GIB: u64 = 1 << 30;
@@ -46,9 +45,6 @@ const BENCH_DIAL_SECS: u64 = 3;
 /// Capacity of each fake pool.
 // NB: 100 overlays of 4 GiB per host plus the reserve and the base; 16 TiB never limits.
 const POOL_CAPACITY: u64 = 16 * 1024 * GIB;
-/// Virtual size of the published base.
-// NB: below the manifests' 4 GiB disk, so the base-vs-disk check passes.
-const BASE_CAPACITY: u64 = 2 * GIB;
 /// How often the DHCP task looks for running domains without an address.
 // NB: a real guest reports its address ~40 s after start; 100 ms makes the fake's share of
 // the measured time negligible without spinning one of the 2 cores on scans.
@@ -124,29 +120,22 @@ fn main() -> Result<()> {
 // ---- the hosts process ---------------------------------------------------------------------
 
 async fn serve_hosts(dir: &Path, hosts: usize) -> Result<()> {
-    let base = names::base(
-        ENTRY,
-        ImageSource::Catalogue(IMAGE),
-        &digest(),
-        ImageFormat::Qcow2,
-    );
-    let mut fakes = Vec::new();
+    let mut fakes = BTreeMap::new();
     for i in 0..hosts {
         let f = FakeLibvirt::new();
         f.add_pool(PoolSpec::new(POOL).capacity(POOL_CAPACITY))?;
         f.add_network(NetworkSpec::new(NETWORK))?;
-        f.add_volume(
-            POOL,
-            VolumeSpec::new(base.clone(), BASE_CAPACITY).format("qcow2"),
-        )?;
-        f.add_volume(
-            POOL,
-            VolumeSpec::new(format!("{base}.marker"), BASE_CAPACITY),
-        )?;
+        publish_base(&f, ENTRY, IMAGE, &digest());
         f.listen_unix(dir.join(format!("h{i}.sock"))).await?;
-        fakes.push(f);
+        fakes.insert(format!("h{i}"), f);
     }
-    let dhcp = tokio::spawn(dhcp(fakes.clone()));
+    let stop = CancellationToken::new();
+    let dhcp = tokio::spawn(run_dhcp(
+        ENTRY.to_owned(),
+        fakes.clone(),
+        DHCP_INTERVAL,
+        stop.clone(),
+    ));
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "ready")?;
@@ -158,44 +147,12 @@ async fn serve_hosts(dir: &Path, hosts: usize) -> Result<()> {
         std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut sink)
     })
     .await;
-    dhcp.abort();
-    for f in &fakes {
+    stop.cancel();
+    let _ = dhcp.await;
+    for f in fakes.values() {
         f.shutdown();
     }
     Ok(())
-}
-
-/// Gives every running domain of ours an address on its derived MAC, like a guest agent.
-async fn dhcp(fakes: Vec<FakeLibvirt>) {
-    let mut given: Vec<HashSet<String>> = vec![HashSet::new(); fakes.len()];
-    let mut next: u32 = 0;
-    loop {
-        for ((i, f), seen) in fakes.iter().enumerate().zip(given.iter_mut()) {
-            let running: HashSet<String> = f
-                .domains()
-                .into_iter()
-                .filter(|d| d.state == domain_state::RUNNING)
-                .map(|d| d.name)
-                .collect();
-            // A domain that stopped or was recreated gets an address again.
-            seen.retain(|n| running.contains(n));
-            for name in running {
-                if seen.contains(&name) {
-                    continue;
-                }
-                let Some(u) = names::uid_of_domain(ENTRY, &name) else {
-                    continue;
-                };
-                next = next.wrapping_add(1);
-                let ip = format!("10.{}.{}.{}", i + 1, (next / 250) % 250, next % 250 + 2);
-                let iface = Interface::new("eth0", names::mac(ENTRY, &u)).addr(ip, 16);
-                if f.set_interfaces(&name, vec![iface]).is_ok() {
-                    seen.insert(name);
-                }
-            }
-        }
-        tokio::time::sleep(DHCP_INTERVAL).await;
-    }
 }
 
 // ---- the driver ----------------------------------------------------------------------------

@@ -12,26 +12,18 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use async_trait::async_trait;
 use egress_operator::controller::decide::reason;
 use egress_operator::controller::{Controller, ControllerSettings, Outcome, ProxyObject};
 use egress_operator::model::{Phase, ProxySettings, ProxySpec, ProxyStatus, Resources, condition};
 use egress_operator::providers::{ProviderHandle, Providers};
-use egress_provider::libvirt::check::CheckOptions;
-use egress_provider::libvirt::config::{
-    HostConfig, ImageFormat, ImageSpec, LibvirtEntry, Timeouts, VirtType,
-};
-use egress_provider::libvirt::hostpool::{Connector, HostPool, PoolOptions};
-use egress_provider::libvirt::image::fetch::FetchOptions;
-use egress_provider::libvirt::names::{self, ImageSource};
+use egress_provider::libvirt::config::LibvirtEntry;
+use egress_provider::libvirt::names;
 use egress_provider::libvirt::provider_impl::LibvirtProvider;
-use egress_provider::{Provider, ProviderError, ProxyUid};
-use libvirt_fake::{FakeLibvirt, Interface, PoolSpec, VolumeSpec};
-use libvirt_remote::Transport;
+use egress_provider::{Provider, ProxyUid};
+use ep_operator_fixtures::{FakeHosts, POOL};
+use libvirt_fake::{FakeLibvirt, Interface};
 
-const GIB: u64 = 1 << 30;
 const ENTRY: &str = "home";
-const POOL: &str = "images";
 const IMAGE: &str = "tiny";
 /// Bound on the convergence loops (the fake answers in microseconds; this is a hang guard).
 const CONVERGE_BUDGET: Duration = Duration::from_secs(60);
@@ -40,113 +32,21 @@ const ROUND: Duration = Duration::from_millis(20);
 /// Reconcile deadline in these tests: short, so a frozen host's reads give up quickly.
 const TEST_RECONCILE_DEADLINE: Duration = Duration::from_secs(2);
 
-/// Dials the fake of the host asked for.
-struct FakeHosts(BTreeMap<String, FakeLibvirt>);
-
-#[async_trait]
-impl Connector for FakeHosts {
-    async fn connect(&self, host: &HostConfig) -> Result<Transport, ProviderError> {
-        let fake = self
-            .0
-            .get(&host.name)
-            .ok_or_else(|| ProviderError::permanent(format!("no fake for {}", host.name)))?;
-        Ok(fake.connect_duplex())
-    }
-}
-
-fn digest() -> String {
-    "ab".repeat(32)
-}
-
-fn host(name: &str) -> HostConfig {
-    HostConfig {
-        name: name.into(),
-        address: format!("{name}.invalid"),
-        user: "root".into(),
-        socket: "/run/libvirt/libvirt-sock".into(),
-        pool: POOL.into(),
-        bridge: None,
-        network: None,
-        virt_type: VirtType::Qemu,
-        pool_reserve_gib: 1,
-        ssh_key_file: None,
-        known_hosts_file: None,
-        max_concurrent: 2,
-    }
-}
-
-/// A fake host with the pool and a published base of IMAGE (base + marker of equal capacity,
-/// the image cache's publish protocol), so creates need no download.
-fn fake_host() -> FakeLibvirt {
-    let fake = FakeLibvirt::new();
-    fake.add_pool(PoolSpec::new(POOL).capacity(100 * GIB))
-        .unwrap();
-    let base = names::base(
-        ENTRY,
-        ImageSource::Catalogue(IMAGE),
-        &digest(),
-        ImageFormat::Qcow2,
-    );
-    fake.add_volume(POOL, VolumeSpec::new(base.clone(), 2 * GIB).format("qcow2"))
-        .unwrap();
-    fake.add_volume(POOL, VolumeSpec::new(format!("{base}.marker"), 2 * GIB))
-        .unwrap();
-    fake
-}
-
 struct Setup {
     fakes: BTreeMap<String, FakeLibvirt>,
     controller: Controller,
     provider: Arc<LibvirtProvider>,
 }
 
+/// Two fake hosts with the pool and a published base of IMAGE, so creates need no download.
 fn setup() -> Setup {
-    let fakes: BTreeMap<String, FakeLibvirt> = ["h1", "h2"]
-        .into_iter()
-        .map(|h| (h.to_owned(), fake_host()))
-        .collect();
-    let mut images = BTreeMap::new();
-    images.insert(
-        IMAGE.to_string(),
-        ImageSpec {
-            url: "https://images.invalid/tiny.qcow2".into(),
-            sha256: Some(digest()),
-            format: ImageFormat::Qcow2,
-            firmware: Default::default(),
-            ca_file: None,
-        },
-    );
-    let entry = LibvirtEntry {
-        name: ENTRY.into(),
-        hosts: vec![host("h1"), host("h2")],
-        images,
-        url_images: Default::default(),
-        max_image_bytes: GIB,
-        guest: Default::default(),
-        // NB: short budgets so work stuck on a frozen fake gives up within the test.
-        timeouts: Timeouts {
-            dial: Duration::from_secs(1),
-            call: Duration::from_secs(1),
-            image_import: Duration::from_secs(5),
-            start: Duration::from_secs(5),
-        },
-        defaults: Default::default(),
-        limits: Default::default(),
-    };
-    let pool = HostPool::new(
-        entry.clone(),
-        Arc::new(FakeHosts(fakes.clone())),
-        PoolOptions {
-            permit_wait: Duration::from_secs(1),
-        },
-    )
-    .unwrap();
-    let provider = Arc::new(LibvirtProvider::new(
-        pool,
-        FetchOptions::default(),
-        CheckOptions::default(),
-    ));
-    let handle = ProviderHandle::new(entry, provider.clone());
+    // NB: short budgets so work stuck on a frozen fake gives up within the test.
+    let hosts = FakeHosts::new(ENTRY, &["h1", "h2"])
+        .short_timeouts()
+        .short_permit_wait()
+        .published_image(IMAGE, &digest());
+    let provider = hosts.provider();
+    let handle = ProviderHandle::new(hosts.entry().clone(), provider.clone());
     let settings = ControllerSettings {
         reconcile_deadline: TEST_RECONCILE_DEADLINE,
         backoff_base: Duration::from_millis(50),
@@ -156,10 +56,14 @@ fn setup() -> Setup {
         ..ControllerSettings::default()
     };
     Setup {
-        fakes,
+        fakes: hosts.fakes().clone(),
         controller: Controller::new(Arc::new(Providers::from_handles([handle])), settings),
         provider,
     }
+}
+
+fn digest() -> String {
+    "ab".repeat(32)
 }
 
 fn uid(n: u8) -> ProxyUid {

@@ -13,79 +13,21 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use async_trait::async_trait;
 use egress_operator::controller::{Controller, ControllerSettings, ProxyObject};
 use egress_operator::hosthealth::{HostHealth, check_all};
 use egress_operator::model::{ProxySettings, ProxySpec, ProxyStatus, Resources, condition};
-use egress_operator::providers::{ProviderHandle, Providers};
-use egress_provider::libvirt::check::CheckOptions;
-use egress_provider::libvirt::config::{
-    HostConfig, ImageFormat, ImageSpec, LibvirtEntry, Timeouts, VirtType,
-};
-use egress_provider::libvirt::hostpool::{Connector, HostPool, PoolOptions};
-use egress_provider::libvirt::image::fetch::FetchOptions;
-use egress_provider::libvirt::names::{self, ImageSource};
-use egress_provider::libvirt::provider_impl::LibvirtProvider;
-use egress_provider::{ProviderError, ProxyUid};
-use libvirt_fake::{FakeLibvirt, PoolSpec, VolumeSpec};
-use libvirt_remote::Transport;
+use egress_operator::providers::Providers;
+use egress_provider::ProxyUid;
+use ep_operator_fixtures::{FakeHosts, GIB, POOL};
+use libvirt_fake::FakeLibvirt;
 
-const GIB: u64 = 1 << 30;
 const ENTRY: &str = "home";
-const POOL: &str = "images";
 const IMAGE: &str = "tiny";
 /// Bound on one host-check round here (the fake answers in microseconds).
 const CHECK_DEADLINE: Duration = Duration::from_secs(20);
 
-struct FakeHosts(BTreeMap<String, FakeLibvirt>);
-
-#[async_trait]
-impl Connector for FakeHosts {
-    async fn connect(&self, host: &HostConfig) -> Result<Transport, ProviderError> {
-        let fake = self
-            .0
-            .get(&host.name)
-            .ok_or_else(|| ProviderError::permanent(format!("no fake for {}", host.name)))?;
-        Ok(fake.connect_duplex())
-    }
-}
-
 fn digest() -> String {
     "ab".repeat(32)
-}
-
-fn host(name: &str) -> HostConfig {
-    HostConfig {
-        name: name.into(),
-        address: format!("{name}.invalid"),
-        user: "root".into(),
-        socket: "/run/libvirt/libvirt-sock".into(),
-        pool: POOL.into(),
-        bridge: None,
-        network: None,
-        virt_type: VirtType::Qemu,
-        pool_reserve_gib: 2,
-        ssh_key_file: None,
-        known_hosts_file: None,
-        max_concurrent: 4,
-    }
-}
-
-fn fake_host() -> FakeLibvirt {
-    let fake = FakeLibvirt::new();
-    fake.add_pool(PoolSpec::new(POOL).capacity(100 * GIB))
-        .unwrap();
-    let base = names::base(
-        ENTRY,
-        ImageSource::Catalogue(IMAGE),
-        &digest(),
-        ImageFormat::Qcow2,
-    );
-    fake.add_volume(POOL, VolumeSpec::new(base.clone(), 2 * GIB).format("qcow2"))
-        .unwrap();
-    fake.add_volume(POOL, VolumeSpec::new(format!("{base}.marker"), 2 * GIB))
-        .unwrap();
-    fake
 }
 
 struct Setup {
@@ -94,52 +36,14 @@ struct Setup {
     controller: Controller,
 }
 
+/// Two fake hosts (reserve 2 GiB, 4 slots) with the pool and a published base of IMAGE.
 fn setup() -> Setup {
-    let fakes: BTreeMap<String, FakeLibvirt> = ["h1", "h2"]
-        .into_iter()
-        .map(|h| (h.to_owned(), fake_host()))
-        .collect();
-    let mut images = BTreeMap::new();
-    images.insert(
-        IMAGE.to_string(),
-        ImageSpec {
-            url: "https://images.invalid/tiny.qcow2".into(),
-            sha256: Some(digest()),
-            format: ImageFormat::Qcow2,
-            firmware: Default::default(),
-            ca_file: None,
-        },
-    );
-    let entry = LibvirtEntry {
-        name: ENTRY.into(),
-        hosts: vec![host("h1"), host("h2")],
-        images,
-        url_images: Default::default(),
-        max_image_bytes: GIB,
-        guest: Default::default(),
-        timeouts: Timeouts {
-            dial: Duration::from_secs(1),
-            call: Duration::from_secs(1),
-            image_import: Duration::from_secs(5),
-            start: Duration::from_secs(5),
-        },
-        defaults: Default::default(),
-        limits: Default::default(),
-    };
-    let pool = HostPool::new(
-        entry.clone(),
-        Arc::new(FakeHosts(fakes.clone())),
-        PoolOptions::default(),
-    )
-    .unwrap();
-    let provider = Arc::new(LibvirtProvider::new(
-        pool,
-        FetchOptions::default(),
-        CheckOptions::default(),
-    ));
-    let providers = Arc::new(Providers::from_handles([ProviderHandle::new(
-        entry, provider,
-    )]));
+    let hosts = FakeHosts::new(ENTRY, &["h1", "h2"])
+        .pool_reserve_gib(2)
+        .max_concurrent(4)
+        .short_timeouts()
+        .published_image(IMAGE, &digest());
+    let providers = Arc::new(hosts.providers());
     let settings = ControllerSettings {
         reconcile_deadline: Duration::from_secs(5),
         backoff_base: Duration::from_millis(50),
@@ -149,7 +53,7 @@ fn setup() -> Setup {
         ..ControllerSettings::default()
     };
     Setup {
-        fakes,
+        fakes: hosts.fakes().clone(),
         controller: Controller::new(Arc::clone(&providers), settings),
         providers,
     }

@@ -15,116 +15,27 @@ mod health_support;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use egress_operator::controller::ControllerSettings;
 use egress_operator::health::HealthSettings;
 use egress_operator::health::probe::CheckTarget;
 use egress_operator::hosthealth::HostHealth;
 use egress_operator::model::condition;
-use egress_operator::providers::{ProviderHandle, Providers};
 use egress_operator::standalone::manifests::uid_for;
 use egress_operator::standalone::status::ProxyStatusRow;
-use egress_operator::standalone::{StandaloneOptions, run_with_providers};
-use egress_provider::ProviderError;
-use egress_provider::libvirt::check::CheckOptions;
-use egress_provider::libvirt::config::{
-    HostConfig, ImageFormat, ImageSpec, LibvirtEntry, VirtType,
-};
-use egress_provider::libvirt::hostpool::{Connector, HostPool, PoolOptions};
-use egress_provider::libvirt::image::fetch::FetchOptions;
-use egress_provider::libvirt::names::{self, ImageSource};
-use egress_provider::libvirt::provider_impl::LibvirtProvider;
+use egress_provider::libvirt::names;
+use ep_operator_fixtures::{FakeHosts, get, standalone_options, start_standalone};
 use health_support::{ProxyBehaviour, http_proxy, start_echo};
-use libvirt_fake::{FakeLibvirt, Interface, PoolSpec, VolumeSpec, domain_state};
-use libvirt_remote::Transport;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use libvirt_fake::{FakeLibvirt, Interface, domain_state};
 use tokio_util::sync::CancellationToken;
 
-const GIB: u64 = 1 << 30;
 const ENTRY: &str = "fk";
-const POOL: &str = "images";
 const IMAGE: &str = "tiny";
 /// Hang guard on every wait (convergence takes a few seconds).
 const WAIT: Duration = Duration::from_secs(60);
 
-struct FakeHosts(BTreeMap<String, FakeLibvirt>);
-
-#[async_trait]
-impl Connector for FakeHosts {
-    async fn connect(&self, host: &HostConfig) -> Result<Transport, ProviderError> {
-        self.0
-            .get(&host.name)
-            .map(FakeLibvirt::connect_duplex)
-            .ok_or_else(|| ProviderError::permanent("no fake"))
-    }
-}
-
 fn digest() -> String {
     "cd".repeat(32)
-}
-
-fn providers(fake: &FakeLibvirt) -> Providers {
-    let base = names::base(
-        ENTRY,
-        ImageSource::Catalogue(IMAGE),
-        &digest(),
-        ImageFormat::Qcow2,
-    );
-    fake.add_pool(PoolSpec::new(POOL).capacity(100 * GIB))
-        .unwrap();
-    fake.add_volume(POOL, VolumeSpec::new(base.clone(), 2 * GIB).format("qcow2"))
-        .unwrap();
-    fake.add_volume(POOL, VolumeSpec::new(format!("{base}.marker"), 2 * GIB))
-        .unwrap();
-    let mut images = BTreeMap::new();
-    images.insert(
-        IMAGE.to_string(),
-        ImageSpec {
-            url: "https://images.invalid/tiny.qcow2".into(),
-            sha256: Some(digest()),
-            format: ImageFormat::Qcow2,
-            firmware: Default::default(),
-            ca_file: None,
-        },
-    );
-    let entry = LibvirtEntry {
-        name: ENTRY.into(),
-        hosts: vec![HostConfig {
-            name: "h1".into(),
-            address: "h1.invalid".into(),
-            user: "root".into(),
-            socket: "/run/libvirt/libvirt-sock".into(),
-            pool: POOL.into(),
-            bridge: None,
-            network: None,
-            virt_type: VirtType::Qemu,
-            pool_reserve_gib: 1,
-            ssh_key_file: None,
-            known_hosts_file: None,
-            max_concurrent: 4,
-        }],
-        images,
-        url_images: Default::default(),
-        max_image_bytes: GIB,
-        guest: Default::default(),
-        timeouts: Default::default(),
-        defaults: Default::default(),
-        limits: Default::default(),
-    };
-    let mut fakes = BTreeMap::new();
-    fakes.insert("h1".to_string(), fake.clone());
-    let pool = HostPool::new(
-        entry.clone(),
-        Arc::new(FakeHosts(fakes)),
-        PoolOptions::default(),
-    )
-    .unwrap();
-    let p = LibvirtProvider::new(pool, FetchOptions::default(), CheckOptions::default());
-    Providers::from_handles([ProviderHandle::new(entry, Arc::new(p))])
 }
 
 /// Gives each running guest of `addrs` (by Proxy name) its loopback address.
@@ -155,24 +66,6 @@ fn to_loopback(a: SocketAddr) -> SocketAddr {
         }
         _ => SocketAddr::from(([127, 0, 0, 1], 9)),
     }
-}
-
-async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut buf = String::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut buf))
-        .await
-        .unwrap()
-        .unwrap();
-    let code = buf[9..12].parse().unwrap();
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
 }
 
 async fn proxies(addr: SocketAddr) -> Vec<ProxyStatusRow> {
@@ -207,8 +100,11 @@ async fn healthy_txt_and_proxies_list_only_the_healthy_member_with_its_egress_ip
         )
         .unwrap();
     }
-    let fake = FakeLibvirt::new();
-    let providers = providers(&fake);
+    let hosts = FakeHosts::new(ENTRY, &["h1"])
+        .max_concurrent(4)
+        .published_image(IMAGE, &digest());
+    let fake = hosts.fake("h1").clone();
+    let providers = hosts.providers();
     let stop_dhcp = CancellationToken::new();
     let addrs: BTreeMap<String, String> = [
         ("good", "192.0.2.2"),
@@ -220,28 +116,16 @@ async fn healthy_txt_and_proxies_list_only_the_healthy_member_with_its_egress_ip
     .collect();
     tokio::spawn(dhcp(fake.clone(), addrs, stop_dhcp.clone()));
 
-    let mut opts = StandaloneOptions::new(dir.path());
+    let mut opts = standalone_options(dir.path());
     opts.check_interval = Duration::from_millis(500);
-    opts.gc_interval = Duration::from_secs(3600);
-    opts.shutdown_grace = Duration::from_secs(2);
-    opts.controller = ControllerSettings {
-        reconcile_deadline: Duration::from_secs(3),
-        backoff_base: Duration::from_millis(200),
-        backoff_max: Duration::from_secs(1),
-        poll_provisioning: Duration::from_millis(200),
-        poll_running: Duration::from_secs(1),
-        ..ControllerSettings::default()
-    };
     let mut h = HealthSettings::new(CheckTarget::parse(&format!("http://{echo}/")).unwrap());
     h.interval = Duration::from_millis(200);
     h.jitter = Duration::from_millis(50);
     h.probe_timeout = Duration::from_secs(2);
     h.dial_map = Some(to_loopback);
     opts.health = Some(h);
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(run_with_providers(opts, providers, l, stop.clone()));
+    let running = start_standalone(opts, providers).await;
+    let addr = running.addr;
 
     let t0 = Instant::now();
     let rows = loop {
@@ -308,11 +192,6 @@ async fn healthy_txt_and_proxies_list_only_the_healthy_member_with_its_egress_ip
     assert!(metrics.trim_end().ends_with("# EOF"));
     assert_eq!(metrics.matches("# EOF").count(), 1);
 
-    stop.cancel();
+    running.stop(WAIT).await;
     stop_dhcp.cancel();
-    tokio::time::timeout(WAIT, task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
 }

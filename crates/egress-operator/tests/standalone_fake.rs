@@ -13,179 +13,64 @@
 mod image_support;
 
 use std::collections::{BTreeMap, HashSet};
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use egress_operator::controller::ControllerSettings;
 use egress_operator::gc::GcSettings;
 use egress_operator::model::Phase;
-use egress_operator::providers::{ProviderHandle, Providers};
+use egress_operator::providers::Providers;
 use egress_operator::standalone::manifests::uid_for;
 use egress_operator::standalone::status::StatusDocument;
-use egress_operator::standalone::{StandaloneError, StandaloneOptions, run, run_with_providers};
-use egress_provider::libvirt::check::CheckOptions;
-use egress_provider::libvirt::config::{
-    HostConfig, ImageFormat, ImageSpec, LibvirtEntry, VirtType,
-};
-use egress_provider::libvirt::hostpool::{Connector, HostPool, PoolOptions};
-use egress_provider::libvirt::image::fetch::FetchOptions;
+use egress_operator::standalone::{StandaloneError, StandaloneOptions, run};
+use egress_provider::ProxyUid;
+use egress_provider::libvirt::config::LibvirtEntry;
 use egress_provider::libvirt::mark;
 use egress_provider::libvirt::names;
-use egress_provider::libvirt::provider_impl::LibvirtProvider;
-use egress_provider::{ProviderError, ProxyUid};
+use ep_operator_fixtures::{
+    Dhcp, FakeHosts, GIB, POOL, get, qcow2_image, standalone_options, start_standalone, status,
+    wait_status, write_proxy_manifest,
+};
 use image_support::{ImageServer, Route, qcow2, sha};
-use libvirt_fake::{DomainSpec, FakeLibvirt, Interface, PoolSpec, domain_state};
-use libvirt_remote::Transport;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
+use libvirt_fake::{DomainSpec, FakeLibvirt, domain_state};
 use tokio_util::sync::CancellationToken;
 
-const GIB: u64 = 1 << 30;
-const POOL: &str = "images";
 const ENTRY: &str = "fk";
 /// Bound on every wait in these tests; far above what convergence takes (seconds).
 const WAIT: Duration = Duration::from_secs(90);
-
-/// Dispatches each host of the entry to its own fake libvirtd.
-struct Hosts(BTreeMap<String, FakeLibvirt>);
-
-#[async_trait]
-impl Connector for Hosts {
-    async fn connect(&self, host: &HostConfig) -> Result<Transport, ProviderError> {
-        match self.0.get(&host.name) {
-            Some(f) => Ok(f.connect_duplex()),
-            None => Err(ProviderError::permanent(format!(
-                "no fake for {}",
-                host.name
-            ))),
-        }
-    }
-}
+/// Period of the "DHCP" task.
+// NB: 50 ms: addresses appear well within one controller poll (200 ms here).
+const DHCP_PERIOD: Duration = Duration::from_millis(50);
 
 struct World {
     fakes: BTreeMap<String, FakeLibvirt>,
+    hosts: FakeHosts,
     entry: LibvirtEntry,
     _server: ImageServer,
     dir: tempfile::TempDir,
-    dhcp: CancellationToken,
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        self.dhcp.cancel();
-    }
-}
-
-fn host(name: &str) -> HostConfig {
-    HostConfig {
-        name: name.into(),
-        address: format!("{name}.invalid"),
-        user: "root".into(),
-        socket: "/run/libvirt/libvirt-sock".into(),
-        pool: POOL.into(),
-        bridge: None,
-        network: None,
-        virt_type: VirtType::Qemu,
-        pool_reserve_gib: 1,
-        ssh_key_file: None,
-        known_hosts_file: None,
-        max_concurrent: 2,
-    }
+    _dhcp: Option<Dhcp>,
 }
 
 /// Fake hosts `names`, an image server with `tiny`, a manifest directory, and (when
 /// `dhcp`) a task giving running domains addresses.
 async fn world(host_names: &[&str], dhcp: bool) -> World {
-    let mut fakes = BTreeMap::new();
-    for h in host_names {
-        let f = FakeLibvirt::new();
-        f.add_pool(PoolSpec::new(POOL).capacity(100 * GIB)).unwrap();
-        fakes.insert((*h).to_string(), f);
-    }
     let server = ImageServer::start().await;
     let image = qcow2(2 * GIB, 4096);
     let url = server.route("/tiny.qcow2", Route::new(image.clone()));
-    let mut images = BTreeMap::new();
-    images.insert(
-        "tiny".to_string(),
-        ImageSpec {
-            url,
-            sha256: Some(sha(&image)),
-            format: ImageFormat::Qcow2,
-            firmware: Default::default(),
-            ca_file: None,
-        },
-    );
-    let entry = LibvirtEntry {
-        name: ENTRY.into(),
-        hosts: host_names.iter().map(|h| host(h)).collect(),
-        images,
-        url_images: Default::default(),
-        max_image_bytes: GIB,
-        guest: Default::default(),
-        timeouts: Default::default(),
-        defaults: Default::default(),
-        limits: Default::default(),
-    };
-    let token = CancellationToken::new();
-    if dhcp {
-        tokio::spawn(dhcp_task(fakes.clone(), token.clone()));
-    }
+    let hosts = FakeHosts::new(ENTRY, host_names).image("tiny", qcow2_image(url, sha(&image)));
     World {
-        fakes,
-        entry,
+        fakes: hosts.fakes().clone(),
+        entry: hosts.entry().clone(),
+        _dhcp: dhcp.then(|| hosts.start_dhcp(DHCP_PERIOD)),
+        hosts,
         _server: server,
         dir: tempfile::tempdir().unwrap(),
-        dhcp: token,
-    }
-}
-
-/// Gives every running domain of ours an address on its derived MAC, like a guest agent.
-async fn dhcp_task(fakes: BTreeMap<String, FakeLibvirt>, stop: CancellationToken) {
-    let mut given: HashSet<(String, String)> = HashSet::new();
-    while !stop.is_cancelled() {
-        for (i, (h, f)) in fakes.iter().enumerate() {
-            for d in f.domains() {
-                if d.state != domain_state::RUNNING || given.contains(&(h.clone(), d.name.clone()))
-                {
-                    continue;
-                }
-                let Some(u) = names::uid_of_domain(ENTRY, &d.name) else {
-                    continue;
-                };
-                let n = given.len() % 250 + 2;
-                let iface = Interface::new("eth0", names::mac(ENTRY, &u))
-                    .addr(format!("10.{}.0.{n}", i + 1), 24);
-                if f.set_interfaces(&d.name, vec![iface]).is_ok() {
-                    given.insert((h.clone(), d.name.clone()));
-                }
-            }
-        }
-        // A domain that was recreated gets an address again.
-        given.retain(|(h, n)| {
-            fakes[h]
-                .domain(n)
-                .is_some_and(|d| d.state == domain_state::RUNNING)
-        });
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
 impl World {
     /// A fresh provider registry over the same fakes (a restart builds a new one).
     fn providers(&self) -> Providers {
-        let pool = HostPool::new(
-            self.entry.clone(),
-            Arc::new(Hosts(self.fakes.clone())),
-            PoolOptions::default(),
-        )
-        .unwrap();
-        let p = LibvirtProvider::new(pool, FetchOptions::default(), CheckOptions::default());
-        Providers::from_handles([ProviderHandle::new(self.entry.clone(), Arc::new(p))])
+        self.hosts.providers_for(self.entry.clone())
     }
 
     fn manifest_path(&self, name: &str) -> PathBuf {
@@ -193,32 +78,12 @@ impl World {
     }
 
     fn write_manifest(&self, name: &str, host: Option<&str>) {
-        let pin = host.map(|h| format!("  host: {h}\n")).unwrap_or_default();
-        std::fs::write(
-            self.manifest_path(name),
-            format!(
-                "apiVersion: egress-proxies.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n\
-                 spec:\n  provider: {ENTRY}\n{pin}  image: tiny\n  resources:\n    diskGiB: 4\n    \
-                 memoryMiB: 256\n  proxy:\n    allowedClientCidrs: [10.0.0.0/8]\n"
-            ),
-        )
-        .unwrap();
+        write_proxy_manifest(self.dir.path(), name, ENTRY, "tiny", host);
     }
 
     fn options(&self) -> StandaloneOptions {
-        let mut o = StandaloneOptions::new(self.dir.path());
+        let mut o = standalone_options(self.dir.path());
         o.workers = 4;
-        o.check_interval = Duration::from_secs(1);
-        o.gc_interval = Duration::from_secs(3600);
-        o.shutdown_grace = Duration::from_secs(2);
-        o.controller = ControllerSettings {
-            reconcile_deadline: Duration::from_secs(3),
-            backoff_base: Duration::from_millis(200),
-            backoff_max: Duration::from_secs(1),
-            poll_provisioning: Duration::from_millis(200),
-            poll_running: Duration::from_secs(1),
-            ..ControllerSettings::default()
-        };
         o
     }
 
@@ -254,74 +119,8 @@ impl World {
     }
 }
 
-/// A running standalone instance.
-struct Running {
-    addr: SocketAddr,
-    stop: CancellationToken,
-    task: JoinHandle<Result<(), StandaloneError>>,
-}
-
-async fn start(opts: StandaloneOptions, providers: Providers) -> Running {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(run_with_providers(opts, providers, l, stop.clone()));
-    Running { addr, stop, task }
-}
-
-impl Running {
-    async fn stop(self) {
-        self.stop.cancel();
-        tokio::time::timeout(WAIT, self.task)
-            .await
-            .expect("standalone stops within its grace")
-            .unwrap()
-            .unwrap();
-    }
-}
-
-/// GET `path`; returns (status code, body).
-async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut buf = String::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut buf))
-        .await
-        .unwrap()
-        .unwrap();
-    let code = buf[9..12].parse().unwrap();
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
-}
-
-async fn status(addr: SocketAddr) -> StatusDocument {
-    let (code, body) = get(addr, "/status").await;
-    assert_eq!(code, 200, "{body}");
-    serde_json::from_str(&body).unwrap()
-}
-
 fn phase_of(doc: &StatusDocument, name: &str) -> Option<Phase> {
     doc.proxies.iter().find(|p| p.name == name).map(|p| p.phase)
-}
-
-/// Polls `/status` until `ok` holds, or panics after [`WAIT`] with the last document.
-async fn wait_status(addr: SocketAddr, what: &str, ok: impl Fn(&StatusDocument) -> bool) {
-    let t0 = Instant::now();
-    loop {
-        let d = status(addr).await;
-        if ok(&d) {
-            return;
-        }
-        if t0.elapsed() > WAIT {
-            panic!("timed out waiting for {what}: {d:#?}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 fn all_running(names: &[String]) -> impl Fn(&StatusDocument) -> bool + '_ {
@@ -332,9 +131,9 @@ fn all_running(names: &[String]) -> impl Fn(&StatusDocument) -> bool + '_ {
 async fn a_proxy_runs_is_served_on_status_and_metrics_and_deleting_its_manifest_leaves_nothing() {
     let w = world(&["h1"], true).await;
     w.write_manifest("p1", None);
-    let r = start(w.options(), w.providers()).await;
+    let r = start_standalone(w.options(), w.providers()).await;
     assert_eq!(get(r.addr, "/healthz").await.0, 200);
-    wait_status(r.addr, "p1 Running", all_running(&["p1".into()])).await;
+    wait_status(r.addr, "p1 Running", WAIT, all_running(&["p1".into()])).await;
     assert_eq!(get(r.addr, "/readyz").await.0, 200);
     let d = status(r.addr).await;
     let row = &d.proxies[0];
@@ -361,22 +160,22 @@ async fn a_proxy_runs_is_served_on_status_and_metrics_and_deleting_its_manifest_
         m.contains("egress_proxies_controller_creates_succeeded_total 1"),
         "{m}"
     );
-    wait_status(r.addr, "host h1 checked", |d| {
+    wait_status(r.addr, "host h1 checked", WAIT, |d| {
         d.hosts.iter().any(|h| h.host == "h1" && h.state == "Ready")
     })
     .await;
 
     // A broken edit keeps the proxy (nothing lost on bad input) and is reported.
     std::fs::write(w.manifest_path("p1"), "apiVersion: [broken").unwrap();
-    wait_status(r.addr, "manifest error reported", |d| {
+    wait_status(r.addr, "manifest error reported", WAIT, |d| {
         !d.manifest_errors.is_empty() && phase_of(d, "p1") == Some(Phase::Running)
     })
     .await;
 
     std::fs::remove_file(w.manifest_path("p1")).unwrap();
-    wait_status(r.addr, "p1 forgotten", |d| d.proxies.is_empty()).await;
+    wait_status(r.addr, "p1 forgotten", WAIT, |d| d.proxies.is_empty()).await;
     assert_eq!(w.leftovers(), (vec![], vec![]), "nothing left on the host");
-    r.stop().await;
+    r.stop(WAIT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -406,7 +205,7 @@ async fn proxies_on_healthy_hosts_converge_while_another_host_freezes_mid_create
     // without bound, the healthy hosts would starve (the seed's H1).
     let mut o = w.options();
     o.workers = 2;
-    let r = start(o, w.providers()).await;
+    let r = start_standalone(o, w.providers()).await;
     tokio::time::timeout(WAIT, froze).await.unwrap().unwrap();
     let healthy: Vec<String> = names
         .iter()
@@ -416,6 +215,7 @@ async fn proxies_on_healthy_hosts_converge_while_another_host_freezes_mid_create
     wait_status(
         r.addr,
         "proxies on h1 and h3 Running",
+        WAIT,
         all_running(&healthy),
     )
     .await;
@@ -423,7 +223,7 @@ async fn proxies_on_healthy_hosts_converge_while_another_host_freezes_mid_create
     for i in 0..3 {
         assert_ne!(phase_of(&d, &format!("h2-p{i}")), Some(Phase::Running));
     }
-    r.stop().await;
+    r.stop(WAIT).await;
     w.fakes["h2"].faults().thaw();
 }
 
@@ -444,7 +244,7 @@ async fn a_restart_mid_create_converges_without_leaks() {
     // No grace: creates in flight are cut, as a crash or a kill would.
     let mut first = w.options();
     first.shutdown_grace = Duration::ZERO;
-    let r = start(first, w.providers()).await;
+    let r = start_standalone(first, w.providers()).await;
     // Stop as soon as a create is under way on some host (a volume of ours exists).
     let t0 = Instant::now();
     while w
@@ -455,7 +255,7 @@ async fn a_restart_mid_create_converges_without_leaks() {
         assert!(t0.elapsed() < WAIT, "no create started");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    r.stop().await;
+    r.stop(WAIT).await;
     let running_before = w
         .fakes
         .values()
@@ -477,10 +277,11 @@ async fn a_restart_mid_create_converges_without_leaks() {
         min_age: Duration::ZERO,
         dry_run: false,
     };
-    let r = start(second, w.providers()).await;
+    let r = start_standalone(second, w.providers()).await;
     wait_status(
         r.addr,
         "every proxy Running after restart",
+        WAIT,
         all_running(&names),
     )
     .await;
@@ -511,7 +312,7 @@ async fn a_restart_mid_create_converges_without_leaks() {
             .iter()
             .all(|n| phase_of(&d, n) == Some(Phase::Running))
     );
-    r.stop().await;
+    r.stop(WAIT).await;
 }
 
 /// The mark as libvirt hands it back, with any UID text.
@@ -560,8 +361,8 @@ async fn gc_refuses_padded_case_changed_and_mismatched_marks_and_takes_a_true_or
         min_age: Duration::ZERO,
         dry_run: false,
     };
-    let r = start(o, w.providers()).await;
-    wait_status(r.addr, "live Running", all_running(&["live".into()])).await;
+    let r = start_standalone(o, w.providers()).await;
+    wait_status(r.addr, "live Running", WAIT, all_running(&["live".into()])).await;
     let t0 = Instant::now();
     while f.domain(&names::domain(ENTRY, &orphan)).is_some() {
         assert!(t0.elapsed() < WAIT, "GC never took the true orphan");
@@ -587,7 +388,7 @@ async fn gc_refuses_padded_case_changed_and_mismatched_marks_and_takes_a_true_or
         ),
         "{m}"
     );
-    r.stop().await;
+    r.stop(WAIT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -599,8 +400,8 @@ async fn the_provisioning_deadline_fails_a_proxy_that_never_reports_an_address()
     o.controller.provisioning_deadline = Duration::from_secs(3);
     o.controller.replace_on_deadline = false;
     let started = Instant::now();
-    let r = start(o, w.providers()).await;
-    wait_status(r.addr, "mute Failed", |d| {
+    let r = start_standalone(o, w.providers()).await;
+    wait_status(r.addr, "mute Failed", WAIT, |d| {
         phase_of(d, "mute") == Some(Phase::Failed)
     })
     .await;
@@ -625,7 +426,7 @@ async fn the_provisioning_deadline_fails_a_proxy_that_never_reports_an_address()
             .any(|c| c.reason == "ProvisioningTimeout"),
         "{row:#?}"
     );
-    r.stop().await;
+    r.stop(WAIT).await;
 }
 
 #[tokio::test]
@@ -692,7 +493,7 @@ async fn bench_proxies_across_ten_fake_hosts_reach_running() {
     o.workers = 8;
     o.controller.poll_provisioning = Duration::from_millis(500);
     let t0 = Instant::now();
-    let r = start(o, w.providers()).await;
+    let r = start_standalone(o, w.providers()).await;
     let t = Instant::now();
     loop {
         let d = status(r.addr).await;
@@ -716,5 +517,5 @@ async fn bench_proxies_across_ten_fake_hosts_reach_running() {
         t0.elapsed().as_secs_f64(),
         peak_rss_kib() / 1024
     );
-    r.stop().await;
+    r.stop(WAIT).await;
 }

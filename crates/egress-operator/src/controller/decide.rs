@@ -368,6 +368,18 @@ pub fn decide(i: &Inputs<'_>) -> Decision {
         let action = cancel_if_creating(i.op);
         return cx.latch(reason::INVALID_SPEC, &errs.join("; "), action);
     }
+    // The entry of a placed Proxy is immutable (as the Kubernetes CEL rule says): acting on a
+    // changed entry would create a second instance and leave the first running, out of GC's
+    // reach because its UID is live (finding M2: nothing is touched on the old entry either).
+    if let Some(loc) = i.location
+        && loc.entry != entry.config.name
+    {
+        let msg = format!(
+            "spec.provider: changed to {:?}, but this Proxy's instance lives in entry {:?} on              host {}; the provider of a Proxy cannot change: set spec.provider back to {:?},              or delete this Proxy (its instance is then deleted there) and create a new one",
+            entry.config.name, loc.entry, loc.host, loc.entry
+        );
+        return cx.latch(reason::INVALID_SPEC, &msg, Action::None);
+    }
 
     // Work in flight.
     let mut observed = i.observed.clone();

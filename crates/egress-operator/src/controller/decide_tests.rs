@@ -873,3 +873,27 @@ fn a_retry_after_a_failed_create_stays_on_the_same_host_unless_it_is_unhealthy()
         .run();
     assert_eq!(created_host(&d).0, "h1");
 }
+
+#[test]
+fn a_changed_provider_entry_of_a_placed_proxy_is_refused_and_nothing_is_created() {
+    // finding: M2
+    // The instance lives in entry "other": acting on the new entry would leave it running,
+    // out of GC's reach (its UID is live).
+    let mut elsewhere = id("h1");
+    elsewhere.entry = "other".into();
+    let mut c = case(proxy()).status(running_status("h1", t0()));
+    c.location = Some(elsewhere);
+    let d = c.run();
+    assert_eq!(d.action, Action::None);
+    assert_eq!(d.status.phase, Phase::Failed);
+    let (st, reason, msg) = ready(&d);
+    assert_eq!(
+        (st, reason.as_str()),
+        (ConditionStatus::False, reason::INVALID_SPEC)
+    );
+    assert!(
+        msg.contains("spec.provider") && msg.contains("\"other\""),
+        "{msg}"
+    );
+    assert!(d.memory.latch.is_some());
+}

@@ -273,3 +273,54 @@ async fn deleting_an_unplaced_proxy_reaches_every_host_then_finalizes() {
     hosts.sort();
     assert_eq!(hosts, ["h1", "h2"]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_proxy_whose_provider_was_edited_is_refused_and_then_deleted_where_it_lives() {
+    // finding: M2, M3
+    let home = Arc::new(Scripted::default());
+    let away = Arc::new(Scripted::default());
+    let mut away_entry = entry(2);
+    away_entry.name = "away".into();
+    let c = Controller::new(
+        Arc::new(Providers::from_handles([
+            ProviderHandle::new(entry(2), home.clone()),
+            ProviderHandle::new(away_entry, away.clone()),
+        ])),
+        ControllerSettings::default(),
+    );
+    // The instance lives in entry "home" on h2 (as a restart would learn from the marks).
+    c.adopt(
+        "home",
+        &[OwnedInstance {
+            id: ProviderId {
+                entry: "home".into(),
+                host: "h2".into(),
+                name: format!("ep-home-{}", uid(1).simple()),
+            },
+            uid: uid(1),
+            created_at: now(),
+            name_matches_uid: true,
+        }],
+    );
+    let mut o = obj(1, None);
+    o.spec.provider = "away".into();
+    o.generation = 2;
+    let out = c.reconcile(&o, &ProxyStatus::default(), now()).await;
+    assert_eq!(out.status.phase, Phase::Failed);
+    assert_eq!(ready_reason(&out.status), reason::INVALID_SPEC);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        away.creates.load(Ordering::SeqCst),
+        0,
+        "nothing created on the new entry"
+    );
+    assert_eq!(home.creates.load(Ordering::SeqCst), 0);
+    // Deleting the Proxy deletes where the instance is, not on the edited entry.
+    o.deleting = true;
+    let out = c.reconcile(&o, &out.status, now()).await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let out = c.reconcile(&o, &out.status, now()).await;
+    assert!(out.finalized);
+    assert_eq!(*home.deletes.lock().unwrap(), ["h2"]);
+    assert!(away.deletes.lock().unwrap().is_empty());
+}

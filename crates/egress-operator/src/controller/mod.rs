@@ -588,7 +588,26 @@ impl Controller {
     ) -> Outcome {
         let settings = &self.inner.settings;
         let providers = self.providers();
-        let handle = providers.get(&obj.spec.provider).cloned();
+        // A Proxy being deleted is deleted where its instance is, even if spec.provider was
+        // edited since (the edit itself is refused by `decide`).
+        let known_entry = if obj.deleting {
+            lock(&self.inner.state)
+                .locations
+                .get(&obj.uid)
+                .map(|l| l.entry.clone())
+                .or_else(|| {
+                    status
+                        .provider_id
+                        .as_deref()
+                        .and_then(|s| s.parse::<ProviderId>().ok())
+                        .map(|id| id.entry)
+                })
+        } else {
+            None
+        };
+        let handle = known_entry
+            .and_then(|e| providers.get(&e).cloned())
+            .or_else(|| providers.get(&obj.spec.provider).cloned());
 
         // Read what is known (no network).
         let (memory, op_view, location, hosts) = {

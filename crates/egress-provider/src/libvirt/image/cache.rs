@@ -281,6 +281,57 @@ pub fn marker_text(
     )
 }
 
+/// The backing-store paths named by `entry`'s published bases among `vols` (every volume of
+/// the entry's base prefix that is neither a part nor a marker; few: one per image digest).
+/// A part is a base's data volume exactly when a base names its path here, so neither the
+/// import-side sweep nor GC may remove such a part. `place` ("in pool P on host H") goes into
+/// error messages.
+pub async fn base_backing_paths(
+    client: &Client,
+    entry: &str,
+    vols: &[StorageVol],
+    place: &str,
+) -> Result<std::collections::HashSet<String>> {
+    let prefix = names::base_prefix(entry);
+    let mut referenced = std::collections::HashSet::new();
+    for v in vols.iter().filter(|v| {
+        v.name.starts_with(&prefix)
+            && !v.name.contains(PART_INFIX)
+            && !v.name.ends_with(MARKER_SUFFIX)
+    }) {
+        let xml = match client.vol_xml(v).await {
+            Ok(x) => x,
+            Err(e) if is_no_vol(&e) => continue,
+            Err(e) => {
+                return Err(classify(
+                    &e,
+                    &format!(
+                        "reading volume {} {place} (to know which temporary volumes are base data)",
+                        v.name
+                    ),
+                ));
+            }
+        };
+        if let Some(b) = crate::libvirt::volumes::parse_volume_xml(&xml).and_then(|f| f.backing) {
+            referenced.insert(b);
+        }
+    }
+    Ok(referenced)
+}
+
+/// The path of `v` (file pools use the path as key: no round trip). `place` as above.
+pub async fn volume_path(client: &Client, v: &StorageVol, place: &str) -> Result<String> {
+    if v.key.starts_with('/') {
+        return Ok(v.key.clone());
+    }
+    client.vol_path(v).await.map_err(|e| {
+        classify(
+            &e,
+            &format!("reading the path of volume {} {place}", v.name),
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

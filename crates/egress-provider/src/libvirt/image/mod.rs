@@ -742,7 +742,6 @@ pub async fn sweep_parts(
         .pool_list_volumes(pool)
         .await
         .map_err(|e| classify(&e, &ctx("listing volumes")))?;
-    let prefix = names::base_prefix(entry);
     let old: Vec<&StorageVol> = vols
         .iter()
         .filter(|v| {
@@ -753,34 +752,11 @@ pub async fn sweep_parts(
     if old.is_empty() {
         return Ok(Vec::new());
     }
-    // NB: every non-part, non-marker volume of the prefix may be a base; its backing store
-    // is read from its XML (bases are few: one per image digest).
-    let mut referenced = std::collections::HashSet::new();
-    for v in vols.iter().filter(|v| {
-        v.name.starts_with(&prefix)
-            && !v.name.contains(cache::PART_INFIX)
-            && !v.name.ends_with(cache::MARKER_SUFFIX)
-    }) {
-        let xml = match client.vol_xml(v).await {
-            Ok(x) => x,
-            Err(e) if cache::is_no_vol(&e) => continue,
-            Err(e) => return Err(classify(&e, &ctx(&format!("reading {}", v.name)))),
-        };
-        if let Some(b) = crate::libvirt::volumes::parse_volume_xml(&xml).and_then(|f| f.backing) {
-            referenced.insert(b);
-        }
-    }
+    let place = format!("in pool {}", pool.name);
+    let referenced = cache::base_backing_paths(client, entry, &vols, &place).await?;
     let mut gone = Vec::new();
     for v in old {
-        let path = if v.key.starts_with('/') {
-            v.key.clone()
-        } else {
-            client
-                .vol_path(v)
-                .await
-                .map_err(|e| classify(&e, &ctx(&format!("reading the path of {}", v.name))))?
-        };
-        if referenced.contains(&path) {
+        if referenced.contains(&cache::volume_path(client, v, &place).await?) {
             continue;
         }
         match client.vol_delete(v, 0).await {

@@ -22,12 +22,12 @@ use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use libvirt_remote::Client;
-use libvirt_remote::proto::{StoragePool, StorageVol};
+use libvirt_remote::proto::StoragePool;
 
 use super::{CODE_NO_DOMAIN, CODE_NO_STORAGE_POOL, CODE_NO_STORAGE_VOL, classify, is_code};
 use crate::error::{ProviderError, Result};
 use crate::libvirt::image::cache;
-use crate::libvirt::{names, volumes};
+use crate::libvirt::names;
 use crate::model::{OwnedVolume, ProxyUid, VolumeKind};
 
 /// Suffix of an overlay name after the UID.
@@ -159,7 +159,13 @@ pub async fn list_volumes(
         )
     });
     let referenced = if has_parts {
-        referenced_by_bases(client, entry, host_name, pool_name, &vols).await?
+        cache::base_backing_paths(
+            client,
+            entry,
+            &vols,
+            &format!("in pool {pool_name} on host {host_name}"),
+        )
+        .await?
     } else {
         HashSet::new()
     };
@@ -169,7 +175,8 @@ pub async fn list_volumes(
             continue;
         };
         if parsed.kind() == VolumeKind::Part
-            && referenced.contains(&vol_path(client, &v, host_name).await?)
+            && referenced
+                .contains(&cache::volume_path(client, &v, &format!("on host {host_name}")).await?)
         {
             continue;
         }
@@ -266,58 +273,6 @@ fn parse_timestamp(s: &str) -> Option<SystemTime> {
         .map(|n| UNIX_EPOCH + Duration::from_secs(n))
 }
 
-/// The backing-store paths of every volume of `entry`'s base prefix that is neither a part
-/// nor a marker (the published bases; few: one per image digest).
-// NB: the same rule as `image::sweep_parts`, which keeps its own copy on the import side; a
-// part is a base's data volume exactly when a base names its path as backing store.
-async fn referenced_by_bases(
-    client: &Client,
-    entry: &str,
-    host_name: &str,
-    pool_name: &str,
-    vols: &[StorageVol],
-) -> Result<HashSet<String>> {
-    let prefix = names::base_prefix(entry);
-    let mut referenced = HashSet::new();
-    for v in vols.iter().filter(|v| {
-        v.name.starts_with(&prefix)
-            && !v.name.contains(cache::PART_INFIX)
-            && !v.name.ends_with(cache::MARKER_SUFFIX)
-    }) {
-        let xml = match client.vol_xml(v).await {
-            Ok(x) => x,
-            Err(e) if is_code(&e, CODE_NO_STORAGE_VOL) => continue,
-            Err(e) => {
-                return Err(classify(
-                    &e,
-                    &format!(
-                        "reading volume {} in pool {pool_name} on host {host_name} (to know \
-                         which temporary volumes are base data)",
-                        v.name
-                    ),
-                ));
-            }
-        };
-        if let Some(b) = volumes::parse_volume_xml(&xml).and_then(|f| f.backing) {
-            referenced.insert(b);
-        }
-    }
-    Ok(referenced)
-}
-
-/// The path of `v` (file pools use the path as key: no round trip).
-async fn vol_path(client: &Client, v: &StorageVol, host_name: &str) -> Result<String> {
-    if v.key.starts_with('/') {
-        return Ok(v.key.clone());
-    }
-    client.vol_path(v).await.map_err(|e| {
-        classify(
-            &e,
-            &format!("reading the path of volume {} on host {host_name}", v.name),
-        )
-    })
-}
-
 async fn lookup_pool(
     client: &Client,
     entry: &str,
@@ -409,8 +364,15 @@ pub async fn delete_orphan_volume(
             .pool_list_volumes(&pool)
             .await
             .map_err(|e| classify(&e, &format!("listing pool {pool_name} on host {host}")))?;
-        let referenced = referenced_by_bases(client, entry, host, pool_name, &vols).await?;
-        if referenced.contains(&vol_path(client, &vol, host).await?) {
+        let referenced = cache::base_backing_paths(
+            client,
+            entry,
+            &vols,
+            &format!("in pool {pool_name} on host {host}"),
+        )
+        .await?;
+        if referenced.contains(&cache::volume_path(client, &vol, &format!("on host {host}")).await?)
+        {
             return refuse("a published base uses it as its data volume".into());
         }
     }

@@ -10,15 +10,14 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use egress_provider::error::ProviderError;
-use egress_provider::libvirt::config::{
-    HostConfig, ImageFormat, ImageSpec, LibvirtEntry, VirtType,
-};
-use egress_provider::model::{HostState, Instance, InstanceState, ProviderId, ProxyUid};
+use egress_provider::libvirt::config::LibvirtEntry;
+use egress_provider::model::{HostState, Instance, InstanceState, ProviderId};
 
 use super::decide::{
     Action, Decision, EntryView, HostInfo, Inputs, Latch, Memory, Observed, OpView, decide,
     fmt_time, reason,
 };
+use super::test_fixtures::uid;
 use super::{ControllerSettings, EventKind, ProxyCredentials, ProxyObject};
 use crate::model::{
     ConditionStatus, Phase, ProxySettings, ProxySpec, ProxyStatus, Resources, condition,
@@ -34,50 +33,8 @@ fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
-fn uid(n: u8) -> ProxyUid {
-    ProxyUid::parse_strict(&format!("0f8fad5b-d9cb-469f-a165-7086772895{n:02x}")).unwrap()
-}
-
-fn host(name: &str) -> HostConfig {
-    HostConfig {
-        name: name.into(),
-        address: format!("{name}.invalid"),
-        user: "root".into(),
-        socket: "/run/libvirt/libvirt-sock".into(),
-        pool: "images".into(),
-        bridge: None,
-        network: None,
-        virt_type: VirtType::Qemu,
-        pool_reserve_gib: 1,
-        ssh_key_file: None,
-        known_hosts_file: None,
-        max_concurrent: 2,
-    }
-}
-
 fn entry() -> LibvirtEntry {
-    let mut images = BTreeMap::new();
-    images.insert(
-        "debian-12".to_string(),
-        ImageSpec {
-            url: "https://images.invalid/debian-12.qcow2".into(),
-            sha256: Some("a".repeat(64)),
-            format: ImageFormat::Qcow2,
-            firmware: Default::default(),
-            ca_file: None,
-        },
-    );
-    LibvirtEntry {
-        name: "home".into(),
-        hosts: vec![host("h1"), host("h2")],
-        images,
-        url_images: Default::default(),
-        max_image_bytes: 1 << 30,
-        guest: Default::default(),
-        timeouts: Default::default(),
-        defaults: Default::default(),
-        limits: Default::default(),
-    }
+    super::test_fixtures::entry(2)
 }
 
 /// A Proxy builder: `proxy().on_host("h1").with_image("debian-12")`.

@@ -14,9 +14,6 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use egress_provider::error::{ProviderError, Result};
-use egress_provider::libvirt::config::{
-    HostConfig, ImageFormat, ImageSpec, LibvirtEntry, VirtType,
-};
 use egress_provider::model::{
     CreateRequest, HostReport, Instance, InstanceState, OwnedInstance, Progress, ProviderId,
     ProxyUid,
@@ -24,6 +21,7 @@ use egress_provider::model::{
 use egress_provider::provider::Provider;
 
 use super::decide::reason;
+use super::test_fixtures::{entry, uid};
 use super::{Controller, ControllerSettings, ProxyObject};
 use crate::model::{Phase, ProxySettings, ProxySpec, ProxyStatus, Resources, condition};
 use crate::providers::{ProviderHandle, Providers};
@@ -36,10 +34,6 @@ struct Scripted {
     creates: AtomicU32,
     deletes: Mutex<Vec<String>>,
     made: Mutex<BTreeMap<ProxyUid, Instance>>,
-}
-
-fn uid(n: u8) -> ProxyUid {
-    ProxyUid::parse_strict(&format!("0f8fad5b-d9cb-469f-a165-7086772895{n:02x}")).unwrap()
 }
 
 #[async_trait]
@@ -88,45 +82,6 @@ impl Provider for Scripted {
     }
     async fn check(&self) -> Vec<HostReport> {
         Vec::new()
-    }
-}
-
-fn entry(max_concurrent: u32) -> LibvirtEntry {
-    let host = |n: &str| HostConfig {
-        name: n.into(),
-        address: format!("{n}.invalid"),
-        user: "root".into(),
-        socket: "/run/libvirt/libvirt-sock".into(),
-        pool: "images".into(),
-        bridge: None,
-        network: None,
-        virt_type: VirtType::Qemu,
-        pool_reserve_gib: 1,
-        ssh_key_file: None,
-        known_hosts_file: None,
-        max_concurrent,
-    };
-    let mut images = BTreeMap::new();
-    images.insert(
-        "debian-12".to_string(),
-        ImageSpec {
-            url: "https://images.invalid/d.qcow2".into(),
-            sha256: Some("a".repeat(64)),
-            format: ImageFormat::Qcow2,
-            firmware: Default::default(),
-            ca_file: None,
-        },
-    );
-    LibvirtEntry {
-        name: "home".into(),
-        hosts: vec![host("h1"), host("h2")],
-        images,
-        url_images: Default::default(),
-        max_image_bytes: 1 << 30,
-        guest: Default::default(),
-        timeouts: Default::default(),
-        defaults: Default::default(),
-        limits: Default::default(),
     }
 }
 

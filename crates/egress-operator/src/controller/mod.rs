@@ -30,6 +30,8 @@ mod decide_tests;
 mod executor_tests;
 pub mod limits;
 pub mod metrics;
+#[cfg(test)]
+mod test_fixtures;
 pub mod userdata;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};

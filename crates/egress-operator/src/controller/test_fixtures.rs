@@ -1,0 +1,59 @@
+//! Fixtures shared by the controller's unit tests: one entry "home" with hosts h1 and h2 and
+//! the catalogue image `debian-12`, and canonical test UIDs.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+
+use egress_provider::libvirt::config::{
+    HostConfig, ImageFormat, ImageSpec, LibvirtEntry, VirtType,
+};
+use egress_provider::model::ProxyUid;
+
+/// The canonical UID numbered `n`.
+pub(super) fn uid(n: u8) -> ProxyUid {
+    ProxyUid::parse_strict(&format!("0f8fad5b-d9cb-469f-a165-7086772895{n:02x}")).unwrap()
+}
+
+/// Host `name` of the test entry.
+pub(super) fn host(name: &str, max_concurrent: u32) -> HostConfig {
+    HostConfig {
+        name: name.into(),
+        address: format!("{name}.invalid"),
+        user: "root".into(),
+        socket: "/run/libvirt/libvirt-sock".into(),
+        pool: "images".into(),
+        bridge: None,
+        network: None,
+        virt_type: VirtType::Qemu,
+        pool_reserve_gib: 1,
+        ssh_key_file: None,
+        known_hosts_file: None,
+        max_concurrent,
+    }
+}
+
+/// Entry "home": hosts h1, h2 (each `max_concurrent` slots), image `debian-12` pinned.
+pub(super) fn entry(max_concurrent: u32) -> LibvirtEntry {
+    let mut images = BTreeMap::new();
+    images.insert(
+        "debian-12".to_string(),
+        ImageSpec {
+            url: "https://images.invalid/debian-12.qcow2".into(),
+            sha256: Some("a".repeat(64)),
+            format: ImageFormat::Qcow2,
+            firmware: Default::default(),
+            ca_file: None,
+        },
+    );
+    LibvirtEntry {
+        name: "home".into(),
+        hosts: vec![host("h1", max_concurrent), host("h2", max_concurrent)],
+        images,
+        url_images: Default::default(),
+        max_image_bytes: 1 << 30,
+        guest: Default::default(),
+        timeouts: Default::default(),
+        defaults: Default::default(),
+        limits: Default::default(),
+    }
+}

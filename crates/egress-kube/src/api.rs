@@ -4,7 +4,7 @@
 //!
 //! Guarantees:
 //! - **One model, two drivers**: a Proxy's spec and status are the core's
-//!   [`egress_operator::model::ProxySpec`] and [`egress_operator::model::ProxyStatus`], so a
+//!   [`egress_core::model::ProxySpec`] and [`egress_core::model::ProxyStatus`], so a
 //!   Proxy's YAML is the same in Kubernetes and in a standalone manifest directory.
 //! - **The API server refuses what the core would**: the schema carries the bounds (port
 //!   1–65535, sizes ≥ 1, non-empty names), `format: cidr` plus a CEL `isCIDR` rule on the
@@ -14,7 +14,7 @@
 //! - **Deterministic CRDs**: [`crds_yaml`] renders both CRDs the same way every time; the
 //!   committed `deploy/crds/*.yaml` are its output, and a test fails when they drift.
 
-use egress_operator::model::{Condition, ProxySpec, ProxyStatus};
+use egress_core::model::{Condition, ProxySpec, ProxyStatus};
 use egress_provider::model::{HostReport, HostState};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{CustomResource, CustomResourceExt};
@@ -30,7 +30,7 @@ pub const CONDITION_READY: &str = "Ready";
 /// Longest remote string kept in a [`HostHealth`] field (finding L18).
 // NB: the same bound as a Proxy condition's message: enough for a classified provider error
 // naming a host and a setting; 100 hosts × 4 strings stays far below etcd's object limit.
-pub const MAX_HOST_STRING_CHARS: usize = egress_operator::model::MAX_MESSAGE_CHARS;
+pub const MAX_HOST_STRING_CHARS: usize = egress_core::model::MAX_MESSAGE_CHARS;
 
 /// What the Proxy asks for: the same fields as the `spec` of a standalone Proxy manifest.
 // NB: a newtype because the CustomResource derive must sit on a type of this crate; it is the
@@ -213,10 +213,7 @@ impl HostHealth {
     /// strings truncated, the error redacted again (defence in depth), bytes as whole GiB.
     pub fn from_report(r: &HostReport, checked_at: &str) -> Self {
         let bound = |s: &str| {
-            egress_operator::model::truncate(
-                &egress_provider::error::redact(s),
-                MAX_HOST_STRING_CHARS,
-            )
+            egress_core::model::truncate(&egress_provider::error::redact(s), MAX_HOST_STRING_CHARS)
         };
         Self {
             host: bound(&r.host),
@@ -279,7 +276,7 @@ mod tests {
     )]
 
     use super::*;
-    use egress_operator::model::{ProxyManifest, ProxySettings, Resources};
+    use egress_core::model::{ProxyManifest, ProxySettings, Resources};
     use kube::core::cel::{validate_cel, validate_cel_update};
     use serde_json::Value;
 

@@ -1,5 +1,5 @@
 //! The Kubernetes driver of egress-proxies: the custom resources ([`api`]) and, over the
-//! operator core (`egress_operator`), the kube-runtime controller. The core never depends on
+//! operator core (`egress_core`), the kube-runtime controller. The core never depends on
 //! kube; everything Kubernetes-specific lives here.
 
 pub mod api;

@@ -2,7 +2,7 @@
 //! [`Metrics`] plus the proxy health engine's), `/healthz`, `/readyz`, and the same read-only
 //! views as standalone mode (`/status`, `/proxies`, `/hosts`, `/healthy.txt`) built from the
 //! driver's watch cache. The HTTP server is the standalone one
-//! ([`egress_operator::standalone::http::serve`]); this module only implements its
+//! ([`egress_core::web::serve`]); this module only implements its
 //! [`Endpoints`].
 //!
 //! Guarantees:
@@ -20,13 +20,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
-use egress_operator::controller::Controller as Core;
-use egress_operator::health::{HealthEngine, HealthSettings};
-use egress_operator::hosthealth::HostHealth;
-use egress_operator::metrics::Metrics;
-use egress_operator::model::Phase;
-use egress_operator::standalone::http::Endpoints;
-use egress_operator::standalone::status::{HostRow, ProxyStatusRow, StatusDocument};
+use egress_core::controller::Controller as Core;
+use egress_core::health::{HealthEngine, HealthSettings};
+use egress_core::hosthealth::HostHealth;
+use egress_core::metrics::Metrics;
+use egress_core::model::Phase;
+use egress_core::status::{HostRow, ProxyStatusRow, StatusDocument};
+use egress_core::web::Endpoints;
 use egress_provider::model::HostReport;
 
 /// The driver's observable state, shared between the driver (writer) and the HTTP server
@@ -199,7 +199,7 @@ impl Endpoints for Observer {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use egress_operator::standalone::http::handle;
+    use egress_core::web::handle;
     use hyper::{Method, StatusCode};
 
     #[test]

@@ -8,22 +8,21 @@
     clippy::indexing_slicing
 )]
 
-#[path = "../../egress-operator/tests/health_support/mod.rs"]
-mod health_support;
+use ep_operator_fixtures::health_proxies as health_support;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use egress_core::controller::ControllerSettings;
+use egress_core::health::HealthSettings;
+use egress_core::model::{Phase, ProxySettings, ProxySpec, Resources};
+use egress_core::providers::Providers;
 use egress_kube::api::{Proxy, ProxyCrdSpec};
 use egress_kube::driver::{DriverStats, KubeOptions, Reload, run_with};
 use egress_kube::leader::LeaseSettings;
 use egress_kube::observe::Observer;
-use egress_operator::controller::ControllerSettings;
-use egress_operator::health::HealthSettings;
-use egress_operator::model::{Phase, ProxySettings, ProxySpec, Resources};
-use egress_operator::providers::Providers;
 use egress_provider::libvirt::names;
 use ep_operator_fixtures::{FakeHosts, qcow2_image};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -482,10 +481,10 @@ async fn a_frozen_host_cannot_hold_a_reconcile_past_its_deadline() {
 
 // ---- health, publishing, ProviderHealth, credentials, RBAC ----
 
+use egress_core::health::probe::CheckTarget;
+use egress_core::web::{Endpoints, healthy_list};
 use egress_kube::api::{ProviderHealth, ProviderHealthSpec};
 use egress_kube::driver::publish::GROUP_LABEL;
-use egress_operator::health::probe::CheckTarget;
-use egress_operator::standalone::http::{Endpoints, healthy_list};
 use k8s_openapi::api::core::v1::Secret;
 
 /// 192.0.2.N:P → 127.0.0.N:P, where the test's in-process proxies listen.

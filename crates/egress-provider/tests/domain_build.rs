@@ -29,9 +29,9 @@ use libvirt_remote::client::{domain_state, undefine};
 use libvirt_remote::transport;
 use libvirt_remote::{Client, OpenOptions, UploadOptions};
 
-const CAPS: &str = include_str!("../../libvirt-fake/fixtures/capabilities.xml");
+const CAPS: &str = include_str!("../../testing/libvirt-fake/fixtures/capabilities.xml");
 const DOMCAPS_QEMU: &str =
-    include_str!("../../libvirt-fake/fixtures/domcapabilities-qemu-x86_64.xml");
+    include_str!("../../testing/libvirt-fake/fixtures/domcapabilities-qemu-x86_64.xml");
 
 /// Bound on one real-daemon test body (they define, start and stop tiny TCG domains).
 // NB: a start under TCG answers in ~1 s here; 120 s is generous for a loaded 2-core box.

@@ -337,7 +337,7 @@ fn the_example_provider_config_in_the_chart_passes_the_loader() {
         .as_str()
         .unwrap()
         .to_owned();
-    match egress_operator::config::parse(&text, "providers.yaml") {
+    match egress_core::config::parse(&text, "providers.yaml") {
         Ok(cfg) => assert_eq!(cfg.providers.len(), 1),
         Err(e) => panic!("the chart's example config is rejected:\n{e}"),
     }

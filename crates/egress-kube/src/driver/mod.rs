@@ -1,5 +1,5 @@
 //! The Kubernetes driver: a kube-runtime `Controller` on [`Proxy`] over the core reconciler
-//! ([`egress_operator::controller::Controller`]), plus the leader-only GC and provider-health
+//! ([`egress_core::controller::Controller`]), plus the leader-only GC and provider-health
 //! loops and the watch on the provider config and SSH material.
 //!
 //! Pipeline of one reconcile ([`reconcile`]): read (the Proxy from the watch cache, its
@@ -26,7 +26,7 @@
 //!   entries (the core compares config digests). A config that fails to load keeps the
 //!   running one.
 //! - Proxy health (when `--health-target` is set): on the leader, every Running Proxy with an
-//!   address is probed through itself ([`egress_operator::health`]); its state is merged into
+//!   address is probed through itself ([`egress_core::health`]); its state is merged into
 //!   the status the driver applies (`health`, `Healthy`, `Ready` = Running ∧ Healthy) both by
 //!   reconciles and by a publishing pass after each round, and a change of a Proxy's decided
 //!   health is an Event (`Healthy`, or the failure's reason). Health state outlives terms and
@@ -52,15 +52,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use egress_operator::controller::{
+use egress_core::controller::{
     Controller as Core, ControllerSettings, EventKind, Outcome, ProxyCredentials, ProxyObject,
     backoff::backoff,
 };
-use egress_operator::gc::{self, GcSettings};
-use egress_operator::health::{self, HealthState, ProbeTarget};
-use egress_operator::model::{Condition, ConditionStatus, ProxyStatus};
-use egress_operator::providers::{BuildOptions, Providers};
-use egress_operator::standalone::status::ProxyStatusRow;
+use egress_core::gc::{self, GcSettings};
+use egress_core::health::{self, HealthState, ProbeTarget};
+use egress_core::model::{Condition, ConditionStatus, ProxyStatus};
+use egress_core::providers::{BuildOptions, Providers};
+use egress_core::status::ProxyStatusRow;
 use egress_provider::ProxyUid;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
@@ -214,7 +214,7 @@ pub enum RunError {
     Client(#[source] kube::Error),
     /// The provider config is invalid.
     #[error("{0}")]
-    Config(#[source] egress_operator::config::ConfigErrors),
+    Config(#[source] egress_core::config::ConfigErrors),
     /// The providers could not be built.
     #[error("cannot build the providers: {0}")]
     Providers(#[source] egress_provider::ProviderError),
@@ -256,7 +256,7 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let path = opts.config_path.clone();
     let build = move || -> Result<Providers, RunError> {
-        let cfg = egress_operator::config::load(&path).map_err(RunError::Config)?;
+        let cfg = egress_core::config::load(&path).map_err(RunError::Config)?;
         for w in &cfg.warnings {
             tracing::warn!(%w, "provider config warning");
         }

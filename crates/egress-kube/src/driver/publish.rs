@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
-use egress_operator::health::healthy_endpoints;
+use egress_core::health::healthy_endpoints;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -397,7 +397,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
     use crate::api::ProxyCrdSpec;
-    use egress_operator::model::{HealthStatus, Phase, ProxySettings, ProxySpec, ProxyStatus};
+    use egress_core::model::{HealthStatus, Phase, ProxySettings, ProxySpec, ProxyStatus};
 
     fn proxy(name: &str, group: Option<&str>, port: u16, ip: &str, healthy: Option<bool>) -> Proxy {
         let mut p = Proxy::new(

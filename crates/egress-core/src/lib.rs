@@ -1,0 +1,22 @@
+//! The operator core of egress-proxies: everything both drivers (standalone and Kubernetes)
+//! share, with no driver in it.
+//!
+//! - [`model`]: the Proxy manifest, spec validation and status (conditions redacted, bounded).
+//! - [`config`]: the provider configuration: load, validate, every error with its field path.
+//! - [`providers`]: the registry of configured provider entries and their hosts.
+//! - [`controller`]: pure reconcile decisions and the executor that carries them out.
+//! - [`gc`]: the orphan garbage collector (a pure plan, then checked deletions).
+//! - [`health`]: proxy health checked through each proxy; [`hosthealth`]: per-host checks.
+//! - [`metrics`]: the Prometheus registry of the operator.
+//! - [`status`]: the status document both drivers serve; [`web`]: its HTTP server.
+
+pub mod config;
+pub mod controller;
+pub mod gc;
+pub mod health;
+pub mod hosthealth;
+pub mod metrics;
+pub mod model;
+pub mod providers;
+pub mod status;
+pub mod web;

@@ -1,0 +1,277 @@
+//! The standalone HTTP endpoint: `GET /status` (JSON [`StatusDocument`]), `GET /metrics`
+//! (OpenMetrics text), `GET /healthz` (the process is alive), `GET /readyz` (config
+//! loaded and first adoption done), `GET /proxies` (JSON: every Proxy's row with its health
+//! and egress IP), `GET /hosts` (JSON: every host's last check, [`HostHealth`]) and
+//! `GET /healthy.txt` (one `ip:port` per line of every Running proxy the health engine
+//! decided healthy, sorted; empty when none is or health checks are off).
+//!
+//! Guarantees: request handling is bounded — at most [`MAX_CONNECTIONS`] connections at a
+//! time (others wait in the kernel backlog), headers must arrive within
+//! [`HEADER_READ_TIMEOUT`], a connection lives at most [`CONNECTION_DEADLINE`], request
+//! bodies are never read, only GET/HEAD are answered. The server stops accepting when the
+//! shutdown token fires.
+//!
+//! NB: hyper directly rather than axum: four fixed GET routes with no extraction need no
+//! router, and hyper is already in the dependency tree (reqwest); axum would add a router,
+//! tower middleware and their transitive crates for a `match` on the path.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::hosthealth::HostHealth;
+use crate::status::StatusDocument;
+
+/// Most connections served at once.
+// NB: the endpoint serves a Prometheus scraper, a health checker and an occasional `status`
+// CLI; 64 leaves room for several of each while bounding memory under a connection flood.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Time allowed for a request's headers to arrive.
+// NB: loopback clients send headers at once; 10 s tolerates a loaded host, and cuts slowloris.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a connection is served (keep-alive included).
+// NB: a scrape takes milliseconds; 60 s lets a keep-alive scraper reuse its connection for
+// a scrape or two while bounding how long a slot can be held.
+pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(60);
+
+/// What the endpoint reads from the running operator.
+pub trait Endpoints: Send + Sync + 'static {
+    /// The current status document.
+    fn status(&self) -> StatusDocument;
+    /// The metrics text.
+    fn metrics(&self) -> String;
+    /// Whether the config is loaded and the first adoption is done.
+    fn ready(&self) -> bool;
+    /// What `/readyz` says while [`Endpoints::ready`] is false (the Kubernetes driver has
+    /// its own readiness rule).
+    fn not_ready_reason(&self) -> String {
+        "waiting for the first adoption".to_owned()
+    }
+    /// Every host's last check (`/hosts`); by default built from the status document's rows.
+    fn hosts(&self) -> Vec<HostHealth> {
+        self.status()
+            .hosts
+            .into_iter()
+            .map(|r| HostHealth {
+                state: r.state.clone(),
+                accepts_placements: r.state == "Ready" || r.state == "Unknown",
+                latency_ms: r.latency_ms,
+                error: r.error,
+                ..HostHealth::unknown(&r.entry, &r.host)
+            })
+            .collect()
+    }
+}
+
+/// The `/healthy.txt` body: `ip:port` of every healthy Running proxy, one per line, sorted.
+pub fn healthy_list(doc: &StatusDocument) -> String {
+    let mut eps: Vec<String> = doc
+        .proxies
+        .iter()
+        .filter_map(|p| p.healthy_endpoint())
+        .map(|a| a.to_string())
+        .collect();
+    eps.sort();
+    eps.dedup();
+    let mut out = String::with_capacity(eps.len() * 22);
+    for e in eps {
+        out.push_str(&e);
+        out.push('\n');
+    }
+    out
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Response<Full<Bytes>> {
+    match serde_json::to_vec(v) {
+        Ok(j) => respond(StatusCode::OK, "application/json", j),
+        Err(e) => respond(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain",
+            format!("cannot encode: {e}\n"),
+        ),
+    }
+}
+
+fn respond(code: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = code;
+    if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+/// Answers one request (pure with respect to the network: no I/O besides `ep`).
+pub fn handle(ep: &dyn Endpoints, method: &Method, path: &str) -> Response<Full<Bytes>> {
+    if method != Method::GET && method != Method::HEAD {
+        return respond(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "only GET is served\n",
+        );
+    }
+    match path {
+        "/status" => match serde_json::to_vec(&ep.status()) {
+            Ok(j) => respond(StatusCode::OK, "application/json", j),
+            Err(e) => respond(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                format!("cannot encode status: {e}\n"),
+            ),
+        },
+        "/metrics" => respond(
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            ep.metrics(),
+        ),
+        "/proxies" => json(&ep.status().proxies),
+        "/hosts" => json(&ep.hosts()),
+        "/healthy.txt" => respond(
+            StatusCode::OK,
+            "text/plain; charset=utf-8",
+            healthy_list(&ep.status()),
+        ),
+        "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
+        "/readyz" => {
+            if ep.ready() {
+                respond(StatusCode::OK, "text/plain", "ready\n")
+            } else {
+                respond(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    format!("not ready: {}\n", ep.not_ready_reason()),
+                )
+            }
+        }
+        _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+    }
+}
+
+/// Serves `listener` until `shutdown` fires. Connections in flight end on their own deadline.
+pub async fn serve(listener: TcpListener, ep: Arc<dyn Endpoints>, shutdown: CancellationToken) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let permit = tokio::select! {
+            () = shutdown.cancelled() => return,
+            p = Arc::clone(&slots).acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
+        let stream = tokio::select! {
+            () = shutdown.cancelled() => return,
+            a = listener.accept() => match a {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "status endpoint: accept failed");
+                    // NB: EMFILE and friends: back off briefly instead of spinning.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let ep = Arc::clone(&ep);
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let svc = service_fn(move |req: Request<Incoming>| {
+                let r = handle(ep.as_ref(), req.method(), req.uri().path());
+                async move { Ok::<_, Infallible>(r) }
+            });
+            let mut builder = http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT);
+            let conn = builder.serve_connection(TokioIo::new(stream), svc);
+            tokio::select! {
+                _ = tokio::time::timeout(CONNECTION_DEADLINE, conn) => {}
+                () = stop.cancelled() => {}
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    struct Fixed(bool);
+    impl Endpoints for Fixed {
+        fn status(&self) -> StatusDocument {
+            StatusDocument {
+                generated_at: "t".into(),
+                proxies: vec![],
+                hosts: vec![],
+                manifest_errors: vec![],
+            }
+        }
+        fn metrics(&self) -> String {
+            "m 1\n".into()
+        }
+        fn ready(&self) -> bool {
+            self.0
+        }
+    }
+
+    #[test]
+    fn routes_answer_and_readiness_follows_adoption() {
+        let ep = Fixed(false);
+        assert_eq!(
+            handle(&ep, &Method::GET, "/healthz").status(),
+            StatusCode::OK
+        );
+        assert_eq!(
+            handle(&ep, &Method::GET, "/readyz").status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            handle(&Fixed(true), &Method::GET, "/readyz").status(),
+            StatusCode::OK
+        );
+        assert_eq!(
+            handle(&ep, &Method::GET, "/status").status(),
+            StatusCode::OK
+        );
+        assert_eq!(
+            handle(&ep, &Method::GET, "/nope").status(),
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            handle(&ep, &Method::POST, "/status").status(),
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+    }
+
+    #[tokio::test]
+    async fn the_server_answers_over_loopback_and_stops_on_shutdown() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(serve(l, Arc::new(Fixed(true)), stop.clone()));
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).await.unwrap();
+        assert!(buf.starts_with("HTTP/1.1 200"), "{buf}");
+        assert!(buf.ends_with("m 1\n"), "{buf}");
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}

@@ -1,0 +1,363 @@
+//! `egress-proxies check [--config FILE] [--json]`: the doctor a new user runs first.
+//!
+//! Pipeline: load and validate the file (offline; every error with its field path → exit 2)
+//! → build the registry (no I/O) → [`Provider::check`](egress_provider::Provider::check) on
+//! every entry concurrently (network: each host's calls are bounded by the check options, the
+//! whole round by [`CHECK_DEADLINE`]) → a table per entry, then the full error of every host
+//! that is not Ready → exit 1 unless every host is Ready.
+//!
+//! Guarantees: read-only on every host (the check refreshes the pool's figures and nothing
+//! else); every host of every entry appears exactly once in the output, even when the round
+//! deadline expires (as `Timeout`); errors are the provider's redacted strings.
+
+use std::time::Duration;
+
+use egress_provider::{HostReport, HostState};
+use futures_util::future::join_all;
+use serde::Serialize;
+
+use super::table::{self, Table};
+use super::{EXIT_FAILED, EXIT_OK, UsageError, load_config};
+use egress_core::providers::{BuildOptions, ProviderHandle, Providers};
+
+/// Deadline of the whole check, over every entry.
+// NB: each entry's round is bounded by the check options' round timeout (60 s by default:
+// one wave of 30 s dial + 20 s probe + slack); entries run concurrently, so 90 s only
+// bites when a round overran its own bound.
+pub const CHECK_DEADLINE: Duration = Duration::from_secs(90);
+
+/// Longest error shown in the table; the full text follows the table.
+// NB: keeps a row within a 200-column terminal beside the other columns.
+pub const TABLE_ERROR_CHARS: usize = 60;
+
+/// Arguments of `check`.
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// Provider configuration file (YAML; see examples/providers.yaml). Without it, the
+    /// embedded default that `standalone` uses is checked (this machine's libvirtd).
+    #[arg(long, short = 'c', value_name = "FILE", env = "EGRESS_PROXIES_CONFIG")]
+    config: Option<std::path::PathBuf>,
+    /// Print one JSON document (entries → hosts) instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One host's result as printed by `--json`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostRow {
+    /// Provider entry.
+    pub entry: String,
+    /// Host name in the entry.
+    pub host: String,
+    /// The host's configured address.
+    pub address: String,
+    /// Ready, Degraded, Unreachable or Timeout.
+    pub state: &'static str,
+    /// Probe call latency in milliseconds.
+    pub latency_ms: Option<f64>,
+    /// The host's hostname.
+    pub hostname: Option<String>,
+    /// libvirt version.
+    pub libvirt_version: Option<String>,
+    /// Usable virt types.
+    pub virt_types: Vec<String>,
+    /// Whether a UEFI loader is available.
+    pub uefi: bool,
+    /// Free pool bytes after the reserve.
+    pub pool_free_bytes: Option<u64>,
+    /// The configured reserve in GiB.
+    pub pool_reserve_gib: u64,
+    /// What is missing.
+    pub missing: Vec<String>,
+    /// The error, redacted.
+    pub error: Option<String>,
+}
+
+/// A state's name.
+pub fn state_name(s: HostState) -> &'static str {
+    match s {
+        HostState::Ready => "Ready",
+        HostState::Unreachable => "Unreachable",
+        HostState::Timeout => "Timeout",
+        HostState::Degraded => "Degraded",
+    }
+}
+
+/// Runs `check`.
+pub async fn run(a: CheckArgs) -> anyhow::Result<u8> {
+    let cfg = match &a.config {
+        Some(p) => load_config(p)?,
+        None => {
+            let cfg =
+                egress_standalone::load_config(None).map_err(|e| UsageError::new(e.to_string()))?;
+            println!("checking the embedded default config (pass --config FILE for yours)");
+            for w in &cfg.warnings {
+                eprintln!("warning: {w}");
+            }
+            cfg
+        }
+    };
+    let providers = Providers::from_config(&cfg, &BuildOptions::default())
+        .map_err(|e| UsageError::new(format!("cannot build the providers: {e}")))?;
+    let rows = check_all(&providers).await;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        print!("{}", render(&rows));
+    }
+    let ready = rows.iter().filter(|r| r.state == "Ready").count();
+    if ready == rows.len() {
+        if !a.json {
+            println!("all {} host(s) Ready", rows.len());
+        }
+        Ok(EXIT_OK)
+    } else {
+        if !a.json {
+            println!("{} of {} host(s) not Ready", rows.len() - ready, rows.len());
+        }
+        Ok(EXIT_FAILED)
+    }
+}
+
+/// Checks every entry concurrently; one row per configured host, in config order.
+pub async fn check_all(providers: &Providers) -> Vec<HostRow> {
+    let work = join_all(providers.iter().map(|h| async move {
+        let reports = h.provider.check().await;
+        (h, reports)
+    }));
+    // An expired deadline leaves no reports: every host then shows as Timeout.
+    let results = tokio::time::timeout(CHECK_DEADLINE, work)
+        .await
+        .unwrap_or_default();
+    let mut rows = Vec::new();
+    for h in providers.iter() {
+        let reports = results
+            .iter()
+            .find(|(p, _)| p.config.name == h.config.name)
+            .map(|(_, r)| r.as_slice())
+            .unwrap_or_default();
+        for host in &h.config.hosts {
+            rows.push(row(
+                h,
+                &host.name,
+                reports.iter().find(|r| r.host == host.name),
+            ));
+        }
+    }
+    rows
+}
+
+fn row(h: &ProviderHandle, host: &str, report: Option<&HostReport>) -> HostRow {
+    let cfg = h.host(host);
+    let address = cfg.map(|c| c.address.clone()).unwrap_or_default();
+    let pool_reserve_gib = cfg.map(|c| c.pool_reserve_gib).unwrap_or_default();
+    let Some(r) = report else {
+        return HostRow {
+            entry: h.config.name.clone(),
+            host: host.to_owned(),
+            address,
+            state: state_name(HostState::Timeout),
+            latency_ms: None,
+            hostname: None,
+            libvirt_version: None,
+            virt_types: Vec::new(),
+            uefi: false,
+            pool_free_bytes: None,
+            pool_reserve_gib,
+            missing: Vec::new(),
+            error: Some(format!(
+                "no report within {CHECK_DEADLINE:?} (the check round did not finish)"
+            )),
+        };
+    };
+    HostRow {
+        entry: h.config.name.clone(),
+        host: host.to_owned(),
+        address,
+        state: state_name(r.state),
+        latency_ms: r.latency.map(|d| d.as_secs_f64() * 1000.0),
+        hostname: r.hostname.clone(),
+        libvirt_version: r.libvirt_version.clone(),
+        virt_types: r.virt_types.clone(),
+        uefi: r.uefi,
+        pool_free_bytes: r.pool_free_bytes,
+        pool_reserve_gib,
+        missing: r.missing.clone(),
+        error: r.error.clone(),
+    }
+}
+
+/// The human form: a table per entry, then the full error of each host not Ready.
+pub fn render(rows: &[HostRow]) -> String {
+    let mut out = String::new();
+    let mut entries: Vec<&str> = Vec::new();
+    for r in rows {
+        if !entries.contains(&r.entry.as_str()) {
+            entries.push(&r.entry);
+        }
+    }
+    for (i, e) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        out.push_str(&format!("provider entry {e}\n"));
+        let mut t = Table::new(&[
+            "HOST",
+            "ADDRESS",
+            "STATE",
+            "LATENCY",
+            "LIBVIRT",
+            "VIRT",
+            "UEFI",
+            "POOL FREE",
+            "MISSING",
+            "ERROR",
+        ]);
+        for r in rows.iter().filter(|r| r.entry == *e) {
+            t.row(vec![
+                r.host.clone(),
+                r.address.clone(),
+                r.state.to_owned(),
+                r.latency_ms
+                    .map_or_else(|| "-".into(), |ms| format!("{ms:.1}ms")),
+                r.libvirt_version.clone().unwrap_or_else(|| "-".into()),
+                dash_join(&r.virt_types),
+                if r.libvirt_version.is_none() {
+                    "-".into()
+                } else if r.uefi {
+                    "yes".into()
+                } else {
+                    "no".into()
+                },
+                r.pool_free_bytes.map_or_else(
+                    || "-".into(),
+                    |b| format!("{} (reserve {} GiB)", table::bytes(b), r.pool_reserve_gib),
+                ),
+                dash_join(&r.missing),
+                r.error.as_deref().map_or_else(
+                    || "-".into(),
+                    |e| egress_core::model::truncate(e, TABLE_ERROR_CHARS),
+                ),
+            ]);
+        }
+        out.push_str(&t.render());
+    }
+    let failing: Vec<&HostRow> = rows.iter().filter(|r| r.state != "Ready").collect();
+    if !failing.is_empty() {
+        out.push('\n');
+        for r in failing {
+            let why = match (&r.error, r.missing.is_empty()) {
+                (Some(e), _) => e.clone(),
+                (None, false) => format!("missing: {}", r.missing.join(", ")),
+                (None, true) => "no detail reported".to_owned(),
+            };
+            out.push_str(&format!("{}/{} is {}: {why}\n", r.entry, r.host, r.state));
+            for m in &r.missing {
+                if let Some(h) = hint(m) {
+                    out.push_str(&format!("  hint: {h}\n"));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A fix for a missing thing the check names (`storage pool NAME (...)`, `network NAME
+/// (...)`, `storage pool NAME is not active (...)`), as the commands to run on the host.
+fn hint(missing: &str) -> Option<String> {
+    let word = |prefix: &str| {
+        missing
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(str::to_owned)
+    };
+    if missing.contains(" is not active ") {
+        let p = word("storage pool ")?;
+        return Some(format!("virsh pool-start {p} && virsh pool-autostart {p}"));
+    }
+    if let Some(p) = word("storage pool ") {
+        return Some(format!(
+            "create it on the host: virsh pool-define-as {p} dir --target /var/lib/{p} && \
+             virsh pool-build {p} && virsh pool-start {p} && virsh pool-autostart {p}"
+        ));
+    }
+    if let Some(n) = word("network ") {
+        return Some(format!(
+            "start it on the host (virsh net-start {n} && virsh net-autostart {n}), or set \
+             the host's network/bridge to one that exists"
+        ));
+    }
+    None
+}
+
+fn dash_join(v: &[String]) -> String {
+    if v.is_empty() {
+        "-".into()
+    } else {
+        v.join(",")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(entry: &str, host: &str, state: &'static str, error: Option<&str>) -> HostRow {
+        HostRow {
+            entry: entry.into(),
+            host: host.into(),
+            address: "127.0.0.1:22".into(),
+            state,
+            latency_ms: Some(1.25),
+            hostname: None,
+            libvirt_version: Some("11.3.0".into()),
+            virt_types: vec!["qemu".into()],
+            uefi: true,
+            pool_free_bytes: Some(10 << 30),
+            pool_reserve_gib: 5,
+            missing: vec![],
+            error: error.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn each_entry_gets_a_table_and_failing_hosts_get_their_full_error() {
+        let long = "x".repeat(200);
+        let out = render(&[
+            r("home", "h1", "Ready", None),
+            r("home", "h2", "Unreachable", Some(&long)),
+            r("lab", "h1", "Ready", None),
+        ]);
+        assert!(out.contains("provider entry home\n"), "{out}");
+        assert!(out.contains("provider entry lab\n"), "{out}");
+        assert!(out.contains("10.0 GiB (reserve 5 GiB)"), "{out}");
+        assert!(out.contains("1.2ms") || out.contains("1.3ms"), "{out}");
+        // Truncated in the table, whole below it.
+        assert!(
+            out.contains(&format!("home/h2 is Unreachable: {long}\n")),
+            "{out}"
+        );
+        assert_eq!(out.matches(&long).count(), 1, "{out}");
+    }
+
+    #[test]
+    fn a_missing_pool_or_network_comes_with_the_command_that_fixes_it() {
+        let mut row = r("local", "local", "Degraded", None);
+        row.missing = vec![
+            "storage pool egress-proxies (hosts[local].pool)".into(),
+            "network default (hosts[local].network)".into(),
+        ];
+        let out = render(&[row]);
+        assert!(
+            out.contains("hint: create it on the host: virsh pool-define-as egress-proxies dir"),
+            "{out}"
+        );
+        assert!(out.contains("virsh net-start default"), "{out}");
+        assert_eq!(
+            hint("storage pool p1 is not active (hosts[h].pool)").as_deref(),
+            Some("virsh pool-start p1 && virsh pool-autostart p1")
+        );
+        assert_eq!(hint("virt type kvm (hosts[h].virtType)"), None);
+    }
+}

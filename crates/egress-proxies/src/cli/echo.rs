@@ -1,0 +1,45 @@
+//! `egress-proxies echo [--listen ADDR]`: the health check target. Answers every `GET` with
+//! the caller's IP on one line ([`egress_core::health::echo`]), so the health engine learns the
+//! egress IP each proxy's traffic leaves from. Run it anywhere the proxies can reach and pass
+//! `--health-target http://ADDR/` to `standalone`.
+//!
+//! Guarantees: it only listens (no outgoing connection); it stops on SIGTERM/SIGINT (exit 0);
+//! an address it cannot bind is exit 1.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+
+use super::{EXIT_FAILED, EXIT_OK};
+use egress_core::health::echo;
+use egress_standalone as standalone;
+
+/// Default listen address of the echo.
+// NB: 9465 sits next to the status endpoint's 9464; all interfaces, since the callers are
+// proxies on other machines (the echo reveals nothing but the caller's own address).
+pub const DEFAULT_ECHO_LISTEN: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 9465));
+
+/// Arguments of `echo`.
+#[derive(Debug, clap::Args)]
+pub struct EchoArgs {
+    /// Address to listen on.
+    #[arg(long, value_name = "ADDR", default_value_t = DEFAULT_ECHO_LISTEN)]
+    listen: SocketAddr,
+}
+
+/// Runs the echo until a signal.
+pub async fn run(a: EchoArgs) -> anyhow::Result<u8> {
+    let listener = match tokio::net::TcpListener::bind(a.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: cannot listen on {}: {e}", a.listen);
+            return Ok(EXIT_FAILED);
+        }
+    };
+    let addr = listener.local_addr().unwrap_or(a.listen);
+    tracing::info!(%addr, "egress-proxies echo listening");
+    // The address on stdout, so scripts started with `--listen 127.0.0.1:0` learn the port.
+    println!("listening on {addr}");
+    let shutdown = standalone::shutdown_on_signals();
+    echo::serve(listener, shutdown).await;
+    Ok(EXIT_OK)
+}

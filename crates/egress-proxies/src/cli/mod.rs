@@ -1,0 +1,244 @@
+//! The `egress-proxies` command line: argument definitions (clap derive), one module per
+//! command, a plain table printer and progress bars. `main.rs` only parses and calls [`run`].
+//!
+//! Guarantees:
+//! - **Exit codes mean one thing each**: [`EXIT_OK`] (0) all is well; [`EXIT_FAILED`] (1)
+//!   something is unhealthy or failed (a host not Ready, a prefetch that failed, a server not
+//!   answering); [`EXIT_USAGE`] (2) the command line or the configuration is wrong (clap uses 2
+//!   for its own usage errors too). Nothing else is returned.
+//! - **Readable errors**: every failure is printed once, to stderr, as `error: ...` with its
+//!   causes; configuration errors list every violation with its field path (redacted by the
+//!   loader). Results go to stdout, logs and progress bars to stderr.
+//! - **No surprise side effects**: `version` and `status` never contact a libvirt host;
+//!   `check` only reads; `images prefetch` only adds verified bases; `gc` deletes nothing
+//!   without the orphan rules of [`egress_core::gc`].
+
+mod check;
+mod crds;
+mod echo;
+mod gc;
+mod images;
+mod kubernetes;
+mod progress;
+mod standalone;
+mod status;
+mod table;
+mod version;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code: everything checked is healthy, the command did what was asked.
+pub const EXIT_OK: u8 = 0;
+/// Exit code: something is unhealthy or failed (see the command's help).
+pub const EXIT_FAILED: u8 = 1;
+/// Exit code: the command line or the configuration is invalid; nothing was changed.
+pub const EXIT_USAGE: u8 = 2;
+
+const AFTER_HELP: &str = "\
+Exit codes: 0 ok; 1 something is unhealthy or failed; 2 usage or configuration error.
+Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug or RUST_LOG=egress_provider=trace) to see more.
+
+Start here: `egress-proxies check --config providers.yaml` validates the file and probes every host.";
+
+/// Runs egress-proxy VMs on libvirt hosts reached over SSH.
+#[derive(Debug, Parser)]
+#[command(name = "egress-proxies", version, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// One `egress-proxies` command.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the version, the build's git commit and the libvirt protocol spoken. No network.
+    Version,
+    /// Validate a provider config and probe every host: the doctor to run first.
+    ///
+    /// Prints every configuration error with its field path (exit 2), then a table per
+    /// provider entry: host state, probe latency, libvirt version, usable virt types, UEFI,
+    /// free pool space after the reserve, what is missing, and the error. Exit 1 when any
+    /// host is not Ready.
+    #[command(after_help = AFTER_HELP)]
+    Check(check::CheckArgs),
+    /// Manage the base-image cache on the hosts.
+    #[command(subcommand)]
+    Images(images::ImagesCommand),
+    /// Run the operator without Kubernetes: Proxy manifests from a directory, status over HTTP.
+    ///
+    /// Reconciles every Proxy manifest in --proxies against the hosts of the provider config,
+    /// serves /status, /proxies, /hosts, /healthy.txt, /metrics, /healthz and /readyz on
+    /// --listen (with --health-target, every proxy is checked through itself and /healthy.txt
+    /// lists the healthy ones as ip:port), and stops gracefully on
+    /// SIGTERM or SIGINT (exit 0). A rejected config or manifest directory is exit 2.
+    #[command(after_help = AFTER_HELP)]
+    Standalone(standalone::StandaloneArgs),
+    /// Show the Proxies of a running `standalone` as a table.
+    ///
+    /// Reads GET /status from --server. Exit 1 when nothing answers there or a Proxy is
+    /// Failed or Paused.
+    #[command(after_help = AFTER_HELP)]
+    Status(status::StatusArgs),
+    /// Delete instances and volumes of ours that no Proxy in --proxies owns (orphans).
+    ///
+    /// An instance goes only if its ownership mark parses strictly, its UID is not one of
+    /// DIR's Proxies, its name is the one derived from that UID, and it is older than
+    /// --min-age. Refuses (exit 2) an empty or unreadable DIR (unless --allow-empty) and a DIR
+    /// with bad manifests. Exit 1 when a listing or a deletion failed.
+    #[command(after_help = AFTER_HELP)]
+    Gc(gc::GcArgs),
+    /// Serve the health check target: answers every GET with the caller's IP on one line.
+    ///
+    /// Run it where the proxies can reach it and give its URL to `standalone
+    /// --health-target`; the health engine then reports the egress IP of every proxy.
+    #[command(after_help = AFTER_HELP)]
+    Echo(echo::EchoArgs),
+    /// Print the Proxy and ProviderHealth CustomResourceDefinitions as YAML. No network.
+    ///
+    /// Without --dir, both go to stdout as one multi-document stream (`kubectl apply -f -`).
+    /// With --dir, each is written to DIR/<name>.yaml (how deploy/crds/ is generated).
+    Crds(crds::CrdsArgs),
+    /// Run the operator in a Kubernetes cluster: Proxy resources, ProviderHealth, leader election.
+    #[command(after_help = AFTER_HELP)]
+    Kubernetes(kubernetes::KubernetesArgs),
+}
+
+/// Whether a failure is the user's input (exit 2) rather than the world (exit 1).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+impl UsageError {
+    /// A usage error with this message.
+    pub fn new(msg: impl Into<String>) -> Self {
+        Self(msg.into())
+    }
+}
+
+/// The path argument shared by commands that read a provider config.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConfigArg {
+    /// Provider configuration file (YAML; see examples/providers.yaml).
+    #[arg(long, short = 'c', value_name = "FILE", env = "EGRESS_PROXIES_CONFIG")]
+    pub config: PathBuf,
+}
+
+/// Runs `cli` to completion and returns the process exit code. Installs the tracing
+/// subscriber (stderr, `RUST_LOG`) first; prints any failure to stderr.
+pub fn run(cli: Cli) -> ExitCode {
+    init_tracing(default_log_level(&cli.command));
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
+    let res = rt.block_on(dispatch(cli.command));
+    // NB: background connection tasks may still be parked on sockets; do not wait for them.
+    rt.shutdown_background();
+    match res {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            if e.downcast_ref::<UsageError>().is_some() {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::from(EXIT_FAILED)
+            }
+        }
+    }
+}
+
+async fn dispatch(cmd: Command) -> anyhow::Result<u8> {
+    match cmd {
+        Command::Version => Ok(version::run()),
+        Command::Check(a) => check::run(a).await,
+        Command::Images(c) => images::run(c).await,
+        Command::Standalone(a) => standalone::run(a).await,
+        Command::Status(a) => status::run(a).await,
+        Command::Gc(a) => gc::run(a).await,
+        Command::Echo(a) => echo::run(a).await,
+        Command::Crds(a) => crds::run(a),
+        Command::Kubernetes(a) => kubernetes::run(a).await,
+    }
+}
+
+/// `info` for the long-running commands (their log is their output), `warn` for the rest.
+fn default_log_level(cmd: &Command) -> &'static str {
+    match cmd {
+        Command::Standalone(_) | Command::Echo(_) | Command::Kubernetes(_) => "info",
+        _ => "warn",
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (falling back to `default` when unset or invalid).
+fn init_tracing(default: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// Proxy health-check arguments (shared by the drivers' commands).
+#[derive(Debug, Clone, clap::Args)]
+pub struct HealthArgs {
+    /// Check every proxy through itself against this target (an `egress-proxies echo`, or any
+    /// http:// URL answering the caller's IP as plain text or JSON `{"ip": ...}`); without it
+    /// proxy health checks are off.
+    #[arg(long, value_name = "URL", env = "EGRESS_PROXIES_HEALTH_TARGET")]
+    pub health_target: Option<String>,
+    /// Pause between health rounds (a random jitter of up to 10% is added).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
+          default_value = "30s")]
+    pub health_interval: std::time::Duration,
+    /// Health probes in flight at once.
+    #[arg(long, value_name = "N", default_value_t = egress_core::health::DEFAULT_CONCURRENCY)]
+    pub health_concurrency: usize,
+}
+
+impl HealthArgs {
+    /// The engine settings, `None` when no target is given; a bad URL or a zero concurrency
+    /// is a usage error.
+    pub fn settings(&self) -> Result<Option<egress_core::health::HealthSettings>, UsageError> {
+        let Some(url) = &self.health_target else {
+            return Ok(None);
+        };
+        let target = egress_core::health::probe::CheckTarget::parse(url)
+            .map_err(|e| UsageError::new(format!("--health-target: {e}")))?;
+        if self.health_concurrency == 0 {
+            return Err(UsageError::new("--health-concurrency must be at least 1"));
+        }
+        let mut s = egress_core::health::HealthSettings::new(target);
+        s.interval = self.health_interval;
+        s.jitter = self.health_interval / 10;
+        s.concurrency = self.health_concurrency;
+        Ok(Some(s))
+    }
+}
+
+/// Loads and validates the provider config at `path`: warnings go to stderr; a rejected file
+/// becomes a [`UsageError`] listing every error with its field path.
+pub(crate) fn load_config(
+    path: &std::path::Path,
+) -> anyhow::Result<egress_core::config::ProviderConfig> {
+    match egress_core::config::load(path) {
+        Ok(cfg) => {
+            for w in &cfg.warnings {
+                eprintln!("warning: {w}");
+            }
+            Ok(cfg)
+        }
+        Err(errs) => Err(UsageError::new(errs.to_string()).into()),
+    }
+}

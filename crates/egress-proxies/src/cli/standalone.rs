@@ -1,0 +1,98 @@
+//! `egress-proxies standalone [--config FILE] --proxies DIR [--listen ADDR] ...`: runs the
+//! operator without Kubernetes until SIGTERM or SIGINT.
+//!
+//! Guarantees: the arguments map one-to-one onto [`StandaloneOptions`]; nothing runs until
+//! the config and the manifest directory were accepted (a rejected config is exit 2 with every
+//! error listed, and nothing is done on any host); SIGTERM/SIGINT stop it gracefully through
+//! [`standalone::shutdown_on_signals`] (exit 0); a bound listen address that is taken is exit 1.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{EXIT_FAILED, EXIT_OK, UsageError};
+use egress_standalone::{self as standalone, StandaloneError, StandaloneOptions};
+
+/// Arguments of `standalone`.
+#[derive(Debug, clap::Args)]
+pub struct StandaloneArgs {
+    /// Provider configuration file. Without it, the embedded default is used: this machine's
+    /// libvirtd through /run/libvirt/libvirt-sock, pool `egress-proxies`, network `default`.
+    #[arg(long, short = 'c', value_name = "FILE", env = "EGRESS_PROXIES_CONFIG")]
+    config: Option<PathBuf>,
+    /// Directory of Proxy manifests (*.yaml), watched for changes; removing a manifest
+    /// deletes its Proxy.
+    #[arg(long, value_name = "DIR")]
+    proxies: PathBuf,
+    /// Address for /status, /metrics, /healthz and /readyz.
+    #[arg(long, value_name = "ADDR", default_value_t = standalone::DEFAULT_LISTEN)]
+    listen: SocketAddr,
+    /// Reconcile workers.
+    #[arg(long, value_name = "N", default_value_t = standalone::DEFAULT_WORKERS,
+          value_parser = clap::value_parser!(usize))]
+    workers: usize,
+    /// Interval between orphan-collection passes (e.g. 10m).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
+          default_value = "10m")]
+    gc_interval: Duration,
+    /// GC keeps anything younger than this.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
+          default_value = "10m")]
+    gc_min_age: Duration,
+    /// GC only reports what it would delete.
+    #[arg(long)]
+    gc_dry_run: bool,
+    /// Interval between host checks.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
+          default_value = "30s")]
+    check_interval: Duration,
+    /// How long a Proxy may take from create to reporting an address.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
+          default_value = "15m")]
+    provisioning_deadline: Duration,
+    /// Time given to creates and deletes in flight at shutdown.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
+          default_value = "60s")]
+    shutdown_grace: Duration,
+    /// Proxy health checks (through each proxy, to an echo target).
+    #[command(flatten)]
+    health: super::HealthArgs,
+}
+
+/// Runs `standalone` until a signal.
+pub async fn run(a: StandaloneArgs) -> anyhow::Result<u8> {
+    if a.workers == 0 {
+        return Err(UsageError::new("--workers must be at least 1").into());
+    }
+    let mut opts = StandaloneOptions::new(a.proxies);
+    opts.config_path = a.config;
+    opts.listen = a.listen;
+    opts.workers = a.workers;
+    opts.gc_interval = a.gc_interval;
+    opts.gc.min_age = a.gc_min_age;
+    opts.gc.dry_run = a.gc_dry_run;
+    opts.check_interval = a.check_interval;
+    opts.controller.provisioning_deadline = a.provisioning_deadline;
+    opts.shutdown_grace = a.shutdown_grace;
+    opts.health = a.health.settings()?;
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        listen = %opts.listen,
+        proxies = %opts.proxies_dir.display(),
+        config = %opts.config_path.as_deref().map_or_else(|| "(embedded default)".into(), |p| p.display().to_string()),
+        "egress-proxies standalone starting"
+    );
+    let shutdown = standalone::shutdown_on_signals();
+    match standalone::run(opts, shutdown).await {
+        Ok(()) => Ok(EXIT_OK),
+        Err(
+            e @ (StandaloneError::Config(_)
+            | StandaloneError::Providers(_)
+            | StandaloneError::ProxiesDir { .. }),
+        ) => Err(UsageError::new(e.to_string()).into()),
+        Err(e @ StandaloneError::Listen { .. }) => {
+            eprintln!("error: {e}");
+            Ok(EXIT_FAILED)
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! `egress-proxies status [--server URL] [--json]`: what a running `egress-proxies
+//! standalone` reports at `GET /status`, as a table: phase, host, address, whether traffic
+//! through the proxy works (HEALTHY: `yes`, `no`, `?` before the health engine decided, `-`
+//! when health checks are off) and the EGRESS IP the check target saw.
+//!
+//! Guarantees: one HTTP GET to the given server and nothing else (no libvirt host is
+//! contacted); bounded by [`STATUS_CONNECT_TIMEOUT`] and [`STATUS_TIMEOUT`]; a body larger
+//! than [`MAX_STATUS_BYTES`] is refused; when nothing listens at the address the message says
+//! so and how to fix it (exit 1).
+
+use std::time::{Duration, SystemTime};
+
+use super::table::{self, Table};
+use super::{EXIT_FAILED, EXIT_OK, UsageError};
+use egress_core::model::Phase;
+use egress_core::status::StatusDocument;
+
+/// Where `standalone` serves by default.
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:9464";
+/// Connect bound.
+// NB: the server is local or on a LAN; a connect that takes seconds means it is not there.
+pub const STATUS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound on the whole request, body included.
+// NB: the document for 1000 proxies is ~2 MB, built from memory: well under a second.
+pub const STATUS_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest status document accepted.
+// NB: ~2 KiB per Proxy with its conditions; 64 MiB is 30 000 proxies, far above one process.
+pub const MAX_STATUS_BYTES: usize = 64 << 20;
+/// Longest LAST ERROR shown in the table.
+// NB: keeps a row within ~160 columns next to the other columns.
+pub const TABLE_ERROR_CHARS: usize = 60;
+
+/// Arguments of `status`.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// Base URL of a running `egress-proxies standalone` (its --listen address).
+    #[arg(long, value_name = "URL", default_value = DEFAULT_SERVER,
+          env = "EGRESS_PROXIES_SERVER")]
+    server: String,
+    /// Print the server's JSON document as is.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `status`.
+pub async fn run(a: StatusArgs) -> anyhow::Result<u8> {
+    let base = url::Url::parse(&a.server)
+        .ok()
+        .filter(|u| u.scheme() == "http" && u.host().is_some())
+        .ok_or_else(|| {
+            UsageError::new(format!(
+                "--server {:?} is not an http:// URL (e.g. {DEFAULT_SERVER})",
+                a.server
+            ))
+        })?;
+    let url = base
+        .join("/status")
+        .map_err(|e| UsageError::new(format!("--server {}: {e}", a.server)))?;
+    let body = match fetch(&url).await {
+        Ok(b) => b,
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            return Ok(EXIT_FAILED);
+        }
+    };
+    let doc: StatusDocument = serde_json::from_slice(&body).map_err(|e| {
+        anyhow::anyhow!("{url} did not answer with a status document ({e}); is it egress-proxies?")
+    })?;
+    if a.json {
+        println!("{}", String::from_utf8_lossy(&body));
+    } else {
+        print!("{}", render(&doc, SystemTime::now()));
+    }
+    let unhealthy = doc
+        .proxies
+        .iter()
+        .any(|p| matches!(p.phase, Phase::Failed | Phase::Paused));
+    Ok(if unhealthy { EXIT_FAILED } else { EXIT_OK })
+}
+
+async fn fetch(url: &url::Url) -> Result<Vec<u8>, String> {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .connect_timeout(STATUS_CONNECT_TIMEOUT)
+        .timeout(STATUS_TIMEOUT)
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+    let origin = url.origin().ascii_serialization();
+    let mut resp = client.get(url.as_str()).send().await.map_err(|e| {
+        if e.is_connect() {
+            format!(
+                "nothing is listening at {origin} ({}). Is `egress-proxies standalone` \
+                 running, and does its --listen address match --server?",
+                root_cause(&e)
+            )
+        } else if e.is_timeout() {
+            format!("{origin} did not answer within {STATUS_TIMEOUT:?}")
+        } else {
+            format!("GET {url} failed: {}", root_cause(&e))
+        }
+    })?;
+    if !resp.status().is_success() {
+        return Err(format!("GET {url} answered {}", resp.status()));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| format!("reading {url}: {e}"))?
+    {
+        if body.len() + chunk.len() > MAX_STATUS_BYTES {
+            return Err(format!(
+                "{url} sent more than {MAX_STATUS_BYTES} bytes; refusing it"
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// The innermost cause of `e` (reqwest's own text only says "error sending request").
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
+/// The table of proxies, then host problems and manifest errors.
+pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
+    let mut t = Table::new(&[
+        "NAMESPACE/NAME",
+        "PHASE",
+        "HOST",
+        "IP",
+        "HEALTHY",
+        "EGRESS IP",
+        "AGE",
+        "LAST ERROR",
+    ]);
+    for p in &doc.proxies {
+        let age = humantime::parse_rfc3339_weak(&p.created_at)
+            .ok()
+            .and_then(|c| now.duration_since(c).ok())
+            .map_or_else(|| "-".to_owned(), table::age);
+        t.row(vec![
+            format!("{}/{}", p.namespace, p.name),
+            p.phase.as_str().to_owned(),
+            p.host.clone().unwrap_or_else(|| "-".into()),
+            p.ip.clone().unwrap_or_else(|| "-".into()),
+            match (&p.health, p.healthy()) {
+                (None, _) => "-".into(),
+                (Some(_), None) => "?".into(),
+                (Some(_), Some(true)) => "yes".into(),
+                (Some(_), Some(false)) => "no".into(),
+            },
+            p.health
+                .as_ref()
+                .and_then(|h| h.egress_ip.clone())
+                .unwrap_or_else(|| "-".into()),
+            age,
+            p.last_error.as_deref().map_or_else(
+                || "-".into(),
+                |e| egress_core::model::truncate(e, TABLE_ERROR_CHARS),
+            ),
+        ]);
+    }
+    let mut out = if doc.proxies.is_empty() {
+        "no Proxies\n".to_owned()
+    } else {
+        t.render()
+    };
+    for h in doc.hosts.iter().filter(|h| h.state != "Ready") {
+        out.push_str(&format!(
+            "host {}/{} is {}{}\n",
+            h.entry,
+            h.host,
+            h.state,
+            h.error
+                .as_deref()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
+        ));
+    }
+    for e in &doc.manifest_errors {
+        out.push_str(&format!("manifest error: {e}\n"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use egress_core::status::{HostRow, ProxyStatusRow};
+
+    #[test]
+    fn the_table_shows_age_and_a_truncated_last_error_and_names_unready_hosts() {
+        let now =
+            humantime::parse_rfc3339("2026-01-01T02:00:00Z").unwrap_or(SystemTime::UNIX_EPOCH);
+        let long = "e".repeat(300);
+        let doc = StatusDocument {
+            generated_at: "2026-01-01T02:00:00Z".into(),
+            proxies: vec![ProxyStatusRow {
+                namespace: "default".into(),
+                name: "p1".into(),
+                uid: "0f8fad5b-d9cb-469f-a165-70867728950e".into(),
+                phase: Phase::Provisioning,
+                host: Some("h1".into()),
+                ip: None,
+                provider_id: None,
+                created_at: "2026-01-01T00:00:00Z".into(),
+                last_error: Some(long.clone()),
+                conditions: vec![],
+                port: Some(3128),
+                health: None,
+            }],
+            hosts: vec![HostRow {
+                entry: "home".into(),
+                host: "h2".into(),
+                state: "Unreachable".into(),
+                latency_ms: None,
+                error: Some("connection refused".into()),
+            }],
+            manifest_errors: vec!["a.yaml: bad".into()],
+        };
+        let out = render(&doc, now);
+        let row = out.lines().nth(1).unwrap_or_default();
+        assert!(
+            row.starts_with("default/p1      Provisioning  h1    -   -        -          2h   eee"),
+            "{out}"
+        );
+        assert!(!out.contains(&long), "truncated: {out}");
+        assert!(
+            out.contains("host home/h2 is Unreachable: connection refused"),
+            "{out}"
+        );
+        assert!(out.contains("manifest error: a.yaml: bad"), "{out}");
+    }
+
+    #[test]
+    fn the_table_shows_health_and_the_egress_ip() {
+        use egress_core::model::HealthStatus;
+        let row = |name: &str, healthy: Option<bool>| ProxyStatusRow {
+            namespace: "default".into(),
+            name: name.into(),
+            uid: "0f8fad5b-d9cb-469f-a165-70867728950e".into(),
+            phase: Phase::Running,
+            host: Some("h1".into()),
+            ip: Some("192.0.2.1".into()),
+            provider_id: None,
+            created_at: "2026-01-01T00:00:00Z".into(),
+            last_error: None,
+            conditions: vec![],
+            port: Some(3128),
+            health: Some(HealthStatus {
+                healthy,
+                egress_ip: Some("203.0.113.7".into()),
+                ..HealthStatus::default()
+            }),
+        };
+        let doc = StatusDocument {
+            generated_at: "2026-01-01T02:00:00Z".into(),
+            proxies: vec![row("a", Some(true)), row("b", Some(false)), row("c", None)],
+            hosts: vec![],
+            manifest_errors: vec![],
+        };
+        let out = render(&doc, SystemTime::UNIX_EPOCH);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines
+                .first()
+                .is_some_and(|l| l.contains("HEALTHY  EGRESS IP")),
+            "{out}"
+        );
+        for (line, want) in lines.iter().skip(1).zip(["yes", "no", "?"]) {
+            assert!(line.contains(&format!("192.0.2.1  {want}")), "{out}");
+            assert!(line.contains("203.0.113.7"), "{out}");
+        }
+    }
+}

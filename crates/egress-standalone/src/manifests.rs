@@ -1,0 +1,676 @@
+//! Proxy manifests in a directory: parsing, validation, stable UIDs and generations.
+//!
+//! Guarantees:
+//! - Every `*.yaml`/`*.yml` file directly in the directory is read (no recursion, no hidden
+//!   files); each may hold several `---` documents, each a [`ProxyManifest`].
+//! - Every error names the file, the document index (0-based) and the field path
+//!   (`spec.proxy.port`) or serde-saphyr's line and column for a shape error.
+//! - **Nothing lost on bad input.** A file that fails to read or parse keeps the proxies of
+//!   its last good version; only a file that is removed (or parses to fewer proxies) drops
+//!   proxies. An unreadable directory changes nothing.
+//! - UIDs are stable per namespace/name ([`uid_for`]): a restart finds the same instances by
+//!   the UIDs in their marks. A generation counter is bumped whenever the spec (or the
+//!   credentials it references) changes.
+//! - Credentials files are read at load and never logged ([`Credentials`]'s `Debug` hides
+//!   the password).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use egress_provider::ProxyUid;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use egress_core::model::{API_VERSION, KIND, ProxyManifest, ProxySpec};
+
+/// The namespace UUID under which standalone Proxy UIDs are derived (UUIDv5 of
+/// `"<namespace>/<name>"`). Fixed forever: changing it would orphan every instance.
+// NB: a random v4 UUID generated once for this project, so no other UUIDv5 user collides.
+pub const UID_NAMESPACE: Uuid = uuid::uuid!("6d1f3a52-8c4e-4f0b-9a57-2e0c8d7b41a9");
+
+/// Largest manifest (or credentials) file read.
+// NB: a manifest is a few hundred bytes; 1000 proxies in one file are ~400 KiB. 4 MiB bounds
+// a wrong file (an image, a log) dropped into the directory.
+pub const MAX_MANIFEST_BYTES: u64 = 4 << 20;
+
+/// Most manifest files considered in the directory.
+// NB: one file per proxy for a few thousand proxies; more is a wrong directory.
+pub const MAX_MANIFEST_FILES: usize = 10_000;
+
+/// Largest credentials file (`username:password`) read.
+// NB: a user name and a password fit in far less; a bound keeps a wrong path harmless.
+pub const MAX_CREDENTIALS_BYTES: u64 = 4096;
+
+/// The stable UID of the Proxy `namespace/name` in standalone mode: UUIDv5 under
+/// [`UID_NAMESPACE`]. Same inputs, same UID, on every run and every machine.
+pub fn uid_for(namespace: &str, name: &str) -> ProxyUid {
+    ProxyUid(Uuid::new_v5(
+        &UID_NAMESPACE,
+        format!("{namespace}/{name}").as_bytes(),
+    ))
+}
+
+/// Credentials read from a `username:password` file. `Debug` never shows the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    /// User name.
+    pub username: String,
+    /// Password (never logged).
+    pub password: String,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// One error in a manifest file. `Display`: `FILE[#DOC]: PATH: MESSAGE`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestError {
+    /// The file (or the directory, for a directory error).
+    pub file: PathBuf,
+    /// 0-based document index within the file, when the error is about one document.
+    pub document: Option<usize>,
+    /// Field path (`spec.proxy.port`), empty for a whole-document error.
+    pub path: String,
+    /// What is wrong (redacted, never a password).
+    pub message: String,
+}
+
+impl fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(d) = self.document {
+            write!(f, " document {d}")?;
+        }
+        if !self.path.is_empty() {
+            write!(f, ": {}", self.path)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// One valid Proxy from a manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadedProxy {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// [`uid_for`]`(namespace, name)`.
+    pub uid: ProxyUid,
+    /// The validated spec.
+    pub spec: ProxySpec,
+    /// Credentials read from `spec.proxy.credentialsRef`, when set.
+    pub credentials: Option<Credentials>,
+    /// The file it came from.
+    pub file: PathBuf,
+    /// sha256 over the spec and the credentials: changes exactly when either does.
+    pub spec_hash: [u8; 32],
+}
+
+impl LoadedProxy {
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Splits YAML text into documents at `---` lines (column 0), keeping each document's first
+/// line number for messages. A leading `---` does not create an empty document.
+// NB: parsing each document on its own (rather than serde-saphyr's `from_multiple`, which
+// fails the whole stream at the first bad document) is what lets us name the document index
+// and still report every document's errors. A `---` at column 0 always separates documents
+// in YAML (block-scalar content is indented), so the split is exact for manifests.
+fn split_documents(text: &str) -> Vec<(usize, String)> {
+    let mut docs = Vec::new();
+    let mut cur = String::new();
+    let mut start = 1;
+    for (i, line) in text.lines().enumerate() {
+        let is_sep = line == "---" || line.starts_with("--- ") || line.starts_with("---\t");
+        if is_sep {
+            if !cur.trim().is_empty() {
+                docs.push((start, std::mem::take(&mut cur)));
+            }
+            cur.clear();
+            start = i + 2;
+            if let Some(rest) = line.strip_prefix("---")
+                && !rest.trim().is_empty()
+            {
+                cur.push_str(rest);
+                cur.push('\n');
+            }
+        } else if line == "..." {
+            // Document end marker: the rest until the next `---` is ignored by YAML too.
+        } else {
+            cur.push_str(line);
+            cur.push('\n');
+        }
+    }
+    if !cur.trim().is_empty() {
+        docs.push((start, cur));
+    }
+    docs
+}
+
+/// Whether a document is only comments and blank lines.
+fn is_blank_document(doc: &str) -> bool {
+    doc.lines().all(|l| {
+        let t = l.trim();
+        t.is_empty() || t.starts_with('#')
+    })
+}
+
+/// Reads `username:password` from `path` (bounded), without ever putting the content in an
+/// error message.
+fn read_credentials(path: &Path) -> Result<Credentials, String> {
+    let meta =
+        std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if meta.len() > MAX_CREDENTIALS_BYTES {
+        return Err(format!(
+            "{} is {} bytes; a credentials file is at most {MAX_CREDENTIALS_BYTES}",
+            path.display(),
+            meta.len()
+        ));
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let line = text.trim_end_matches(['\n', '\r']);
+    match line.split_once(':') {
+        Some((u, p)) if !u.is_empty() && !p.is_empty() && !line.contains('\n') => Ok(Credentials {
+            username: u.to_owned(),
+            password: p.to_owned(),
+        }),
+        _ => Err(format!(
+            "{} must hold one line `username:password` with both parts non-empty",
+            path.display()
+        )),
+    }
+}
+
+/// Parses one manifest file's text. Returns the valid proxies and every error; a file with
+/// any error should be treated as bad as a whole by the caller (see [`ManifestStore`]).
+/// `dir` resolves relative `credentialsRef` paths. Reads only the credentials files.
+pub fn parse_file(file: &Path, text: &str, dir: &Path) -> (Vec<LoadedProxy>, Vec<ManifestError>) {
+    let mut out = Vec::new();
+    let mut errs = Vec::new();
+    let mut doc_index = 0usize;
+    for (first_line, doc) in split_documents(text) {
+        if is_blank_document(&doc) {
+            continue;
+        }
+        let d = doc_index;
+        doc_index += 1;
+        let mut err = |path: &str, message: String| {
+            errs.push(ManifestError {
+                file: file.to_path_buf(),
+                document: Some(d),
+                path: path.to_owned(),
+                message: egress_provider::error::redact(&message),
+            })
+        };
+        let m: ProxyManifest = match serde_saphyr::from_str(&doc) {
+            Ok(m) => m,
+            Err(e) => {
+                err(
+                    "",
+                    format!("not a Proxy manifest (document starts at line {first_line}): {e}"),
+                );
+                continue;
+            }
+        };
+        let mut ok = true;
+        if m.api_version != API_VERSION {
+            err(
+                "apiVersion",
+                format!("{:?} is not {API_VERSION:?}", m.api_version),
+            );
+            ok = false;
+        }
+        if m.kind != KIND {
+            err("kind", format!("{:?} is not {KIND:?}", m.kind));
+            ok = false;
+        }
+        for (field, v) in [
+            ("metadata.name", &m.metadata.name),
+            ("metadata.namespace", &m.metadata.namespace),
+        ] {
+            if !is_dns_label(v) {
+                err(
+                    field,
+                    format!(
+                        "{v:?} is not a DNS label (1 to 63 of a-z 0-9 -, starting and ending \
+                         with a letter or digit)"
+                    ),
+                );
+                ok = false;
+            }
+        }
+        for e in m.spec.validate() {
+            err(&e.path, e.message);
+            ok = false;
+        }
+        let credentials = match &m.spec.proxy.credentials_ref {
+            Some(r) => match read_credentials(&dir.join(r)) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    err("spec.proxy.credentialsRef", e);
+                    ok = false;
+                    None
+                }
+            },
+            None => None,
+        };
+        if !ok {
+            continue;
+        }
+        let mut h = Sha256::new();
+        h.update(format!("{:?}", m.spec).as_bytes());
+        if let Some(c) = &credentials {
+            h.update(b"\0creds\0");
+            h.update(c.username.as_bytes());
+            h.update(b"\0");
+            h.update(c.password.as_bytes());
+        }
+        let spec_hash: [u8; 32] = h.finalize().into();
+        out.push(LoadedProxy {
+            uid: uid_for(&m.metadata.namespace, &m.metadata.name),
+            namespace: m.metadata.namespace,
+            name: m.metadata.name,
+            spec: m.spec,
+            credentials,
+            file: file.to_path_buf(),
+            spec_hash,
+        });
+    }
+    (out, errs)
+}
+
+/// A Kubernetes-style DNS label (RFC 1123): names and namespaces end up in UIDs and
+/// descriptions, so they are kept to a safe alphabet.
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// What the store remembers of one file.
+#[derive(Debug, Clone)]
+struct FileState {
+    /// (mtime, size) at the last read, and the credentials files' (path, mtime, size).
+    stamp: Stamp,
+    /// sha256 of the content last read.
+    content_hash: [u8; 32],
+    /// The proxies of the last good version (empty when it never parsed).
+    good: Vec<LoadedProxy>,
+    /// The errors of the current version (empty when it is good).
+    errors: Vec<ManifestError>,
+}
+
+/// A cheap change detector: the file's mtime and size plus those of the credentials files
+/// its last version referenced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stamp {
+    file: (Option<SystemTime>, u64),
+    creds: Vec<(PathBuf, Option<SystemTime>, u64)>,
+}
+
+fn file_stamp(p: &Path) -> (Option<SystemTime>, u64) {
+    match std::fs::metadata(p) {
+        Ok(m) => (m.modified().ok(), m.len()),
+        Err(_) => (None, u64::MAX),
+    }
+}
+
+/// The desired set after a scan.
+#[derive(Debug, Clone, Default)]
+pub struct Desired {
+    /// Every proxy by UID, with its generation.
+    pub proxies: BTreeMap<ProxyUid, (LoadedProxy, i64)>,
+    /// Every current error (bad files, bad documents, duplicates), as display strings.
+    pub errors: Vec<String>,
+    /// Whether the directory itself could be listed (when false the set is the previous one).
+    pub directory_ok: bool,
+}
+
+/// The watched directory's state: the last good version of every file and a generation per
+/// Proxy. Call [`ManifestStore::scan`] periodically.
+#[derive(Debug)]
+pub struct ManifestStore {
+    dir: PathBuf,
+    files: BTreeMap<PathBuf, FileState>,
+    generations: HashMap<ProxyUid, ([u8; 32], i64)>,
+    last: Desired,
+}
+
+impl ManifestStore {
+    /// A store for `dir`; nothing is read until [`scan`](Self::scan).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            files: BTreeMap::new(),
+            generations: HashMap::new(),
+            last: Desired::default(),
+        }
+    }
+
+    /// The directory watched.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Re-reads what changed (by mtime, size, then content hash) and returns the desired
+    /// set. A file that became bad keeps its last good proxies; a removed file drops its
+    /// proxies; an unreadable directory returns the previous set with `directory_ok: false`.
+    /// Duplicate namespace/name across files: the first file (by path) wins, the others are
+    /// reported. Generations start at 1 and are bumped when a proxy's spec hash changes.
+    pub fn scan(&mut self) -> Desired {
+        let listing = match self.list() {
+            Ok(l) => l,
+            Err(e) => {
+                let mut d = self.last.clone();
+                d.directory_ok = false;
+                d.errors.insert(
+                    0,
+                    format!(
+                        "{}: cannot list the manifest directory: {e}",
+                        self.dir.display()
+                    ),
+                );
+                return d;
+            }
+        };
+        self.files.retain(|p, _| listing.contains(p));
+        for path in &listing {
+            let stamp_file = file_stamp(path);
+            if let Some(st) = self.files.get(path) {
+                let creds_same = st
+                    .stamp
+                    .creds
+                    .iter()
+                    .all(|(p, m, s)| file_stamp(p) == (*m, *s));
+                if st.stamp.file == stamp_file && creds_same {
+                    continue;
+                }
+            }
+            self.read_file(path, stamp_file);
+        }
+        let mut desired = Desired {
+            directory_ok: true,
+            ..Desired::default()
+        };
+        let mut seen: HashMap<ProxyUid, PathBuf> = HashMap::new();
+        for (path, st) in &self.files {
+            desired
+                .errors
+                .extend(st.errors.iter().map(ToString::to_string));
+            for p in &st.good {
+                if let Some(first) = seen.get(&p.uid) {
+                    desired.errors.push(format!(
+                        "{}: duplicate Proxy {}: already defined in {}; this one is ignored",
+                        path.display(),
+                        p.key(),
+                        first.display()
+                    ));
+                    continue;
+                }
+                seen.insert(p.uid, path.clone());
+                let gen_entry = self.generations.entry(p.uid).or_insert((p.spec_hash, 1));
+                if gen_entry.0 != p.spec_hash {
+                    *gen_entry = (p.spec_hash, gen_entry.1.saturating_add(1));
+                }
+                desired.proxies.insert(p.uid, (p.clone(), gen_entry.1));
+            }
+        }
+        self.last = desired.clone();
+        desired
+    }
+
+    fn list(&self) -> std::io::Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        for ent in std::fs::read_dir(&self.dir)? {
+            let ent = ent?;
+            let name = ent.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
+                continue;
+            }
+            let path = ent.path();
+            if !path.is_file() {
+                continue;
+            }
+            out.push(path);
+            if out.len() >= MAX_MANIFEST_FILES {
+                break;
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    fn read_file(&mut self, path: &Path, stamp_file: (Option<SystemTime>, u64)) {
+        let bad = |msg: String| ManifestError {
+            file: path.to_path_buf(),
+            document: None,
+            path: String::new(),
+            message: msg,
+        };
+        let text = if stamp_file.1 > MAX_MANIFEST_BYTES {
+            Err(bad(format!(
+                "the file is {} bytes; a manifest file is at most {MAX_MANIFEST_BYTES}",
+                stamp_file.1
+            )))
+        } else {
+            std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read: {e}")))
+        };
+        let prev = self.files.remove(path);
+        let (good_before, hash_before) = match &prev {
+            Some(p) => (p.good.clone(), Some(p.content_hash)),
+            None => (Vec::new(), None),
+        };
+        let text = match text {
+            Ok(t) => t,
+            Err(e) => {
+                self.files.insert(
+                    path.to_path_buf(),
+                    FileState {
+                        stamp: Stamp {
+                            file: stamp_file,
+                            creds: Vec::new(),
+                        },
+                        content_hash: hash_before.unwrap_or_default(),
+                        good: good_before,
+                        errors: vec![e],
+                    },
+                );
+                return;
+            }
+        };
+        let content_hash: [u8; 32] = Sha256::digest(text.as_bytes()).into();
+        let (proxies, errors) = parse_file(path, &text, &self.dir);
+        let creds = proxies
+            .iter()
+            .filter_map(|p| p.spec.proxy.credentials_ref.as_ref())
+            .map(|r| {
+                let cp = self.dir.join(r);
+                let (m, s) = file_stamp(&cp);
+                (cp, m, s)
+            })
+            .collect();
+        let good = if errors.is_empty() {
+            proxies
+        } else {
+            // NB: a file with any bad document keeps its previous good version whole; taking
+            // its good documents alone would delete the proxy whose document just broke.
+            good_before
+        };
+        self.files.insert(
+            path.to_path_buf(),
+            FileState {
+                stamp: Stamp {
+                    file: stamp_file,
+                    creds,
+                },
+                content_hash,
+                good,
+                errors,
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+    use super::*;
+
+    const P1: &str = "apiVersion: egress-proxies.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: p1\n\
+spec:\n  provider: local\n  image: tiny\n  proxy:\n    allowedClientCidrs: [10.0.0.0/8]\n";
+
+    fn manifest(name: &str, port: u16) -> String {
+        format!(
+            "apiVersion: egress-proxies.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n\
+             spec:\n  provider: local\n  image: tiny\n  proxy:\n    port: {port}\n    \
+             allowedClientCidrs: [10.0.0.0/8]\n"
+        )
+    }
+
+    #[test]
+    fn uids_are_stable_v5_uuids_of_namespace_and_name() {
+        let a = uid_for("default", "p1");
+        assert_eq!(a, uid_for("default", "p1"));
+        assert_ne!(a, uid_for("default", "p2"));
+        assert_ne!(a, uid_for("other", "p1"));
+        assert_eq!(a.0.get_version_num(), 5);
+        // Pinned: changing the namespace UUID would orphan every instance.
+        assert_eq!(
+            a.canonical(),
+            Uuid::new_v5(&UID_NAMESPACE, b"default/p1")
+                .hyphenated()
+                .to_string()
+        );
+        assert!(ProxyUid::parse_strict(&a.canonical()).is_some());
+    }
+
+    #[test]
+    fn several_documents_parse_and_errors_name_the_document_and_field() {
+        let text = format!(
+            "---\n{P1}---\n{}---\n# only a comment\n---\n{}",
+            manifest("p2", 0),
+            manifest("p3", 8080)
+        );
+        let (ok, errs) = parse_file(Path::new("/d/a.yaml"), &text, Path::new("/d"));
+        let names: Vec<_> = ok.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["p1", "p3"]);
+        assert_eq!(errs.len(), 1);
+        assert_eq!(errs[0].document, Some(1));
+        assert_eq!(errs[0].path, "spec.proxy.port");
+        assert_eq!(
+            errs[0].to_string().split(':').take(2).collect::<Vec<_>>(),
+            ["/d/a.yaml document 1", " spec.proxy.port"]
+        );
+    }
+
+    #[test]
+    fn a_shape_error_names_the_file_and_document() {
+        let text = format!("{P1}---\nkind: Proxy\nbogus: 1\n");
+        let (ok, errs) = parse_file(Path::new("/d/a.yaml"), &text, Path::new("/d"));
+        assert_eq!(ok.len(), 1);
+        assert_eq!(errs.len(), 1);
+        assert!(errs[0].to_string().starts_with("/d/a.yaml document 1: "));
+    }
+
+    #[test]
+    fn a_broken_file_keeps_its_last_good_proxies_and_a_removed_file_drops_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("a.yaml");
+        std::fs::write(&f, format!("{P1}---\n{}", manifest("p2", 3128))).unwrap();
+        let mut store = ManifestStore::new(dir.path());
+        let d = store.scan();
+        assert_eq!(d.proxies.len(), 2);
+        assert!(d.errors.is_empty());
+        // Break one document: both proxies stay, the error is reported.
+        std::fs::write(&f, format!("{P1}---\n{}", manifest("p2", 0))).unwrap();
+        let d = store.scan();
+        assert_eq!(d.proxies.len(), 2, "nothing lost on bad input");
+        assert_eq!(d.errors.len(), 1);
+        // Garbage: still both.
+        std::fs::write(&f, "::: not yaml {").unwrap();
+        assert_eq!(store.scan().proxies.len(), 2);
+        std::fs::remove_file(&f).unwrap();
+        let d = store.scan();
+        assert!(d.proxies.is_empty());
+        assert!(d.errors.is_empty());
+    }
+
+    #[test]
+    fn the_generation_is_bumped_only_when_the_spec_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("a.yaml");
+        std::fs::write(&f, manifest("p1", 3128)).unwrap();
+        let mut store = ManifestStore::new(dir.path());
+        let u = uid_for("default", "p1");
+        assert_eq!(store.scan().proxies[&u].1, 1);
+        // Same spec, different comment/content: same generation.
+        std::fs::write(&f, format!("# hello\n{}", manifest("p1", 3128))).unwrap();
+        assert_eq!(store.scan().proxies[&u].1, 1);
+        std::fs::write(&f, manifest("p1", 8080)).unwrap();
+        assert_eq!(store.scan().proxies[&u].1, 2);
+    }
+
+    #[test]
+    fn duplicates_are_reported_and_the_first_file_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), manifest("p1", 1000)).unwrap();
+        std::fs::write(dir.path().join("b.yml"), manifest("p1", 2000)).unwrap();
+        std::fs::write(dir.path().join("c.txt"), "ignored").unwrap();
+        let d = ManifestStore::new(dir.path()).scan();
+        assert_eq!(d.proxies.len(), 1);
+        let (p, _) = d.proxies.values().next().unwrap();
+        assert_eq!(p.spec.proxy.port, 1000);
+        assert_eq!(d.errors.len(), 1);
+        assert!(
+            d.errors[0].contains("duplicate Proxy default/p1"),
+            "{:?}",
+            d.errors
+        );
+    }
+
+    #[test]
+    fn credentials_are_read_relative_to_the_directory_and_never_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("creds"), "alice:s3cret-pw\n").unwrap();
+        let m = "apiVersion: egress-proxies.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: p1\n\
+                 spec:\n  provider: local\n  image: tiny\n  proxy:\n    credentialsRef: creds\n";
+        std::fs::write(dir.path().join("a.yaml"), m).unwrap();
+        let mut store = ManifestStore::new(dir.path());
+        let d = store.scan();
+        let (p, g) = d.proxies.values().next().unwrap();
+        let c = p.credentials.as_ref().unwrap();
+        assert_eq!(
+            (c.username.as_str(), c.password.as_str()),
+            ("alice", "s3cret-pw")
+        );
+        assert!(!format!("{p:?}").contains("s3cret"));
+        assert_eq!(*g, 1);
+        // A password change bumps the generation even though the manifest is unchanged.
+        std::fs::write(dir.path().join("creds"), "alice:another-longer-pw\n").unwrap();
+        let d = store.scan();
+        assert_eq!(d.proxies.values().next().unwrap().1, 2);
+        // A broken credentials file is an error naming the field, not the content.
+        std::fs::write(dir.path().join("creds"), "no-colon-here-secret\n").unwrap();
+        let d = store.scan();
+        assert_eq!(d.proxies.len(), 1, "last good version kept");
+        assert!(d.errors[0].contains("spec.proxy.credentialsRef"));
+        assert!(!d.errors[0].contains("no-colon-here-secret"));
+    }
+}

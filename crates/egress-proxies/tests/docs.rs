@@ -1,0 +1,228 @@
+//! The documentation against the code: `docs/requirements.md` must name every guarantee ID a
+//! `finding: ID` tag uses anywhere in the repository (crates, scripts, CI), no ID that no tag
+//! uses, only files that exist, and only test functions that exist in the file it names. So a
+//! new tag without its requirement, a renamed or moved test, or a moved file fails here. No
+//! network, no root.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Every file under `dir` (recursively), skipping build output and hidden directories.
+fn files_under(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if p.is_dir() {
+            if name == "target" || name.starts_with('.') {
+                continue;
+            }
+            files_under(&p, out);
+        } else {
+            out.push(p);
+        }
+    }
+}
+
+/// The IDs of a `finding:` tag's text after the colon: `H1`, `APX-3`, `L18, D5`, and the
+/// prose after them (`— why`) ignored.
+fn ids_of_tag(rest: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    for word in rest.split([',', ' ']) {
+        let w = word.trim();
+        if w.is_empty() {
+            continue;
+        }
+        let is_id = w.chars().next().is_some_and(|c| c.is_ascii_uppercase())
+            && w.chars().last().is_some_and(|c| c.is_ascii_digit())
+            && w.chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '-');
+        if !is_id {
+            break;
+        }
+        ids.push(w.to_owned());
+    }
+    ids
+}
+
+/// Every ID named by a `finding:` tag in crates/, scripts/ and .ci/, with one place it is used.
+fn tagged_ids() -> BTreeMap<String, String> {
+    let root = repo();
+    let mut files = Vec::new();
+    for d in ["crates", "scripts", ".ci"] {
+        files_under(&root.join(d), &mut files);
+    }
+    let mut ids = BTreeMap::new();
+    for f in files {
+        let Ok(text) = std::fs::read_to_string(&f) else {
+            continue; // binary files
+        };
+        for (n, line) in text.lines().enumerate() {
+            let mut rest = line;
+            while let Some(i) = rest.find("finding: ") {
+                rest = &rest[i + "finding: ".len()..];
+                for id in ids_of_tag(rest) {
+                    let at = format!(
+                        "{}:{}",
+                        f.strip_prefix(&root).unwrap_or(&f).display(),
+                        n + 1
+                    );
+                    ids.entry(id).or_insert(at);
+                }
+            }
+        }
+    }
+    ids
+}
+
+/// One requirement of docs/requirements.md: its "Kept in" files and its "Proven by" tests
+/// (file → test function names).
+#[derive(Default, Debug)]
+struct Requirement {
+    kept_in: Vec<String>,
+    proven_by: Vec<(String, Vec<String>)>,
+}
+
+/// The backticked spans of `s`, in order.
+fn backticked(s: &str) -> Vec<String> {
+    s.split('`')
+        .enumerate()
+        .filter(|(i, _)| i % 2 == 1)
+        .map(|(_, t)| t.to_owned())
+        .collect()
+}
+
+fn requirements() -> BTreeMap<String, Requirement> {
+    let text = std::fs::read_to_string(repo().join("docs/requirements.md")).unwrap();
+    let mut out: BTreeMap<String, Requirement> = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        if let Some(h) = line.strip_prefix("### ") {
+            let id = h.split(':').next().unwrap().trim().to_owned();
+            assert!(
+                ids_of_tag(&id) == vec![id.clone()],
+                "docs/requirements.md: heading {line:?} must start with `ID:`"
+            );
+            assert!(
+                out.insert(id.clone(), Requirement::default()).is_none(),
+                "docs/requirements.md: {id} twice"
+            );
+            current = Some(id);
+            continue;
+        }
+        let Some(id) = &current else { continue };
+        let r = out.get_mut(id).unwrap();
+        if let Some(rest) = line.strip_prefix("Kept in: ") {
+            r.kept_in.extend(backticked(rest));
+        } else if let Some(rest) = line.strip_prefix("- `") {
+            let (file, tests) = rest
+                .split_once("`: ")
+                .unwrap_or_else(|| panic!("docs/requirements.md, {id}: bad line {line:?}"));
+            r.proven_by.push((file.to_owned(), backticked(tests)));
+        }
+    }
+    out
+}
+
+/// Where `fn name(` is defined in the repository's Rust files (for a helpful failure).
+fn where_defined(name: &str) -> Vec<String> {
+    let root = repo();
+    let mut files = Vec::new();
+    files_under(&root.join("crates"), &mut files);
+    let needle = format!("fn {name}(");
+    files
+        .into_iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "rs"))
+        .filter(|f| std::fs::read_to_string(f).is_ok_and(|t| t.contains(&needle)))
+        .map(|f| f.strip_prefix(&root).unwrap_or(&f).display().to_string())
+        .collect()
+}
+
+#[test]
+fn every_tagged_guarantee_is_documented_and_every_documented_one_is_tagged() {
+    let tagged = tagged_ids();
+    let documented = requirements();
+    assert!(
+        tagged.len() > 40,
+        "the tag scan found too little: {tagged:?}"
+    );
+    let missing: Vec<String> = tagged
+        .iter()
+        .filter(|(id, _)| !documented.contains_key(*id))
+        .map(|(id, at)| format!("{id} (tagged at {at})"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "IDs used in `finding:` tags but missing from docs/requirements.md: {missing:?}"
+    );
+    let stale: Vec<&String> = documented
+        .keys()
+        .filter(|id| !tagged.contains_key(*id))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "docs/requirements.md documents IDs no `finding:` tag uses: {stale:?}"
+    );
+}
+
+#[test]
+fn every_file_and_test_the_requirements_name_exists() {
+    let root = repo();
+    let mut problems = Vec::new();
+    for (id, r) in requirements() {
+        if r.kept_in.is_empty() {
+            problems.push(format!("{id}: no `Kept in:` files"));
+        }
+        for f in &r.kept_in {
+            // A module split into a folder keeps its name: `gc.rs` may become `gc/`.
+            let p = root.join(f);
+            let as_dir = root.join(f.trim_end_matches(".rs"));
+            if !p.exists() && !as_dir.is_dir() {
+                problems.push(format!("{id}: kept in {f}, which does not exist"));
+            }
+        }
+        if r.proven_by.iter().all(|(_, t)| t.is_empty()) {
+            problems.push(format!("{id}: no test under `Proven by:`"));
+        }
+        for (file, tests) in &r.proven_by {
+            let Ok(text) = std::fs::read_to_string(root.join(file)) else {
+                problems.push(format!("{id}: {file} does not exist"));
+                continue;
+            };
+            for t in tests {
+                if !text.contains(&format!("fn {t}(")) {
+                    problems.push(format!(
+                        "{id}: test {t} is not in {file} (defined in: {:?})",
+                        where_defined(t)
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "docs/requirements.md is out of date:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn the_tag_parser_reads_ids_and_stops_at_prose() {
+    assert_eq!(ids_of_tag("H1"), ["H1"]);
+    assert_eq!(ids_of_tag("L18, D5"), ["L18", "D5"]);
+    assert_eq!(ids_of_tag("APX-3 — a frozen host"), ["APX-3"]);
+    assert_eq!(ids_of_tag("M15 — a failed list sweeps nothing."), ["M15"]);
+    assert!(ids_of_tag("the list").is_empty());
+}

@@ -357,3 +357,68 @@ fn the_manifests_are_the_chart_rendered_by_helm_and_the_chart_lints_clean() {
     );
     assert!(out.status.success(), "scripts/render-chart --check failed");
 }
+
+/// The workspace members of the root Cargo.toml (`members = [ ... ]`), as (package name, path).
+fn workspace_members() -> BTreeSet<(String, String)> {
+    let root = read("Cargo.toml");
+    let start = root
+        .find("members = [")
+        .expect("root Cargo.toml has `members = [`");
+    let list = &root[start..];
+    let list = &list[..list.find(']').expect("members list ends")];
+    let mut out = BTreeSet::new();
+    for line in list.lines() {
+        let line = line.split('#').next().unwrap_or_default();
+        let Some(path) = line.split('"').nth(1) else {
+            continue;
+        };
+        let manifest = read(&format!("{path}/Cargo.toml"));
+        let name = manifest
+            .lines()
+            .skip_while(|l| l.trim() != "[package]")
+            .find_map(|l| {
+                let (k, v) = l.split_once('=')?;
+                (k.trim() == "name").then(|| v.trim().trim_matches('"').to_owned())
+            })
+            .unwrap_or_else(|| panic!("{path}/Cargo.toml has no package name"));
+        out.insert((name, path.to_owned()));
+    }
+    out
+}
+
+/// The README's crate table: every row `| [`NAME`](PATH) | ... |`, as (NAME, PATH).
+fn readme_crate_table() -> BTreeSet<(String, String)> {
+    let readme = read("README.md");
+    let mut out = BTreeSet::new();
+    for line in readme.lines() {
+        let Some(rest) = line.strip_prefix("| [`") else {
+            continue;
+        };
+        let (name, rest) = rest
+            .split_once("`](")
+            .expect("a crate row: | [`NAME`](PATH) |");
+        let (path, _) = rest
+            .split_once(')')
+            .expect("a crate row: | [`NAME`](PATH) |");
+        let path = path.trim_end_matches('/').to_owned();
+        assert!(
+            out.insert((name.to_owned(), path.clone())),
+            "README lists {name} ({path}) twice"
+        );
+    }
+    out
+}
+
+#[test]
+fn the_readme_crate_table_lists_exactly_the_workspace_members() {
+    let members = workspace_members();
+    assert!(members.len() >= 6, "too few members parsed: {members:?}");
+    let table = readme_crate_table();
+    let missing: Vec<_> = members.difference(&table).collect();
+    let extra: Vec<_> = table.difference(&members).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "README.md's crate table drifted from the workspace members (name, path):\n\
+         missing from the README: {missing:?}\nlisted but not a member: {extra:?}"
+    );
+}

@@ -1,0 +1,253 @@
+//! Status publishing: the leader-only proxy health loop, the publishing pass that merges
+//! health into each Proxy's status and announces changes as Events, and the observer's rows.
+//!
+//! Guarantees: a status write is guarded by the cached resourceVersion (a stale cache never
+//! overwrites a newer status); one Event per change of decided health; health state of a
+//! Proxy only not probed this round is kept (finding H3).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use egress_core::health::{self, HealthState, ProbeTarget};
+use egress_core::model::ConditionStatus;
+use egress_core::status::ProxyStatusRow;
+use egress_provider::ProxyUid;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event as KubeEvent, EventType};
+use kube::runtime::reflector::Store;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    API_SLACK, Ctx, DriverStats, FIELD_MANAGER, api_version, key_of, lock, publish, uid_of,
+};
+use crate::api::Proxy;
+
+/// Waits until the watch cache holds a complete first listing; `false` when stopped first.
+pub(super) async fn wait_synced(
+    synced: &mut watch::Receiver<bool>,
+    stop: &CancellationToken,
+) -> bool {
+    tokio::select! {
+        () = stop.cancelled() => false,
+        r = synced.wait_for(|v| *v) => r.is_ok(),
+    }
+}
+
+/// Leader-only: runs the proxy health engine over every Running Proxy with an address in the
+/// watch cache (not being deleted), then wakes the publishing pass, which merges the new
+/// states into status. Proxies gone from the cache are dropped from the engine; a Proxy that
+/// is only not probed this round (no address for a moment) keeps its state (finding H3).
+pub(super) async fn proxy_health_loop(
+    ctx: Arc<Ctx>,
+    engine: Arc<health::HealthEngine>,
+    store: Store<Proxy>,
+    mut synced: watch::Receiver<bool>,
+    wake: Arc<Notify>,
+    stop: CancellationToken,
+) {
+    if !wait_synced(&mut synced, &stop).await {
+        return;
+    }
+    let targets_store = store.clone();
+    let targets_ctx = ctx.clone();
+    let targets = move || -> Vec<ProbeTarget> {
+        let creds = lock(&targets_ctx.creds).clone();
+        targets_store
+            .state()
+            .iter()
+            .filter(|p| p.meta().deletion_timestamp.is_none())
+            .filter_map(|p| {
+                let uid = uid_of(p)?;
+                let status = p.status.as_ref()?;
+                let c = creds.get(&uid).cloned().flatten();
+                ProbeTarget::of(uid, key_of(p), &p.spec.proxy, c.as_ref(), status)
+            })
+            .collect()
+    };
+    let retain_engine = engine.clone();
+    let after_round = move |r: &health::RoundReport| {
+        let live: HashSet<ProxyUid> = store.state().iter().filter_map(|p| uid_of(p)).collect();
+        retain_engine.retain(|u| live.contains(u));
+        tracing::debug!(probed = r.probed, ok = r.succeeded, elapsed = ?r.elapsed, "health round");
+        wake.notify_one();
+    };
+    engine.run(targets, after_round, stop).await;
+}
+
+/// Leader-only: a publishing pass after every health round and every `interval`.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn publish_loop(
+    ctx: Arc<Ctx>,
+    store: Store<Proxy>,
+    mut synced: watch::Receiver<bool>,
+    mut publisher: publish::Publisher,
+    wake: Arc<Notify>,
+    interval: Duration,
+    stats: Arc<DriverStats>,
+    stop: CancellationToken,
+) {
+    if !wait_synced(&mut synced, &stop).await {
+        return;
+    }
+    loop {
+        if publish_pass(&ctx, &store, &mut publisher, &stop).await {
+            stats.publish_passes.fetch_add(1, Ordering::Relaxed);
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = wake.notified() => {}
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+/// One pass: merge each Proxy's health into its status (written with server-side apply,
+/// guarded by the cached resourceVersion so a stale cache never overwrites a newer status),
+/// announce health changes as Events, refresh the observer's rows, then publish the groups.
+/// `true` when every write succeeded.
+pub(super) async fn publish_pass(
+    ctx: &Ctx,
+    store: &Store<Proxy>,
+    publisher: &mut publish::Publisher,
+    stop: &CancellationToken,
+) -> bool {
+    let now = SystemTime::now();
+    let mut proxies: Vec<Proxy> = store.state().iter().map(|p| (**p).clone()).collect();
+    let mut ok = true;
+    for p in &mut proxies {
+        if stop.is_cancelled() {
+            return false;
+        }
+        let (Some(uid), Some(engine)) = (uid_of(p), ctx.observer.health()) else {
+            continue;
+        };
+        if p.meta().deletion_timestamp.is_some() {
+            continue;
+        }
+        let Some(current) = p.status.clone() else {
+            // Not reconciled yet: the first reconcile writes a status.
+            continue;
+        };
+        let h = engine.get(&uid);
+        let mut next = current.clone();
+        health::apply_to_status(
+            &mut next,
+            h.as_ref(),
+            Some(&current),
+            now,
+            p.meta().generation.unwrap_or(0),
+        );
+        if next != current {
+            let ns = p.namespace().unwrap_or_default();
+            let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &ns);
+            let body = json!({"apiVersion": api_version(), "kind": "Proxy",
+                              "metadata": {"resourceVersion": p.resource_version()},
+                              "status": next});
+            let pp = PatchParams::apply(FIELD_MANAGER).force();
+            let name = p.name_any();
+            let patch = Patch::Apply(&body);
+            // rbac: PROXIES_STATUS patch
+            let w = api.patch_status(&name, &pp, &patch);
+            match tokio::time::timeout(API_SLACK, w).await {
+                Ok(Ok(_)) => p.status = Some(next),
+                Ok(Err(kube::Error::Api(e))) if e.code == 409 => {
+                    // The cache is behind a newer write; the next pass sees it.
+                    ok = false;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(proxy = %key_of(p), error = %e, "health status write failed");
+                    ok = false;
+                }
+                Err(_) => {
+                    tracing::warn!(proxy = %key_of(p), "health status write timed out");
+                    ok = false;
+                }
+            }
+        }
+        if let Some(h) = h {
+            announce(ctx, p, &uid, &h).await;
+        }
+    }
+    ctx.observer
+        .set_proxies(proxies.iter().map(row_of).collect());
+    let want = publish::desired(proxies.iter());
+    let r = tokio::select! {
+        () = stop.cancelled() => return false,
+        r = publisher.sync(&want) => r,
+    };
+    match r {
+        Ok(n) => {
+            if n > 0 {
+                tracing::debug!(writes = n, groups = want.len(), "published groups");
+            }
+            ok
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "publishing groups failed; retried next pass");
+            false
+        }
+    }
+}
+
+/// Publishes an Event when a Proxy's decided health changed since the last announcement:
+/// Normal `Healthy`, or Warning with the failure's reason (`ProbeFailed`, `EgressMismatch`).
+/// Undecided states are not announced.
+pub(super) async fn announce(ctx: &Ctx, p: &Proxy, uid: &ProxyUid, h: &health::ProxyHealth) {
+    if h.state == HealthState::Unknown {
+        return;
+    }
+    let changed = {
+        let mut a = lock(&ctx.announced);
+        a.insert(*uid, h.state) != Some(h.state)
+    };
+    if !changed {
+        return;
+    }
+    let (type_, reason) = match h.state {
+        HealthState::Healthy => (EventType::Normal, "Healthy".to_owned()),
+        _ => (EventType::Warning, h.reason.clone()),
+    };
+    let ev = KubeEvent {
+        type_,
+        reason: reason.clone(),
+        note: Some(h.message.clone()),
+        action: "HealthCheck".into(),
+        secondary: None,
+    };
+    // rbac: EVENTS create
+    if let Err(e) = ctx.recorder.publish(&ev, &p.object_ref(&())).await {
+        tracing::warn!(proxy = %key_of(p), error = %e, "cannot publish a health event");
+    }
+}
+
+pub(super) fn row_of(p: &Proxy) -> ProxyStatusRow {
+    let st = p.status.clone().unwrap_or_default();
+    ProxyStatusRow {
+        namespace: p.namespace().unwrap_or_default(),
+        name: p.name_any(),
+        uid: p.meta().uid.clone().unwrap_or_default(),
+        phase: st.phase,
+        host: st.host.clone(),
+        ip: st.ip.clone(),
+        provider_id: st.provider_id.clone(),
+        created_at: p
+            .meta()
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.to_string())
+            .unwrap_or_default(),
+        last_error: st
+            .conditions
+            .iter()
+            .find(|c| c.status == ConditionStatus::False && !c.message.is_empty())
+            .map(|c| c.message.clone()),
+        conditions: st.conditions.clone(),
+        port: Some(p.spec.proxy.port),
+        health: st.health.clone(),
+    }
+}

@@ -1,0 +1,227 @@
+//! One leadership term: a fresh core controller, adoption of what the hosts' marks say, the
+//! kube-runtime controller over the watch cache, and every leader-only loop, all stopped
+//! together when the Lease is lost or the driver shuts down.
+//!
+//! Guarantees: nothing of a term outlives it (every loop is aborted and joined before
+//! [`run_term`] returns); in-flight creates and deletes get `shutdown_grace` first.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use egress_core::controller::Controller as Core;
+use egress_core::providers::Providers;
+use futures_util::StreamExt;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher;
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::credentials::credentials_loop;
+use super::orphans::gc_loop;
+use super::provider_health::health_loop;
+use super::reconcile::{error_policy, reconcile};
+use super::status::{proxy_health_loop, publish_loop};
+use super::{
+    ADOPT_DEADLINE, API_SLACK, Ctx, DriverStats, FIELD_MANAGER, KubeOptions, STORE_SYNC_POLL,
+    publish,
+};
+use crate::api::Proxy;
+use crate::observe::Observer;
+
+/// One leadership term: adopt, then run the controller and the leader-only loops until the
+/// Lease is lost or `shutdown` is cancelled.
+pub(super) async fn run_term(
+    opts: &KubeOptions,
+    client: &Client,
+    providers_rx: &watch::Receiver<Arc<Providers>>,
+    mut leader: watch::Receiver<bool>,
+    stats: &Arc<DriverStats>,
+    observer: &Arc<Observer>,
+    shutdown: &CancellationToken,
+) {
+    let stop = CancellationToken::new();
+    let providers = providers_rx.borrow().clone();
+    let core = Arc::new(Core::new(providers.clone(), opts.controller.clone()));
+    observer.set_core(Some(core.clone()));
+    let mut loops = JoinSet::new();
+    {
+        let (stop, shutdown) = (stop.clone(), shutdown.clone());
+        loops.spawn(async move {
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                _ = leader.wait_for(|l| !*l) => tracing::warn!("leadership lost: stopping"),
+            }
+            stop.cancel();
+        });
+    }
+    {
+        // NB: adoption runs beside the controller: a frozen host must not hold the term for
+        // a whole listing budget, and the status's providerID already locates instances.
+        let (core, stop) = (core.clone(), stop.clone());
+        loops.spawn(async move { adopt(&core, &providers, &stop).await });
+    }
+    let (trigger_tx, trigger_rx) = mpsc::channel::<()>(1);
+    let creds_trigger = trigger_tx.clone();
+    loops.spawn(follow_providers(
+        core.clone(),
+        providers_rx.clone(),
+        trigger_tx,
+        stop.clone(),
+    ));
+    loops.spawn(gc_loop(
+        client.clone(),
+        providers_rx.clone(),
+        opts.gc.clone(),
+        opts.gc_interval,
+        stats.clone(),
+        stop.clone(),
+    ));
+    loops.spawn(health_loop(
+        client.clone(),
+        core.clone(),
+        providers_rx.clone(),
+        opts.check_interval,
+        stats.clone(),
+        observer.clone(),
+        stop.clone(),
+    ));
+    let proxies: Api<Proxy> = match &opts.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        core: core.clone(),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: Some(opts.lease.identity.clone()),
+            },
+        ),
+        deadline: opts.controller.reconcile_deadline.saturating_add(API_SLACK),
+        failures: Mutex::new(HashMap::new()),
+        stats: stats.clone(),
+        observer: observer.clone(),
+        creds: Mutex::new(HashMap::new()),
+        announced: Mutex::new(HashMap::new()),
+    });
+    let triggers = futures_util::stream::unfold(trigger_rx, |mut rx| async move {
+        rx.recv().await.map(|()| ((), rx))
+    });
+    let graceful = stop.clone().cancelled_owned();
+    // rbac: PROXIES list, watch (the controller's watch cache)
+    let controller = Controller::new(proxies, watcher::Config::default());
+    let store = controller.store();
+    let wake = Arc::new(Notify::new());
+    // NB: one waiter on the store's readiness, fanned out, and re-polled: kube-runtime's
+    // `wait_until_ready` keeps a single waker (a oneshot receiver shared by every clone of
+    // the store), and a wake-up can be lost (observed with the fake API server); a fresh
+    // poll every STORE_SYNC_POLL reads the readiness that was already set.
+    let (synced_tx, synced) = watch::channel(false);
+    {
+        let store = store.clone();
+        loops.spawn(async move {
+            loop {
+                match tokio::time::timeout(STORE_SYNC_POLL, store.wait_until_ready()).await {
+                    Ok(Ok(())) => {
+                        synced_tx.send_replace(true);
+                        break;
+                    }
+                    Ok(Err(_)) => return,
+                    Err(_) => {}
+                }
+            }
+            // Keep the sender alive so waiters see `true`, not a closed channel.
+            std::future::pending::<()>().await;
+        });
+    }
+    if let Some(engine) = observer.health().cloned() {
+        loops.spawn(proxy_health_loop(
+            ctx.clone(),
+            engine,
+            store.clone(),
+            synced.clone(),
+            wake.clone(),
+            stop.clone(),
+        ));
+    }
+    loops.spawn(publish_loop(
+        ctx.clone(),
+        store.clone(),
+        synced,
+        publish::Publisher::new(
+            client.clone(),
+            opts.namespace.clone(),
+            FIELD_MANAGER,
+            API_SLACK,
+        ),
+        wake,
+        opts.publish_interval,
+        stats.clone(),
+        stop.clone(),
+    ));
+    loops.spawn(credentials_loop(
+        ctx.clone(),
+        store,
+        creds_trigger,
+        opts.secret_poll_interval,
+        stop.clone(),
+    ));
+    controller
+        .with_config(ControllerConfig::default().concurrency(opts.concurrency.max(1)))
+        .reconcile_all_on(triggers)
+        .graceful_shutdown_on(graceful)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "controller");
+            }
+        })
+        .await;
+    stop.cancel();
+    core.shutdown(opts.shutdown_grace).await;
+    loops.abort_all();
+    while loops.join_next().await.is_some() {}
+    observer.set_core(None);
+}
+
+/// Learns where instances are from every entry's complete listing (bounded per entry).
+pub(super) async fn adopt(core: &Core, providers: &Providers, stop: &CancellationToken) {
+    for h in providers.iter() {
+        let r = tokio::select! {
+            () = stop.cancelled() => return,
+            r = tokio::time::timeout(ADOPT_DEADLINE, h.provider.list_owned()) => r,
+        };
+        match r {
+            Ok(Ok(owned)) => core.adopt(&h.config.name, &owned),
+            Ok(Err(e)) => {
+                tracing::warn!(entry = %h.config.name, error = %e, "adoption listing failed")
+            }
+            Err(_) => tracing::warn!(entry = %h.config.name, "adoption listing timed out"),
+        }
+    }
+}
+
+/// Hands reloaded providers to the core and re-reconciles everything.
+pub(super) async fn follow_providers(
+    core: Arc<Core>,
+    mut rx: watch::Receiver<Arc<Providers>>,
+    trigger: mpsc::Sender<()>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            r = rx.changed() => if r.is_err() { return },
+        }
+        let p = rx.borrow_and_update().clone();
+        core.set_providers(p);
+        // NB: a full channel means a re-reconcile of everything is already pending.
+        let _ = trigger.try_send(());
+    }
+}

@@ -76,11 +76,14 @@ pub struct ProxySpec {
         "message": "spec.provider is immutable: delete the Proxy and create a new one"
     }])))]
     pub provider: String,
-    /// Pin to one host of the entry; otherwise the reconciler places it.
+    /// Pin to one host of the entry (its name in the provider config); otherwise the operator
+    /// places it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
     pub host: Option<String>,
-    /// Image: a catalogue key of the entry (or a URL, when the entry allows URL images).
+    /// The image to boot: a key of the entry's image catalogue or, when the entry allows URL
+    /// images, a URL with its digest as a fragment (`https://host/image.qcow2#sha256=HEX`; the
+    /// fragment is required for plain http).
     #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
     pub image: String,
     /// Size overrides; the entry's `defaults` fill what is omitted.
@@ -128,11 +131,11 @@ pub enum ProxyProtocol {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ProxySettings {
-    /// Listen port.
+    /// The port the proxy listens on in the guest.
     #[serde(default = "default_port")]
     #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65535)))]
     pub port: u16,
-    /// Protocol.
+    /// `http` (an HTTP forward proxy with CONNECT) or `socks5`.
     #[serde(default)]
     pub protocol: ProxyProtocol,
     /// Client networks allowed to use the proxy (CIDR notation).
@@ -147,7 +150,9 @@ pub struct ProxySettings {
         }]
     )))]
     pub allowed_client_cidrs: Vec<String>,
-    /// Reference to credentials (a Secret name in Kubernetes, a file in standalone mode).
+    /// Credentials clients must present. In Kubernetes: the name of a Secret in the Proxy's
+    /// namespace with keys `username` and `password`. In standalone mode: the path of a file
+    /// holding one line `username:password` (relative to the manifest directory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_ref: Option<String>,
     /// The egress address the world must see from this proxy: an IP (`203.0.113.7`) or a
@@ -283,7 +288,7 @@ pub enum Phase {
     Provisioning,
     /// Running with an address.
     Running,
-    /// Paused by the hypervisor (e.g. storage full); never destroyed for it (finding M1).
+    /// Paused by the hypervisor (e.g. storage full); never destroyed for it.
     Paused,
     /// A permanent failure or an expired provisioning deadline; see the conditions.
     Failed,
@@ -373,18 +378,21 @@ impl Condition {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ProxyStatus {
-    /// Phase.
+    /// Where the Proxy is in its life: `Pending`, `Provisioning`, `Running`, `Paused` (the
+    /// hypervisor paused it, e.g. storage full; never destroyed for it), `Failed` (see the
+    /// conditions) or `Terminating`.
     pub phase: Phase,
-    /// Host the instance is on.
+    /// The host the instance is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
-    /// `libvirt://ENTRY/HOST/NAME`.
+    /// Where the instance is: `libvirt://ENTRY/HOST/NAME`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_id: Option<String>,
     /// The instance's address (kept through short Provisioning gaps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip: Option<String>,
-    /// Conditions.
+    /// `Provisioned`, `Healthy` and `Ready`, each with a stable reason (also the Event reason)
+    /// and a redacted message.
     // NB: a map keyed by `type` for server-side apply, as Kubernetes' own conditions are.
     #[serde(default)]
     #[cfg_attr(feature = "schema", schemars(extend(

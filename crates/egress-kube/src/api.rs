@@ -80,8 +80,8 @@ impl From<ProxySpec> for ProxyCrdSpec {
     }
 }
 
-/// The spec of a [`ProviderHealth`]: which provider entry it reports on. The operator creates
-/// one per entry of its provider config, named after the entry.
+/// Which provider entry this ProviderHealth reports on. The operator creates one per entry of
+/// its provider config, named after the entry.
 // NB: clippy reads the repeated `printcolumn(name = .., type_ = ..)` keys as duplicated
 // attributes; they are one column each.
 #[allow(clippy::duplicated_attributes)]
@@ -147,7 +147,7 @@ pub struct ProviderHealthStatus {
     pub observed_generation: i64,
 }
 
-/// A host's state, as the health check classified it (per host first: finding L16).
+/// A host's state, as the last check classified it from the host's own result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum HostHealthState {
     /// Reachable and usable.
@@ -171,16 +171,18 @@ impl From<HostState> for HostHealthState {
     }
 }
 
-/// One host's health. Every remote string is truncated to [`MAX_HOST_STRING_CHARS`] and the
-/// error is redacted (findings L18, D5).
+/// One host's health, as last checked. Strings that come from the host are truncated and the
+/// error is redacted (it never carries credentials).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HostHealth {
     /// The host's name in the provider entry.
     pub host: String,
-    /// Ready / Unreachable / Timeout / Degraded.
+    /// `Ready` (reachable and usable), `Unreachable` (could not connect), `Timeout` (the host's
+    /// own call hit its deadline) or `Degraded` (reachable, but something required is missing
+    /// or low).
     pub state: HostHealthState,
-    /// Latency of the probe call only, in milliseconds (finding L15).
+    /// Latency of the probe call alone (not the connection setup), in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<u64>,
     /// The host's own hostname (truncated).

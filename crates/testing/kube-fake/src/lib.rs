@@ -37,6 +37,8 @@
 //! ends and the client re-watches from its last version, as with a real server). No lock is
 //! held across an `.await`. Every request is recorded for assertions ([`FakeApiServer::requests`]).
 
+pub mod https;
+
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::convert::Infallible;
 use std::future::Future;

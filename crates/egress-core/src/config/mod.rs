@@ -2,7 +2,7 @@
 //!
 //! The file is a YAML document with one key, `providers:`, a list of entries, each with a
 //! `name`, a `type` (only `libvirt` today) and the fields of
-//! [`LibvirtEntry`](egress_provider::libvirt::config::LibvirtEntry). See
+//! [`egress_provider::libvirt::config::LibvirtEntry`]. See
 //! `examples/providers.yaml` for a commented example.
 //!
 //! Guarantees:
@@ -15,7 +15,7 @@
 //! - **No side effects.** [`load`] reads the one file and nothing else: no host is dialed, no
 //!   key file or known_hosts file is opened, no DNS lookup is made. A broken config therefore
 //!   never touches a host; [`parse`] does no I/O at all.
-//! - A value returned in `Ok` satisfies every rule in [`validate`]'s documentation, so the
+//! - A value returned in `Ok` satisfies every rule in [`validate()`]'s documentation, so the
 //!   provider may rely on them (e.g. size arithmetic cannot overflow, finding L20).
 
 mod entry;

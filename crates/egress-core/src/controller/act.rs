@@ -1,0 +1,163 @@
+//! Acting on a decision, in one place: cancel, or spawn a create/replace/delete after taking
+//! its host's work slots, or, when a host is full, register the Proxy as waiting for a slot.
+//!
+//! Guarantees: no network in the call (work is spawned and tracked per UID); a work slot is
+//! taken with a try-acquire, never awaited (finding H1); the state lock is held from the
+//! try-acquire to the waiting registration, so a freed slot never misses its waiter; nothing
+//! new starts while the controller is shutting down.
+
+use std::sync::atomic::Ordering;
+use std::time::SystemTime;
+
+use super::decide::{self, Action, Decision};
+use super::executor::Controller;
+use super::outcome::{EventKind, Outcome};
+use super::proxy::ProxyObject;
+use super::settings::create_deadline;
+use super::state::lock;
+
+impl Controller {
+    /// Performs the decision's action (no network here: work is spawned) and builds the
+    /// outcome.
+    pub(super) fn act(
+        &self,
+        obj: &ProxyObject,
+        handle: Option<&crate::providers::ProviderHandle>,
+        d: Decision,
+        now: SystemTime,
+    ) -> Outcome {
+        let Decision {
+            action,
+            mut status,
+            mut requeue_after,
+            mut events,
+            memory,
+            finalized,
+        } = d;
+        let settings = &self.inner.settings;
+        let mut st = lock(&self.inner.state);
+        if finalized {
+            if let Some(o) = st.objects.remove(&obj.uid)
+                && let Some(op) = o.op
+            {
+                op.abort.abort();
+            }
+            st.locations.remove(&obj.uid);
+            st.created.remove(&obj.uid);
+            st.forget_waiter(&obj.uid);
+            return Outcome {
+                status,
+                requeue_after,
+                events,
+                finalized,
+            };
+        }
+        let o = st.objects.entry(obj.uid).or_default();
+        o.memory = memory;
+        let stopping = self.inner.stopping.load(Ordering::SeqCst);
+        // A host whose work slots were all taken: this UID waits for one to free up. (The
+        // state lock is held from the try-acquire to the registration, and a finishing op
+        // frees its slot before taking waiters under the same lock, so no wake-up is lost.)
+        let mut wait_on: Option<(String, String, bool)> = None;
+        match action {
+            Action::None => {}
+            Action::Cancel => {
+                if let Some(op) = o.op.take() {
+                    op.abort.abort();
+                }
+            }
+            Action::Create { req, replace } => {
+                if let Some(h) = handle {
+                    if stopping {
+                        status = decide::shutting_down(status, obj, now);
+                        requeue_after = Some(settings.poll_provisioning);
+                    } else {
+                        let max = h.host(&req.host).map_or(1, |c| c.max_concurrent);
+                        match self.inner.limits.try_work(&h.config.name, &req.host, max) {
+                            None => {
+                                self.inner
+                                    .counters
+                                    .host_busy
+                                    .fetch_add(1, Ordering::Relaxed);
+                                status = decide::host_busy(status, obj, &req.host, now);
+                                requeue_after = Some(settings.poll_provisioning);
+                                events.retain(|e| e.kind == EventKind::Warning);
+                                wait_on = Some((
+                                    h.config.name.clone(),
+                                    req.host.clone(),
+                                    obj.spec.host.is_some(),
+                                ));
+                            }
+                            Some(permit) => {
+                                if let Some(old) = o.op.take() {
+                                    old.abort.abort();
+                                }
+                                let deadline = create_deadline(&h.config.timeouts);
+                                o.op = Some(self.spawn_create(
+                                    h.provider.clone(),
+                                    h.config.name.clone(),
+                                    req,
+                                    replace,
+                                    permit,
+                                    deadline,
+                                    now,
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            Action::Delete { .. } if stopping => {
+                status = decide::shutting_down(status, obj, now);
+                requeue_after = Some(settings.poll_provisioning);
+            }
+            Action::Delete { hosts } => {
+                if let Some(old) = o.op.take() {
+                    old.abort.abort();
+                }
+                if let Some(h) = handle {
+                    let mut permits = Vec::new();
+                    let mut busy = None;
+                    for host in &hosts {
+                        let max = h.host(host).map_or(1, |c| c.max_concurrent);
+                        match self.inner.limits.try_work(&h.config.name, host, max) {
+                            Some(p) => permits.push(p),
+                            None => {
+                                busy = Some(host.clone());
+                                break;
+                            }
+                        }
+                    }
+                    if let Some(host) = busy {
+                        self.inner
+                            .counters
+                            .host_busy
+                            .fetch_add(1, Ordering::Relaxed);
+                        status = decide::host_busy(status, obj, &host, now);
+                        requeue_after = Some(settings.poll_provisioning);
+                        // A delete must run where the instance is: treat it as pinned.
+                        wait_on = Some((h.config.name.clone(), host, true));
+                    } else {
+                        o.op = Some(self.spawn_delete(
+                            h.provider.clone(),
+                            h.config.name.clone(),
+                            obj.uid,
+                            hosts,
+                            permits,
+                            now,
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some((entry, host, pinned)) = wait_on {
+            st.wait_for_slot(&entry, &host, obj.uid, pinned);
+        }
+        Outcome {
+            status,
+            requeue_after,
+            events,
+            finalized,
+        }
+    }
+}

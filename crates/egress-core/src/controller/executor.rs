@@ -1,0 +1,214 @@
+//! The executor's handle, [`Controller`]: its shared state and the calls a driver makes
+//! besides reconciling (adopt, host reports, forget, metrics, shutdown, waker, config
+//! reload).
+//!
+//! Guarantees: `Send + Sync`; no call here does network I/O, and no lock is held across an
+//! `.await`; [`Controller::shutdown`] waits at most its grace, then aborts what is left.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+use egress_provider::model::{HostReport, OwnedInstance, ProxyUid};
+use tokio_util::task::TaskTracker;
+
+use crate::providers::Providers;
+
+use super::limits::HostLimits;
+use super::metrics::{ControllerCounters, Counters};
+use super::ops::{OpKind, op_finished};
+use super::settings::ControllerSettings;
+use super::state::{State, lock};
+
+/// How the controller tells its driver that a Proxy's reconcile can make progress now: its
+/// create or delete finished, or a host slot it was refused freed up. The driver queues the
+/// UID (e.g. standalone's de-duplicating work queue); it must not block. See
+/// [`Controller::set_waker`].
+pub type Waker = Arc<dyn Fn(ProxyUid) + Send + Sync>;
+
+pub(super) struct Inner {
+    pub(super) providers: RwLock<Arc<Providers>>,
+    pub(super) settings: ControllerSettings,
+    pub(super) state: Mutex<State>,
+    pub(super) limits: HostLimits,
+    pub(super) counters: Counters,
+    pub(super) tracker: TaskTracker,
+    pub(super) stopping: AtomicBool,
+    /// Image bytes transferred by creates (their imports' progress), since start.
+    pub(super) image_bytes: Arc<AtomicU64>,
+    /// The driver's waker, when it set one.
+    pub(super) waker: RwLock<Option<Waker>>,
+}
+
+impl Inner {
+    /// Wakes `uids` through the driver's waker (no lock of ours is held while it runs).
+    pub(super) fn wake(&self, uids: impl IntoIterator<Item = ProxyUid>) {
+        let w = self
+            .waker
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(w) = w {
+            for u in uids {
+                w(u);
+            }
+        }
+    }
+}
+
+/// The reconciler's executor. `Send + Sync`; share it in an `Arc` between workers.
+pub struct Controller {
+    pub(super) inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Controller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Controller")
+            .field("settings", &self.inner.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Controller {
+    /// A controller over `providers` with `settings`. No I/O.
+    pub fn new(providers: Arc<Providers>, settings: ControllerSettings) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                providers: RwLock::new(providers),
+                settings,
+                state: Mutex::new(State::default()),
+                limits: HostLimits::default(),
+                counters: Counters::default(),
+                tracker: TaskTracker::new(),
+                stopping: AtomicBool::new(false),
+                image_bytes: Arc::new(AtomicU64::new(0)),
+                waker: RwLock::new(None),
+            }),
+        }
+    }
+
+    /// Sets the driver's waker: called with a Proxy's UID when its create or delete finished
+    /// (so the result is picked up at once rather than at the next poll), and with the
+    /// oldest UIDs refused a work slot on a host when that host's slots free up. Without a
+    /// waker, those Proxies are reconciled at their requeue time as before; with one, they
+    /// still are (waking only brings a reconcile forward).
+    pub fn set_waker(&self, waker: Waker) {
+        *self
+            .inner
+            .waker
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(waker);
+    }
+
+    /// Replaces the providers after a config reload. Work in flight keeps the provider it
+    /// started with; latched failures of an entry whose digest changed are released on the
+    /// next reconcile.
+    pub fn set_providers(&self, providers: Arc<Providers>) {
+        let mut p = self
+            .inner
+            .providers
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *p = providers;
+    }
+
+    pub(super) fn providers(&self) -> Arc<Providers> {
+        self.inner
+            .providers
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Learns where instances are from a complete `list_owned` of `entry` (the driver calls
+    /// it at start and after each listing), so a restart finds each Proxy's instance from the
+    /// hosts' marks. Only instances whose domain name matches their mark's UID are adopted;
+    /// their marks' creation times become [`Controller::created_at`].
+    pub fn adopt(&self, entry: &str, owned: &[OwnedInstance]) {
+        let mut st = lock(&self.inner.state);
+        for o in owned {
+            if o.name_matches_uid && o.id.entry == entry {
+                st.locations.insert(o.uid, o.id.clone());
+                st.created.insert(o.uid, o.created_at);
+            }
+        }
+    }
+
+    /// When `uid`'s instance was created, when known: the creation time in its mark (from
+    /// the last complete listing given to [`Controller::adopt`]), or the time a create of it
+    /// finished in this process (the mark written by that create is at most one create's
+    /// duration earlier; the next listing replaces it with the mark's own time). `None` before
+    /// either, and once the instance was deleted.
+    pub fn created_at(&self, uid: &ProxyUid) -> Option<SystemTime> {
+        lock(&self.inner.state).created.get(uid).copied()
+    }
+
+    /// Image bytes transferred to hosts by this controller's creates since it was built (the
+    /// sum of their imports' progress, fed as it happens). Monotonic.
+    pub fn image_bytes(&self) -> u64 {
+        self.inner.image_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Records host health for placement (from `Provider::check()`): a host whose last report
+    /// is not Ready is skipped while another host of the entry is usable.
+    pub fn record_host_reports(&self, entry: &str, reports: &[HostReport]) {
+        let mut st = lock(&self.inner.state);
+        for r in reports {
+            st.health
+                .insert((entry.to_owned(), r.host.clone()), r.state);
+        }
+    }
+
+    /// Forgets a Proxy the driver no longer tracks (e.g. its manifest vanished without a
+    /// deletion): aborts its work in flight and drops its per-object state. Nothing on a host
+    /// is touched (the orphan GC collects what is left).
+    pub fn forget(&self, uid: &ProxyUid) {
+        let mut st = lock(&self.inner.state);
+        if let Some(o) = st.objects.remove(uid)
+            && let Some(op) = o.op
+        {
+            op.abort.abort();
+        }
+        st.locations.remove(uid);
+        st.created.remove(uid);
+        st.forget_waiter(uid);
+    }
+
+    /// Counters for `/metrics`.
+    pub fn metrics(&self) -> ControllerCounters {
+        let in_flight = {
+            let st = lock(&self.inner.state);
+            let mut creates = 0u64;
+            let mut deletes = 0u64;
+            for o in st.objects.values() {
+                match o.op.as_ref().map(|op| &op.kind) {
+                    Some(OpKind::Create { .. }) if !op_finished(o.op.as_ref()) => creates += 1,
+                    Some(OpKind::Delete { .. }) if !op_finished(o.op.as_ref()) => deletes += 1,
+                    _ => {}
+                }
+            }
+            (creates, deletes)
+        };
+        self.inner.counters.snapshot(in_flight.0, in_flight.1)
+    }
+
+    /// Stops starting new work and waits up to `grace` for creates and deletes in flight to
+    /// finish; whatever is still running then is aborted (the provider's create is safe to
+    /// drop: it never publishes a half-written base, and the next start converges).
+    pub async fn shutdown(&self, grace: Duration) {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+        self.inner.tracker.close();
+        if tokio::time::timeout(grace, self.inner.tracker.wait())
+            .await
+            .is_err()
+        {
+            let st = lock(&self.inner.state);
+            for o in st.objects.values() {
+                if let Some(op) = &o.op {
+                    op.abort.abort();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! What a driver hands the controller about one Proxy: [`ProxyObject`] and the
+//! [`ProxyCredentials`] its spec references.
+//!
+//! Guarantees: the credentials' `Debug` never prints the password; no I/O.
+
+use std::fmt;
+
+use egress_provider::model::ProxyUid;
+
+use crate::model::ProxySpec;
+
+/// What a driver knows about one Proxy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyObject {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// The Proxy's UID (names and marks derive from it).
+    pub uid: ProxyUid,
+    /// The spec generation (a change releases a latched Permanent failure).
+    pub generation: i64,
+    /// What the user wants.
+    pub spec: ProxySpec,
+    /// The user removed it; finalize (delete the instance, then report `finalized`).
+    pub deleting: bool,
+    /// The credentials `spec.proxy.credentialsRef` resolves to, when it names any.
+    pub credentials: Option<ProxyCredentials>,
+}
+
+/// Proxy credentials (basic auth for HTTP, username/password for SOCKS5). `Debug` redacts
+/// the password so it never reaches a log line.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ProxyCredentials {
+    /// User name.
+    pub username: String,
+    /// Password.
+    pub password: String,
+}
+
+impl fmt::Debug for ProxyCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProxyCredentials")
+            .field("username", &self.username)
+            .field("password", &"REDACTED")
+            .finish()
+    }
+}

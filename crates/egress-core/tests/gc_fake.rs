@@ -74,6 +74,11 @@ struct Setup {
 fn setup() -> Setup {
     let fake = FakeLibvirt::new();
     fake.add_pool(PoolSpec::new(POOL)).unwrap();
+    setup_on(fake)
+}
+
+/// A fresh operator (providers, pools, connections) over the host state of `fake`.
+fn setup_on(fake: FakeLibvirt) -> Setup {
     let entry = LibvirtEntry {
         name: ENTRY.into(),
         hosts: vec![host()],
@@ -192,6 +197,44 @@ fn populate(fake: &FakeLibvirt) -> (ProxyUid, ProxyUid, ProxyUid) {
     fake.add_volume(POOL, VolumeSpec::new(part_at(1_700_000_000), 1 << 20))
         .unwrap();
     (live, orphan, vols_only)
+}
+
+#[tokio::test]
+async fn an_orphan_dated_in_the_future_is_collected_once_its_age_from_first_sight_passes_min_age() {
+    // finding: L9
+    let s = setup();
+    let u = uid(9);
+    s.fake
+        .add_domain(DomainSpec::new(names::domain(ENTRY, &u)).metadata(
+            mark::NAMESPACE,
+            mark::render(
+                &u,
+                ENTRY,
+                SystemTime::UNIX_EPOCH + Duration::from_secs(4_070_908_800), // 2099
+            ),
+        ))
+        .unwrap();
+    add_disks(&s.fake, &u);
+    let settings = GcSettings {
+        min_age: Duration::from_secs(1),
+        dry_run: false,
+    };
+    let none = HashSet::new();
+    let name = names::domain(ENTRY, &u);
+    for pass in 0..2 {
+        let r = collect(&s.providers, &none, &settings, SystemTime::now()).await;
+        assert_eq!(item(&r, &name).action, Action::Kept, "pass {pass}: {r}");
+        assert!(has_domain(&s.fake, &u));
+    }
+    // Past the minimum age since it was first seen; then the operator restarts (new
+    // providers, new connections, nothing remembered in memory).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    drop(s.providers);
+    let restarted = setup_on(s.fake.clone());
+    let r = collect(&restarted.providers, &none, &settings, SystemTime::now()).await;
+    assert_eq!(item(&r, &name).action, Action::Deleted, "{r}");
+    assert!(!has_domain(&s.fake, &u));
+    assert_eq!(has_disks(&s.fake, &u), (false, false), "with its disks");
 }
 
 #[tokio::test]

@@ -610,7 +610,7 @@ async fn delete_with_a_missing_pool_names_the_setting() {
 
 #[tokio::test]
 async fn list_keeps_only_valid_marks_of_the_entry() {
-    // finding: E2, L9, M18
+    // finding: E2, M18
     let fake = fake_with_pool();
     let (a, b, c_uid, d) = (uid(20), uid(21), uid(22), uid(23));
     let t = "2026-11-29T10:00:00Z";
@@ -664,11 +664,73 @@ async fn list_keeps_only_valid_marks_of_the_entry() {
         "a hand-renamed domain must be flagged"
     );
     assert_eq!(got[0].created_at, created());
+    // The future mark reads as now (restamped at whole seconds, hence the second of slack).
     assert!(
-        got[1].created_at >= before && got[1].created_at <= after,
-        "a future mark must be clamped to now"
+        got[1].created_at >= before - Duration::from_secs(1) && got[1].created_at <= after,
+        "a future mark must read as now"
     );
     assert_eq!(got[0].id, id_of(&a));
+}
+
+#[tokio::test]
+async fn a_mark_dated_in_the_future_is_restamped_once_with_the_time_it_was_first_seen() {
+    // finding: L9
+    let fake = fake_with_pool();
+    let (a, b, c_uid) = (uid(26), uid(27), uid(28));
+    let far = "2099-01-01T00:00:00Z";
+    fake.add_domain(
+        DomainSpec::new(names::domain(ENTRY, &a))
+            .running()
+            .metadata(mark::NAMESPACE, mark_xml(&a.canonical(), ENTRY, far)),
+    )
+    .unwrap();
+    // Dated in the future but under a name not derived from its UID: GC never collects it,
+    // so the listing never writes to it.
+    fake.add_domain(
+        DomainSpec::new("renamed-by-hand")
+            .metadata(mark::NAMESPACE, mark_xml(&b.canonical(), ENTRY, far)),
+    )
+    .unwrap();
+    // A few seconds ahead (clock skew between replicas): clamped, not rewritten.
+    let soon = SystemTime::now() + Duration::from_secs(20);
+    fake.add_domain(
+        DomainSpec::new(names::domain(ENTRY, &c_uid))
+            .metadata(mark::NAMESPACE, mark::render(&c_uid, ENTRY, soon)),
+    )
+    .unwrap();
+    let c = open(&fake).await;
+    let before = SystemTime::now() - Duration::from_secs(1);
+    let first = list::list_owned(&c, ENTRY, "h1").await.unwrap();
+    let after = SystemTime::now();
+    let of = |l: &[egress_provider::OwnedInstance], u: ProxyUid| {
+        l.iter().find(|o| o.uid == u).unwrap().created_at
+    };
+    let stamped = of(&first, a);
+    assert!(stamped >= before && stamped <= after, "{stamped:?}");
+    let stored = fake
+        .domain_metadata(&names::domain(ENTRY, &a), mark::NAMESPACE)
+        .unwrap();
+    let m = mark::parse(&stored, ENTRY, SystemTime::now()).expect("still a valid mark");
+    assert_eq!((m.uid, m.recorded_at), (a, stamped), "{stored}");
+    assert!(
+        fake.domain_metadata("renamed-by-hand", mark::NAMESPACE)
+            .unwrap()
+            .contains(far),
+        "a domain GC may not collect is never written to"
+    );
+    assert!(
+        fake.domain_metadata(&names::domain(ENTRY, &c_uid), mark::NAMESPACE)
+            .unwrap()
+            == mark::render(&c_uid, ENTRY, soon),
+        "a mark within the skew tolerance is not rewritten"
+    );
+    // A later listing, on a new connection (an operator restart), reports the same time:
+    // the age grows from the first sighting instead of reading zero forever.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let c2 = open(&fake).await;
+    let second = list::list_owned(&c2, ENTRY, "h1").await.unwrap();
+    assert_eq!(of(&second, a), stamped);
+    assert!(SystemTime::now().duration_since(of(&second, a)).unwrap() >= Duration::from_secs(1));
 }
 
 #[tokio::test]

@@ -431,7 +431,7 @@ async fn delete_refuses_a_real_domain_named_like_ours_with_another_uids_mark() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_owned_on_real_libvirt_skips_padded_and_foreign_namespace_marks() {
-    // finding: E2, M18, L9
+    // finding: E2, M18
     run("list_owned", async {
         let entry = unique_entry();
         let (a, b, f) = (uid(5), uid(6), uid(7));
@@ -441,7 +441,7 @@ async fn list_owned_on_real_libvirt_skips_padded_and_foreign_namespace_marks() {
             names::domain(&entry, &b),
             names::domain(&entry, &f),
         );
-        // Ours, dated in the future (L9: clamped to now).
+        // Ours, dated in the future (reads as now).
         let _ga = DomainGuard::define(
             &na,
             &domain_xml(
@@ -487,7 +487,64 @@ async fn list_owned_on_real_libvirt_skips_padded_and_foreign_namespace_marks() {
         assert_eq!(got[0].uid, a);
         assert_eq!(got[0].id.name, na);
         assert!(got[0].name_matches_uid);
-        assert!(got[0].created_at >= before && got[0].created_at <= after);
+        assert!(got[0].created_at >= before - Duration::from_secs(1) && got[0].created_at <= after);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_libvirt_keeps_the_restamp_of_a_future_mark_in_the_live_and_persistent_definition() {
+    // finding: L9
+    run("restamping future marks", async {
+        let entry = unique_entry();
+        let (a, r) = (uid(8), uid(9));
+        let (na, nr) = (names::domain(&entry, &a), names::domain(&entry, &r));
+        let far = "2099-01-01T00:00:00Z";
+        let _ga = DomainGuard::define(
+            &na,
+            &domain_xml(
+                &na,
+                &raw_mark(mark::NAMESPACE, &a.canonical(), &entry, far),
+                "",
+            ),
+        );
+        let _gr = DomainGuard::define(
+            &nr,
+            &domain_xml(
+                &nr,
+                &raw_mark(mark::NAMESPACE, &r.canonical(), &entry, far),
+                "",
+            ),
+        );
+        virsh_ok(&["start", &nr]);
+        let (_sshd, c) = connect().await;
+        let got = list::list_owned(&c, &entry, "local").await.unwrap();
+        assert_eq!(got.len(), 2, "{got:?}");
+        let now = SystemTime::now();
+        for (name, u, places) in [
+            (&na, a, &["--config"][..]),
+            (&nr, r, &["--config", "--live"][..]),
+        ] {
+            let listed = got.iter().find(|o| o.uid == u).unwrap().created_at;
+            for place in places {
+                let stored = virsh_ok(&["metadata", name, mark::NAMESPACE, place]);
+                println!("eptest: {name} {place}: {stored}");
+                let m = mark::parse(&stored, &entry, now)
+                    .unwrap_or_else(|| panic!("not a mark after the restamp: {stored}"));
+                assert_eq!(
+                    (m.uid, m.recorded_at),
+                    (u, listed),
+                    "{name} {place}: {stored}"
+                );
+            }
+        }
+        // Restamped once: a later listing on a new connection reports the same times.
+        let (_sshd2, c2) = connect().await;
+        let again = list::list_owned(&c2, &entry, "local").await.unwrap();
+        for o in &got {
+            let same = again.iter().find(|x| x.uid == o.uid).unwrap();
+            assert_eq!(same.created_at, o.created_at);
+        }
     })
     .await;
 }

@@ -5,7 +5,9 @@
 //! `true`, whose UID is a canonical lowercase UUID with no padding, whose entry equals the
 //! expected entry exactly, and whose creation time is RFC 3339; anything else is `None`, and
 //! a domain without a valid mark is never touched. A creation time in the future is clamped
-//! to now.
+//! to now in [`Mark::created_at`]; the time as written stays in [`Mark::recorded_at`], so the
+//! listing can restamp a future-dated mark with the time it was first seen (see
+//! [`crate::libvirt::ops::list`]) and the age it reports then grows from that stamp.
 
 use std::time::SystemTime;
 
@@ -28,8 +30,10 @@ pub struct Mark {
     pub uid: ProxyUid,
     /// The provider entry.
     pub entry: String,
-    /// Creation time (never in the future).
+    /// Creation time (never in the future: a later recorded time reads as `now`).
     pub created_at: SystemTime,
+    /// The creation time exactly as recorded in the mark (may be in the future).
+    pub recorded_at: SystemTime,
 }
 
 /// The metadata XML written at define (the element libvirt stores under [`NAMESPACE`]).
@@ -46,6 +50,16 @@ pub fn render(uid: &ProxyUid, entry: &str, created_at: SystemTime) -> String {
         uid.canonical(),
         xml_escape(entry),
     )
+}
+
+/// The mark as [`render`] writes it, but without a namespace prefix: the form
+/// `DOMAIN_SET_METADATA` takes (libvirt puts the element under [`KEY`] and [`NAMESPACE`]
+/// itself). [`parse`] reads both forms alike.
+pub fn render_for_set_metadata(uid: &ProxyUid, entry: &str, created_at: SystemTime) -> String {
+    render(uid, entry, created_at)
+        .replace(&format!(" xmlns:{KEY}=\"{NAMESPACE}\""), "")
+        .replace(&format!("<{KEY}:"), "<")
+        .replace(&format!("</{KEY}:"), "</")
 }
 
 fn xml_escape(s: &str) -> String {
@@ -113,11 +127,12 @@ pub fn parse(xml: &str, entry: &str, now: SystemTime) -> Option<Mark> {
         return None;
     }
     let t = OffsetDateTime::parse(created.as_deref()?, &Rfc3339).ok()?;
-    let created_at = SystemTime::from(t).min(now);
+    let recorded_at = SystemTime::from(t);
     Some(Mark {
         uid,
         entry: entry.to_owned(),
-        created_at,
+        created_at: recorded_at.min(now),
+        recorded_at,
     })
 }
 
@@ -149,6 +164,9 @@ mod tests {
         assert_eq!(m.created_at, t);
         let lv = as_libvirt_returns(&uid().canonical(), "home", "2026-11-29T10:00:00Z");
         assert!(parse(&lv, "home", now).is_some());
+        let bare = render_for_set_metadata(&uid(), "home", t);
+        assert!(!bare.contains("ep:") && !bare.contains("xmlns"), "{bare}");
+        assert_eq!(parse(&bare, "home", now).unwrap().created_at, t);
     }
 
     #[test]
@@ -194,6 +212,12 @@ mod tests {
         // finding: L9
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000);
         let xml = as_libvirt_returns(&uid().canonical(), "home", "2099-01-01T00:00:00Z");
-        assert_eq!(parse(&xml, "home", now).unwrap().created_at, now);
+        let m = parse(&xml, "home", now).unwrap();
+        assert_eq!(m.created_at, now);
+        assert_eq!(
+            m.recorded_at,
+            SystemTime::UNIX_EPOCH + Duration::from_secs(4_070_908_800),
+            "the recorded time is kept so the listing can restamp it"
+        );
     }
 }

@@ -10,14 +10,25 @@
 //!   E2; another entry; unmanaged), is not listed; a domain that vanished between the listing
 //!   and the mark read is skipped;
 //! - `name_matches_uid` is true only when the domain's name equals the name derived from the
-//!   mark's UID (GC requires it); creation times are clamped to now by [`mark::parse`] (L9);
+//!   mark's UID (GC requires it); creation times are clamped to now by [`mark::parse`];
+//! - a stable age (finding L9): a mark recorded more than [`FUTURE_MARK_TOLERANCE`] in the
+//!   future (a wrong clock at define, a tampered mark) is rewritten, by the listing that first
+//!   sees it, with the listing's own time — so the instance's age grows from the moment it was
+//!   first seen, across operator restarts and for the one-shot `gc` command alike, instead of
+//!   reading zero forever. The rewrite happens only for a mark that parsed strictly as ours for
+//!   this entry on a domain named for the mark's UID (the only domains GC may collect; any
+//!   other domain is never written to), it writes the same mark format with only `createdAt`
+//!   changed (older readers parse it alike), to the persistent definition and, when running,
+//!   the live one. A failed rewrite is logged and the instance is listed with age zero (kept);
+//!   the next listing retries;
 //! - mark reads are pipelined on the one connection, at most [`MARK_READ_CONCURRENCY`] in
 //!   flight; the first failure drops the rest (dropping a call abandons only that call).
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use futures_util::stream::{self, StreamExt};
 use libvirt_remote::Client;
+use libvirt_remote::client::{AFFECT_CONFIG, AFFECT_LIVE};
 use libvirt_remote::proto::Domain;
 
 use super::{CODE_NO_DOMAIN, CODE_NO_DOMAIN_METADATA, classify, is_code};
@@ -30,6 +41,15 @@ use crate::model::{OwnedInstance, ProviderId};
 // and queues the rest; 4 keeps one slot for the other control calls sharing the pooled
 // connection, and 4 round trips in flight already hide the latency of an SSH link.
 pub const MARK_READ_CONCURRENCY: usize = 4;
+
+/// How far in the future a mark's creation time may be before the listing restamps it.
+// NB: marks are written with the operator's clock; two replicas (or a replica and the
+// one-shot `gc`) on machines whose clocks differ by a few seconds would otherwise rewrite
+// each other's fresh marks. Within this tolerance the time is only clamped to now, which
+// delays collection by at most the tolerance; beyond it, waiting is unbounded, so it is
+// restamped. One minute is far above NTP-synchronised skew and far below any minimum age
+// worth configuring.
+pub const FUTURE_MARK_TOLERANCE: Duration = Duration::from_secs(60);
 
 /// Every domain on the host `host_name` (connection `client`) carrying a valid mark of `entry`.
 /// Fails as a whole rather than returning a partial list.
@@ -86,6 +106,16 @@ async fn read_one(
         return Ok(None);
     };
     let name_matches_uid = dom.name == names::domain(entry, &m.uid);
+    let mut created_at = m.created_at;
+    if name_matches_uid
+        && m.recorded_at
+            > now
+                .checked_add(FUTURE_MARK_TOLERANCE)
+                .unwrap_or(SystemTime::UNIX_EPOCH)
+    {
+        // finding: L9 — restamp with the time it was first seen; the age grows from here.
+        created_at = restamp(client, &dom, &m, host_name, now).await;
+    }
     Ok(Some(OwnedInstance {
         id: ProviderId {
             entry: entry.to_owned(),
@@ -93,7 +123,52 @@ async fn read_one(
             name: dom.name,
         },
         uid: m.uid,
-        created_at: m.created_at,
+        created_at,
         name_matches_uid,
     }))
+}
+
+/// Rewrites the future-dated mark `m` of `dom` with `now` (seconds precision, as every mark);
+/// returns the creation time to report: the stamp when written, else `m.created_at` (now).
+async fn restamp(
+    client: &Client,
+    dom: &Domain,
+    m: &mark::Mark,
+    host_name: &str,
+    now: SystemTime,
+) -> SystemTime {
+    let xml = mark::render_for_set_metadata(&m.uid, &m.entry, now);
+    // NB: a running domain has a live and a persistent definition; writing only the live one
+    // would bring the future date back at its next start. `id` is -1 when inactive; a domain
+    // that started or stopped since the listing fails this write and is restamped next time.
+    let flags = if dom.id > 0 {
+        AFFECT_LIVE | AFFECT_CONFIG
+    } else {
+        AFFECT_CONFIG
+    };
+    match client
+        .domain_set_metadata(dom, Some(&xml), mark::KEY, mark::NAMESPACE, flags)
+        .await
+    {
+        Ok(()) => {
+            tracing::info!(
+                domain = %dom.name,
+                host = host_name,
+                "restamped a mark dated in the future with the time it was first seen"
+            );
+            // The stamp as written (whole seconds), so every later listing reports the same.
+            mark::parse(&mark::render(&m.uid, &m.entry, now), &m.entry, now)
+                .map_or(m.created_at, |w| w.created_at)
+        }
+        Err(e) => {
+            tracing::warn!(
+                domain = %dom.name,
+                host = host_name,
+                error = %e,
+                "could not restamp a mark dated in the future; it reads as age zero until a \
+                 later listing restamps it"
+            );
+            m.created_at
+        }
+    }
 }

@@ -3,7 +3,9 @@
 //! loaded and first adoption done), `GET /proxies` (JSON: every Proxy's row with its health
 //! and egress IP), `GET /hosts` (JSON: every host's last check, [`HostHealth`]) and
 //! `GET /healthy.txt` (one `ip:port` per line of every Running proxy the health engine
-//! decided healthy, sorted; empty when none is or health checks are off).
+//! decided healthy, sorted; empty when none is or health checks are off). A listener may
+//! answer only a subset ([`Routes`]): Kubernetes mode serves the probes on its main port and
+//! the status views only on an opt-in second one.
 //!
 //! Guarantees: request handling is bounded — at most [`MAX_CONNECTIONS`] connections at a
 //! time (others wait in the kernel backlog), headers must arrive within
@@ -111,14 +113,52 @@ fn respond(code: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Resp
     r
 }
 
+/// Which routes a listener answers; the others are 404.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routes {
+    /// Every route (standalone mode: one loopback listener).
+    All,
+    /// `/metrics`, `/healthz` and `/readyz` only: what a port reachable from a whole cluster
+    /// may show (no Proxy names, addresses or host errors).
+    Probes,
+    /// `/status`, `/proxies`, `/hosts` and `/healthy.txt` only (Kubernetes mode's opt-in
+    /// status listener).
+    Status,
+}
+
+impl Routes {
+    /// Whether `path` is served under this set.
+    pub fn serves(self, path: &str) -> bool {
+        let probe = matches!(path, "/metrics" | "/healthz" | "/readyz");
+        match self {
+            Self::All => true,
+            Self::Probes => probe,
+            Self::Status => !probe,
+        }
+    }
+}
+
 /// Answers one request (pure with respect to the network: no I/O besides `ep`).
 pub fn handle(ep: &dyn Endpoints, method: &Method, path: &str) -> Response<Full<Bytes>> {
+    handle_routes(ep, Routes::All, method, path)
+}
+
+/// [`handle`] restricted to `routes`: any other path is 404 whatever it would have answered.
+pub fn handle_routes(
+    ep: &dyn Endpoints,
+    routes: Routes,
+    method: &Method,
+    path: &str,
+) -> Response<Full<Bytes>> {
     if method != Method::GET && method != Method::HEAD {
         return respond(
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
             "only GET is served\n",
         );
+    }
+    if !routes.serves(path) {
+        return respond(StatusCode::NOT_FOUND, "text/plain", "not found\n");
     }
     match path {
         "/status" => match serde_json::to_vec(&ep.status()) {
@@ -157,8 +197,19 @@ pub fn handle(ep: &dyn Endpoints, method: &Method, path: &str) -> Response<Full<
     }
 }
 
-/// Serves `listener` until `shutdown` fires. Connections in flight end on their own deadline.
+/// Serves every route on `listener` until `shutdown` fires. Connections in flight end on
+/// their own deadline.
 pub async fn serve(listener: TcpListener, ep: Arc<dyn Endpoints>, shutdown: CancellationToken) {
+    serve_routes(listener, ep, Routes::All, shutdown).await;
+}
+
+/// [`serve`] answering only `routes` (any other path is 404).
+pub async fn serve_routes(
+    listener: TcpListener,
+    ep: Arc<dyn Endpoints>,
+    routes: Routes,
+    shutdown: CancellationToken,
+) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let permit = tokio::select! {
@@ -185,7 +236,7 @@ pub async fn serve(listener: TcpListener, ep: Arc<dyn Endpoints>, shutdown: Canc
         tokio::spawn(async move {
             let _permit = permit;
             let svc = service_fn(move |req: Request<Incoming>| {
-                let r = handle(ep.as_ref(), req.method(), req.uri().path());
+                let r = handle_routes(ep.as_ref(), routes, req.method(), req.uri().path());
                 async move { Ok::<_, Infallible>(r) }
             });
             let mut builder = http1::Builder::new();
@@ -251,6 +302,25 @@ mod tests {
             handle(&ep, &Method::POST, "/status").status(),
             StatusCode::METHOD_NOT_ALLOWED
         );
+    }
+
+    #[test]
+    fn a_restricted_listener_answers_only_its_routes() {
+        let ep = Fixed(true);
+        for path in ["/metrics", "/healthz", "/readyz"] {
+            let probes = handle_routes(&ep, Routes::Probes, &Method::GET, path);
+            assert_eq!(probes.status(), StatusCode::OK, "{path}");
+            let status = handle_routes(&ep, Routes::Status, &Method::GET, path);
+            assert_eq!(status.status(), StatusCode::NOT_FOUND, "{path}");
+        }
+        for path in ["/status", "/proxies", "/hosts", "/healthy.txt"] {
+            let probes = handle_routes(&ep, Routes::Probes, &Method::GET, path);
+            assert_eq!(probes.status(), StatusCode::NOT_FOUND, "{path}");
+            let status = handle_routes(&ep, Routes::Status, &Method::GET, path);
+            assert_eq!(status.status(), StatusCode::OK, "{path}");
+            let all = handle_routes(&ep, Routes::All, &Method::GET, path);
+            assert_eq!(all.status(), StatusCode::OK, "{path}");
+        }
     }
 
     #[tokio::test]

@@ -5,13 +5,22 @@
 //!
 //! Guarantees: least privilege by construction. A call the driver makes that is not listed
 //! here would be refused by the API server in a real cluster; a verb listed here that the
-//! driver does not use is a grant to remove. Keep the table and the calls together.
+//! driver does not use is a grant to remove. Keep the table and the calls together. Each
+//! grant has the narrowest [`Scope`] the driver can work with: what it touches only in the
+//! namespaces it watches (Proxies, their Secrets, Services, EndpointSlices and Events) is a
+//! Role in the watched namespace when one namespace is watched, and cluster-wide only when
+//! every namespace is; only the cluster-scoped ProviderHealth is always cluster-wide.
 
 /// Where a grant applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scope {
-    /// In every namespace (a ClusterRole bound by a ClusterRoleBinding).
+    /// Cluster-wide always (a ClusterRole bound by a ClusterRoleBinding): cluster-scoped
+    /// resources.
     Cluster,
+    /// In the namespaces whose Proxies the operator watches: a Role and RoleBinding in the
+    /// watched namespace when one is (`--namespace`, the chart's `watchNamespace`), a
+    /// ClusterRole when every namespace is watched.
+    WatchedNamespaces,
     /// Only in the operator's own namespace (a Role bound by a RoleBinding).
     OperatorNamespace,
 }
@@ -29,17 +38,26 @@ pub struct ApiAccess {
     pub verbs: &'static [&'static str],
 }
 
-/// Proxies: watched by the controller and listed for GC's live set (list, watch), finalizer
-/// added and removed with a patch.
+/// Proxies: watched by the controller (list, watch), finalizer added and removed with a
+/// patch.
 pub const PROXIES: ApiAccess = ApiAccess {
-    scope: Scope::Cluster,
+    scope: Scope::WatchedNamespaces,
     group: crate::api::GROUP,
     resource: "proxies",
     verbs: &["list", "patch", "watch"],
 };
+/// Proxies of every namespace, listed (metadata only) for GC's live set: an instance on a
+/// shared host may belong to a Proxy another installation watches, so GC must see every
+/// namespace's Proxies even when this one watches a single namespace. Read-only.
+pub const PROXIES_LIVE_SET: ApiAccess = ApiAccess {
+    scope: Scope::Cluster,
+    group: crate::api::GROUP,
+    resource: "proxies",
+    verbs: &["list"],
+};
 /// Proxy status: written with server-side apply (a patch).
 pub const PROXIES_STATUS: ApiAccess = ApiAccess {
-    scope: Scope::Cluster,
+    scope: Scope::WatchedNamespaces,
     group: crate::api::GROUP,
     resource: "proxies/status",
     verbs: &["patch"],
@@ -47,7 +65,7 @@ pub const PROXIES_STATUS: ApiAccess = ApiAccess {
 /// Proxy finalizers: setting a finalizer needs `update` on this subresource where the
 /// OwnerReferencesPermissionEnforcement admission plugin is on.
 pub const PROXIES_FINALIZERS: ApiAccess = ApiAccess {
-    scope: Scope::Cluster,
+    scope: Scope::WatchedNamespaces,
     group: crate::api::GROUP,
     resource: "proxies/finalizers",
     verbs: &["update"],
@@ -68,10 +86,10 @@ pub const PROVIDER_HEALTHS_STATUS: ApiAccess = ApiAccess {
     resource: "providerhealths/status",
     verbs: &["patch"],
 };
-/// Events (events.k8s.io/v1, as kube-runtime's recorder writes them): created, and patched
-/// when a repeated event becomes a series.
+/// Events (events.k8s.io/v1, as kube-runtime's recorder writes them), only about Proxies (so
+/// in the Proxy's namespace): created, and patched when a repeated event becomes a series.
 pub const EVENTS: ApiAccess = ApiAccess {
-    scope: Scope::Cluster,
+    scope: Scope::WatchedNamespaces,
     group: "events.k8s.io",
     resource: "events",
     verbs: &["create", "patch"],
@@ -80,7 +98,7 @@ pub const EVENTS: ApiAccess = ApiAccess {
 /// every reconcile and re-read on an interval (never listed or watched, so the operator
 /// cannot read every Secret of the cluster in bulk).
 pub const SECRETS: ApiAccess = ApiAccess {
-    scope: Scope::Cluster,
+    scope: Scope::WatchedNamespaces,
     group: "",
     resource: "secrets",
     verbs: &["get"],
@@ -89,7 +107,7 @@ pub const SECRETS: ApiAccess = ApiAccess {
 /// (patch; create when new), listed by label at the start of a term to find stale ones,
 /// deleted when the group empties.
 pub const SERVICES: ApiAccess = ApiAccess {
-    scope: Scope::Cluster,
+    scope: Scope::WatchedNamespaces,
     group: "",
     resource: "services",
     verbs: &["create", "delete", "list", "patch"],
@@ -97,7 +115,7 @@ pub const SERVICES: ApiAccess = ApiAccess {
 /// EndpointSlices the operator publishes healthy proxies' addresses in: the same life cycle
 /// as their Service.
 pub const ENDPOINT_SLICES: ApiAccess = ApiAccess {
-    scope: Scope::Cluster,
+    scope: Scope::WatchedNamespaces,
     group: "discovery.k8s.io",
     resource: "endpointslices",
     verbs: &["create", "delete", "list", "patch"],
@@ -114,6 +132,7 @@ pub const LEASES: ApiAccess = ApiAccess {
 /// Every grant the operator needs, and nothing else.
 pub const API_ACCESS: &[ApiAccess] = &[
     PROXIES,
+    PROXIES_LIVE_SET,
     PROXIES_STATUS,
     PROXIES_FINALIZERS,
     PROVIDER_HEALTHS,
@@ -128,6 +147,21 @@ pub const API_ACCESS: &[ApiAccess] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_cluster_scoped_resources_and_the_gc_live_set_are_granted_cluster_wide() {
+        let cluster: Vec<&str> = API_ACCESS
+            .iter()
+            .filter(|a| a.scope == Scope::Cluster)
+            .map(|a| a.resource)
+            .collect();
+        assert_eq!(cluster, ["proxies", "providerhealths", "providerhealths/status"]);
+        assert_eq!(PROXIES_LIVE_SET.verbs, ["list"], "read-only across namespaces");
+        for a in [SECRETS, SERVICES, ENDPOINT_SLICES, EVENTS, PROXIES] {
+            assert_eq!(a.scope, Scope::WatchedNamespaces, "{a:?}");
+        }
+        assert_eq!(LEASES.scope, Scope::OperatorNamespace);
+    }
 
     #[test]
     fn every_grant_lists_sorted_unique_verbs_and_each_resource_once() {

@@ -240,21 +240,41 @@ fn every_flag_the_manifest_passes_is_one_the_binary_accepts() {
     }
 }
 
-/// (scope, group, resource, verb) for every grant of the rendered Roles and ClusterRoles.
-fn granted(objs: &[Value]) -> BTreeSet<(Scope, String, String, String)> {
+/// Where a grant applies: `None` cluster-wide (a ClusterRole), `Some(ns)` in one namespace (a
+/// Role).
+type Grant = (Option<String>, String, String, String);
+
+/// (where, group, resource, verb) for every grant of the rendered Roles and ClusterRoles,
+/// each bound to the operator's ServiceAccount by a binding of the same name and namespace.
+fn granted(objs: &[Value]) -> BTreeSet<Grant> {
     let mut out = BTreeSet::new();
-    for (kind, scope) in [
-        ("ClusterRole", Scope::Cluster),
-        ("Role", Scope::OperatorNamespace),
-    ] {
-        for rule in object(objs, kind)["rules"].as_array().unwrap() {
+    for role in objs
+        .iter()
+        .filter(|o| o["kind"] == "ClusterRole" || o["kind"] == "Role")
+    {
+        let ns = role["metadata"]["namespace"].as_str().map(str::to_owned);
+        let binding = format!("{}Binding", role["kind"].as_str().unwrap());
+        let bound = objs.iter().any(|b| {
+            b["kind"] == binding.as_str()
+                && b["metadata"]["namespace"] == role["metadata"]["namespace"]
+                && b["roleRef"]["name"] == role["metadata"]["name"]
+                && b["subjects"][0]["name"] == "egress-proxies"
+                && b["subjects"][0]["namespace"] == "egress-proxies"
+        });
+        assert!(
+            bound,
+            "{} {} is bound",
+            role["kind"], role["metadata"]["name"]
+        );
+        for rule in role["rules"].as_array().unwrap() {
             assert!(rule["resourceNames"].is_null() && rule["nonResourceURLs"].is_null());
             for g in strings(&rule["apiGroups"]) {
                 for r in strings(&rule["resources"]) {
                     for v in strings(&rule["verbs"]) {
                         assert_ne!(v, "*", "no wildcard verbs");
                         assert_ne!(r, "*", "no wildcard resources");
-                        assert!(out.insert((scope, g.clone(), r.clone(), v)), "duplicate");
+                        let grant = (ns.clone(), g.clone(), r.clone(), v);
+                        assert!(out.insert(grant.clone()), "duplicate {grant:?}");
                     }
                 }
             }
@@ -263,24 +283,32 @@ fn granted(objs: &[Value]) -> BTreeSet<(Scope, String, String, String)> {
     out
 }
 
-#[test]
-fn rbac_grants_exactly_the_verbs_and_resources_the_driver_calls() {
-    let want: BTreeSet<(Scope, String, String, String)> = API_ACCESS
+/// The grants `API_ACCESS` asks for when `watched` is the one watched namespace (`None`:
+/// every namespace).
+fn wanted(watched: Option<&str>) -> BTreeSet<Grant> {
+    API_ACCESS
         .iter()
         .flat_map(|a| {
-            a.verbs.iter().map(|v| {
+            let at = match a.scope {
+                Scope::Cluster => None,
+                Scope::OperatorNamespace => Some("egress-proxies".to_owned()),
+                Scope::WatchedNamespaces => watched.map(str::to_owned),
+            };
+            a.verbs.iter().map(move |v| {
                 (
-                    a.scope,
+                    at.clone(),
                     a.group.to_owned(),
                     a.resource.to_owned(),
                     (*v).to_owned(),
                 )
             })
         })
-        .collect();
-    let got = granted(&manifests());
-    let extra: Vec<_> = got.difference(&want).collect();
-    let missing: Vec<_> = want.difference(&got).collect();
+        .collect()
+}
+
+fn assert_grants(got: &BTreeSet<Grant>, want: &BTreeSet<Grant>) {
+    let extra: Vec<_> = got.difference(want).collect();
+    let missing: Vec<_> = want.difference(got).collect();
     assert!(
         extra.is_empty() && missing.is_empty(),
         "RBAC differs from egress_kube::rbac::API_ACCESS: granted but unused {extra:?}; \
@@ -288,23 +316,151 @@ fn rbac_grants_exactly_the_verbs_and_resources_the_driver_calls() {
     );
 }
 
+/// The chart rendered by real Helm with `values` (JSON) over its defaults.
+fn render(values: &str) -> Vec<Value> {
+    let out = Command::new(repo().join("scripts/render-chart"))
+        .args(["--print", values])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "render with {values}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
 #[test]
-fn the_chart_renders_the_same_rbac_and_its_values_hold_the_rendered_settings() {
-    // The rules are untemplated in the chart: they must be the rendered ones, byte for byte.
-    let rules = |s: &str| -> Vec<String> {
-        s.split("\n---\n")
-            .filter_map(|doc| doc.split_once("rules:\n").map(|(_, r)| r))
-            .map(|r| {
-                r.lines()
-                    .take_while(|l| l.starts_with("  ") || l.is_empty())
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            })
-            .collect()
-    };
-    let chart = read("deploy/helm/egress-proxies/templates/rbac.yaml");
-    assert_eq!(rules(&chart), rules(&read("deploy/manifests/rbac.yaml")));
-    assert_eq!(rules(&chart).len(), 2);
+fn rbac_grants_exactly_the_verbs_and_resources_the_driver_calls() {
+    // Every namespace watched (the defaults): the namespaced grants are cluster-wide.
+    assert_grants(&granted(&manifests()), &wanted(None));
+}
+
+#[test]
+fn with_one_watched_namespace_secrets_services_slices_and_events_are_granted_only_there() {
+    let objs = render(r#"{"watchNamespace":"team-a"}"#);
+    let got = granted(&objs);
+    assert_grants(&got, &wanted(Some("team-a")));
+    for (at, _, resource, _) in &got {
+        if at.is_none() {
+            assert!(
+                matches!(
+                    resource.as_str(),
+                    "providerhealths" | "providerhealths/status" | "proxies"
+                ),
+                "cluster-wide grant on {resource}"
+            );
+        }
+    }
+    assert!(got.contains(&(
+        Some("team-a".into()),
+        String::new(),
+        "secrets".into(),
+        "get".into()
+    )));
+    let c = &object(&objs, "Deployment")["spec"]["template"]["spec"]["containers"][0];
+    assert!(strings(&c["args"]).contains(&"--namespace=team-a".to_owned()));
+}
+
+#[test]
+fn the_status_views_are_off_by_default_and_on_their_own_port_when_enabled() {
+    let default = manifests();
+    let c = &object(&default, "Deployment")["spec"]["template"]["spec"]["containers"][0];
+    assert!(
+        !strings(&c["args"])
+            .iter()
+            .any(|a| a.starts_with("--status-listen")),
+        "status views are off by default"
+    );
+    let objs = render(r#"{"status":{"enabled":true}}"#);
+    let c = &object(&objs, "Deployment")["spec"]["template"]["spec"]["containers"][0];
+    let args = strings(&c["args"]);
+    assert!(
+        args.contains(&"--status-listen=127.0.0.1:8081".to_owned()),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&"--listen=0.0.0.0:8080".to_owned()),
+        "{args:?}"
+    );
+    // No Service exposes the status port.
+    let svc = object(&objs, "Service");
+    for p in svc["spec"]["ports"].as_array().unwrap() {
+        assert_eq!(p["targetPort"], "metrics");
+    }
+}
+
+#[test]
+fn the_network_policy_admits_only_the_metrics_port_from_the_listed_peers() {
+    assert!(!manifests().iter().any(|o| o["kind"] == "NetworkPolicy"));
+    let objs = render(
+        r#"{"networkPolicy":{"enabled":true,"metricsFrom":[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]}}"#,
+    );
+    let np = object(&objs, "NetworkPolicy");
+    let pod = &object(&objs, "Deployment")["spec"]["template"];
+    for (k, v) in np["spec"]["podSelector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+    {
+        assert_eq!(
+            &pod["metadata"]["labels"][k], v,
+            "selects the operator's pods"
+        );
+    }
+    assert_eq!(strings(&np["spec"]["policyTypes"]), ["Ingress"]);
+    let ingress = np["spec"]["ingress"].as_array().unwrap();
+    assert_eq!(ingress.len(), 1, "{ingress:?}");
+    assert_eq!(ingress[0]["ports"][0]["port"], "metrics");
+    assert_eq!(
+        ingress[0]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "monitoring"
+    );
+    // A status port reachable beyond loopback gets its own rule.
+    let objs = render(
+        r#"{"networkPolicy":{"enabled":true},"status":{"enabled":true,"address":"0.0.0.0"}}"#,
+    );
+    let ingress = object(&objs, "NetworkPolicy")["spec"]["ingress"].clone();
+    assert_eq!(ingress[1]["ports"][0]["port"], "status");
+}
+
+#[test]
+fn every_object_carries_the_standard_labels_and_the_chart_needs_kubernetes_1_31() {
+    for o in manifests() {
+        let l = &o["metadata"]["labels"];
+        assert_eq!(l["helm.sh/chart"], "egress-proxies-0.1.0", "{}", o["kind"]);
+        for k in [
+            "app.kubernetes.io/name",
+            "app.kubernetes.io/instance",
+            "app.kubernetes.io/version",
+            "app.kubernetes.io/component",
+            "app.kubernetes.io/part-of",
+            "app.kubernetes.io/managed-by",
+        ] {
+            assert!(l[k].is_string(), "{} lacks {k}", o["kind"]);
+        }
+    }
+    let chart_meta: Value =
+        serde_saphyr::from_str(&read("deploy/helm/egress-proxies/Chart.yaml")).unwrap();
+    // The Proxy CRD's CEL rules call isCIDR(), which Kubernetes has from 1.31.
+    assert_eq!(chart_meta["kubeVersion"], ">=1.31.0-0");
+    assert!(read("deploy/crds/proxies.egress-proxies.dev.yaml").contains("isCIDR"));
+}
+
+#[test]
+fn an_empty_image_repository_fails_the_render_with_a_reason() {
+    let out = Command::new(repo().join("scripts/render-chart"))
+        .args(["--print", r#"{"image":{"repository":""}}"#])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("image.repository is required"), "{err}");
+}
+
+#[test]
+fn the_chart_values_hold_the_rendered_settings() {
     let values: Value =
         serde_saphyr::from_str(&read("deploy/helm/egress-proxies/values.yaml")).unwrap();
     let objs = manifests();

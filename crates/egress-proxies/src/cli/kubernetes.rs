@@ -1,17 +1,22 @@
-//! `egress-proxies kubernetes`: the Kubernetes driver ([`egress_kube::run`]) with its
-//! `/metrics`, `/healthz`, `/readyz` and status views served by the shared HTTP server
-//! ([`egress_core::web::serve`]).
+//! `egress-proxies kubernetes`: the Kubernetes driver ([`egress_kube::run`]) with `/metrics`,
+//! `/healthz` and `/readyz` on `--listen`, and the status views (`/status`, `/proxies`,
+//! `/hosts`, `/healthy.txt`) only on `--status-listen` when it is given, both served by the
+//! shared HTTP server ([`egress_core::web::serve_routes`]).
 //!
 //! Guarantees: the flags are exactly those the Helm chart (deploy/helm/egress-proxies) passes;
-//! a bad health flag is a usage error (exit 2); an address it cannot bind, or a driver error,
-//! is exit 1; SIGTERM/SIGINT stop it gracefully (exit 0).
+//! GC, deadline, shutdown and health flags are the same definition as `standalone`'s
+//! ([`super::DriverArgs`]); the status views (Proxy names, addresses, host errors) are never on
+//! the main listener, which a whole cluster may reach; a bad flag is a usage error (exit 2);
+//! an address it cannot bind, or a driver error, is exit 1; SIGTERM/SIGINT stop it gracefully
+//! (exit 0). Without `POD_NAME`/`--identity` the Lease identity is the machine's hostname.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use egress_core::web::Routes;
 
-use super::{ConfigArg, EXIT_OK, HealthArgs};
+use super::{ConfigArg, DriverArgs, EXIT_OK, UsageError};
 
 /// Arguments of `kubernetes`. The Helm chart (deploy/helm/egress-proxies) passes exactly
 /// these flags; keep the two in step.
@@ -25,45 +30,90 @@ pub struct KubernetesArgs {
     /// Watch Proxies of this namespace only (default: every namespace).
     #[arg(long, value_name = "NAMESPACE")]
     namespace: Option<String>,
-    /// Address for /metrics, /healthz and /readyz.
+    /// Address for /metrics, /healthz and /readyz (nothing else is served there).
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8080")]
     listen: std::net::SocketAddr,
+    /// Address for the status views /status, /proxies, /hosts and /healthy.txt (Proxy names,
+    /// addresses and host errors, without authentication); off unless given. Keep it on
+    /// loopback or behind a NetworkPolicy.
+    #[arg(long, value_name = "ADDR")]
+    status_listen: Option<std::net::SocketAddr>,
     /// Name of the leader-election Lease.
     #[arg(long, value_name = "NAME", default_value = "egress-proxies-leader")]
     lease_name: String,
     /// Namespace of the Lease: the operator's own (the chart sets it from the pod's).
     #[arg(long, value_name = "NAMESPACE", env = "POD_NAMESPACE")]
     lease_namespace: String,
-    /// This replica's identity in the Lease (the chart sets the pod's name).
+    /// This replica's identity in the Lease (the chart sets the pod's name); default: the
+    /// machine's hostname (a pod's hostname is its name).
     #[arg(long, value_name = "ID", env = "POD_NAME")]
-    identity: String,
+    identity: Option<String>,
+    /// GC, host checks, deadlines, shutdown and proxy health (shared with `standalone`).
     #[command(flatten)]
-    health: HealthArgs,
+    driver: DriverArgs,
+}
+
+/// The machine's hostname (`/proc/sys/kernel/hostname`, else `$HOSTNAME`), trimmed.
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
 }
 
 /// Runs the Kubernetes driver until a signal.
 pub async fn run(a: KubernetesArgs) -> anyhow::Result<u8> {
-    tracing::info!(version = env!("CARGO_PKG_VERSION"), identity = %a.identity, "egress-proxies kubernetes starting");
-    let health = a.health.settings()?;
+    let identity = match a.identity.filter(|i| !i.is_empty()).or_else(hostname) {
+        Some(i) => i,
+        None => {
+            return Err(UsageError::new(
+                "no Lease identity: set POD_NAME or --identity (the hostname is unknown)",
+            )
+            .into());
+        }
+    };
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), identity = %identity, "egress-proxies kubernetes starting");
+    let d = a.driver;
+    let health = d.health.settings()?;
     let lease =
-        egress_kube::leader::LeaseSettings::new(&a.lease_name, &a.lease_namespace, &a.identity);
+        egress_kube::leader::LeaseSettings::new(&a.lease_name, &a.lease_namespace, &identity);
     let mut opts = egress_kube::KubeOptions::new(a.config.config, lease);
     opts.ssh_dir = a.ssh_dir;
     opts.namespace = a.namespace;
+    opts.gc_interval = d.gc_interval;
+    opts.gc.min_age = d.gc_min_age;
+    opts.gc.dry_run = d.gc_dry_run;
+    opts.check_interval = d.check_interval;
+    opts.controller.provisioning_deadline = d.provisioning_deadline;
+    if let Some(g) = d.shutdown_grace {
+        opts.shutdown_grace = g;
+    }
     let observer = Arc::new(egress_kube::Observer::new(health));
     let shutdown = egress_standalone::shutdown_on_signals();
-    let listener = tokio::net::TcpListener::bind(a.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", a.listen))?;
-    tracing::info!(listen = %a.listen, "serving /metrics, /healthz, /readyz");
-    let server = tokio::spawn(egress_core::web::serve(
-        listener,
-        observer.clone(),
-        shutdown.clone(),
-    ));
+    let mut servers = Vec::new();
+    for (addr, routes, what) in
+        std::iter::once((a.listen, Routes::Probes, "/metrics, /healthz, /readyz")).chain(
+            a.status_listen
+                .map(|s| (s, Routes::Status, "/status, /proxies, /hosts, /healthy.txt")),
+        )
+    {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        tracing::info!(listen = %addr, "serving {what}");
+        servers.push(tokio::spawn(egress_core::web::serve_routes(
+            listener,
+            observer.clone(),
+            routes,
+            shutdown.clone(),
+        )));
+    }
     let r = egress_kube::run(opts, observer, shutdown.clone()).await;
     shutdown.cancel();
-    let _ = server.await;
+    for s in servers {
+        let _ = s.await;
+    }
     r?;
     Ok(EXIT_OK)
 }

@@ -47,9 +47,24 @@ Start here: `egress-proxies check --config providers.yaml` validates the file an
 #[derive(Debug, Parser)]
 #[command(name = "egress-proxies", version, after_help = AFTER_HELP)]
 pub struct Cli {
+    /// Log format on stderr: `text` (coloured only when stderr is a terminal) or `json` (one
+    /// JSON object per line, for log collectors).
+    #[arg(long, global = true, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Text,
+          env = "EGRESS_PROXIES_LOG_FORMAT")]
+    pub log_format: LogFormat,
     /// The command to run.
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines; ANSI colour only when stderr is a terminal (never in
+    /// `kubectl logs` or a file).
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `fields`, `spans`); never coloured.
+    Json,
 }
 
 /// One `egress-proxies` command.
@@ -130,7 +145,7 @@ pub struct ConfigArg {
 /// Runs `cli` to completion and returns the process exit code. Installs the tracing
 /// subscriber (stderr, `RUST_LOG`) first; prints any failure to stderr.
 pub fn run(cli: Cli) -> ExitCode {
-    init_tracing(default_log_level(&cli.command));
+    init_tracing(default_log_level(&cli.command), cli.log_format);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -179,15 +194,56 @@ fn default_log_level(cmd: &Command) -> &'static str {
     }
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (falling back to `default` when unset or invalid).
-fn init_tracing(default: &str) {
+/// Logs to stderr in `format`, filtered by `RUST_LOG` (falling back to `default` when unset or
+/// invalid). Text is coloured only when stderr is a terminal.
+fn init_tracing(default: &str, format: LogFormat) {
+    use std::io::IsTerminal as _;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
+        .with_target(false);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+        LogFormat::Json => builder.json().with_ansi(false).try_init(),
+    };
+}
+
+/// The settings both drivers (`standalone`, `kubernetes`) take, defined once so the two
+/// commands cannot drift apart: orphan GC (with dry run), host checks, the provisioning
+/// deadline, the shutdown grace and proxy health checks.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DriverArgs {
+    /// Interval between orphan-collection passes (e.g. 10m).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
+          default_value = "10m")]
+    pub gc_interval: std::time::Duration,
+    /// GC keeps anything younger than this.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
+          default_value = "10m")]
+    pub gc_min_age: std::time::Duration,
+    /// GC only reports what it would delete.
+    #[arg(long)]
+    pub gc_dry_run: bool,
+    /// Interval between host checks.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
+          default_value = "30s")]
+    pub check_interval: std::time::Duration,
+    /// How long a Proxy may take from create to reporting an address.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
+          default_value = "15m")]
+    pub provisioning_deadline: std::time::Duration,
+    /// Time given to creates and deletes in flight at shutdown [default: 60s in standalone;
+    /// 20s in kubernetes, within a pod's termination grace with time left to release the
+    /// Lease].
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Option<std::time::Duration>,
+    /// Proxy health checks (through each proxy, to an echo target).
+    #[command(flatten)]
+    pub health: HealthArgs,
 }
 
 /// Proxy health-check arguments (shared by the drivers' commands).

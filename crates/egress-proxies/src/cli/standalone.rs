@@ -8,7 +8,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use super::{EXIT_FAILED, EXIT_OK, UsageError};
 use egress_standalone::{self as standalone, StandaloneError, StandaloneOptions};
@@ -31,32 +30,9 @@ pub struct StandaloneArgs {
     #[arg(long, value_name = "N", default_value_t = standalone::DEFAULT_WORKERS,
           value_parser = clap::value_parser!(usize))]
     workers: usize,
-    /// Interval between orphan-collection passes (e.g. 10m).
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
-          default_value = "10m")]
-    gc_interval: Duration,
-    /// GC keeps anything younger than this.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
-          default_value = "10m")]
-    gc_min_age: Duration,
-    /// GC only reports what it would delete.
-    #[arg(long)]
-    gc_dry_run: bool,
-    /// Interval between host checks.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
-          default_value = "30s")]
-    check_interval: Duration,
-    /// How long a Proxy may take from create to reporting an address.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
-          default_value = "15m")]
-    provisioning_deadline: Duration,
-    /// Time given to creates and deletes in flight at shutdown.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
-          default_value = "60s")]
-    shutdown_grace: Duration,
-    /// Proxy health checks (through each proxy, to an echo target).
+    /// GC, host checks, deadlines, shutdown and proxy health (shared with `kubernetes`).
     #[command(flatten)]
-    health: super::HealthArgs,
+    driver: super::DriverArgs,
 }
 
 /// Runs `standalone` until a signal.
@@ -68,13 +44,16 @@ pub async fn run(a: StandaloneArgs) -> anyhow::Result<u8> {
     opts.config_path = a.config;
     opts.listen = a.listen;
     opts.workers = a.workers;
-    opts.gc_interval = a.gc_interval;
-    opts.gc.min_age = a.gc_min_age;
-    opts.gc.dry_run = a.gc_dry_run;
-    opts.check_interval = a.check_interval;
-    opts.controller.provisioning_deadline = a.provisioning_deadline;
-    opts.shutdown_grace = a.shutdown_grace;
-    opts.health = a.health.settings()?;
+    let d = a.driver;
+    opts.gc_interval = d.gc_interval;
+    opts.gc.min_age = d.gc_min_age;
+    opts.gc.dry_run = d.gc_dry_run;
+    opts.check_interval = d.check_interval;
+    opts.controller.provisioning_deadline = d.provisioning_deadline;
+    opts.shutdown_grace = d
+        .shutdown_grace
+        .unwrap_or(standalone::DEFAULT_SHUTDOWN_GRACE);
+    opts.health = d.health.settings()?;
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         listen = %opts.listen,

@@ -1,7 +1,7 @@
 //! An in-process fake Kubernetes API server for tests: a tower `Service` behind
 //! [`kube::Client`] that keeps objects in memory, so a real kube-runtime `Controller`, the
 //! event `Recorder` and a Lease-based elector can run end to end without a cluster (kube 5 has
-//! no in-memory API server; kube-rs issue 1108).
+//! no in-memory API server; see kube-rs GitHub issue #1108).
 //!
 //! What it serves (URL shapes of the core `/api/v1` and the `/apis/GROUP/VERSION` groups,
 //! namespaced and cluster-scoped, any resource without registration):

@@ -161,8 +161,8 @@ pub struct HostConfig {
     /// Virtualisation type.
     #[serde(default)]
     pub virt_type: VirtType,
-    /// Space kept free in the pool, GiB.
-    #[serde(default, alias = "poolReserveGiB")]
+    /// Space kept free in the pool, GiB ([`DEFAULT_POOL_RESERVE_GIB`] when not set).
+    #[serde(default = "default_pool_reserve_gib", alias = "poolReserveGiB")]
     pub pool_reserve_gib: u64,
     /// SSH private key file.
     #[serde(default)]
@@ -175,6 +175,18 @@ pub struct HostConfig {
     pub max_concurrent: u32,
 }
 
+/// `poolReserveGiB` of a host that sets none.
+// NB: never 0. The space check runs at create, but overlays keep growing as their guests
+// write, and a pool that fills pauses every guest on it with an I/O error and, mid-upload, was
+// seen crashing libvirtd 11.3 (`double free or corruption` right after ENOSPC) — on every retry
+// into the same nearly full pool. 2 GiB is the write slack of a few guests between checks plus
+// an upload's qcow2 metadata, and a small share of any pool big enough to hold a base image
+// (0.3–2 GiB) and a few 10 GiB overlays. Set 0 explicitly to use the pool to the last byte.
+pub const DEFAULT_POOL_RESERVE_GIB: u64 = 2;
+
+fn default_pool_reserve_gib() -> u64 {
+    DEFAULT_POOL_RESERVE_GIB
+}
 fn default_user() -> String {
     "root".into()
 }
@@ -327,5 +339,25 @@ mod secs {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         Ok(Duration::from_secs(u64::deserialize(d)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_host_that_sets_no_pool_reserve_keeps_two_gib_free() {
+        let h: HostConfig =
+            serde_json::from_str(r#"{"name": "h1", "address": "h1.example:22"}"#).unwrap();
+        assert_eq!(h.pool_reserve_gib, 2);
+        assert_eq!(DEFAULT_POOL_RESERVE_GIB, 2);
+        let zero: HostConfig = serde_json::from_str(
+            r#"{"name": "h1", "address": "h1.example:22", "poolReserveGiB": 0}"#,
+        )
+        .unwrap();
+        assert_eq!(zero.pool_reserve_gib, 0, "0 stays possible when set");
     }
 }

@@ -226,3 +226,44 @@ fn the_tag_parser_reads_ids_and_stops_at_prose() {
     assert_eq!(ids_of_tag("M15 — a failed list sweeps nothing."), ["M15"]);
     assert!(ids_of_tag("the list").is_empty());
 }
+
+#[test]
+fn every_module_path_the_architecture_names_exists() {
+    let root = repo();
+    let text = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let mut base: Option<String> = None;
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for line in text.lines() {
+        if let Some(h) = line.strip_prefix("### ") {
+            // `### `crates/NAME` (role)`: the table below names paths inside that crate.
+            base = backticked(h).into_iter().find(|s| s.starts_with("crates/"));
+            continue;
+        }
+        let (Some(b), Some(row)) = (&base, line.strip_prefix("| ")) else {
+            continue;
+        };
+        let first_cell = row.split(" | ").next().unwrap_or_default();
+        for span in backticked(first_cell) {
+            let rel = if span.starts_with("src/") {
+                format!("{b}/{span}")
+            } else if b.ends_with("testing/") || b.ends_with("testing") {
+                format!("{}/{span}", b.trim_end_matches('/'))
+            } else {
+                continue;
+            };
+            checked += 1;
+            if !root.join(&rel).exists() {
+                problems.push(rel);
+            }
+        }
+    }
+    assert!(
+        checked > 30,
+        "too few module paths found in docs/architecture.md: {checked}"
+    );
+    assert!(
+        problems.is_empty(),
+        "docs/architecture.md names paths that do not exist: {problems:?}"
+    );
+}

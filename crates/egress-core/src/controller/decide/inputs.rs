@@ -1,0 +1,126 @@
+//! Everything [`decide`](super::decide()) looks at: the [`Inputs`] and the views in it (what
+//! was observed, the work in flight, host loads and health, the per-object memory).
+//!
+//! Guarantees: plain data, no I/O; the executor builds these from its state, tests build
+//! them directly.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use egress_provider::error::ProviderError;
+use egress_provider::libvirt::config::LibvirtEntry;
+use egress_provider::model::{HostState, Instance, ProviderId};
+
+use crate::controller::{ControllerSettings, ProxyObject};
+use crate::model::ProxyStatus;
+
+/// What is known about the Proxy's instance this time.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observed {
+    /// Not looked up (no location known, or work in flight, or deleting).
+    Unknown,
+    /// `get` found it (mark verified by the provider).
+    Found(Instance),
+    /// `get` says it does not exist.
+    NotFound,
+    /// `get` failed.
+    GetFailed(ProviderError),
+    /// The host's read slots were all taken; not looked up (H1).
+    HostBusy(String),
+}
+
+/// The Proxy's in-flight work, as the executor tracks it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OpView {
+    /// Nothing in flight.
+    Idle,
+    /// A create (or replace) is running.
+    Creating {
+        /// Target host.
+        host: String,
+        /// Image being created from.
+        image: String,
+        /// When it started.
+        started: SystemTime,
+        /// Bytes done / total of an image import, once reported.
+        progress: Option<(u64, Option<u64>)>,
+    },
+    /// A delete is running.
+    Deleting {
+        /// Hosts being cleaned.
+        hosts: Vec<String>,
+    },
+    /// A create finished since the last reconcile.
+    CreateFinished {
+        /// Target host.
+        host: String,
+        /// Its result.
+        result: Result<Instance, ProviderError>,
+    },
+    /// A delete finished since the last reconcile.
+    DeleteFinished {
+        /// Its result.
+        result: Result<(), ProviderError>,
+    },
+}
+
+/// Load and health of one host of the entry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostInfo {
+    /// Proxies of this entry known on it (instances and creates in flight).
+    pub load: usize,
+    /// Its last health report, if any.
+    pub health: Option<HostState>,
+}
+
+/// A Permanent failure latched for a generation and config digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Latch {
+    /// The generation it was computed for.
+    pub generation: i64,
+    /// The entry's config digest then ("" when the entry was unknown).
+    pub config_digest: String,
+}
+
+/// Per-object memory the executor keeps between reconciles.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// Consecutive failures (drives the backoff; reset on success).
+    pub failures: u32,
+    /// A latched Permanent failure.
+    pub latch: Option<Latch>,
+}
+
+/// The provider entry as the decision needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct EntryView<'a> {
+    /// The entry's configuration.
+    pub config: &'a LibvirtEntry,
+    /// Its digest (a change releases latches).
+    pub config_digest: &'a str,
+}
+
+/// Everything [`decide`](super::decide()) looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    /// The Proxy.
+    pub obj: &'a ProxyObject,
+    /// Its current status.
+    pub status: &'a ProxyStatus,
+    /// Its provider entry, when the config has it.
+    pub entry: Option<&'a EntryView<'a>>,
+    /// Where its instance is, when known (adopted, created, or from status).
+    pub location: Option<&'a ProviderId>,
+    /// What the provider said this time.
+    pub observed: &'a Observed,
+    /// Work in flight.
+    pub op: &'a OpView,
+    /// Hosts of the entry by name.
+    pub hosts: &'a BTreeMap<String, HostInfo>,
+    /// Per-object memory.
+    pub memory: &'a Memory,
+    /// The clock.
+    pub now: SystemTime,
+    /// Settings.
+    pub settings: &'a ControllerSettings,
+}

@@ -1,0 +1,130 @@
+//! Judging the instance a `get` found: record where it is, then by state: running with an
+//! address is Ready, running without one waits (keeping the last IP through a short gap),
+//! paused is reported, stopped is replaced.
+//!
+//! Guarantees: pure; nothing is done to an instance whose verified UID is another Proxy's
+//! (finding M2); a paused instance is never destroyed (finding M1); the last IP survives a
+//! gap shorter than `ip_grace` (finding H3).
+
+use egress_provider::model::{Instance, InstanceState};
+
+use crate::controller::EventKind;
+use crate::model::{ConditionStatus, Phase, condition};
+
+use super::ctx::{Ctx, human, parse_time};
+use super::decision::{Action, Decision};
+use super::inputs::EntryView;
+use super::provision::{deadline_expired, deadline_passed, replace};
+use super::reason;
+
+pub(super) fn found(mut cx: Ctx<'_>, entry: &EntryView<'_>, inst: Instance) -> Decision {
+    let i = cx.i;
+    let s = i.settings;
+    let host = inst.id.host.clone();
+    if inst.uid != i.obj.uid {
+        // finding M2: never act on an instance whose verified UID is another Proxy's.
+        let msg = format!(
+            "instance {} carries the mark of Proxy UID {}, not {}: it is left untouched",
+            inst.id, inst.uid, i.obj.uid
+        );
+        return cx.latch(reason::FOREIGN_INSTANCE, &msg, Action::None);
+    }
+    cx.status.host = Some(host.clone());
+    cx.status.provider_id = Some(inst.id.to_string());
+    cx.cond(
+        condition::PROVISIONED,
+        ConditionStatus::True,
+        reason::CREATED,
+        &format!("instance {} exists", inst.id),
+    );
+    match (&inst.state, inst.ip) {
+        (InstanceState::Running, Some(ip)) => {
+            let was_running = i.status.phase == Phase::Running;
+            cx.memory.failures = 0;
+            cx.status.phase = Phase::Running;
+            cx.status.ip = Some(ip.to_string());
+            cx.status.ip_seen_at = Some(cx.now_s.clone());
+            cx.status.provisioning_since = None;
+            let msg = format!("running on host {host} at {ip}");
+            cx.cond(
+                condition::READY,
+                ConditionStatus::True,
+                reason::RUNNING,
+                &msg,
+            );
+            if !was_running {
+                cx.event(EventKind::Normal, reason::RUNNING, &msg);
+            }
+            cx.done(Action::None, Some(s.poll_running))
+        }
+        (InstanceState::Running | InstanceState::Provisioning, _) => {
+            // finding H3: keep the last IP through a short gap.
+            let seen = i.status.ip_seen_at.as_deref().and_then(parse_time);
+            let in_grace = i.status.phase == Phase::Running
+                && i.status.ip.is_some()
+                && seen.is_some_and(|t| i.now.duration_since(t).unwrap_or_default() < s.ip_grace);
+            if in_grace {
+                cx.memory.failures = 0;
+                let msg = format!(
+                    "instance {} reports no address right now; keeping the last one for up to {}",
+                    inst.id,
+                    human(s.ip_grace)
+                );
+                cx.cond(
+                    condition::READY,
+                    ConditionStatus::True,
+                    reason::ADDRESS_GAP,
+                    &msg,
+                );
+                return cx.done(Action::None, Some(s.poll_provisioning));
+            }
+            if cx.status.phase != Phase::Provisioning || cx.status.provisioning_since.is_none() {
+                cx.status.provisioning_since = Some(cx.now_s.clone());
+            }
+            cx.status.phase = Phase::Provisioning;
+            cx.status.ip = None;
+            cx.status.ip_seen_at = None;
+            if let Some(elapsed) = deadline_passed(&cx, i.now) {
+                let missing = format!(
+                    "instance {} is running but no address was reported",
+                    inst.id
+                );
+                return deadline_expired(cx, entry, &host, elapsed, &missing, true);
+            }
+            let msg = format!(
+                "instance {} is running; waiting for it to report an address",
+                inst.id
+            );
+            cx.cond(
+                condition::READY,
+                ConditionStatus::False,
+                reason::WAITING_FOR_ADDRESS,
+                &msg,
+            );
+            cx.done(Action::None, Some(s.poll_provisioning))
+        }
+        (InstanceState::Paused { reason: why }, _) => {
+            // finding M1: a paused instance is reported, never destroyed.
+            let msg = format!("instance {} is paused by the hypervisor: {why}", inst.id);
+            let was_provisioning = cx.status.phase == Phase::Provisioning;
+            cx.status.phase = Phase::Paused;
+            if was_provisioning && let Some(elapsed) = deadline_passed(&cx, i.now) {
+                let missing = format!("instance {} is not running (paused: {why})", inst.id);
+                return deadline_expired(cx, entry, &host, elapsed, &missing, false);
+            }
+            cx.cond(
+                condition::READY,
+                ConditionStatus::False,
+                reason::PAUSED,
+                &msg,
+            );
+            cx.done(Action::None, Some(s.poll_running))
+        }
+        (InstanceState::Stopped { reason: why }, _) => {
+            // finding M2: the UID was verified above (the provider's get verified the mark
+            // too) before this destructive path.
+            let msg = format!("instance {} stopped ({why}); replacing it", inst.id);
+            replace(cx, entry, &host, reason::REPLACING, &msg)
+        }
+    }
+}

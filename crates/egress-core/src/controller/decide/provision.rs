@@ -1,0 +1,196 @@
+//! Provisioning: start a create on a placed host, replace an instance, report a create in
+//! flight with its import progress, and enforce the provisioning deadline.
+//!
+//! Guarantees: pure; a retry stays on the host of the last attempt unless the pin or health
+//! says otherwise; an expired deadline names what is missing and replaces or fails per
+//! `replace_on_deadline` (finding APX-1), and never destroys a paused instance (finding M1).
+
+use std::time::{Duration, SystemTime};
+
+use crate::controller::EventKind;
+use crate::model::{ConditionStatus, Phase, condition};
+
+use super::ctx::{Ctx, fmt_time, human, parse_time};
+use super::decision::{Action, Decision};
+use super::inputs::EntryView;
+use super::placement::{no_usable_host, place};
+use super::spec::{MIB, request};
+use super::{cancel_if_creating, reason};
+
+/// Starts a create (or a replace, when `replace_on` names the host to clear first).
+pub(super) fn start_create(
+    mut cx: Ctx<'_>,
+    entry: &EntryView<'_>,
+    prefer: Option<&str>,
+    why: &str,
+) -> Decision {
+    let i = cx.i;
+    let pin = i.obj.spec.host.as_deref();
+    let pinned = pin.or(prefer);
+    if entry.config.hosts.is_empty() {
+        let msg = format!("provider entry {:?} has no hosts", entry.config.name);
+        return cx.latch(reason::INVALID_SPEC, &msg, Action::None);
+    }
+    // A preferred (sticky) host that stopped accepting placements yields to the others.
+    let chosen = place(entry.config, pinned, i.hosts).or_else(|| {
+        pin.is_none()
+            .then(|| place(entry.config, None, i.hosts))
+            .flatten()
+    });
+    let Some(host) = chosen else {
+        let msg = no_usable_host(entry.config, pin, i.hosts);
+        return cx.retry(reason::NO_USABLE_HOST, &msg, Action::None);
+    };
+    let req = match request(i.obj, entry.config, &host) {
+        Ok(r) => r,
+        Err((true, msg)) => return cx.latch(reason::INVALID_SPEC, &msg, Action::None),
+        Err((false, msg)) => return cx.retry(reason::CREDENTIALS_MISSING, &msg, Action::None),
+    };
+    let msg = if why.is_empty() {
+        format!("creating the instance on host {host}")
+    } else {
+        format!("{why}: creating the instance on host {host}")
+    };
+    cx.status.phase = Phase::Provisioning;
+    cx.status.host = Some(host.clone());
+    cx.status.ip = None;
+    cx.status.ip_seen_at = None;
+    cx.status.provisioning_since = Some(cx.now_s.clone());
+    cx.cond(
+        condition::PROVISIONED,
+        ConditionStatus::False,
+        reason::CREATING,
+        &msg,
+    );
+    cx.cond(
+        condition::READY,
+        ConditionStatus::False,
+        reason::CREATING,
+        &msg,
+    );
+    cx.event(EventKind::Normal, reason::CREATING, &msg);
+    cx.done(
+        Action::Create {
+            req,
+            replace: false,
+        },
+        Some(i.settings.poll_provisioning),
+    )
+}
+
+/// Replaces the instance on `host` (delete by UID, then create there).
+pub(super) fn replace(
+    mut cx: Ctx<'_>,
+    entry: &EntryView<'_>,
+    host: &str,
+    reason_: &str,
+    msg: &str,
+) -> Decision {
+    let i = cx.i;
+    let req = match request(i.obj, entry.config, host) {
+        Ok(r) => r,
+        Err((true, m)) => return cx.latch(reason::INVALID_SPEC, &m, Action::None),
+        Err((false, m)) => return cx.retry(reason::CREDENTIALS_MISSING, &m, Action::None),
+    };
+    cx.status.phase = Phase::Provisioning;
+    cx.status.host = Some(host.to_owned());
+    cx.status.ip = None;
+    cx.status.ip_seen_at = None;
+    cx.status.provisioning_since = Some(cx.now_s.clone());
+    cx.cond(condition::PROVISIONED, ConditionStatus::False, reason_, msg);
+    cx.cond(condition::READY, ConditionStatus::False, reason_, msg);
+    cx.event(EventKind::Warning, reason_, msg);
+    cx.done(
+        Action::Create { req, replace: true },
+        Some(i.settings.poll_provisioning),
+    )
+}
+
+/// Elapsed provisioning time, when the deadline has passed.
+pub(super) fn deadline_passed(cx: &Ctx<'_>, fallback: SystemTime) -> Option<Duration> {
+    let since = cx
+        .status
+        .provisioning_since
+        .as_deref()
+        .and_then(parse_time)
+        .unwrap_or(fallback);
+    let elapsed = cx.i.now.duration_since(since).unwrap_or_default();
+    (elapsed >= cx.i.settings.provisioning_deadline).then_some(elapsed)
+}
+
+/// The provisioning deadline passed (finding APX-1): say what is missing; replace or fail.
+pub(super) fn deadline_expired(
+    mut cx: Ctx<'_>,
+    entry: &EntryView<'_>,
+    host: &str,
+    elapsed: Duration,
+    missing: &str,
+    may_replace: bool,
+) -> Decision {
+    let s = cx.i.settings;
+    let msg = format!(
+        "provisioning deadline of {} passed after {}: {missing}",
+        human(s.provisioning_deadline),
+        human(elapsed)
+    );
+    if s.replace_on_deadline && may_replace {
+        let m = format!("{msg}; replacing the instance");
+        return replace(cx, entry, host, reason::PROVISIONING_TIMEOUT, &m);
+    }
+    let action = cancel_if_creating(cx.i.op);
+    if !may_replace {
+        // Paused instances are never destroyed (M1): report, keep polling.
+        cx.cond(
+            condition::READY,
+            ConditionStatus::False,
+            reason::PROVISIONING_TIMEOUT,
+            &msg,
+        );
+        return cx.done(action, Some(s.poll_running));
+    }
+    cx.latch(reason::PROVISIONING_TIMEOUT, &msg, action)
+}
+
+pub(super) fn creating(
+    mut cx: Ctx<'_>,
+    entry: &EntryView<'_>,
+    host: &str,
+    image: &str,
+    started: SystemTime,
+    progress: Option<(u64, Option<u64>)>,
+) -> Decision {
+    let mut what = format!("create still in progress on host {host}");
+    if let Some((done, total)) = progress {
+        let total = total.map_or("?".to_owned(), |t| (t / MIB).to_string());
+        what.push_str(&format!(
+            " (importing image {image}: {}/{total} MiB)",
+            done / MIB
+        ));
+    }
+    if let Some(elapsed) = deadline_passed(&cx, started) {
+        return deadline_expired(cx, entry, host, elapsed, &what, true);
+    }
+    cx.status.phase = Phase::Provisioning;
+    cx.status.host = Some(host.to_owned());
+    if cx.status.provisioning_since.is_none() {
+        cx.status.provisioning_since = Some(fmt_time(started));
+    }
+    let msg = match progress {
+        Some(_) => what.replace("create still in progress on", "creating on"),
+        None => format!("creating the instance on host {host}"),
+    };
+    cx.cond(
+        condition::PROVISIONED,
+        ConditionStatus::False,
+        reason::CREATING,
+        &msg,
+    );
+    cx.cond(
+        condition::READY,
+        ConditionStatus::False,
+        reason::CREATING,
+        &msg,
+    );
+    let poll = cx.i.settings.poll_provisioning;
+    cx.done(Action::None, Some(poll))
+}

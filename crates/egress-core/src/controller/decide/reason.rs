@@ -1,0 +1,47 @@
+//! Stable condition and event reasons: the CamelCase words a status condition or an event
+//! carries, which users and alerts match on. Changing one is a breaking change.
+
+/// A create is running.
+pub const CREATING: &str = "Creating";
+/// The instance exists.
+pub const CREATED: &str = "Created";
+/// Running with an address.
+pub const RUNNING: &str = "Running";
+/// Running, no address yet.
+pub const WAITING_FOR_ADDRESS: &str = "WaitingForAddress";
+/// Address briefly missing; last one kept (H3).
+pub const ADDRESS_GAP: &str = "AddressGap";
+/// The host has no free work slot.
+pub const HOST_BUSY: &str = "HostBusy";
+/// The spec is invalid for this provider entry.
+pub const INVALID_SPEC: &str = "InvalidSpec";
+/// The credentials the spec references are not available (yet).
+pub const CREDENTIALS_MISSING: &str = "CredentialsMissing";
+/// A transient provider failure.
+pub const TRANSIENT_ERROR: &str = "TransientError";
+/// A permanent provider failure.
+pub const PERMANENT_ERROR: &str = "PermanentError";
+/// The host lacks capacity.
+pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
+/// No host of the entry accepts new proxies (unhealthy, or its pool below the reserve).
+pub const NO_USABLE_HOST: &str = "NoUsableHost";
+/// The provisioning deadline passed (APX-1).
+pub const PROVISIONING_TIMEOUT: &str = "ProvisioningTimeout";
+/// The hypervisor paused the instance (M1).
+pub const PAUSED: &str = "Paused";
+/// The instance stopped and is being replaced.
+pub const REPLACING: &str = "Replacing";
+/// The instance vanished and is being recreated.
+pub const INSTANCE_LOST: &str = "InstanceLost";
+/// The instance's verified UID is not this Proxy's (M2).
+pub const FOREIGN_INSTANCE: &str = "ForeignInstance";
+/// Deleting the instance.
+pub const DELETING: &str = "Deleting";
+/// Nothing is left on any host.
+pub const DELETED: &str = "Deleted";
+/// One reconcile hit its deadline (APX-3).
+pub const RECONCILE_TIMEOUT: &str = "ReconcileTimeout";
+/// The controller is shutting down and starts no new work.
+pub const SHUTTING_DOWN: &str = "ShuttingDown";
+/// A latched failure was released by a spec or config change.
+pub const RETRYING: &str = "Retrying";

@@ -1,0 +1,135 @@
+//! The spec against its provider entry: every spec error naming its field path and value,
+//! the sizes from the entry's defaults within its limits, and the create request.
+//!
+//! Guarantees: pure; sizes are computed with checked arithmetic (finding L20); a request
+//! that cannot be made says whether that is permanent (an invalid spec) or will clear
+//! (credentials not readable yet).
+
+use egress_provider::libvirt::config::LibvirtEntry;
+use egress_provider::libvirt::image::source::is_url;
+use egress_provider::model::CreateRequest;
+
+use crate::controller::{ProxyObject, userdata};
+
+pub(super) const GIB: u64 = 1 << 30;
+pub(super) const MIB: u64 = 1 << 20;
+
+/// Every spec problem against `entry`, each naming the field path and the value.
+pub fn spec_errors(obj: &ProxyObject, entry: &LibvirtEntry) -> Vec<String> {
+    let mut errs: Vec<String> = obj
+        .spec
+        .validate()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let spec = &obj.spec;
+    if let Some(h) = &spec.host
+        && !h.trim().is_empty()
+        && !entry.hosts.iter().any(|c| &c.name == h)
+    {
+        let known: Vec<&str> = entry.hosts.iter().map(|c| c.name.as_str()).collect();
+        errs.push(format!(
+            "spec.host: {h:?} is not a host of provider entry {:?} (hosts: {})",
+            entry.name,
+            known.join(", ")
+        ));
+    }
+    if !spec.image.trim().is_empty() {
+        if is_url(&spec.image) {
+            if !entry.url_images.enabled {
+                errs.push(format!(
+                    "spec.image: {:?} is a URL and provider entry {:?} does not allow URL \
+                     images (urlImages.enabled); use a catalogue key",
+                    spec.image, entry.name
+                ));
+            }
+        } else if !entry.images.contains_key(&spec.image) {
+            let known: Vec<&str> = entry.images.keys().map(String::as_str).collect();
+            errs.push(format!(
+                "spec.image: {:?} is not in the catalogue of provider entry {:?} (known: {})",
+                spec.image,
+                entry.name,
+                if known.is_empty() {
+                    "none".into()
+                } else {
+                    known.join(", ")
+                }
+            ));
+        }
+    }
+    if let Err(e) = sizes(obj, entry) {
+        errs.extend(e);
+    }
+    errs
+}
+
+/// Disk GiB, memory MiB and vCPUs of `obj`: the spec's overrides, else the entry's defaults,
+/// within the entry's limits; byte sizes are computed with checked arithmetic (L20).
+pub fn sizes(obj: &ProxyObject, entry: &LibvirtEntry) -> Result<(u64, u64, u32), Vec<String>> {
+    let r = &obj.spec.resources;
+    let (d, l) = (&entry.defaults, &entry.limits);
+    let disk = r.disk_gib.unwrap_or(d.disk_gib);
+    let mem = r.memory_mib.unwrap_or(d.memory_mib);
+    let cpus = r.vcpus.unwrap_or(d.vcpus);
+    let mut errs = Vec::new();
+    if disk > l.disk_gib || disk.checked_mul(GIB).is_none() {
+        errs.push(format!(
+            "spec.resources.diskGiB: {disk} exceeds the limit of provider entry {:?} \
+             (limits.diskGiB: {})",
+            entry.name, l.disk_gib
+        ));
+    }
+    if mem > l.memory_mib || mem.checked_mul(MIB).is_none() {
+        errs.push(format!(
+            "spec.resources.memoryMiB: {mem} exceeds the limit of provider entry {:?} \
+             (limits.memoryMiB: {})",
+            entry.name, l.memory_mib
+        ));
+    }
+    if cpus > l.vcpus {
+        errs.push(format!(
+            "spec.resources.vcpus: {cpus} exceeds the limit of provider entry {:?} \
+             (limits.vcpus: {})",
+            entry.name, l.vcpus
+        ));
+    }
+    if errs.is_empty() {
+        Ok((disk, mem, cpus))
+    } else {
+        Err(errs)
+    }
+}
+
+/// The create request for `obj` on `host`, or why it cannot be made yet.
+pub(super) fn request(
+    obj: &ProxyObject,
+    entry: &LibvirtEntry,
+    host: &str,
+) -> Result<CreateRequest, (bool, String)> {
+    let (disk_gib, memory_mib, vcpus) = sizes(obj, entry).map_err(|e| (true, e.join("; ")))?;
+    if obj.spec.proxy.credentials_ref.is_some() && obj.credentials.is_none() {
+        return Err((
+            false,
+            format!(
+                "spec.proxy.credentialsRef: {:?} could not be read yet",
+                obj.spec
+                    .proxy
+                    .credentials_ref
+                    .as_deref()
+                    .unwrap_or_default()
+            ),
+        ));
+    }
+    let user_data = userdata::render(&obj.spec.proxy, obj.credentials.as_ref())
+        .map_err(|e| (true, e.to_string()))?;
+    Ok(CreateRequest {
+        uid: obj.uid,
+        display_name: format!("{}/{}", obj.namespace, obj.name),
+        host: host.to_owned(),
+        image: obj.spec.image.clone(),
+        disk_gib,
+        memory_mib,
+        vcpus,
+        user_data,
+    })
+}

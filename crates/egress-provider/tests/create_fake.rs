@@ -340,6 +340,69 @@ async fn a_domain_of_ours_without_its_disks_is_recreated_not_started() {
     assert_eq!(s.fake.domain(&inst.id.name).unwrap().state, 1);
 }
 
+/// Replaces the overlay of `u` with a qcow2 volume of `capacity` bytes backed by `backing`.
+async fn replace_overlay(fake: &FakeLibvirt, u: &ProxyUid, capacity: u64, backing: &str) {
+    let c = libvirt_remote::Client::open(fake.connect_duplex(), Default::default())
+        .await
+        .unwrap();
+    let pool = c.pool_lookup_by_name(POOL).await.unwrap();
+    let name = names::overlay("home", u);
+    let ov = c.vol_lookup_by_name(&pool, &name).await.unwrap();
+    c.vol_delete(&ov, 0).await.unwrap();
+    let xml = format!(
+        "<volume><name>{name}</name><capacity unit='bytes'>{capacity}</capacity>\
+         <target><format type='qcow2'/></target>\
+         <backingStore><path>{backing}</path><format type='qcow2'/></backingStore></volume>"
+    );
+    c.vol_create_xml(&pool, &xml, 0).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_domain_of_ours_whose_overlay_has_another_base_or_size_is_recreated_not_started() {
+    // finding: L4 — adoption checks the overlay's backing base and size, not only that it
+    // exists.
+    let s = setup().await;
+    let u = uid(6);
+    let inst = s
+        .provider
+        .create(&request(u, 4), &NoProgress)
+        .await
+        .unwrap();
+    let ov_name = names::overlay("home", &u);
+    let good = s.fake.volume(POOL, &ov_name).unwrap();
+    let base_path = good
+        .backing
+        .clone()
+        .expect("the overlay is backed by the base");
+    s.fake
+        .add_volume(
+            POOL,
+            libvirt_fake::VolumeSpec::new("other-base.qcow2", 2 * GIB).format("qcow2"),
+        )
+        .unwrap();
+    let other = s.fake.volume(POOL, "other-base.qcow2").unwrap().path;
+    for (capacity, backing, what) in [
+        (4 * GIB, other.as_str(), "another base"),
+        (8 * GIB, base_path.as_str(), "another size"),
+    ] {
+        replace_overlay(&s.fake, &u, capacity, backing).await;
+        s.fake.set_domain_state(&inst.id.name, 5, 1).unwrap();
+        let again = s
+            .provider
+            .create(&request(u, 4), &NoProgress)
+            .await
+            .unwrap();
+        assert_eq!(again.id, inst.id, "{what}");
+        let ov = s.fake.volume(POOL, &ov_name).unwrap();
+        assert_eq!(
+            (ov.backing.as_deref(), ov.capacity),
+            (Some(base_path.as_str()), 4 * GIB),
+            "{what}: the overlay was recreated on the right base at the requested size"
+        );
+        assert_eq!(s.fake.domain(&inst.id.name).unwrap().state, 1, "{what}");
+    }
+}
+
 #[tokio::test]
 async fn create_refuses_a_same_named_domain_that_is_not_this_proxys() {
     // finding: M2 — a domain carrying another UID's mark under our name is never adopted,

@@ -161,7 +161,7 @@ fn vol_names(dir: &std::path::Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxies_are_created_reused_and_deleted_on_the_real_libvirtd_through_sshd() {
-    // finding: H4, M13, M5, M3, M2
+    // finding: H4, M13, M5, M3
     let sshd = Sshd::start();
     let pool = PoolFixture::create("provider");
     let server = ImageServer::start().await;
@@ -283,6 +283,84 @@ async fn proxies_are_created_reused_and_deleted_on_the_real_libvirtd_through_ssh
 
 fn uid() -> ProxyUid {
     ProxyUid(uuid::Uuid::new_v4())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_domain_with_a_replaced_overlay_is_recreated_and_a_foreign_one_is_never_touched() {
+    // finding: L4, M2
+    let sshd = Sshd::start();
+    let pool = PoolFixture::create("provider");
+    let server = ImageServer::start().await;
+    let scratch = tempfile::Builder::new()
+        .prefix("eptest-scratch-")
+        .tempdir()
+        .unwrap();
+    let img = qcow2_image("1G", scratch.path(), "a.qcow2");
+    let url = server.route("/tiny.qcow2", Route::new(img.clone()));
+    let entry = unique("eptest");
+    let (u, foreign) = (uid(), uid());
+    let (name, foreign_name) = (names::domain(&entry, &u), names::domain(&entry, &foreign));
+    println!("eptest: may create domains {name} {foreign_name}");
+    let _domains = DomainGuard(vec![name.clone(), foreign_name.clone()]);
+    let p = provider(&entry, &sshd, &pool.name, &url, &img);
+    p.create(&request(u, 2), &NoProgress).await.unwrap();
+    let lv = local().await;
+    let sp = lv.pool_lookup_by_name(&pool.name).await.unwrap();
+    let overlay = names::overlay(&entry, &u);
+    let facts = |xml: String| volumes::parse_volume_xml(&xml).unwrap();
+    let ov = lv.vol_lookup_by_name(&sp, &overlay).await.unwrap();
+    let good = facts(lv.vol_xml(&ov).await.unwrap());
+    let base_path = good.backing.clone().unwrap();
+
+    // L4: the domain stopped, and its overlay was replaced by one of another size on the
+    // same base (as a hand edit could leave it): adopting it recreates the overlay.
+    let dom = lv.domain_lookup_by_name(&name).await.unwrap();
+    lv.domain_destroy(&dom, 0).await.unwrap();
+    lv.vol_delete(&ov, 0).await.unwrap();
+    let wrong = volumes::BackingBase {
+        path: base_path.clone(),
+        capacity: GIB,
+        format: ImageFormat::Qcow2,
+        image: "tiny".into(),
+    };
+    lv.vol_create_xml(&sp, &volumes::overlay_xml(&overlay, 3 * GIB, &wrong), 0)
+        .await
+        .unwrap();
+    p.create(&request(u, 2), &NoProgress).await.unwrap();
+    let ov = lv.vol_lookup_by_name(&sp, &overlay).await.unwrap();
+    let now = facts(lv.vol_xml(&ov).await.unwrap());
+    assert_eq!(
+        (now.capacity, now.backing.as_deref()),
+        (2 * GIB, Some(base_path.as_str())),
+        "the overlay was recreated at the requested size on the base"
+    );
+    let dom = lv.domain_lookup_by_name(&name).await.unwrap();
+    assert_eq!(lv.domain_state(&dom).await.unwrap().0, 1, "running again");
+
+    // M2: a domain under the name of another Proxy's UID, carrying this Proxy's mark, is
+    // neither adopted nor deleted by that other Proxy's create and delete.
+    let xml = lv.domain_xml(&dom, 0).await.unwrap();
+    let fxml = xml
+        .replace(&name, &foreign_name)
+        .replace(&overlay, "no-such-overlay")
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("<uuid>"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let fdom = lv.domain_define_xml(&fxml, 0).await.unwrap();
+    let e = p
+        .create(&request(foreign, 2), &NoProgress)
+        .await
+        .unwrap_err();
+    assert_eq!(e.class, ErrorClass::Permanent, "{e}");
+    let e = p.delete("h1", &foreign).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::Permanent, "{e}");
+    lv.domain_lookup_by_name(&foreign_name)
+        .await
+        .expect("a domain without this Proxy's mark is never deleted");
+    let m = lv.domain_metadata(&fdom, mark::NAMESPACE, 0).await.unwrap();
+    assert_eq!(mark::parse(&m, &entry, SystemTime::now()).unwrap().uid, u);
+    p.delete("h1", &u).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

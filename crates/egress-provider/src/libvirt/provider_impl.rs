@@ -2,7 +2,8 @@
 //! image cache, volumes, seed, domain XML and the get/delete/list operations, wired together.
 //!
 //! Create, in order (design.md): per-name lock with a deadline → host slot → adopt an
-//! existing domain only if its mark is ours and its disks exist (L4) → capabilities (cached
+//! existing domain only if its mark is ours, its seed exists and its overlay is backed by the
+//! image's base at the requested size (L4; otherwise it is deleted and recreated) → capabilities (cached
 //! per host) → base ensured (verified, published) → disk size vs the base (M5) → seed built in
 //! memory (M8) → pool refreshed and space checked with the reserve (M4) → overlay (verified if
 //! it exists) → seed volume → define with the mark → start → wait running. Anything this call
@@ -181,6 +182,7 @@ impl LibvirtProvider {
         lease: &HostLease,
         dom: &Domain,
         req: &CreateRequest,
+        progress: &dyn Progress,
     ) -> Result<Option<Instance>> {
         let c = lease.client();
         let host = lease.host();
@@ -201,10 +203,34 @@ impl LibvirtProvider {
         let pool = lookup_pool(c, host).await?;
         let overlay = names::overlay(entry, &req.uid);
         let seed_name = names::seed(entry, &req.uid);
-        let disks_ok = volume_exists(c, &pool, &overlay, &host.name).await?
-            && volume_exists(c, &pool, &seed_name, &host.name).await?;
-        if !disks_ok {
-            tracing::info!(domain = %dom.name, host = %host.name, "adopted domain lacks its disks; recreating");
+        let overlay_vol = lookup_vol(c, &pool, &overlay, &host.name).await?;
+        let seed_ok = volume_exists(c, &pool, &seed_name, &host.name).await?;
+        let mismatch = match (overlay_vol, seed_ok) {
+            (None, _) | (_, false) => Some("it lacks its overlay or seed".to_owned()),
+            (Some(vol), true) => {
+                // The overlay must be the one this request would create: backed by the base
+                // the image resolves to, of the requested size (never smaller than the image).
+                let (_, backing) = self.ensure_backing(lease, &pool, req, progress).await?;
+                let disk = volumes::check_disk_size(req.disk_gib, &backing)?;
+                let xml = c.vol_xml(&vol).await.map_err(|e| {
+                    classify(
+                        &e,
+                        &format!("reading overlay {overlay} on host {}", host.name),
+                    )
+                })?;
+                let facts = volumes::parse_volume_xml(&xml).ok_or_else(|| {
+                    ProviderError::transient(format!(
+                        "cannot read overlay {overlay}'s description on host {}",
+                        host.name
+                    ))
+                })?;
+                volumes::verify_overlay(&overlay, &host.name, &facts, disk, &backing)
+                    .err()
+                    .map(|e| e.message)
+            }
+        };
+        if let Some(why) = mismatch {
+            tracing::info!(domain = %dom.name, host = %host.name, why, "adopted domain's disks are not the ones this Proxy needs; recreating");
             ops::delete::delete(c, entry, host, &req.uid).await?;
             return Ok(None);
         }
@@ -223,6 +249,41 @@ impl LibvirtProvider {
         ops::get::get(c, entry, host, &id, &req.uid).await.map(Some)
     }
 
+    /// The verified base `req.image` resolves to on the lease's host (imported if not cached)
+    /// and what an overlay on it must name as its backing.
+    async fn ensure_backing(
+        &self,
+        lease: &HostLease,
+        pool: &StoragePool,
+        req: &CreateRequest,
+        progress: &dyn Progress,
+    ) -> Result<(image::Base, BackingBase)> {
+        let host = lease.host();
+        let bulk = LeaseBulk(lease);
+        let base = image::ensure_base(
+            &Target {
+                entry: self.entry_cfg(),
+                host: &host.name,
+                client: lease.client(),
+                pool,
+                reserve_bytes: host.pool_reserve_gib.saturating_mul(volumes::GIB),
+                bulk: &bulk,
+                progress,
+                fetch: &self.fetch,
+            },
+            &req.image,
+        )
+        .await?;
+        let backing = BackingBase {
+            path: base.path.clone(),
+            capacity: base.capacity,
+            // The base volume's own format (qcow2: an overlay on its data volume).
+            format: base.disk_format,
+            image: req.image.clone(),
+        };
+        Ok((base, backing))
+    }
+
     async fn create_new(
         &self,
         lease: &HostLease,
@@ -238,28 +299,7 @@ impl LibvirtProvider {
         let pool = self.pool_handle(c, host).await?;
         let reserve = host.pool_reserve_gib.saturating_mul(volumes::GIB);
 
-        let bulk = LeaseBulk(lease);
-        let base = image::ensure_base(
-            &Target {
-                entry: cfg,
-                host: &host.name,
-                client: c,
-                pool: &pool,
-                reserve_bytes: reserve,
-                bulk: &bulk,
-                progress,
-                fetch: &self.fetch,
-            },
-            &req.image,
-        )
-        .await?;
-        let backing = BackingBase {
-            path: base.path.clone(),
-            capacity: base.capacity,
-            // The base volume's own format (qcow2: an overlay on its data volume).
-            format: base.disk_format,
-            image: req.image.clone(),
-        };
+        let (base, backing) = self.ensure_backing(lease, &pool, req, progress).await?;
         let disk = volumes::check_disk_size(req.disk_gib, &backing)?;
         let name = names::domain(entry, &req.uid);
         let seed = seed::build(&SeedInput {
@@ -502,7 +542,7 @@ impl Provider for LibvirtProvider {
         let c = lease.client();
         match c.domain_lookup_by_name(&name).await {
             Ok(dom) => {
-                if let Some(inst) = self.adopt(&lease, &dom, req).await? {
+                if let Some(inst) = self.adopt(&lease, &dom, req, progress).await? {
                     return Ok(inst);
                 }
             }

@@ -7,11 +7,16 @@
 //! - [`controller`]: pure reconcile decisions and the executor that carries them out.
 //! - [`gc`]: the orphan garbage collector (a pure plan, then checked deletions).
 //! - [`health`]: proxy health checked through each proxy; [`hosthealth`]: per-host checks.
-//! - [`metrics`]: the Prometheus registry of the operator.
+//! - [`metrics`]: the Prometheus registry of the operator; [`exposition`]: the `/metrics`
+//!   text both drivers serve.
+//! - [`background`]: the background workers both drivers run (GC, host checks, proxy health,
+//!   config watch) and the process's stop signal.
 //! - [`status`]: the status document both drivers serve; [`web`]: its HTTP server.
 
+pub mod background;
 pub mod config;
 pub mod controller;
+pub mod exposition;
 pub mod gc;
 pub mod health;
 pub mod hosthealth;

@@ -1,7 +1,7 @@
 //! What the Kubernetes driver shows about itself on `--listen`: `/metrics` (the core's
-//! [`Metrics`] plus the proxy health engine's), `/healthz`, `/readyz`, and the same read-only
-//! views as standalone mode (`/status`, `/proxies`, `/hosts`, `/healthy.txt`) built from the
-//! driver's watch cache. The HTTP server is the standalone one
+//! [`Metrics`] plus the proxy health engine's, rendered by [`Exposition`]), `/healthz`,
+//! `/readyz`, and the same read-only views as standalone mode (`/status`, `/proxies`,
+//! `/hosts`, `/healthy.txt`) built from the driver's watch cache. The HTTP server is the standalone one
 //! ([`egress_core::web::serve`]); this module only implements its
 //! [`Endpoints`].
 //!
@@ -16,11 +16,12 @@
 //!   cluster's objects), never from error text.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
 use egress_core::controller::Controller as Core;
+use egress_core::exposition::Exposition;
 use egress_core::health::{HealthEngine, HealthSettings};
 use egress_core::hosthealth::HostHealth;
 use egress_core::metrics::Metrics;
@@ -39,7 +40,7 @@ pub struct Observer {
     leader: AtomicBool,
     api_ok: AtomicBool,
     core: Mutex<Option<Arc<Core>>>,
-    image_bytes_exported: AtomicU64,
+    exposition: Exposition,
     rows: Mutex<Vec<ProxyStatusRow>>,
     hosts: Mutex<BTreeMap<(String, String), HostHealth>>,
 }
@@ -58,7 +59,7 @@ impl Observer {
             leader: AtomicBool::new(false),
             api_ok: AtomicBool::new(false),
             core: Mutex::new(None),
-            image_bytes_exported: AtomicU64::new(0),
+            exposition: Exposition::new(),
             rows: Mutex::new(Vec::new()),
             hosts: Mutex::new(BTreeMap::new()),
         }
@@ -155,26 +156,9 @@ impl Endpoints for Observer {
     }
 
     fn metrics(&self) -> String {
-        if let Some(core) = lock(&self.core).clone() {
-            self.metrics.set_controller_counters(core.metrics());
-            // The core keeps a monotonic total; the counter gets what it has not seen yet.
-            let total = core.image_bytes();
-            let before = self.image_bytes_exported.fetch_max(total, Ordering::SeqCst);
-            if total > before {
-                self.metrics.image_bytes(total - before);
-            }
-        }
-        let mut text = self.metrics.encode();
-        if let Some(engine) = &self.health {
-            // One exposition: the health registry goes before the single `# EOF`.
-            if let Some(body) = text.strip_suffix("# EOF\n") {
-                let mut out = body.to_owned();
-                engine.metrics().encode_into(&mut out);
-                out.push_str("# EOF\n");
-                text = out;
-            }
-        }
-        text
+        let core = lock(&self.core).clone();
+        self.exposition
+            .render(&self.metrics, core.as_deref(), self.health.as_deref())
     }
 
     fn ready(&self) -> bool {

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use egress_core::background::sleep_or_stop;
 use egress_core::controller::ProxyCredentials;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
@@ -17,7 +18,7 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{API_SLACK, Ctx, ReconcileError, key_of, lock, sleep_or_stop, uid_of};
+use super::{API_SLACK, Ctx, ReconcileError, key_of, lock, uid_of};
 use crate::api::Proxy;
 
 /// The credentials a Proxy's `credentialsRef` names: keys `username` and `password` of the

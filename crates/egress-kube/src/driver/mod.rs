@@ -45,9 +45,9 @@
 //!   released, so a rollout hands over within one retry period (finding APX-3).
 
 mod credentials;
-mod files;
 mod orphans;
 mod provider_health;
+mod proxy_health;
 pub mod publish;
 mod reconcile;
 mod status;
@@ -59,6 +59,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use egress_core::background::config_watch::{self, Compare, WatchedFiles};
 use egress_core::controller::{Controller as Core, ControllerSettings, ProxyCredentials};
 use egress_core::gc::{self, GcSettings};
 use egress_core::health::HealthState;
@@ -73,7 +74,6 @@ use tokio_util::sync::CancellationToken;
 use crate::api::Proxy;
 use crate::leader::{Elector, LeaseSettings};
 use crate::observe::Observer;
-use files::watch_files;
 use term::run_term;
 
 /// The one field manager of every server-side apply the operator makes.
@@ -120,9 +120,9 @@ pub const CHECK_DEADLINE: Duration = Duration::from_secs(120);
 // NB: one paged list of metadata; 30 s is far above a healthy API server's answer.
 pub const LIVE_SET_DEADLINE: Duration = Duration::from_secs(30);
 
-/// Largest file read when fingerprinting the SSH directory.
-// NB: keys and known_hosts are a few KiB; a larger file is fingerprinted by size and mtime.
-pub const MAX_FINGERPRINT_FILE: u64 = 1 << 20;
+/// Largest file read when fingerprinting the config file and the SSH directory (sized in
+/// [`egress_core::background::config_watch`]).
+pub const MAX_FINGERPRINT_FILE: u64 = config_watch::MAX_FINGERPRINT_FILE;
 
 /// Default interval between publishing passes (status merge of health, Services and
 /// EndpointSlices) besides the pass after every health round.
@@ -146,8 +146,9 @@ pub const API_BACKOFF_BASE: Duration = Duration::from_secs(1);
 /// Longest retry delay after Kubernetes API failures.
 pub const API_BACKOFF_MAX: Duration = Duration::from_secs(120);
 
-/// Rebuilds the providers after the config or SSH material changed.
-pub type Reload = Arc<dyn Fn() -> Result<Providers, String> + Send + Sync>;
+/// Rebuilds the providers after the config or SSH material changed (blocking; run on the
+/// blocking pool by the config watch).
+pub type Reload = config_watch::Reload;
 
 /// How the Kubernetes driver runs.
 #[derive(Debug, Clone)]
@@ -306,13 +307,24 @@ pub async fn run_with(
     observer.set_config_loaded(true);
     let (providers_tx, providers_rx) = watch::channel(Arc::new(providers));
     let mut side = JoinSet::new();
-    side.spawn(watch_files(
-        opts.clone(),
-        reload,
-        providers_tx,
-        stats.clone(),
-        shutdown.clone(),
-    ));
+    {
+        let stats = stats.clone();
+        side.spawn(config_watch::run(
+            WatchedFiles {
+                config: opts.config_path.clone(),
+                dirs: opts.ssh_dir.iter().cloned().collect(),
+                compare: Compare::Content,
+            },
+            opts.watch_interval,
+            reload,
+            move |p| {
+                tracing::info!("provider config or SSH material changed: providers rebuilt");
+                stats.reloads.fetch_add(1, Ordering::Relaxed);
+                providers_tx.send_replace(Arc::new(p));
+            },
+            shutdown.clone(),
+        ));
+    }
     let elector = Elector::spawn(client.clone(), opts.lease.clone());
     let mut leader = elector.leader();
     side.spawn(follow_election(
@@ -382,13 +394,6 @@ pub(super) struct Ctx {
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-pub(super) async fn sleep_or_stop(d: Duration, stop: &CancellationToken) -> bool {
-    tokio::select! {
-        () = stop.cancelled() => false,
-        () = tokio::time::sleep(d) => true,
-    }
 }
 
 pub(super) fn uid_of(p: &Proxy) -> Option<ProxyUid> {

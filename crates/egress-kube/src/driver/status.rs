@@ -1,16 +1,15 @@
-//! Status publishing: the leader-only proxy health loop, the publishing pass that merges
-//! health into each Proxy's status and announces changes as Events, and the observer's rows.
+//! Status publishing: the publishing pass that merges health (from the proxy health worker,
+//! [`super::proxy_health`]) into each Proxy's status and announces changes as Events, and
+//! the observer's rows.
 //!
 //! Guarantees: a status write is guarded by the cached resourceVersion (a stale cache never
-//! overwrites a newer status); one Event per change of decided health; health state of a
-//! Proxy only not probed this round is kept (finding H3).
+//! overwrites a newer status); one Event per change of decided health.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
-use egress_core::health::{self, HealthState, ProbeTarget};
+use egress_core::health::{self, HealthState};
 use egress_core::model::ConditionStatus;
 use egress_core::status::ProxyStatusRow;
 use egress_provider::ProxyUid;
@@ -36,47 +35,6 @@ pub(super) async fn wait_synced(
         () = stop.cancelled() => false,
         r = synced.wait_for(|v| *v) => r.is_ok(),
     }
-}
-
-/// Leader-only: runs the proxy health engine over every Running Proxy with an address in the
-/// watch cache (not being deleted), then wakes the publishing pass, which merges the new
-/// states into status. Proxies gone from the cache are dropped from the engine; a Proxy that
-/// is only not probed this round (no address for a moment) keeps its state (finding H3).
-pub(super) async fn proxy_health_loop(
-    ctx: Arc<Ctx>,
-    engine: Arc<health::HealthEngine>,
-    store: Store<Proxy>,
-    mut synced: watch::Receiver<bool>,
-    wake: Arc<Notify>,
-    stop: CancellationToken,
-) {
-    if !wait_synced(&mut synced, &stop).await {
-        return;
-    }
-    let targets_store = store.clone();
-    let targets_ctx = ctx.clone();
-    let targets = move || -> Vec<ProbeTarget> {
-        let creds = lock(&targets_ctx.creds).clone();
-        targets_store
-            .state()
-            .iter()
-            .filter(|p| p.meta().deletion_timestamp.is_none())
-            .filter_map(|p| {
-                let uid = uid_of(p)?;
-                let status = p.status.as_ref()?;
-                let c = creds.get(&uid).cloned().flatten();
-                ProbeTarget::of(uid, key_of(p), &p.spec.proxy, c.as_ref(), status)
-            })
-            .collect()
-    };
-    let retain_engine = engine.clone();
-    let after_round = move |r: &health::RoundReport| {
-        let live: HashSet<ProxyUid> = store.state().iter().filter_map(|p| uid_of(p)).collect();
-        retain_engine.retain(|u| live.contains(u));
-        tracing::debug!(probed = r.probed, ok = r.succeeded, elapsed = ?r.elapsed, "health round");
-        wake.notify_one();
-    };
-    engine.run(targets, after_round, stop).await;
 }
 
 /// Leader-only: a publishing pass after every health round and every `interval`.

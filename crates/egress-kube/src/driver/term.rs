@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use egress_core::background::{self, Workers};
 use egress_core::controller::Controller as Core;
 use egress_core::providers::Providers;
 use futures_util::StreamExt;
@@ -17,14 +18,14 @@ use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
 use tokio::sync::{Notify, mpsc, watch};
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::credentials::credentials_loop;
-use super::orphans::gc_loop;
-use super::provider_health::health_loop;
+use super::orphans::ClusterGc;
+use super::provider_health::{ProviderHealthWriter, host_check_settings};
+use super::proxy_health;
 use super::reconcile::{error_policy, reconcile};
-use super::status::{proxy_health_loop, publish_loop};
+use super::status::publish_loop;
 use super::{
     ADOPT_DEADLINE, API_SLACK, Ctx, DriverStats, FIELD_MANAGER, KubeOptions, STORE_SYNC_POLL,
     publish,
@@ -47,10 +48,10 @@ pub(super) async fn run_term(
     let providers = providers_rx.borrow().clone();
     let core = Arc::new(Core::new(providers.clone(), opts.controller.clone()));
     observer.set_core(Some(core.clone()));
-    let mut loops = JoinSet::new();
+    let mut loops = Workers::new(stop.clone());
     {
         let (stop, shutdown) = (stop.clone(), shutdown.clone());
-        loops.spawn(async move {
+        loops.spawn("leadership", async move {
             tokio::select! {
                 () = shutdown.cancelled() => {}
                 _ = leader.wait_for(|l| !*l) => tracing::warn!("leadership lost: stopping"),
@@ -62,33 +63,44 @@ pub(super) async fn run_term(
         // NB: adoption runs beside the controller: a frozen host must not hold the term for
         // a whole listing budget, and the status's providerID already locates instances.
         let (core, stop) = (core.clone(), stop.clone());
-        loops.spawn(async move { adopt(&core, &providers, &stop).await });
+        loops.spawn(
+            "adoption",
+            async move { adopt(&core, &providers, &stop).await },
+        );
     }
     let (trigger_tx, trigger_rx) = mpsc::channel::<()>(1);
     let creds_trigger = trigger_tx.clone();
-    loops.spawn(follow_providers(
-        core.clone(),
-        providers_rx.clone(),
-        trigger_tx,
-        stop.clone(),
-    ));
-    loops.spawn(gc_loop(
-        client.clone(),
-        providers_rx.clone(),
-        opts.gc.clone(),
-        opts.gc_interval,
-        stats.clone(),
-        stop.clone(),
-    ));
-    loops.spawn(health_loop(
-        client.clone(),
-        core.clone(),
-        providers_rx.clone(),
-        opts.check_interval,
-        stats.clone(),
-        observer.clone(),
-        stop.clone(),
-    ));
+    loops.spawn(
+        "providers",
+        follow_providers(core.clone(), providers_rx.clone(), trigger_tx, stop.clone()),
+    );
+    loops.spawn(
+        "gc",
+        background::gc::run(
+            Arc::new(ClusterGc::new(
+                client.clone(),
+                providers_rx.clone(),
+                stats.clone(),
+            )),
+            opts.gc.clone(),
+            opts.gc_interval,
+            stop.clone(),
+        ),
+    );
+    loops.spawn(
+        "host checks",
+        background::host_checks::run(
+            Arc::new(ProviderHealthWriter::new(
+                client.clone(),
+                core.clone(),
+                providers_rx.clone(),
+                stats.clone(),
+                observer.clone(),
+            )),
+            host_check_settings(opts.check_interval),
+            stop.clone(),
+        ),
+    );
     let proxies: Api<Proxy> = match &opts.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
@@ -125,7 +137,7 @@ pub(super) async fn run_term(
     let (synced_tx, synced) = watch::channel(false);
     {
         let store = store.clone();
-        loops.spawn(async move {
+        loops.spawn("cache sync", async move {
             loop {
                 match tokio::time::timeout(STORE_SYNC_POLL, store.wait_until_ready()).await {
                     Ok(Ok(())) => {
@@ -141,37 +153,46 @@ pub(super) async fn run_term(
         });
     }
     if let Some(engine) = observer.health().cloned() {
-        loops.spawn(proxy_health_loop(
-            ctx.clone(),
-            engine,
-            store.clone(),
-            synced.clone(),
-            wake.clone(),
-            stop.clone(),
-        ));
+        loops.spawn(
+            "proxy health",
+            proxy_health::run(
+                ctx.clone(),
+                engine,
+                store.clone(),
+                synced.clone(),
+                wake.clone(),
+                stop.clone(),
+            ),
+        );
     }
-    loops.spawn(publish_loop(
-        ctx.clone(),
-        store.clone(),
-        synced,
-        publish::Publisher::new(
-            client.clone(),
-            opts.namespace.clone(),
-            FIELD_MANAGER,
-            API_SLACK,
+    loops.spawn(
+        "publish",
+        publish_loop(
+            ctx.clone(),
+            store.clone(),
+            synced,
+            publish::Publisher::new(
+                client.clone(),
+                opts.namespace.clone(),
+                FIELD_MANAGER,
+                API_SLACK,
+            ),
+            wake,
+            opts.publish_interval,
+            stats.clone(),
+            stop.clone(),
         ),
-        wake,
-        opts.publish_interval,
-        stats.clone(),
-        stop.clone(),
-    ));
-    loops.spawn(credentials_loop(
-        ctx.clone(),
-        store,
-        creds_trigger,
-        opts.secret_poll_interval,
-        stop.clone(),
-    ));
+    );
+    loops.spawn(
+        "credentials",
+        credentials_loop(
+            ctx.clone(),
+            store,
+            creds_trigger,
+            opts.secret_poll_interval,
+            stop.clone(),
+        ),
+    );
     controller
         .with_config(ControllerConfig::default().concurrency(opts.concurrency.max(1)))
         .reconcile_all_on(triggers)
@@ -185,8 +206,7 @@ pub(super) async fn run_term(
         .await;
     stop.cancel();
     core.shutdown(opts.shutdown_grace).await;
-    loops.abort_all();
-    while loops.join_next().await.is_some() {}
+    loops.shutdown().await;
     observer.set_core(None);
 }
 

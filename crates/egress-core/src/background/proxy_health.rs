@@ -1,0 +1,49 @@
+//! The proxy health worker: runs the [`HealthEngine`]'s rounds over the targets the driver
+//! gives; after each round, drops the state of Proxies the driver no longer knows and hands
+//! the round to the driver (which merges the new states into status or wakes its publisher).
+//!
+//! Guarantees:
+//! - A Proxy's health state is dropped only when the driver no longer knows it (deleted); a
+//!   Proxy that is only not probed this round (no address for a moment) keeps its state
+//!   (finding H3).
+//! - The worker stops at the next wait once its stop token is cancelled (the engine's own
+//!   rounds are bounded by its probe deadlines).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use egress_provider::ProxyUid;
+use tokio_util::sync::CancellationToken;
+
+use crate::health::{HealthEngine, ProbeTarget, RoundReport};
+
+/// What the proxy health worker needs from a driver.
+pub trait ProxyHealthDriver: Send + Sync + 'static {
+    /// The Proxies to probe now: Running, with an address, not being deleted.
+    fn targets(&self) -> Vec<ProbeTarget>;
+
+    /// Every Proxy the driver knows now (deleting ones included): the engine keeps only these.
+    fn known(&self) -> HashSet<ProxyUid>;
+
+    /// A round ended and the engine holds its states: merge them into status, or wake what
+    /// publishes them.
+    fn round_done(&self, engine: &HealthEngine, report: &RoundReport);
+}
+
+/// Runs health rounds until `stop` is cancelled.
+pub async fn run<D: ProxyHealthDriver>(
+    driver: Arc<D>,
+    engine: Arc<HealthEngine>,
+    stop: CancellationToken,
+) {
+    let targets_driver = Arc::clone(&driver);
+    let targets = move || targets_driver.targets();
+    let round_engine = Arc::clone(&engine);
+    let after_round = move |r: &RoundReport| {
+        let known = driver.known();
+        round_engine.retain(|u| known.contains(u));
+        driver.round_done(&round_engine, r);
+        tracing::debug!(probed = r.probed, ok = r.succeeded, elapsed = ?r.elapsed, "health round");
+    };
+    engine.run(targets, after_round, stop).await;
+}

@@ -1,0 +1,119 @@
+//! The de-duplicating work queue that feeds the reconcile workers.
+//!
+//! Guarantees: a UID is queued at most once and handed to one worker at a time; an `add`
+//! while it is being worked on queues it once more after [`WorkQueue::done`]; a waiting
+//! worker returns `None` as soon as the stop token is cancelled. No lock is held across an
+//! `.await`.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Mutex;
+
+use egress_provider::ProxyUid;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::lock;
+
+/// A de-duplicating work queue: a UID is queued at most once, and handed to one worker at a
+/// time; an `add` while it is being worked on queues it again after [`WorkQueue::done`].
+#[derive(Default)]
+pub(crate) struct WorkQueue {
+    state: Mutex<QueueState>,
+    notify: Notify,
+}
+
+#[derive(Default)]
+struct QueueState {
+    order: VecDeque<ProxyUid>,
+    queued: HashSet<ProxyUid>,
+    active: HashSet<ProxyUid>,
+    dirty: HashSet<ProxyUid>,
+}
+
+impl WorkQueue {
+    pub(crate) fn add(&self, uid: ProxyUid) {
+        {
+            let mut s = lock(&self.state);
+            if s.active.contains(&uid) {
+                s.dirty.insert(uid);
+                return;
+            }
+            if !s.queued.insert(uid) {
+                return;
+            }
+            s.order.push_back(uid);
+        }
+        self.notify.notify_one();
+    }
+
+    fn try_pop(&self) -> Option<ProxyUid> {
+        let mut s = lock(&self.state);
+        let uid = s.order.pop_front()?;
+        s.queued.remove(&uid);
+        s.active.insert(uid);
+        Some(uid)
+    }
+
+    /// The next UID, or `None` once `stop` is cancelled.
+    pub(crate) async fn next(&self, stop: &CancellationToken) -> Option<ProxyUid> {
+        loop {
+            if stop.is_cancelled() {
+                return None;
+            }
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(u) = self.try_pop() {
+                // Pass the wake-up on: more may be queued than workers woken.
+                if !lock(&self.state).order.is_empty() {
+                    self.notify.notify_one();
+                }
+                return Some(u);
+            }
+            tokio::select! {
+                () = stop.cancelled() => return None,
+                () = &mut notified => {}
+            }
+        }
+    }
+
+    pub(crate) fn done(&self, uid: ProxyUid) {
+        let again = {
+            let mut s = lock(&self.state);
+            s.active.remove(&uid);
+            s.dirty.remove(&uid)
+        };
+        if again {
+            self.add(uid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn u(n: u8) -> ProxyUid {
+        ProxyUid(uuid::Uuid::from_bytes([n; 16]))
+    }
+
+    #[tokio::test]
+    async fn the_queue_hands_a_uid_to_one_worker_and_requeues_changes_after_it() {
+        let q = WorkQueue::default();
+        let stop = CancellationToken::new();
+        q.add(u(1));
+        q.add(u(1));
+        q.add(u(2));
+        assert_eq!(q.next(&stop).await, Some(u(1)));
+        q.add(u(1)); // while active: once more after done
+        assert_eq!(q.next(&stop).await, Some(u(2)));
+        q.done(u(2));
+        assert!(q.try_pop().is_none(), "u1 is active, not queued twice");
+        q.done(u(1));
+        assert_eq!(q.next(&stop).await, Some(u(1)));
+        q.done(u(1));
+        stop.cancel();
+        assert_eq!(q.next(&stop).await, None);
+    }
+}

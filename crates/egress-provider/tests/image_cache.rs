@@ -24,8 +24,8 @@ use egress_provider::libvirt::image::{
 use egress_provider::libvirt::names;
 use egress_provider::{ErrorClass, NoProgress, ProviderError};
 use image_support::{GetLength, Head, ImageServer, Route, qcow2, sha};
-use libvirt_fake::{FakeLibvirt, PoolSpec};
-use libvirt_remote::proto::StoragePool;
+use libvirt_fake::{FakeLibvirt, JournalEntry, PoolSpec};
+use libvirt_remote::proto::{StoragePool, procs};
 use libvirt_remote::{Client, OpenOptions};
 
 const POOL: &str = "images";
@@ -627,6 +627,74 @@ async fn truncated_lying_and_stalled_bodies_fail_transient_and_leave_nothing() {
         }
         assert!(fx.volumes().is_empty(), "{path}: {:?}", fx.volumes());
     }
+}
+
+/// Asserts, from the fake's journal, that the part of the (only) failed upload was deleted on
+/// a connection other than the upload's, and after the upload's connection was closed.
+fn assert_upload_link_closed_before_the_part_was_deleted(fake: &FakeLibvirt, what: &str) {
+    let j = fake.journal();
+    let (at, up) = j
+        .iter()
+        .enumerate()
+        .rev()
+        .find_map(|(i, e)| match e {
+            JournalEntry::Call { conn, proc_ } if *proc_ == procs::STORAGE_VOL_UPLOAD => {
+                Some((i, *conn))
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{what}: no upload in {j:?}"));
+    let rest = &j[at..];
+    let del = rest
+        .iter()
+        .position(|e| matches!(e, JournalEntry::Call { proc_, .. } if *proc_ == procs::STORAGE_VOL_DELETE))
+        .unwrap_or_else(|| panic!("{what}: the part was never deleted: {rest:?}"));
+    let killed = rest
+        .iter()
+        .position(|e| *e == JournalEntry::ClientKilled { conn: up })
+        .unwrap_or(usize::MAX);
+    assert!(
+        killed < del,
+        "{what}: the upload's connection #{up} must be closed before the part is deleted: \
+         {rest:?}"
+    );
+    assert!(
+        !matches!(rest[del], JournalEntry::Call { conn, .. } if conn == up),
+        "{what}: the part was deleted over the upload's own connection: {rest:?}"
+    );
+}
+
+#[tokio::test]
+async fn after_a_failed_upload_its_link_is_closed_before_the_part_is_deleted() {
+    // finding: H2 — the second half: the connection is closed before the partial volume is
+    // deleted, for a server error (disk full) and for a source error (truncated body).
+    let fx = Fx::new().await;
+    let img = qcow2(8 * MIB, 4 * MIB as usize);
+    let mut e = entry("home");
+    let full = fx.server.route("/full", Route::new(img.clone()));
+    let mut trunc = Route::new(img.clone());
+    trunc.truncate_at = Some(3 * MIB as usize);
+    let trunc = fx.server.route("/trunc", trunc);
+    e.images.insert(
+        "full".into(),
+        spec(&full, Some(&sha(&img)), ImageFormat::Qcow2),
+    );
+    e.images.insert(
+        "trunc".into(),
+        spec(&trunc, Some(&sha(&img)), ImageFormat::Qcow2),
+    );
+
+    fx.fake.faults().fail_uploads_after(Some(MIB));
+    let r = fx.ensure(&e, "full").await;
+    assert_eq!(class(&r), ErrorClass::Transient, "{r:?}");
+    assert!(fx.volumes().is_empty(), "{:?}", fx.volumes());
+    assert_upload_link_closed_before_the_part_was_deleted(&fx.fake, "disk full");
+
+    fx.fake.faults().fail_uploads_after(None);
+    let r = fx.ensure(&e, "trunc").await;
+    assert_eq!(class(&r), ErrorClass::Transient, "{r:?}");
+    assert!(fx.volumes().is_empty(), "{:?}", fx.volumes());
+    assert_upload_link_closed_before_the_part_was_deleted(&fx.fake, "truncated source");
 }
 
 // ---------------------------------------------------------------- L7

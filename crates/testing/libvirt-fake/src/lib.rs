@@ -68,7 +68,7 @@ pub use faults::{BadLength, Duplicate, FailCall, FaultSpec, Faults};
 pub use server::{
     ConnHandle, DEFAULT_CAPABILITIES, DEFAULT_DOMAIN_CAPABILITIES, DEFAULT_HOSTNAME,
     DEFAULT_HV_VERSION, DEFAULT_KEEPALIVE_COUNT, DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_LIB_VERSION,
-    DUPLEX_BUFFER, FakeLibvirt, KeepaliveConfig,
+    DUPLEX_BUFFER, FakeLibvirt, JOURNAL_CAP, JournalEntry, KeepaliveConfig,
 };
 pub use spec::{
     AuthMode, DomainInfo, DomainSpec, Interface, IpAddress, Lease, NetworkSpec, PoolInfo, PoolSpec,

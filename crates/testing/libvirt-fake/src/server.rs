@@ -140,6 +140,38 @@ struct Inner {
     events_dropped: AtomicU64,
     next_conn_id: AtomicU64,
     shutdown: CancellationToken,
+    journal: Mutex<std::collections::VecDeque<JournalEntry>>,
+}
+
+/// Entries [`FakeLibvirt::journal`] keeps (the oldest are dropped beyond it).
+// NB: the fake also serves benchmarks and soak runs of millions of calls in the process it
+// measures; 65536 entries (1 MiB) cover any single test's calls.
+pub const JOURNAL_CAP: usize = 1 << 16;
+
+fn journal_push(j: &Mutex<std::collections::VecDeque<JournalEntry>>, e: JournalEntry) {
+    let mut j = lock(j);
+    if j.len() >= JOURNAL_CAP {
+        j.pop_front();
+    }
+    j.push_back(e);
+}
+
+/// One entry of [`FakeLibvirt::journal`], in the order the fake saw them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JournalEntry {
+    /// A call of procedure `proc_` arrived on connection `conn` (before any delay).
+    Call {
+        /// [`ConnHandle::id`] of the connection.
+        conn: u64,
+        /// The procedure number.
+        proc_: i32,
+    },
+    /// The client side of an in-memory connection ([`FakeLibvirt::duplex`]) was killed (its
+    /// transport's kill switch fired), recorded at that instant, before the fake notices EOF.
+    ClientKilled {
+        /// [`ConnHandle::id`] of the connection.
+        conn: u64,
+    },
 }
 
 /// Removes a connection from the table when its task ends (or is dropped unpolled).
@@ -232,7 +264,8 @@ fn bad_frame(kind: BadLength) -> Bytes {
 }
 
 impl Inner {
-    fn count_call(&self, proc_: i32) {
+    fn count_call(&self, conn: u64, proc_: i32) {
+        journal_push(&self.journal, JournalEntry::Call { conn, proc_ });
         *lock(&self.calls).entry(proc_).or_insert(0) += 1;
         self.total_calls.send_modify(|n| *n = n.saturating_add(1));
     }
@@ -421,7 +454,7 @@ async fn handle_packet(inner: &Arc<Inner>, ctx: &Arc<ConnCtx>, pkt: Packet) {
                 ctx.send(reply_bytes(&h, &Err(err))).await;
                 return;
             }
-            inner.count_call(h.proc_);
+            inner.count_call(ctx.id, h.proc_);
             match ctx.faults.delay() {
                 None => process_call(inner, ctx, h, pkt.payload).await,
                 Some(delay) => {
@@ -611,6 +644,7 @@ impl FakeLibvirt {
             events_dropped: AtomicU64::new(0),
             next_conn_id: AtomicU64::new(1),
             shutdown: CancellationToken::new(),
+            journal: Mutex::new(std::collections::VecDeque::new()),
         });
         Self {
             _owner: Arc::new(Owner(inner.clone())),
@@ -634,10 +668,14 @@ impl FakeLibvirt {
         let (client, server) = tokio::io::duplex(DUPLEX_BUFFER);
         let handle = self.serve(server);
         let peer = format!("fake:duplex#{}", handle.id());
-        (
-            Transport::from_stream(client, KillSwitch::noop(), peer),
-            handle,
-        )
+        let kill = KillSwitch::noop();
+        let (inner, conn) = (Arc::downgrade(&self.inner), handle.id());
+        kill.push(move || {
+            if let Some(inner) = inner.upgrade() {
+                journal_push(&inner.journal, JournalEntry::ClientKilled { conn });
+            }
+        });
+        (Transport::from_stream(client, kill, peer), handle)
     }
 
     /// An in-memory connection to the fake, ready for `libvirt_remote::Client::open`.
@@ -862,6 +900,12 @@ impl FakeLibvirt {
     /// Calls of procedure `proc_` received so far (counted on arrival, before any delay).
     pub fn calls(&self, proc_: i32) -> u64 {
         self.inner.calls(proc_)
+    }
+
+    /// The last [`JOURNAL_CAP`] calls and client-side kills, in arrival order (for tests of
+    /// which connection a call used and what was closed before it).
+    pub fn journal(&self) -> Vec<JournalEntry> {
+        lock(&self.inner.journal).iter().copied().collect()
     }
 
     /// Calls received so far, all procedures.

@@ -14,7 +14,8 @@
 //! call deletes a volume it did not create; concurrent imports of one base in this process
 //! share one download, and imports in other processes never corrupt or delete each other's
 //! base; the whole import is bounded by `timeouts.imageImport`; every error is a classified,
-//! redacted [`ProviderError`] naming what to change.
+//! redacted [`ProviderError`] naming what to change; after a failed upload its connection is
+//! closed before the partial volume is deleted over a fresh one (H2).
 
 pub mod cache;
 pub mod fetch;
@@ -384,7 +385,9 @@ async fn import_on(
                     ),
                 )
             });
-            discard(link, &part).await;
+            // finding: H2 — the upload's connection is closed before the partial volume is
+            // deleted, over a fresh one.
+            discard_after_failed_upload(link, &part).await;
             return Err(err);
         }
     };
@@ -437,6 +440,25 @@ async fn import_on(
         discard(link, &part).await;
     }
     res
+}
+
+/// After a failed upload: closes the upload's connection first — whatever state its stream
+/// was left in (mid-abort, an error the daemon is still cleaning up after, a peer that stopped
+/// reading) dies with it, and no later call can queue behind it — then deletes the part over
+/// a fresh connection, best effort (a leftover is swept by age).
+async fn discard_after_failed_upload(link: &mut Link<'_>, part: &StorageVol) {
+    link.client.close();
+    match link.bulk.open().await {
+        Ok(c) => {
+            link.client = c;
+            discard(link, part).await;
+        }
+        Err(e) => tracing::warn!(
+            part = %part.name,
+            error = %e,
+            "could not reconnect to delete the temporary upload volume; a sweep will"
+        ),
+    }
 }
 
 /// Deletes this call's part, best effort (a leftover is swept by age).

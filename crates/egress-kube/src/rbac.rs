@@ -103,22 +103,23 @@ pub const SECRETS: ApiAccess = ApiAccess {
     resource: "secrets",
     verbs: &["get"],
 };
-/// The selector-less Service of each Proxy group (`egress-proxies.dev/group`): applied
-/// (patch; create when new), listed by label at the start of a term to find stale ones,
-/// deleted when the group empties.
+/// The selector-less Service of each Proxy group (`egress-proxies.dev/group`): read before
+/// every write (an existing Service that is not ours is never written), applied (patch;
+/// create when new), listed by label at the start of a term to find stale ones, deleted
+/// (with a UID precondition) when the group empties.
 pub const SERVICES: ApiAccess = ApiAccess {
     scope: Scope::WatchedNamespaces,
     group: "",
     resource: "services",
-    verbs: &["create", "delete", "list", "patch"],
+    verbs: &["create", "delete", "get", "list", "patch"],
 };
 /// EndpointSlices the operator publishes healthy proxies' addresses in: the same life cycle
-/// as their Service.
+/// and checks as their Service.
 pub const ENDPOINT_SLICES: ApiAccess = ApiAccess {
     scope: Scope::WatchedNamespaces,
     group: "discovery.k8s.io",
     resource: "endpointslices",
-    verbs: &["create", "delete", "list", "patch"],
+    verbs: &["create", "delete", "get", "list", "patch"],
 };
 /// The leader-election Lease, in the operator's namespace only: read, created once, renewed
 /// and released by replacing it.

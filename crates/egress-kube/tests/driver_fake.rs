@@ -922,3 +922,92 @@ async fn the_driver_calls_exactly_the_apis_its_rbac_table_grants() {
     );
     drop(good);
 }
+
+// ---- tenant-safe publishing through the running driver ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_named_like_an_unowned_service_is_refused_with_an_event_and_a_condition() {
+    use k8s_openapi::api::core::v1::Service;
+    let w = World::new();
+    // The cluster's own Service, created by an admin: a Proxy author names their group after it.
+    let admin: Service = serde_json::from_value(json!({
+        "metadata": {"name": "kubernetes"},
+        "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "https", "port": 443}]},
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(w.api.client("default"), "default")
+        .create(&PostParams::default(), &admin)
+        .await
+        .unwrap();
+    let before = w
+        .api
+        .object("", "services", "default", "kubernetes")
+        .unwrap();
+    let r = w.start_with("a", None, |o| {
+        o.publish_interval = Duration::from_millis(100);
+    });
+    create_member(&w, "p", 3128, Some("kubernetes"), None).await;
+    w.until("the refusal is a condition on the member", |w| {
+        condition(&w.proxy_json("p"), "Published")
+            == Some(("False".into(), "ServiceNameClash".into()))
+    })
+    .await;
+    let p = w.proxy_json("p").unwrap();
+    let c = p["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Published")
+        .unwrap()
+        .clone();
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap()
+            .contains("Service default/kubernetes"),
+        "the condition names the clash: {c}"
+    );
+    w.until("a Warning event names the clash", |w| {
+        w.events()
+            .contains(&("Warning".into(), "ServiceNameClash".into()))
+    })
+    .await;
+    assert_eq!(
+        w.api
+            .object("", "services", "default", "kubernetes")
+            .unwrap(),
+        before,
+        "the admin's Service is untouched"
+    );
+    assert!(
+        w.api
+            .object(
+                "discovery.k8s.io",
+                "endpointslices",
+                "default",
+                "kubernetes-ipv4"
+            )
+            .is_none()
+    );
+    // Renamed to a free name: published, and the condition goes away.
+    w.proxies()
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {GROUP_LABEL: "web"}}})),
+        )
+        .await
+        .unwrap();
+    w.until("published under the free name, condition cleared", |w| {
+        w.api.object("", "services", "default", "web").is_some()
+            && condition(&w.proxy_json("p"), "Published").is_none()
+    })
+    .await;
+    assert_eq!(
+        w.api
+            .object("", "services", "default", "kubernetes")
+            .unwrap(),
+        before
+    );
+    stop(r).await;
+}

@@ -5,7 +5,8 @@
 //! reach only working proxies.
 //!
 //! Pipeline: [`desired`] (pure: Proxies → groups) → [`Publisher::sync`] (network: server-side
-//! apply of what changed since the last pass, delete what is no longer wanted).
+//! apply of what changed since the last pass, delete what is no longer wanted) → a
+//! [`SyncReport`] (writes, groups refused and why, failures).
 //!
 //! Guarantees:
 //! - Only healthy members' `ip:port` appear in a slice; a member turning unhealthy, stopping
@@ -15,13 +16,23 @@
 //!   owner (so Kubernetes' garbage collector removes them with it) and carry
 //!   `kubernetes.io/service-name` and an `endpointslice.kubernetes.io/managed-by` of ours (the
 //!   cluster's EndpointSlice controllers leave them alone).
+//! - **Only objects the operator created are written or deleted** (a Proxy author may name
+//!   any group, e.g. `kubernetes`): before every write the object is read, and an existing
+//!   one is written only when it is ours ([`is_ours`]: our managed-by and group labels *and*
+//!   an entry of our field manager in `managedFields`); otherwise the group is refused
+//!   ([`Refusal`], reason [`REASON_NAME_CLASH`]) and nothing of it is written. Applies are
+//!   never forced: a field another manager owns with another value makes the API server
+//!   refuse the apply (409), and the group is refused ([`REASON_FIELD_CONFLICT`]) rather
+//!   than taking the field over. Deletes carry a UID precondition (the UID we read or
+//!   wrote), so an object deleted and recreated by someone else under the same name is
+//!   never deleted.
 //! - A group that empties loses its Service and slices; on the first pass of a leadership
 //!   term, objects of ours left by an earlier term that no group wants are deleted too (found
-//!   by a label-selected list).
-//! - Objects not labelled as ours are never deleted. A group whose name is not a valid
-//!   Service name is skipped with a warning.
-//! - Every call is bounded by the driver's API deadline; a failed pass is retried whole on
-//!   the next one (nothing is remembered as written unless it was).
+//!   by a label-selected list, each checked with [`is_ours`]).
+//! - Errors are per group: a group that fails or is refused does not stop the others; it is
+//!   retried on the next pass (nothing is remembered as written unless it was). A group
+//!   whose name is not a valid Service name is skipped with a warning.
+//! - Every call is bounded by the driver's API deadline.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -30,7 +41,8 @@ use std::time::Duration;
 use egress_core::health::healthy_endpoints;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
@@ -53,6 +65,15 @@ pub const SLICE_MANAGER: &str = "egress-proxies.dev";
 pub const PORT_NAME: &str = "proxy";
 /// Longest Service name (a DNS-1035 label).
 pub const MAX_SERVICE_NAME: usize = 63;
+/// The Proxy condition set (False) on every member of a refused group, removed once the
+/// group publishes again.
+pub const PUBLISHED_CONDITION: &str = "Published";
+/// Event and condition reason: a group's Service or slice name is taken by an object the
+/// operator does not own.
+pub const REASON_NAME_CLASH: &str = "ServiceNameClash";
+/// Event and condition reason: applying the group's object would overwrite a field another
+/// field manager owns (the apply is never forced).
+pub const REASON_FIELD_CONFLICT: &str = "FieldConflict";
 
 /// One group as it should be published.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -219,18 +240,69 @@ pub fn slice_body(
     })
 }
 
+/// Whether the object with `meta` is the operator's: labelled as ours for `group`, with an
+/// entry of `field_manager` in its `managedFields` (an object someone else created with our
+/// labels copied onto it has no such entry).
+pub fn is_ours(meta: &ObjectMeta, group: &str, field_manager: &str) -> bool {
+    let labels = meta.labels.as_ref();
+    let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+    label(MANAGED_BY_LABEL) == Some(MANAGED_BY)
+        && label(GROUP_LABEL) == Some(group)
+        && meta.managed_fields.as_ref().is_some_and(|m| {
+            m.iter()
+                .any(|e| e.manager.as_deref() == Some(field_manager))
+        })
+}
+
+/// Why a group was not published: its Service's or a slice's name is taken by an object that
+/// is not ours, or an apply would have taken a field over from another manager.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// [`REASON_NAME_CLASH`] or [`REASON_FIELD_CONFLICT`].
+    pub reason: &'static str,
+    /// What clashed, naming the object (`Service NAMESPACE/NAME ...`).
+    pub message: String,
+}
+
+/// What one [`Publisher::sync`] did.
+#[derive(Debug, Default)]
+pub struct SyncReport {
+    /// Objects applied or deleted.
+    pub writes: usize,
+    /// Groups refused this pass, by (namespace, group); nothing of them was written.
+    pub refused: BTreeMap<(String, String), Refusal>,
+    /// Groups refused this pass that were not refused on the previous one (announce these).
+    pub newly_refused: BTreeSet<(String, String)>,
+    /// Calls that failed (each group, listing or delete on its own), retried next pass.
+    pub failures: Vec<String>,
+}
+
+impl SyncReport {
+    /// Whether every call succeeded (refusals are decisions, not failures).
+    pub fn ok(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
 /// Applies groups and remembers what it wrote, so a pass writes only changes.
 pub struct Publisher {
     client: Client,
     namespace: Option<String>,
     field_manager: &'static str,
     deadline: Duration,
-    /// What the last successful pass published; `None` before the first (which also
-    /// sweeps objects of ours left by earlier terms).
-    last: Option<BTreeMap<(String, String), Group>>,
+    /// Groups whose objects the last passes applied exactly as they are now.
+    published: BTreeMap<(String, String), Group>,
+    /// Services that are ours, by (namespace, name), with their UID and group.
+    services: BTreeMap<(String, String), (String, String)>,
+    /// EndpointSlices that are ours, by (namespace, name), with their UID and group.
+    slices: BTreeMap<(String, String), (String, String)>,
+    /// Whether this term's label-selected listing of earlier terms' objects succeeded.
+    swept: bool,
+    /// Groups refused on the last pass.
+    refused: BTreeSet<(String, String)>,
 }
 
-/// A publishing pass that failed (it is retried whole on the next pass).
+/// A publishing call that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
     /// A Kubernetes API call failed.
@@ -241,11 +313,26 @@ pub enum PublishError {
     Timeout(Duration),
 }
 
+impl PublishError {
+    fn code(&self) -> Option<u16> {
+        match self {
+            Self::Kube(kube::Error::Api(e)) => Some(e.code),
+            _ => None,
+        }
+    }
+}
+
+/// How publishing one group ended when it did not fail.
+enum GroupOutcome {
+    Published(usize),
+    Refused(Refusal),
+}
+
 impl std::fmt::Debug for Publisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Publisher")
             .field("namespace", &self.namespace)
-            .field("groups", &self.last.as_ref().map(BTreeMap::len))
+            .field("groups", &self.published.len())
             .finish_non_exhaustive()
     }
 }
@@ -263,7 +350,11 @@ impl Publisher {
             namespace,
             field_manager,
             deadline,
-            last: None,
+            published: BTreeMap::new(),
+            services: BTreeMap::new(),
+            slices: BTreeMap::new(),
+            swept: false,
+            refused: BTreeSet::new(),
         }
     }
 
@@ -277,17 +368,206 @@ impl Publisher {
         }
     }
 
-    /// Makes the cluster hold exactly `want`: applies groups that changed, deletes the
-    /// Services and slices of groups that are gone (and, on the first pass, any labelled as
-    /// ours that no group wants). Returns the number of writes made.
-    pub async fn sync(
-        &mut self,
-        want: &BTreeMap<(String, String), Group>,
-    ) -> Result<usize, PublishError> {
+    /// Lists the objects labelled as ours in scope and remembers those that are ours
+    /// ([`is_ours`]), so the stale ones are deleted.
+    async fn sweep(&mut self) -> Result<(), PublishError> {
+        let lp = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+        let (svc_api, slice_api): (Api<Service>, Api<EndpointSlice>) = match &self.namespace {
+            Some(ns) => (
+                Api::namespaced(self.client.clone(), ns),
+                Api::namespaced(self.client.clone(), ns),
+            ),
+            None => (Api::all(self.client.clone()), Api::all(self.client.clone())),
+        };
+        // rbac: SERVICES list
+        let services = self.bounded(svc_api.list_metadata(&lp)).await?.items;
+        // rbac: ENDPOINT_SLICES list
+        let slices = self.bounded(slice_api.list_metadata(&lp)).await?.items;
+        let metas = [
+            (
+                services.into_iter().map(|o| o.metadata).collect::<Vec<_>>(),
+                true,
+            ),
+            (slices.into_iter().map(|o| o.metadata).collect(), false),
+        ];
+        for (items, is_service) in metas {
+            let into = if is_service {
+                &mut self.services
+            } else {
+                &mut self.slices
+            };
+            for m in items {
+                let group = m
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(GROUP_LABEL))
+                    .cloned()
+                    .unwrap_or_default();
+                if let (true, Some(ns), Some(name), Some(uid)) = (
+                    is_ours(&m, &group, self.field_manager),
+                    m.namespace.clone(),
+                    m.name.clone(),
+                    m.uid.clone(),
+                ) {
+                    into.entry((ns, name)).or_insert((uid, group));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the object `name` before a write: `Ok(None)` when absent, `Ok(Some(meta))` when
+    /// it exists.
+    async fn read<K>(&self, api: &Api<K>, name: &str) -> Result<Option<ObjectMeta>, PublishError>
+    where
+        K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        Ok(self
+            .bounded(api.get_metadata_opt(name))
+            .await?
+            .map(|o| o.metadata))
+    }
+
+    /// Publishes one group: each object is read first and written only when absent or ours;
+    /// applies are not forced.
+    async fn publish_group(&mut self, g: &Group) -> Result<GroupOutcome, PublishError> {
+        let ns = &g.namespace;
+        let svc_api: Api<Service> = Api::namespaced(self.client.clone(), ns);
+        let slice_api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), ns);
+        let clash = |kind: &str, name: &str| Refusal {
+            reason: REASON_NAME_CLASH,
+            message: format!(
+                "{kind} {ns}/{name} exists and was not created by egress-proxies; group {:?} \
+                 is not published (rename the group or the {kind})",
+                g.name
+            ),
+        };
+        // Every name first: a clash anywhere refuses the group before anything is written.
+        // rbac: SERVICES get
+        if let Some(m) = self.read(&svc_api, &g.name).await?
+            && !is_ours(&m, &g.name, self.field_manager)
+        {
+            return Ok(GroupOutcome::Refused(clash("Service", &g.name)));
+        }
+        let slices = g.slices();
+        for (name, _, _) in &slices {
+            // rbac: ENDPOINT_SLICES get
+            if let Some(m) = self.read(&slice_api, name).await?
+                && !is_ours(&m, &g.name, self.field_manager)
+            {
+                return Ok(GroupOutcome::Refused(clash("EndpointSlice", name)));
+            }
+        }
+        let conflict = |kind: &str, name: &str, e: &PublishError| Refusal {
+            reason: REASON_FIELD_CONFLICT,
+            message: format!(
+                "{kind} {ns}/{name} has fields another field manager owns with other values; \
+                 not overwritten, group {:?} is not published: {e}",
+                g.name
+            ),
+        };
+        // NB: never `.force()`: taking fields over from another manager is what the API
+        // server's conflict check exists to prevent.
+        let pp = PatchParams::apply(self.field_manager);
         let mut writes = 0;
-        // (namespace, service) and (namespace, slice) that exist and are ours but unwanted.
-        let mut stale_services: BTreeSet<(String, String)> = BTreeSet::new();
-        let mut stale_slices: BTreeSet<(String, String)> = BTreeSet::new();
+        // rbac: SERVICES patch (create when new)
+        let svc = match self
+            .bounded(svc_api.patch(&g.name, &pp, &Patch::Apply(&service_body(g))))
+            .await
+        {
+            Ok(s) => s,
+            Err(e) if e.code() == Some(409) => {
+                return Ok(GroupOutcome::Refused(conflict("Service", &g.name, &e)));
+            }
+            Err(e) => return Err(e),
+        };
+        writes += 1;
+        let uid = svc.metadata.uid.clone();
+        if let Some(u) = &uid {
+            self.services
+                .insert((ns.clone(), g.name.clone()), (u.clone(), g.name.clone()));
+        }
+        for (name, family, addrs) in slices {
+            let body = slice_body(g, &name, family, &addrs, uid.as_deref());
+            // rbac: ENDPOINT_SLICES patch (create when new)
+            let slice = match self
+                .bounded(slice_api.patch(&name, &pp, &Patch::Apply(&body)))
+                .await
+            {
+                Ok(s) => s,
+                Err(e) if e.code() == Some(409) => {
+                    return Ok(GroupOutcome::Refused(conflict("EndpointSlice", &name, &e)));
+                }
+                Err(e) => return Err(e),
+            };
+            writes += 1;
+            if let Some(u) = slice.metadata.uid {
+                self.slices.insert((ns.clone(), name), (u, g.name.clone()));
+            }
+        }
+        Ok(GroupOutcome::Published(writes))
+    }
+
+    /// Deletes `name` only if its UID is still `uid`: `Ok(true)` when deleted, `Ok(false)`
+    /// when it is gone or was replaced by another object (then it is not ours any more).
+    async fn delete_if<K>(&self, api: &Api<K>, name: &str, uid: &str) -> Result<bool, PublishError>
+    where
+        K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match self.bounded(api.delete(name, &dp)).await {
+            Ok(_) => Ok(true),
+            Err(e) if matches!(e.code(), Some(404 | 409)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Makes the cluster hold exactly `want`: applies groups that changed, deletes the
+    /// Services and slices of ours no group wants (on the first pass of a term, also those
+    /// found by a label-selected list). Every group and every delete stands on its own: one
+    /// failing or refused does not stop the others.
+    pub async fn sync(&mut self, want: &BTreeMap<(String, String), Group>) -> SyncReport {
+        let mut report = SyncReport::default();
+        if !self.swept {
+            match self.sweep().await {
+                Ok(()) => self.swept = true,
+                Err(e) => report
+                    .failures
+                    .push(format!("listing objects of earlier terms: {e}")),
+            }
+        }
+        for (k, g) in want {
+            if self.published.get(k) == Some(g) {
+                continue;
+            }
+            self.published.remove(k);
+            match self.publish_group(g).await {
+                Ok(GroupOutcome::Published(n)) => {
+                    report.writes += n;
+                    self.published.insert(k.clone(), g.clone());
+                }
+                Ok(GroupOutcome::Refused(r)) => {
+                    tracing::warn!(namespace = %k.0, group = %k.1, reason = r.reason, "{}", r.message);
+                    if !self.refused.contains(k) {
+                        report.newly_refused.insert(k.clone());
+                    }
+                    report.refused.insert(k.clone(), r);
+                }
+                Err(e) => {
+                    tracing::warn!(namespace = %k.0, group = %k.1, error = %e, "publishing a group failed; retried next pass");
+                    report.failures.push(format!("group {}/{}: {e}", k.0, k.1));
+                }
+            }
+        }
+        self.published.retain(|k, _| want.contains_key(k));
+        self.refused = report.refused.keys().cloned().collect();
+        // Objects of ours that no wanted group names (refused groups keep theirs).
         let wanted_slices: BTreeSet<(String, String)> = want
             .values()
             .flat_map(|g| {
@@ -296,99 +576,45 @@ impl Publisher {
                     .map(|(n, _, _)| (g.namespace.clone(), n))
             })
             .collect();
-        match &self.last {
-            None => {
-                let lp = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
-                let (svc_api, slice_api): (Api<Service>, Api<EndpointSlice>) = match &self.namespace
-                {
-                    Some(ns) => (
-                        Api::namespaced(self.client.clone(), ns),
-                        Api::namespaced(self.client.clone(), ns),
-                    ),
-                    None => (Api::all(self.client.clone()), Api::all(self.client.clone())),
-                };
-                // rbac: SERVICES list
-                for s in self.bounded(svc_api.list_metadata(&lp)).await?.items {
-                    let k = (
-                        s.metadata.namespace.unwrap_or_default(),
-                        s.metadata.name.unwrap_or_default(),
-                    );
-                    if !want.contains_key(&k) {
-                        stale_services.insert(k);
-                    }
-                }
-                // rbac: ENDPOINT_SLICES list
-                for s in self.bounded(slice_api.list_metadata(&lp)).await?.items {
-                    let k = (
-                        s.metadata.namespace.unwrap_or_default(),
-                        s.metadata.name.unwrap_or_default(),
-                    );
-                    if !wanted_slices.contains(&k) {
-                        stale_slices.insert(k);
-                    }
-                }
-            }
-            Some(last) => {
-                for (k, g) in last {
-                    if !want.contains_key(k) {
-                        stale_services.insert(k.clone());
-                    }
-                    for (n, _, _) in g.slices() {
-                        let sk = (g.namespace.clone(), n);
-                        if !wanted_slices.contains(&sk) {
-                            stale_slices.insert(sk);
-                        }
-                    }
-                }
-            }
-        }
-        let pp = PatchParams::apply(self.field_manager).force();
-        for (k, g) in want {
-            if self.last.as_ref().and_then(|l| l.get(k)) == Some(g) {
-                continue;
-            }
-            let svc_api: Api<Service> = Api::namespaced(self.client.clone(), &g.namespace);
-            // rbac: SERVICES patch (create when new)
-            let svc = self
-                .bounded(svc_api.patch(&g.name, &pp, &Patch::Apply(&service_body(g))))
-                .await?;
-            writes += 1;
-            let uid = svc.metadata.uid.clone();
-            let slice_api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &g.namespace);
-            for (name, family, addrs) in g.slices() {
-                let body = slice_body(g, &name, family, &addrs, uid.as_deref());
-                // rbac: ENDPOINT_SLICES patch (create when new)
-                self.bounded(slice_api.patch(&name, &pp, &Patch::Apply(&body)))
-                    .await?;
-                writes += 1;
-            }
-        }
-        for (ns, name) in &stale_slices {
-            let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), ns);
+        let stale_slices: Vec<((String, String), String)> = self
+            .slices
+            .iter()
+            .filter(|(k, _)| !wanted_slices.contains(k))
+            .map(|(k, (uid, _))| (k.clone(), uid.clone()))
+            .collect();
+        for ((ns, name), uid) in stale_slices {
+            let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &ns);
             // rbac: ENDPOINT_SLICES delete
-            match self
-                .bounded(api.delete(name, &DeleteParams::default()))
-                .await
-            {
-                Ok(_) => writes += 1,
-                Err(PublishError::Kube(kube::Error::Api(e))) if e.code == 404 => {}
-                Err(e) => return Err(e),
+            match self.delete_if(&api, &name, &uid).await {
+                Ok(deleted) => {
+                    report.writes += usize::from(deleted);
+                    self.slices.remove(&(ns, name));
+                }
+                Err(e) => report
+                    .failures
+                    .push(format!("deleting EndpointSlice {ns}/{name}: {e}")),
             }
         }
-        for (ns, name) in &stale_services {
-            let api: Api<Service> = Api::namespaced(self.client.clone(), ns);
+        let stale_services: Vec<((String, String), String)> = self
+            .services
+            .iter()
+            .filter(|(k, _)| !want.contains_key(*k))
+            .map(|(k, (uid, _))| (k.clone(), uid.clone()))
+            .collect();
+        for ((ns, name), uid) in stale_services {
+            let api: Api<Service> = Api::namespaced(self.client.clone(), &ns);
             // rbac: SERVICES delete
-            match self
-                .bounded(api.delete(name, &DeleteParams::default()))
-                .await
-            {
-                Ok(_) => writes += 1,
-                Err(PublishError::Kube(kube::Error::Api(e))) if e.code == 404 => {}
-                Err(e) => return Err(e),
+            match self.delete_if(&api, &name, &uid).await {
+                Ok(deleted) => {
+                    report.writes += usize::from(deleted);
+                    self.services.remove(&(ns, name));
+                }
+                Err(e) => report
+                    .failures
+                    .push(format!("deleting Service {ns}/{name}: {e}")),
             }
         }
-        self.last = Some(want.clone());
-        Ok(writes)
+        report
     }
 }
 

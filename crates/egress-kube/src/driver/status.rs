@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use egress_core::health::{self, HealthState};
-use egress_core::model::ConditionStatus;
+use egress_core::model::{Condition, ConditionStatus};
 use egress_core::status::ProxyStatusRow;
 use egress_provider::ProxyUid;
 use kube::api::{Api, Patch, PatchParams};
@@ -134,22 +134,99 @@ pub(super) async fn publish_pass(
     ctx.observer
         .set_proxies(proxies.iter().map(row_of).collect());
     let want = publish::desired(proxies.iter());
-    let r = tokio::select! {
+    let report = tokio::select! {
         () = stop.cancelled() => return false,
         r = publisher.sync(&want) => r,
     };
-    match r {
-        Ok(n) => {
-            if n > 0 {
-                tracing::debug!(writes = n, groups = want.len(), "published groups");
-            }
-            ok
+    if report.writes > 0 {
+        tracing::debug!(
+            writes = report.writes,
+            groups = want.len(),
+            "published groups"
+        );
+    }
+    for f in &report.failures {
+        tracing::warn!(failure = %f, "publishing: retried next pass");
+    }
+    let marked = mark_refused_groups(ctx, &proxies, &report, now).await;
+    ok && report.ok() && marked
+}
+
+/// Sets the `Published` condition (False, with the refusal's reason and message naming the
+/// clash) on every member of a refused group and removes it once the group is no longer
+/// refused; announces each new refusal once as a Warning Event on every member. `true` when
+/// every status write succeeded.
+async fn mark_refused_groups(
+    ctx: &Ctx,
+    proxies: &[Proxy],
+    report: &publish::SyncReport,
+    now: SystemTime,
+) -> bool {
+    let now_s = humantime::format_rfc3339_seconds(now).to_string();
+    let mut ok = true;
+    for p in proxies {
+        if p.meta().deletion_timestamp.is_some() {
+            continue;
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "publishing groups failed; retried next pass");
-            false
+        let Some(current) = p.status.clone() else {
+            continue;
+        };
+        let ns = p.namespace().unwrap_or_default();
+        let key = p
+            .labels()
+            .get(publish::GROUP_LABEL)
+            .map(|g| (ns.clone(), g.clone()));
+        let refusal = key.as_ref().and_then(|k| report.refused.get(k));
+        let mut next = current.clone();
+        match refusal {
+            Some(r) => next.set_condition(Condition::new(
+                publish::PUBLISHED_CONDITION,
+                ConditionStatus::False,
+                r.reason,
+                &r.message,
+                &now_s,
+                p.meta().generation.unwrap_or(0),
+            )),
+            None => next
+                .conditions
+                .retain(|c| c.type_ != publish::PUBLISHED_CONDITION),
+        }
+        if let (Some(r), Some(k)) = (refusal, &key)
+            && report.newly_refused.contains(k)
+        {
+            let ev = KubeEvent {
+                type_: EventType::Warning,
+                reason: r.reason.to_owned(),
+                note: Some(r.message.clone()),
+                action: "Publish".into(),
+                secondary: None,
+            };
+            // rbac: EVENTS create
+            if let Err(e) = ctx.recorder.publish(&ev, &p.object_ref(&())).await {
+                tracing::warn!(proxy = %key_of(p), error = %e, "cannot publish a refusal event");
+            }
+        }
+        if next == current {
+            continue;
+        }
+        let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &ns);
+        let body = json!({"apiVersion": api_version(), "kind": "Proxy",
+                          "metadata": {"resourceVersion": p.resource_version()},
+                          "status": next});
+        let pp = PatchParams::apply(FIELD_MANAGER).force();
+        let (name, patch) = (p.name_any(), Patch::Apply(&body));
+        // rbac: PROXIES_STATUS patch
+        let w = api.patch_status(&name, &pp, &patch);
+        match tokio::time::timeout(API_SLACK, w).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(proxy = %key_of(p), error = %e, "published condition write failed; retried next pass");
+                ok = false;
+            }
+            Err(_) => ok = false,
         }
     }
+    ok
 }
 
 /// Publishes an Event when a Proxy's decided health changed since the last announcement:

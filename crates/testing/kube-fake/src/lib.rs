@@ -10,7 +10,8 @@
 //!   `ADDED` / `MODIFIED` / `DELETED` events replayed from `resourceVersion`, then live, then a
 //!   `BOOKMARK`; the stream ends after `timeoutSeconds` like a real server's);
 //! - create (409 `AlreadyExists`), replace (409 `Conflict` on a stale
-//!   `metadata.resourceVersion`), delete;
+//!   `metadata.resourceVersion`), delete (with `DeleteOptions.preconditions` `uid` and
+//!   `resourceVersion`: 409 `Conflict` when one does not hold, nothing deleted);
 //! - patches: JSON merge (RFC 7386), strategic merge (treated as a JSON merge: lists are
 //!   replaced, never merged by key — enough for the objects our tests patch), JSON patch
 //!   (RFC 6902, including `test`), and server-side apply;
@@ -124,6 +125,8 @@ struct State {
     watchers: Vec<Watcher>,
     status_sub: HashSet<TypeKey>,
     requests: Vec<RecordedRequest>,
+    /// Injected faults: (method, exact path) answered with a 500 instead of being served.
+    failing: Vec<(String, String)>,
 }
 
 /// The fake server. Cloning shares the same store; [`FakeApiServer::client`] makes a
@@ -519,6 +522,15 @@ impl FakeApiServer {
         self.lock().watchers.clear();
     }
 
+    /// Fault injection: from now on, every `method` request (e.g. `"PATCH"`) to exactly `path`
+    /// (e.g. `/api/v1/namespaces/default/services/web`) is answered with a 500
+    /// `InternalError` and changes nothing, as a failing API server or webhook would.
+    pub fn fail_requests(&self, method: &str, path: &str) {
+        self.lock()
+            .failing
+            .push((method.to_owned(), path.to_owned()));
+    }
+
     async fn serve(self, req: Request<kube::client::Body>) -> Response<Body> {
         let (parts, body) = req.into_parts();
         let body = match body.collect().await {
@@ -536,7 +548,17 @@ impl FakeApiServer {
         let query: BTreeMap<String, String> = url::form_urlencoded::parse(query_str.as_bytes())
             .into_owned()
             .collect();
+        let injected = self
+            .lock()
+            .failing
+            .iter()
+            .any(|(m, p)| *m == parts.method.as_str() && *p == path);
         let resp = match parse_route(&path) {
+            _ if injected => Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                format!("injected failure for {} {path}", parts.method),
+            )),
             None => Err(ApiError::new(
                 StatusCode::NOT_FOUND,
                 "NotFound",
@@ -618,7 +640,15 @@ impl FakeApiServer {
                 };
                 self.write(r, name, q, w)
             }
-            (&Method::DELETE, Some(name)) => self.delete(r, name),
+            (&Method::DELETE, Some(name)) => {
+                // DeleteOptions (optional body): `preconditions.uid` / `.resourceVersion`.
+                let opts = if body.is_empty() {
+                    Value::Null
+                } else {
+                    parse()?
+                };
+                self.delete(r, name, &opts)
+            }
             _ => Err(ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "MethodNotAllowed",
@@ -960,12 +990,33 @@ impl FakeApiServer {
         Ok(full(StatusCode::OK, &out))
     }
 
-    fn delete(&self, r: &Route, name: &str) -> Result<Response<Body>, ApiError> {
+    fn delete(&self, r: &Route, name: &str, opts: &Value) -> Result<Response<Body>, ApiError> {
         let mut st = self.lock();
         let k = key(r, name);
         let Some(mut stored) = st.objects.get(&k).cloned() else {
             return Err(ApiError::not_found(r, name));
         };
+        // As a real API server: a precondition that does not hold is a 409 Conflict and
+        // nothing is deleted.
+        for (field, meta) in [("uid", "uid"), ("resourceVersion", "resourceVersion")] {
+            if let Some(want) = opts
+                .pointer(&format!("/preconditions/{field}"))
+                .and_then(Value::as_str)
+            {
+                let have = stored
+                    .object
+                    .pointer(&format!("/metadata/{meta}"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                if want != have {
+                    return Err(ApiError::conflict(format!(
+                        "Operation cannot be fulfilled on {} {name:?}: Precondition failed: \
+                         {field} in precondition: {want}, {field} in object meta: {have}",
+                        r.plural
+                    )));
+                }
+            }
+        }
         if has_finalizers(&stored.object) {
             if stored
                 .object

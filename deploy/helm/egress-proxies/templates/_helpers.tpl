@@ -53,8 +53,8 @@ namespace is watched.
   verbs: ["get"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["create", "delete", "list", "patch"]
+  verbs: ["create", "delete", "get", "list", "patch"]
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
-  verbs: ["create", "delete", "list", "patch"]
+  verbs: ["create", "delete", "get", "list", "patch"]
 {{- end -}}

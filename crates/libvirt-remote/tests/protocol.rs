@@ -7,6 +7,8 @@
     clippy::indexing_slicing
 )]
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -891,6 +893,72 @@ async fn killing_a_connection_blocked_on_a_frozen_peer_returns_at_once() {
     .await;
     assert!(eof.is_ok(), "socket was not shut down");
     let _ = Domain::default();
+}
+
+/// A client over a duplex whose kill switch records that it fired; the peer side is returned
+/// to be driven (or left unread: a frozen peer).
+fn pair_with_recorded_kill(config: ConnectionConfig) -> (Client, Peer, Arc<AtomicBool>) {
+    let (a, b) = tokio::io::duplex(1 << 20);
+    let shut = Arc::new(AtomicBool::new(false));
+    let kill = KillSwitch::noop();
+    let flag = shut.clone();
+    kill.push(move || flag.store(true, Ordering::SeqCst));
+    let conn = Connection::start(Transport::from_stream(a, kill, "duplex"), config).unwrap();
+    (
+        Client::from_connection(conn),
+        Peer {
+            io: Framed::new(b, PacketCodec),
+        },
+        shut,
+    )
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn marking_a_link_dead_shuts_its_socket_before_it_returns_and_before_any_caller_fails() {
+    // finding: H1 — the order is the guarantee: the socket is shut first (a writer blocked on
+    // a frozen peer is released by it), then the tasks stop and the callers fail. On this
+    // single-threaded runtime no task runs while `kill()` executes, so only `kill()` itself
+    // can have shut the socket when it returns.
+    let (client, mut peer, shut) = pair_with_recorded_kill(quiet());
+    let c = client.clone();
+    let s = shut.clone();
+    let call = tokio::spawn(async move {
+        let r = c.hostname().await;
+        (r, s.load(Ordering::SeqCst))
+    });
+    let _pending = peer.recv_remote().await; // the call is on the wire, never answered
+    client.connection().kill();
+    assert!(
+        shut.load(Ordering::SeqCst),
+        "kill() returned before the socket was shut"
+    );
+    let (r, shut_when_failed) = tokio::time::timeout(Duration::from_secs(5), call)
+        .await
+        .expect("the caller did not fail")
+        .unwrap();
+    assert!(r.unwrap_err().is_connection());
+    assert!(shut_when_failed);
+
+    // The same order when the link dies on its own (the peer hangs up mid-call).
+    let (client, mut peer, shut) = pair_with_recorded_kill(quiet());
+    let c = client.clone();
+    let s = shut.clone();
+    let call = tokio::spawn(async move {
+        let r = c.hostname().await;
+        (r, s.load(Ordering::SeqCst))
+    });
+    let _pending = peer.recv_remote().await;
+    drop(peer);
+    let (r, shut_when_failed) = tokio::time::timeout(Duration::from_secs(5), call)
+        .await
+        .expect("the caller did not fail")
+        .unwrap();
+    assert!(r.unwrap_err().is_connection());
+    assert!(
+        shut_when_failed,
+        "a caller failed before the dead link's socket was shut"
+    );
+    drop(client);
 }
 
 #[tokio::test]

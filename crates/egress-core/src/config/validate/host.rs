@@ -1,0 +1,194 @@
+//! The rules of one host of an entry: name, address (`host[:port]`), user, socket, pool,
+//! bridge or network, SSH files, concurrency and pool reserve; and the warning for two hosts
+//! sharing one pool.
+//!
+//! Guarantees: pure; every violation is reported with its field path and value.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use egress_provider::libvirt::config::HostConfig;
+use egress_provider::libvirt::hostpool::parse_address;
+
+use super::fields::{abs_path, ident, libvirt_name};
+use super::{
+    GIB, MAX_BRIDGE_LEN, MAX_HOST_CONCURRENCY, MAX_LIBVIRT_NAME_LEN, MAX_SOCKET_LEN, MAX_USER_LEN,
+    Report,
+};
+
+pub(super) fn host<'a>(
+    r: &mut Report,
+    hp: &str,
+    h: &'a HostConfig,
+    places: &mut BTreeMap<(String, u16, &'a str, &'a str), String>,
+) {
+    ident(r, &format!("{hp}.name"), &h.name);
+    let addr = address(r, &format!("{hp}.address"), &h.address);
+    let up = format!("{hp}.user");
+    if h.user.is_empty()
+        || h.user.len() > MAX_USER_LEN
+        || h.user.starts_with('-')
+        || !h
+            .user
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        r.err(
+            &up,
+            format!(
+                "{:?} is not a user name: 1 to {MAX_USER_LEN} of A-Z a-z 0-9 . _ -, not starting \
+                 with -",
+                h.user
+            ),
+        );
+    }
+    let sp = format!("{hp}.socket");
+    if !h.socket.starts_with('/')
+        || h.socket.len() > MAX_SOCKET_LEN
+        || h.socket
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+    {
+        r.err(
+            &sp,
+            format!(
+                "{:?} is not a socket path: absolute, at most {MAX_SOCKET_LEN} bytes, no \
+                 whitespace or control characters",
+                h.socket
+            ),
+        );
+    }
+    libvirt_name(r, &format!("{hp}.pool"), &h.pool, MAX_LIBVIRT_NAME_LEN);
+    match (&h.bridge, &h.network) {
+        (Some(_), Some(_)) => r.err(
+            &format!("{hp}.bridge"),
+            "bridge and network are both set; set one of them (or neither for no NIC)",
+        ),
+        (None, None) => r.warn(
+            hp,
+            "neither bridge nor network is set: guests on this host get no network interface, \
+             so their proxies are unreachable (useful only for tests)",
+        ),
+        _ => {}
+    }
+    if let Some(b) = &h.bridge {
+        libvirt_name(r, &format!("{hp}.bridge"), b, MAX_BRIDGE_LEN);
+    }
+    if let Some(n) = &h.network {
+        libvirt_name(r, &format!("{hp}.network"), n, MAX_LIBVIRT_NAME_LEN);
+    }
+    // NB: `address: local` is this machine's libvirt socket, reached without SSH: the key
+    // and known_hosts are then optional (still checked when given).
+    let local = h.address == crate::providers::LOCAL_ADDRESS;
+    if !local || h.ssh_key_file.is_some() {
+        abs_path(
+            r,
+            &format!("{hp}.sshKeyFile"),
+            h.ssh_key_file.as_deref(),
+            "the SSH private key",
+        );
+    }
+    if !local || h.known_hosts_file.is_some() {
+        abs_path(
+            r,
+            &format!("{hp}.knownHostsFile"),
+            h.known_hosts_file.as_deref(),
+            "the known_hosts file (host keys are never trusted on first use)",
+        );
+    }
+    if h.max_concurrent == 0 || h.max_concurrent > MAX_HOST_CONCURRENCY {
+        r.err(
+            &format!("{hp}.maxConcurrent"),
+            format!(
+                "{} is out of range 1..={MAX_HOST_CONCURRENCY}",
+                h.max_concurrent
+            ),
+        );
+    }
+    if h.pool_reserve_gib.checked_mul(GIB).is_none() {
+        r.err(
+            &format!("{hp}.poolReserveGiB"),
+            format!(
+                "{} GiB does not fit in 64 bits of bytes",
+                h.pool_reserve_gib
+            ),
+        );
+    }
+    if let Some((host, port)) = addr {
+        let key = (
+            host.to_ascii_lowercase(),
+            port,
+            h.socket.as_str(),
+            h.pool.as_str(),
+        );
+        if let Some(first) = places.get(&key) {
+            r.warn(
+                hp,
+                format!(
+                    "same address, socket and pool as {first} ({}:{port}, {}, pool {}): both \
+                     share the pool's space and volume namespace; use one entry or distinct pools",
+                    h.address, h.socket, h.pool
+                ),
+            );
+        } else {
+            places.insert(key, hp.to_owned());
+        }
+    }
+}
+
+/// `host[:port]` → (host, port), reporting an error and returning `None` when malformed.
+// Closes finding M16.
+pub(super) fn address(r: &mut Report, ap: &str, a: &str) -> Option<(String, u16)> {
+    if a.is_empty() || a.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        r.err(
+            ap,
+            format!("{a:?} is not host[:port]: empty, or contains whitespace"),
+        );
+        return None;
+    }
+    if !a.starts_with('[') && a.matches(':').count() > 1 {
+        r.err(
+            ap,
+            format!("{a:?}: an IPv6 address must be in brackets, e.g. [{a}] or [{a}]:22"),
+        );
+        return None;
+    }
+    let (host, port) = match parse_address(a) {
+        Ok(hp) => hp,
+        Err(why) => {
+            r.err(ap, format!("{a:?} is not host[:port]: {why}"));
+            return None;
+        }
+    };
+    let ok = if a.starts_with('[') {
+        host.parse::<Ipv6Addr>().is_ok()
+    } else {
+        host.parse::<Ipv4Addr>().is_ok() || (is_dns_name(&host) && !all_digits_and_dots(&host))
+    };
+    if !ok {
+        r.err(
+            ap,
+            format!(
+                "{a:?}: {host:?} is not a DNS name, an IPv4 address or a bracketed IPv6 address"
+            ),
+        );
+        return None;
+    }
+    Some((host, port))
+}
+
+pub(super) fn all_digits_and_dots(s: &str) -> bool {
+    s.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+}
+
+pub(super) fn is_dns_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.trim_end_matches('.').split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+}

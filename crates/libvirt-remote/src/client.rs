@@ -3,6 +3,9 @@
 //! Guarantees: each method is one call with the connection's deadline (uploads have their
 //! own, see [`UploadOptions`]); every result is either the decoded reply or a classified
 //! [`Error`].
+//!
+//! One piece: it is a flat list of thin typed wrappers, one per remote procedure, with no logic
+//! between them; splitting it would only scatter the list.
 
 use std::time::Duration;
 

@@ -12,6 +12,10 @@
 //! - No lock is held across an `.await`; [`Connection::kill`] is synchronous and returns
 //!   without touching the network (finding H1).
 //! - When the last handle is dropped the connection is killed and its tasks end.
+//!
+//! One piece: the reader, writer and keepalive tasks and the handle share one private state
+//! (pending calls, the once-only death, counters), and the death protocol is verifiable only with
+//! all of them in view.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

@@ -20,6 +20,10 @@
 //! - Parsing is bounded ([`MAX_CAPS_XML_BYTES`], [`MAX_XML_DEPTH`]); a malformed answer is
 //!   Transient (the daemon's problem, not a config problem) and names the host.
 //! - Every call in [`probe`] has the caller's deadline.
+//!
+//! One piece: the bounded XML parser, the two capability documents parsed with it, the probe that
+//! fetches them and the rules that choose from them are one concern (what this host can run) and
+//! share their private types.
 
 use std::time::Duration;
 

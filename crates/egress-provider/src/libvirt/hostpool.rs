@@ -21,6 +21,9 @@
 //! - **Credentials are loaded once** (finding L19): [`SshConnector`] keeps the key and
 //!   known_hosts bytes in a [`CredentialCache`] and reads a file again only when its
 //!   length, modification time or inode changed (a `stat` per dial, no read).
+//!
+//! One piece: the pool, its lease and its connectors share one lifecycle (dial, share, redial,
+//! permit) and the pool's private per-host state.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -8,6 +8,9 @@
 //! memory (M8) → pool refreshed and space checked with the reserve (M4) → overlay (verified if
 //! it exists) → seed volume → define with the mark → start → wait running. Anything this call
 //! created is removed when a later step fails; nothing else ever is.
+//!
+//! One piece: it is the wiring of the `Provider` trait, each method one ordered sequence over the
+//! sibling modules, and a create's undo record must be visible to every step that adds to it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -260,7 +263,7 @@ impl LibvirtProvider {
     ) -> Result<(image::Base, BackingBase)> {
         let host = lease.host();
         let bulk = LeaseBulk(lease);
-        let base = image::ensure_base(
+        let base = image::ensure_base_fitting(
             &Target {
                 entry: self.entry_cfg(),
                 host: &host.name,
@@ -272,6 +275,7 @@ impl LibvirtProvider {
                 fetch: &self.fetch,
             },
             &req.image,
+            Some(req.disk_gib),
         )
         .await?;
         let backing = BackingBase {

@@ -34,6 +34,10 @@
 //!   transient (libvirtd may be restarting); an explicit "administratively prohibited" is
 //!   permanent.
 //! - [`connect_over`] runs the same over a TCP stream the caller dialed.
+//!
+//! One piece: dialing, host-key verification, authentication and the channel stream share the
+//! session's kill switch and error classification; known_hosts matching is already its own module,
+//! and the file ends with its tests.
 
 use std::path::PathBuf;
 use std::pin::Pin;

@@ -20,6 +20,9 @@
 //! configuration, so a latch would keep every Proxy failed after the mirror is fixed; the
 //! condition shows it meanwhile. Nothing is uploaded or published: the `GET` fails before a
 //! temporary volume exists.
+//!
+//! One piece: the client policy (TLS roots, redirect and address rules) and the streaming body
+//! reader enforce one set of limits on the same request, and share its error classification.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -567,6 +570,19 @@ impl Hashing {
     }
 }
 
+/// The virtual size of an image of format `f` starting with `head`: a qcow2 header's size
+/// field (bytes 24..32, big-endian; the header is at least 72 bytes in every version), a raw
+/// image's length (`len`, when declared). `None` when it cannot be known yet.
+pub fn virtual_size(f: ImageFormat, head: &[u8], len: Option<u64>) -> Option<u64> {
+    match f {
+        ImageFormat::Qcow2 => head
+            .get(24..32)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_be_bytes),
+        ImageFormat::Raw => len,
+    }
+}
+
 /// The `GET` body as an `AsyncRead`: hashes, counts, sniffs and enforces the limits while
 /// the upload reads it. At most one chunk and two hash batches are held.
 pub struct Body<'a> {
@@ -583,6 +599,7 @@ pub struct Body<'a> {
     progress: &'a dyn Progress,
     tally: Tally,
     done: bool,
+    disk_gib: Option<u64>,
 }
 
 impl<'a> Body<'a> {
@@ -608,7 +625,36 @@ impl<'a> Body<'a> {
             progress,
             tally: Tally::default(),
             done: false,
+            disk_gib: None,
         }
+    }
+
+    /// Fails the body, Permanent, as soon as its header shows a virtual size larger than a
+    /// disk of `disk_gib` GiB (`None`: no limit): see [`virtual_size`].
+    pub fn fitting(mut self, disk_gib: Option<u64>) -> Self {
+        self.disk_gib = disk_gib;
+        self
+    }
+
+    fn check_fits(&self) -> std::result::Result<(), ProviderError> {
+        let (Some(gib), Some(f)) = (self.disk_gib, self.tally.format) else {
+            return Ok(());
+        };
+        let Some(size) = virtual_size(f, &self.head, self.expected) else {
+            return Ok(());
+        };
+        let disk = gib.saturating_mul(1 << 30);
+        if size > disk {
+            return Err(ProviderError::permanent(format!(
+                "resources.diskGiB {gib} ({disk} bytes) is smaller than {}'s virtual size ({size} \
+                 bytes, {:.2} GiB, read from its header before the download went further): \
+                 raise resources.diskGiB (or the entry's defaults.diskGiB) to at least {}",
+                self.what,
+                size as f64 / (1u64 << 30) as f64,
+                size.div_ceil(1 << 30)
+            )));
+        }
+        Ok(())
     }
 
     /// What was read so far (complete once the reader returned end of file).
@@ -653,6 +699,7 @@ impl<'a> Body<'a> {
                 .extend_from_slice(chunk.get(..take).unwrap_or_default());
             if self.head.len() >= SNIFF_LEN {
                 self.sniff()?;
+                self.check_fits()?;
             }
         }
         self.hash.push(chunk.clone());
@@ -673,7 +720,8 @@ impl<'a> Body<'a> {
         if self.tally.bytes == 0 {
             return Err(ProviderError::permanent(format!("{} is empty", self.what)));
         }
-        self.sniff()
+        self.sniff()?;
+        self.check_fits()
     }
 }
 

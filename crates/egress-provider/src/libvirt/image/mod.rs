@@ -16,6 +16,11 @@
 //! base; the whole import is bounded by `timeouts.imageImport`; every error is a classified,
 //! redacted [`ProviderError`] naming what to change; after a failed upload its connection is
 //! closed before the partial volume is deleted over a fresh one (H2).
+//!
+//! One piece: the import is one ordered protocol (look up, lock, import, publish, settle, clean up
+//! a failed upload) over one link and one deadline; its separable parts already live in `source`,
+//! `cache` and `fetch`, and cutting the sequence would spread one protocol's invariants over
+//! several files.
 
 pub mod cache;
 pub mod fetch;
@@ -98,6 +103,18 @@ pub struct Base {
 /// not cached. Bounded by `timeouts.imageImport`; dropping the future is safe (an unfinished
 /// upload is aborted; its part volume is left for [`sweep_parts`]).
 pub async fn ensure_base(target: &Target<'_>, image: &str) -> Result<Base> {
+    ensure_base_fitting(target, image, None).await
+}
+
+/// [`ensure_base`] for a Proxy whose disk is `disk_gib` GiB: an import of an image whose
+/// virtual size is larger (the qcow2 header's size field, in the first bytes; a raw image's
+/// length) stops as soon as the header has arrived, Permanent, naming `resources.diskGiB`.
+/// A base already published is returned whatever its size (the caller compares it).
+pub async fn ensure_base_fitting(
+    target: &Target<'_>,
+    image: &str,
+    disk_gib: Option<u64>,
+) -> Result<Base> {
     let src = source::resolve(target.entry, image)?;
     let budget = target.entry.timeouts.image_import;
     let deadline = Instant::now() + budget;
@@ -117,7 +134,7 @@ pub async fn ensure_base(target: &Target<'_>, image: &str) -> Result<Base> {
         if let Some(b) = find(target, &src).await? {
             return Ok(b);
         }
-        import(target, &src, deadline).await
+        import(target, &src, disk_gib, deadline).await
     };
     match tokio::time::timeout_at(deadline, work).await {
         Ok(r) => r,
@@ -249,7 +266,12 @@ fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
 }
 
-async fn import(target: &Target<'_>, src: &Source, deadline: Instant) -> Result<Base> {
+async fn import(
+    target: &Target<'_>,
+    src: &Source,
+    disk_gib: Option<u64>,
+    deadline: Instant,
+) -> Result<Base> {
     let entry = target.entry;
     let max = entry.max_image_bytes;
     let fetcher = fetch::Fetcher::new(src, target.fetch, &entry.url_images.allowed_hosts)?;
@@ -277,6 +299,7 @@ async fn import(target: &Target<'_>, src: &Source, deadline: Instant) -> Result<
         resp,
         get_len.or(head_len),
         get_len,
+        disk_gib,
         &mut link,
         deadline,
     )
@@ -304,6 +327,7 @@ async fn import_on(
     resp: reqwest::Response,
     space_len: Option<u64>,
     get_len: Option<u64>,
+    disk_gib: Option<u64>,
     link: &mut Link<'_>,
     deadline: Instant,
 ) -> Result<Base> {
@@ -348,7 +372,8 @@ async fn import_on(
         get_len,
         target.entry.max_image_bytes,
         target.progress,
-    );
+    )
+    .fitting(disk_gib);
     let opts = UploadOptions {
         deadline: Some(remaining(deadline)),
         ..UploadOptions::default()

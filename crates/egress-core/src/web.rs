@@ -7,6 +7,12 @@
 //! answer only a subset ([`Routes`]): Kubernetes mode serves the probes on its main port and
 //! the status views only on an opt-in second one.
 //!
+//! The fleet page ([`page`], routes in `fleet`): `GET /` (HTML: hosts, pools, proxies,
+//! filters as query parameters, sparklines of the last hour from [`history`]), `GET
+//! /fleet.json` (the fragment the page's script swaps in every few seconds) and `GET
+//! /proxies/{namespace}/{name}` (one Proxy's row, JSON). A listener that serves `/` samples
+//! its [`history`] every [`history::SAMPLE_INTERVAL`] for as long as it runs.
+//!
 //! Guarantees: request handling is bounded — at most [`MAX_CONNECTIONS`] connections at a
 //! time (others wait in the kernel backlog), headers must arrive within
 //! [`HEADER_READ_TIMEOUT`], a connection lives at most [`CONNECTION_DEADLINE`], request
@@ -33,6 +39,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::hosthealth::HostHealth;
 use crate::status::StatusDocument;
+
+mod fleet;
+pub mod history;
+pub mod page;
+#[cfg(test)]
+mod page_tests;
+
+use self::history::History;
 
 /// Most connections served at once.
 // NB: the endpoint serves a Prometheus scraper, a health checker and an occasional `status`
@@ -140,7 +154,26 @@ impl Routes {
 
 /// Answers one request (pure with respect to the network: no I/O besides `ep`).
 pub fn handle(ep: &dyn Endpoints, method: &Method, path: &str) -> Response<Full<Bytes>> {
-    handle_routes(ep, Routes::All, method, path)
+    handle_request(ep, None, Routes::All, method, path, None)
+}
+
+/// Answers one request the way [`serve_routes`] does: the fleet page's routes (with
+/// `history`, empty when `None`, and the filters of `query`), then [`handle_routes`].
+pub fn handle_request(
+    ep: &dyn Endpoints,
+    history: Option<&History>,
+    routes: Routes,
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+) -> Response<Full<Bytes>> {
+    if (method == Method::GET || method == Method::HEAD)
+        && routes.serves(path)
+        && let Some(r) = fleet::answer(ep, history, path, query)
+    {
+        return r;
+    }
+    handle_routes(ep, routes, method, path)
 }
 
 /// [`handle`] restricted to `routes`: any other path is 404 whatever it would have answered.
@@ -211,6 +244,15 @@ pub async fn serve_routes(
     shutdown: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let history = Arc::new(History::new());
+    if routes.serves("/") {
+        tokio::spawn(history::run_sampler(
+            Arc::clone(&ep),
+            Arc::clone(&history),
+            history::SAMPLE_INTERVAL,
+            shutdown.child_token(),
+        ));
+    }
     loop {
         let permit = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -232,11 +274,19 @@ pub async fn serve_routes(
             },
         };
         let ep = Arc::clone(&ep);
+        let history = Arc::clone(&history);
         let stop = shutdown.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let svc = service_fn(move |req: Request<Incoming>| {
-                let r = handle_routes(ep.as_ref(), routes, req.method(), req.uri().path());
+                let r = handle_request(
+                    ep.as_ref(),
+                    Some(&history),
+                    routes,
+                    req.method(),
+                    req.uri().path(),
+                    req.uri().query(),
+                );
                 async move { Ok::<_, Infallible>(r) }
             });
             let mut builder = http1::Builder::new();

@@ -180,7 +180,7 @@ async fn elect(
             }
             Ok(Ok(false)) => false,
             Ok(Err(e)) => {
-                tracing::warn!(error = %e, "lease attempt failed");
+                tracing::warn!(error = %with_causes(&e), "lease attempt failed");
                 last_renew.is_some_and(|t| now.duration_since(t) < s.renew_deadline)
             }
             Err(_) => {
@@ -277,6 +277,23 @@ async fn try_acquire_or_renew(
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// `e` and its sources, joined with ": ": kube's client errors say only "client error
+/// (Connect)"; the cause (an unknown certificate issuer, a refused connection) is in the
+/// sources. A source whose text is already included is skipped.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        src = c.source();
+    }
+    s
 }
 
 /// Clears the holder when it is `s.identity`; `Ok(true)` when it did.

@@ -151,9 +151,21 @@ pub struct ProxySettings {
     )))]
     pub allowed_client_cidrs: Vec<String>,
     /// Credentials clients must present. In Kubernetes: the name of a Secret in the Proxy's
-    /// namespace with keys `username` and `password`. In standalone mode: the path of a file
-    /// holding one line `username:password` (relative to the manifest directory).
+    /// namespace with keys `username` and `password`; the Secret must be meant for
+    /// egress-proxies: labelled `egress-proxies.dev/credentials: "true"` or of type
+    /// `egress-proxies.dev/credentials` (any other Secret is not read). In standalone mode:
+    /// the path of a file holding one line `username:password` (relative to the manifest
+    /// directory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    // NB: in a Proxy resource this is a Secret name, put into an API path: the schema admits
+    // only a DNS subdomain (no `/`, so no other namespace or path), as Kubernetes names are.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(
+            length(min = 1, max = 253),
+            regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+        )
+    )]
     pub credentials_ref: Option<String>,
     /// The egress address the world must see from this proxy: an IP (`203.0.113.7`) or a
     /// CIDR (`203.0.113.0/24`). When set, a health check that sees another address makes the
@@ -258,6 +270,24 @@ impl ProxySpec {
         }
         errs
     }
+}
+
+/// Whether `s` is a DNS subdomain (RFC 1123) as Kubernetes object names must be: 1 to 253
+/// characters, dot-separated labels of lowercase letters, digits and `-`, each starting and
+/// ending with a letter or digit. A `credentialsRef` must be one before it names a Secret in
+/// an API path.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            let b = l.as_bytes();
+            !b.is_empty()
+                && b.len() <= 63
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+                && b.first().is_some_and(u8::is_ascii_alphanumeric)
+                && b.last().is_some_and(u8::is_ascii_alphanumeric)
+        })
 }
 
 /// Parses `addr/len` with the length within the address family's bounds.
@@ -489,6 +519,27 @@ mod tests {
                 allowed_client_cidrs: vec!["10.0.0.0/8".into()],
                 ..ProxySettings::default()
             },
+        }
+    }
+
+    #[test]
+    fn a_secret_name_must_be_a_dns_subdomain_so_it_cannot_reach_another_namespace() {
+        for ok in ["creds", "proxy-users", "a.b-c.d0", &"a".repeat(63)] {
+            assert!(is_dns_subdomain(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "kube-system/admin",
+            "../secrets",
+            "Creds",
+            "-x",
+            "x-",
+            "a..b",
+            "a_b",
+            &"a".repeat(64),
+            &["a"; 128].join("."),
+        ] {
+            assert!(!is_dns_subdomain(bad), "{bad}");
         }
     }
 

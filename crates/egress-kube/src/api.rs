@@ -10,7 +10,8 @@
 //!   1–65535, sizes ≥ 1, non-empty names), `format: cidr` plus a CEL `isCIDR` rule on the
 //!   allowed client networks, a CEL rule refusing an open relay, and a CEL transition rule
 //!   making `spec.provider` immutable (re-typing a Proxy to another entry would orphan its
-//!   instance: finding M2).
+//!   instance: finding M2); `credentialsRef` must be a DNS subdomain (a Secret name, never
+//!   a path or another namespace's).
 //! - **Deterministic CRDs**: [`crds_yaml`] renders both CRDs the same way every time; the
 //!   committed `deploy/crds/*.yaml` are its output, and a test fails when they drift.
 
@@ -27,6 +28,13 @@ pub const GROUP: &str = "egress-proxies.dev";
 pub const VERSION: &str = "v1alpha1";
 /// The condition type a [`ProviderHealth`] reports: True when every host is Ready.
 pub const CONDITION_READY: &str = "Ready";
+/// The label (value `"true"`) a Secret carries to be usable as a Proxy's `credentialsRef`.
+/// A Secret without it (or [`CREDENTIALS_SECRET_TYPE`]) is never read for credentials, so a
+/// Proxy author cannot point the operator at a Secret that was not meant for it.
+pub const CREDENTIALS_LABEL: &str = "egress-proxies.dev/credentials";
+/// The Secret `type` that, like [`CREDENTIALS_LABEL`], marks a Secret as credentials for
+/// egress-proxies.
+pub const CREDENTIALS_SECRET_TYPE: &str = "egress-proxies.dev/credentials";
 /// Longest remote string kept in a [`HostHealth`] field (finding L18).
 // NB: the same bound as a Proxy condition's message: enough for a classified provider error
 // naming a host and a setting; 100 hosts × 4 strings stays far below etcd's object limit.

@@ -562,9 +562,14 @@ fn slice_ips(w: &World, group: &str) -> Option<Vec<String>> {
     )
 }
 
+/// A credentials Secret marked for egress-proxies (the label the driver requires).
 async fn create_secret(w: &World, name: &str) {
+    create_secret_labelled(w, name, json!({"egress-proxies.dev/credentials": "true"})).await;
+}
+
+async fn create_secret_labelled(w: &World, name: &str, labels: Value) {
     let s: Secret = serde_json::from_value(json!({
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": labels},
         "stringData": {},
         "data": {"username": "dXNlcjE=", "password": "UGFzc3cwcmQ="},
     }))
@@ -1009,5 +1014,78 @@ async fn a_group_named_like_an_unowned_service_is_refused_with_an_event_and_a_co
             .unwrap(),
         before
     );
+    stop(r).await;
+}
+
+// ---- credentials Secrets must be meant for egress-proxies ----
+
+fn waits_for_credentials(w: &World, name: &str) -> bool {
+    w.proxy_json(name)
+        .and_then(|p| p.pointer("/status/conditions").cloned())
+        .is_some_and(|c| c.to_string().contains("could not be read yet"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_that_did_not_opt_in_is_never_used_as_credentials() {
+    let w = World::new();
+    // Some other workload's Secret, with the keys the operator reads.
+    create_secret_labelled(&w, "db-admin", json!({"app": "db"})).await;
+    let r = w.start_with("a", None, |o| {
+        o.secret_poll_interval = Duration::from_millis(100);
+    });
+    create_member(&w, "p1", 3128, None, Some("db-admin")).await;
+    w.until(
+        "p1 waits: the Secret is not marked for egress-proxies",
+        |w| waits_for_credentials(w, "p1"),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(waits_for_credentials(&w, "p1"), "still not used");
+    assert!(
+        w.fakes.values().all(|f| f.domains().is_empty()),
+        "no instance was created with another workload's credentials"
+    );
+    // The owner marks it (here: the opt-in type is equivalent): now it is used.
+    Api::<Secret>::namespaced(w.api.client("default"), "default")
+        .patch(
+            "db-admin",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"labels": {"egress-proxies.dev/credentials": "true"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    w.until("p1 Running once the Secret opted in", |w| {
+        phase_of(&w.proxy_json("p1")).as_deref() == Some("Running")
+    })
+    .await;
+    stop(r).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credentials_ref_naming_another_namespace_is_never_requested() {
+    let w = World::new();
+    let r = w.start_with("a", None, |o| {
+        o.secret_poll_interval = Duration::from_millis(100);
+    });
+    for (name, r) in [
+        ("p1", "kube-system/admin"),
+        ("p2", "../../kube-system/secrets/admin"),
+    ] {
+        create_member(&w, name, 3128, None, Some(r)).await;
+    }
+    w.until("both wait for credentials they will never get", |w| {
+        waits_for_credentials(w, "p1") && waits_for_credentials(w, "p2")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let secret_reads: Vec<_> = w
+        .api
+        .requests()
+        .into_iter()
+        .filter(|q| q.path.contains("secrets") || q.path.contains("kube-system"))
+        .collect();
+    assert!(secret_reads.is_empty(), "{secret_reads:?}");
     stop(r).await;
 }

@@ -19,10 +19,25 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{API_SLACK, Ctx, ReconcileError, key_of, lock, uid_of};
-use crate::api::Proxy;
+use crate::api::{CREDENTIALS_LABEL, CREDENTIALS_SECRET_TYPE, Proxy};
+use egress_core::model::is_dns_subdomain;
+
+/// Whether `secret` opted in to being read as credentials: labelled
+/// [`CREDENTIALS_LABEL`]` = "true"` or of type [`CREDENTIALS_SECRET_TYPE`].
+pub fn opted_in(secret: &Secret) -> bool {
+    secret.type_.as_deref() == Some(CREDENTIALS_SECRET_TYPE)
+        || secret
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(CREDENTIALS_LABEL))
+            .is_some_and(|v| v == "true")
+}
 
 /// The credentials a Proxy's `credentialsRef` names: keys `username` and `password` of the
-/// Secret in the Proxy's namespace. A missing Secret or key is `None` (the core reports it).
+/// Secret in the Proxy's namespace. A missing Secret or key is `None` (the core reports it);
+/// so is a name that is not a DNS subdomain (never put into an API path, so it cannot reach
+/// another namespace or resource) and a Secret that did not opt in ([`opted_in`]).
 pub(super) async fn credentials(
     client: &Client,
     ns: &str,
@@ -31,11 +46,19 @@ pub(super) async fn credentials(
     let Some(name) = name else {
         return Ok(None);
     };
+    if !is_dns_subdomain(name) {
+        tracing::warn!(namespace = %ns, credentials_ref = %name, "credentialsRef is not a Secret name (a DNS subdomain); not read");
+        return Ok(None);
+    }
     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
     // rbac: SECRETS get
     let Some(secret) = api.get_opt(name).await.map_err(ReconcileError::Kube)? else {
         return Ok(None);
     };
+    if !opted_in(&secret) {
+        tracing::warn!(namespace = %ns, secret = %name, "Secret is not marked for egress-proxies (label {CREDENTIALS_LABEL}=true or type {CREDENTIALS_SECRET_TYPE}); not used as credentials");
+        return Ok(None);
+    }
     let data = secret.data.unwrap_or_default();
     let field = |k: &str| {
         data.get(k)

@@ -11,6 +11,7 @@ mod image_support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use egress_provider::libvirt::check::CheckOptions;
@@ -67,13 +68,17 @@ fn host() -> HostConfig {
 }
 
 async fn setup() -> Setup {
+    setup_serving(qcow2(2 * GIB, 4096), |r| r).await
+}
+
+/// A fake host and an entry whose image `tiny` is `image`, served by the route `route` makes.
+async fn setup_serving(image: Vec<u8>, route: impl FnOnce(Route) -> Route) -> Setup {
     let fake = FakeLibvirt::new();
     fake.add_pool(PoolSpec::new(POOL).capacity(100 * GIB))
         .unwrap();
     let server = ImageServer::start().await;
-    let image = qcow2(2 * GIB, 4096);
     let image_path = "/tiny.qcow2".to_string();
-    let url = server.route(&image_path, Route::new(image.clone()));
+    let url = server.route(&image_path, route(Route::new(image.clone())));
     let mut images = BTreeMap::new();
     images.insert(
         "tiny".to_string(),
@@ -233,10 +238,65 @@ async fn a_disk_smaller_than_the_image_is_refused_before_any_instance_volume_exi
         .await
         .unwrap_err();
     assert_eq!(e.class, ErrorClass::Permanent, "{e}");
-    assert!(e.message.contains("diskSizeGb 1"), "{}", e.message);
+    assert!(e.message.contains("resources.diskGiB 1"), "{}", e.message);
     assert!(e.message.contains(&(2 * GIB).to_string()), "{}", e.message);
     assert!(e.message.contains("tiny"), "{}", e.message);
     assert!(instance_vols(&s.fake, &u).is_empty(), "{:?}", vols(&s.fake));
+    assert!(s.fake.domain(&names::domain("home", &u)).is_none());
+}
+
+/// A real qcow2 image made by `qemu-img create` with a virtual size of `size`.
+fn qemu_img_qcow2(size: &str) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("img.qcow2");
+    let out = std::process::Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2"])
+        .arg(&path)
+        .arg(size)
+        .output()
+        .expect("qemu-img must be installed (.ci/setup-host installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read(&path).unwrap()
+}
+
+/// Longest the refusal below may take: the body stalls after its first bytes, so only a
+/// refusal from the header can end the create before the stall timeout (60 s).
+const HEADER_REFUSAL_BUDGET: Duration = Duration::from_secs(20);
+
+#[tokio::test]
+async fn a_disk_smaller_than_the_image_is_refused_from_the_qcow2_header_before_the_download_goes_on()
+ {
+    // finding: M5 — qemu-img's image says 3 GiB in its header; a 2 GiB disk is refused as
+    // soon as the header arrives: the server sends the first 4 KiB and then nothing, so a
+    // check after the download would only end in the stall timeout.
+    let img = qemu_img_qcow2("3G");
+    assert!(img.len() > 8192, "{}", img.len());
+    let s = setup_serving(img, |mut r| {
+        r.stall_at = Some(4096);
+        r
+    })
+    .await;
+    let u = uid(9);
+    let e = tokio::time::timeout(
+        HEADER_REFUSAL_BUDGET,
+        s.provider.create(&request(u, 2), &NoProgress),
+    )
+    .await
+    .expect("the size was not checked from the header")
+    .unwrap_err();
+    assert_eq!(e.class, ErrorClass::Permanent, "{e}");
+    assert!(e.message.contains("resources.diskGiB 2"), "{}", e.message);
+    assert!(e.message.contains(&(3 * GIB).to_string()), "{}", e.message);
+    assert!(!e.message.contains("diskSizeGb"), "{}", e.message);
+    assert!(
+        vols(&s.fake).is_empty(),
+        "nothing kept: {:?}",
+        vols(&s.fake)
+    );
     assert!(s.fake.domain(&names::domain("home", &u)).is_none());
 }
 

@@ -236,7 +236,7 @@ async fn proxies_are_created_reused_and_deleted_on_the_real_libvirtd_through_ssh
         .await
         .unwrap_err();
     assert_eq!(e.class, ErrorClass::Permanent, "{e}");
-    assert!(e.message.contains("diskSizeGb 0"), "{}", e.message);
+    assert!(e.message.contains("resources.diskGiB 0"), "{}", e.message);
     let files = vol_names(&pool.dir);
     assert!(
         !files.iter().any(|f| f.contains(&small.simple())),

@@ -6,7 +6,7 @@
 //!   (finding M4), and keeps the configured reserve free; not fitting is QuotaExceeded naming
 //!   the host, pool, sizes and reserve.
 //! - An overlay smaller than the base's virtual size is refused before anything is created,
-//!   naming `diskSizeGb`, both sizes and the image (finding M5); an existing overlay is reused
+//!   naming `resources.diskGiB`, both sizes and the image (finding M5); an existing overlay is reused
 //!   only if its capacity, format and backing store match (findings M5, L4), and is otherwise
 //!   reported, never silently booted.
 //! - Only volumes named from the UID are created or replaced here; bases are never touched.
@@ -66,13 +66,14 @@ pub async fn check_space(
 
 /// Checks that a disk of `disk_gib` can hold `base` (finding M5).
 pub fn check_disk_size(disk_gib: u64, base: &BackingBase) -> Result<u64> {
-    let disk = disk_gib
-        .checked_mul(GIB)
-        .ok_or_else(|| ProviderError::permanent(format!("diskSizeGb {disk_gib} is too large")))?;
+    let disk = disk_gib.checked_mul(GIB).ok_or_else(|| {
+        ProviderError::permanent(format!("resources.diskGiB {disk_gib} is too large"))
+    })?;
     if disk < base.capacity {
         return Err(ProviderError::permanent(format!(
-            "diskSizeGb {disk_gib} ({disk} bytes) is smaller than image {}'s virtual size \
-             ({} bytes, {:.2} GiB): raise diskSizeGb to at least {}",
+            "resources.diskGiB {disk_gib} ({disk} bytes) is smaller than image {}'s virtual \
+             size ({} bytes, {:.2} GiB): raise resources.diskGiB (or the entry's \
+             defaults.diskGiB) to at least {}",
             base.image,
             base.capacity,
             base.capacity as f64 / GIB as f64,
@@ -291,7 +292,7 @@ mod tests {
         // finding: M5
         let e = check_disk_size(2, &base(3 * GIB + 1)).unwrap_err();
         assert!(e.is_permanent());
-        assert!(e.message.contains("diskSizeGb 2"), "{}", e.message);
+        assert!(e.message.contains("resources.diskGiB 2"), "{}", e.message);
         assert!(
             e.message.contains(&(3 * GIB + 1).to_string()),
             "{}",

@@ -7,8 +7,15 @@
 //! namespaced and cluster-scoped, any resource without registration):
 //! - get, list (with `labelSelector` equality/existence terms and `fieldSelector`
 //!   `metadata.name` / `metadata.namespace` equality), watch (a streaming JSON-lines body of
-//!   `ADDED` / `MODIFIED` / `DELETED` events replayed from `resourceVersion`, then live, then a
-//!   `BOOKMARK`; the stream ends after `timeoutSeconds` like a real server's);
+//!   `ADDED` / `MODIFIED` / `DELETED` events replayed from `resourceVersion`, then a `BOOKMARK`
+//!   when `allowWatchBookmarks=true`, then live; the stream ends after `timeoutSeconds` like a
+//!   real server's; a `resourceVersion` older than the kept history — see
+//!   [`FakeApiServer::set_watch_history_limit`] — gets one `ERROR` event with a 410 `Expired`
+//!   Status);
+//! - subresources other than a declared `/status` answer 404 (there is no `/scale`);
+//! - discovery, the OpenAPI v2/v3 documents of stored CRDs and server-side printing (`Table`
+//!   with a CRD's printer columns) for clients such as kubectl (`discovery.rs`);
+//! - apply conflicts worded and detailed as a real server's (`FieldManagerConflict` causes);
 //! - create (409 `AlreadyExists`), replace (409 `Conflict` on a stale
 //!   `metadata.resourceVersion`), delete (with `DeleteOptions.preconditions` `uid` and
 //!   `resourceVersion`: 409 `Conflict` when one does not hold, nothing deleted);
@@ -38,6 +45,7 @@
 //! ends and the client re-watches from its last version, as with a real server). No lock is
 //! held across an `.await`. Every request is recorded for assertions ([`FakeApiServer::requests`]).
 
+mod discovery;
 pub mod https;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -124,6 +132,11 @@ struct State {
     history: Vec<Record>,
     watchers: Vec<Watcher>,
     status_sub: HashSet<TypeKey>,
+    /// Most history records kept for watches (`None`: all); see
+    /// [`FakeApiServer::set_watch_history_limit`].
+    history_limit: Option<usize>,
+    /// The resourceVersion of the newest record dropped from `history` (0: none dropped).
+    compacted_rv: u64,
     requests: Vec<RecordedRequest>,
     /// Injected faults: (method, exact path) answered with a 500 instead of being served.
     failing: Vec<(String, String)>,
@@ -196,56 +209,107 @@ fn parse_route(path: &str) -> Option<Route> {
     })
 }
 
+/// One requirement of a label selector (equality-based or set-based, as kubectl and the
+/// client libraries send them).
+#[derive(Debug, Clone)]
+enum LabelReq {
+    Eq(String, String),
+    Ne(String, String),
+    In(String, Vec<String>),
+    NotIn(String, Vec<String>),
+    Exists(String),
+    NotExists(String),
+}
+
 /// Label and field selectors of a list or watch.
 #[derive(Debug, Clone, Default)]
 struct Selectors {
-    labels: Vec<(String, Option<String>, bool)>,
-    fields: Vec<(String, String)>,
+    labels: Vec<LabelReq>,
+    /// (field path, value, equal?)
+    fields: Vec<(String, String, bool)>,
+}
+
+/// Splits a selector at the commas that are not inside a `( … )` value set.
+fn split_terms(sel: &str) -> Vec<&str> {
+    let (mut out, mut depth, mut start) = (Vec::new(), 0_i32, 0);
+    for (i, c) in sel.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(sel[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(sel[start..].trim());
+    out.into_iter().filter(|t| !t.is_empty()).collect()
+}
+
+fn parse_label_req(term: &str) -> LabelReq {
+    let set = |rest: &str| -> Vec<String> {
+        rest.trim()
+            .trim_start_matches('(')
+            .trim_end_matches(')')
+            .split(',')
+            .map(|v| v.trim().to_owned())
+            .collect()
+    };
+    if let Some((k, rest)) = term.split_once(" notin ") {
+        return LabelReq::NotIn(k.trim().into(), set(rest));
+    }
+    if let Some((k, rest)) = term.split_once(" in ") {
+        return LabelReq::In(k.trim().into(), set(rest));
+    }
+    if let Some((k, v)) = term.split_once("!=") {
+        return LabelReq::Ne(k.trim().into(), v.trim().into());
+    }
+    if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
+        return LabelReq::Eq(k.trim().into(), v.trim().into());
+    }
+    match term.strip_prefix('!') {
+        Some(k) => LabelReq::NotExists(k.trim().into()),
+        None => LabelReq::Exists(term.trim().into()),
+    }
 }
 
 impl Selectors {
     fn parse(q: &BTreeMap<String, String>) -> Self {
         let mut s = Self::default();
         if let Some(l) = q.get("labelSelector") {
-            for term in l.split(',').map(str::trim).filter(|t| !t.is_empty()) {
-                if let Some((k, v)) = term.split_once("!=") {
-                    s.labels
-                        .push((k.trim().into(), Some(v.trim().into()), false));
-                } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('='))
-                {
-                    s.labels
-                        .push((k.trim().into(), Some(v.trim().into()), true));
-                } else if let Some(k) = term.strip_prefix('!') {
-                    s.labels.push((k.trim().into(), None, false));
-                } else {
-                    s.labels.push((term.into(), None, true));
-                }
-            }
+            s.labels = split_terms(l).into_iter().map(parse_label_req).collect();
         }
         if let Some(f) = q.get("fieldSelector") {
             for term in f.split(',').map(str::trim).filter(|t| !t.is_empty()) {
-                if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
-                    s.fields.push((k.trim().into(), v.trim().into()));
+                if let Some((k, v)) = term.split_once("!=") {
+                    s.fields.push((k.trim().into(), v.trim().into(), false));
+                } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('='))
+                {
+                    s.fields.push((k.trim().into(), v.trim().into(), true));
                 }
             }
         }
         s
     }
 
+    /// As documented for label selectors: `!=` and `notin` also match objects without the key.
     fn matches(&self, obj: &Value) -> bool {
         let labels = obj.pointer("/metadata/labels");
-        let label_ok = self.labels.iter().all(|(k, v, eq)| {
-            let have = labels.and_then(|l| l.get(k)).and_then(Value::as_str);
-            match (v, eq) {
-                (Some(v), true) => have == Some(v.as_str()),
-                (Some(v), false) => have != Some(v.as_str()),
-                (None, true) => have.is_some(),
-                (None, false) => have.is_none(),
+        let label_ok = self.labels.iter().all(|req| {
+            let have = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+            match req {
+                LabelReq::Eq(k, v) => have(k) == Some(v.as_str()),
+                LabelReq::Ne(k, v) => have(k) != Some(v.as_str()),
+                LabelReq::In(k, vs) => have(k).is_some_and(|h| vs.iter().any(|v| v == h)),
+                LabelReq::NotIn(k, vs) => !have(k).is_some_and(|h| vs.iter().any(|v| v == h)),
+                LabelReq::Exists(k) => have(k).is_some(),
+                LabelReq::NotExists(k) => have(k).is_none(),
             }
         });
-        let field_ok = self.fields.iter().all(|(k, v)| {
+        let field_ok = self.fields.iter().all(|(k, v, eq)| {
             let ptr = format!("/{}", k.replace('.', "/"));
-            obj.pointer(&ptr).and_then(Value::as_str) == Some(v.as_str())
+            (obj.pointer(&ptr).and_then(Value::as_str) == Some(v.as_str())) == *eq
         });
         label_ok && field_ok
     }
@@ -256,6 +320,8 @@ struct ApiError {
     code: StatusCode,
     reason: &'static str,
     message: String,
+    /// The Status `details` (`causes` of an apply conflict), when any.
+    details: Option<Value>,
 }
 
 impl ApiError {
@@ -264,6 +330,7 @@ impl ApiError {
             code,
             reason,
             message: message.into(),
+            details: None,
         }
     }
     fn not_found(r: &Route, name: &str) -> Self {
@@ -293,13 +360,19 @@ fn full(code: StatusCode, v: &Value) -> Response<Body> {
 }
 
 fn error_response(e: &ApiError) -> Response<Body> {
-    full(
-        e.code,
-        &json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": e.message, "reason": e.reason, "code": e.code.as_u16(),
-        }),
-    )
+    full(e.code, &status_body(e))
+}
+
+/// The `Status` object of an error, as a real server answers it.
+fn status_body(e: &ApiError) -> Value {
+    let mut v = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": e.message, "reason": e.reason, "code": e.code.as_u16(),
+    });
+    if let (Some(d), Some(o)) = (&e.details, v.as_object_mut()) {
+        o.insert("details".into(), d.clone());
+    }
+    v
 }
 
 fn now_rfc3339() -> String {
@@ -416,6 +489,15 @@ impl State {
             w.tx.try_send(line.clone()).is_ok()
         });
         self.history.push(rec);
+        if let Some(limit) = self.history_limit
+            && self.history.len() > limit
+        {
+            let drop = self.history.len() - limit;
+            if let Some(last) = self.history.get(drop - 1) {
+                self.compacted_rv = last.rv;
+            }
+            self.history.drain(..drop);
+        }
     }
 
     fn status_sub(&self, r: &Route) -> bool {
@@ -436,6 +518,29 @@ impl Watcher {
             })
             && self.selectors.matches(&rec.object)
     }
+}
+
+/// The group and plural of CustomResourceDefinitions (discovery and printing read them).
+const CRD_GROUP: &str = "apiextensions.k8s.io";
+const CRD_PLURAL: &str = "customresourcedefinitions";
+
+fn is_watch(q: &BTreeMap<String, String>) -> bool {
+    q.get("watch").is_some_and(|w| w == "true" || w == "1")
+}
+
+fn header(h: &http::HeaderMap, name: http::header::HeaderName) -> String {
+    h.get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned()
+}
+
+fn raw(content_type: &str, bytes: Vec<u8>) -> Response<Body> {
+    let mut resp = Response::new(Full::new(Bytes::from(bytes)).boxed_unsync());
+    if let Ok(v) = http::HeaderValue::from_str(content_type) {
+        resp.headers_mut().insert(http::header::CONTENT_TYPE, v);
+    }
+    resp
 }
 
 fn event_line(kind: &str, object: &Value) -> Bytes {
@@ -516,6 +621,21 @@ impl FakeApiServer {
         self.lock().requests.clone()
     }
 
+    /// Keeps only the newest `records` writes for watches to replay, as a real server's watch
+    /// cache and etcd compaction do: a watch from a resourceVersion older than what is kept
+    /// gets one `ERROR` event with a `410 Expired` Status. Unlimited by default.
+    pub fn set_watch_history_limit(&self, records: usize) {
+        let mut st = self.lock();
+        st.history_limit = Some(records);
+        if st.history.len() > records {
+            let drop = st.history.len() - records;
+            if let Some(last) = st.history.get(drop - 1) {
+                st.compacted_rv = last.rv;
+            }
+            st.history.drain(..drop);
+        }
+    }
+
     /// Disconnects every open watch (their streams end; clients re-watch from their last
     /// version), as an API server restart would.
     pub fn disconnect_watches(&self) {
@@ -559,11 +679,26 @@ impl FakeApiServer {
                 "InternalError",
                 format!("injected failure for {} {path}", parts.method),
             )),
-            None => Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                "NotFound",
-                format!("no route for {path}"),
-            )),
+            None => {
+                let accept = header(&parts.headers, http::header::ACCEPT);
+                let crds = self.objects(CRD_GROUP, CRD_PLURAL);
+                match discovery::non_resource(&crds, &path, &accept) {
+                    Some((ct, bytes)) if parts.method == Method::GET => Ok(raw(&ct, bytes)),
+                    _ => Err(ApiError::new(
+                        StatusCode::NOT_FOUND,
+                        "NotFound",
+                        "the server could not find the requested resource",
+                    )),
+                }
+            }
+            Some(route)
+                if parts.method == Method::GET
+                    && route.subresource.is_none()
+                    && !is_watch(&query)
+                    && discovery::wants_table(&header(&parts.headers, http::header::ACCEPT)) =>
+            {
+                self.table(&route, &query)
+            }
             Some(route) => self.dispatch(&parts.method, &route, &query, &content_type, &body),
         };
         let resp = resp.unwrap_or_else(|e| error_response(&e));
@@ -593,12 +728,23 @@ impl FakeApiServer {
             serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid JSON: {e}")))
         };
         match (method, &r.name) {
-            (&Method::GET, None) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => {
-                Ok(self.watch(r, q))
-            }
+            (&Method::GET, None) if is_watch(q) => Ok(self.watch(r, q)),
             (&Method::GET, None) => Ok(self.list(r, q)),
             (&Method::GET, Some(name)) => {
                 let st = self.lock();
+                // As on a real server, a subresource is served only where it exists: `/status`
+                // of a type with the status subresource; no other (no `/scale`).
+                match r.subresource.as_deref() {
+                    None => {}
+                    Some("status") if st.status_sub(r) => {}
+                    Some(_) => {
+                        return Err(ApiError::new(
+                            StatusCode::NOT_FOUND,
+                            "NotFound",
+                            "the server could not find the requested resource",
+                        ));
+                    }
+                }
                 st.objects
                     .get(&key(r, name))
                     .map(|s| full(StatusCode::OK, &s.object))
@@ -609,6 +755,17 @@ impl FakeApiServer {
             (&Method::PATCH, Some(name)) => {
                 let ct = content_type.split(';').next().unwrap_or("").trim();
                 let w = match ct {
+                    // A real server serves no strategic merge patch for custom resources (they
+                    // carry no patch strategy): 415.
+                    "application/strategic-merge-patch+json" if self.is_custom(r) => {
+                        return Err(ApiError::new(
+                            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                            "UnsupportedMediaType",
+                            "the body of the request was in an unknown format - accepted media \
+                             types include: application/json-patch+json, \
+                             application/merge-patch+json, application/apply-patch+yaml",
+                        ));
+                    }
                     "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
                         Write::MergePatch(parse()?)
                     }
@@ -657,7 +814,58 @@ impl FakeApiServer {
         }
     }
 
+    /// A `meta.k8s.io/v1` Table of a get or a list (server-side printing, what kubectl asks
+    /// for), with the CRD's printer columns.
+    fn table(&self, r: &Route, q: &BTreeMap<String, String>) -> Result<Response<Body>, ApiError> {
+        let crds = self.objects(CRD_GROUP, CRD_PLURAL);
+        let info = discovery::find(&crds, &r.group, &r.version, &r.plural);
+        let include = q.get("includeObject").map_or("Metadata", String::as_str);
+        let (objects, rv) = match &r.name {
+            Some(name) => {
+                let st = self.lock();
+                let o = st
+                    .objects
+                    .get(&key(r, name))
+                    .map(|s| s.object.clone())
+                    .ok_or_else(|| ApiError::not_found(r, name))?;
+                (vec![o], None)
+            }
+            None => {
+                let list = self.list_value(r, q);
+                let items = list
+                    .get("items")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                let rv = list
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                (items, rv)
+            }
+        };
+        Ok(full(
+            StatusCode::OK,
+            &discovery::table(info.as_ref(), &objects, rv.as_deref(), include),
+        ))
+    }
+
+    /// Is `r` a custom resource (served because a stored CRD defines it)?
+    fn is_custom(&self, r: &Route) -> bool {
+        self.objects(CRD_GROUP, CRD_PLURAL).iter().any(|crd| {
+            crd.pointer("/spec/group").and_then(Value::as_str) == Some(r.group.as_str())
+                && crd.pointer("/spec/names/plural").and_then(Value::as_str)
+                    == Some(r.plural.as_str())
+        })
+    }
+
     fn list(&self, r: &Route, q: &BTreeMap<String, String>) -> Response<Body> {
+        full(StatusCode::OK, &self.list_value(r, q))
+    }
+
+    fn list_value(&self, r: &Route, q: &BTreeMap<String, String>) -> Value {
+        let crds = self.objects(CRD_GROUP, CRD_PLURAL);
+        let advertised = discovery::find(&crds, &r.group, &r.version, &r.plural);
         let sel = Selectors::parse(q);
         let st = self.lock();
         let items: Vec<Value> = st
@@ -671,19 +879,22 @@ impl FakeApiServer {
             })
             .map(|(_, s)| s.object.clone())
             .collect();
-        let kind = items
-            .first()
-            .and_then(|o| o.get("kind"))
-            .and_then(Value::as_str)
+        // The list kind is `{Kind}List` even when the list is empty, as on a real server.
+        let kind = advertised
+            .map(|a| a.kind)
+            .or_else(|| {
+                items
+                    .first()
+                    .and_then(|o| o.get("kind"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
             .map_or_else(|| "List".to_owned(), |k| format!("{k}List"));
-        full(
-            StatusCode::OK,
-            &json!({
-                "apiVersion": r.api_version(), "kind": kind,
-                "metadata": {"resourceVersion": st.rv.to_string()},
-                "items": items,
-            }),
-        )
+        json!({
+            "apiVersion": r.api_version(), "kind": kind,
+            "metadata": {"resourceVersion": st.rv.to_string()},
+            "items": items,
+        })
     }
 
     fn watch(&self, r: &Route, q: &BTreeMap<String, String>) -> Response<Body> {
@@ -696,9 +907,36 @@ impl FakeApiServer {
             .get("timeoutSeconds")
             .and_then(|t| t.parse().ok())
             .map_or(DEFAULT_WATCH_TIMEOUT, Duration::from_secs);
+        let bookmarks = q
+            .get("allowWatchBookmarks")
+            .is_some_and(|b| b == "true" || b == "1");
+        let crds = self.objects(CRD_GROUP, CRD_PLURAL);
+        let kind = discovery::find(&crds, &r.group, &r.version, &r.plural).map(|i| i.kind);
         let (tx, rx) = mpsc::channel(WATCH_QUEUE);
         let (backlog, rv) = {
             let mut st = self.lock();
+            if let Some(from) = from
+                && from < st.compacted_rv
+            {
+                // As a real server: the watch itself is accepted, then its one event is an
+                // ERROR carrying a 410 `Expired` Status, and the stream ends.
+                let e = ApiError::new(
+                    StatusCode::GONE,
+                    "Expired",
+                    format!(
+                        "too old resource version: {from} ({})",
+                        st.compacted_rv.saturating_add(1)
+                    ),
+                );
+                drop(st);
+                let line = event_line("ERROR", &status_body(&e));
+                let mut resp = Response::new(Full::new(line).boxed_unsync());
+                resp.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/json"),
+                );
+                return resp;
+            }
             let w = Watcher {
                 group: r.group.clone(),
                 plural: r.plural.clone(),
@@ -729,13 +967,16 @@ impl FakeApiServer {
             st.watchers.push(w);
             (backlog, st.rv)
         };
-        let bookmark = event_line(
-            "BOOKMARK",
-            &json!({"apiVersion": r.api_version(), "kind": "Bookmark",
-                    "metadata": {"resourceVersion": rv.to_string()}}),
-        );
+        // A bookmark only when the client asked for them (`allowWatchBookmarks`), as an object
+        // of the watched kind carrying only `metadata.resourceVersion`.
+        let mut bookmark_obj = json!({"apiVersion": r.api_version(),
+            "metadata": {"resourceVersion": rv.to_string()}});
+        if let (Some(k), Some(o)) = (kind, bookmark_obj.as_object_mut()) {
+            o.insert("kind".into(), Value::String(k));
+        }
+        let bookmark = bookmarks.then(|| event_line("BOOKMARK", &bookmark_obj));
         let stream = futures_util::stream::iter(backlog)
-            .chain(futures_util::stream::iter([bookmark]))
+            .chain(futures_util::stream::iter(bookmark))
             .chain(futures_util::stream::unfold(rx, |mut rx| async move {
                 rx.recv().await.map(|b| (b, rx))
             }))
@@ -753,8 +994,29 @@ impl FakeApiServer {
         &self,
         r: &Route,
         q: &BTreeMap<String, String>,
-        mut obj: Value,
+        obj: Value,
     ) -> Result<Response<Body>, ApiError> {
+        self.create_with(r, q, obj, None)
+    }
+
+    /// Creates `obj`; `seed` carries the field ownership of an apply that creates.
+    fn create_with(
+        &self,
+        r: &Route,
+        q: &BTreeMap<String, String>,
+        mut obj: Value,
+        seed: Option<Stored>,
+    ) -> Result<Response<Body>, ApiError> {
+        // A real server's responses always name the kind, even when the request body did not.
+        let crds = self.objects(CRD_GROUP, CRD_PLURAL);
+        if let Some(info) = discovery::find(&crds, &r.group, &r.version, &r.plural)
+            && let Some(o) = obj.as_object_mut()
+            && o.get("kind")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+        {
+            o.insert("kind".into(), Value::String(info.kind));
+        }
         let mut st = self.lock();
         let name = match obj.pointer("/metadata/name").and_then(Value::as_str) {
             Some(n) if !n.is_empty() => n.to_owned(),
@@ -779,6 +1041,9 @@ impl FakeApiServer {
         {
             o.remove("status");
         }
+        if r.group == CRD_GROUP && r.plural == CRD_PLURAL {
+            set_crd_status(&mut obj);
+        }
         st.uid_counter = st.uid_counter.saturating_add(1);
         let uid = format!("00000000-0000-4000-8000-{:012x}", st.uid_counter);
         let rv = st.next_rv();
@@ -798,13 +1063,17 @@ impl FakeApiServer {
         meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
         meta.insert("generation".into(), json!(1));
         meta.insert("creationTimestamp".into(), Value::String(now_rfc3339()));
+        let seeded = seed.is_some();
+        let (applied, managers) = seed.map(|s| (s.applied, s.managers)).unwrap_or_default();
         let mut stored = Stored {
             object: obj,
-            applied: BTreeMap::new(),
-            managers: BTreeSet::new(),
+            applied,
+            managers,
         };
         if let Some(m) = manager {
             stored.managers.insert((m, "Update".into(), String::new()));
+        }
+        if seeded || !stored.managers.is_empty() {
             set_managed_fields(&mut stored, &r.api_version());
         }
         let out = stored.object.clone();
@@ -823,11 +1092,11 @@ impl FakeApiServer {
         let status_write = match r.subresource.as_deref() {
             None => false,
             Some("status") => true,
-            Some(other) => {
+            Some(_) => {
                 return Err(ApiError::new(
                     StatusCode::NOT_FOUND,
                     "NotFound",
-                    format!("subresource {other} is not served"),
+                    "the server could not find the requested resource",
                 ));
             }
         };
@@ -841,20 +1110,36 @@ impl FakeApiServer {
             Some(s) => s.clone(),
             None => match &w {
                 // Apply creates what does not exist (not through /status).
-                Write::Apply { config, .. } if !status_write => {
+                // As on a real server, it is one create: one ADDED event, generation 1, 201
+                // Created, the applier owning what it applied.
+                Write::Apply {
+                    config,
+                    manager,
+                    force,
+                } if !status_write => {
+                    drop(st);
                     let mut cfg = config.clone();
-                    if let Some(m) = meta_mut(&mut cfg) {
+                    restrict(&mut cfg, false, status_sub);
+                    let mut seed = Stored {
+                        object: json!({}),
+                        applied: BTreeMap::new(),
+                        managers: BTreeSet::new(),
+                    };
+                    let mut obj = apply(&mut seed, &json!({}), &cfg, manager, "", *force)?;
+                    seed.managers
+                        .insert((manager.clone(), "Apply".into(), String::new()));
+                    if let Some(o) = obj.as_object_mut() {
+                        o.insert(
+                            "kind".into(),
+                            config.get("kind").cloned().unwrap_or(Value::Null),
+                        );
+                    }
+                    if let Some(m) = meta_mut(&mut obj) {
                         m.insert("name".into(), Value::String(name.to_owned()));
                     }
-                    drop(st);
                     let mut created_q = q.clone();
                     created_q.remove("fieldManager");
-                    self.create(r, &created_q, json!({"metadata": {"name": name}, "apiVersion": r.api_version(), "kind": config.get("kind").cloned().unwrap_or(Value::Null)}))?;
-                    // An apply that creates answers 201 Created, as a real server does (and is
-                    // authorized as a create too).
-                    let mut resp = self.write(r, name, q, w)?;
-                    *resp.status_mut() = StatusCode::CREATED;
-                    return Ok(resp);
+                    return self.create_with(r, &created_q, obj, Some(seed));
                 }
                 _ => return Err(ApiError::not_found(r, name)),
             },
@@ -959,6 +1244,35 @@ impl FakeApiServer {
                 None => meta.remove(*f),
             };
         }
+        // Once deletion has started, finalizers can only be removed, never added.
+        if old_obj.pointer("/metadata/deletionTimestamp").is_some() {
+            let list = |o: &Value| -> Vec<Value> {
+                o.pointer("/metadata/finalizers")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            let before = list(&old_obj);
+            let added: Vec<Value> = list(&new)
+                .into_iter()
+                .filter(|f| !before.contains(f))
+                .collect();
+            if !added.is_empty() {
+                return Err(ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "Invalid",
+                    format!(
+                        "{} {name:?} is invalid: metadata.finalizers: Forbidden: no new \
+                         finalizers can be added if the object is being deleted, found new \
+                         finalizers {added:?}",
+                        r.plural
+                    ),
+                ));
+            }
+        }
+        if r.group == CRD_GROUP && r.plural == CRD_PLURAL {
+            set_crd_status(&mut new);
+        }
         if new == old_obj {
             // A no-op write changes nothing (no new version, no event), as on a real server.
             st.objects.insert(k, stored);
@@ -1045,6 +1359,38 @@ impl FakeApiServer {
     }
 }
 
+/// A CRD's status as a real server reports it once the CRD is served: its names accepted, the
+/// `NamesAccepted` and `Established` conditions true, the storage version stored.
+fn set_crd_status(crd: &mut Value) {
+    let names = crd.pointer("/spec/names").cloned().unwrap_or(json!({}));
+    let stored: Vec<Value> = crd
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
+        .filter_map(|v| v.get("name").cloned())
+        .collect();
+    let since = crd
+        .pointer("/status/conditions/0/lastTransitionTime")
+        .cloned()
+        .unwrap_or_else(|| Value::String(now_rfc3339()));
+    set_key(
+        crd,
+        "status",
+        Some(json!({
+            "acceptedNames": names,
+            "conditions": [
+                {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
+                 "message": "no conflicts found", "lastTransitionTime": since},
+                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
+                 "message": "the initial names have been accepted", "lastTransitionTime": since},
+            ],
+            "storedVersions": stored,
+        })),
+    );
+}
+
 fn set_key(obj: &mut Value, k: &str, v: Option<Value>) {
     if let Some(o) = obj.as_object_mut() {
         match v {
@@ -1109,23 +1455,21 @@ fn apply(
     leaves(config, "", &mut paths);
     paths.remove("");
     let me = (manager.to_owned(), sub.to_owned());
-    let mut conflicts = Vec::new();
+    // (manager, field path in `.a.b` form) of every conflicting leaf.
+    let mut conflicts: Vec<(String, String)> = Vec::new();
     for (owner, owned) in &stored.applied {
         if *owner == me {
             continue;
         }
         for p in paths.intersection(owned) {
             if old.pointer(p) != config.pointer(p) {
-                conflicts.push(format!("{p} (owned by {})", owner.0));
+                let field = p.replace('/', ".").replace("~1", "/").replace("~0", "~");
+                conflicts.push((owner.0.clone(), field));
             }
         }
     }
     if !conflicts.is_empty() && !force {
-        return Err(ApiError::conflict(format!(
-            "Apply failed with {} conflict(s): {}",
-            conflicts.len(),
-            conflicts.join(", ")
-        )));
+        return Err(apply_conflict(&conflicts));
     }
     if force {
         for (owner, owned) in stored.applied.iter_mut() {
@@ -1148,6 +1492,44 @@ fn apply(
     deep_merge(&mut new, config);
     stored.applied.insert(me, paths);
     Ok(new)
+}
+
+/// The 409 of an apply that would change fields other managers own, worded and detailed as a
+/// real server words it: `Apply failed with 1 conflict: conflict with "mgr": .spec.x`, one
+/// `FieldManagerConflict` cause per field.
+fn apply_conflict(conflicts: &[(String, String)]) -> ApiError {
+    let n = conflicts.len();
+    let plural = if n == 1 { "" } else { "s" };
+    let mut by_manager: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (m, f) in conflicts {
+        by_manager.entry(m).or_default().push(f);
+    }
+    let parts: Vec<String> = by_manager
+        .iter()
+        .map(|(m, fields)| match fields.as_slice() {
+            [one] => format!("conflict with {m:?}: {one}"),
+            many => format!(
+                "conflicts with {m:?}:\n{}",
+                many.iter()
+                    .map(|f| format!("- {f}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            ),
+        })
+        .collect();
+    let causes: Vec<Value> = conflicts
+        .iter()
+        .map(|(m, f)| {
+            json!({"reason": "FieldManagerConflict", "message": format!("conflict with {m:?}"),
+                   "field": f})
+        })
+        .collect();
+    let mut e = ApiError::conflict(format!(
+        "Apply failed with {n} conflict{plural}: {}",
+        parts.join("\n")
+    ));
+    e.details = Some(json!({"causes": causes}));
+    e
 }
 
 fn set_managed_fields(stored: &mut Stored, api_version: &str) {

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! kube-fake-server --dir DIR --token TOKEN [--listen 127.0.0.1:0] [--san NAME]...
-//!                  [--namespace NS]
+//!                  [--namespace NS] [--watch-history N]
 //! ```
 //!
 //! Writes into DIR (created if missing): `ca.crt` (the CA to trust), `tls.crt` / `tls.key`
@@ -15,7 +15,8 @@
 //! `::1` and every `--san`. Then prints one line `ready https://ADDR` on stdout (ADDR the bound
 //! address: `--listen` with port 0 picks a free one) and serves until SIGTERM or SIGINT (exit
 //! 0). Any setup failure is one `error: ...` line on stderr and exit 1; a bad command line is
-//! exit 2.
+//! exit 2. `--watch-history N` keeps only the newest N writes for watches to replay (a watch
+//! from an older resourceVersion gets a 410 `Expired`, as after a real server's compaction).
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -43,6 +44,9 @@ struct Args {
     /// The namespace written to serviceaccount/namespace and the kubeconfig's context.
     #[arg(long, value_name = "NS", default_value = "default")]
     namespace: String,
+    /// Keep only the newest N writes for watches to replay (default: all).
+    #[arg(long, value_name = "N")]
+    watch_history: Option<usize>,
 }
 
 fn main() -> ExitCode {
@@ -94,6 +98,9 @@ async fn run(args: Args) -> Result<(), String> {
         .map_err(|e| format!("cannot write to {}: {e}", args.dir.display()))?;
 
     let api = kube_fake::FakeApiServer::new();
+    if let Some(n) = args.watch_history {
+        api.set_watch_history_limit(n);
+    }
     let shutdown = async move {
         tokio::select! {
             _ = term.recv() => {},

@@ -12,7 +12,10 @@
 //! - an instance is deleted only when its mark parsed strictly (the provider lists nothing
 //!   else), its UID is not in the live set, its domain name equals the name derived from the
 //!   UID (finding E2), and it is at least [`GcSettings::min_age`] old (a creation time in the
-//!   future counts as age zero); the deletion is `provider.delete(host, uid)`, which
+//!   future counts as age zero; the provider's listing restamps a mark dated further ahead
+//!   than its skew tolerance with the time it first saw it, so such an orphan's age grows
+//!   from then, across restarts and one-shot runs: finding L9); the deletion is
+//!   `provider.delete(host, uid)`, which
 //!   re-verifies the mark (M2) and takes the instance's overlay and seed with it;
 //! - an overlay or seed is deleted only when its UID is not live, no listed domain of the
 //!   entry on that host carries its UID or is named for it, its name is not also of another

@@ -267,3 +267,91 @@ fn every_module_path_the_architecture_names_exists() {
         "docs/architecture.md names paths that do not exist: {problems:?}"
     );
 }
+
+/// Every key of `v` (objects inside arrays included), recursively.
+fn json_keys(v: &serde_json::Value, out: &mut std::collections::BTreeSet<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                out.insert(k.clone());
+                json_keys(x, out);
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| json_keys(x, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn every_field_of_the_status_document_is_documented_for_users() {
+    use egress_core::model::{Condition, ConditionStatus, HealthStatus, Phase};
+    use egress_core::status::{HostRow, ProxyStatusRow, StatusDocument};
+    // Every optional field set, so every key is serialized.
+    let doc = StatusDocument {
+        generated_at: "2026-01-01T00:00:00Z".into(),
+        proxies: vec![ProxyStatusRow {
+            namespace: "default".into(),
+            name: "p1".into(),
+            uid: "0f8fad5b-d9cb-469f-a165-70867728950e".into(),
+            phase: Phase::Running,
+            host: Some("h1".into()),
+            ip: Some("192.0.2.1".into()),
+            provider_id: Some("libvirt://local/h1/x".into()),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            last_error: Some("e".into()),
+            conditions: vec![Condition {
+                type_: "Ready".into(),
+                status: ConditionStatus::True,
+                reason: "Ready".into(),
+                message: "m".into(),
+                last_transition_time: "2026-01-01T00:00:00Z".into(),
+                observed_generation: 1,
+            }],
+            port: Some(3128),
+            health: Some(HealthStatus {
+                healthy: Some(true),
+                egress_ip: Some("203.0.113.7".into()),
+                last_check: Some("2026-01-01T00:00:00Z".into()),
+                latency_ms: Some(3),
+                consecutive_failures: 0,
+                consecutive_successes: 2,
+                last_error: Some("e".into()),
+            }),
+        }],
+        hosts: vec![HostRow {
+            entry: "local".into(),
+            host: "h1".into(),
+            state: "Ready".into(),
+            latency_ms: Some(3),
+            error: Some("e".into()),
+        }],
+        manifest_errors: vec!["a.yaml: bad".into()],
+    };
+    let mut keys = std::collections::BTreeSet::new();
+    json_keys(&serde_json::to_value(&doc).unwrap(), &mut keys);
+    assert!(keys.len() > 20, "{keys:?}");
+    let ops = std::fs::read_to_string(repo().join("docs/operations.md")).unwrap();
+    let start = ops
+        .find("## The `/status` document")
+        .expect("docs/operations.md has a section on the /status document");
+    let section = &ops[start + 3..];
+    let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+    let documented: BTreeMap<String, ()> = backticked(section)
+        .into_iter()
+        .flat_map(|s| {
+            s.split(['.', '[', ']', ','])
+                .map(str::trim)
+                .filter(|w| !w.is_empty())
+                .map(|w| (w.to_owned(), ()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let missing: Vec<&String> = keys
+        .iter()
+        .filter(|k| !documented.contains_key(*k))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "fields of GET /status that docs/operations.md does not document: {missing:?}"
+    );
+}

@@ -42,7 +42,7 @@ impl Controller {
             {
                 op.abort.abort();
             }
-            st.locations.remove(&obj.uid);
+            st.clear_location(&obj.uid);
             st.created.remove(&obj.uid);
             st.forget_waiter(&obj.uid);
             return Outcome {
@@ -153,6 +153,8 @@ impl Controller {
         if let Some((entry, host, pinned)) = wait_on {
             st.wait_for_slot(&entry, &host, obj.uid, pinned);
         }
+        // The work in flight may have changed: the host loads follow.
+        st.refresh_load(&obj.uid);
         Outcome {
             status,
             requeue_after,

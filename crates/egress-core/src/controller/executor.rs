@@ -129,7 +129,7 @@ impl Controller {
         let mut st = lock(&self.inner.state);
         for o in owned {
             if o.name_matches_uid && o.id.entry == entry {
-                st.locations.insert(o.uid, o.id.clone());
+                st.set_location(o.uid, o.id.clone());
                 st.created.insert(o.uid, o.created_at);
             }
         }
@@ -170,7 +170,7 @@ impl Controller {
         {
             op.abort.abort();
         }
-        st.locations.remove(uid);
+        st.clear_location(uid);
         st.created.remove(uid);
         st.forget_waiter(uid);
     }

@@ -70,8 +70,15 @@ pub(super) enum OpResult {
 
 #[derive(Debug, Clone)]
 pub(super) enum OpKind {
-    Create { host: String, image: String },
-    Delete { hosts: Vec<String> },
+    /// A create (or replace) of an instance on `entry`'s `host`.
+    Create {
+        entry: String,
+        host: String,
+        image: String,
+    },
+    Delete {
+        hosts: Vec<String>,
+    },
 }
 
 /// One spawned create/replace/delete of a UID.
@@ -101,6 +108,7 @@ impl Controller {
         });
         let result = Arc::new(Mutex::new(None));
         let kind = OpKind::Create {
+            entry: entry.clone(),
             host: req.host.clone(),
             image: req.image.clone(),
         };
@@ -135,7 +143,7 @@ impl Controller {
                         .creates_succeeded
                         .fetch_add(1, Ordering::Relaxed);
                     let mut st = lock(&inner.state);
-                    st.locations.insert(req.uid, inst.id.clone());
+                    st.set_location(req.uid, inst.id.clone());
                     st.created.insert(req.uid, SystemTime::now());
                 }
                 Err(e) => {
@@ -201,7 +209,7 @@ impl Controller {
             match &res {
                 Ok(()) => {
                     let mut st = lock(&inner.state);
-                    st.locations.remove(&uid);
+                    st.clear_location(&uid);
                     st.created.remove(&uid);
                 }
                 Err(e) => inner.counters.count_error(e.class),
@@ -262,7 +270,7 @@ pub(super) fn take_op_view(o: &mut ObjState) -> OpView {
             }
         }
         None => match &op.kind {
-            OpKind::Create { host, image } => OpView::Creating {
+            OpKind::Create { host, image, .. } => OpView::Creating {
                 host: host.clone(),
                 image: image.clone(),
                 started: op.started,

@@ -128,7 +128,10 @@ impl Controller {
                 .unwrap_or_default();
             let o = st.objects.entry(obj.uid).or_default();
             let op_view = take_op_view(o);
-            (o.memory.clone(), op_view, location, hosts)
+            let memory = o.memory.clone();
+            // A finished op's result was just taken: the UID's load moves to its location.
+            st.refresh_load(&obj.uid);
+            (memory, op_view, location, hosts)
         };
 
         // Observe (network: one bounded get), only when nothing is in flight.
@@ -185,14 +188,12 @@ impl Controller {
         let budget = self.inner.settings.reconcile_deadline * num / den;
         match tokio::time::timeout(budget, provider.get(id, uid)).await {
             Ok(Ok(inst)) => {
-                lock(&self.inner.state)
-                    .locations
-                    .insert(*uid, inst.id.clone());
+                lock(&self.inner.state).set_location(*uid, inst.id.clone());
                 Observed::Found(inst)
             }
             Ok(Err(e)) if e.is_not_found() => {
                 let mut st = lock(&self.inner.state);
-                st.locations.remove(uid);
+                st.clear_location(uid);
                 st.created.remove(uid);
                 drop(st);
                 Observed::NotFound

@@ -4,7 +4,11 @@
 //!
 //! Guarantees: plain data behind one mutex ([`lock`] recovers it from poisoning, since every
 //! update leaves it consistent); each UID waits at most once per host, so the queues are
-//! bounded by the number of Proxies; no I/O.
+//! bounded by the number of Proxies; no I/O. Each host's load (see
+//! [`host_view`](super::host_view)) is kept as a count updated on every change of a UID's
+//! location or work in flight ([`State::set_location`], [`State::clear_location`],
+//! [`State::refresh_load`]), so reading it costs O(1) per host whatever the fleet's size;
+//! [`State::recount_loads`] recomputes it from scratch for tests that pin the two together.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -13,7 +17,7 @@ use std::time::SystemTime;
 use egress_provider::model::{HostState, ProviderId, ProxyUid};
 
 use super::decide::Memory;
-use super::ops::RunningOp;
+use super::ops::{OpKind, RunningOp};
 
 #[derive(Default)]
 pub(super) struct ObjState {
@@ -35,9 +39,110 @@ pub(super) struct State {
     /// pinned to that host; each UID at most once per host (bounded by the number of
     /// Proxies). A freed slot wakes a waiter (see [`State::take_waiter`]).
     pub(super) waiting: HashMap<(String, String), VecDeque<(ProxyUid, bool)>>,
+    /// The (entry, host) each UID's load counts on: its create in flight, else its location.
+    load_of: HashMap<ProxyUid, (String, String)>,
+    /// Per entry, per host: how many UIDs count on it (entries of [`State::load_of`]).
+    loads: HashMap<String, HashMap<String, usize>>,
 }
 
 impl State {
+    /// Where `uid`'s instance is now (from adoption, a create or a get); its host's load
+    /// follows.
+    pub(super) fn set_location(&mut self, uid: ProxyUid, id: ProviderId) {
+        self.locations.insert(uid, id);
+        self.refresh_load(&uid);
+    }
+
+    /// `uid` has no instance any more (deleted or not found); its host's load follows.
+    pub(super) fn clear_location(&mut self, uid: &ProxyUid) {
+        self.locations.remove(uid);
+        self.refresh_load(uid);
+    }
+
+    /// Host load of `entry`'s `host`: UIDs with a create in flight there, plus UIDs whose
+    /// instance is there and that have no create in flight elsewhere. O(1).
+    pub(super) fn load(&self, entry: &str, host: &str) -> usize {
+        self.loads
+            .get(entry)
+            .and_then(|m| m.get(host))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// What `uid` counts on from its current state: its create in flight (finished or not,
+    /// until its result is taken), else where its instance is.
+    fn load_key(&self, uid: &ProxyUid) -> Option<(&str, &str)> {
+        let creating = self.objects.get(uid).and_then(|o| match &o.op {
+            Some(RunningOp {
+                kind: OpKind::Create { entry, host, .. },
+                ..
+            }) => Some((entry.as_str(), host.as_str())),
+            _ => None,
+        });
+        creating.or_else(|| {
+            self.locations
+                .get(uid)
+                .map(|id| (id.entry.as_str(), id.host.as_str()))
+        })
+    }
+
+    /// Brings `uid`'s share of the host loads up to date after its work in flight or its
+    /// location changed (or it was forgotten). O(1); call it after every such change.
+    pub(super) fn refresh_load(&mut self, uid: &ProxyUid) {
+        let now = self.load_key(uid);
+        let before = self.load_of.get(uid);
+        if now == before.map(|(e, h)| (e.as_str(), h.as_str())) {
+            return;
+        }
+        let now = now.map(|(e, h)| (e.to_owned(), h.to_owned()));
+        if let Some((e, h)) = self.load_of.remove(uid)
+            && let Some(m) = self.loads.get_mut(&e)
+        {
+            if let Some(n) = m.get_mut(&h) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    m.remove(&h);
+                }
+            }
+            if m.is_empty() {
+                self.loads.remove(&e);
+            }
+        }
+        if let Some((e, h)) = now {
+            *self
+                .loads
+                .entry(e.clone())
+                .or_default()
+                .entry(h.clone())
+                .or_default() += 1;
+            self.load_of.insert(*uid, (e, h));
+        }
+    }
+
+    /// Every host's load recounted from every object and location (O(n)): what the
+    /// incremental counts must always equal. For tests.
+    #[cfg(test)]
+    pub(super) fn recount_loads(&self) -> HashMap<String, HashMap<String, usize>> {
+        let mut out: HashMap<String, HashMap<String, usize>> = HashMap::new();
+        let uids: std::collections::HashSet<&ProxyUid> =
+            self.objects.keys().chain(self.locations.keys()).collect();
+        for uid in uids {
+            if let Some((e, h)) = self.load_key(uid) {
+                *out.entry(e.to_owned())
+                    .or_default()
+                    .entry(h.to_owned())
+                    .or_default() += 1;
+            }
+        }
+        out
+    }
+
+    /// The incremental loads as kept (for tests comparing them with a recount).
+    #[cfg(test)]
+    pub(super) fn loads(&self) -> &HashMap<String, HashMap<String, usize>> {
+        &self.loads
+    }
+
     pub(super) fn wait_for_slot(&mut self, entry: &str, host: &str, uid: ProxyUid, pinned: bool) {
         let q = self
             .waiting

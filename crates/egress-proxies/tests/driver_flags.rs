@@ -271,3 +271,27 @@ fn the_main_listener_serves_only_probes_and_the_status_views_only_their_own_list
     let out = finish(guard.0.take().unwrap());
     assert_eq!(out.status.code(), Some(0), "SIGTERM is a clean stop");
 }
+
+#[test]
+fn kubeconfig_names_the_file_to_connect_with_over_the_environment() {
+    // $KUBECONFIG is usable (the driver would start and retry); --kubeconfig names a file
+    // that does not exist: that one is used, so the start fails naming it.
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, kubeconfig) = fixtures(dir.path());
+    let out = finish(
+        command(
+            &[
+                "kubernetes",
+                &format!("--config={}", cfg.display()),
+                "--listen=127.0.0.1:0",
+                "--kubeconfig=/nonexistent/kubeconfig",
+            ],
+            &kubeconfig,
+        )
+        .spawn()
+        .unwrap(),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("kubeconfig /nonexistent/kubeconfig"), "{err}");
+}

@@ -155,6 +155,9 @@ pub type Reload = config_watch::Reload;
 pub struct KubeOptions {
     /// Provider config file.
     pub config_path: PathBuf,
+    /// Kubeconfig file to connect with; `None`: `$KUBECONFIG`, `~/.kube/config`, then the
+    /// in-cluster service account (kube's inference).
+    pub kubeconfig: Option<PathBuf>,
     /// Directory of SSH keys and known_hosts (a mounted Secret), watched for changes.
     pub ssh_dir: Option<PathBuf>,
     /// Watch Proxies of this namespace only; `None`: all namespaces.
@@ -186,6 +189,7 @@ impl KubeOptions {
     pub fn new(config_path: impl Into<PathBuf>, lease: LeaseSettings) -> Self {
         Self {
             config_path: config_path.into(),
+            kubeconfig: None,
             ssh_dir: None,
             namespace: None,
             lease,
@@ -225,6 +229,15 @@ pub enum RunError {
     /// No Kubernetes client configuration (in-cluster or kubeconfig).
     #[error("cannot configure a Kubernetes client: {0}")]
     Client(#[source] kube::Error),
+    /// The kubeconfig file given could not be read or used.
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
     /// The provider config is invalid.
     #[error("{0}")]
     Config(#[source] egress_core::config::ConfigErrors),
@@ -277,7 +290,20 @@ pub async fn run(
     };
     let providers = build()?;
     observer.set_config_loaded(true);
-    let client = Client::try_default().await.map_err(RunError::Client)?;
+    let client = match &opts.kubeconfig {
+        Some(path) => {
+            let err = |source| RunError::Kubeconfig {
+                path: path.clone(),
+                source,
+            };
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(err)?;
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .map_err(err)?;
+            Client::try_from(cfg).map_err(RunError::Client)?
+        }
+        None => Client::try_default().await.map_err(RunError::Client)?,
+    };
     let reload: Reload = Arc::new(move || build().map_err(|e| e.to_string()));
     run_with(
         opts,

@@ -24,6 +24,10 @@ use super::{ConfigArg, DriverArgs, EXIT_OK, UsageError};
 pub struct KubernetesArgs {
     #[command(flatten)]
     config: ConfigArg,
+    /// Kubeconfig file to connect with (default: $KUBECONFIG, ~/.kube/config, then the pod's
+    /// service account).
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
     /// Directory of SSH private keys and known_hosts (the mounted Secret), watched for changes.
     #[arg(long, value_name = "DIR", env = "EGRESS_PROXIES_SSH_DIR")]
     ssh_dir: Option<PathBuf>,
@@ -80,6 +84,7 @@ pub async fn run(a: KubernetesArgs) -> anyhow::Result<u8> {
         egress_kube::leader::LeaseSettings::new(&a.lease_name, &a.lease_namespace, &identity);
     let mut opts = egress_kube::KubeOptions::new(a.config.config, lease);
     opts.ssh_dir = a.ssh_dir;
+    opts.kubeconfig = a.kubeconfig;
     opts.namespace = a.namespace;
     opts.gc_interval = d.gc_interval;
     opts.gc.min_age = d.gc_min_age;

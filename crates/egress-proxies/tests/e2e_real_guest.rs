@@ -31,14 +31,10 @@
     clippy::indexing_slicing
 )]
 
-use std::io::BufRead;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use egress_provider::libvirt::config::ImageFormat;
@@ -46,16 +42,20 @@ use egress_provider::libvirt::image::cache::PART_INFIX;
 use egress_provider::libvirt::{mark, names};
 use egress_standalone::manifests::uid_for;
 use ep_test_support::cleanup::{self, PoolFixture, virsh};
+use ep_test_support::e2e::{
+    EchoProcess, EntryGuard, GuestImage, ImageHost, LIBVIRT_NETNS, NetGuard, build_image,
+    echo_server, env, get_body, http, reexec_in_netns, run_ok, status_code, sweep, volumes,
+};
 use ep_test_support::sshd::Sshd;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-/// The namespace `.ci/setup-host` starts libvirtd in.
-const LIBVIRT_NETNS: &str = "egress-proxies";
 /// Set in the re-executed child: "you are inside the namespace".
 const IN_NETNS_ENV: &str = "EPTEST_E2E_IN_NETNS";
 /// Overrides where the binary is found.
 const BIN_ENV: &str = "EGRESS_PROXIES_BIN";
+/// The image the outer (root-namespace) run built, handed to the run inside the namespace.
+const IMAGE_ENV: &str = "EP_E2E_IMAGE";
+/// Its sha256.
+const IMAGE_SHA_ENV: &str = "EP_E2E_IMAGE_SHA256";
 /// The whole test, image build included.
 // NB: measured here: first image build ~2.5 min (mmdebstrap from the mirror), cached 0 s; the
 // cached run ~2 min (boot to an agent-reported address under TCG ~40 s, tinyproxy ~35 s
@@ -73,16 +73,11 @@ const PROXY_BUDGET: Duration = Duration::from_secs(5 * 60);
 /// Deleting: manifest removed → domain and instance volumes gone.
 // NB: destroy + undefine + two volume deletes take seconds; the reconcile poll is 5 s.
 const DELETE_BUDGET: Duration = Duration::from_secs(3 * 60);
-/// One HTTP exchange (status, proxy request).
-// NB: loopback/bridge round trips are milliseconds; a TCG guest's tinyproxy answers in < 1 s.
-const HTTP_TIMEOUT: Duration = Duration::from_secs(20);
 /// Pause between polls.
 const POLL: Duration = Duration::from_secs(2);
 /// Graceful stop of the operator (and the echo) before it is killed.
 // NB: the operator's own shutdown grace is set to 20 s below; 30 s covers it.
 const STOP_GRACE: Duration = Duration::from_secs(30);
-/// Attempts at a free /24 for the test network.
-const SUBNET_ATTEMPTS: usize = 16;
 /// The proxy port in the manifest.
 const PROXY_PORT: u16 = 3128;
 /// The guest's resources.
@@ -105,12 +100,6 @@ const KILL_AFTER_BYTES: u64 = 4 << 20;
 /// From the first operator's start to its upload reaching KILL_AFTER_BYTES.
 // NB: start-up, adoption, the host check and HEAD take seconds; 3 min absorbs a loaded host.
 const KILL_BUDGET: Duration = Duration::from_secs(3 * 60);
-/// The chunk the image server writes at a time.
-// NB: 64 KiB keeps the throttle smooth (16 sleeps per second at 4 MiB/s).
-const SERVE_CHUNK: usize = 64 << 10;
-/// Largest request head the image server reads.
-// NB: the operator's HEAD/GET heads are ~200 bytes.
-const MAX_REQUEST_HEAD: usize = 16 << 10;
 /// Between health rounds (`--health-interval`).
 // NB: short so Healthy (two consecutive successes) follows tinyproxy's start within seconds.
 const HEALTH_INTERVAL: &str = "3s";
@@ -160,133 +149,6 @@ fn repo_root() -> PathBuf {
         .join("../..")
         .canonicalize()
         .unwrap()
-}
-
-fn run_ok(cmd: &mut Command) -> String {
-    let out = cmd.stdin(Stdio::null()).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-// ---------------------------------------------------------------- the guest image
-
-struct GuestImage {
-    path: PathBuf,
-    sha256: String,
-}
-
-/// The image the outer (root-namespace) run built, handed to the run inside the namespace.
-const IMAGE_ENV: &str = "EP_E2E_IMAGE";
-/// Its sha256.
-const IMAGE_SHA_ENV: &str = "EP_E2E_IMAGE_SHA256";
-
-/// Runs `scripts/build-guest-image` (cached by content) and reads its `key=value` output.
-fn build_image() -> GuestImage {
-    let out = run_ok(
-        Command::new(repo_root().join("scripts/build-guest-image")).stderr(Stdio::inherit()),
-    );
-    let get = |k: &str| {
-        out.lines()
-            .find_map(|l| l.strip_prefix(&format!("{k}=")))
-            .unwrap_or_else(|| panic!("build-guest-image printed no {k}=: {out}"))
-            .to_owned()
-    };
-    GuestImage {
-        path: PathBuf::from(get("image")),
-        sha256: get("sha256"),
-    }
-}
-
-// ---------------------------------------------------------------- guards
-
-/// An isolated libvirt network with DHCP on bridge `eptbr<hex>`; destroyed when dropped.
-struct NetGuard {
-    name: String,
-    bridge: String,
-    prefix: [u8; 3],
-}
-
-impl NetGuard {
-    fn create() -> Self {
-        for _ in 0..SUBNET_ATTEMPTS {
-            let name = cleanup::unique_name("net", "e2e");
-            let bridge = format!("eptbr{:08x}", cleanup::random_u32());
-            let r = cleanup::random_u32();
-            let prefix = [198, 18 + (r & 1) as u8, (r >> 8) as u8];
-            let [a, b, c] = prefix;
-            println!("eptest: creating network {name} (bridge {bridge}, {a}.{b}.{c}.0/24)");
-            let xml = format!(
-                "<network><name>{name}</name><bridge name='{bridge}' stp='off'/>\
-                 <ip address='{a}.{b}.{c}.1' netmask='255.255.255.0'>\
-                 <dhcp><range start='{a}.{b}.{c}.10' end='{a}.{b}.{c}.200'/></dhcp></ip>\
-                 </network>"
-            );
-            let file = std::env::temp_dir().join(format!("{name}.xml"));
-            std::fs::write(&file, xml).unwrap();
-            let g = Self {
-                name,
-                bridge,
-                prefix,
-            };
-            let out = virsh(&["net-create", file.to_str().unwrap()]);
-            let _ = std::fs::remove_file(&file);
-            if out.status.success() {
-                return g;
-            }
-            // NB: most likely the /24 is taken by a parallel run; try another.
-            println!(
-                "eptest: network {} not created: {}",
-                g.name,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        panic!("no isolated network could be created in {SUBNET_ATTEMPTS} attempts");
-    }
-
-    fn ip(&self, host: u8) -> Ipv4Addr {
-        let [a, b, c] = self.prefix;
-        Ipv4Addr::new(a, b, c, host)
-    }
-}
-
-impl Drop for NetGuard {
-    fn drop(&mut self) {
-        if cleanup::keep_requested() {
-            println!("eptest: keeping network {}", self.name);
-            return;
-        }
-        let _ = virsh(&["net-destroy", &self.name]);
-        let _ = std::fs::remove_file(format!("/var/lib/libvirt/dnsmasq/{}.status", self.bridge));
-    }
-}
-
-/// Every domain and volume of one provider entry (`ep-<entry>-…`): destroyed, undefined with
-/// NVRAM, deleted when dropped.
-struct EntryGuard {
-    entry: String,
-    pool: String,
-}
-
-impl Drop for EntryGuard {
-    fn drop(&mut self) {
-        if cleanup::keep_requested() {
-            println!("eptest: keeping entry {}'s domains", self.entry);
-            return;
-        }
-        let prefix = format!("ep-{}-", self.entry);
-        for d in cleanup::domain_names() {
-            if d.starts_with(&prefix) {
-                println!("eptest: removing domain {d}");
-                cleanup::remove_domain(&d);
-                let _ = virsh(&["undefine", &d, "--nvram"]);
-            }
-        }
-        let _ = &self.pool; // the pool (and so every volume) goes with its PoolFixture
-    }
 }
 
 /// The operator process: SIGTERM, then SIGKILL after [`STOP_GRACE`], when dropped.
@@ -379,28 +241,6 @@ impl Drop for Operator {
 
 // ---------------------------------------------------------------- HTTP bits
 
-/// One HTTP/1.1 exchange on a fresh connection from `from` (any when None) to `to`.
-async fn http(from: Option<Ipv4Addr>, to: SocketAddr, request: String) -> std::io::Result<String> {
-    let sock = TcpSocket::new_v4()?;
-    if let Some(ip) = from {
-        sock.bind(SocketAddr::V4(SocketAddrV4::new(ip, 0)))?;
-    }
-    let exchange = async {
-        let mut s = sock.connect(to).await?;
-        s.write_all(request.as_bytes()).await?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await?;
-        Ok::<_, std::io::Error>(String::from_utf8_lossy(&buf).into_owned())
-    };
-    tokio::time::timeout(HTTP_TIMEOUT, exchange)
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "http timeout"))?
-}
-
-fn status_code(resp: &str) -> Option<u16> {
-    resp.get(9..12).and_then(|c| c.parse().ok())
-}
-
 async fn status_json(addr: SocketAddr) -> Option<serde_json::Value> {
     let r = http(
         None,
@@ -418,233 +258,6 @@ fn proxy_row<'a>(doc: &'a serde_json::Value, name: &str) -> Option<&'a serde_jso
         .as_array()?
         .iter()
         .find(|p| p["name"] == name)
-}
-
-/// The echo endpoint: answers every request with `egress=<peer ip>` and records the peers.
-async fn echo_server(ip: Ipv4Addr) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
-    let l = TcpListener::bind(SocketAddr::V4(SocketAddrV4::new(ip, 0)))
-        .await
-        .unwrap();
-    let addr = l.local_addr().unwrap();
-    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-    let s2 = seen.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, peer)) = l.accept().await else {
-                return;
-            };
-            s2.lock().unwrap().push(peer.ip().to_string());
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let mut got = Vec::new();
-                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let body = format!("egress={}\n", peer.ip());
-                let _ = s
-                    .write_all(
-                        format!(
-                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                            body.len()
-                        )
-                        .as_bytes(),
-                    )
-                    .await;
-            });
-        }
-    });
-    (addr, seen)
-}
-
-fn volumes(pool: &str) -> Vec<String> {
-    cleanup::names_from(&["vol-list", pool])
-        .into_iter()
-        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
-        .filter(|n| n != "Name" && !n.starts_with("---"))
-        .collect()
-}
-
-/// GET `path` on `addr`; the body of a 200, else `None`.
-async fn get_body(addr: SocketAddr, path: &str) -> Option<String> {
-    let r = http(
-        None,
-        addr,
-        format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"),
-    )
-    .await
-    .ok()?;
-    if status_code(&r) != Some(200) {
-        return None;
-    }
-    r.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
-}
-
-// ---------------------------------------------------------------- the image server
-
-/// One GET the image server answered.
-#[derive(Debug, Clone, Copy)]
-struct GetRecord {
-    started: Instant,
-    finished: Option<Instant>,
-    sent: u64,
-}
-
-struct ImageHostState {
-    body: Vec<u8>,
-    /// Bytes per second for GETs that start now; 0 = as fast as the client reads.
-    throttle: AtomicU64,
-    gets: Mutex<Vec<GetRecord>>,
-}
-
-/// The image over HTTP/1.1 on 127.0.0.1 at [`IMAGE_PATH`], one request per connection, every
-/// GET recorded (start, end, bytes sent); a GET that starts while a throttle is set is sent at
-/// that rate. Hand-written rather than the provider tests' `ImageServer`, which cannot
-/// throttle; dropping it stops accepting.
-struct ImageHost {
-    url: String,
-    state: Arc<ImageHostState>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl ImageHost {
-    async fn start(body: Vec<u8>, throttle: u64) -> Self {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}{IMAGE_PATH}", l.local_addr().unwrap());
-        let state = Arc::new(ImageHostState {
-            body,
-            throttle: AtomicU64::new(throttle),
-            gets: Mutex::default(),
-        });
-        let st = state.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((s, _)) = l.accept().await {
-                tokio::spawn(serve_image(s, st.clone()));
-            }
-        });
-        Self { url, state, task }
-    }
-
-    fn unthrottle(&self) {
-        self.state.throttle.store(0, Ordering::SeqCst);
-    }
-
-    fn gets(&self) -> Vec<GetRecord> {
-        self.state.gets.lock().unwrap().clone()
-    }
-}
-
-impl Drop for ImageHost {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn serve_image(mut s: TcpStream, st: Arc<ImageHostState>) {
-    let mut head = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        match s.read(&mut buf).await {
-            Ok(n) if n > 0 && head.len() + n <= MAX_REQUEST_HEAD => {
-                head.extend_from_slice(&buf[..n]);
-            }
-            _ => return,
-        }
-    }
-    let text = String::from_utf8_lossy(&head).into_owned();
-    let mut first = text.lines().next().unwrap_or("").split_whitespace();
-    let method = first.next().unwrap_or("").to_owned();
-    let path = first.next().unwrap_or("").to_owned();
-    let len = st.body.len();
-    if path != IMAGE_PATH || (method != "GET" && method != "HEAD") {
-        let _ = s
-            .write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            .await;
-        return;
-    }
-    let ok = format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n");
-    if s.write_all(ok.as_bytes()).await.is_err() || method == "HEAD" {
-        return;
-    }
-    let rate = st.throttle.load(Ordering::SeqCst);
-    let idx = {
-        let mut g = st.gets.lock().unwrap();
-        g.push(GetRecord {
-            started: Instant::now(),
-            finished: None,
-            sent: 0,
-        });
-        g.len() - 1
-    };
-    for chunk in st.body.chunks(SERVE_CHUNK) {
-        if s.write_all(chunk).await.is_err() {
-            return; // the client went away (the kill): `finished` stays None
-        }
-        st.gets.lock().unwrap()[idx].sent += chunk.len() as u64;
-        if rate > 0 {
-            tokio::time::sleep(Duration::from_secs_f64(chunk.len() as f64 / rate as f64)).await;
-        }
-    }
-    let _ = s.shutdown().await;
-    st.gets.lock().unwrap()[idx].finished = Some(Instant::now());
-}
-
-// ---------------------------------------------------------------- the health check target
-
-/// `egress-proxies echo --listen IP:0` (the health engine's check target); SIGTERM, then
-/// SIGKILL after [`STOP_GRACE`], when dropped.
-struct EchoProcess {
-    child: Child,
-    addr: SocketAddr,
-    // NB: kept open so the echo never writes into a closed pipe.
-    _stdout: std::io::BufReader<ChildStdout>,
-}
-
-impl EchoProcess {
-    fn start(bin: &Path, ip: Ipv4Addr, log: &Path) -> Self {
-        println!("eptest: egress-proxies echo on {ip}, log {}", log.display());
-        let mut child = Command::new(bin)
-            .arg("echo")
-            .args(["--listen", &format!("{ip}:0")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("echo printed {line:?} (see {})", log.display()));
-        println!("eptest: echo pid {} listening on {addr}", child.id());
-        Self {
-            child,
-            addr,
-            _stdout: out,
-        }
-    }
-}
-
-impl Drop for EchoProcess {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let t0 = Instant::now();
-        while t0.elapsed() < STOP_GRACE {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 // ---------------------------------------------------------------- hand-made domains, disks
@@ -703,32 +316,6 @@ fn parts(pool: &str) -> Vec<String> {
         .collect()
 }
 
-/// Removes this suite's leftover domains (`ep-e2e<secs>…`) older than the sweep age, by prefix;
-/// pools, networks and directories are `eptest-` names, swept by [`cleanup::sweep_once`] and
-/// here (networks).
-fn sweep() {
-    cleanup::sweep_once();
-    let now = cleanup::now_secs();
-    for d in cleanup::domain_names() {
-        let Some(rest) = d.strip_prefix("ep-e2e") else {
-            continue;
-        };
-        let secs: Option<u64> = rest.get(..10).and_then(|s| s.parse().ok());
-        if secs.is_some_and(|s| now.saturating_sub(s) > cleanup::SWEEP_AGE.as_secs()) {
-            println!("eptest: sweeping leftover domain {d}");
-            cleanup::remove_domain(&d);
-            let _ = virsh(&["undefine", &d, "--nvram"]);
-        }
-    }
-    for n in cleanup::names_from(&["net-list", "--all", "--name"]) {
-        if cleanup::age_of(&n).is_some_and(|a| a > cleanup::SWEEP_AGE) {
-            println!("eptest: sweeping leftover network {n}");
-            let _ = virsh(&["net-destroy", &n]);
-            let _ = virsh(&["net-undefine", &n]);
-        }
-    }
-}
-
 // ---------------------------------------------------------------- the test
 
 #[test]
@@ -743,33 +330,26 @@ fn a_real_guest_booted_by_the_operator_carries_a_request_through_its_proxy_and_l
         // NB: the image is built out here: the namespace has no route to the Debian mirror
         // (a cache miss inside it fails name resolution), and nothing else needs one.
         let t = Instant::now();
-        let image = build_image();
+        let image = build_image(&repo_root());
         println!(
             "eptest: timing: image build (or cache hit) {:.1} s: {} sha256 {}",
             t.elapsed().as_secs_f64(),
             image.path.display(),
             image.sha256
         );
-        let exe = std::env::current_exe().unwrap();
-        println!("eptest: re-running inside network namespace {LIBVIRT_NETNS}");
-        let status = Command::new("timeout")
-            .arg(TEST_BUDGET.as_secs().to_string())
-            .args(["ip", "netns", "exec", LIBVIRT_NETNS])
-            .arg(exe)
-            .args([
-                main_test_name(),
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(IN_NETNS_ENV, "1")
-            .env(IMAGE_ENV, &image.path)
-            .env(IMAGE_SHA_ENV, &image.sha256)
-            .env(BIN_ENV, binary())
-            .stdin(Stdio::null())
-            .status()
-            .unwrap();
-        assert!(status.success(), "the end-to-end run failed: {status}");
+        // The child must have run exactly this test (a rename would otherwise run nothing
+        // and pass).
+        reexec_in_netns(
+            LIBVIRT_NETNS,
+            main_test_name(),
+            TEST_BUDGET,
+            &[
+                env(IN_NETNS_ENV, "1"),
+                env(IMAGE_ENV, &image.path),
+                env(IMAGE_SHA_ENV, &image.sha256),
+                env(BIN_ENV, binary()),
+            ],
+        );
         return;
     }
     tokio::runtime::Builder::new_multi_thread()
@@ -782,7 +362,7 @@ fn a_real_guest_booted_by_the_operator_carries_a_request_through_its_proxy_and_l
 
 async fn inside_the_namespace() {
     let t_all = Instant::now();
-    sweep();
+    sweep("e2e");
     let bin = binary();
 
     let image = match (std::env::var_os(IMAGE_ENV), std::env::var(IMAGE_SHA_ENV)) {
@@ -790,7 +370,7 @@ async fn inside_the_namespace() {
             path: PathBuf::from(path),
             sha256,
         },
-        _ => build_image(),
+        _ => build_image(&repo_root()),
     };
 
     let entry = format!("e2e{}", cleanup::now_secs());
@@ -803,9 +383,8 @@ async fn inside_the_namespace() {
     println!("eptest: provider entry {entry}; domain will be {domain}");
     let _entry_guard = EntryGuard {
         entry: entry.clone(),
-        pool: pool.name.clone(),
     };
-    let net = NetGuard::create();
+    let net = NetGuard::create("e2e");
     let gateway = net.ip(1);
     // A second address on the bridge, outside the allowed CIDR, for the refused client.
     let outsider = net.ip(2);
@@ -822,8 +401,12 @@ async fn inside_the_namespace() {
     let health_target = format!("http://{}/", health_echo.addr);
 
     let sshd = Sshd::start();
-    let server =
-        ImageHost::start(std::fs::read(&image.path).unwrap(), THROTTLE_BYTES_PER_SEC).await;
+    let server = ImageHost::start(
+        std::fs::read(&image.path).unwrap(),
+        IMAGE_PATH,
+        THROTTLE_BYTES_PER_SEC,
+    )
+    .await;
     println!(
         "eptest: image served at {} (throttled to {} B/s until the kill)",
         server.url, THROTTLE_BYTES_PER_SEC

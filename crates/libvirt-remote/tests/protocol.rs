@@ -735,9 +735,24 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
+/// How long the isolated run of an FD-counting test may take, child start-up included.
+// NB: the body takes well under a second; the child is this test binary, already built.
+const ISOLATED_BUDGET: Duration = Duration::from_secs(60);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_uploads_leave_no_task_or_descriptor_behind() {
-    // finding: H2 — after every failure path, tasks and FDs return to their baseline.
+    // finding: H2 — after every failure path, tasks and FDs return to their baseline. The
+    // counts are per process, so the body runs in a process of its own: a test running in
+    // parallel could otherwise open or close descriptors between the two counts.
+    ep_test_support::isolate::in_own_process(
+        "failed_uploads_leave_no_task_or_descriptor_behind",
+        ISOLATED_BUDGET,
+        failed_uploads_body(),
+    )
+    .await;
+}
+
+async fn failed_uploads_body() {
     let metrics = tokio::runtime::Handle::current().metrics();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -601,9 +601,7 @@ pub async fn upload_source_fails(d: &impl Dialer) {
         "the source error took {took:?} to come back"
     );
 
-    if let Some(tap) = &tap {
-        assert_abort_confirmed(tap, "source failure");
-    }
+    assert_abort_confirmed(&tap, "source failure");
     let alive = usable_or_cleanly_dead(&up, "after a source failure").await;
     if alive {
         connected.settle("source failure, connection kept").await;
@@ -665,9 +663,7 @@ pub async fn upload_deadline_passes(d: &impl Dialer) {
         took < TRICKLE_DEADLINE + opts.abort_budget + FAILURE_SLACK,
         "the timeout took {took:?} to come back"
     );
-    if let Some(tap) = &tap {
-        assert_abort_confirmed(tap, "deadline");
-    }
+    assert_abort_confirmed(&tap, "deadline");
     let alive = usable_or_cleanly_dead(&up, "after the deadline").await;
     if alive {
         connected.settle("deadline, connection kept").await;

@@ -46,9 +46,6 @@ pub const SETTLE_BUDGET: Duration = Duration::from_secs(10);
 /// How often [`Baseline::settle`] re-reads the counts.
 pub const SETTLE_POLL: Duration = Duration::from_millis(50);
 
-/// Environment variable naming the test a child process runs in isolation.
-pub const ISOLATED_ENV: &str = "EPTEST_ISOLATED";
-
 /// Where the system libvirtd listens (overridable with `EPTEST_LIBVIRT_SOCKET`).
 pub fn socket_path() -> PathBuf {
     std::env::var_os("EPTEST_LIBVIRT_SOCKET")
@@ -66,11 +63,9 @@ pub trait Dialer: Sync {
     /// Opens a new connection.
     fn open(&self) -> impl Future<Output = Client> + Send;
 
-    /// Opens a new connection that keeps a copy of what the daemon sends, when the transport
-    /// allows it (`None` otherwise).
-    fn open_tapped(&self) -> impl Future<Output = (Client, Option<Tap>)> + Send {
-        async { (self.open().await, None) }
-    }
+    /// Opens a new connection that keeps a copy of what the daemon sends. Every transport
+    /// provides it, so no check that reads the tap can be skipped on one of them.
+    fn open_tapped(&self) -> impl Future<Output = (Client, Tap)> + Send;
 }
 
 /// The local daemon over its unix socket.
@@ -100,7 +95,7 @@ impl Dialer for Unix {
             .unwrap_or_else(|e| Self::unreachable(e))
     }
 
-    async fn open_tapped(&self) -> (Client, Option<Tap>) {
+    async fn open_tapped(&self) -> (Client, Tap) {
         let path = socket_path();
         let stream =
             tokio::time::timeout(transport::DEFAULT_DIAL_TIMEOUT, UnixStream::connect(&path))
@@ -121,7 +116,7 @@ impl Dialer for Unix {
         let c = Client::open(t, OpenOptions::default())
             .await
             .unwrap_or_else(|e| Self::unreachable(e));
-        (c, Some(tap))
+        (c, tap)
     }
 }
 
@@ -139,34 +134,7 @@ pub async fn run<F: Future<Output = ()>>(what: &str, d: &impl Dialer, budget: Du
 /// so the process-wide counts it asserts (open FDs) see nothing from tests running in
 /// parallel. In the child (`EPTEST_ISOLATED` = `test`) it just runs the body.
 pub async fn in_own_process<F: Future<Output = ()>>(test: &str, body: F) {
-    match std::env::var(ISOLATED_ENV) {
-        Ok(v) if v == test => return body.await,
-        Ok(v) => panic!("{test} ran inside the isolated run of {v}: the filter is wrong"),
-        Err(_) => drop(body),
-    }
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let child = tokio::process::Command::new(exe)
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(ISOLATED_ENV, test)
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(ISOLATED_BUDGET, child)
-        .await
-        .unwrap_or_else(|_| panic!("isolated run of {test} exceeded {ISOLATED_BUDGET:?}"))
-        .expect("spawn the isolated test process");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("---- isolated process for {test} ----\n{stdout}{stderr}---- end ----");
-    assert!(
-        out.status.success(),
-        "isolated run of {test} failed: {}",
-        out.status
-    );
-    // NB: a filter that matches nothing also exits 0; make sure the body really ran.
-    assert!(
-        stdout.contains("1 passed"),
-        "isolated run of {test} did not run exactly one test"
-    );
+    ep_test_support::isolate::in_own_process(test, ISOLATED_BUDGET, body).await;
 }
 
 /// Open file descriptors of this process (the count includes the directory handle used to

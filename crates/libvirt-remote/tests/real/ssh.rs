@@ -2,10 +2,12 @@
 //! per test by `support::sshd`, with generated host keys and a strict known_hosts), opening a
 //! `direct-streamlocal` channel to the system libvirtd socket.
 
+use libvirt_remote::transport::Transport;
 use libvirt_remote::transport::ssh::{self, SshOptions};
 use libvirt_remote::{Client, OpenOptions};
 
 use super::Dialer;
+use super::tap::{Tap, TapReader};
 use crate::support::sshd::Sshd;
 
 /// A running sshd and how to reach libvirtd through it. The sshd dies on drop.
@@ -44,5 +46,24 @@ impl Dialer for Ssh {
         Client::open(t, OpenOptions::default())
             .await
             .unwrap_or_else(|e| self.failed("libvirt open", e))
+    }
+
+    async fn open_tapped(&self) -> (Client, Tap) {
+        let t = ssh::connect(&self.sshd.target(), &SshOptions::default())
+            .await
+            .unwrap_or_else(|e| self.failed("SSH connect", e));
+        // The SSH channel's plaintext side: the tap sees libvirt's packets as the client does.
+        let (r, w, kill, peer) = t.into_parts();
+        let tap = Tap::default();
+        let t = Transport::new(
+            TapReader::new(r, tap.clone()),
+            w,
+            kill,
+            format!("{peer} (tapped)"),
+        );
+        let c = Client::open(t, OpenOptions::default())
+            .await
+            .unwrap_or_else(|e| self.failed("libvirt open", e));
+        (c, tap)
     }
 }

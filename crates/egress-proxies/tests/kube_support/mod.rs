@@ -366,6 +366,16 @@ impl Drop for Operator {
 impl Operator {
     /// Starts `egress-proxies kubernetes --config CONFIG` with identity `identity`.
     pub fn start(config: &Path, cluster: ClusterConfig<'_>, identity: &str) -> Self {
+        Self::start_with(config, cluster, identity, &[])
+    }
+
+    /// [`Operator::start`] with `extra` flags appended.
+    pub fn start_with(
+        config: &Path,
+        cluster: ClusterConfig<'_>,
+        identity: &str,
+        extra: &[String],
+    ) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("eptest-operator-")
             .tempdir()
@@ -400,6 +410,7 @@ impl Operator {
             .args(["--listen", &listen.to_string()])
             .args(["--lease-namespace", LEASE_NAMESPACE])
             .args(["--identity", identity])
+            .args(extra)
             .env_remove("EGRESS_PROXIES_CONFIG")
             .env_remove("POD_NAMESPACE")
             .env_remove("POD_NAME")

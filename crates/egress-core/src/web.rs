@@ -40,11 +40,13 @@ use tokio_util::sync::CancellationToken;
 use crate::hosthealth::HostHealth;
 use crate::status::StatusDocument;
 
+mod filters;
 mod fleet;
 pub mod history;
 pub mod page;
 #[cfg(test)]
 mod page_tests;
+mod sparkline;
 
 use self::history::History;
 

@@ -26,27 +26,19 @@ use base64::Engine as _;
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 use sha2::{Digest, Sha256};
 
+pub use super::filters::{Filters, MAX_FILTER_CHARS, MAX_QUERY_PAIRS, health_label};
+use super::filters::{HEALTH_STATES, HOST_STATES, PHASES};
 pub use super::history::entry_of;
 use super::history::{HistorySnapshot, Sample, is_ready, proxy_counts};
+use super::sparkline::sparkline;
 use crate::hosthealth::HostHealth;
-use crate::model::{ConditionStatus, Phase};
+use crate::model::ConditionStatus;
 use crate::status::{HostRow, ProxyStatusRow, StatusDocument};
 
 /// How often the page's script re-fetches the fleet fragment.
 // NB: host checks run every 30 s and the manifest poller every 2 s; 5 s shows a new proxy or a
 // phase change while the user is still looking, for one small request per open page.
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
-/// Most query pairs read from a request.
-// NB: the form sends four; 32 tolerates hand-made URLs and bounds the work per request.
-pub const MAX_QUERY_PAIRS: usize = 32;
-/// Longest filter value kept (characters).
-// NB: DNS's limit for a name, the longest thing a filter can match.
-pub const MAX_FILTER_CHARS: usize = 253;
-
-/// Sparkline width and height (SVG user units = CSS pixels).
-const SPARK_W: u32 = 120;
-const SPARK_H: u32 = 24;
-
 /// The page's style sheet (allowed by its hash).
 pub const STYLE: &str = "\
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2430;background:#f6f7f9}\
@@ -134,112 +126,6 @@ pub struct Fleet<'a> {
     pub history: &'a HistorySnapshot,
 }
 
-/// The filters a request asked for (`?entry=&host=&pool=&state=`); an empty value is no filter.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Filters {
-    /// Provider entry.
-    pub entry: Option<String>,
-    /// Host name.
-    pub host: Option<String>,
-    /// Pool name (`namespace/name` or `name`).
-    pub pool: Option<String>,
-    /// A proxy phase (`Running`…), a proxy health (`Healthy`, `Unhealthy`, `Unchecked`) or a
-    /// host state (`Ready`, `Degraded`, `Unreachable`, `Timeout`, `Unknown`).
-    pub state: Option<String>,
-}
-
-const HOST_STATES: [&str; 5] = ["Ready", "Degraded", "Unreachable", "Timeout", "Unknown"];
-const HEALTH_STATES: [&str; 3] = ["Healthy", "Unhealthy", "Unchecked"];
-const PHASES: [Phase; 6] = [
-    Phase::Pending,
-    Phase::Provisioning,
-    Phase::Running,
-    Phase::Paused,
-    Phase::Failed,
-    Phase::Terminating,
-];
-
-impl Filters {
-    /// Reads the filters from a raw query string (without `?`); unknown keys are ignored.
-    pub fn from_query(query: Option<&str>) -> Self {
-        let mut f = Self::default();
-        let Some(q) = query else { return f };
-        for (k, v) in url::form_urlencoded::parse(q.as_bytes()).take(MAX_QUERY_PAIRS) {
-            let v = v.trim();
-            let v = (!v.is_empty()).then(|| crate::model::truncate(v, MAX_FILTER_CHARS));
-            match k.as_ref() {
-                "entry" => f.entry = v,
-                "host" => f.host = v,
-                "pool" => f.pool = v,
-                "state" => f.state = v,
-                _ => {}
-            }
-        }
-        f
-    }
-
-    /// The query string that reproduces these filters (empty when there are none).
-    pub fn to_query(&self) -> String {
-        let mut s = url::form_urlencoded::Serializer::new(String::new());
-        for (k, v) in [
-            ("entry", &self.entry),
-            ("host", &self.host),
-            ("pool", &self.pool),
-            ("state", &self.state),
-        ] {
-            if let Some(v) = v {
-                s.append_pair(k, v);
-            }
-        }
-        s.finish()
-    }
-
-    fn is_empty(&self) -> bool {
-        *self == Self::default()
-    }
-
-    fn host_state_filter(&self) -> Option<&str> {
-        self.state.as_deref().filter(|s| HOST_STATES.contains(s))
-    }
-
-    fn proxy_state_filter(&self) -> Option<&str> {
-        self.state.as_deref().filter(|s| !HOST_STATES.contains(s))
-    }
-
-    fn keeps_host(&self, h: &HostRow) -> bool {
-        self.entry.as_deref().is_none_or(|e| e == h.entry)
-            && self.host.as_deref().is_none_or(|x| x == h.host)
-            && self.host_state_filter().is_none_or(|s| s == h.state)
-    }
-
-    fn keeps_proxy(&self, p: &ProxyStatusRow) -> bool {
-        self.entry
-            .as_deref()
-            .is_none_or(|e| entry_of(p) == Some(e))
-            && self.host.as_deref().is_none_or(|x| p.host.as_deref() == Some(x))
-            // NB: proxies carry no pool membership yet: a pool filter matches none of them.
-            && self.pool.is_none()
-            && self
-                .proxy_state_filter()
-                .is_none_or(|s| s == p.phase.as_str() || s == health_label(p))
-    }
-
-    fn keeps_pool(&self, p: &PoolSummary) -> bool {
-        self.pool
-            .as_deref()
-            .is_none_or(|x| x == p.name || x == format!("{}/{}", p.namespace, p.name))
-    }
-}
-
-/// `Healthy`, `Unhealthy` or `Unchecked` (no decision yet, or health checks off).
-pub fn health_label(p: &ProxyStatusRow) -> &'static str {
-    match p.health.as_ref().and_then(|h| h.healthy) {
-        Some(true) => "Healthy",
-        Some(false) => "Unhealthy",
-        None => "Unchecked",
-    }
-}
-
 /// The path of a proxy's own JSON (`/proxies/{namespace}/{name}`, each segment
 /// percent-encoded).
 pub fn proxy_path(namespace: &str, name: &str) -> String {
@@ -321,59 +207,6 @@ fn current_sample(doc: &StatusDocument, h: &HostRow, ready: u32, total: u32) -> 
         up: h.state == "Ready",
         ready,
         total,
-    }
-}
-
-/// A sparkline of ready proxies (line) over host up/down (a strip of cells), oldest first.
-fn sparkline(samples: &[Sample]) -> Markup {
-    let n = u32::try_from(samples.len()).unwrap_or(u32::MAX).max(1);
-    let top = samples
-        .iter()
-        .map(|s| s.total.max(s.ready))
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let line_h = SPARK_H - 6;
-    let x = |i: usize| -> u32 {
-        let i = u32::try_from(i).unwrap_or(u32::MAX);
-        if n <= 1 {
-            SPARK_W / 2
-        } else {
-            i.saturating_mul(SPARK_W - 2) / (n - 1) + 1
-        }
-    };
-    let y = |v: u32| -> u32 { 1 + (line_h - 2) - v.min(top).saturating_mul(line_h - 2) / top };
-    let mut points = String::new();
-    for (i, s) in samples.iter().enumerate() {
-        let _ = write!(points, "{},{} ", x(i), y(s.ready));
-    }
-    let cell = (SPARK_W / n).max(1);
-    let up = samples.iter().filter(|s| s.up).count();
-    let last = samples.last().copied();
-    let title = match last {
-        Some(l) => format!(
-            "ready proxies now {}/{}; host Ready in {up} of {} samples",
-            l.ready,
-            l.total,
-            samples.len()
-        ),
-        None => "no samples yet".to_owned(),
-    };
-    html! {
-        svg.spark width=(SPARK_W) height=(SPARK_H) viewBox=(format!("0 0 {SPARK_W} {SPARK_H}"))
-            role="img" aria-label=(title) {
-            title { (title) }
-            @for (i, s) in samples.iter().enumerate() {
-                rect class=(if s.up { "up" } else { "down" })
-                    x=(u32::try_from(i).unwrap_or(0).saturating_mul(cell)) y=(SPARK_H - 4)
-                    width=(cell) height="4" {}
-            }
-            @if samples.len() > 1 {
-                polyline points=(points.trim_end()) {}
-            } @else if let Some(l) = last {
-                circle cx=(x(0)) cy=(y(l.ready)) r="2" {}
-            }
-        }
     }
 }
 

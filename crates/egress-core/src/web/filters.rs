@@ -1,0 +1,126 @@
+//! The fleet page's filters: `?entry=&host=&pool=&state=` read from a query string
+//! ([`Filters::from_query`]) and applied to host, pool and proxy rows.
+//!
+//! Guarantees: at most [`MAX_QUERY_PAIRS`] pairs are read and each value is cut to
+//! [`MAX_FILTER_CHARS`], whatever the request holds; an empty value is no filter; a state that
+//! names a host state filters hosts only, any other state filters proxies only (by phase or
+//! health).
+
+use super::history::entry_of;
+use super::page::PoolSummary;
+use crate::model::Phase;
+use crate::status::{HostRow, ProxyStatusRow};
+
+/// Most query pairs read from a request.
+// NB: the form sends four; 32 tolerates hand-made URLs and bounds the work per request.
+pub const MAX_QUERY_PAIRS: usize = 32;
+/// Longest filter value kept (characters).
+// NB: DNS's limit for a name, the longest thing a filter can match.
+pub const MAX_FILTER_CHARS: usize = 253;
+
+/// The filters a request asked for (`?entry=&host=&pool=&state=`); an empty value is no filter.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filters {
+    /// Provider entry.
+    pub entry: Option<String>,
+    /// Host name.
+    pub host: Option<String>,
+    /// Pool name (`namespace/name` or `name`).
+    pub pool: Option<String>,
+    /// A proxy phase (`Running`…), a proxy health (`Healthy`, `Unhealthy`, `Unchecked`) or a
+    /// host state (`Ready`, `Degraded`, `Unreachable`, `Timeout`, `Unknown`).
+    pub state: Option<String>,
+}
+
+pub(super) const HOST_STATES: [&str; 5] =
+    ["Ready", "Degraded", "Unreachable", "Timeout", "Unknown"];
+pub(super) const HEALTH_STATES: [&str; 3] = ["Healthy", "Unhealthy", "Unchecked"];
+pub(super) const PHASES: [Phase; 6] = [
+    Phase::Pending,
+    Phase::Provisioning,
+    Phase::Running,
+    Phase::Paused,
+    Phase::Failed,
+    Phase::Terminating,
+];
+
+impl Filters {
+    /// Reads the filters from a raw query string (without `?`); unknown keys are ignored.
+    pub fn from_query(query: Option<&str>) -> Self {
+        let mut f = Self::default();
+        let Some(q) = query else { return f };
+        for (k, v) in url::form_urlencoded::parse(q.as_bytes()).take(MAX_QUERY_PAIRS) {
+            let v = v.trim();
+            let v = (!v.is_empty()).then(|| crate::model::truncate(v, MAX_FILTER_CHARS));
+            match k.as_ref() {
+                "entry" => f.entry = v,
+                "host" => f.host = v,
+                "pool" => f.pool = v,
+                "state" => f.state = v,
+                _ => {}
+            }
+        }
+        f
+    }
+
+    /// The query string that reproduces these filters (empty when there are none).
+    pub fn to_query(&self) -> String {
+        let mut s = url::form_urlencoded::Serializer::new(String::new());
+        for (k, v) in [
+            ("entry", &self.entry),
+            ("host", &self.host),
+            ("pool", &self.pool),
+            ("state", &self.state),
+        ] {
+            if let Some(v) = v {
+                s.append_pair(k, v);
+            }
+        }
+        s.finish()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    fn host_state_filter(&self) -> Option<&str> {
+        self.state.as_deref().filter(|s| HOST_STATES.contains(s))
+    }
+
+    fn proxy_state_filter(&self) -> Option<&str> {
+        self.state.as_deref().filter(|s| !HOST_STATES.contains(s))
+    }
+
+    pub(super) fn keeps_host(&self, h: &HostRow) -> bool {
+        self.entry.as_deref().is_none_or(|e| e == h.entry)
+            && self.host.as_deref().is_none_or(|x| x == h.host)
+            && self.host_state_filter().is_none_or(|s| s == h.state)
+    }
+
+    pub(super) fn keeps_proxy(&self, p: &ProxyStatusRow) -> bool {
+        self.entry
+            .as_deref()
+            .is_none_or(|e| entry_of(p) == Some(e))
+            && self.host.as_deref().is_none_or(|x| p.host.as_deref() == Some(x))
+            // NB: proxies carry no pool membership yet: a pool filter matches none of them.
+            && self.pool.is_none()
+            && self
+                .proxy_state_filter()
+                .is_none_or(|s| s == p.phase.as_str() || s == health_label(p))
+    }
+
+    pub(super) fn keeps_pool(&self, p: &PoolSummary) -> bool {
+        self.pool
+            .as_deref()
+            .is_none_or(|x| x == p.name || x == format!("{}/{}", p.namespace, p.name))
+    }
+}
+
+/// `Healthy`, `Unhealthy` or `Unchecked` (no decision yet, or health checks off).
+pub fn health_label(p: &ProxyStatusRow) -> &'static str {
+    match p.health.as_ref().and_then(|h| h.healthy) {
+        Some(true) => "Healthy",
+        Some(false) => "Unhealthy",
+        None => "Unchecked",
+    }
+}

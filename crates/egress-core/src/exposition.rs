@@ -59,3 +59,26 @@ impl Exposition {
         text
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::health::HealthSettings;
+    use crate::health::probe::CheckTarget;
+
+    #[test]
+    fn the_health_registry_goes_before_the_single_eof() {
+        let engine = HealthEngine::new(HealthSettings::new(CheckTarget {
+            host: "203.0.113.1".into(),
+            port: 80,
+            path: "/".into(),
+        }));
+        let text = Exposition::new().render(&Metrics::new(), None, Some(&engine));
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+        assert!(text.ends_with(EOF_LINE), "{text}");
+        assert!(text.contains("health_round_seconds"), "{text}");
+        let without = Exposition::new().render(&Metrics::new(), None, None);
+        assert!(!without.contains("health_round_seconds"), "{without}");
+    }
+}

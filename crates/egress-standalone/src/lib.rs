@@ -71,9 +71,6 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-// NB: kept for the command line until it names the core's signal directly.
-pub use egress_core::background::signals::shutdown_on_signals;
-
 use self::manifests::ManifestStore;
 use self::queue::WorkQueue;
 use self::shared::Shared;

@@ -9,8 +9,8 @@
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
 use super::{EXIT_FAILED, EXIT_OK};
+use egress_core::background::signals::shutdown_on_signals;
 use egress_core::health::echo;
-use egress_standalone as standalone;
 
 /// Default listen address of the echo.
 // NB: 9465 sits next to the status endpoint's 9464; all interfaces, since the callers are
@@ -39,7 +39,7 @@ pub async fn run(a: EchoArgs) -> anyhow::Result<u8> {
     tracing::info!(%addr, "egress-proxies echo listening");
     // The address on stdout, so scripts started with `--listen 127.0.0.1:0` learn the port.
     println!("listening on {addr}");
-    let shutdown = standalone::shutdown_on_signals();
+    let shutdown = shutdown_on_signals();
     echo::serve(listener, shutdown).await;
     Ok(EXIT_OK)
 }

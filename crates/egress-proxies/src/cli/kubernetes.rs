@@ -95,7 +95,7 @@ pub async fn run(a: KubernetesArgs) -> anyhow::Result<u8> {
         opts.shutdown_grace = g;
     }
     let observer = Arc::new(egress_kube::Observer::new(health));
-    let shutdown = egress_standalone::shutdown_on_signals();
+    let shutdown = egress_core::background::signals::shutdown_on_signals();
     let mut servers = Vec::new();
     for (addr, routes, what) in
         std::iter::once((a.listen, Routes::Probes, "/metrics, /healthz, /readyz")).chain(

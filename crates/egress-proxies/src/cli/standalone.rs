@@ -4,12 +4,13 @@
 //! Guarantees: the arguments map one-to-one onto [`StandaloneOptions`]; nothing runs until
 //! the config and the manifest directory were accepted (a rejected config is exit 2 with every
 //! error listed, and nothing is done on any host); SIGTERM/SIGINT stop it gracefully through
-//! [`standalone::shutdown_on_signals`] (exit 0); a bound listen address that is taken is exit 1.
+//! [`shutdown_on_signals`] (exit 0); a bound listen address that is taken is exit 1.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use super::{EXIT_FAILED, EXIT_OK, UsageError};
+use egress_core::background::signals::shutdown_on_signals;
 use egress_standalone::{self as standalone, StandaloneError, StandaloneOptions};
 
 /// Arguments of `standalone`.
@@ -61,7 +62,7 @@ pub async fn run(a: StandaloneArgs) -> anyhow::Result<u8> {
         config = %opts.config_path.as_deref().map_or_else(|| "(embedded default)".into(), |p| p.display().to_string()),
         "egress-proxies standalone starting"
     );
-    let shutdown = standalone::shutdown_on_signals();
+    let shutdown = shutdown_on_signals();
     match standalone::run(opts, shutdown).await {
         Ok(()) => Ok(EXIT_OK),
         Err(

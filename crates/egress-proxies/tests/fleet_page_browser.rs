@@ -543,7 +543,10 @@ async fn the_page_lists_the_fleet_and_shows_a_new_proxy_without_a_reload() {
     // Nothing was refused or failed while loading (a CSP refusal of the inline style or
     // script, a missing asset, a script error all land in the console).
     let at_load = browser.console().await;
-    assert!(severe(&at_load).is_empty(), "console errors at load: {at_load:#?}");
+    assert!(
+        severe(&at_load).is_empty(),
+        "console errors at load: {at_load:#?}"
+    );
     browser.wait_attr("html", "data-live", "on").await;
 
     // A new manifest appears on the open page and turns Running, with no reload in between.

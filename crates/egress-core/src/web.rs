@@ -19,8 +19,8 @@
 //! bodies are never read, only GET/HEAD are answered. The server stops accepting when the
 //! shutdown token fires.
 //!
-//! NB: hyper directly rather than axum: four fixed GET routes with no extraction need no
-//! router, and hyper is already in the dependency tree (reqwest); axum would add a router,
+//! NB: hyper directly rather than axum: a few fixed GET routes, one path prefix and one
+//! query string need no router, and hyper is already in the dependency tree (reqwest); axum would add a router,
 //! tower middleware and their transitive crates for a `match` on the path.
 
 use std::convert::Infallible;
@@ -178,7 +178,8 @@ pub fn handle_request(
     handle_routes(ep, routes, method, path)
 }
 
-/// [`handle`] restricted to `routes`: any other path is 404 whatever it would have answered.
+/// The JSON and text routes (every route but the fleet page's) restricted to `routes`: any
+/// other path is 404 whatever it would have answered.
 pub fn handle_routes(
     ep: &dyn Endpoints,
     routes: Routes,

@@ -904,6 +904,18 @@ async fn a_generated_domain_defines_on_the_real_libvirtd_and_its_mark_reads_back
         let d = disks(&c, "dombuild-nic", &u).await;
         let dom_guard = cleanup::DomainGuard::new("dombuild-nic");
         let mac = names::mac("eptest", &u);
+        // The expected address, computed without the production helper: QEMU's prefix and
+        // the first three bytes of sha256("<entry>/<uid>"), by coreutils.
+        let digest = run(Command::new("sh")
+            .arg("-c")
+            .arg(format!("printf %s 'eptest/{}' | sha256sum", u.canonical())));
+        let expected_mac = format!(
+            "52:54:00:{}:{}:{}",
+            &digest[0..2],
+            &digest[2..4],
+            &digest[4..6]
+        );
+        assert_eq!(mac, expected_mac);
         let created = SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000);
         let xml = domain_xml::build(
             &DomainSpec {
@@ -939,7 +951,10 @@ async fn a_generated_domain_defines_on_the_real_libvirtd_and_its_mark_reads_back
             .unwrap_or_else(|| panic!("libvirt returned a mark we cannot parse: {meta}"));
         assert_eq!((m.uid, m.created_at), (u, created));
         let back = c.domain_xml(&dom, 0).await.unwrap();
-        assert!(back.contains(&format!("<mac address='{mac}'/>")), "{back}");
+        assert!(
+            back.contains(&format!("<mac address='{expected_mac}'/>")),
+            "{back}"
+        );
         assert!(back.contains("<target dev='vdb' bus='virtio'/>"), "{back}");
         assert!(back.contains("<readonly/>"), "{back}");
         assert!(back.contains("org.qemu.guest_agent.0"), "{back}");

@@ -426,13 +426,21 @@ async fn a_flood_of_events_nobody_reads_never_blocks_replies() {
     assert_eq!(client.connection().stats().events, 5000);
 }
 
+/// Longest a `close_by` may take in the L14 tests before they fail (instead of hanging).
+// NB: a correct close returns at its deadline (at most 300 ms here); 5 s is far above that
+// on a loaded box, and far below the peer's silence (the quiet config waits an hour).
+const CLOSE_BOUND: Duration = Duration::from_secs(5);
+
 #[tokio::test]
 async fn closing_after_the_deadline_sends_nothing() {
     // finding: L14
     let (client, mut peer) = pair(quiet());
     let past = tokio::time::Instant::now() - Duration::from_millis(1);
     let start = std::time::Instant::now();
-    client.close_by(past).await;
+    // A regression that waits on the (silent) peer must fail here, not hang the suite.
+    tokio::time::timeout(CLOSE_BOUND, client.close_by(past))
+        .await
+        .expect("close_by waited on the network after its deadline");
     assert!(start.elapsed() < Duration::from_secs(1));
     assert!(!client.connection().is_alive());
     // The peer sees the stream end with no CONNECT_CLOSE (or anything else) sent.
@@ -456,7 +464,10 @@ async fn closing_with_time_left_says_goodbye_and_never_waits_past_the_deadline()
     };
     let call = peer.recv_remote().await;
     assert_eq!(call.header.proc_, procs::CONNECT_CLOSE);
-    closer.await.unwrap();
+    tokio::time::timeout(CLOSE_BOUND, closer)
+        .await
+        .expect("close_by waited on the silent peer past its deadline")
+        .unwrap();
     assert!(start.elapsed() < Duration::from_secs(2));
     assert!(!client.connection().is_alive());
 }

@@ -1,21 +1,18 @@
-# The operator image: a static (musl) egress-proxies binary on a distroless base.
-#   docker build -t egress-proxies:0.1.0 --build-arg GIT_COMMIT=$(git rev-parse --short HEAD) .
-# Stage 1 builds on Alpine, whose native Rust target is x86_64-unknown-linux-musl: the binary
-# is statically linked by default (crt-static), so it needs no libc at run time.
-FROM rust:1-alpine AS build
-# C toolchain, cmake and perl: ring and aws-lc-sys (TLS and SSH crypto) compile C code.
-RUN apk add --no-cache build-base cmake perl
-WORKDIR /src
-COPY . .
-ARG GIT_COMMIT=unknown
-ENV EGRESS_PROXIES_GIT_COMMIT=${GIT_COMMIT}
-RUN cargo build --release --locked -p egress-proxies \
- && cp target/release/egress-proxies /egress-proxies \
- && ! ldd /egress-proxies 2>/dev/null | grep -q "=>"
-
-# Stage 2: no shell, no package manager; runs as uid 65532 (the chart's runAsUser).
-FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /egress-proxies /usr/local/bin/egress-proxies
+# The operator image. The supported way to build it is scripts/build-image, which needs no
+# base image and no registry (none is reachable where this project is built and tested): it
+# puts the release binary, the shared libraries `ldd` lists for it, the CA bundle and a
+# nonroot user (65532) into a root filesystem and assembles an OCI image with umoci:
+#   scripts/build-image            # -> target/image/egress-proxies-0.1.0.oci.tar (+ oci/, rootfs/)
+#   skopeo copy oci-archive:target/image/egress-proxies-0.1.0.oci.tar \
+#     docker://REGISTRY/egress-proxies:0.1.0
+# crates/egress-proxies/tests/image.rs builds it that way and runs it as the chart does
+# (read-only root, uid 65532).
+#
+# This Dockerfile builds the same image with Docker or Podman from the root filesystem the
+# script leaves in target/image/rootfs (no base image needed either):
+#   scripts/build-image && docker build -f Dockerfile -t egress-proxies:0.1.0 target/image
+FROM scratch
+COPY rootfs/ /
 USER 65532:65532
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/egress-proxies"]

@@ -156,3 +156,24 @@ def status_of(exc):
     import json
 
     return json.loads(exc.body)
+
+
+DEFAULT_KUBECTL = "/opt/egress-proxies/kubernetes-client/usr/bin/kubectl"
+
+
+@pytest.fixture(scope="session")
+def kubectl(server, crds):
+    binary = os.environ.get("KUBECTL", DEFAULT_KUBECTL)
+    if not os.access(binary, os.X_OK):
+        pytest.fail(f"no kubectl at {binary} (.ci/setup-host installs it)")
+
+    def run(*args, check=True, stdin=None):
+        proc = subprocess.run(
+            [binary, "--kubeconfig", str(server.kubeconfig), *args],
+            input=stdin, capture_output=True, text=True, timeout=KUBECTL_TIMEOUT_S,
+            cwd=repo_root(), env={**os.environ, "HOME": str(server.dir)})
+        if check and proc.returncode != 0:
+            pytest.fail(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
+        return proc
+
+    return run

@@ -7,38 +7,15 @@ resources as Tables; Server-Side Apply › Conflicts.
 """
 
 import json
-import os
 import re
-import subprocess
 
 import pytest
 import yaml
 from kubernetes import client
 
-from conftest import GROUP, KUBECTL_TIMEOUT_S, VERSION, proxy, repo_root
+from conftest import GROUP, VERSION, proxy, repo_root
 
 P = (GROUP, VERSION)
-DEFAULT_KUBECTL = "/opt/egress-proxies/kubernetes-client/usr/bin/kubectl"
-
-
-@pytest.fixture(scope="session")
-def kubectl(server, crds):
-    binary = os.environ.get("KUBECTL", DEFAULT_KUBECTL)
-    if not os.access(binary, os.X_OK):
-        pytest.fail(f"no kubectl at {binary} (.ci/setup-host installs it)")
-
-    def run(*args, check=True, stdin=None):
-        proc = subprocess.run(
-            [binary, "--kubeconfig", str(server.kubeconfig), *args],
-            input=stdin, capture_output=True, text=True, timeout=KUBECTL_TIMEOUT_S,
-            cwd=repo_root(), env={**os.environ, "HOME": str(server.dir)})
-        if check and proc.returncode != 0:
-            pytest.fail(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
-        return proc
-
-    return run
-
-
 def columns_of(crd_file):
     """The printer column names of the first version of a committed CRD (priority 0)."""
     doc = yaml.safe_load((repo_root() / "deploy" / "crds" / crd_file).read_text())

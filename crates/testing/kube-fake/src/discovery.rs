@@ -145,6 +145,7 @@ pub(crate) struct ResourceInfo {
     short: Vec<String>,
     categories: Vec<String>,
     status: bool,
+    scale: bool,
     columns: Vec<Value>,
     schema: Option<Value>,
 }
@@ -164,6 +165,7 @@ pub(crate) fn resources(crds: &[Value]) -> Vec<ResourceInfo> {
             short: b.short.iter().map(|s| (*s).to_owned()).collect(),
             categories: Vec::new(),
             status: false,
+            scale: false,
             columns: Vec::new(),
             schema: None,
         })
@@ -217,6 +219,9 @@ pub(crate) fn resources(crds: &[Value]) -> Vec<ResourceInfo> {
                 categories: strs("/spec/names/categories"),
                 status: v
                     .pointer("/subresources/status")
+                    .is_some_and(Value::is_object),
+                scale: v
+                    .pointer("/subresources/scale")
                     .is_some_and(Value::is_object),
                 columns: v
                     .get("additionalPrinterColumns")
@@ -374,6 +379,13 @@ fn resource_list(all: &[ResourceInfo], group: &str, version: &str) -> Value {
             resources.push(json!({
                 "name": format!("{}/status", r.plural), "singularName": "",
                 "namespaced": r.namespaced, "kind": r.kind, "verbs": ["get", "patch", "update"],
+            }));
+        }
+        if r.scale {
+            resources.push(json!({
+                "name": format!("{}/scale", r.plural), "singularName": "",
+                "namespaced": r.namespaced, "group": "autoscaling", "version": "v1",
+                "kind": "Scale", "verbs": ["get", "patch", "update"],
             }));
         }
     }

@@ -12,7 +12,8 @@
 //!   real server's; a `resourceVersion` older than the kept history — see
 //!   [`FakeApiServer::set_watch_history_limit`] — gets one `ERROR` event with a 410 `Expired`
 //!   Status);
-//! - subresources other than a declared `/status` answer 404 (there is no `/scale`);
+//! - the scale subresource of CRDs that declare one (`scale.rs`); any other subresource than a
+//!   declared `/status` or `/scale` answers 404;
 //! - discovery, the OpenAPI v2/v3 documents of stored CRDs and server-side printing (`Table`
 //!   with a CRD's printer columns) for clients such as kubectl (`discovery.rs`);
 //! - apply conflicts worded and detailed as a real server's (`FieldManagerConflict` causes);
@@ -47,6 +48,7 @@
 
 mod discovery;
 pub mod https;
+mod scale;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::convert::Infallible;
@@ -727,6 +729,12 @@ impl FakeApiServer {
         let parse = || -> Result<Value, ApiError> {
             serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid JSON: {e}")))
         };
+        if r.subresource.as_deref() == Some("scale")
+            && let Some(name) = &r.name
+            && let Some(paths) = self.scale_paths(r)
+        {
+            return self.scale(method, r, name, content_type, body, &paths);
+        }
         match (method, &r.name) {
             (&Method::GET, None) if is_watch(q) => Ok(self.watch(r, q)),
             (&Method::GET, None) => Ok(self.list(r, q)),

@@ -38,11 +38,11 @@
 //!   [`ADOPT_DEADLINE`], checks by [`CHECK_DEADLINE`], GC by its own budgets. No lock is held
 //!   across an `.await`.
 //!
-//! Where things are: this file is the wiring (options, start-up, shutdown); [`shared`] holds
-//! the state everything shares; [`queue`] the work queue; [`loops`] the driver's own loops
-//! (manifests, adoption, resync, reconcile workers); [`workers`] its side of the background
-//! workers written once in the core ([`egress_core::background`]: GC, host checks, proxy
-//! health, config watch); [`endpoints`] what it serves over HTTP.
+//! Where things are: this file is the wiring (options, start-up, shutdown); `shared.rs`
+//! holds the state everything shares; `queue.rs` the work queue; `loops.rs` the driver's own
+//! loops (manifests, adoption, resync, reconcile workers); `workers.rs` its side of the
+//! background workers written once in the core ([`egress_core::background`]: GC, host
+//! checks, proxy health, config watch); `endpoints.rs` what it serves over HTTP.
 
 mod endpoints;
 mod loops;

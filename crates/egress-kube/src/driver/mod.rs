@@ -2,7 +2,7 @@
 //! ([`egress_core::controller::Controller`]), plus the leader-only GC and provider-health
 //! loops and the watch on the provider config and SSH material.
 //!
-//! Pipeline of one reconcile ([`reconcile`]): read (the Proxy from the watch cache, its
+//! Pipeline of one reconcile (`reconcile.rs`): read (the Proxy from the watch cache, its
 //! credentials Secret: network) → ensure the finalizer (network) → core `reconcile` (bounded
 //! by the core's own deadline) → write the status with server-side apply under
 //! [`FIELD_MANAGER`] (only when it changed) → publish the outcome's events (reason = the
@@ -43,6 +43,15 @@
 //! - On shutdown: the controller stops taking work, in-flight reconciles finish (bounded),
 //!   the core gets `shutdown_grace` for creates and deletes, and only then is the Lease
 //!   released, so a rollout hands over within one retry period (finding APX-3).
+//!
+//! Where things are: this file holds the options, the start-up and the election loop;
+//! `term.rs` one leadership term (the controller and every leader-only loop);
+//! `reconcile.rs` one reconcile and the error policy; `credentials.rs` the credentials
+//! Secrets; `status.rs` the publishing pass and [`publish`] the Services and EndpointSlices.
+//! GC, host checks, proxy health and the config watch are the core's shared workers
+//! ([`egress_core::background`]); `orphans.rs`, `provider_health.rs` and `proxy_health.rs`
+//! are this driver's side of them (the live set from the API server, ProviderHealth writes,
+//! targets from the watch cache).
 
 mod credentials;
 mod orphans;

@@ -42,7 +42,8 @@ pub struct ProxyStatusRow {
     pub ip: Option<String>,
     /// `libvirt://ENTRY/HOST/NAME`, when created.
     pub provider_id: Option<String>,
-    /// When the manifest was first seen by this process (RFC 3339).
+    /// When the instance was created (its ownership mark's time) when known, else when this
+    /// process first saw the manifest (RFC 3339).
     pub created_at: String,
     /// The message of the first False condition, if any (redacted).
     pub last_error: Option<String>,

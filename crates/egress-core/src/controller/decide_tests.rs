@@ -307,7 +307,7 @@ fn placement_never_uses_a_host_whose_last_report_is_not_ready() {
         .load("h2", 5, Some(HostState::Ready));
     assert_eq!(created_host(&c.run()).0, "h2");
     // All unhealthy (a Degraded host includes a pool below its reserve): nothing is placed;
-    // the Proxy waits with a retryable reason naming each host's state (issue 6).
+    // the Proxy waits with a retryable reason naming each host's state.
     for p in [proxy(), proxy().on_host("h2")] {
         let d = case(p)
             .load("h1", 1, Some(HostState::Timeout))

@@ -13,7 +13,7 @@
 //!   characters that need no quoting in YAML, shell single quotes or the proxies' configs.
 //! - The proxy package is installed by the start script only when its binary is missing (no
 //!   cloud-init `packages:` key, which refreshes the package index even when nothing needs
-//!   installing), so images with the proxy preinstalled boot offline (issue 6).
+//!   installing), so images with the proxy preinstalled boot offline.
 //! - Configs are staged under `/etc/egress-proxy/` and installed by the start script after the
 //!   package is installed, so a package's own default config never overwrites ours.
 //!   Files holding credentials are mode 0600.

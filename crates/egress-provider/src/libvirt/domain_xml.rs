@@ -14,7 +14,7 @@
 //! - Platform choices come only from [`HostCaps`] (finding M7): virt type, arch, machine,
 //!   emulator, cpu mode, and for UEFI images the loader the host listed (no loader → Permanent).
 //! - Devices: the root overlay (qcow2, virtio, `vda`), the cloud-init seed as a READ-ONLY
-//!   VIRTIO DISK (`vdb`; design.md measured that Debian's cloud kernel does not find the seed on
+//!   VIRTIO DISK (`vdb`; measured: Debian's cloud kernel does not find the seed on
 //!   a q35 SATA CD-ROM but does on virtio), at most one NIC (virtio, our MAC) on a bridge or a
 //!   libvirt network, the qemu-guest-agent channel, a pty serial console, a virtio RNG when the
 //!   host offers one; the mark in `<metadata>`, checked to parse back with

@@ -1,7 +1,7 @@
 //! [`LibvirtProvider`]: the [`Provider`] trait over one libvirt entry — the host pool, the
 //! image cache, volumes, seed, domain XML and the get/delete/list operations, wired together.
 //!
-//! Create, in order (design.md): per-name lock with a deadline → host slot → adopt an
+//! Create, in order: per-name lock with a deadline → host slot → adopt an
 //! existing domain only if its mark is ours, its seed exists and its overlay is backed by the
 //! image's base at the requested size (L4; otherwise it is deleted and recreated) → capabilities (cached
 //! per host) → base ensured (verified, published) → disk size vs the base (M5) → seed built in

@@ -66,7 +66,7 @@ impl Source {
     pub fn setting(&self) -> String {
         match &self.key {
             Some(k) => format!("images.{k}.url"),
-            None => "the Proxy's placement.image".into(),
+            None => "the Proxy's spec.image".into(),
         }
     }
 }
@@ -134,12 +134,12 @@ fn resolve_url_image(entry: &LibvirtEntry, image: &str) -> Result<Source> {
             entry.name
         )));
     }
-    let setting = "the Proxy's placement.image";
+    let setting = "the Proxy's spec.image";
     let mut url = parse_url(image, setting)?;
     let pinned = match url.fragment() {
         None => None,
         Some(f) => match f.strip_prefix("sha256=") {
-            Some(d) => Some(check_digest(d, "the #sha256= fragment of placement.image")?),
+            Some(d) => Some(check_digest(d, "the #sha256= fragment of spec.image")?),
             None => {
                 return Err(ProviderError::permanent(format!(
                     "image {shown}: the only fragment accepted is #sha256=<64 hex digits>"
@@ -164,7 +164,7 @@ fn resolve_url_image(entry: &LibvirtEntry, image: &str) -> Result<Source> {
     require_https_or_pin(
         &url,
         pinned.is_some(),
-        "a #sha256= fragment on placement.image",
+        "a #sha256= fragment on spec.image",
         setting,
     )?;
     Ok(Source {

@@ -1,5 +1,5 @@
 //! Volumes of our naming scheme that a collector may remove: listing them on one host, and
-//! deleting one after re-checking it (issue 4, orphan GC; findings M3, M15, E2, M2).
+//! deleting one after re-checking it, for orphan GC (findings M3, M15, E2, M2).
 //!
 //! Guarantees:
 //! - [`parse_volume_name`] recognises exactly three shapes for an entry, strictly: a Proxy

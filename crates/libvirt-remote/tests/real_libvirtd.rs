@@ -36,7 +36,7 @@ async fn the_daemon_answers_open_hostname_versions_and_capabilities() {
 
 // finding: L5
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tcg_domain_without_a_disk_is_defined_started_destroyed_and_undefined() {
+async fn a_tcg_domain_with_checkpoint_metadata_is_defined_started_destroyed_and_undefined() {
     run(
         "domain lifecycle",
         &Unix,
@@ -159,7 +159,8 @@ async fn the_daemon_answers_open_hostname_versions_and_capabilities_through_sshd
 
 // finding: L5
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tcg_domain_without_a_disk_is_defined_started_destroyed_and_undefined_through_sshd() {
+async fn a_tcg_domain_with_checkpoint_metadata_is_defined_started_destroyed_and_undefined_through_sshd()
+ {
     let d = Ssh::start();
     run(
         "domain lifecycle",

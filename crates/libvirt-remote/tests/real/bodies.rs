@@ -25,6 +25,8 @@ pub const NO_DOMAIN: i32 = 42;
 pub const NO_STORAGE_POOL: i32 = 49;
 /// `VIR_ERR_NO_STORAGE_VOL`.
 pub const NO_STORAGE_VOL: i32 = 50;
+/// `VIR_ERR_OPERATION_INVALID`.
+pub const OPERATION_INVALID: i32 = 55;
 /// `VIR_ERR_NO_DOMAIN_METADATA`.
 pub const NO_DOMAIN_METADATA: i32 = 80;
 /// `VIR_ERR_STORAGE_VOL_EXIST`.
@@ -187,13 +189,71 @@ pub async fn connection_level_calls(d: &impl Dialer) {
     c.close_by(Instant::now() + Duration::from_secs(1)).await;
 }
 
-/// Define → start → destroy → undefine (all metadata flags, finding L5) a TCG domain, with the
-/// state after each step, and the lookup afterwards failing with code 42.
+/// A TCG domain with one qcow2 disk at `disk` (checkpoints need a disk).
+pub fn tcg_domain_xml_with_disk(name: &str, disk: &str) -> String {
+    tcg_domain_xml(name).replace(
+        "<devices>",
+        &format!(
+            "<devices><disk type='file' device='disk'><driver name='qemu' type='qcow2'/>\
+             <source file='{disk}'/><target dev='vda' bus='virtio'/></disk>"
+        ),
+    )
+}
+
+/// Gives the (shut off) domain `name` checkpoint metadata, as a backup tool would leave it,
+/// by redefining a checkpoint with `virsh` (no disk bitmap is needed for metadata).
+fn add_checkpoint_metadata(name: &str) {
+    let dump = virsh_ok(&["dumpxml", name]);
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let cp = dir.path().join("checkpoint.xml");
+    std::fs::write(
+        &cp,
+        format!(
+            "<domaincheckpoint><name>eptest-cp1</name><creationTime>1700000000</creationTime>\
+             <disks><disk name='vda' checkpoint='bitmap'/></disks>{dump}</domaincheckpoint>"
+        ),
+    )
+    .expect("write the checkpoint XML");
+    virsh_ok(&[
+        "checkpoint-create",
+        name,
+        cp.to_str().expect("utf-8 path"),
+        "--redefine",
+    ]);
+    assert!(
+        virsh_ok(&["checkpoint-list", name, "--name"]).contains("eptest-cp1"),
+        "the checkpoint was not recorded"
+    );
+}
+
+/// Define → start → destroy → undefine a TCG domain with a disk and checkpoint metadata (the
+/// seed's finalizer wedge, finding L5): a plain undefine is refused (code 55), the undefine
+/// with every metadata flag succeeds, and the lookup afterwards fails with code 42. The state
+/// is checked after each step.
 pub async fn domain_lifecycle(d: &impl Dialer) {
     let g = DomainGuard::new("lifecycle");
+    let scratch = tempfile::Builder::new()
+        .prefix("eptest-lifecycle-")
+        .tempdir()
+        .expect("scratch directory");
+    let disk = scratch.path().join("disk.qcow2");
+    let out = std::process::Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2"])
+        .arg(&disk)
+        .arg("16M")
+        .output()
+        .expect("qemu-img must be installed (.ci/setup-host installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let c = d.open().await;
     let dom = c
-        .domain_define_xml(&tcg_domain_xml(&g.name), 0)
+        .domain_define_xml(
+            &tcg_domain_xml_with_disk(&g.name, disk.to_str().expect("utf-8 path")),
+            0,
+        )
         .await
         .expect("define");
     assert_eq!(dom.name, g.name);
@@ -209,6 +269,12 @@ pub async fn domain_lifecycle(d: &impl Dialer) {
     let st = c.domain_state(&dom).await.expect("state after destroy");
     assert_eq!(st.0, domain_state::SHUTOFF, "destroyed domain state {st:?}");
 
+    add_checkpoint_metadata(&g.name);
+    assert_code(
+        c.domain_undefine(&dom, 0).await,
+        OPERATION_INVALID,
+        "a plain undefine of a domain with checkpoint metadata",
+    );
     c.domain_undefine(&dom, undefine::ALL_METADATA)
         .await
         .expect("undefine with every metadata flag");

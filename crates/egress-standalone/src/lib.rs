@@ -253,7 +253,7 @@ pub async fn run_with_providers(
     let shared = Arc::new(Shared {
         controller,
         providers: RwLock::new(providers),
-        objects: Mutex::new(BTreeMap::new()),
+        objects: Mutex::new(shared::Objects::default()),
         hosts: Mutex::new(BTreeMap::new()),
         manifest_errors: Mutex::new(Vec::new()),
         adopted: Mutex::new(HashSet::new()),

@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use egress_provider::ProxyUid;
@@ -334,12 +335,17 @@ fn file_stamp(p: &Path) -> (Option<SystemTime>, u64) {
 /// The desired set after a scan.
 #[derive(Debug, Clone, Default)]
 pub struct Desired {
-    /// Every proxy by UID, with its generation.
-    pub proxies: BTreeMap<ProxyUid, (LoadedProxy, i64)>,
+    /// Every proxy by UID, with its generation (shared: a scan that found no change hands
+    /// back the previous set without copying it).
+    pub proxies: Arc<BTreeMap<ProxyUid, (LoadedProxy, i64)>>,
     /// Every current error (bad files, bad documents, duplicates), as display strings.
     pub errors: Vec<String>,
     /// Whether the directory itself could be listed (when false the set is the previous one).
     pub directory_ok: bool,
+    /// True when nothing was re-read, added or removed since the previous scan, which
+    /// listed the directory too: the set is the previous scan's, so a caller that applied
+    /// that one has nothing to do.
+    pub unchanged: bool,
 }
 
 /// The watched directory's state: the last good version of every file and a generation per
@@ -377,8 +383,9 @@ impl ManifestStore {
         let listing = match self.list() {
             Ok(l) => l,
             Err(e) => {
+                // The next good listing rebuilds the set (it is not `unchanged`).
+                self.last.directory_ok = false;
                 let mut d = self.last.clone();
-                d.directory_ok = false;
                 d.errors.insert(
                     0,
                     format!(
@@ -389,7 +396,11 @@ impl ManifestStore {
                 return d;
             }
         };
-        self.files.retain(|p, _| listing.contains(p));
+        // `listing` is sorted: a binary search keeps this O(n log n) per scan (a linear
+        // `contains` made it quadratic in the number of files).
+        let files_before = self.files.len();
+        self.files.retain(|p, _| listing.binary_search(p).is_ok());
+        let mut changed = self.files.len() != files_before || !self.last.directory_ok;
         for path in &listing {
             let stamp_file = file_stamp(path);
             if let Some(st) = self.files.get(path) {
@@ -403,11 +414,20 @@ impl ManifestStore {
                 }
             }
             self.read_file(path, stamp_file);
+            changed = true;
+        }
+        if !changed {
+            // NB: the common case of a poll: no copy of the set (an Arc), no walk of it.
+            return Desired {
+                unchanged: true,
+                ..self.last.clone()
+            };
         }
         let mut desired = Desired {
             directory_ok: true,
             ..Desired::default()
         };
+        let mut proxies = BTreeMap::new();
         let mut seen: HashMap<ProxyUid, PathBuf> = HashMap::new();
         for (path, st) in &self.files {
             desired
@@ -428,9 +448,10 @@ impl ManifestStore {
                 if gen_entry.0 != p.spec_hash {
                     *gen_entry = (p.spec_hash, gen_entry.1.saturating_add(1));
                 }
-                desired.proxies.insert(p.uid, (p.clone(), gen_entry.1));
+                proxies.insert(p.uid, (p.clone(), gen_entry.1));
             }
         }
+        desired.proxies = Arc::new(proxies);
         self.last = desired.clone();
         desired
     }
@@ -610,6 +631,35 @@ spec:\n  provider: local\n  image: tiny\n  proxy:\n    allowedClientCidrs: [10.0
         let d = store.scan();
         assert!(d.proxies.is_empty());
         assert!(d.errors.is_empty());
+    }
+
+    #[test]
+    fn a_scan_that_finds_no_change_hands_back_the_same_set_marked_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("a.yaml");
+        std::fs::write(&f, manifest("p1", 3128)).unwrap();
+        std::fs::write(dir.path().join("b.yaml"), manifest("p2", 3128)).unwrap();
+        let mut store = ManifestStore::new(dir.path());
+        let first = store.scan();
+        assert!(!first.unchanged, "the first scan is new");
+        let again = store.scan();
+        assert!(again.unchanged && again.directory_ok);
+        assert!(Arc::ptr_eq(&first.proxies, &again.proxies), "no copy");
+        // A removed file is a change.
+        std::fs::remove_file(&f).unwrap();
+        let d = store.scan();
+        assert!(!d.unchanged);
+        assert_eq!(d.proxies.len(), 1);
+        // A directory that cannot be listed, then can again: the set is rebuilt.
+        let moved = dir.path().with_extension("moved");
+        std::fs::rename(dir.path(), &moved).unwrap();
+        let d = store.scan();
+        assert!(!d.directory_ok && !d.unchanged);
+        std::fs::rename(&moved, dir.path()).unwrap();
+        let d = store.scan();
+        assert!(d.directory_ok && !d.unchanged);
+        assert_eq!(d.proxies.len(), 1);
+        assert!(store.scan().unchanged);
     }
 
     #[test]

@@ -8,6 +8,9 @@
 //! - A Proxy is forgotten only when its reconcile reports `finalized` for a deletion; then
 //!   its health state and its requeue timer go with it.
 //! - After shutdown began ([`Shared::stopping`]) no requeue timer is started.
+//! - The per-phase counts ([`Objects::phase_counts`]) are kept up to date on every insert,
+//!   removal and status change, so a change costs O(1) whatever the fleet's size (no
+//!   recount of every object per event).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,11 +40,119 @@ pub(crate) struct Obj {
     pub(crate) first_seen: SystemTime,
 }
 
+/// Every known Proxy by UID, with the number of Proxies in each phase kept up to date on
+/// every change. Reads go through `Deref` to the map; writes go through [`Objects::insert`],
+/// [`Objects::remove`], [`Objects::get_mut`] and [`Objects::for_each_mut`], which keep the
+/// counts (a status changed through [`ObjMut`] is counted when the guard drops).
+#[derive(Debug, Default)]
+pub(crate) struct Objects {
+    map: BTreeMap<ProxyUid, Obj>,
+    phases: HashMap<Phase, i64>,
+}
+
+/// Write access to one [`Obj`]; its phase change, if any, is counted when it drops.
+pub(crate) struct ObjMut<'a> {
+    obj: &'a mut Obj,
+    phases: &'a mut HashMap<Phase, i64>,
+    before: Phase,
+}
+
+impl std::ops::Deref for ObjMut<'_> {
+    type Target = Obj;
+    fn deref(&self) -> &Obj {
+        self.obj
+    }
+}
+
+impl std::ops::DerefMut for ObjMut<'_> {
+    fn deref_mut(&mut self) -> &mut Obj {
+        self.obj
+    }
+}
+
+impl Drop for ObjMut<'_> {
+    fn drop(&mut self) {
+        move_phase(self.phases, self.before, self.obj.status.phase);
+    }
+}
+
+fn move_phase(phases: &mut HashMap<Phase, i64>, from: Phase, to: Phase) {
+    if from == to {
+        return;
+    }
+    if let Some(n) = phases.get_mut(&from) {
+        *n -= 1;
+        if *n <= 0 {
+            phases.remove(&from);
+        }
+    }
+    *phases.entry(to).or_default() += 1;
+}
+
+impl std::ops::Deref for Objects {
+    type Target = BTreeMap<ProxyUid, Obj>;
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
+
+impl Objects {
+    /// Inserts (or replaces) `uid`'s object. O(log n).
+    pub(crate) fn insert(&mut self, uid: ProxyUid, obj: Obj) {
+        *self.phases.entry(obj.status.phase).or_default() += 1;
+        if let Some(old) = self.map.insert(uid, obj) {
+            self.uncount(old.status.phase);
+        }
+    }
+
+    /// Removes `uid`'s object. O(log n).
+    pub(crate) fn remove(&mut self, uid: &ProxyUid) -> Option<Obj> {
+        let old = self.map.remove(uid)?;
+        self.uncount(old.status.phase);
+        Some(old)
+    }
+
+    /// Write access to `uid`'s object; a phase change is counted when the guard drops.
+    pub(crate) fn get_mut(&mut self, uid: &ProxyUid) -> Option<ObjMut<'_>> {
+        let obj = self.map.get_mut(uid)?;
+        let before = obj.status.phase;
+        Some(ObjMut {
+            obj,
+            phases: &mut self.phases,
+            before,
+        })
+    }
+
+    /// Calls `f` on every object (O(n): for passes that visit everyone anyway, such as a
+    /// health round), keeping the counts.
+    pub(crate) fn for_each_mut(&mut self, mut f: impl FnMut(&ProxyUid, &mut Obj)) {
+        for (uid, obj) in &mut self.map {
+            let before = obj.status.phase;
+            f(uid, obj);
+            move_phase(&mut self.phases, before, obj.status.phase);
+        }
+    }
+
+    /// How many objects are in each phase (phases with none are left out). O(phases).
+    pub(crate) fn phase_counts(&self) -> Vec<(Phase, i64)> {
+        self.phases.iter().map(|(p, n)| (*p, *n)).collect()
+    }
+
+    fn uncount(&mut self, phase: Phase) {
+        if let Some(n) = self.phases.get_mut(&phase) {
+            *n -= 1;
+            if *n <= 0 {
+                self.phases.remove(&phase);
+            }
+        }
+    }
+}
+
 /// State shared by the loops, the workers and the HTTP endpoint.
 pub(crate) struct Shared {
     pub(crate) controller: Arc<Controller>,
     pub(crate) providers: RwLock<Arc<Providers>>,
-    pub(crate) objects: Mutex<BTreeMap<ProxyUid, Obj>>,
+    pub(crate) objects: Mutex<Objects>,
     pub(crate) hosts: Mutex<BTreeMap<(String, String), HostRow>>,
     pub(crate) manifest_errors: Mutex<Vec<String>>,
     /// Entries adopted from a complete listing (by name and config digest).
@@ -96,46 +207,49 @@ impl Shared {
     }
 
     /// Merges a manifest scan into the objects: new and changed proxies are (re)queued,
-    /// vanished ones become `deleting` (only when the directory could be listed).
+    /// vanished ones become `deleting` (only when the directory could be listed). A scan
+    /// that found no change costs O(1) here; one that did walks the set once.
     pub(crate) fn apply_desired(&self, d: &Desired) {
         *lock(&self.manifest_errors) = d.errors.clone();
         self.directory_ok.store(d.directory_ok, Ordering::SeqCst);
+        if d.unchanged {
+            // The set this process applied last: nothing new, nothing vanished (O(1)).
+            return;
+        }
         let now = SystemTime::now();
         let mut changed = Vec::new();
         {
             let mut objects = lock(&self.objects);
-            for (uid, (p, generation)) in &d.proxies {
-                match objects.get_mut(uid) {
-                    Some(o) => {
-                        if o.object.generation != *generation
-                            || o.object.deleting
-                            || o.object.spec != p.spec
-                        {
-                            o.object = object_of(p, *generation);
-                            changed.push(*uid);
-                        }
-                    }
-                    None => {
-                        objects.insert(
-                            *uid,
-                            Obj {
-                                object: object_of(p, *generation),
-                                status: ProxyStatus::default(),
-                                first_seen: now,
-                            },
-                        );
+            for (uid, (p, generation)) in d.proxies.iter() {
+                if let Some(mut o) = objects.get_mut(uid) {
+                    if o.object.generation != *generation
+                        || o.object.deleting
+                        || o.object.spec != p.spec
+                    {
+                        o.object = object_of(p, *generation);
                         changed.push(*uid);
                     }
+                    continue;
                 }
+                objects.insert(
+                    *uid,
+                    Obj {
+                        object: object_of(p, *generation),
+                        status: ProxyStatus::default(),
+                        first_seen: now,
+                    },
+                );
+                changed.push(*uid);
             }
             if d.directory_ok {
-                for (uid, o) in objects.iter_mut() {
+                // NB: only `object.deleting` changes here, never a status: a plain walk.
+                objects.for_each_mut(|uid, o| {
                     if !d.proxies.contains_key(uid) && !o.object.deleting {
                         tracing::info!(proxy = %format!("{}/{}", o.object.namespace, o.object.name), "manifest removed: deleting");
                         o.object.deleting = true;
                         changed.push(*uid);
                     }
-                }
+                });
             }
         }
         for uid in changed {
@@ -144,12 +258,9 @@ impl Shared {
         self.update_phase_metrics();
     }
 
+    /// Sets the per-phase gauge from the counts kept by [`Objects`] (O(phases)).
     pub(crate) fn update_phase_metrics(&self) {
-        let mut counts: HashMap<Phase, i64> = HashMap::new();
-        for o in lock(&self.objects).values() {
-            *counts.entry(o.status.phase).or_default() += 1;
-        }
-        let v: Vec<(Phase, i64)> = counts.into_iter().collect();
+        let v = lock(&self.objects).phase_counts();
         self.metrics.set_phase_counts(&v);
     }
 
@@ -207,21 +318,24 @@ impl Shared {
         let mut forget = false;
         {
             let mut objects = lock(&self.objects);
-            if let Some(o) = objects.get_mut(&uid) {
+            let mut remove = false;
+            if let Some(mut o) = objects.get_mut(&uid) {
                 let previous = std::mem::replace(&mut o.status, out.status);
                 if let Some(engine) = &self.health {
+                    let generation = o.object.generation;
                     health::apply_to_status(
                         &mut o.status,
                         engine.get(&uid).as_ref(),
                         Some(&previous),
                         SystemTime::now(),
-                        o.object.generation,
+                        generation,
                     );
                 }
-                if out.finalized && o.object.deleting {
-                    objects.remove(&uid);
-                    forget = true;
-                }
+                remove = out.finalized && o.object.deleting;
+            }
+            if remove {
+                objects.remove(&uid);
+                forget = true;
             }
         }
         if forget {
@@ -251,5 +365,85 @@ pub(crate) fn object_of(p: &LoadedProxy, generation: i64) -> ProxyObject {
             username: c.username.clone(),
             password: c.password.clone(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+    use std::path::Path;
+
+    use super::*;
+    use crate::manifests::parse_file;
+
+    const PHASES: [Phase; 6] = [
+        Phase::Pending,
+        Phase::Provisioning,
+        Phase::Running,
+        Phase::Paused,
+        Phase::Failed,
+        Phase::Terminating,
+    ];
+
+    fn recount(t: &Objects) -> HashMap<Phase, i64> {
+        let mut m = HashMap::new();
+        for o in t.values() {
+            *m.entry(o.status.phase).or_default() += 1;
+        }
+        m
+    }
+
+    #[test]
+    fn phase_counts_kept_on_every_change_equal_a_full_recount_after_random_changes() {
+        let text = "apiVersion: egress-proxies.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: p\n\
+                    spec:\n  provider: local\n  image: tiny\n  proxy:\n    allowedClientCidrs: [10.0.0.0/8]\n";
+        let (loaded, errs) = parse_file(Path::new("/m/p.yaml"), text, Path::new("/m"));
+        assert!(errs.is_empty(), "{errs:?}");
+        let base = Obj {
+            object: object_of(&loaded[0], 1),
+            status: ProxyStatus::default(),
+            first_seen: SystemTime::UNIX_EPOCH,
+        };
+        let mut t = Objects::default();
+        // A fixed-seed LCG: the same 5000 steps every run.
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: u64| {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) % n
+        };
+        for step in 0..5000 {
+            let uid = ProxyUid(uuid::Uuid::from_u128(u128::from(next(50))));
+            let phase = PHASES[next(6) as usize];
+            match next(5) {
+                0 => {
+                    let mut o = base.clone();
+                    o.status.phase = phase;
+                    t.insert(uid, o);
+                }
+                1 => {
+                    t.remove(&uid);
+                }
+                2 => {
+                    if let Some(mut o) = t.get_mut(&uid) {
+                        o.status.phase = phase;
+                    }
+                }
+                3 => {
+                    // A change that is not a phase change.
+                    if let Some(mut o) = t.get_mut(&uid) {
+                        o.object.deleting = !o.object.deleting;
+                    }
+                }
+                _ => t.for_each_mut(|u, o| {
+                    if u.0.as_u128() % 3 == u128::from(next(3)) {
+                        o.status.phase = phase;
+                    }
+                }),
+            }
+            let kept: HashMap<Phase, i64> = t.phase_counts().into_iter().collect();
+            assert_eq!(kept, recount(&t), "step {step}");
+        }
     }
 }

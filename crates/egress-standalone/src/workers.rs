@@ -151,8 +151,7 @@ impl ProxyHealthDriver for Shared {
 
     fn round_done(&self, engine: &HealthEngine, _report: &RoundReport) {
         let now = SystemTime::now();
-        let mut objects = lock(&self.objects);
-        for (uid, o) in objects.iter_mut() {
+        lock(&self.objects).for_each_mut(|uid, o| {
             let previous = o.status.clone();
             health::apply_to_status(
                 &mut o.status,
@@ -161,7 +160,7 @@ impl ProxyHealthDriver for Shared {
                 now,
                 o.object.generation,
             );
-        }
+        });
     }
 }
 

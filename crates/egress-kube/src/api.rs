@@ -347,6 +347,22 @@ mod tests {
     }
 
     #[test]
+    fn the_schema_admits_only_a_secret_name_as_credentials_ref() {
+        let s = schema(&Proxy::crd());
+        let r = &s["properties"]["spec"]["properties"]["proxy"]["properties"]["credentialsRef"];
+        assert_eq!(r["maxLength"].as_u64(), Some(253), "{r}");
+        assert_eq!(r["minLength"].as_u64(), Some(1), "{r}");
+        // A DNS subdomain: lowercase alphanumerics, '-' and '.', never '/' (no other
+        // namespace, no path), anchored at both ends.
+        let p = r["pattern"].as_str().unwrap();
+        assert_eq!(
+            p,
+            r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+        );
+        assert!(!p.contains('/'));
+    }
+
+    #[test]
     fn the_proxy_schema_bounds_ports_sizes_and_formats() {
         let s = schema(&Proxy::crd());
         let spec = &s["properties"]["spec"]["properties"];

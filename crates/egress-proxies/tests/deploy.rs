@@ -381,6 +381,11 @@ fn the_status_views_are_off_by_default_and_on_their_own_port_when_enabled() {
         args.contains(&"--status-listen=127.0.0.1:8081".to_owned()),
         "{args:?}"
     );
+    let help = Command::new(BIN)
+        .args(["kubernetes", "--help"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--status-listen "));
     assert!(
         args.contains(&"--listen=0.0.0.0:8080".to_owned()),
         "{args:?}"

@@ -50,7 +50,7 @@ impl GcDriver for ClusterGc {
 
     async fn live_set(&self) -> Option<HashSet<ProxyUid>> {
         let params = ListParams::default();
-        // rbac: PROXIES list
+        // rbac: PROXIES_LIVE_SET list (every namespace, whatever is watched)
         match tokio::time::timeout(LIVE_SET_DEADLINE, self.all.list_metadata(&params)).await {
             Ok(Ok(list)) => {
                 let mut live = HashSet::new();

@@ -518,6 +518,13 @@ fn the_routes_serve_the_page_its_fragment_and_each_proxy_as_json() {
         StatusCode::NOT_FOUND,
         "a probes-only listener shows no page"
     );
+    for path in ["/", "/fleet.json", "/proxies/default/alpha"] {
+        assert_eq!(
+            handle_request(&ep, None, Routes::Status, &Method::GET, path, None).status(),
+            StatusCode::OK,
+            "Kubernetes mode's status listener serves {path}"
+        );
+    }
     assert_eq!(
         handle(&ep, &Method::POST, "/").status(),
         StatusCode::METHOD_NOT_ALLOWED

@@ -156,8 +156,15 @@ mod tests {
             .filter(|a| a.scope == Scope::Cluster)
             .map(|a| a.resource)
             .collect();
-        assert_eq!(cluster, ["proxies", "providerhealths", "providerhealths/status"]);
-        assert_eq!(PROXIES_LIVE_SET.verbs, ["list"], "read-only across namespaces");
+        assert_eq!(
+            cluster,
+            ["proxies", "providerhealths", "providerhealths/status"]
+        );
+        assert_eq!(
+            PROXIES_LIVE_SET.verbs,
+            ["list"],
+            "read-only across namespaces"
+        );
         for a in [SECRETS, SERVICES, ENDPOINT_SLICES, EVENTS, PROXIES] {
             assert_eq!(a.scope, Scope::WatchedNamespaces, "{a:?}");
         }

@@ -9,6 +9,39 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{Condition, HealthStatus, Phase};
 
+/// The one filter type of `/status`, `/proxies`, the fleet page and the CLI's `status`
+/// (`?entry=&host=&pool=&state=&phase=&health=`).
+pub use crate::web::page::Filters;
+
+impl StatusDocument {
+    /// The document with only the proxy rows `f` keeps and the host rows it keeps (a filter
+    /// on a proxy's phase or health leaves the host rows whole); manifest errors are kept.
+    /// O(rows).
+    pub fn filtered(&self, f: &Filters) -> StatusDocument {
+        let host_filter = Filters {
+            phase: None,
+            health: None,
+            ..f.clone()
+        };
+        StatusDocument {
+            generated_at: self.generated_at.clone(),
+            proxies: self
+                .proxies
+                .iter()
+                .filter(|p| f.keeps_proxy(p))
+                .cloned()
+                .collect(),
+            hosts: self
+                .hosts
+                .iter()
+                .filter(|h| host_filter.keeps_host(h))
+                .cloned()
+                .collect(),
+            manifest_errors: self.manifest_errors.clone(),
+        }
+    }
+}
+
 /// Everything standalone mode knows, at one instant.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -136,5 +169,114 @@ mod tests {
         );
         let back: StatusDocument = serde_json::from_str(&j).unwrap();
         assert_eq!(back, d);
+    }
+
+    fn row(name: &str, phase: Phase, host: Option<&str>, healthy: Option<bool>) -> ProxyStatusRow {
+        ProxyStatusRow {
+            namespace: "default".into(),
+            name: name.into(),
+            uid: String::new(),
+            phase,
+            host: host.map(Into::into),
+            ip: None,
+            provider_id: host.map(|h| format!("libvirt://local/{h}/ep-local-{name}")),
+            created_at: String::new(),
+            last_error: None,
+            conditions: vec![],
+            port: Some(3128),
+            health: healthy.map(|h| HealthStatus {
+                healthy: Some(h),
+                ..HealthStatus::default()
+            }),
+        }
+    }
+
+    fn fleet() -> StatusDocument {
+        let host = |h: &str, state: &str| HostRow {
+            entry: "local".into(),
+            host: h.into(),
+            state: state.into(),
+            latency_ms: None,
+            error: None,
+        };
+        StatusDocument {
+            generated_at: "2026-01-01T00:00:00Z".into(),
+            proxies: vec![
+                row("a", Phase::Running, Some("h1"), Some(true)),
+                row("b", Phase::Running, Some("h2"), Some(false)),
+                row("c", Phase::Pending, None, None),
+                row("d", Phase::Provisioning, Some("h1"), None),
+            ],
+            hosts: vec![host("h1", "Ready"), host("h2", "Degraded")],
+            manifest_errors: vec!["x.yaml: bad".into()],
+        }
+    }
+
+    fn names(d: &StatusDocument) -> Vec<&str> {
+        d.proxies.iter().map(|p| p.name.as_str()).collect()
+    }
+
+    #[test]
+    fn filters_by_phase_host_entry_and_health_keep_only_matching_rows() {
+        let d = fleet();
+        let f = |q: &str| d.filtered(&Filters::from_query(Some(q)));
+        assert_eq!(names(&f("phase=Running")), ["a", "b"]);
+        assert_eq!(
+            f("phase=Running").hosts.len(),
+            2,
+            "a phase keeps every host"
+        );
+        assert_eq!(names(&f("host=h1")), ["a", "d"]);
+        assert_eq!(f("host=h1").hosts.len(), 1);
+        assert_eq!(names(&f("health=Unhealthy")), ["b"]);
+        assert_eq!(names(&f("health=Unchecked")), ["c", "d"]);
+        assert_eq!(names(&f("phase=Running&health=Healthy")), ["a"]);
+        assert_eq!(names(&f("entry=local")), ["a", "b", "d"], "c is not placed");
+        assert!(f("entry=other").proxies.is_empty());
+        assert_eq!(names(&f("state=Pending")), ["c"]);
+        assert_eq!(f("state=Degraded").hosts.len(), 1);
+        assert!(f("pool=p").proxies.is_empty(), "proxies carry no pool yet");
+        assert_eq!(f("").proxies.len(), 4, "no filter keeps everything");
+        assert_eq!(f("phase=Running").manifest_errors.len(), 1);
+    }
+
+    struct Doc;
+    impl crate::web::Endpoints for Doc {
+        fn status(&self) -> StatusDocument {
+            fleet()
+        }
+        fn metrics(&self) -> String {
+            String::new()
+        }
+        fn ready(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn status_and_proxies_answer_only_the_rows_their_query_keeps_and_everything_without_one() {
+        use http_body_util::BodyExt;
+        use hyper::Method;
+
+        use crate::web::{Routes, handle_request};
+
+        let get = |path: &str, q: Option<&str>| {
+            let r = handle_request(&Doc, None, Routes::All, &Method::GET, path, q);
+            assert!(r.status().is_success(), "{path}?{q:?}");
+            let body = futures_util::FutureExt::now_or_never(r.into_body().collect())
+                .unwrap()
+                .unwrap()
+                .to_bytes();
+            body.to_vec()
+        };
+        let doc: StatusDocument =
+            serde_json::from_slice(&get("/status", Some("phase=Running&host=h2"))).unwrap();
+        assert_eq!(names(&doc), ["b"]);
+        let rows: Vec<ProxyStatusRow> =
+            serde_json::from_slice(&get("/proxies", Some("health=Healthy"))).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].name, "a");
+        let all: StatusDocument = serde_json::from_slice(&get("/status", None)).unwrap();
+        assert_eq!(all, fleet());
     }
 }

@@ -160,7 +160,9 @@ pub fn handle(ep: &dyn Endpoints, method: &Method, path: &str) -> Response<Full<
 }
 
 /// Answers one request the way [`serve_routes`] does: the fleet page's routes (with
-/// `history`, empty when `None`, and the filters of `query`), then [`handle_routes`].
+/// `history`, empty when `None`, and the filters of `query`), `/status` and `/proxies`
+/// restricted to the rows the filters of `query` keep ([`page::Filters`]), then
+/// [`handle_routes`].
 pub fn handle_request(
     ep: &dyn Endpoints,
     history: Option<&History>,
@@ -174,6 +176,21 @@ pub fn handle_request(
         && let Some(r) = fleet::answer(ep, history, path, query)
     {
         return r;
+    }
+    // `/status` and `/proxies` with filters (`?phase=Running&host=h1`...): the rows they keep.
+    if (method == Method::GET || method == Method::HEAD)
+        && routes.serves(path)
+        && matches!(path, "/status" | "/proxies")
+    {
+        let f = page::Filters::from_query(query);
+        if !f.is_empty() {
+            let doc = ep.status().filtered(&f);
+            return if path == "/status" {
+                json(&doc)
+            } else {
+                json(&doc.proxies)
+            };
+        }
     }
     handle_routes(ep, routes, method, path)
 }
@@ -248,12 +265,16 @@ pub async fn serve_routes(
 ) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let history = Arc::new(History::new());
+    // NB: the sampler stops with the server, also when this future is dropped rather than
+    // shut down (the guard cancels its token).
+    let sampler_stop = shutdown.child_token();
+    let _sampler_guard = sampler_stop.clone().drop_guard();
     if routes.serves("/") {
         tokio::spawn(history::run_sampler(
             Arc::clone(&ep),
             Arc::clone(&history),
             history::SAMPLE_INTERVAL,
-            shutdown.child_token(),
+            sampler_stop,
         ));
     }
     loop {

@@ -1,5 +1,8 @@
-//! The fleet page's filters: `?entry=&host=&pool=&state=` read from a query string
-//! ([`Filters::from_query`]) and applied to host, pool and proxy rows.
+//! The filters of the fleet page, of `/status` and `/proxies` and of the CLI's `status`:
+//! `?entry=&host=&pool=&state=&phase=&health=` read from a query string
+//! ([`Filters::from_query`]) and applied to host, pool and proxy rows
+//! ([`StatusDocument::filtered`](crate::status::StatusDocument::filtered) for a whole
+//! document).
 //!
 //! Guarantees: at most [`MAX_QUERY_PAIRS`] pairs are read and each value is cut to
 //! [`MAX_FILTER_CHARS`], whatever the request holds; an empty value is no filter; a state that
@@ -30,6 +33,10 @@ pub struct Filters {
     /// A proxy phase (`Running`…), a proxy health (`Healthy`, `Unhealthy`, `Unchecked`) or a
     /// host state (`Ready`, `Degraded`, `Unreachable`, `Timeout`, `Unknown`).
     pub state: Option<String>,
+    /// A proxy phase (`Running`…): proxies only.
+    pub phase: Option<String>,
+    /// A proxy health (`Healthy`, `Unhealthy`, `Unchecked`): proxies only.
+    pub health: Option<String>,
 }
 
 pub(super) const HOST_STATES: [&str; 5] =
@@ -57,6 +64,8 @@ impl Filters {
                 "host" => f.host = v,
                 "pool" => f.pool = v,
                 "state" => f.state = v,
+                "phase" => f.phase = v,
+                "health" => f.health = v,
                 _ => {}
             }
         }
@@ -71,6 +80,8 @@ impl Filters {
             ("host", &self.host),
             ("pool", &self.pool),
             ("state", &self.state),
+            ("phase", &self.phase),
+            ("health", &self.health),
         ] {
             if let Some(v) = v {
                 s.append_pair(k, v);
@@ -79,7 +90,8 @@ impl Filters {
         s.finish()
     }
 
-    pub(super) fn is_empty(&self) -> bool {
+    /// Whether no filter is set (every row is kept).
+    pub fn is_empty(&self) -> bool {
         *self == Self::default()
     }
 
@@ -91,13 +103,15 @@ impl Filters {
         self.state.as_deref().filter(|s| !HOST_STATES.contains(s))
     }
 
-    pub(super) fn keeps_host(&self, h: &HostRow) -> bool {
+    /// Whether the host row `h` passes (entry, host, and a host `state`).
+    pub fn keeps_host(&self, h: &HostRow) -> bool {
         self.entry.as_deref().is_none_or(|e| e == h.entry)
             && self.host.as_deref().is_none_or(|x| x == h.host)
             && self.host_state_filter().is_none_or(|s| s == h.state)
     }
 
-    pub(super) fn keeps_proxy(&self, p: &ProxyStatusRow) -> bool {
+    /// Whether the proxy row `p` passes (entry, host, pool, a proxy `state`, phase, health).
+    pub fn keeps_proxy(&self, p: &ProxyStatusRow) -> bool {
         self.entry
             .as_deref()
             .is_none_or(|e| entry_of(p) == Some(e))
@@ -107,6 +121,8 @@ impl Filters {
             && self
                 .proxy_state_filter()
                 .is_none_or(|s| s == p.phase.as_str() || s == health_label(p))
+            && self.phase.as_deref().is_none_or(|s| s == p.phase.as_str())
+            && self.health.as_deref().is_none_or(|s| s == health_label(p))
     }
 
     pub(super) fn keeps_pool(&self, p: &PoolSummary) -> bool {

@@ -44,6 +44,11 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// Default number of silent intervals tolerated before the connection is declared dead
 /// (libvirt's default count is 5): a frozen peer is detected within interval × (count + 1).
+// NB: the budget is 5 s × (5 + 1) = 30 s counted from the last packet the peer sent (one
+// silent interval before the first PING, then five unanswered PINGs), so at most 30 s after
+// a freeze — measured 30.0 s through a real sshd to the real libvirtd with a frozen relay
+// (tests/ssh_transport.rs). Over SSH it is the first budget to run out (SSH keepalive:
+// 10 s × 4 = 40 s). A caller learns of it at its next call, or its pending call fails then.
 pub const DEFAULT_KEEPALIVE_COUNT: u32 = 5;
 /// Outbound queue depth in packets. Sized so an upload keeps the socket busy while bounding
 /// buffered data to a few MiB (8 × 256 KiB chunks).

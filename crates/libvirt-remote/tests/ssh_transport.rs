@@ -546,6 +546,46 @@ async fn a_frozen_ssh_peer_is_declared_dead_within_the_ssh_keepalive_budget() {
     }
 }
 
+// finding: M20
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_default_settings_a_frozen_ssh_path_is_declared_dead_within_the_documented_budget()
+{
+    // The operator's own settings (libvirt keepalive 5 s × (5 + 1), SSH keepalive 10 s ×
+    // (3 + 1), inactivity 120 s), a real sshd and the real libvirtd behind a relay that
+    // freezes: the first of the budgets to run out is libvirt's, 30 s after the last packet
+    // the daemon sent, which is at most the moment of the freeze.
+    let sshd = Sshd::start();
+    let relay = Relay::start(sshd.addr).await;
+    let opts = SshOptions::default();
+    let (t, _) = connect(&sshd, &through(&sshd, &relay), &opts).await;
+    let cfg = ConnectionConfig::default();
+    let client = open(t, cfg.clone()).await;
+    assert!(!client.hostname().await.unwrap().is_empty());
+    let documented = cfg.keepalive_budget();
+    assert_eq!(documented, Duration::from_secs(30), "the documented budget");
+    assert!(documented < opts.keepalive_budget());
+
+    relay.freeze();
+    let start = Instant::now();
+    let budget = documented + SLACK;
+    tokio::time::timeout(budget, client.connection().closed())
+        .await
+        .unwrap_or_else(|_| panic!("connection still alive {budget:?} after the path froze"));
+    let took = start.elapsed();
+    println!(
+        "declared dead {took:?} after the freeze: {:?}",
+        client.connection().death_reason()
+    );
+    assert!(
+        matches!(
+            client.connection().death_reason(),
+            Some(DeathReason::KeepaliveTimeout { .. })
+        ),
+        "{:?}",
+        client.connection().death_reason()
+    );
+}
+
 // finding: H1
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_connection_whose_writes_are_blocked_on_a_frozen_ssh_peer_returns_at_once() {

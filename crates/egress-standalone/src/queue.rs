@@ -31,6 +31,8 @@ struct QueueState {
 }
 
 impl WorkQueue {
+    /// Queues `uid` unless it is queued already; while a worker has it, marks it to be
+    /// queued once more when that worker calls [`WorkQueue::done`].
     pub(crate) fn add(&self, uid: ProxyUid) {
         {
             let mut s = lock(&self.state);
@@ -46,6 +48,7 @@ impl WorkQueue {
         self.notify.notify_one();
     }
 
+    /// The first queued UID, now held by the caller, if any (no wait).
     fn try_pop(&self) -> Option<ProxyUid> {
         let mut s = lock(&self.state);
         let uid = s.order.pop_front()?;
@@ -77,6 +80,7 @@ impl WorkQueue {
         }
     }
 
+    /// The worker holding `uid` finished; queues it again if it changed meanwhile.
     pub(crate) fn done(&self, uid: ProxyUid) {
         let again = {
             let mut s = lock(&self.state);

@@ -38,7 +38,8 @@ pub async fn sleep_or_stop(d: Duration, stop: &CancellationToken) -> bool {
 }
 
 /// The running workers of one scope (a process or a leadership term), each under a name
-/// (logged when it ends on its own), with the scope's stop token.
+/// (logged at debug level when its work returns; an aborted worker logs nothing), with the
+/// scope's stop token.
 #[derive(Debug)]
 pub struct Workers {
     stop: CancellationToken,

@@ -58,7 +58,11 @@ pub const MAX_ERROR_CHARS: usize = 512;
 
 /// Deadline of one check call by default.
 // NB: every call here is cheap (version, hostname, capabilities, lookups, one pool refresh of
-// a directory); a healthy host answers in milliseconds. 10 s tolerates a loaded host.
+// a directory); a healthy host answers in milliseconds. 10 s tolerates a loaded host. It is
+// also what bounds how late a frozen host is *reported*: the first check round after the
+// freeze reads Timeout (or, once keepalive killed the link 30 s after the host last
+// answered, Unreachable) within this long, so at most the check interval + 10 s after the
+// freeze (40 s with the default 30 s interval; 36 s was observed).
 pub const DEFAULT_CHECK_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Budget for all of a host's calls after the dial, by default.

@@ -1,7 +1,11 @@
-//! `egress-proxies status [--server URL] [--json]`: what a running `egress-proxies
-//! standalone` reports at `GET /status`, as a table: phase, host, address, whether traffic
-//! through the proxy works (HEALTHY: `yes`, `no`, `?` before the health engine decided, `-`
-//! when health checks are off) and the EGRESS IP the check target saw.
+//! `egress-proxies status [--server URL] [--json] [--phase P] [--host H] [--entry E]
+//! [--pool P] [--health H]`: what a running `egress-proxies standalone` reports at
+//! `GET /status`, as a table: phase, host, address, whether traffic through the proxy works
+//! (HEALTHY: `yes`, `no`, `?` before the health engine decided, `-` when health checks are
+//! off) and the EGRESS IP the check target saw. The filters are the server's own
+//! ([`Filters`], sent as the query of `/status`, so a large fleet sends only the rows asked
+//! for) and are applied again to what comes back (a server that ignores them still gives the
+//! right rows); the exit status is computed over the rows shown.
 //!
 //! Guarantees: one HTTP GET to the given server and nothing else (no libvirt host is
 //! contacted); bounded by [`STATUS_CONNECT_TIMEOUT`] and [`STATUS_TIMEOUT`]; a body larger
@@ -13,7 +17,7 @@ use std::time::{Duration, SystemTime};
 use super::table::{self, Table};
 use super::{EXIT_FAILED, EXIT_OK, UsageError};
 use egress_core::model::Phase;
-use egress_core::status::StatusDocument;
+use egress_core::status::{Filters, StatusDocument};
 
 /// Where `standalone` serves by default.
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:9464";
@@ -37,9 +41,38 @@ pub struct StatusArgs {
     #[arg(long, value_name = "URL", default_value = DEFAULT_SERVER,
           env = "EGRESS_PROXIES_SERVER")]
     server: String,
-    /// Print the server's JSON document as is.
+    /// Print the server's JSON document (the rows the filters keep).
     #[arg(long)]
     json: bool,
+    /// Only Proxies in this phase.
+    #[arg(long, value_parser = ["Pending", "Provisioning", "Running", "Paused", "Failed", "Terminating"])]
+    phase: Option<String>,
+    /// Only Proxies (and host rows) on this host.
+    #[arg(long)]
+    host: Option<String>,
+    /// Only Proxies (and host rows) of this provider entry.
+    #[arg(long)]
+    entry: Option<String>,
+    /// Only Proxies of this pool (`namespace/name` or `name`).
+    #[arg(long)]
+    pool: Option<String>,
+    /// Only Proxies whose health is this.
+    #[arg(long, value_parser = ["Healthy", "Unhealthy", "Unchecked"])]
+    health: Option<String>,
+}
+
+impl StatusArgs {
+    /// The filters the flags ask for.
+    fn filters(&self) -> Filters {
+        Filters {
+            entry: self.entry.clone(),
+            host: self.host.clone(),
+            pool: self.pool.clone(),
+            state: None,
+            phase: self.phase.clone(),
+            health: self.health.clone(),
+        }
+    }
 }
 
 /// Runs `status`.
@@ -53,9 +86,13 @@ pub async fn run(a: StatusArgs) -> anyhow::Result<u8> {
                 a.server
             ))
         })?;
-    let url = base
+    let mut url = base
         .join("/status")
         .map_err(|e| UsageError::new(format!("--server {}: {e}", a.server)))?;
+    let filters = a.filters();
+    if !filters.is_empty() {
+        url.set_query(Some(&filters.to_query()));
+    }
     let body = match fetch(&url).await {
         Ok(b) => b,
         Err(msg) => {
@@ -63,11 +100,16 @@ pub async fn run(a: StatusArgs) -> anyhow::Result<u8> {
             return Ok(EXIT_FAILED);
         }
     };
-    let doc: StatusDocument = serde_json::from_slice(&body).map_err(|e| {
+    let mut doc: StatusDocument = serde_json::from_slice(&body).map_err(|e| {
         anyhow::anyhow!("{url} did not answer with a status document ({e}); is it egress-proxies?")
     })?;
-    if a.json {
+    if !filters.is_empty() {
+        doc = doc.filtered(&filters);
+    }
+    if a.json && filters.is_empty() {
         println!("{}", String::from_utf8_lossy(&body));
+    } else if a.json {
+        println!("{}", serde_json::to_string(&doc)?);
     } else {
         print!("{}", render(&doc, SystemTime::now()));
     }
@@ -236,6 +278,42 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("manifest error: a.yaml: bad"), "{out}");
+    }
+
+    #[test]
+    fn the_filter_flags_become_the_servers_query() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: StatusArgs,
+        }
+        let cli = Cli::try_parse_from([
+            "status",
+            "--phase",
+            "Running",
+            "--host",
+            "h1",
+            "--entry",
+            "e",
+            "--pool",
+            "web",
+            "--health",
+            "Unhealthy",
+        ])
+        .map_err(|e| e.to_string());
+        let f = cli.map(|c| c.a.filters());
+        assert_eq!(
+            f.as_ref().map(Filters::to_query).as_deref(),
+            Ok("entry=e&host=h1&pool=web&phase=Running&health=Unhealthy")
+        );
+        assert_eq!(
+            f.map(|f| Filters::from_query(Some(&f.to_query())) == f),
+            Ok(true),
+            "the server reads back the same filters"
+        );
+        assert!(Cli::try_parse_from(["status", "--phase", "running"]).is_err());
+        assert!(Cli::try_parse_from(["status", "--health", "ok"]).is_err());
     }
 
     #[test]

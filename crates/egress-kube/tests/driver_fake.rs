@@ -1089,3 +1089,64 @@ async fn a_credentials_ref_naming_another_namespace_is_never_requested() {
     assert!(secret_reads.is_empty(), "{secret_reads:?}");
     stop(r).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watching_one_namespace_every_namespaced_call_stays_in_it_so_a_role_there_suffices() {
+    // The chart's `watchNamespace`: the operator's grants on Proxies, Secrets, Services,
+    // EndpointSlices and Events are a Role in that namespace only; only ProviderHealth and the
+    // GC's list of Proxies (PROXIES_LIVE_SET) are cluster-wide, Leases in the operator's own.
+    use egress_kube::rbac::{API_ACCESS, Scope};
+    let w = World::new();
+    create_secret(&w, "creds").await;
+    let before = w.api.requests().len();
+    let r = w.start_with("a", None, |o| {
+        o.namespace = Some("default".into());
+        o.publish_interval = Duration::from_millis(100);
+        o.secret_poll_interval = Duration::from_millis(100);
+    });
+    create_member(&w, "p1", 3128, Some("web"), Some("creds")).await;
+    w.until("p1 Running and its group published", |w| {
+        phase_of(&w.proxy_json("p1")).as_deref() == Some("Running")
+            && w.api.object("", "services", "default", "web").is_some()
+    })
+    .await;
+    w.proxies()
+        .delete("p1", &DeleteParams::default())
+        .await
+        .unwrap();
+    w.until("p1 and its group gone", |w| {
+        w.proxy_json("p1").is_none() && w.api.object("", "services", "default", "web").is_none()
+    })
+    .await;
+    w.until("a GC pass", |_| {
+        r.stats.gc_passes.load(Ordering::Relaxed) >= 1
+    })
+    .await;
+    stop(r).await;
+    for req in &w.api.requests()[before..] {
+        for (g, res, verb, ns) in access_of(req) {
+            if g == GROUP && res == "proxies" && (verb == "create" || verb == "delete") {
+                continue; // the test's own calls
+            }
+            let entry = API_ACCESS
+                .iter()
+                .find(|a| a.group == g && a.resource == res && a.verbs.contains(&verb.as_str()))
+                .unwrap_or_else(|| panic!("{verb} {g}/{res} is in no grant"));
+            let cluster_wide_grant = API_ACCESS.iter().any(|a| {
+                a.scope == Scope::Cluster
+                    && a.group == g
+                    && a.resource == res
+                    && a.verbs.contains(&verb.as_str())
+            });
+            match entry.scope {
+                Scope::OperatorNamespace => assert_eq!(ns.as_deref(), Some("ops"), "{req:?}"),
+                _ if cluster_wide_grant => {}
+                _ => assert_eq!(
+                    ns.as_deref(),
+                    Some("default"),
+                    "{verb} {g}/{res} outside the watched namespace: {req:?}"
+                ),
+            }
+        }
+    }
+}

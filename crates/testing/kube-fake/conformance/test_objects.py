@@ -10,6 +10,8 @@ Sources cited beside each check:
 - API reference: ObjectMeta, DeleteOptions, Status (kubernetes.io/docs/reference/kubernetes-api/)
 """
 
+import time
+
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -20,6 +22,8 @@ P = (GROUP, VERSION)
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
+# NB: a real server establishes a new CRD within a second; 10 s is generous.
+ESTABLISH_S = 10
 
 
 def create(co, ns, body):
@@ -38,11 +42,17 @@ def patch(co, ns, name, body, content_type, **kw):
 def test_the_committed_crds_are_established_and_their_resources_discoverable(api, crds):
     ext = client.ApiextensionsV1Api(api)
     for crd in crds:
-        got = ext.read_custom_resource_definition(crd.metadata.name)
         # API reference › CustomResourceDefinitionCondition: condition types include
         # Established and NamesAccepted; CRD task page › Create a CustomResourceDefinition: once
-        # created, the new namespaced/cluster-scoped RESTful endpoint is served.
-        conds = {c.type: c.status for c in got.status.conditions}
+        # created, the new namespaced/cluster-scoped RESTful endpoint is served. A real server
+        # establishes a CRD shortly after creating it: poll, with a deadline.
+        deadline = time.monotonic() + ESTABLISH_S
+        while True:
+            got = ext.read_custom_resource_definition(crd.metadata.name)
+            conds = {c.type: c.status for c in (got.status.conditions or [])} if got.status else {}
+            if conds.get("Established") == "True" or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert conds.get("Established") == "True"
         assert conds.get("NamesAccepted") == "True"
         assert got.status.accepted_names.plural == crd.spec.names.plural

@@ -1033,6 +1033,48 @@ mod real {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_upload_through_ssh_leaves_no_part_on_the_real_daemon() {
+        // finding: H2 — the upload's link is closed first; the real daemon then lets the part
+        // be deleted over the fresh link (no "still in use").
+        tokio::time::timeout(BUDGET, async {
+            let sshd = Sshd::start();
+            let pg = PoolGuard::new("imgfail");
+            let bulk = SshBulk {
+                target: sshd.target(),
+            };
+            let client = bulk.open().await.unwrap();
+            let pool = client.pool_lookup_by_name(&pg.name).await.unwrap();
+            let server = ImageServer::start().await;
+            let img = qcow2(8 * MIB, 6 * MIB as usize);
+            let mut trunc = Route::new(img.clone());
+            trunc.truncate_at = Some(3 * MIB as usize);
+            let url = server.route("/trunc.qcow2", trunc);
+            let mut e = entry("eptest");
+            e.images.insert(
+                "trunc".into(),
+                spec(&url, Some(&sha(&img)), ImageFormat::Qcow2),
+            );
+            let fetch = FetchOptions::default();
+            let t = Target {
+                entry: &e,
+                host: "local",
+                client: &client,
+                pool: &pool,
+                reserve_bytes: 0,
+                bulk: &bulk,
+                progress: &NoProgress,
+                fetch: &fetch,
+            };
+            let r = image::ensure_base(&t, "trunc").await;
+            assert_eq!(class(&r), ErrorClass::Transient, "{r:?}");
+            let _ = virsh(&["pool-refresh", &pg.name]);
+            assert!(pg.files().is_empty(), "left behind: {:?}", pg.files());
+        })
+        .await
+        .expect("the real failed-upload test exceeded its budget");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_qcow2_is_imported_through_ssh_reused_renewed_by_digest_and_published_once_under_contention()
      {
         // finding: H4, M13, E7

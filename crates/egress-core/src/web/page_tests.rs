@@ -564,3 +564,34 @@ fn ages_are_compact_and_measured_against_the_document() {
         "a future creation"
     );
 }
+
+#[tokio::test]
+async fn the_history_sampler_stops_when_the_server_is_dropped() {
+    use std::sync::Arc;
+    let ep = Arc::new(Fixed(document()));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let never = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(super::serve(
+        l,
+        Arc::clone(&ep) as Arc<dyn Endpoints>,
+        never,
+    ));
+    // The server and its sampler each hold the endpoints.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while Arc::strong_count(&ep) < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sampler never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server.abort();
+    let _ = server.await;
+    while Arc::strong_count(&ep) > 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sampler outlived its server"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -17,6 +17,10 @@
 //!   without), each cell computed from the column's simple JSONPath (`.a.b`, `[N]`,
 //!   `[?(@.key=="value")]`) as the real table convertor does: `date` cells as a relative age,
 //!   `integer` / `number` / `boolean` as JSON values, missing values as `null`.
+//!
+//! One file because discovery, both OpenAPI documents and printing are views of the same
+//! [`ResourceInfo`] table built from the stored CRDs; the OpenAPI v2 protobuf encoder is its
+//! own submodule (`proto`).
 
 use serde_json::{Value, json};
 

@@ -41,10 +41,15 @@
 //!   is removed by the write that empties its finalizers.
 //!
 //! Guarantees: one global resourceVersion counter (like etcd's revision), strictly increasing
-//! per write; every write is one history record, so a watch from any earlier version replays
-//! every change in order; a watcher whose bounded queue fills is disconnected (its stream
+//! per write; every write is one history record, so a watch from any earlier version still in
+//! the kept history (all of it unless limited) replays every change in order; a watcher whose bounded queue fills is disconnected (its stream
 //! ends and the client re-watches from its last version, as with a real server). No lock is
 //! held across an `.await`. Every request is recorded for assertions ([`FakeApiServer::requests`]).
+//!
+//! One file: the store, routing and write semantics share one lock and one set of private
+//! types (routes, stored objects, errors); what stands alone lives beside it (`discovery.rs`:
+//! discovery, OpenAPI and printing; `scale.rs`: the scale subresource; `https.rs`: the HTTPS
+//! front).
 
 mod discovery;
 pub mod https;

@@ -75,7 +75,10 @@ pub(super) async fn publish_pass(
     stop: &CancellationToken,
 ) -> bool {
     let now = SystemTime::now();
-    let mut proxies: Vec<Proxy> = store.state().iter().map(|p| (**p).clone()).collect();
+    // NB: the cache's objects are shared, not copied (a deep copy of 10,000 Proxies with
+    // their managedFields is tens of MB per pass); only a Proxy whose status this pass writes
+    // is copied, to carry the new status into the rows and groups below.
+    let mut proxies: Vec<Arc<Proxy>> = store.state();
     let mut ok = true;
     for p in &mut proxies {
         if stop.is_cancelled() {
@@ -112,7 +115,11 @@ pub(super) async fn publish_pass(
             // rbac: PROXIES_STATUS patch
             let w = api.patch_status(&name, &pp, &patch);
             match tokio::time::timeout(API_SLACK, w).await {
-                Ok(Ok(_)) => p.status = Some(next),
+                Ok(Ok(_)) => {
+                    let mut copy = (**p).clone();
+                    copy.status = Some(next);
+                    *p = Arc::new(copy);
+                }
                 Ok(Err(kube::Error::Api(e))) if e.code == 409 => {
                     // The cache is behind a newer write; the next pass sees it.
                     ok = false;
@@ -132,8 +139,8 @@ pub(super) async fn publish_pass(
         }
     }
     ctx.observer
-        .set_proxies(proxies.iter().map(row_of).collect());
-    let want = publish::desired(proxies.iter());
+        .set_proxies(proxies.iter().map(|p| row_of(p)).collect());
+    let want = publish::desired(proxies.iter().map(|p| &**p));
     let report = tokio::select! {
         () = stop.cancelled() => return false,
         r = publisher.sync(&want) => r,
@@ -158,7 +165,7 @@ pub(super) async fn publish_pass(
 /// every status write succeeded.
 async fn mark_refused_groups(
     ctx: &Ctx,
-    proxies: &[Proxy],
+    proxies: &[Arc<Proxy>],
     report: &publish::SyncReport,
     now: SystemTime,
 ) -> bool {

@@ -103,7 +103,7 @@ fn an_instance_younger_than_the_minimum_age_is_kept_and_a_future_mark_counts_as_
     );
     // A time slightly ahead (a mark within the provider's skew tolerance) reads as age zero.
     // A mark far in the future never reaches the plan as such: the listing restamps it, and
-    // that it is then collected is proven end to end in tests/gc_fake.rs (L9).
+    // that it is then collected is proven end to end in tests/gc_fake.rs.
     let p = one(inst(u, T0 + 30), &[], T0);
     assert!(
         p.delete.is_none() && matches!(p.reason, Reason::Young { age_secs: 0, .. }),

@@ -38,7 +38,23 @@ pub fn sparkline(samples: &[Sample]) -> Markup {
     for (i, s) in samples.iter().enumerate() {
         let _ = write!(points, "{},{} ", x(i), y(s.ready));
     }
-    let cell = (SPARK_W / n).max(1);
+    // Cell i spans [edge(i), edge(i + 1)): the strip fills the width whatever the count.
+    let edge = |i: usize| -> u32 {
+        let i = u32::try_from(i).unwrap_or(u32::MAX);
+        u32::try_from(u64::from(i) * u64::from(SPARK_W) / u64::from(n)).unwrap_or(SPARK_W)
+    };
+    let cells: Vec<(&str, u32, u32)> = samples
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let (a, b) = (edge(i), edge(i + 1));
+            (
+                if s.up { "up" } else { "down" },
+                a,
+                b.saturating_sub(a).max(1),
+            )
+        })
+        .collect();
     let up = samples.iter().filter(|s| s.up).count();
     let last = samples.last().copied();
     let title = match last {
@@ -54,10 +70,8 @@ pub fn sparkline(samples: &[Sample]) -> Markup {
         svg.spark width=(SPARK_W) height=(SPARK_H) viewBox=(format!("0 0 {SPARK_W} {SPARK_H}"))
             role="img" aria-label=(title) {
             title { (title) }
-            @for (i, s) in samples.iter().enumerate() {
-                rect class=(if s.up { "up" } else { "down" })
-                    x=(u32::try_from(i).unwrap_or(0).saturating_mul(cell)) y=(SPARK_H - 4)
-                    width=(cell) height="4" {}
+            @for (class, x, w) in &cells {
+                rect class=(class) x=(x) y=(SPARK_H - 4) width=(w) height="4" {}
             }
             @if samples.len() > 1 {
                 polyline points=(points.trim_end()) {}
@@ -65,5 +79,75 @@ pub fn sparkline(samples: &[Sample]) -> Markup {
                 circle cx=(x(0)) cy=(y(l.ready)) r="2" {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+    use super::*;
+
+    fn sample(up: bool, ready: u32, total: u32) -> Sample {
+        Sample {
+            at_unix: 0,
+            up,
+            ready,
+            total,
+        }
+    }
+
+    fn numbers(svg: &str, attr: &str) -> Vec<u32> {
+        svg.split(&format!(" {attr}=\""))
+            .skip(1)
+            .map(|r| r.split('"').next().unwrap().parse().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_strip_fills_the_width_and_the_line_stays_in_the_box() {
+        for n in [1usize, 2, 7, 61] {
+            let samples: Vec<Sample> = (0..n)
+                .map(|i| sample(i % 2 == 0, u32::try_from(i).unwrap(), 100))
+                .collect();
+            let svg = sparkline(&samples).into_string();
+            let xs = numbers(&svg, "x");
+            let ws = numbers(&svg, "width");
+            // The first width is the svg's own.
+            assert_eq!(ws[0], SPARK_W);
+            let ws = &ws[1..];
+            assert_eq!(xs.len(), n, "{svg}");
+            assert_eq!(xs[0], 0);
+            assert_eq!(xs[n - 1] + ws[n - 1], SPARK_W, "n={n}: {svg}");
+            for i in 1..n {
+                assert_eq!(xs[i], xs[i - 1] + ws[i - 1], "n={n}: cells touch");
+            }
+            if n > 1 {
+                let pts = svg
+                    .split("points=\"")
+                    .nth(1)
+                    .unwrap()
+                    .split('"')
+                    .next()
+                    .unwrap();
+                for p in pts.split(' ') {
+                    let (x, y) = p.split_once(',').unwrap();
+                    let (x, y): (u32, u32) = (x.parse().unwrap(), y.parse().unwrap());
+                    assert!(x <= SPARK_W && y < SPARK_H - 4, "{p} out of the box");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn counts_above_the_total_are_drawn_at_the_top_not_outside() {
+        let svg = sparkline(&[sample(true, 5, 0), sample(true, 0, 0)]).into_string();
+        let pts = svg
+            .split("points=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        assert_eq!(pts, "1,1 119,17");
     }
 }

@@ -479,6 +479,18 @@ impl ProxyStatus {
         self.conditions.iter().find(|c| c.type_ == type_)
     }
 
+    /// What `lastError` (and the LAST ERROR column of `egress-proxies status`) shows: the
+    /// message of the first False condition that has one. The controller sets the failing
+    /// condition and every condition still claiming progress to the cause, so this is the
+    /// cause, not a stale "creating"; redacted and at most [`MAX_MESSAGE_CHARS`] characters
+    /// (as every condition message is).
+    pub fn last_error(&self) -> Option<String> {
+        self.conditions
+            .iter()
+            .find(|c| c.status == ConditionStatus::False && !c.message.is_empty())
+            .map(|c| truncate(&c.message, MAX_MESSAGE_CHARS))
+    }
+
     /// Sets a condition; keeps its transition time when the status value does not change.
     /// The message is redacted and truncated.
     pub fn set_condition(&mut self, new: Condition) {

@@ -347,24 +347,84 @@ async fn domains_with_padded_or_recased_mark_uids_or_mismatched_names_are_never_
     let mismatched = item(&r, &names::domain(ENTRY, &named_for));
     assert_eq!(mismatched.action, Action::Kept);
     assert_eq!(mismatched.rule, "name-mismatch");
-    // The disks of the tampered domains look orphaned from the listing; the provider's
-    // re-check right before deleting finds the domain and refuses.
-    let refused = item(&r, &names::overlay(ENTRY, &padded));
-    assert_eq!(refused.action, Action::Failed, "{r}");
-    assert!(refused.reason.contains("exists"), "{}", refused.reason);
+    // The disks of the tampered domains are not covered by a listed domain, but a domain with
+    // their UID's name exists: the plan keeps them by the rule the provider's last check
+    // applies, so nothing is attempted and nothing fails.
+    let kept = item(&r, &names::overlay(ENTRY, &padded));
+    assert_eq!(kept.action, Action::Kept, "{r}");
+    assert_eq!(kept.rule, "domain-exists", "{r}");
+    assert!(kept.reason.contains("exists"), "{}", kept.reason);
     assert_eq!(r.with_action(Action::Deleted).count(), 0, "{r}");
-    // The disks of the listed (kept) domains are covered by its line, not attempted.
-    let attempted: Vec<_> = r
-        .with_action(Action::Failed)
-        .map(|i| i.name.clone())
-        .collect();
-    assert_eq!(attempted.len(), 4, "{r}");
-    assert!(
-        attempted
+    assert_eq!(r.with_action(Action::Failed).count(), 0, "{r}");
+}
+
+/// Runs a dry run then a real run over one fake host state, twice (a second round must
+/// agree too), and checks that each item's dry verdict matches the real one.
+async fn dry_and_real_agree(s: &Setup, live: &HashSet<ProxyUid>) -> (GcReport, GcReport) {
+    let dry = collect(
+        &s.providers,
+        live,
+        &GcSettings {
+            dry_run: true,
+            ..GcSettings::default()
+        },
+        SystemTime::now(),
+    )
+    .await;
+    let real = collect(
+        &s.providers,
+        live,
+        &GcSettings::default(),
+        SystemTime::now(),
+    )
+    .await;
+    println!("dry:\n{dry}\nreal:\n{real}");
+    assert_eq!(real.with_action(Action::Failed).count(), 0, "{real}");
+    let verdicts = |r: &GcReport, del: Action| {
+        let mut v: Vec<(String, bool)> = r
+            .items
             .iter()
-            .all(|n| n.contains(&padded.simple()) || n.contains(&upper.simple())),
-        "{r}"
+            .map(|i| (i.name.clone(), i.action == del))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        verdicts(&dry, Action::WouldDelete),
+        verdicts(&real, Action::Deleted),
+        "the dry run and the real run decided differently"
     );
+    (dry, real)
+}
+
+#[tokio::test]
+async fn the_dry_run_and_the_real_run_decide_the_same_for_a_domain_kept_for_its_malformed_mark() {
+    let s = setup();
+    let (live, orphan, vols_only) = populate(&s.fake);
+    let malformed = uid(0x20);
+    s.fake
+        .add_domain(
+            DomainSpec::new(names::domain(ENTRY, &malformed))
+                .metadata(mark::NAMESPACE, "<instance xmlns=\"x\"><uid>not-a-uid"),
+        )
+        .unwrap();
+    add_disks(&s.fake, &malformed);
+    let live: HashSet<ProxyUid> = [live].into_iter().collect();
+    let (dry, real) = dry_and_real_agree(&s, &live).await;
+    for n in [
+        names::overlay(ENTRY, &malformed),
+        names::seed(ENTRY, &malformed),
+    ] {
+        assert_eq!(item(&dry, &n).action, Action::Kept, "{dry}");
+        assert_eq!(item(&real, &n).action, Action::Kept, "{real}");
+    }
+    assert!(has_domain(&s.fake, &malformed));
+    assert_eq!(has_disks(&s.fake, &malformed), (true, true));
+    // The real orphans went, and a second round (nothing left to collect) agrees again.
+    assert!(!has_domain(&s.fake, &orphan));
+    assert_eq!(has_disks(&s.fake, &vols_only), (false, false));
+    let (_, again) = dry_and_real_agree(&s, &live).await;
+    assert_eq!(again.with_action(Action::Deleted).count(), 0, "{again}");
 }
 
 #[tokio::test]
@@ -545,6 +605,7 @@ async fn the_provider_refuses_to_delete_a_volume_that_is_not_an_orphan_of_its_sc
         kind,
         uid,
         age_since: None,
+        domain_exists: false,
     };
     for v in [
         forged(&base, VolumeKind::Part, None),

@@ -256,6 +256,11 @@ pub struct OwnedVolume {
     /// last change (the later of mtime and ctime) when the host reports timestamps; else
     /// `None`.
     pub age_since: Option<SystemTime>,
+    /// For an overlay or seed: whether a domain with the name derived from its UID existed on
+    /// the host when it was listed — any domain, ours or not (e.g. one whose mark is
+    /// malformed). [`delete_orphan_volume`](crate::Provider::delete_orphan_volume) refuses
+    /// such a volume, so a collector's plan keeps it too. `false` for a part.
+    pub domain_exists: bool,
 }
 
 #[cfg(test)]

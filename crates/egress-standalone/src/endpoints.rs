@@ -10,7 +10,6 @@ use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
 use egress_core::hosthealth::HostHealth;
-use egress_core::model::ConditionStatus;
 use egress_core::status::{ProxyStatusRow, StatusDocument};
 
 use crate::lock;
@@ -38,12 +37,7 @@ impl Shared {
                         .unwrap_or(o.first_seen),
                 )
                 .to_string(),
-                last_error: o
-                    .status
-                    .conditions
-                    .iter()
-                    .find(|c| c.status == ConditionStatus::False && !c.message.is_empty())
-                    .map(|c| c.message.clone()),
+                last_error: o.status.last_error(),
                 conditions: o.status.conditions.clone(),
                 port: Some(o.object.spec.proxy.port),
                 health: o.status.health.clone(),

@@ -326,9 +326,16 @@ fn a_vanished_instance_is_recreated_on_its_host() {
     let d = case(proxy())
         .status(running_status("h2", t0()))
         .at("h2")
-        .observed(Observed::NotFound)
+        .observed(Observed::NotFound(
+            "domain ep-home-x does not exist on host h2".into(),
+        ))
         .run();
     assert_eq!(created_host(&d), ("h2".into(), false));
+    assert!(
+        ready(&d).2.contains("does not exist on host h2"),
+        "{}",
+        ready(&d).2
+    );
     assert!(d.events.iter().any(|e| e.reason == reason::INSTANCE_LOST));
     assert_eq!(d.status.ip, None);
     assert_eq!(d.status.provider_id, None);
@@ -624,6 +631,63 @@ fn a_transient_create_failure_keeps_the_proxy_pending_and_retries() {
     // After the backoff the next reconcile (nothing known) creates again.
     let again = case(proxy()).status(d.status).memory(d.memory).run();
     assert!(matches!(again.action, Action::Create { .. }));
+}
+
+#[test]
+fn a_failed_create_puts_its_cause_in_last_error_and_no_condition_still_says_creating() {
+    // The create starts: both conditions say Creating.
+    let started = case(proxy()).run();
+    assert!(matches!(started.action, Action::Create { .. }));
+    let provisioned = started.status.condition(condition::PROVISIONED).unwrap();
+    assert_eq!(provisioned.reason, reason::CREATING);
+    // It fails permanently with a long cause that carries a credential.
+    let cause = format!(
+        "image https://bob:hunter2@img.example/d.qcow2 is 9 GiB, larger than \
+         resources.diskGiB (2 GiB) {}",
+        "x".repeat(4000)
+    );
+    let failed = case(proxy())
+        .status(started.status)
+        .op(OpView::CreateFinished {
+            host: "h1".into(),
+            result: Err(ProviderError::permanent(cause)),
+        })
+        .run();
+    assert_eq!(failed.status.phase, Phase::Failed);
+    for c in &failed.status.conditions {
+        assert_ne!(c.reason, reason::CREATING, "{c:?} while Failed");
+    }
+    let provisioned = failed.status.condition(condition::PROVISIONED).unwrap();
+    assert_eq!(provisioned.reason, reason::PERMANENT_ERROR);
+    let last = failed.status.last_error().unwrap();
+    assert!(
+        last.starts_with("creating the instance on host h1: image ")
+            && last.contains("larger than resources.diskGiB"),
+        "{last}"
+    );
+    assert!(!last.contains("hunter2"), "{last}");
+    assert!(
+        last.chars().count() <= crate::model::MAX_MESSAGE_CHARS,
+        "bounded"
+    );
+}
+
+#[test]
+fn a_domain_kept_for_its_malformed_mark_is_not_reported_as_gone() {
+    let why = "domain ep-home-x on host h1 carries no valid mark of entry home for Proxy \
+               u1; it is not ours and is left alone";
+    let d = case(proxy())
+        .status(running_status("h1", t0()))
+        .at("h1")
+        .observed(Observed::NotFound(why.into()))
+        .run();
+    let m = ready(&d).2;
+    assert!(!m.contains("no longer exists"), "{m}");
+    assert!(
+        m.contains("carries no valid mark") && m.contains("left alone"),
+        "{m}"
+    );
+    assert!(d.events.iter().any(|e| e.message.contains("left alone")));
 }
 
 #[test]

@@ -196,7 +196,7 @@ impl Controller {
                 st.clear_location(uid);
                 st.created.remove(uid);
                 drop(st);
-                Observed::NotFound
+                Observed::NotFound(e.message)
             }
             Ok(Err(e)) => Observed::GetFailed(e),
             Err(_) => Observed::GetFailed(ProviderError::transient(format!(

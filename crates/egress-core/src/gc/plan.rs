@@ -4,7 +4,9 @@
 //! Guarantees: those of the module [`gc`](super): a failed list sweeps nothing of its entry
 //! (finding M15); an instance is deleted only with a strictly parsed mark whose UID derives
 //! its name (finding E2) and is old enough; a volume only when no listed domain and no live
-//! Proxy has its UID and no other entry's scheme also reads its name.
+//! Proxy has its UID, no domain at all bears its UID's name (the provider's last check before
+//! deleting, applied here too, so a dry run and a real run decide the same), and no other
+//! entry's scheme also reads its name.
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
@@ -130,6 +132,11 @@ pub fn plan(
                     }
                     if live.contains(&uid) {
                         Reason::Live
+                    } else if v.domain_exists {
+                        // The same rule as the provider's last check before deleting: a
+                        // domain with this UID's name exists (not listed, so its mark is not
+                        // a valid one of ours); the dry run and the real run both keep it.
+                        Reason::DomainExists { domain: named }
                     } else if let Some(other) = ambiguous {
                         Reason::Ambiguous {
                             other: other.to_owned(),

@@ -68,6 +68,13 @@ pub enum Reason {
     },
     /// An instance of no live Proxy, old enough.
     OrphanInstance,
+    /// An overlay or seed of no listed domain, while a domain with the name its UID derives
+    /// exists on the host (one whose mark is not valid for us, e.g. malformed): it may be
+    /// that domain's disk, and the provider's last check refuses it, so it is kept.
+    DomainExists {
+        /// The domain's name.
+        domain: String,
+    },
     /// An overlay or seed of no live Proxy and no domain.
     OrphanVolume,
     /// A temporary upload older than the import deadline plus the minimum age.
@@ -91,6 +98,7 @@ impl Reason {
             Self::NameMismatch { .. } => "name-mismatch",
             Self::Young { .. } => "young",
             Self::OrphanInstance => "orphan-instance",
+            Self::DomainExists { .. } => "domain-exists",
             Self::OrphanVolume => "orphan-volume",
             Self::StalePart => "stale-part",
             Self::Ambiguous { .. } => "ambiguous",
@@ -118,6 +126,11 @@ impl fmt::Display for Reason {
             Self::OrphanInstance => f.write_str(
                 "no live Proxy has this UID and it is older than the minimum age; its overlay \
                  and seed go with it",
+            ),
+            Self::DomainExists { domain } => write!(
+                f,
+                "domain {domain} exists on the host (its mark is not a valid one of ours), so \
+                 this may be its disk; kept while it exists"
             ),
             Self::OrphanVolume => {
                 f.write_str("no live Proxy has this UID and no domain of ours carries it")

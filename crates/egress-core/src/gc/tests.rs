@@ -41,6 +41,7 @@ fn vol(kind: VolumeKind, name: String, uid: Option<ProxyUid>, created: Option<u6
         kind,
         uid,
         age_since: created.map(at),
+        domain_exists: false,
     }
 }
 

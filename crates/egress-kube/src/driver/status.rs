@@ -283,11 +283,7 @@ pub(super) fn row_of(p: &Proxy) -> ProxyStatusRow {
             .as_ref()
             .map(|t| t.0.to_string())
             .unwrap_or_default(),
-        last_error: st
-            .conditions
-            .iter()
-            .find(|c| c.status == ConditionStatus::False && !c.message.is_empty())
-            .map(|c| c.message.clone()),
+        last_error: st.last_error(),
         conditions: st.conditions.clone(),
         port: Some(p.spec.proxy.port),
         health: st.health.clone(),

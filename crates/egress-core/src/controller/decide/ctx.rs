@@ -64,9 +64,22 @@ impl Ctx<'_> {
             .map(|e| e.config_digest.to_owned())
             .unwrap_or_default()
     }
-    /// Latches a Permanent failure: phase Failed, Ready=False, no requeue.
+    /// Latches a Permanent failure: phase Failed, Ready=False, no requeue. A Proxy that was
+    /// not yet Running (or whose `Provisioned` condition still says a create is under way)
+    /// gets the same reason and message on `Provisioned`, so no condition says "Creating"
+    /// while the phase is Failed and the first False condition carries the cause.
     pub(super) fn latch(mut self, reason: &str, msg: &str, action: Action) -> Decision {
+        let was = self.status.phase;
+        let provisioning_claimed = self
+            .status
+            .condition(condition::PROVISIONED)
+            .is_some_and(|c| c.status != ConditionStatus::True);
         self.status.phase = Phase::Failed;
+        if matches!(was, Phase::Pending | Phase::Provisioning | Phase::Failed)
+            || provisioning_claimed
+        {
+            self.cond(condition::PROVISIONED, ConditionStatus::False, reason, msg);
+        }
         self.cond(condition::READY, ConditionStatus::False, reason, msg);
         self.event(EventKind::Warning, reason, msg);
         self.memory.latch = Some(Latch {

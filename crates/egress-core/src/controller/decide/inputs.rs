@@ -21,8 +21,9 @@ pub enum Observed {
     Unknown,
     /// `get` found it (mark verified by the provider).
     Found(Instance),
-    /// `get` says it does not exist.
-    NotFound,
+    /// `get` says it is not there as ours, with the provider's words for why (the domain does
+    /// not exist, or it exists but carries no valid mark for this Proxy and is left alone).
+    NotFound(String),
     /// `get` failed.
     GetFailed(ProviderError),
     /// The host's read slots were all taken; not looked up (H1).

@@ -168,11 +168,17 @@ pub fn decide(i: &Inputs<'_>) -> Decision {
             });
             start_create(cx, entry, prev, "")
         }
-        Observed::NotFound => {
+        Observed::NotFound(why) => {
             let prev = location.as_ref().map(|l| l.host.clone());
+            // The provider's words say what is true: the domain is gone, or it is still there
+            // but carries no valid mark for this Proxy (then it is left alone, not "gone").
             let msg = match &location {
-                Some(l) => format!("instance {l} no longer exists; recreating it"),
-                None => "the instance no longer exists; recreating it".into(),
+                Some(l) => {
+                    format!("instance {l} is not found as this Proxy's: {why}; creating it again")
+                }
+                None => {
+                    format!("the instance is not found as this Proxy's: {why}; creating it again")
+                }
             };
             cx.event(EventKind::Warning, reason::INSTANCE_LOST, &msg);
             cx.status.provider_id = None;

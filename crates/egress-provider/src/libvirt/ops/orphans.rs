@@ -197,6 +197,9 @@ pub async fn list_volumes(
     };
     let mut out = Vec::with_capacity(kept.len());
     for (v, parsed) in kept {
+        let domain_exists = parsed
+            .uid()
+            .is_some_and(|u| domains.contains(&names::domain(entry, &u)));
         let age_since = match parsed {
             VolumeName::Part { created_unix } => {
                 Some((UNIX_EPOCH + Duration::from_secs(created_unix)).min(now))
@@ -226,6 +229,7 @@ pub async fn list_volumes(
             kind: parsed.kind(),
             uid: parsed.uid(),
             age_since,
+            domain_exists,
         });
     }
     Ok(out)

@@ -164,6 +164,7 @@ async fn a_failing_api_is_retried_with_a_log_line(kubeconfig: &std::path::Path, 
         .find(|l| l.contains("lease attempt failed"))
         .unwrap_or_default()
         .to_owned();
+    println!("eptest: the operator logged: {line}");
     assert!(
         cause.iter().any(|c| line.contains(c)),
         "the log line must name the cause (one of {cause:?}): {line}"

@@ -1,6 +1,6 @@
 //! The rules of one host of an entry: name, address (`host[:port]`), user, socket, pool,
-//! bridge or network, SSH files, concurrency and pool reserve; and the warning for two hosts
-//! sharing one pool.
+//! bridge or network, SSH files, concurrency and pool reserve; the error for two hosts of one
+//! entry naming the same address, socket and pool, and the warning for two entries sharing one.
 //!
 //! Guarantees: pure; every violation is reported with its field path and value.
 
@@ -121,7 +121,21 @@ pub(super) fn host<'a>(
             h.socket.as_str(),
             h.pool.as_str(),
         );
-        if let Some(first) = places.get(&key) {
+        let entry_of = |p: &str| p.split(".hosts[").next().unwrap_or(p).to_owned();
+        if let Some(first) = places.get(&key)
+            && entry_of(first) == entry_of(hp)
+        {
+            // One entry would open two sessions to one libvirtd and count its pool twice.
+            r.err(
+                &format!("{hp}.address"),
+                format!(
+                    "same address, socket and pool as {first}.address ({}:{port}, {}, pool {}): \
+                     two hosts of one entry must not be the same place; remove one of them or \
+                     give it another pool",
+                    h.address, h.socket, h.pool
+                ),
+            );
+        } else if let Some(first) = places.get(&key) {
             r.warn(
                 hp,
                 format!(

@@ -102,8 +102,12 @@ impl Report {
 ///   [`MIN_MEMORY_MIB`]..=[`MAX_MEMORY_MIB`], vCPUs 1..=[`MAX_VCPUS`]; `defaults` within the
 ///   same floors and at most the limits; byte conversions are checked.
 ///
+/// Two hosts of one entry with the same address, socket and pool are an error at the second
+/// one's `address` naming the first's (one entry would open two sessions to one daemon and
+/// count its pool twice).
+///
 /// Warnings: a host with neither `bridge` nor `network` (the guest gets no NIC, so the
-/// proxy is unreachable: useful only for tests); two hosts (in any entries) with the same
+/// proxy is unreachable: useful only for tests); two hosts of different entries with the same
 /// address, socket and pool (they share the pool's space and its volumes' namespace, finding
 /// H4); `urlImages.allowedHosts` set while URL images are disabled; a `caFile` on a plain
 /// `http://` image (used only if it redirects to https).

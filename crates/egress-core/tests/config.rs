@@ -518,7 +518,7 @@ fn two_entries_on_the_same_address_socket_and_pool_are_a_warning() {
 #[test]
 fn two_hosts_of_one_entry_on_the_same_address_socket_and_pool_are_an_error_naming_both() {
     let twin = "      - name: twin\n        address: 127.0.0.1\n        network: default\n        sshKeyFile: /k\n        knownHostsFile: /kh\n";
-    let text = format!("{EXAMPLE}").replacen("    hosts:\n", &format!("    hosts:\n{twin}"), 1);
+    let text = EXAMPLE.replacen("    hosts:\n", &format!("    hosts:\n{twin}"), 1);
     let e = errs(&text);
     assert_eq!(paths(&e), ["providers[0].hosts[1].address"], "{e}");
     assert!(
@@ -529,7 +529,7 @@ fn two_hosts_of_one_entry_on_the_same_address_socket_and_pool_are_an_error_namin
     );
     // Another pool on the same daemon is fine.
     let other = twin.replace("network: default", "network: default\n        pool: other");
-    ok(&format!("{EXAMPLE}").replacen("    hosts:\n", &format!("    hosts:\n{other}"), 1));
+    ok(&EXAMPLE.replacen("    hosts:\n", &format!("    hosts:\n{other}"), 1));
 }
 
 #[test]

@@ -684,6 +684,50 @@ async fn refresh_refused(c: &Client, pool: &libvirt_remote::proto::StoragePool) 
     }
 }
 
+/// Slack on top of the check's call deadline before the frozen-host assertion fails.
+// NB: a loaded 2-core box; small next to the 30 s keepalive and 120 s inactivity fallbacks.
+const REPORT_SLACK: Duration = Duration::from_secs(3);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_host_whose_ssh_path_freezes_is_reported_by_the_next_check_within_its_call_deadline()
+{
+    // finding: M20 — the operator's part of the dead-host budget: a check round that starts
+    // after the freeze reports the host within one check call's deadline (10 s), whatever
+    // the keepalives have or have not noticed yet.
+    run("check of a frozen host", async {
+        let pool = PoolFixture::create("paths-frozen");
+        let sshd = Sshd::start();
+        let relay = Relay::start(sshd.addr).await;
+        let mut e = entry_for(&sshd, &pool.name);
+        let target = through(&sshd, &relay);
+        if let HostKeySource::KnownHostsFile(kh) = &target.host_keys {
+            e.hosts[0].known_hosts_file = Some(kh.clone());
+        }
+        e.hosts[0].address = format!("127.0.0.1:{}", relay.port());
+        let t = e.timeouts.clone();
+        let hp = HostPool::new(e, Arc::new(SshConnector::new(&t)), PoolOptions::default()).unwrap();
+        let before = check_host(&hp, "h1").await;
+        assert_eq!(before.state, HostState::Ready, "{before:?}");
+
+        relay.freeze();
+        let start = std::time::Instant::now();
+        let budget = egress_provider::libvirt::check::DEFAULT_CHECK_CALL_TIMEOUT + REPORT_SLACK;
+        let r = tokio::time::timeout(budget, check_host(&hp, "h1"))
+            .await
+            .unwrap_or_else(|_| panic!("the check of a frozen host took more than {budget:?}"));
+        let took = start.elapsed();
+        println!(
+            "eptest: frozen host reported {:?} after {took:?}: {r:?}",
+            r.state
+        );
+        assert!(
+            matches!(r.state, HostState::Timeout | HostState::Unreachable),
+            "{r:?}"
+        );
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_keeps_a_real_host_ready_with_its_last_pool_figures_while_a_clone_blocks_refresh() {
     run("check while the pool is busy", async {

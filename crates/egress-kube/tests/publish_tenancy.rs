@@ -249,3 +249,41 @@ async fn a_stale_object_replaced_by_someone_else_under_the_same_name_is_not_dele
         .collect();
     assert_eq!(deletes.last().map(|q| q.status), Some(409), "{deletes:?}");
 }
+
+#[tokio::test]
+async fn a_service_replaced_between_the_ownership_read_and_the_apply_is_not_written() {
+    let api = FakeApiServer::new();
+    let mut p = publisher(&api);
+    assert!(p.sync(&want(&[group("web", &["10.1.0.1"])])).await.ok());
+    // Between the publisher's read (ours) and its apply, someone deletes our Service and
+    // creates theirs under the same name.
+    let svc_path = "/api/v1/namespaces/default/services/web";
+    let theirs = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": NS, "labels": {"team": "a"}},
+        "spec": {"ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}});
+    api.before_request(
+        "PATCH",
+        svc_path,
+        vec![
+            ("DELETE".into(), svc_path.into(), None),
+            (
+                "POST".into(),
+                "/api/v1/namespaces/default/services".into(),
+                Some(theirs),
+            ),
+        ],
+    );
+    let r = p
+        .sync(&want(&[group("web", &["10.1.0.1", "10.1.0.2"])]))
+        .await;
+    let (reason, msg) = refused(&r, "web").expect("the stale apply is refused");
+    assert_eq!(reason, REASON_FIELD_CONFLICT);
+    assert!(msg.contains("changed since it was read"), "{msg}");
+    let svc = service(&api, "web").unwrap();
+    assert_eq!(
+        svc["metadata"]["labels"],
+        json!({"team": "a"}),
+        "theirs, untouched"
+    );
+    assert_eq!(svc["spec"]["ports"][0]["port"], 80);
+}

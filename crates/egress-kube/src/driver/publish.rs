@@ -20,7 +20,9 @@
 //!   any group, e.g. `kubernetes`): before every write the object is read, and an existing
 //!   one is written only when it is ours ([`is_ours`]: our managed-by and group labels *and*
 //!   an entry of our field manager in `managedFields`); otherwise the group is refused
-//!   ([`Refusal`], reason [`REASON_NAME_CLASH`]) and nothing of it is written. Applies are
+//!   ([`Refusal`], reason [`REASON_NAME_CLASH`]) and nothing of it is written; the
+//!   resourceVersion read is a precondition of the apply, so an object replaced or changed
+//!   between the read and the write is not written either. Applies are
 //!   never forced: a field another manager owns with another value makes the API server
 //!   refuse the apply (409), and the group is refused ([`REASON_FIELD_CONFLICT`]) rather
 //!   than taking the field over. Deletes carry a UID precondition (the UID we read or
@@ -254,6 +256,15 @@ pub fn is_ours(meta: &ObjectMeta, group: &str, field_manager: &str) -> bool {
         })
 }
 
+/// `body` with `metadata.resourceVersion` = `rv` when given: in an apply, a precondition
+/// (the API server refuses with 409 when the object's version differs).
+fn with_resource_version(mut body: Value, rv: Option<String>) -> Value {
+    if let (Some(rv), Some(meta)) = (rv, body.get_mut("metadata").and_then(Value::as_object_mut)) {
+        meta.insert("resourceVersion".into(), Value::String(rv));
+    }
+    body
+}
+
 /// Why a group was not published: its Service's or a slice's name is taken by an object that
 /// is not ours, or an apply would have taken a field over from another manager.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -443,26 +454,32 @@ impl Publisher {
             ),
         };
         // Every name first: a clash anywhere refuses the group before anything is written.
+        // The resourceVersion read of each existing object (ours) is a precondition of its
+        // apply: an object replaced or changed between the read and the write is not written.
         // rbac: SERVICES get
-        if let Some(m) = self.read(&svc_api, &g.name).await?
-            && !is_ours(&m, &g.name, self.field_manager)
-        {
-            return Ok(GroupOutcome::Refused(clash("Service", &g.name)));
-        }
+        let svc_rv = match self.read(&svc_api, &g.name).await? {
+            Some(m) if !is_ours(&m, &g.name, self.field_manager) => {
+                return Ok(GroupOutcome::Refused(clash("Service", &g.name)));
+            }
+            m => m.and_then(|m| m.resource_version),
+        };
         let slices = g.slices();
+        let mut slice_rvs = Vec::with_capacity(slices.len());
         for (name, _, _) in &slices {
             // rbac: ENDPOINT_SLICES get
-            if let Some(m) = self.read(&slice_api, name).await?
-                && !is_ours(&m, &g.name, self.field_manager)
-            {
-                return Ok(GroupOutcome::Refused(clash("EndpointSlice", name)));
+            match self.read(&slice_api, name).await? {
+                Some(m) if !is_ours(&m, &g.name, self.field_manager) => {
+                    return Ok(GroupOutcome::Refused(clash("EndpointSlice", name)));
+                }
+                m => slice_rvs.push(m.and_then(|m| m.resource_version)),
             }
         }
         let conflict = |kind: &str, name: &str, e: &PublishError| Refusal {
             reason: REASON_FIELD_CONFLICT,
             message: format!(
-                "{kind} {ns}/{name} has fields another field manager owns with other values; \
-                 not overwritten, group {:?} is not published: {e}",
+                "{kind} {ns}/{name} changed since it was read, or has fields another field \
+                 manager owns with other values; not overwritten, group {:?} is not published: \
+                 {e}",
                 g.name
             ),
         };
@@ -471,8 +488,9 @@ impl Publisher {
         let pp = PatchParams::apply(self.field_manager);
         let mut writes = 0;
         // rbac: SERVICES patch (create when new)
+        let svc_body = with_resource_version(service_body(g), svc_rv);
         let svc = match self
-            .bounded(svc_api.patch(&g.name, &pp, &Patch::Apply(&service_body(g))))
+            .bounded(svc_api.patch(&g.name, &pp, &Patch::Apply(&svc_body)))
             .await
         {
             Ok(s) => s,
@@ -487,8 +505,9 @@ impl Publisher {
             self.services
                 .insert((ns.clone(), g.name.clone()), (u.clone(), g.name.clone()));
         }
-        for (name, family, addrs) in slices {
-            let body = slice_body(g, &name, family, &addrs, uid.as_deref());
+        for ((name, family, addrs), rv) in slices.into_iter().zip(slice_rvs) {
+            let body =
+                with_resource_version(slice_body(g, &name, family, &addrs, uid.as_deref()), rv);
             // rbac: ENDPOINT_SLICES patch (create when new)
             let slice = match self
                 .bounded(slice_api.patch(&name, &pp, &Patch::Apply(&body)))

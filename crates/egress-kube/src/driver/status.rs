@@ -198,8 +198,13 @@ async fn mark_refused_groups(
                 .conditions
                 .retain(|c| c.type_ != publish::PUBLISHED_CONDITION),
         }
-        if let (Some(r), Some(k)) = (refusal, &key)
-            && report.newly_refused.contains(k)
+        // Announced once per Proxy: when its Published=False condition is being set (a
+        // Proxy without a status yet gets both once it has one).
+        if let Some(r) = refusal
+            && !current
+                .conditions
+                .iter()
+                .any(|c| c.type_ == publish::PUBLISHED_CONDITION && c.reason == r.reason)
         {
             let ev = KubeEvent {
                 type_: EventType::Warning,

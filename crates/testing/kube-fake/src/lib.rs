@@ -147,7 +147,13 @@ struct State {
     requests: Vec<RecordedRequest>,
     /// Injected faults: (method, exact path) answered with a 500 instead of being served.
     failing: Vec<(String, String)>,
+    /// Injected interleavings: before the first (method, exact path) request, these
+    /// (method, path, JSON body) requests are served first (once).
+    before: Vec<(String, String, Requests)>,
 }
+
+/// Requests to serve as another client's: (method, path, optional JSON body).
+pub type Requests = Vec<(String, String, Option<Value>)>;
 
 /// The fake server. Cloning shares the same store; [`FakeApiServer::client`] makes a
 /// `kube::Client` over it.
@@ -658,6 +664,16 @@ impl FakeApiServer {
             .push((method.to_owned(), path.to_owned()));
     }
 
+    /// Interleaving injection: the next `method` request to exactly `path` is preceded by
+    /// `first` (each a method, a path and an optional JSON body, served as if another client
+    /// had sent them just before), once. Lets a test put another writer between a client's
+    /// read and its write.
+    pub fn before_request(&self, method: &str, path: &str, first: Requests) {
+        self.lock()
+            .before
+            .push((method.to_owned(), path.to_owned(), first));
+    }
+
     async fn serve(self, req: Request<kube::client::Body>) -> Response<Body> {
         let (parts, body) = req.into_parts();
         let body = match body.collect().await {
@@ -680,6 +696,20 @@ impl FakeApiServer {
             .failing
             .iter()
             .any(|(m, p)| *m == parts.method.as_str() && *p == path);
+        let first = {
+            let mut st = self.lock();
+            let i = st
+                .before
+                .iter()
+                .position(|(m, p, _)| *m == parts.method.as_str() && *p == path);
+            i.map(|i| st.before.remove(i).2).unwrap_or_default()
+        };
+        for (m, p, b) in first {
+            if let (Some(route), Ok(m)) = (parse_route(&p), Method::from_bytes(m.as_bytes())) {
+                let bytes = b.map(|v| Bytes::from(v.to_string())).unwrap_or_default();
+                let _ = self.dispatch(&m, &route, &BTreeMap::new(), "application/json", &bytes);
+            }
+        }
         let resp = match parse_route(&path) {
             _ if injected => Err(ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,

@@ -820,3 +820,26 @@ pub fn redirect_verdict(
 pub fn address_refused(ip: std::net::IpAddr) -> bool {
     ssrf::forbidden(ip).is_some()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_virtual_size_is_the_qcow2_headers_size_field_or_a_raw_images_length() {
+        // A qcow2 v3 header: magic, version, backing offset and size, cluster bits, then the
+        // size at bytes 24..32, big-endian (3 GiB here).
+        let mut head = b"QFI\xfb\0\0\0\x03".to_vec();
+        head.extend_from_slice(&[0u8; 12]);
+        head.extend_from_slice(&16u32.to_be_bytes());
+        head.extend_from_slice(&(3u64 << 30).to_be_bytes());
+        head.resize(SNIFF_LEN, 0);
+        assert_eq!(
+            virtual_size(ImageFormat::Qcow2, &head, Some(1)),
+            Some(3 << 30)
+        );
+        assert_eq!(virtual_size(ImageFormat::Qcow2, &head[..20], None), None);
+        assert_eq!(virtual_size(ImageFormat::Raw, &head, Some(7)), Some(7));
+        assert_eq!(virtual_size(ImageFormat::Raw, &head, None), None);
+    }
+}

@@ -2,6 +2,7 @@
 //! share, with no driver in it.
 //!
 //! - [`model`]: the Proxy manifest, spec validation and status (conditions redacted, bounded).
+//! - [`proxy_policy`]: who may use a guest's proxy and where it may connect.
 //! - [`config`]: the provider configuration: load, validate, every error with its field path.
 //! - [`providers`]: the registry of configured provider entries and their hosts.
 //! - [`controller`]: pure reconcile decisions and the executor that carries them out.
@@ -23,5 +24,6 @@ pub mod hosthealth;
 pub mod metrics;
 pub mod model;
 pub mod providers;
+pub mod proxy_policy;
 pub mod status;
 pub mod web;

@@ -173,6 +173,46 @@ pub struct ProxySettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 64)))]
     pub expected_egress: Option<String>,
+    /// Destinations this proxy may reach, narrowing the provider entry's policy. Internal
+    /// destinations (private, loopback, link-local and cloud metadata, CGNAT, ULA, the
+    /// host's own addresses) are refused whatever this says.
+    #[serde(default, skip_serializing_if = "Destinations::is_empty")]
+    pub allowed_destinations: Destinations,
+}
+
+/// An allowlist of destinations. Each non-empty list must match: `domains` the name a
+/// client asks for (`example.com` exactly, `*.example.com` any subdomain; a client asking
+/// for an IP address then matches none), `cidrs` the address the proxy connects to after
+/// resolving, `ports` the destination port. Empty lists restrict nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Destinations {
+    /// Domains: `example.com` (exactly) or `*.example.com` (any subdomain), lowercase.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "schema", schemars(length(max = 64), extend(
+        "items" = {"type": "string", "maxLength": 253}
+    )))]
+    pub domains: Vec<String>,
+    /// Networks (CIDR notation) of the addresses the proxy connects to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "schema", schemars(length(max = 64), extend(
+        "items" = {"type": "string", "maxLength": 64}
+    )))]
+    pub cidrs: Vec<String>,
+    /// Destination TCP ports.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "schema", schemars(length(max = 64), extend(
+        "items" = {"type": "integer", "minimum": 1, "maximum": 65535}
+    )))]
+    pub ports: Vec<u16>,
+}
+
+impl Destinations {
+    /// Whether no list is set (nothing restricted).
+    pub fn is_empty(&self) -> bool {
+        self.domains.is_empty() && self.cidrs.is_empty() && self.ports.is_empty()
+    }
 }
 
 fn default_port() -> u16 {
@@ -187,6 +227,7 @@ impl Default for ProxySettings {
             allowed_client_cidrs: Vec::new(),
             credentials_ref: None,
             expected_egress: None,
+            allowed_destinations: Destinations::default(),
         }
     }
 }
@@ -245,12 +286,27 @@ impl ProxySpec {
             err("spec.resources.vcpus".into(), "must be at least 1".into());
         }
         for (i, c) in self.proxy.allowed_client_cidrs.iter().enumerate() {
-            if parse_cidr(c).is_none() {
-                err(
+            match parse_cidr(c) {
+                None => err(
                     format!("spec.proxy.allowedClientCidrs[{i}]"),
                     format!("{c:?} is not a CIDR (e.g. 10.0.0.0/8 or 2001:db8::/32)"),
-                );
+                ),
+                Some((_, 0)) => err(
+                    format!("spec.proxy.allowedClientCidrs[{i}]"),
+                    format!(
+                        "{c:?} allows every address: a proxy open to everyone is an open relay"
+                    ),
+                ),
+                Some(_) => {}
             }
+        }
+        for (path, message) in crate::proxy_policy::check_list(
+            "spec.proxy.allowedDestinations",
+            &self.proxy.allowed_destinations.domains,
+            &self.proxy.allowed_destinations.cidrs,
+            &self.proxy.allowed_destinations.ports,
+        ) {
+            err(path, message);
         }
         if let Some(e) = &self.proxy.expected_egress
             && parse_ip_or_cidr(e).is_none()
@@ -603,6 +659,33 @@ mod tests {
                  expectedEgress: 203.0.113.7\n";
         let parsed: ProxySpec = serde_saphyr::from_str(y).unwrap();
         assert_eq!(parsed.proxy.expected_egress.as_deref(), Some("203.0.113.7"));
+    }
+
+    #[test]
+    fn a_client_network_of_every_address_and_bad_destinations_are_refused_with_their_paths() {
+        let mut s = spec();
+        s.proxy.allowed_client_cidrs = vec!["10.0.0.0/8".into(), "0.0.0.0/0".into(), "::/0".into()];
+        s.proxy.allowed_destinations = Destinations {
+            domains: vec!["*.example.com".into(), "http://x".into()],
+            cidrs: vec!["203.0.113.0/24".into(), "x".into()],
+            ports: vec![0],
+        };
+        let paths: Vec<String> = s.validate().into_iter().map(|e| e.path).collect();
+        assert_eq!(
+            paths,
+            [
+                "spec.proxy.allowedClientCidrs[1]",
+                "spec.proxy.allowedClientCidrs[2]",
+                "spec.proxy.allowedDestinations.domains[1]",
+                "spec.proxy.allowedDestinations.cidrs[1]",
+                "spec.proxy.allowedDestinations.ports[0]",
+            ]
+        );
+        let y = "provider: home\nimage: debian-12\nproxy:\n  allowedClientCidrs: [10.0.0.0/8]\n  \
+                 allowedDestinations:\n    domains: ['*.example.com']\n    ports: [443]\n";
+        let parsed: ProxySpec = serde_saphyr::from_str(y).unwrap();
+        assert_eq!(parsed.proxy.allowed_destinations.ports, [443]);
+        assert!(parsed.validate().is_empty());
     }
 
     #[test]

@@ -89,6 +89,7 @@ fn setup_on(fake: FakeLibvirt) -> Setup {
         timeouts: Default::default(),
         defaults: Default::default(),
         limits: Default::default(),
+        policy: Default::default(),
     };
     let conns = Arc::new(Mutex::new(Vec::new()));
     let pool = HostPool::new(

@@ -75,6 +75,7 @@ fn providers(entry: &str, sshd: &Sshd, pool: &str) -> Providers {
         timeouts: Timeouts::default(),
         defaults: Default::default(),
         limits: Default::default(),
+        policy: Default::default(),
     };
     let pool = HostPool::new(
         e.clone(),

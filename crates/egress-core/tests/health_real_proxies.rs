@@ -21,6 +21,8 @@ use egress_core::controller::ProxyCredentials;
 use egress_core::controller::userdata::render;
 use egress_core::health::probe::{CheckTarget, ProbeError, ProxyEndpoint, probe};
 use egress_core::model::{ProxyProtocol, ProxySettings};
+use egress_core::proxy_policy::GuestPolicy;
+use egress_provider::libvirt::config::ProxyPolicy;
 use health_support::start_echo;
 use tokio::process::{Child, Command};
 
@@ -60,6 +62,16 @@ fn settings(protocol: ProxyProtocol, port: u16, cidrs: &[&str]) -> ProxySettings
     }
 }
 
+/// The echo target is on loopback, a destination the guest's policy denies by default; the
+/// provider entry lifts it here (`policy.allowedInternalCidrs`). No firewall runs here (see
+/// tests/proxy_policy_real.rs for the policy itself), so only dante's rules see it.
+fn loopback_allowed() -> GuestPolicy {
+    GuestPolicy::from_entry(&ProxyPolicy {
+        allowed_internal_cidrs: vec!["127.0.0.0/8".into()],
+        ..ProxyPolicy::default()
+    })
+}
+
 /// A daemon child, killed on drop (`kill_on_drop`).
 struct Daemon {
     _child: Child,
@@ -86,7 +98,12 @@ fn require(bin: &str) {
 async fn tinyproxy(cidrs: &[&str], creds: Option<&ProxyCredentials>) -> Daemon {
     require("/usr/bin/tinyproxy");
     let port = free_port();
-    let ud = render(&settings(ProxyProtocol::Http, port, cidrs), creds).unwrap();
+    let ud = render(
+        &settings(ProxyProtocol::Http, port, cidrs),
+        creds,
+        &loopback_allowed(),
+    )
+    .unwrap();
     let conf = format!("Listen 127.0.0.1\n{}", staged(&ud, "tinyproxy.conf"));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tinyproxy.conf");
@@ -115,7 +132,12 @@ async fn tinyproxy(cidrs: &[&str], creds: Option<&ProxyCredentials>) -> Daemon {
 async fn danted(cidrs: &[&str]) -> Daemon {
     require("/usr/sbin/danted");
     let port = free_port();
-    let ud = render(&settings(ProxyProtocol::Socks5, port, cidrs), None).unwrap();
+    let ud = render(
+        &settings(ProxyProtocol::Socks5, port, cidrs),
+        None,
+        &loopback_allowed(),
+    )
+    .unwrap();
     let conf = staged(&ud, "danted.conf")
         .replace("@EXTERNAL@", "lo")
         .replace("internal: 0.0.0.0", "internal: 127.0.0.1")
@@ -187,9 +209,9 @@ async fn the_rendered_tinyproxy_config_refuses_clients_outside_its_networks() {
 async fn the_rendered_tinyproxy_config_requires_its_basic_auth() {
     let (echo, _e) = start_echo().await;
     let target = CheckTarget::parse(&format!("http://{echo}/")).unwrap();
-    let d = tinyproxy(&[], Some(&creds("s3cr3t-pw"))).await;
+    let d = tinyproxy(&[], Some(&creds("s3cr3t-pw-16chars"))).await;
     let ok = probe(
-        &ep(&d, ProxyProtocol::Http, Some(creds("s3cr3t-pw"))),
+        &ep(&d, ProxyProtocol::Http, Some(creds("s3cr3t-pw-16chars"))),
         &target,
         PROBE_DEADLINE,
     )
@@ -197,7 +219,7 @@ async fn the_rendered_tinyproxy_config_requires_its_basic_auth() {
     .unwrap();
     assert_eq!(ok.egress_ip.to_string(), "127.0.0.1");
     let e = probe(
-        &ep(&d, ProxyProtocol::Http, Some(creds("wrong-pw"))),
+        &ep(&d, ProxyProtocol::Http, Some(creds("wrong-pw-16chars"))),
         &target,
         PROBE_DEADLINE,
     )

@@ -274,6 +274,7 @@ async fn main() {
         timeouts: Timeouts::default(),
         defaults: Default::default(),
         limits: Default::default(),
+        policy: Default::default(),
     };
     let log = CallLog::default();
     let t = Timeouts::default();

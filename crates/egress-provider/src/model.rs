@@ -89,8 +89,9 @@ impl FromStr for ProviderId {
     }
 }
 
-/// What the controller asks the provider to create.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the controller asks the provider to create. `Debug` shows the user-data's size
+/// only: it carries the proxy's credentials in plain text.
+#[derive(Clone, PartialEq, Eq)]
 pub struct CreateRequest {
     /// The Proxy's UID.
     pub uid: ProxyUid,
@@ -108,6 +109,24 @@ pub struct CreateRequest {
     pub vcpus: u32,
     /// cloud-init user-data (already rendered by the caller; carries the proxy config).
     pub user_data: String,
+}
+
+impl std::fmt::Debug for CreateRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreateRequest")
+            .field("uid", &self.uid)
+            .field("display_name", &self.display_name)
+            .field("host", &self.host)
+            .field("image", &self.image)
+            .field("disk_gib", &self.disk_gib)
+            .field("memory_mib", &self.memory_mib)
+            .field("vcpus", &self.vcpus)
+            .field(
+                "user_data",
+                &format_args!("<{} bytes, redacted>", self.user_data.len()),
+            )
+            .finish()
+    }
 }
 
 /// An instance's lifecycle state as the provider observes it.
@@ -298,5 +317,24 @@ mod tests {
         ] {
             assert!(bad.parse::<ProviderId>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn create_request_debug_output_never_prints_the_user_data_and_its_password() {
+        let r = CreateRequest {
+            uid: ProxyUid(uuid::Uuid::nil()),
+            display_name: "default/p1".into(),
+            host: "h1".into(),
+            image: "debian-12".into(),
+            disk_gib: 4,
+            memory_mib: 512,
+            vcpus: 1,
+            user_data: "BasicAuth alice s3cr3t-pw-16chars\n".into(),
+        };
+        let d = format!("{r:?}");
+        assert!(!d.contains("s3cr3t"), "{d}");
+        assert!(d.contains("default/p1") && d.contains("34 bytes"), "{d}");
+        let d = format!("{r:#?}");
+        assert!(!d.contains("s3cr3t"), "{d}");
     }
 }

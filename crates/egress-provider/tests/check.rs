@@ -63,6 +63,7 @@ fn entry(hosts: Vec<HostConfig>, dial: Duration) -> LibvirtEntry {
         },
         defaults: Default::default(),
         limits: Default::default(),
+        policy: Default::default(),
     }
 }
 

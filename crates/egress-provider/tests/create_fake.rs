@@ -100,6 +100,7 @@ async fn setup_serving(image: Vec<u8>, route: impl FnOnce(Route) -> Route) -> Se
         timeouts: Default::default(),
         defaults: Default::default(),
         limits: Default::default(),
+        policy: Default::default(),
     };
     let pool = HostPool::new(
         entry,

@@ -60,6 +60,7 @@ fn entry(hosts: Vec<HostConfig>, dial: Duration, call: Duration) -> LibvirtEntry
         },
         defaults: Default::default(),
         limits: Default::default(),
+        policy: Default::default(),
     }
 }
 

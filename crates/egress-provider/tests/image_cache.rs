@@ -42,6 +42,7 @@ fn entry(name: &str) -> LibvirtEntry {
         timeouts: Timeouts::default(),
         defaults: Default::default(),
         limits: Default::default(),
+        policy: Default::default(),
     }
 }
 

@@ -308,6 +308,7 @@ fn entry_with(name: &str, host: HostConfig, images: BTreeMap<String, ImageSpec>)
         timeouts: Timeouts::default(),
         defaults: Default::default(),
         limits: Default::default(),
+        policy: Default::default(),
     }
 }
 

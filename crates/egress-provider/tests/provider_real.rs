@@ -124,6 +124,7 @@ fn provider_with(
         timeouts: Timeouts::default(),
         defaults: Default::default(),
         limits: Default::default(),
+        policy: Default::default(),
     };
     let t = Timeouts::default();
     let pool = HostPool::new(e, Arc::new(SshConnector::new(&t)), PoolOptions::default()).unwrap();

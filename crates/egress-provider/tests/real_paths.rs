@@ -662,6 +662,7 @@ fn entry_for(sshd: &Sshd, pool: &str) -> LibvirtEntry {
         timeouts: t,
         defaults: Default::default(),
         limits: Default::default(),
+        policy: Default::default(),
     }
 }
 

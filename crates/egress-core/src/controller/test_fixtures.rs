@@ -55,5 +55,6 @@ pub(super) fn entry(max_concurrent: u32) -> LibvirtEntry {
         timeouts: Default::default(),
         defaults: Default::default(),
         limits: Default::default(),
+        policy: Default::default(),
     }
 }

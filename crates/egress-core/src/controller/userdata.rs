@@ -9,19 +9,45 @@
 //!   username/password when credentials are given. `DisableViaHeader Yes` hides the proxy.
 //! - Works on systemd and OpenRC images (finding L10): the start script uses `systemctl` when
 //!   systemd runs, else `rc-update`/`rc-service`, and knows both images' service names.
+//! - Client policy: no client CIDR of prefix 0 or shorter than the entry's minimum
+//!   (`policy.minClientPrefixV4`/`V6`); with credentials only, a password of at least
+//!   `policy.minPasswordLength` characters.
 //! - Injection-safe: CIDRs are re-parsed, user names and passwords are restricted to
-//!   characters that need no quoting in YAML, shell single quotes or the proxies' configs.
+//!   characters that need no quoting in YAML, shell single quotes or the proxies' configs,
+//!   and that tinyproxy's `BasicAuth` parser accepts (letters, digits, `-`, `.`, `_`).
+//! - SOCKS5 users never are guest system accounts: reserved names are refused here, and the
+//!   start script sets a password only on a user it has just created (`useradd` fails for
+//!   an existing account, and the script then stops before `chpasswd`).
+//! - Destination policy ([`GuestPolicy`]), enforced in the guest: nftables rules (table
+//!   `inet egress_proxy`, applied before the proxy starts and again before every service
+//!   start on systemd) reject the proxy user's new connections to denied networks and the
+//!   host's addresses (the default gateway added at boot), and outside the allowed CIDRs
+//!   and ports; DNS to the resolvers of `/etc/resolv.conf` stays open. tinyproxy enforces
+//!   the domain allowlist (`Filter`, `FilterDefaultDeny`) and the ports for CONNECT
+//!   (`ConnectPort`); dante blocks denied networks (also for names, which it resolves) and
+//!   passes only allowed domains and CIDRs. If the rules cannot be applied, the proxy is not
+//!   started (fail closed).
 //! - The proxy package is installed by the start script only when its binary is missing (no
 //!   cloud-init `packages:` key, which refreshes the package index even when nothing needs
 //!   installing), so images with the proxy preinstalled boot offline.
 //! - Configs are staged under `/etc/egress-proxy/` and installed by the start script after the
 //!   package is installed, so a package's own default config never overwrites ours.
 //!   Files holding credentials are mode 0600.
+//!
+//! One piece (about 540 lines of product code, the rest tests): the tinyproxy and dante
+//! renderers share the checks and the start-script helpers; the firewall script lives in
+//! the `firewall` submodule.
 
 use std::fmt::Write as _;
 
 use super::ProxyCredentials;
 use crate::model::{ProxyProtocol, ProxySettings, parse_cidr};
+use crate::proxy_policy::{GuestPolicy, Net, is_domain_pattern};
+
+mod firewall;
+
+pub use self::firewall::firewall_script;
+use self::firewall::firewall_then_start;
 
 /// Where the staged files live in the guest.
 pub const STAGE_DIR: &str = "/etc/egress-proxy";
@@ -32,10 +58,77 @@ pub const MAX_USERNAME: usize = 32;
 // NB: long enough for any generated secret; bounds the rendered user-data.
 pub const MAX_PASSWORD: usize = 128;
 /// Punctuation allowed in passwords besides ASCII letters and digits.
-// NB: excludes whitespace, quotes, backslash, `#`, `:`, `$`, backtick, `&`, `|`, `;`, `<`, `>`
-// and braces: nothing that YAML, shell single quotes, chpasswd or the two config parsers
-// would interpret.
-const PASSWORD_PUNCT: &str = "!%*+,-./=?@^_~";
+// NB: tinyproxy 1.11 parses `BasicAuth` arguments as `[-a-z0-9._]+` (case-insensitive) and
+// refuses to start on anything else (checked with the real binary in
+// tests/proxy_policy_real.rs); these three also need no quoting in YAML, shell single
+// quotes, chpasswd or dante's config.
+pub const PASSWORD_PUNCT: &str = "-._";
+/// User names a SOCKS5 credential may not take: accounts guest images ship.
+// NB: the start script also refuses any existing account; this list makes the common
+// cases a clear spec error instead of a proxy that never authenticates.
+pub const RESERVED_USERNAMES: &[&str] = &[
+    "root",
+    "daemon",
+    "bin",
+    "sys",
+    "sync",
+    "games",
+    "man",
+    "lp",
+    "mail",
+    "news",
+    "uucp",
+    "proxy",
+    "www-data",
+    "backup",
+    "list",
+    "irc",
+    "gnats",
+    "nobody",
+    "nogroup",
+    "adm",
+    "admin",
+    "operator",
+    "halt",
+    "shutdown",
+    "ftp",
+    "sshd",
+    "messagebus",
+    "tinyproxy",
+    "danted",
+    "sockd",
+    "debian",
+    "ubuntu",
+    "alpine",
+    "fedora",
+    "centos",
+    "ec2-user",
+    "cloud-user",
+    "postfix",
+    "ntp",
+    "chrony",
+    "polkitd",
+    "dnsmasq",
+    "syslog",
+    "tss",
+    "uuidd",
+    "tcpdump",
+    "landscape",
+    "pollinate",
+    "lxd",
+    "guest",
+    "squid",
+    "systemd",
+];
+/// The guest user whose connections the firewall polices, by protocol: tinyproxy runs as
+/// `tinyproxy` (its config says so) and dante's connections are made by its unprivileged
+/// user (`nobody`, observed with `ss -tnpe` on dante 1.4).
+fn proxy_user(protocol: ProxyProtocol) -> &'static str {
+    match protocol {
+        ProxyProtocol::Http => "tinyproxy",
+        ProxyProtocol::Socks5 => "nobody",
+    }
+}
 
 /// Why user-data could not be rendered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -53,6 +146,34 @@ pub enum UserDataError {
         /// The value.
         value: String,
     },
+    /// A client CIDR wider than the entry allows (`/0` never is allowed).
+    #[error(
+        "spec.proxy.allowedClientCidrs[{index}]: {value:?} is wider than /{min}, the widest \
+         client network the provider entry allows (policy.minClientPrefixV4/V6)"
+    )]
+    WideCidr {
+        /// Position in the list.
+        index: usize,
+        /// The value.
+        value: String,
+        /// The shortest prefix allowed for its family.
+        min: u8,
+    },
+    /// Credentials only and a password shorter than the entry's minimum.
+    #[error(
+        "credentials password: with no allowedClientCidrs, any client may try it; use at \
+         least {min} characters (the provider entry's policy.minPasswordLength)"
+    )]
+    ShortPassword {
+        /// The minimum length.
+        min: usize,
+    },
+    /// A destination domain that is not a pattern (`example.com` or `*.example.com`).
+    #[error("allowedDestinations: {0:?} is not a domain pattern")]
+    BadDomain(String),
+    /// A SOCKS5 user name that names a guest system account.
+    #[error("credentials username {0:?} names a guest system account; choose another name")]
+    ReservedUsername(String),
     /// A user name with characters outside `[A-Za-z0-9._-]` or too long.
     #[error(
         "credentials username {0:?}: use 1-{MAX_USERNAME} characters of A-Z a-z 0-9 . _ - \
@@ -67,7 +188,11 @@ pub enum UserDataError {
     BadPassword,
 }
 
-fn check_credentials(c: &ProxyCredentials) -> Result<(), UserDataError> {
+fn check_credentials(
+    c: &ProxyCredentials,
+    protocol: ProxyProtocol,
+    min_password: Option<usize>,
+) -> Result<(), UserDataError> {
     let u = &c.username;
     let ok_user = !u.is_empty()
         && u.len() <= MAX_USERNAME
@@ -85,13 +210,26 @@ fn check_credentials(c: &ProxyCredentials) -> Result<(), UserDataError> {
     if !ok_pass {
         return Err(UserDataError::BadPassword);
     }
+    if let Some(min) = min_password
+        && p.chars().count() < min
+    {
+        return Err(UserDataError::ShortPassword { min });
+    }
+    let lower = u.to_ascii_lowercase();
+    if protocol == ProxyProtocol::Socks5
+        && (RESERVED_USERNAMES.contains(&lower.as_str()) || lower.starts_with("systemd-"))
+    {
+        return Err(UserDataError::ReservedUsername(u.clone()));
+    }
     Ok(())
 }
 
-/// Renders the `#cloud-config` user-data for `settings` and `credentials`.
+/// Renders the `#cloud-config` user-data for `settings` and `credentials` under `policy`
+/// (the entry's policy joined with the Proxy's allowlist).
 pub fn render(
     settings: &ProxySettings,
     credentials: Option<&ProxyCredentials>,
+    policy: &GuestPolicy,
 ) -> Result<String, UserDataError> {
     let mut cidrs = Vec::new();
     for (index, c) in settings.allowed_client_cidrs.iter().enumerate() {
@@ -99,18 +237,40 @@ pub fn render(
             index,
             value: c.clone(),
         })?;
+        let min = if ip.is_ipv4() {
+            policy.min_client_prefix_v4
+        } else {
+            policy.min_client_prefix_v6
+        }
+        .max(1);
+        if len < min {
+            return Err(UserDataError::WideCidr {
+                index,
+                value: c.clone(),
+                min,
+            });
+        }
         cidrs.push(format!("{ip}/{len}"));
     }
     if cidrs.is_empty() && credentials.is_none() {
         return Err(UserDataError::OpenRelay);
     }
-    if let Some(c) = credentials {
-        check_credentials(c)?;
+    if let Some(d) = policy.domains.iter().find(|d| !is_domain_pattern(d)) {
+        return Err(UserDataError::BadDomain(d.clone()));
     }
-    let (files, script) = match settings.protocol {
-        ProxyProtocol::Http => http(settings.port, &cidrs, credentials),
-        ProxyProtocol::Socks5 => socks5(settings.port, &cidrs, credentials),
+    if let Some(c) = credentials {
+        let min = cidrs.is_empty().then_some(policy.min_password_length);
+        check_credentials(c, settings.protocol, min)?;
+    }
+    let (mut files, script) = match settings.protocol {
+        ProxyProtocol::Http => http(settings.port, &cidrs, credentials, policy),
+        ProxyProtocol::Socks5 => socks5(settings.port, &cidrs, credentials, policy),
     };
+    files.push(StagedFile {
+        name: "firewall.sh",
+        mode: "0700",
+        content: firewall_script(policy, proxy_user(settings.protocol)),
+    });
     let mut out = String::from("#cloud-config\n");
     // NB: no `packages:` key: cloud-init refreshes the package index whenever it is set, which
     // fails (after retries) on an image with the proxy preinstalled and no network; the start
@@ -171,10 +331,19 @@ fn start_service(out: &mut String, systemd: &str, openrc: &str) {
     );
 }
 
+/// The tinyproxy filter regex (ERE) of a domain pattern (validated: `[a-z0-9.-]` and `*.`).
+fn filter_regex(pattern: &str) -> String {
+    match pattern.strip_prefix("*.") {
+        Some(suffix) => format!("^.+\\.{}$", suffix.replace('.', "\\.")),
+        None => format!("^{}$", pattern.replace('.', "\\.")),
+    }
+}
+
 fn http(
     port: u16,
     cidrs: &[String],
     creds: Option<&ProxyCredentials>,
+    policy: &GuestPolicy,
 ) -> (Vec<StagedFile>, String) {
     let mut conf = String::new();
     conf.push_str("User tinyproxy\nGroup tinyproxy\n");
@@ -186,6 +355,25 @@ fn http(
     if let Some(c) = creds {
         let _ = writeln!(conf, "BasicAuth {} {}", c.username, c.password);
     }
+    // Ports: tinyproxy checks them for CONNECT only; the firewall checks every request.
+    for p in &policy.ports {
+        let _ = writeln!(conf, "ConnectPort {p}");
+    }
+    let mut files = Vec::new();
+    if !policy.domains.is_empty() {
+        conf.push_str(
+            "FilterType ere\nFilterDefaultDeny Yes\nFilter \"/etc/tinyproxy/egress-filter\"\n",
+        );
+        let mut filter = String::new();
+        for d in &policy.domains {
+            let _ = writeln!(filter, "{}", filter_regex(d));
+        }
+        files.push(StagedFile {
+            name: "tinyproxy.filter",
+            mode: "0644",
+            content: filter,
+        });
+    }
     let mut script =
         String::from("#!/bin/sh\n# Installs the staged tinyproxy config and starts it.\n");
     install_if_missing(
@@ -194,25 +382,84 @@ fn http(
         "tinyproxy",
         "tinyproxy",
     );
+    install_if_missing(&mut script, "command -v nft", "nftables", "nftables");
     let _ = writeln!(
         script,
         "mkdir -p /etc/tinyproxy\ninstall -m 0600 {STAGE_DIR}/tinyproxy.conf /etc/tinyproxy/tinyproxy.conf"
     );
-    start_service(&mut script, "tinyproxy", "tinyproxy");
-    (
-        vec![StagedFile {
+    if !policy.domains.is_empty() {
+        let _ = writeln!(
+            script,
+            "install -m 0644 {STAGE_DIR}/tinyproxy.filter /etc/tinyproxy/egress-filter"
+        );
+    }
+    firewall_then_start(&mut script, "tinyproxy", "tinyproxy");
+    files.insert(
+        0,
+        StagedFile {
             name: "tinyproxy.conf",
             mode: "0600",
             content: conf,
-        }],
-        script,
-    )
+        },
+    );
+    (files, script)
+}
+
+/// dante's own destination rules, first match wins: the host's addresses blocked; the
+/// networks the entry lifted passed (when no domain list needs checking too); the denied
+/// networks blocked (dante resolves a requested name to check these); then the allowed
+/// domains or CIDRs (or anything) passed for each client network. Ports are left to the
+/// firewall (dante takes one port per rule; the rule count would multiply).
+fn dante_destination_rules(conf: &mut String, from: &[&str], policy: &GuestPolicy) {
+    let host: Vec<&Net> = policy
+        .denied
+        .iter()
+        .filter(|n| n.len == if n.addr.is_ipv4() { 32 } else { 128 })
+        .collect();
+    for n in &host {
+        let _ = writeln!(conf, "socks block {{\n  from: 0/0 to: {n}\n}}");
+    }
+    let pass = |conf: &mut String, to: &str| {
+        for f in from {
+            let _ = writeln!(
+                conf,
+                "socks pass {{\n  from: {f} to: {to}\n  command: connect\n}}"
+            );
+        }
+    };
+    if policy.domains.is_empty() {
+        for l in &policy.lifted {
+            if policy.cidrs.is_empty() || policy.cidrs.iter().any(|c| c.contains(l)) {
+                pass(conf, &l.to_string());
+            }
+        }
+    }
+    for d in &policy.denied {
+        if host.contains(&d) || policy.lifted.iter().any(|l| l.overlaps(d)) {
+            continue;
+        }
+        let _ = writeln!(conf, "socks block {{\n  from: 0/0 to: {d}\n}}");
+    }
+    if !policy.domains.is_empty() {
+        for d in &policy.domains {
+            // dante: a leading dot matches every name ending with it.
+            pass(conf, d.strip_prefix('*').unwrap_or(d));
+        }
+    } else if !policy.cidrs.is_empty() {
+        for c in &policy.cidrs {
+            pass(conf, &c.to_string());
+        }
+    } else {
+        pass(conf, "0/0");
+    }
+    conf.push_str("socks block {\n  from: 0/0 to: 0/0\n}\n");
 }
 
 fn socks5(
     port: u16,
     cidrs: &[String],
     creds: Option<&ProxyCredentials>,
+    policy: &GuestPolicy,
 ) -> (Vec<StagedFile>, String) {
     let mut conf = String::from("logoutput: syslog\n");
     let _ = writeln!(conf, "internal: 0.0.0.0 port = {port}");
@@ -234,13 +481,7 @@ fn socks5(
         let _ = writeln!(conf, "client pass {{\n  from: {f} to: 0/0\n}}");
     }
     conf.push_str("client block {\n  from: 0/0 to: 0/0\n}\n");
-    for f in &from {
-        let _ = writeln!(
-            conf,
-            "socks pass {{\n  from: {f} to: 0/0\n  command: connect\n}}"
-        );
-    }
-    conf.push_str("socks block {\n  from: 0/0 to: 0/0\n}\n");
+    dante_destination_rules(&mut conf, &from, policy);
 
     let mut script = String::from("#!/bin/sh\n# Installs the staged dante config and starts it.\n");
     install_if_missing(
@@ -249,11 +490,17 @@ fn socks5(
         "dante-server",
         "dante-server",
     );
+    install_if_missing(&mut script, "command -v nft", "nftables", "nftables");
     if let Some(c) = creds {
+        // The user must be new: an existing account (a system user, or one the image
+        // ships) never gets its password set.
         let _ = writeln!(
             script,
-            "if command -v useradd >/dev/null 2>&1; then\n  useradd -M -s /usr/sbin/nologin {u} || true\n\
-             else\n  adduser -D -H -s /sbin/nologin {u} || true\nfi\n\
+            "if id -u {u} >/dev/null 2>&1; then\n  \
+             echo 'egress-proxy: user {u} already exists; refusing to set its password' >&2\n  \
+             exit 1\nfi\n\
+             if command -v useradd >/dev/null 2>&1; then\n  useradd -M -s /usr/sbin/nologin {u} || exit 1\n\
+             else\n  adduser -D -H -s /sbin/nologin {u} || exit 1\nfi\n\
              echo '{u}:{p}' | chpasswd",
             u = c.username,
             p = c.password
@@ -270,9 +517,10 @@ fn socks5(
          # Alpine's dante-server reads /etc/sockd.conf and runs as the sockd service.\n\
          if [ -e /etc/init.d/sockd ]; then cp /etc/danted.conf /etc/sockd.conf; fi\n\
          if [ -e /etc/init.d/sockd ] && ! [ -d /run/systemd/system ]; then\n  \
+         sh {STAGE_DIR}/firewall.sh || exit 1\n  \
          rc-update add sockd default\n  rc-service sockd restart\n  exit 0\nfi"
     );
-    start_service(&mut script, "danted", "danted");
+    firewall_then_start(&mut script, "danted", "danted");
     (
         vec![StagedFile {
             name: "danted.conf",
@@ -295,13 +543,18 @@ mod tests {
             allowed_client_cidrs: cidrs.iter().map(|s| (*s).to_owned()).collect(),
             credentials_ref: None,
             expected_egress: None,
+            allowed_destinations: Default::default(),
         }
+    }
+
+    fn pol() -> GuestPolicy {
+        GuestPolicy::from_entry(&Default::default())
     }
 
     fn creds() -> ProxyCredentials {
         ProxyCredentials {
             username: "alice".into(),
-            password: "s3cr3t-pw".into(),
+            password: "s3cr3t-pw-16chars".into(),
         }
     }
 
@@ -321,6 +574,7 @@ mod tests {
         let ud = render(
             &settings(ProxyProtocol::Http, &["10.0.0.0/8", "2001:db8::/32"]),
             None,
+            &pol(),
         )
         .unwrap();
         assert!(ud.starts_with("#cloud-config\n"));
@@ -341,9 +595,12 @@ mod tests {
 
     #[test]
     fn http_with_credentials_requires_basic_auth_in_a_private_file() {
-        let ud = render(&settings(ProxyProtocol::Http, &[]), Some(&creds())).unwrap();
+        let ud = render(&settings(ProxyProtocol::Http, &[]), Some(&creds()), &pol()).unwrap();
         let conf = file(&ud, "tinyproxy.conf");
-        assert!(conf.contains("BasicAuth alice s3cr3t-pw\n"), "{conf}");
+        assert!(
+            conf.contains("BasicAuth alice s3cr3t-pw-16chars\n"),
+            "{conf}"
+        );
         assert!(!conf.contains("Allow "), "{conf}");
         let v: serde_json::Value = serde_saphyr::from_str(&ud).unwrap();
         for f in v["write_files"].as_array().unwrap() {
@@ -353,7 +610,12 @@ mod tests {
 
     #[test]
     fn socks5_user_data_passes_only_the_given_networks_and_blocks_the_rest() {
-        let ud = render(&settings(ProxyProtocol::Socks5, &["192.168.1.0/24"]), None).unwrap();
+        let ud = render(
+            &settings(ProxyProtocol::Socks5, &["192.168.1.0/24"]),
+            None,
+            &pol(),
+        )
+        .unwrap();
         let v: serde_json::Value = serde_saphyr::from_str(&ud).unwrap();
         assert!(v.get("packages").is_none(), "no index refresh: {ud}");
         assert!(file(&ud, "start.sh").contains("apk add --no-cache dante-server"));
@@ -376,12 +638,17 @@ mod tests {
 
     #[test]
     fn socks5_with_credentials_requires_a_username() {
-        let ud = render(&settings(ProxyProtocol::Socks5, &[]), Some(&creds())).unwrap();
+        let ud = render(
+            &settings(ProxyProtocol::Socks5, &[]),
+            Some(&creds()),
+            &pol(),
+        )
+        .unwrap();
         let conf = file(&ud, "danted.conf");
         assert!(conf.contains("socksmethod: username\n"), "{conf}");
         let script = file(&ud, "start.sh");
         assert!(
-            script.contains("echo 'alice:s3cr3t-pw' | chpasswd"),
+            script.contains("echo 'alice:s3cr3t-pw-16chars' | chpasswd"),
             "{script}"
         );
     }
@@ -390,7 +657,7 @@ mod tests {
     fn the_start_script_works_on_systemd_and_openrc_images() {
         // finding: L10
         for proto in [ProxyProtocol::Http, ProxyProtocol::Socks5] {
-            let ud = render(&settings(proto, &["10.0.0.0/8"]), None).unwrap();
+            let ud = render(&settings(proto, &["10.0.0.0/8"]), None, &pol()).unwrap();
             let v: serde_json::Value = serde_saphyr::from_str(&ud).unwrap();
             assert_eq!(v["runcmd"][0][1], "/etc/egress-proxy/start.sh");
             let script = file(&ud, "start.sh");
@@ -400,7 +667,12 @@ mod tests {
             assert!(script.contains("rc-service"), "{script}");
         }
         let socks = file(
-            &render(&settings(ProxyProtocol::Socks5, &["10.0.0.0/8"]), None).unwrap(),
+            &render(
+                &settings(ProxyProtocol::Socks5, &["10.0.0.0/8"]),
+                None,
+                &pol(),
+            )
+            .unwrap(),
             "start.sh",
         );
         assert!(
@@ -415,7 +687,7 @@ mod tests {
             (ProxyProtocol::Http, "command -v tinyproxy"),
             (ProxyProtocol::Socks5, "command -v danted"),
         ] {
-            let ud = render(&settings(proto, &["10.0.0.0/8"]), None).unwrap();
+            let ud = render(&settings(proto, &["10.0.0.0/8"]), None, &pol()).unwrap();
             let script = file(&ud, "start.sh");
             let check = script.find(&format!("if ! {{ {probe}")).unwrap();
             let install = script.find("apt-get update").unwrap();
@@ -428,11 +700,15 @@ mod tests {
     #[test]
     fn an_open_relay_and_unsafe_values_are_refused() {
         assert_eq!(
-            render(&settings(ProxyProtocol::Http, &[]), None),
+            render(&settings(ProxyProtocol::Http, &[]), None, &pol()),
             Err(UserDataError::OpenRelay)
         );
         assert!(matches!(
-            render(&settings(ProxyProtocol::Http, &["10.0.0.0/33"]), None),
+            render(
+                &settings(ProxyProtocol::Http, &["10.0.0.0/33"]),
+                None,
+                &pol()
+            ),
             Err(UserDataError::BadCidr { index: 0, .. })
         ));
         let s = settings(ProxyProtocol::Socks5, &["10.0.0.0/8"]);
@@ -448,7 +724,7 @@ mod tests {
                 username: u.into(),
                 password: p.into(),
             };
-            let e = render(&s, Some(&c)).unwrap_err();
+            let e = render(&s, Some(&c), &pol()).unwrap_err();
             assert!(!e.to_string().contains("p'w"), "password never shown: {e}");
         }
     }
@@ -457,5 +733,172 @@ mod tests {
     fn credentials_debug_output_redacts_the_password() {
         let d = format!("{:?}", creds());
         assert!(d.contains("alice") && !d.contains("s3cr3t"), "{d}");
+    }
+
+    #[test]
+    fn client_networks_wider_than_the_entry_minimum_and_slash_zero_are_refused() {
+        let mut p = pol();
+        for (cidr, ok) in [
+            ("0.0.0.0/0", false),
+            ("::/0", false),
+            ("10.0.0.0/7", false),
+            ("10.0.0.0/8", true),
+            ("2001:db8::/31", false),
+            ("2001:db8::/32", true),
+        ] {
+            let r = render(&settings(ProxyProtocol::Http, &[cidr]), None, &p);
+            assert_eq!(r.is_ok(), ok, "{cidr}: {r:?}");
+            if !ok {
+                assert!(
+                    matches!(r, Err(UserDataError::WideCidr { index: 0, .. })),
+                    "{r:?}"
+                );
+            }
+        }
+        // The admin may tighten it; /0 stays refused even with a minimum of 0.
+        p.min_client_prefix_v4 = 24;
+        assert!(render(&settings(ProxyProtocol::Http, &["10.0.0.0/16"]), None, &p).is_err());
+        p.min_client_prefix_v4 = 0;
+        assert!(render(&settings(ProxyProtocol::Http, &["0.0.0.0/0"]), None, &p).is_err());
+    }
+
+    #[test]
+    fn a_credentials_only_proxy_needs_a_password_of_the_entry_minimum_length() {
+        let short = ProxyCredentials {
+            username: "alice".into(),
+            password: "a".repeat(15),
+        };
+        let long = ProxyCredentials {
+            username: "alice".into(),
+            password: "a".repeat(16),
+        };
+        for proto in [ProxyProtocol::Http, ProxyProtocol::Socks5] {
+            let e = render(&settings(proto, &[]), Some(&short), &pol()).unwrap_err();
+            assert_eq!(e, UserDataError::ShortPassword { min: 16 });
+            assert!(!e.to_string().contains(&short.password), "never shown: {e}");
+            assert!(render(&settings(proto, &[]), Some(&long), &pol()).is_ok());
+            // With client networks too, the networks are the gate.
+            assert!(render(&settings(proto, &["10.0.0.0/8"]), Some(&short), &pol()).is_ok());
+        }
+    }
+
+    #[test]
+    fn passwords_use_only_characters_tinyproxy_accepts() {
+        let s = settings(ProxyProtocol::Http, &["10.0.0.0/8"]);
+        for bad in "!%*+,/=?@^~:$'\" #".chars() {
+            let c = ProxyCredentials {
+                username: "alice".into(),
+                password: format!("abc{bad}def"),
+            };
+            assert_eq!(
+                render(&s, Some(&c), &pol()),
+                Err(UserDataError::BadPassword),
+                "{bad}"
+            );
+        }
+        let c = ProxyCredentials {
+            username: "alice".into(),
+            password: "Ab0-._".into(),
+        };
+        assert!(render(&s, Some(&c), &pol()).is_ok());
+    }
+
+    #[test]
+    fn socks_usernames_never_name_guest_system_accounts() {
+        let s = settings(ProxyProtocol::Socks5, &["10.0.0.0/8"]);
+        for u in [
+            "root",
+            "Daemon",
+            "nobody",
+            "debian",
+            "systemd-network",
+            "tinyproxy",
+        ] {
+            let c = ProxyCredentials {
+                username: u.into(),
+                password: "s3cr3t-pw-16chars".into(),
+            };
+            assert_eq!(
+                render(&s, Some(&c), &pol()),
+                Err(UserDataError::ReservedUsername(u.into()))
+            );
+        }
+        // Any other existing account is refused in the guest before chpasswd runs.
+        let script = file(&render(&s, Some(&creds()), &pol()).unwrap(), "start.sh");
+        let guard = script.find("if id -u alice >/dev/null 2>&1; then").unwrap();
+        let exit = script[guard..].find("exit 1").unwrap() + guard;
+        let chpasswd = script.find("| chpasswd").unwrap();
+        assert!(guard < exit && exit < chpasswd, "{script}");
+        assert!(
+            script.contains("useradd -M -s /usr/sbin/nologin alice || exit 1"),
+            "{script}"
+        );
+    }
+
+    #[test]
+    fn the_firewall_rejects_internal_destinations_and_is_applied_before_the_proxy_starts() {
+        for (proto, user, svc) in [
+            (ProxyProtocol::Http, "tinyproxy", "tinyproxy"),
+            (ProxyProtocol::Socks5, "nobody", "danted"),
+        ] {
+            let ud = render(&settings(proto, &["10.0.0.0/8"]), None, &pol()).unwrap();
+            let fw = file(&ud, "firewall.sh");
+            assert!(
+                fw.contains(&format!("meta skuid \"{user}\" jump proxy")),
+                "{fw}"
+            );
+            for net in [
+                "10.0.0.0/8",
+                "100.64.0.0/10",
+                "169.254.0.0/16",
+                "127.0.0.0/8",
+            ] {
+                assert!(fw.contains(net), "{net}: {fw}");
+            }
+            assert!(fw.contains("fc00::/7") && fw.contains("fe80::/10"), "{fw}");
+            assert!(fw.contains("ip daddr @denied4 reject"), "{fw}");
+            let script = file(&ud, "start.sh");
+            let apply = script
+                .find("if ! sh /etc/egress-proxy/firewall.sh")
+                .unwrap();
+            let start = script.find(&format!("systemctl restart {svc}")).unwrap();
+            assert!(apply < start, "{script}");
+            assert!(
+                script.contains("ExecStartPre=/bin/sh /etc/egress-proxy/firewall.sh"),
+                "re-applied on every start: {script}"
+            );
+        }
+    }
+
+    #[test]
+    fn allowlists_render_into_tinyproxy_filters_and_dante_rules() {
+        let entry = egress_provider::libvirt::config::ProxyPolicy::default();
+        let spec = crate::model::Destinations {
+            domains: vec!["example.com".into(), "*.example.org".into()],
+            cidrs: vec![],
+            ports: vec![443],
+        };
+        let p = GuestPolicy::for_proxy(&entry, &spec, &["203.0.113.9".parse().unwrap()]).unwrap();
+        let ud = render(&settings(ProxyProtocol::Http, &["10.0.0.0/8"]), None, &p).unwrap();
+        let conf = file(&ud, "tinyproxy.conf");
+        assert!(conf.contains("ConnectPort 443\n"), "{conf}");
+        assert!(conf.contains("FilterDefaultDeny Yes\n"), "{conf}");
+        let filter = file(&ud, "tinyproxy.filter");
+        assert_eq!(filter, "^example\\.com$\n^.+\\.example\\.org$\n");
+        let fw = file(&ud, "firewall.sh");
+        assert!(fw.contains("tcp dport != { 443 } reject"), "{fw}");
+        assert!(fw.contains("elements = { 203.0.113.9/32 }"), "{fw}");
+        let ud = render(&settings(ProxyProtocol::Socks5, &["10.0.0.0/8"]), None, &p).unwrap();
+        let conf = file(&ud, "danted.conf");
+        let host = conf.find("to: 203.0.113.9/32").unwrap();
+        let block = conf.find("to: 127.0.0.0/8").unwrap();
+        let pass = conf
+            .find("from: 10.0.0.0/8 to: .example.org\n  command: connect")
+            .unwrap();
+        assert!(host < block && block < pass, "{conf}");
+        assert!(
+            !conf.contains("to: 0/0\n  command"),
+            "no pass to anywhere: {conf}"
+        );
     }
 }

@@ -42,6 +42,79 @@ pub struct LibvirtEntry {
     /// Largest sizes a Proxy may ask for (finding L20: bounds checked at load).
     #[serde(default)]
     pub limits: SizeLimits,
+    /// Who may use the entry's proxies and where they may connect (`policy:`).
+    #[serde(default)]
+    pub policy: ProxyPolicy,
+}
+
+/// Default [`ProxyPolicy::min_client_prefix_v4`]: a /8 is the widest IPv4 client network.
+pub const DEFAULT_MIN_CLIENT_PREFIX_V4: u8 = 8;
+/// Default [`ProxyPolicy::min_client_prefix_v6`]: a /32 (an ISP allocation) is the widest
+/// IPv6 client network.
+pub const DEFAULT_MIN_CLIENT_PREFIX_V6: u8 = 32;
+/// Default [`ProxyPolicy::min_password_length`] for credentials-only proxies.
+// NB: 16 characters of the 65-character set are ~96 bits, beyond online guessing.
+pub const DEFAULT_MIN_PASSWORD_LENGTH: u32 = 16;
+
+/// The admin's policy for the proxies of an entry (`policy:` in the file). The operator
+/// renders it into every guest's proxy configuration and firewall.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProxyPolicy {
+    /// Shortest IPv4 prefix a Proxy may list in `allowedClientCidrs` (`/0` is never allowed).
+    #[serde(rename = "minClientPrefixV4", default = "default_min_v4")]
+    pub min_client_prefix_v4: u8,
+    /// Shortest IPv6 prefix a Proxy may list in `allowedClientCidrs` (`/0` is never allowed).
+    #[serde(rename = "minClientPrefixV6", default = "default_min_v6")]
+    pub min_client_prefix_v6: u8,
+    /// Shortest password a credentials-only Proxy (no client CIDRs) may use.
+    #[serde(default = "default_min_password")]
+    pub min_password_length: u32,
+    /// Destinations the entry's proxies may reach; empty lists restrict nothing.
+    #[serde(default)]
+    pub allowed_destinations: DestinationAllowlist,
+    /// Internal networks (private, loopback, link-local, ...; denied by default) the entry's
+    /// proxies may reach nevertheless, e.g. an internal service. CIDR notation.
+    #[serde(default)]
+    pub allowed_internal_cidrs: Vec<String>,
+}
+
+fn default_min_v4() -> u8 {
+    DEFAULT_MIN_CLIENT_PREFIX_V4
+}
+fn default_min_v6() -> u8 {
+    DEFAULT_MIN_CLIENT_PREFIX_V6
+}
+fn default_min_password() -> u32 {
+    DEFAULT_MIN_PASSWORD_LENGTH
+}
+
+impl Default for ProxyPolicy {
+    fn default() -> Self {
+        Self {
+            min_client_prefix_v4: DEFAULT_MIN_CLIENT_PREFIX_V4,
+            min_client_prefix_v6: DEFAULT_MIN_CLIENT_PREFIX_V6,
+            min_password_length: DEFAULT_MIN_PASSWORD_LENGTH,
+            allowed_destinations: DestinationAllowlist::default(),
+            allowed_internal_cidrs: Vec::new(),
+        }
+    }
+}
+
+/// An allowlist of destinations: each non-empty list must match (the requested domain, the
+/// address connected to, the port).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DestinationAllowlist {
+    /// Domains: `example.com` (exactly) or `*.example.com` (any subdomain).
+    #[serde(default)]
+    pub domains: Vec<String>,
+    /// Networks (CIDR notation) of the addresses connected to.
+    #[serde(default)]
+    pub cidrs: Vec<String>,
+    /// TCP ports.
+    #[serde(default)]
+    pub ports: Vec<u16>,
 }
 
 /// Default instance sizes of an entry (`defaults:` in the file).

@@ -179,6 +179,7 @@ impl FakeHosts {
                 timeouts: Default::default(),
                 defaults: Default::default(),
                 limits: Default::default(),
+                policy: Default::default(),
             },
             fakes,
             pool_options: PoolOptions::default(),

@@ -8,6 +8,7 @@
 mod fields;
 mod host;
 mod numbers;
+mod policy;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -18,6 +19,7 @@ use egress_provider::libvirt::seed::payload_type;
 use self::fields::{abs_path, ident, image_url, is_sha256_hex};
 use self::host::{host, is_dns_name};
 use self::numbers::{sizes, timeouts};
+use self::policy::policy;
 use super::{ConfigError, ConfigWarning, ProviderEntry};
 
 /// Longest entry name, host name or catalogue key.
@@ -92,6 +94,9 @@ impl Report {
 /// - `urlImages.allowedHosts` is non-empty when URL images are enabled, and each is a host
 ///   name (no scheme, port or path);
 /// - `maxImageBytes` > 0;
+/// - `policy`: `minClientPrefixV4` 1–32, `minClientPrefixV6` 1–128, `minPasswordLength`
+///   8–128; `allowedDestinations` domains are `example.com` or `*.example.com`, CIDRs parse,
+///   ports are not 0, at most 64 of each; `allowedInternalCidrs` parse (a `/0` warns);
 /// - `guest.vendorData` is a payload cloud-init recognises (L13);
 /// - timeouts are 1 s to [`MAX_TIMEOUT_SECS`], and consistent (L17): `call` ≥ `dial` (a call
 ///   on a fresh connection must not expire before a slow-but-alive dial phase could);
@@ -149,6 +154,7 @@ pub(super) fn libvirt_entry<'a>(
     places: &mut BTreeMap<(String, u16, &'a str, &'a str), String>,
 ) {
     ident(r, &format!("{path}.name"), &e.name);
+    policy(r, &format!("{path}.policy"), &e.policy);
     if e.hosts.is_empty() {
         r.err(
             &format!("{path}.hosts"),

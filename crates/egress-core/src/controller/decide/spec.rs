@@ -10,6 +10,7 @@ use egress_provider::libvirt::image::source::is_url;
 use egress_provider::model::CreateRequest;
 
 use crate::controller::{ProxyObject, userdata};
+use crate::proxy_policy::GuestPolicy;
 
 pub(super) const GIB: u64 = 1 << 30;
 pub(super) const MIB: u64 = 1 << 20;
@@ -120,7 +121,19 @@ pub(super) fn request(
             ),
         ));
     }
-    let user_data = userdata::render(&obj.spec.proxy, obj.credentials.as_ref())
+    let host_addrs: Vec<std::net::IpAddr> = entry
+        .hosts
+        .iter()
+        .filter(|h| h.name == host)
+        .filter_map(|h| host_ip(&h.address))
+        .collect();
+    let policy = GuestPolicy::for_proxy(
+        &entry.policy,
+        &obj.spec.proxy.allowed_destinations,
+        &host_addrs,
+    )
+    .map_err(|e| (true, e.join("; ")))?;
+    let user_data = userdata::render(&obj.spec.proxy, obj.credentials.as_ref(), &policy)
         .map_err(|e| (true, e.to_string()))?;
     Ok(CreateRequest {
         uid: obj.uid,
@@ -132,4 +145,16 @@ pub(super) fn request(
         vcpus,
         user_data,
     })
+}
+
+/// The IP address of a host's `address` (`ip`, `ip:port`, `[v6]:port`), when it is one;
+/// a DNS name or `local` gives `None`.
+fn host_ip(address: &str) -> Option<std::net::IpAddr> {
+    if let Ok(ip) = address.parse() {
+        return Some(ip);
+    }
+    if let Some(rest) = address.strip_prefix('[') {
+        return rest.split_once(']').and_then(|(ip, _)| ip.parse().ok());
+    }
+    address.split_once(':').and_then(|(ip, _)| ip.parse().ok())
 }

@@ -1,0 +1,468 @@
+//! The policy a guest's proxy enforces: who may use it (client networks and passwords) and
+//! where it may connect (destinations). It joins the entry's `policy:` (the admin's) with a
+//! Proxy's `spec.proxy.allowedDestinations` (the author's) into a [`GuestPolicy`] that
+//! `controller::userdata` renders into tinyproxy's and dante's configs and the guest's
+//! nftables rules.
+//!
+//! Guarantees:
+//! - Internal destinations are denied by default: [`DENIED_V4`] and [`DENIED_V6`] (private,
+//!   loopback, link-local with the cloud metadata address, CGNAT, ULA, multicast, reserved)
+//!   and the host's own addresses. Only the admin (an entry's
+//!   `policy.allowedInternalCidrs`) can lift that for a network; a Proxy cannot.
+//! - A Proxy's allowlist only narrows the entry's: each of its domains, CIDRs and ports must
+//!   lie within the entry's list when the entry has one ([`GuestPolicy::for_proxy`]).
+//! - Values are re-parsed and normalised here (CIDRs to their network address, domains to
+//!   lowercase DNS names), so what reaches a config file is plain ASCII with no quoting.
+//! - Pure: no I/O.
+
+use std::net::IpAddr;
+
+use egress_provider::libvirt::config::{DestinationAllowlist, ProxyPolicy};
+
+use crate::model::{Destinations, parse_cidr};
+
+/// IPv4 destinations a proxy refuses unless the entry lifts them.
+// NB: "this network", RFC 1918, CGNAT (RFC 6598), loopback, link-local (holds the
+// 169.254.169.254 cloud metadata address), IETF protocol assignments, benchmarking,
+// multicast and reserved/broadcast: nothing a proxy for the Internet needs to reach.
+pub const DENIED_V4: &[&str] = &[
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.168.0.0/16",
+    "198.18.0.0/15",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+];
+/// IPv6 destinations a proxy refuses unless the entry lifts them.
+// NB: unspecified, loopback, NAT64 local-use, ULA, link-local, multicast. IPv4-mapped
+// addresses (::ffff:0:0/96) are not listed: the kernel sends them as IPv4, where the IPv4
+// rules apply, and dante refuses the notation.
+pub const DENIED_V6: &[&str] = &[
+    "::/128",
+    "::1/128",
+    "64:ff9b:1::/48",
+    "fc00::/7",
+    "fe80::/10",
+    "ff00::/8",
+];
+/// Most entries in each destination list (domains, CIDRs, ports).
+// NB: bounds the rendered configs and firewall sets; an allowlist longer than this is a
+// job for an upstream filtering proxy.
+pub const MAX_DESTINATIONS: usize = 64;
+
+/// A network: its (masked) address and prefix length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Net {
+    /// The network address (host bits cleared).
+    pub addr: IpAddr,
+    /// The prefix length.
+    pub len: u8,
+}
+
+impl Net {
+    /// Parses `addr/len`, clearing host bits; `None` when it is not a CIDR.
+    pub fn parse(s: &str) -> Option<Self> {
+        let (addr, len) = parse_cidr(s)?;
+        Some(Self::new(addr, len))
+    }
+
+    /// The network of `addr` with prefix `len` (clamped to the family's width).
+    pub fn new(addr: IpAddr, len: u8) -> Self {
+        match addr {
+            IpAddr::V4(a) => {
+                let len = len.min(32);
+                let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+                Self {
+                    addr: IpAddr::V4((u32::from(a) & mask).into()),
+                    len,
+                }
+            }
+            IpAddr::V6(a) => {
+                let len = len.min(128);
+                let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+                Self {
+                    addr: IpAddr::V6((u128::from(a) & mask).into()),
+                    len,
+                }
+            }
+        }
+    }
+
+    /// Whether `other` lies entirely within this network.
+    pub fn contains(&self, other: &Net) -> bool {
+        self.addr.is_ipv4() == other.addr.is_ipv4()
+            && other.len >= self.len
+            && Net::new(other.addr, self.len).addr == self.addr
+    }
+
+    /// Whether the two networks share any address.
+    pub fn overlaps(&self, other: &Net) -> bool {
+        self.contains(other) || other.contains(self)
+    }
+}
+
+impl std::fmt::Display for Net {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+/// The denied networks ([`DENIED_V4`] and [`DENIED_V6`]), parsed.
+pub fn denied_networks() -> Vec<Net> {
+    DENIED_V4
+        .iter()
+        .chain(DENIED_V6)
+        .filter_map(|s| Net::parse(s))
+        .collect()
+}
+
+/// Whether `s` is a destination domain pattern: a lowercase DNS name of at least two labels
+/// (`example.com`), optionally prefixed by `*.` (any subdomain of it, not the name itself).
+pub fn is_domain_pattern(s: &str) -> bool {
+    let name = s.strip_prefix("*.").unwrap_or(s);
+    name.len() <= 253
+        && name.contains('.')
+        && name.split('.').all(|l| {
+            let b = l.as_bytes();
+            !b.is_empty()
+                && b.len() <= 63
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+                && b.first().is_some_and(u8::is_ascii_alphanumeric)
+                && b.last().is_some_and(u8::is_ascii_alphanumeric)
+        })
+        // An all-numeric last label would make the pattern look like an IP address.
+        && name
+            .rsplit('.')
+            .next()
+            .is_some_and(|tld| tld.bytes().any(|c| c.is_ascii_lowercase()))
+}
+
+/// Whether every name `inner` matches is matched by `outer` (both [`is_domain_pattern`]).
+fn domain_within(outer: &str, inner: &str) -> bool {
+    match outer.strip_prefix("*.") {
+        None => outer == inner,
+        Some(suffix) => {
+            let name = inner.strip_prefix("*.").unwrap_or(inner);
+            name.ends_with(&format!(".{suffix}")) || (inner.starts_with("*.") && name == suffix)
+        }
+    }
+}
+
+/// Checks one allowlist's shape; `path` names it (e.g. `spec.proxy.allowedDestinations`).
+/// Returns `(field path, message)` pairs, every violation at once.
+pub fn check_list(
+    path: &str,
+    domains: &[String],
+    cidrs: &[String],
+    ports: &[u16],
+) -> Vec<(String, String)> {
+    let mut errs = Vec::new();
+    for (field, n) in [
+        ("domains", domains.len()),
+        ("cidrs", cidrs.len()),
+        ("ports", ports.len()),
+    ] {
+        if n > MAX_DESTINATIONS {
+            errs.push((
+                format!("{path}.{field}"),
+                format!("{n} entries; at most {MAX_DESTINATIONS} are allowed"),
+            ));
+        }
+    }
+    for (i, d) in domains.iter().enumerate() {
+        if !is_domain_pattern(d) {
+            errs.push((
+                format!("{path}.domains[{i}]"),
+                format!(
+                    "{d:?} is not a domain: use a lowercase name (example.com) or *.example.com"
+                ),
+            ));
+        }
+    }
+    for (i, c) in cidrs.iter().enumerate() {
+        if Net::parse(c).is_none() {
+            errs.push((
+                format!("{path}.cidrs[{i}]"),
+                format!("{c:?} is not a CIDR (e.g. 203.0.113.0/24 or 2001:db8::/32)"),
+            ));
+        }
+    }
+    for (i, p) in ports.iter().enumerate() {
+        if *p == 0 {
+            errs.push((format!("{path}.ports[{i}]"), "0 is not a port".into()));
+        }
+    }
+    errs
+}
+
+/// The policy one guest enforces, ready to render.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestPolicy {
+    /// Shortest IPv4 client prefix allowed.
+    pub min_client_prefix_v4: u8,
+    /// Shortest IPv6 client prefix allowed.
+    pub min_client_prefix_v6: u8,
+    /// Shortest password allowed when no client CIDR is given.
+    pub min_password_length: usize,
+    /// Allowed domain patterns (empty: any name).
+    pub domains: Vec<String>,
+    /// Allowed destination networks (empty: any address not denied).
+    pub cidrs: Vec<Net>,
+    /// Allowed destination ports (empty: any port).
+    pub ports: Vec<u16>,
+    /// Networks the admin lifted out of the denied classes (`allowedInternalCidrs`).
+    pub lifted: Vec<Net>,
+    /// Denied destination networks: the default classes and the host's own addresses,
+    /// minus nothing (lifting happens by accepting `lifted` first).
+    pub denied: Vec<Net>,
+}
+
+impl GuestPolicy {
+    /// The entry's policy with its defaults and no Proxy allowlist (for tests and callers
+    /// without a Proxy).
+    pub fn from_entry(entry: &ProxyPolicy) -> Self {
+        Self::for_proxy(entry, &Destinations::default(), &[]).unwrap_or_else(|_| Self {
+            min_client_prefix_v4: entry.min_client_prefix_v4,
+            min_client_prefix_v6: entry.min_client_prefix_v6,
+            min_password_length: usize::try_from(entry.min_password_length).unwrap_or(usize::MAX),
+            domains: Vec::new(),
+            cidrs: Vec::new(),
+            ports: Vec::new(),
+            lifted: Vec::new(),
+            denied: denied_networks(),
+        })
+    }
+
+    /// Joins the entry's policy with a Proxy's allowlist. `host_addresses` are the hosting
+    /// machine's own addresses (always denied). Fails, naming each field path under
+    /// `spec.proxy.allowedDestinations`, when the Proxy's list is malformed, reaches outside
+    /// the entry's list, or names a denied network the entry did not lift.
+    pub fn for_proxy(
+        entry: &ProxyPolicy,
+        spec: &Destinations,
+        host_addresses: &[IpAddr],
+    ) -> Result<Self, Vec<String>> {
+        let path = "spec.proxy.allowedDestinations";
+        let mut errs: Vec<String> = check_list(path, &spec.domains, &spec.cidrs, &spec.ports)
+            .into_iter()
+            .map(|(p, m)| format!("{p}: {m}"))
+            .collect();
+        let DestinationAllowlist {
+            domains: e_domains,
+            cidrs: e_cidrs,
+            ports: e_ports,
+        } = &entry.allowed_destinations;
+        let e_nets: Vec<Net> = e_cidrs.iter().filter_map(|c| Net::parse(c)).collect();
+        let lifted: Vec<Net> = entry
+            .allowed_internal_cidrs
+            .iter()
+            .filter_map(|c| Net::parse(c))
+            .collect();
+        let mut denied = denied_networks();
+        for ip in host_addresses {
+            denied.push(Net::new(*ip, if ip.is_ipv4() { 32 } else { 128 }));
+        }
+        let e_domains: Vec<String> = e_domains.iter().map(|d| d.to_ascii_lowercase()).collect();
+        for (i, d) in spec.domains.iter().enumerate() {
+            if !e_domains.is_empty() && !e_domains.iter().any(|o| domain_within(o, d)) {
+                errs.push(format!(
+                    "{path}.domains[{i}]: {d:?} is outside the provider entry's \
+                     policy.allowedDestinations.domains"
+                ));
+            }
+        }
+        let mut cidrs = Vec::new();
+        for (i, c) in spec.cidrs.iter().enumerate() {
+            let Some(n) = Net::parse(c) else { continue };
+            if !e_nets.is_empty() && !e_nets.iter().any(|o| o.contains(&n)) {
+                errs.push(format!(
+                    "{path}.cidrs[{i}]: {c:?} is outside the provider entry's \
+                     policy.allowedDestinations.cidrs"
+                ));
+            } else if !lifted.iter().any(|o| o.contains(&n))
+                && let Some(d) = denied.iter().find(|d| d.overlaps(&n))
+            {
+                errs.push(format!(
+                    "{path}.cidrs[{i}]: {c:?} overlaps {d}, an internal network proxies may \
+                     not reach (only the provider entry's policy.allowedInternalCidrs can \
+                     allow it)"
+                ));
+            }
+            cidrs.push(n);
+        }
+        for (i, p) in spec.ports.iter().enumerate() {
+            if !e_ports.is_empty() && !e_ports.contains(p) {
+                errs.push(format!(
+                    "{path}.ports[{i}]: {p} is outside the provider entry's \
+                     policy.allowedDestinations.ports"
+                ));
+            }
+        }
+        if !errs.is_empty() {
+            return Err(errs);
+        }
+        Ok(Self {
+            min_client_prefix_v4: entry.min_client_prefix_v4,
+            min_client_prefix_v6: entry.min_client_prefix_v6,
+            min_password_length: usize::try_from(entry.min_password_length).unwrap_or(usize::MAX),
+            domains: if spec.domains.is_empty() {
+                e_domains
+            } else {
+                spec.domains.clone()
+            },
+            cidrs: if cidrs.is_empty() { e_nets } else { cidrs },
+            ports: if spec.ports.is_empty() {
+                e_ports.clone()
+            } else {
+                spec.ports.clone()
+            },
+            lifted,
+            denied,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn dests(domains: &[&str], cidrs: &[&str], ports: &[u16]) -> Destinations {
+        Destinations {
+            domains: domains.iter().map(|s| (*s).to_owned()).collect(),
+            cidrs: cidrs.iter().map(|s| (*s).to_owned()).collect(),
+            ports: ports.to_vec(),
+        }
+    }
+
+    #[test]
+    fn networks_are_masked_and_compared_by_containment() {
+        let n = Net::parse("10.1.2.3/8").unwrap();
+        assert_eq!(n.to_string(), "10.0.0.0/8");
+        assert!(n.contains(&Net::parse("10.9.0.0/16").unwrap()));
+        assert!(!n.contains(&Net::parse("0.0.0.0/1").unwrap()));
+        assert!(n.overlaps(&Net::parse("0.0.0.0/1").unwrap()));
+        assert!(!n.overlaps(&Net::parse("2001:db8::/32").unwrap()));
+        assert_eq!(Net::parse("::/0").unwrap().to_string(), "::/0");
+    }
+
+    #[test]
+    fn the_metadata_address_and_cgnat_are_denied_by_default() {
+        let d = denied_networks();
+        for ip in [
+            "169.254.169.254/32",
+            "100.64.0.1/32",
+            "fd00::1/128",
+            "127.0.0.53/32",
+        ] {
+            let n = Net::parse(ip).unwrap();
+            assert!(d.iter().any(|x| x.contains(&n)), "{ip}");
+        }
+        assert!(
+            !d.iter()
+                .any(|x| x.contains(&Net::parse("203.0.113.7/32").unwrap()))
+        );
+    }
+
+    #[test]
+    fn domain_patterns_are_lowercase_names_or_star_suffixes() {
+        for ok in ["example.com", "*.example.com", "a-b.c0.example"] {
+            assert!(is_domain_pattern(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "com",
+            "*.com",
+            "Example.com",
+            "*example.com",
+            "a..b",
+            "1.2.3.4",
+            "ex ample.com",
+            "example.com.",
+            "-a.com",
+            "a.com:443",
+            "*.*.a.com",
+        ] {
+            assert!(!is_domain_pattern(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_proxy_allowlist_only_narrows_the_entry_and_cannot_reach_internal_networks() {
+        let mut entry = ProxyPolicy::default();
+        // Without an entry list, public values pass and internal networks are refused.
+        let ok = GuestPolicy::for_proxy(
+            &entry,
+            &dests(&["*.example.com"], &["203.0.113.0/24"], &[443]),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(ok.ports, [443]);
+        let e =
+            GuestPolicy::for_proxy(&entry, &dests(&[], &["10.1.0.0/16"], &[]), &[]).unwrap_err();
+        assert!(
+            e[0].starts_with("spec.proxy.allowedDestinations.cidrs[0]"),
+            "{e:?}"
+        );
+        let e = GuestPolicy::for_proxy(&entry, &dests(&[], &["0.0.0.0/0"], &[]), &[]).unwrap_err();
+        assert!(e[0].contains("overlaps"), "{e:?}");
+        let host: IpAddr = "198.51.100.9".parse().unwrap();
+        let e = GuestPolicy::for_proxy(&entry, &dests(&[], &["198.51.100.0/24"], &[]), &[host])
+            .unwrap_err();
+        assert!(
+            e[0].contains("198.51.100.9/32"),
+            "the host's own address: {e:?}"
+        );
+        // The entry's list bounds the Proxy's; its allowedInternalCidrs lift the denial.
+        entry.allowed_destinations = DestinationAllowlist {
+            domains: vec!["*.example.com".into()],
+            cidrs: vec!["10.5.0.0/16".into()],
+            ports: vec![443, 8443],
+        };
+        let e =
+            GuestPolicy::for_proxy(&entry, &dests(&[], &["10.5.1.0/24"], &[]), &[]).unwrap_err();
+        assert!(
+            e[0].contains("allowedInternalCidrs"),
+            "not lifted yet: {e:?}"
+        );
+        entry.allowed_internal_cidrs = vec!["10.5.0.0/16".into()];
+        let ok = GuestPolicy::for_proxy(
+            &entry,
+            &dests(
+                &["api.example.com", "*.eu.example.com"],
+                &["10.5.1.0/24"],
+                &[8443],
+            ),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(ok.cidrs, [Net::parse("10.5.1.0/24").unwrap()]);
+        assert_eq!(ok.lifted, [Net::parse("10.5.0.0/16").unwrap()]);
+        let e = GuestPolicy::for_proxy(
+            &entry,
+            &dests(&["example.com", "evil.org"], &["10.6.0.0/16"], &[22]),
+            &[],
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = e.iter().map(|m| m.split(':').next().unwrap()).collect();
+        assert_eq!(
+            paths,
+            [
+                "spec.proxy.allowedDestinations.domains[0]",
+                "spec.proxy.allowedDestinations.domains[1]",
+                "spec.proxy.allowedDestinations.cidrs[0]",
+                "spec.proxy.allowedDestinations.ports[0]",
+            ]
+        );
+        // Without a Proxy list, the entry's applies.
+        let inherit = GuestPolicy::for_proxy(&entry, &Destinations::default(), &[]).unwrap();
+        assert_eq!(inherit.domains, ["*.example.com"]);
+        assert_eq!(inherit.ports, [443, 8443]);
+    }
+}

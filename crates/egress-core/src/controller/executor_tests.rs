@@ -279,3 +279,33 @@ async fn a_proxy_whose_provider_was_edited_is_refused_and_then_deleted_where_it_
     assert_eq!(*home.deletes.lock().unwrap(), ["h2"]);
     assert!(away.deletes.lock().unwrap().is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_new_proxy_is_placed_on_the_host_with_the_fewest_instances_and_creates_in_flight() {
+    let p = Arc::new(Scripted::default());
+    let c = controller(p.clone(), 4);
+    // p1 goes to h1 (a tie breaks by name) and finishes there.
+    let a = c
+        .reconcile(&obj(1, None), &ProxyStatus::default(), now())
+        .await;
+    assert_eq!(a.status.host.as_deref(), Some("h1"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let a = c.reconcile(&obj(1, None), &a.status, now()).await;
+    assert_eq!(a.status.phase, Phase::Running);
+    // h1 holds one instance: p2 goes to h2, and its create in flight counts there at once.
+    p.hang_create.store(true, Ordering::SeqCst);
+    let b = c
+        .reconcile(&obj(2, None), &ProxyStatus::default(), now())
+        .await;
+    assert_eq!(b.status.host.as_deref(), Some("h2"));
+    // 1 and 1: the tie breaks by name again.
+    let d = c
+        .reconcile(&obj(3, None), &ProxyStatus::default(), now())
+        .await;
+    assert_eq!(d.status.host.as_deref(), Some("h1"));
+    // 2 on h1, 1 on h2.
+    let e = c
+        .reconcile(&obj(4, None), &ProxyStatus::default(), now())
+        .await;
+    assert_eq!(e.status.host.as_deref(), Some("h2"));
+}

@@ -94,7 +94,7 @@ impl Controller {
             .or_else(|| providers.get(&obj.spec.provider).cloned());
 
         // Read what is known (no network).
-        let (memory, op_view, location, hosts) = {
+        let (memory, op_view, location) = {
             let mut st = lock(&self.inner.state);
             let location = st.locations.get(&obj.uid).cloned().or_else(|| {
                 status
@@ -102,36 +102,12 @@ impl Controller {
                     .as_deref()
                     .and_then(|s| s.parse::<ProviderId>().ok())
             });
-            let hosts = handle
-                .as_ref()
-                .map(|h| {
-                    let mut view = host_view(
-                        &st,
-                        &h.config.name,
-                        h.config.hosts.iter().map(|c| c.name.as_str()),
-                    );
-                    // Placement prefers a host that can start the work now (see
-                    // FULL_HOST_LOAD); the order by real load is kept within each group.
-                    for c in &h.config.hosts {
-                        if self.inner.limits.work_available(
-                            &h.config.name,
-                            &c.name,
-                            c.max_concurrent,
-                        ) == 0
-                            && let Some(hi) = view.get_mut(&c.name)
-                        {
-                            hi.load = hi.load.saturating_add(FULL_HOST_LOAD);
-                        }
-                    }
-                    view
-                })
-                .unwrap_or_default();
             let o = st.objects.entry(obj.uid).or_default();
             let op_view = take_op_view(o);
             let memory = o.memory.clone();
             // A finished op's result was just taken: the UID's load moves to its location.
             st.refresh_load(&obj.uid);
-            (memory, op_view, location, hosts)
+            (memory, op_view, location)
         };
 
         // Observe (network: one bounded get), only when nothing is in flight.
@@ -145,6 +121,17 @@ impl Controller {
         if let Observed::GetFailed(e) = &observed {
             self.inner.counters.count_error(e.class);
         }
+
+        // The hosts' view (no network), read only when the decision may place a new instance:
+        // nothing in flight and no instance seen (the only paths of `decide` that read it).
+        // NB: building it costs O(hosts of the entry); most reconciles (a create's progress,
+        // a Running instance) need none of it.
+        let may_place = matches!(op_view, OpView::Idle | OpView::DeleteFinished { .. })
+            && matches!(observed, Observed::Unknown | Observed::NotFound(_));
+        let hosts = match &handle {
+            Some(h) if may_place => self.hosts_of(h),
+            _ => Default::default(),
+        };
 
         let entry = handle.as_ref().map(|h| decide::EntryView {
             config: &h.config,
@@ -163,6 +150,35 @@ impl Controller {
             settings,
         });
         self.act(obj, handle.as_ref(), d, now)
+    }
+
+    /// Loads and health of `h`'s hosts for placement, a host with no free work slot sorted
+    /// after every host with one ([`FULL_HOST_LOAD`]).
+    fn hosts_of(
+        &self,
+        h: &crate::providers::ProviderHandle,
+    ) -> std::collections::BTreeMap<String, decide::HostInfo> {
+        let st = lock(&self.inner.state);
+        let mut view = host_view(
+            &st,
+            &h.config.name,
+            h.config.hosts.iter().map(|c| c.name.as_str()),
+        );
+        drop(st);
+        // Placement prefers a host that can start the work now (see FULL_HOST_LOAD); the
+        // order by real load is kept within each group.
+        for c in &h.config.hosts {
+            if self
+                .inner
+                .limits
+                .work_available(&h.config.name, &c.name, c.max_concurrent)
+                == 0
+                && let Some(hi) = view.get_mut(&c.name)
+            {
+                hi.load = hi.load.saturating_add(FULL_HOST_LOAD);
+            }
+        }
+        view
     }
 
     async fn observe(

@@ -578,6 +578,38 @@ fn yaml_and_shape_errors_carry_line_and_column() {
 }
 
 #[test]
+fn a_type_error_is_reported_with_its_field_path_alongside_every_other_error() {
+    let text = edit(
+        &edit(
+            &with("      diskGiB: 10\n", "      diskGiB: -1\n"),
+            "  - name: home",
+            "  - name: a/b",
+        ),
+        "        maxConcurrent: 4",
+        "        maxConcurrent: many\n        bogus: 1",
+    );
+    let e = errs(&text);
+    assert_eq!(
+        paths(&e),
+        [
+            "providers[0].hosts[0].maxConcurrent",
+            "providers[0].hosts[0].bogus",
+            "providers[0].defaults.diskGiB",
+            "providers[0].name",
+        ],
+        "{e}"
+    );
+    let shown = e.to_string();
+    assert!(shown.starts_with("provider config test.yaml: 4 errors"), "{shown}");
+    assert!(
+        shown.contains("providers[0].defaults.diskGiB: invalid value: integer `-1`"),
+        "{shown}"
+    );
+    assert!(shown.contains("providers[0].name: \"a/b\""), "{shown}");
+    assert!(!shown.contains("<input>"), "{shown}");
+}
+
+#[test]
 fn loading_a_config_never_contacts_its_hosts() {
     // A listener stands in for the host's sshd: neither a broken nor a valid config dials it.
     let l = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -4,7 +4,10 @@
 //! - Every `*.yaml`/`*.yml` file directly in the directory is read (no recursion, no hidden
 //!   files); each may hold several `---` documents, each a [`ProxyManifest`].
 //! - Every error names the file, the document index (0-based) and the field path
-//!   (`spec.proxy.port`) or serde-saphyr's line and column for a shape error.
+//!   (`spec.proxy.port`); a shape error (wrong type, unknown or missing field) too, reported
+//!   alongside every other error of its document (see
+//!   [`egress_core::config::lenient`]); only a YAML syntax error is reported alone, with
+//!   serde-saphyr's line and column.
 //! - **Nothing lost on bad input.** A file that fails to read or parse keeps the proxies of
 //!   its last good version; only a file that is removed (or parses to fewer proxies) drops
 //!   proxies. An unreadable directory changes nothing.
@@ -24,6 +27,7 @@ use egress_provider::ProxyUid;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use egress_core::config::lenient;
 use egress_core::model::{API_VERSION, KIND, ProxyManifest, ProxySpec};
 
 /// The namespace UUID under which standalone Proxy UIDs are derived (UUIDv5 of
@@ -208,7 +212,50 @@ pub fn parse_file(file: &Path, text: &str, dir: &Path) -> (Vec<LoadedProxy>, Vec
         }
         let d = doc_index;
         doc_index += 1;
+        // Shape errors first (each with its path), then the rule errors of what remains, not
+        // repeating a rule error at a field whose shape was already wrong.
+        let (parsed, mut shape) = match serde_saphyr::from_str::<ProxyManifest>(&doc) {
+            Ok(m) => (Some(m), None),
+            Err(e) => match lenient::parse_collecting::<ProxyManifest>(&doc) {
+                Ok(c) if !c.errors.is_empty() => (None, Some(c)),
+                Ok(_) | Err(_) => {
+                    errs.push(ManifestError {
+                        file: file.to_path_buf(),
+                        document: Some(d),
+                        path: String::new(),
+                        message: egress_provider::error::redact(&format!(
+                            "not a Proxy manifest (document starts at line {first_line}): {}",
+                            without_input_label(&e.to_string())
+                        )),
+                    });
+                    continue;
+                }
+            },
+        };
+        let mut ok = true;
+        let parsed = match (parsed, shape.as_mut()) {
+            (Some(m), _) => Some(m),
+            (None, Some(c)) => {
+                for e in &c.errors {
+                    errs.push(ManifestError {
+                        file: file.to_path_buf(),
+                        document: Some(d),
+                        path: e.path.clone(),
+                        message: egress_provider::error::redact(&e.message),
+                    });
+                }
+                ok = false;
+                c.value.take()
+            }
+            (None, None) => None,
+        };
+        let Some(m) = parsed else {
+            continue;
+        };
         let mut err = |path: &str, message: String| {
+            if shape.as_ref().is_some_and(|c| c.covers(path)) {
+                return;
+            }
             errs.push(ManifestError {
                 file: file.to_path_buf(),
                 document: Some(d),
@@ -216,17 +263,7 @@ pub fn parse_file(file: &Path, text: &str, dir: &Path) -> (Vec<LoadedProxy>, Vec
                 message: egress_provider::error::redact(&message),
             })
         };
-        let m: ProxyManifest = match serde_saphyr::from_str(&doc) {
-            Ok(m) => m,
-            Err(e) => {
-                err(
-                    "",
-                    format!("not a Proxy manifest (document starts at line {first_line}): {e}"),
-                );
-                continue;
-            }
-        };
-        let mut ok = true;
+
         if m.api_version != API_VERSION {
             err(
                 "apiVersion",
@@ -291,6 +328,14 @@ pub fn parse_file(file: &Path, text: &str, dir: &Path) -> (Vec<LoadedProxy>, Vec
         });
     }
     (out, errs)
+}
+
+/// serde-saphyr's message without the `<input>` label it gives text that has no file name
+/// (the error already names the file and the document).
+fn without_input_label(msg: &str) -> String {
+    msg.replace(" --> <input>", "")
+        .replace("<input>:", "line ")
+        .replace("<input>", "the document")
 }
 
 /// A Kubernetes-style DNS label (RFC 1123): names and namespaces end up in UIDs and
@@ -602,12 +647,44 @@ spec:\n  provider: local\n  image: tiny\n  proxy:\n    allowedClientCidrs: [10.0
     }
 
     #[test]
+    fn a_type_error_is_reported_with_its_field_path_alongside_every_other_error() {
+        let doc = "apiVersion: egress-proxies.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: a/b\n\
+                   spec:\n  provider: home\n  image: debian-12\n  resources: {diskGiB: -1}\n  \
+                   proxy:\n    port: 0\n    allowedClientCidrs: [10.0.0.0/8]\n";
+        let (ok, errs) = parse_file(Path::new("/d/a.yaml"), doc, Path::new("/d"));
+        assert!(ok.is_empty());
+        let paths: Vec<_> = errs.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["spec.resources.diskGiB", "metadata.name", "spec.proxy.port"],
+            "{errs:?}"
+        );
+        assert!(errs[0].message.contains("-1"), "{}", errs[0]);
+        for e in &errs {
+            let shown = e.to_string();
+            assert!(shown.starts_with("/d/a.yaml document 0: "), "{shown}");
+            assert!(!shown.contains("<input>"), "{shown}");
+        }
+        // A syntax error is reported alone, naming the file, not `<input>`.
+        let (_, errs) = parse_file(Path::new("/d/b.yaml"), "kind: [unclosed\n", Path::new("/d"));
+        assert_eq!(errs.len(), 1);
+        let shown = errs[0].to_string();
+        assert!(shown.starts_with("/d/b.yaml document 0: "), "{shown}");
+        assert!(!shown.contains("<input>"), "{shown}");
+    }
+
+    #[test]
     fn a_shape_error_names_the_file_and_document() {
         let text = format!("{P1}---\nkind: Proxy\nbogus: 1\n");
         let (ok, errs) = parse_file(Path::new("/d/a.yaml"), &text, Path::new("/d"));
         assert_eq!(ok.len(), 1);
-        assert_eq!(errs.len(), 1);
-        assert!(errs[0].to_string().starts_with("/d/a.yaml document 1: "));
+        // The unknown field and every missing one, each with its path.
+        let paths: Vec<_> = errs.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths[0], "bogus", "{errs:?}");
+        assert!(paths.contains(&"metadata") && paths.contains(&"spec"), "{errs:?}");
+        for e in &errs {
+            assert!(e.to_string().starts_with("/d/a.yaml document 1: "), "{e}");
+        }
     }
 
     #[test]

@@ -8,8 +8,10 @@
 //! Guarantees:
 //! - **All errors at once.** A file that parses is validated completely; every violation is
 //!   reported, each naming its field path (`providers[0].hosts[1].address`) and the bad value.
-//!   A YAML syntax or shape error (unknown field, wrong type) is reported alone, with the line
-//!   and column serde-saphyr gives.
+//!   A shape error (unknown field, wrong type, missing field) is reported with its field path
+//!   alongside every other shape error and every rule violation of the rest of the file
+//!   (see [`lenient`]); only a YAML syntax error is reported alone, with the line and column
+//!   serde-saphyr gives.
 //! - **Redacted.** Every message passes through [`egress_provider::error::redact`], so a URL
 //!   carrying credentials never reaches a log or a terminal (finding L24).
 //! - **No side effects.** [`load`] reads the one file and nothing else: no host is dialed, no
@@ -19,6 +21,7 @@
 //!   provider may rely on them (e.g. size arithmetic cannot overflow, finding L20).
 
 mod entry;
+pub mod lenient;
 mod validate;
 
 use std::fmt;
@@ -173,6 +176,50 @@ impl fmt::Display for ConfigErrors {
     }
 }
 
+/// Every error of a file whose typed parse failed with `first`: its shape errors with their
+/// paths, then the rule violations of what remains (see [`lenient`]).
+fn shape_errors(text: &str, origin: &str, first: &str) -> ConfigErrors {
+    let whole = |m: &str| {
+        ConfigErrors::single(
+            origin,
+            ConfigError::new("", format!("not a valid provider config: {m}")),
+        )
+    };
+    let collected = match lenient::parse_collecting::<RawFile>(text) {
+        Ok(c) if !c.errors.is_empty() => c,
+        // A syntax error, or (never expected) a tree that reads where the text did not.
+        Ok(_) => return whole(first),
+        Err(syntax) => return whole(&syntax),
+    };
+    // The typed parse stopped at the first of these errors (both walk the file in order):
+    // it keeps the line and column serde-saphyr gave.
+    let at = lenient::location(first);
+    let mut errors: Vec<ConfigError> = collected
+        .errors
+        .iter()
+        .enumerate()
+        .map(|(i, e)| match (i, &at) {
+            (0, Some(at)) => ConfigError::new(e.path.clone(), format!("{} ({at})", e.message)),
+            _ => ConfigError::new(e.path.clone(), &e.message),
+        })
+        .collect();
+    let mut warnings = Vec::new();
+    if let Some(raw) = &collected.value {
+        let (rule_errors, w) = validate(&raw.providers);
+        errors.extend(
+            rule_errors
+                .into_iter()
+                .filter(|e| !collected.covers(&e.path)),
+        );
+        warnings = w;
+    }
+    ConfigErrors {
+        origin: origin.to_owned(),
+        errors,
+        warnings,
+    }
+}
+
 /// Reads the file at `path` (and nothing else) and [`parse`]s it with the path as origin.
 /// Fails with a single error when the file cannot be read, is larger than
 /// [`MAX_CONFIG_BYTES`] or is not UTF-8.
@@ -197,16 +244,15 @@ pub fn load(path: &Path) -> Result<ProviderConfig, ConfigErrors> {
 
 /// Parses and validates `text`; `origin` labels it in messages. Does no I/O.
 ///
-/// A YAML or shape error (syntax, unknown field, wrong type, unknown `type:`) is returned
-/// alone with serde-saphyr's line and column; otherwise every rule violation is returned
-/// together. Warnings ride along in `Ok` and in `Err`.
+/// A YAML syntax error is returned alone with serde-saphyr's line and column. Otherwise every
+/// shape error (unknown field, wrong type, missing field, unknown `type:`) with its field
+/// path and every rule violation are returned together (rule errors at a field that has a
+/// shape error are not repeated). Warnings ride along in `Ok` and in `Err`.
 pub fn parse(text: &str, origin: &str) -> Result<ProviderConfig, ConfigErrors> {
-    let raw: RawFile = serde_saphyr::from_str(text).map_err(|e| {
-        ConfigErrors::single(
-            origin,
-            ConfigError::new("", format!("not a valid provider config: {e}")),
-        )
-    })?;
+    let raw: RawFile = match serde_saphyr::from_str(text) {
+        Ok(raw) => raw,
+        Err(first) => return Err(shape_errors(text, origin, &first.to_string())),
+    };
     let (errors, warnings) = validate(&raw.providers);
     if errors.is_empty() {
         Ok(ProviderConfig {

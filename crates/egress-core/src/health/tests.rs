@@ -83,14 +83,59 @@ fn egress_matching_handles_ips_cidrs_and_families() {
     assert!(!egress_matches("nonsense", ip("203.0.113.7")));
 }
 
-#[test]
-fn a_new_address_resets_the_state_but_an_unprobed_round_keeps_it() {
+#[tokio::test]
+async fn a_new_address_resets_the_state_but_an_unprobed_round_keeps_it() {
     // finding: H3
     let s = settings();
     let mut h = ProxyHealth::default();
     h.record(addr(), &ok("203.0.113.7"), None, &s, t(0));
     h.record(addr(), &ok("203.0.113.7"), None, &s, t(1));
     assert_eq!(h.state, HealthState::Healthy);
+
+    // An address gap: the instance's address read failed transiently, so the Proxy is
+    // briefly Provisioning without an address. It is not a probe target then ...
+    let uid = ProxyUid::parse_strict("0f8fad5b-d9cb-469f-a165-70867728950e").unwrap();
+    let spec = crate::model::ProxySettings {
+        port: 3128,
+        ..crate::model::ProxySettings::default()
+    };
+    let gap = ProxyStatus {
+        phase: Phase::Provisioning,
+        ip: None,
+        ..ProxyStatus::default()
+    };
+    assert!(ProbeTarget::of(uid, "default/p1".into(), &spec, None, &gap).is_none());
+    // ... and rounds that do not probe it keep its state, Healthy, with its counts.
+    let engine = HealthEngine::new(settings());
+    lock(&engine.states).insert(uid, h.clone());
+    for _ in 0..3 {
+        let r = tokio::time::timeout(Duration::from_secs(5), engine.round(Vec::new()))
+            .await
+            .expect("an empty round finishes at once");
+        assert_eq!(r.probed, 0);
+    }
+    let kept = engine.get(&uid).unwrap();
+    assert_eq!(kept, h, "an unprobed round changes nothing");
+    // Its status keeps what was seen through the gap (healthy, the egress address); the
+    // condition says it is not running rather than unhealthy.
+    let mut st = gap.clone();
+    apply_to_status(&mut st, Some(&kept), None, t(2), 1);
+    let hs = st.health.clone().unwrap();
+    assert_eq!(hs.healthy, Some(true), "{st:?}");
+    assert_eq!(hs.egress_ip.as_deref(), Some("203.0.113.7"));
+    assert_ne!(
+        st.condition(condition::HEALTHY).unwrap().status,
+        ConditionStatus::False,
+        "{st:?}"
+    );
+    // The same address back: one more success, still Healthy (no start over).
+    let back = running();
+    let target = ProbeTarget::of(uid, "default/p1".into(), &spec, None, &back).unwrap();
+    assert_eq!(target.endpoint.addr, addr());
+    h.record(addr(), &ok("203.0.113.7"), None, &s, t(3));
+    assert_eq!(h.state, HealthState::Healthy);
+    assert_eq!(h.consecutive_successes, 3);
+
     let other: SocketAddr = "192.0.2.11:3128".parse().unwrap();
     h.record(other, &ok("203.0.113.7"), None, &s, t(2));
     assert_eq!(

@@ -356,8 +356,9 @@ struct FileState {
     stamp: Stamp,
     /// sha256 of the content last read.
     content_hash: [u8; 32],
-    /// The proxies of the last good version (empty when it never parsed).
-    good: Vec<LoadedProxy>,
+    /// The proxies of the last good version (empty when it never parsed); shared with the
+    /// [`Desired`] sets built from them (one copy of each Proxy, however many scans).
+    good: Vec<Arc<LoadedProxy>>,
     /// The errors of the current version (empty when it is good).
     errors: Vec<ManifestError>,
 }
@@ -382,7 +383,7 @@ fn file_stamp(p: &Path) -> (Option<SystemTime>, u64) {
 pub struct Desired {
     /// Every proxy by UID, with its generation (shared: a scan that found no change hands
     /// back the previous set without copying it).
-    pub proxies: Arc<BTreeMap<ProxyUid, (LoadedProxy, i64)>>,
+    pub proxies: Arc<BTreeMap<ProxyUid, (Arc<LoadedProxy>, i64)>>,
     /// Every current error (bad files, bad documents, duplicates), as display strings.
     pub errors: Vec<String>,
     /// Whether the directory itself could be listed (when false the set is the previous one).
@@ -493,7 +494,7 @@ impl ManifestStore {
                 if gen_entry.0 != p.spec_hash {
                     *gen_entry = (p.spec_hash, gen_entry.1.saturating_add(1));
                 }
-                proxies.insert(p.uid, (p.clone(), gen_entry.1));
+                proxies.insert(p.uid, (Arc::clone(p), gen_entry.1));
             }
         }
         desired.proxies = Arc::new(proxies);
@@ -573,7 +574,7 @@ impl ManifestStore {
             })
             .collect();
         let good = if errors.is_empty() {
-            proxies
+            proxies.into_iter().map(Arc::new).collect()
         } else {
             // NB: a file with any bad document keeps its previous good version whole; taking
             // its good documents alone would delete the proxy whose document just broke.
@@ -681,7 +682,10 @@ spec:\n  provider: local\n  image: tiny\n  proxy:\n    allowedClientCidrs: [10.0
         // The unknown field and every missing one, each with its path.
         let paths: Vec<_> = errs.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(paths[0], "bogus", "{errs:?}");
-        assert!(paths.contains(&"metadata") && paths.contains(&"spec"), "{errs:?}");
+        assert!(
+            paths.contains(&"metadata") && paths.contains(&"spec"),
+            "{errs:?}"
+        );
         for e in &errs {
             assert!(e.to_string().starts_with("/d/a.yaml document 1: "), "{e}");
         }

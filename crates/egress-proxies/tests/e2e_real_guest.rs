@@ -424,6 +424,7 @@ async fn inside_the_namespace() {
              sshKeyFile: {key}\n        knownHostsFile: {kh}\n        maxConcurrent: 2\n    \
              images:\n      {IMAGE_KEY}:\n        url: {url}\n        sha256: {sha}\n        \
              format: qcow2\n        firmware: uefi\n    \
+             policy:\n      allowedInternalCidrs: [{lan}]\n    \
              defaults:\n      diskGiB: {DISK_GIB}\n      memoryMiB: {MEMORY_MIB}\n      vcpus: 1\n",
             port = sshd.port,
             pool = pool.name,
@@ -432,6 +433,9 @@ async fn inside_the_namespace() {
             kh = sshd.known_hosts_path.display(),
             url = server.url,
             sha = image.sha256,
+            // NB: the echo servers live on the test network's bridge, an internal (benchmark
+            // range) network the guest's policy denies unless the entry lifts it.
+            lan = format!("{}/24", net.ip(0)),
         ),
     )
     .unwrap();

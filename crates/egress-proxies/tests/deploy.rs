@@ -168,7 +168,9 @@ fn the_operator_pod_is_non_root_read_only_capability_free_and_memory_bounded() {
     assert!(sc["capabilities"]["add"].is_null());
     let limit = c["resources"]["limits"]["memory"].as_str().unwrap();
     let mib: u64 = limit.strip_suffix("Mi").unwrap().parse().unwrap();
-    assert!(mib <= 64, "memory limit {limit} exceeds the 64 MiB budget");
+    // NB: the budget is the Kubernetes-mode peak measured with 1000 Proxies (docs/benchmarks.md:
+    // ~44 MiB) plus an image import's ~18 MiB, with headroom; a larger limit hides a leak.
+    assert!(mib <= 96, "memory limit {limit} exceeds the 96 MiB budget");
     assert!(c["resources"]["requests"]["memory"].is_string());
     assert!(c["resources"]["requests"]["cpu"].is_string());
     let port = &c["ports"][0];

@@ -47,6 +47,9 @@ const OTHER_PORT: u16 = 8081;
 const PUBLIC: &str = "198.51.100.1";
 const PRIVATE: &str = "10.9.9.1";
 const METADATA: &str = "169.254.169.254";
+/// The default gateway of [`Netns::add_gateway`] (TEST-NET-3: not a denied network, so
+/// only the gateway rule refuses it).
+const GATEWAY: &str = "203.0.113.1";
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -197,6 +200,23 @@ impl Netns {
             }
             assert!(t0.elapsed() < START_DEADLINE, "port {port} never listened");
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Gives the namespace a default route via [`GATEWAY`] (on a veth pair inside it), as a
+    /// guest's DHCP does; the gateway address also answers HTTP (the echo binds 0.0.0.0).
+    fn add_gateway(&self) {
+        for cmd in [
+            "link add v0 type veth peer name v1",
+            "link set v0 up",
+            "link set v1 up",
+            "addr add 203.0.113.2/24 dev v0",
+            &format!("addr add {GATEWAY}/32 dev v1"),
+            &format!("route add default via {GATEWAY} dev v0"),
+        ] {
+            let mut a = vec!["ip", "-n", &self.name];
+            a.extend(cmd.split(' '));
+            run(&a);
         }
     }
 
@@ -598,4 +618,74 @@ fn dante_starts_with_username_auth_and_the_password_survives_the_start_script() 
         String::from_utf8_lossy(&out.stdout),
         format!("alice:{pw}\n")
     );
+}
+
+#[test]
+fn the_start_script_never_sets_the_password_of_an_existing_account() {
+    // `libvirt-qemu` exists on this machine (libvirt creates it) and is not on the reserved
+    // list: the guest-side check is what refuses it. useradd and chpasswd are shell
+    // functions here that only say they ran.
+    assert!(
+        Command::new("id")
+            .arg("libvirt-qemu")
+            .output()
+            .unwrap()
+            .status
+            .success(),
+        "libvirt-qemu is missing: run `bash .ci/setup-host` (libvirt-daemon-system)"
+    );
+    let script_for = |user: &str| {
+        let creds = ProxyCredentials {
+            username: user.into(),
+            password: "s3cr3t-pw-16chars".into(),
+        };
+        let ud = render(
+            &settings(ProxyProtocol::Socks5, &[]),
+            Some(&creds),
+            &policy(&[], Destinations::default()),
+        )
+        .unwrap();
+        let script = staged(&ud, "start.sh");
+        let from = script.find("if id -u").unwrap();
+        let to = script.find("| chpasswd").unwrap() + "| chpasswd".len();
+        format!(
+            "useradd() {{ echo useradd; }}\nadduser() {{ echo adduser; }}\n\
+             chpasswd() {{ echo chpasswd; }}\n{}\n",
+            &script[from..to]
+        )
+    };
+    let run = |s: String| Command::new("sh").args(["-c", &s]).output().unwrap();
+    let existing = run(script_for("libvirt-qemu"));
+    assert!(!existing.status.success());
+    assert_eq!(String::from_utf8_lossy(&existing.stdout), "", "nothing ran");
+    let fresh = run(script_for("ep-test-no-such-user"));
+    assert!(fresh.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&fresh.stdout),
+        "useradd\nchpasswd\n"
+    );
+}
+
+#[test]
+fn the_guests_default_gateway_is_refused_unless_the_entry_lifts_it() {
+    // The gateway stands for the host: its address as the guest sees it.
+    require("/usr/bin/tinyproxy");
+    for (lift, passes) in [(&[][..], false), (&["203.0.113.0/24"][..], true)] {
+        let mut ns = Netns::new();
+        ns.add_gateway();
+        let ud = render(
+            &settings(ProxyProtocol::Http, &["127.0.0.0/8"]),
+            None,
+            &policy(lift, Destinations::default()),
+        )
+        .unwrap();
+        ns.firewall(&ud);
+        ns.tinyproxy(&ud);
+        ns.fetch(HTTP, &url(PUBLIC, ECHO_PORT)).unwrap();
+        assert_eq!(
+            ns.fetch(HTTP, &url(GATEWAY, ECHO_PORT)).is_ok(),
+            passes,
+            "lifted: {lift:?}"
+        );
+    }
 }

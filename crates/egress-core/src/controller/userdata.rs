@@ -21,8 +21,8 @@
 //! - Destination policy ([`GuestPolicy`]), enforced in the guest: nftables rules (table
 //!   `inet egress_proxy`, applied before the proxy starts and again before every service
 //!   start on systemd) reject the proxy user's new connections to denied networks and the
-//!   host's addresses (the default gateway added at boot), and outside the allowed CIDRs
-//!   and ports; DNS to the resolvers of `/etc/resolv.conf` stays open. tinyproxy enforces
+//!   host's addresses (the default gateway added at boot) unless the entry lifted them
+//!   (`policy.allowedInternalCidrs`), and outside the allowed CIDRs and ports; DNS to the resolvers of `/etc/resolv.conf` stays open. tinyproxy enforces
 //!   the domain allowlist (`Filter`, `FilterDefaultDeny`) and the ports for CONNECT
 //!   (`ConnectPort`); dante blocks denied networks (also for names, which it resolves) and
 //!   passes only allowed domains and CIDRs. If the rules cannot be applied, the proxy is not
@@ -405,20 +405,12 @@ fn http(
     (files, script)
 }
 
-/// dante's own destination rules, first match wins: the host's addresses blocked; the
-/// networks the entry lifted passed (when no domain list needs checking too); the denied
-/// networks blocked (dante resolves a requested name to check these); then the allowed
-/// domains or CIDRs (or anything) passed for each client network. Ports are left to the
-/// firewall (dante takes one port per rule; the rule count would multiply).
+/// dante's own destination rules, first match wins: the networks the entry lifted passed
+/// (when no domain list needs checking too); the host's addresses and the denied networks
+/// blocked (dante resolves a requested name to check these); then the allowed domains or
+/// CIDRs (or anything) passed for each client network. Ports are left to the firewall
+/// (dante takes one port per rule; the rule count would multiply).
 fn dante_destination_rules(conf: &mut String, from: &[&str], policy: &GuestPolicy) {
-    let host: Vec<&Net> = policy
-        .denied
-        .iter()
-        .filter(|n| n.len == if n.addr.is_ipv4() { 32 } else { 128 })
-        .collect();
-    for n in &host {
-        let _ = writeln!(conf, "socks block {{\n  from: 0/0 to: {n}\n}}");
-    }
     let pass = |conf: &mut String, to: &str| {
         for f in from {
             let _ = writeln!(
@@ -433,6 +425,14 @@ fn dante_destination_rules(conf: &mut String, from: &[&str], policy: &GuestPolic
                 pass(conf, &l.to_string());
             }
         }
+    }
+    let host: Vec<&Net> = policy
+        .denied
+        .iter()
+        .filter(|n| n.len == if n.addr.is_ipv4() { 32 } else { 128 })
+        .collect();
+    for n in &host {
+        let _ = writeln!(conf, "socks block {{\n  from: 0/0 to: {n}\n}}");
     }
     for d in &policy.denied {
         if host.contains(&d) || policy.lifted.iter().any(|l| l.overlaps(d)) {

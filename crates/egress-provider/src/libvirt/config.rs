@@ -73,8 +73,9 @@ pub struct ProxyPolicy {
     /// Destinations the entry's proxies may reach; empty lists restrict nothing.
     #[serde(default)]
     pub allowed_destinations: DestinationAllowlist,
-    /// Internal networks (private, loopback, link-local, ...; denied by default) the entry's
-    /// proxies may reach nevertheless, e.g. an internal service. CIDR notation.
+    /// Internal networks (private, loopback, link-local, ..., and the host's own addresses;
+    /// denied by default) the entry's proxies may reach nevertheless, e.g. an internal
+    /// service. CIDR notation.
     #[serde(default)]
     pub allowed_internal_cidrs: Vec<String>,
 }

@@ -80,8 +80,8 @@ pub fn firewall_script(policy: &GuestPolicy, user: &str) -> String {
         );
     }
     rules.push_str(
-        "    ip daddr @host4 reject\n    ip6 daddr @host6 reject\n    \
-         ip daddr @lifted4 goto dest\n    ip6 daddr @lifted6 goto dest\n    \
+        "    ip daddr @lifted4 goto dest\n    ip6 daddr @lifted6 goto dest\n    \
+         ip daddr @host4 reject\n    ip6 daddr @host6 reject\n    \
          ip daddr @denied4 reject\n    ip6 daddr @denied6 reject\n    goto dest\n  }\n",
     );
     rules.push_str("  chain dest {\n");

@@ -689,3 +689,55 @@ fn the_guests_default_gateway_is_refused_unless_the_entry_lifts_it() {
         );
     }
 }
+
+#[test]
+fn the_start_and_firewall_scripts_are_valid_shell_and_the_openrc_service_renders() {
+    let creds = ProxyCredentials {
+        username: "alice".into(),
+        password: "s3cr3t-pw-16chars".into(),
+    };
+    for proto in [ProxyProtocol::Http, ProxyProtocol::Socks5] {
+        let ud = render(
+            &settings(proto, &["10.0.0.0/8"]),
+            Some(&creds),
+            &policy(&[], Destinations::default()),
+        )
+        .unwrap();
+        for name in ["start.sh", "firewall.sh"] {
+            let o = Command::new("sh")
+                .args(["-n", "-c", &staged(&ud, name)])
+                .output()
+                .unwrap();
+            assert!(
+                o.status.success(),
+                "{proto:?} {name}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        // The systemd drop-in and the OpenRC service the start script writes, printed
+        // instead of written.
+        let script = staged(&ud, "start.sh");
+        let line = script
+            .lines()
+            .find(|l| l.contains(".service.d/egress-proxy.conf"))
+            .unwrap();
+        let line = &line[..line.find(" > ").unwrap()];
+        let o = Command::new("sh").args(["-c", line]).output().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            "[Service]\nExecStartPre=/bin/sh /etc/egress-proxy/firewall.sh\n"
+        );
+        let line = script
+            .lines()
+            .find(|l| l.contains("> /etc/init.d/egress-proxy-firewall"))
+            .unwrap()
+            .replace("> /etc/init.d/egress-proxy-firewall", "");
+        let o = Command::new("sh").args(["-c", &line]).output().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            "#!/sbin/openrc-run\ndescription=\"egress-proxy destination firewall\"\n\
+             depend() { need net; before tinyproxy danted sockd; }\n\
+             start() { sh /etc/egress-proxy/firewall.sh; }\n"
+        );
+    }
+}

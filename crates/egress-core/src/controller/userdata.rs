@@ -46,8 +46,8 @@ use crate::proxy_policy::{GuestPolicy, Net, is_domain_pattern};
 
 mod firewall;
 
+use self::firewall::apply_firewall;
 pub use self::firewall::firewall_script;
-use self::firewall::firewall_then_start;
 
 /// Where the staged files live in the guest.
 pub const STAGE_DIR: &str = "/etc/egress-proxy";
@@ -393,7 +393,8 @@ fn http(
             "install -m 0644 {STAGE_DIR}/tinyproxy.filter /etc/tinyproxy/egress-filter"
         );
     }
-    firewall_then_start(&mut script, "tinyproxy", "tinyproxy");
+    apply_firewall(&mut script, "tinyproxy");
+    start_service(&mut script, "tinyproxy", "tinyproxy");
     files.insert(
         0,
         StagedFile {
@@ -506,6 +507,7 @@ fn socks5(
             p = c.password
         );
     }
+    apply_firewall(&mut script, "danted");
     script.push_str(
         "IFACE=$(ip -o route show default 2>/dev/null | awk '{print $5; exit}')\n\
          [ -n \"$IFACE\" ] || IFACE=eth0\n",
@@ -517,10 +519,9 @@ fn socks5(
          # Alpine's dante-server reads /etc/sockd.conf and runs as the sockd service.\n\
          if [ -e /etc/init.d/sockd ]; then cp /etc/danted.conf /etc/sockd.conf; fi\n\
          if [ -e /etc/init.d/sockd ] && ! [ -d /run/systemd/system ]; then\n  \
-         sh {STAGE_DIR}/firewall.sh || exit 1\n  \
          rc-update add sockd default\n  rc-service sockd restart\n  exit 0\nfi"
     );
-    firewall_then_start(&mut script, "danted", "danted");
+    start_service(&mut script, "danted", "danted");
     (
         vec![StagedFile {
             name: "danted.conf",
@@ -866,6 +867,16 @@ mod tests {
             assert!(
                 script.contains("ExecStartPre=/bin/sh /etc/egress-proxy/firewall.sh"),
                 "re-applied on every start: {script}"
+            );
+            let openrc = script.find("rc_need=\"egress-proxy-firewall\"").unwrap();
+            let rc_start = script.find(&format!("rc-service {svc} restart")).unwrap();
+            assert!(
+                apply < openrc && openrc < rc_start,
+                "OpenRC needs it too: {script}"
+            );
+            assert!(
+                script.contains("start() { sh /etc/egress-proxy/firewall.sh; }"),
+                "{script}"
             );
         }
     }

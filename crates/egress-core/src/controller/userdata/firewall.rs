@@ -1,27 +1,35 @@
 //! The guest's destination firewall: the nftables script `firewall.sh` that user-data
 //! stages, and the start-script lines that apply it before the proxy starts (fail closed)
-//! and, on systemd, before every later start of the proxy's service.
+//! and before every later start of the proxy's service (systemd and OpenRC).
 
 use std::fmt::Write as _;
 
-use super::{STAGE_DIR, start_service};
+use super::STAGE_DIR;
 use crate::proxy_policy::{GuestPolicy, Net};
 
-/// The shell that applies the firewall (fail closed) and, on systemd, re-applies it before
-/// every start of `unit` (a reboot or a restart), then starts the service.
-pub(super) fn firewall_then_start(out: &mut String, systemd: &str, openrc: &str) {
+/// The shell that applies the firewall (fail closed: the script exits when it fails) and
+/// makes every later start of the proxy's service (a reboot, a restart) apply it first: on
+/// systemd an `ExecStartPre=` drop-in for `unit`; on OpenRC a service
+/// `egress-proxy-firewall` that tinyproxy, danted and sockd need (`rc_need` in their
+/// `/etc/conf.d` files), so they do not start when it fails.
+pub(super) fn apply_firewall(out: &mut String, unit: &str) {
     let _ = writeln!(
         out,
         "if ! sh {STAGE_DIR}/firewall.sh; then\n  \
          echo 'egress-proxy: the destination firewall could not be applied; not starting the proxy' >&2\n  \
          exit 1\nfi\n\
          if [ -d /run/systemd/system ]; then\n  \
-         mkdir -p /etc/systemd/system/{systemd}.service.d\n  \
-         printf '[Service]\\nExecStartPre=/bin/sh {STAGE_DIR}/firewall.sh\\n' > /etc/systemd/system/{systemd}.service.d/egress-proxy.conf\n  \
+         mkdir -p /etc/systemd/system/{unit}.service.d\n  \
+         printf '[Service]\\nExecStartPre=/bin/sh {STAGE_DIR}/firewall.sh\\n' > /etc/systemd/system/{unit}.service.d/egress-proxy.conf\n  \
          systemctl daemon-reload\n\
+         elif command -v rc-service >/dev/null 2>&1; then\n  \
+         printf '#!/sbin/openrc-run\\ndescription=\"egress-proxy destination firewall\"\\ndepend() {{ need net; before tinyproxy danted sockd; }}\\nstart() {{ sh {STAGE_DIR}/firewall.sh; }}\\n' > /etc/init.d/egress-proxy-firewall\n  \
+         chmod 0755 /etc/init.d/egress-proxy-firewall\n  \
+         rc-update add egress-proxy-firewall default\n  \
+         mkdir -p /etc/conf.d\n  \
+         for s in tinyproxy danted sockd; do echo 'rc_need=\"egress-proxy-firewall\"' >> /etc/conf.d/$s; done\n\
          fi"
     );
-    start_service(out, systemd, openrc);
 }
 
 /// The nftables set declaration `name` of `family` holding `nets` (none: an empty set).

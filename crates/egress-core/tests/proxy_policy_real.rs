@@ -714,9 +714,20 @@ fn the_start_and_firewall_scripts_are_valid_shell_and_the_openrc_service_renders
                 String::from_utf8_lossy(&o.stderr)
             );
         }
+        let script = staged(&ud, "start.sh");
+        // Fail closed: when the firewall cannot be applied (here: no firewall script at
+        // /etc/egress-proxy), the start script stops there.
+        assert!(!Path::new("/etc/egress-proxy/firewall.sh").exists());
+        let from = script
+            .find("if ! sh /etc/egress-proxy/firewall.sh")
+            .unwrap();
+        let to = from + script[from..].find("\nfi\n").unwrap() + 4;
+        let block = format!("{}echo still-running\n", &script[from..to]);
+        let o = Command::new("sh").args(["-c", &block]).output().unwrap();
+        assert!(!o.status.success(), "{proto:?}");
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "", "{proto:?}: stopped");
         // The systemd drop-in and the OpenRC service the start script writes, printed
         // instead of written.
-        let script = staged(&ud, "start.sh");
         let line = script
             .lines()
             .find(|l| l.contains(".service.d/egress-proxy.conf"))
@@ -732,6 +743,24 @@ fn the_start_and_firewall_scripts_are_valid_shell_and_the_openrc_service_renders
             .find(|l| l.contains("> /etc/init.d/egress-proxy-firewall"))
             .unwrap()
             .replace("> /etc/init.d/egress-proxy-firewall", "");
+        // Every proxy service needs it: the conf.d lines, written into a scratch directory.
+        let confd = tempfile::tempdir().unwrap();
+        let needs = script
+            .lines()
+            .find(|l| l.contains("rc_need="))
+            .unwrap()
+            .replace("/etc/conf.d/", &format!("{}/", confd.path().display()));
+        assert!(
+            Command::new("sh")
+                .args(["-c", &needs])
+                .status()
+                .unwrap()
+                .success()
+        );
+        for svc in ["tinyproxy", "danted", "sockd"] {
+            let text = std::fs::read_to_string(confd.path().join(svc)).unwrap_or_default();
+            assert_eq!(text, "rc_need=\"egress-proxy-firewall\"\n", "{svc}");
+        }
         let o = Command::new("sh").args(["-c", &line]).output().unwrap();
         assert_eq!(
             String::from_utf8_lossy(&o.stdout),

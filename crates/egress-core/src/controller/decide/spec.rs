@@ -158,3 +158,71 @@ fn host_ip(address: &str) -> Option<std::net::IpAddr> {
     }
     address.split_once(':').and_then(|(ip, _)| ip.parse().ok())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+    use super::*;
+    use crate::controller::test_fixtures::{entry, uid};
+    use crate::model::{ProxySettings, ProxySpec, Resources};
+
+    fn obj() -> ProxyObject {
+        ProxyObject {
+            namespace: "default".into(),
+            name: "p1".into(),
+            uid: uid(1),
+            generation: 1,
+            spec: ProxySpec {
+                provider: "home".into(),
+                host: None,
+                image: "debian-12".into(),
+                resources: Resources::default(),
+                proxy: ProxySettings {
+                    allowed_client_cidrs: vec!["10.0.0.0/8".into()],
+                    ..ProxySettings::default()
+                },
+            },
+            deleting: false,
+            credentials: None,
+        }
+    }
+
+    #[test]
+    fn a_host_address_is_an_ip_only_when_it_is_one() {
+        for (a, ip) in [
+            ("198.51.100.9", Some("198.51.100.9")),
+            ("198.51.100.9:2222", Some("198.51.100.9")),
+            ("[2001:db8::9]:22", Some("2001:db8::9")),
+            ("2001:db8::9", Some("2001:db8::9")),
+            ("kvm1.example.com:22", None),
+            ("local", None),
+        ] {
+            assert_eq!(host_ip(a).map(|i| i.to_string()).as_deref(), ip, "{a}");
+        }
+    }
+
+    #[test]
+    fn the_guest_firewall_denies_the_placed_hosts_address_and_a_bad_allowlist_is_permanent() {
+        let mut e = entry(2);
+        e.hosts[0].address = "198.51.100.9:22".into();
+        e.hosts[1].address = "198.51.100.10".into();
+        let r = request(&obj(), &e, "h1").unwrap();
+        assert!(
+            r.user_data.contains("elements = { 198.51.100.9/32 }"),
+            "{}",
+            r.user_data
+        );
+        assert!(
+            !r.user_data.contains("198.51.100.10"),
+            "only the placed host"
+        );
+        let mut o = obj();
+        o.spec.proxy.allowed_destinations.cidrs = vec!["10.1.0.0/16".into()];
+        let (permanent, msg) = request(&o, &e, "h1").unwrap_err();
+        assert!(permanent, "{msg}");
+        assert!(
+            msg.starts_with("spec.proxy.allowedDestinations.cidrs[0]"),
+            "{msg}"
+        );
+    }
+}

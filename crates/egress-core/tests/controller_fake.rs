@@ -31,6 +31,18 @@ const CONVERGE_BUDGET: Duration = Duration::from_secs(60);
 const ROUND: Duration = Duration::from_millis(20);
 /// Reconcile deadline in these tests: short, so a frozen host's reads give up quickly.
 const TEST_RECONCILE_DEADLINE: Duration = Duration::from_secs(2);
+/// Deadline of each single await of these tests outside a polling loop (one reconcile, one
+/// provider call, one batch of reconciles).
+// NB: each is milliseconds against the fake and bounded by the short provider budgets
+// (1-5 s) and the reconcile deadline; 30 s only turns a hang into a failure.
+const STEP_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Awaits `f` within [`STEP_DEADLINE`]; panics naming `what` when it does not finish.
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(STEP_DEADLINE, f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish within {STEP_DEADLINE:?}"))
+}
 
 struct Setup {
     fakes: BTreeMap<String, FakeLibvirt>,
@@ -120,7 +132,11 @@ async fn round(
     for (i, o) in objs.iter().enumerate() {
         let st = statuses.get(&o.uid).cloned().unwrap_or_default();
         let t = Instant::now();
-        let out = s.controller.reconcile(o, &st, SystemTime::now()).await;
+        let out = within(
+            "a reconcile",
+            s.controller.reconcile(o, &st, SystemTime::now()),
+        )
+        .await;
         slowest = slowest.max(t.elapsed());
         statuses.insert(o.uid, out.status.clone());
         outs.push(out);
@@ -264,17 +280,23 @@ async fn deleting_a_proxy_with_no_provider_id_leaves_nothing_on_any_host() {
         vcpus: 1,
         user_data: "#cloud-config\n{}\n".into(),
     };
-    s.provider
-        .create(&req, &egress_provider::NoProgress)
-        .await
-        .unwrap();
+    within(
+        "a create",
+        s.provider.create(&req, &egress_provider::NoProgress),
+    )
+    .await
+    .unwrap();
     assert_eq!(instance_volumes(&s.fakes["h2"], &u).len(), 2);
     let mut o = proxy(7, None);
     o.deleting = true;
     let mut status = ProxyStatus::default();
     let start = Instant::now();
     loop {
-        let out = s.controller.reconcile(&o, &status, SystemTime::now()).await;
+        let out = within(
+            "a reconcile",
+            s.controller.reconcile(&o, &status, SystemTime::now()),
+        )
+        .await;
         status = out.status;
         if out.finalized {
             break;
@@ -309,11 +331,13 @@ async fn a_restarted_controller_finds_instances_from_the_hosts_marks() {
         s.provider.clone(),
     )]));
     let fresh = Controller::new(providers, ControllerSettings::default());
-    let owned = s.provider.list_owned().await.unwrap();
+    let owned = within("a listing", s.provider.list_owned()).await.unwrap();
     fresh.adopt(ENTRY, &owned);
-    let out = fresh
-        .reconcile(&o, &ProxyStatus::default(), SystemTime::now())
-        .await;
+    let out = within(
+        "a reconcile",
+        fresh.reconcile(&o, &ProxyStatus::default(), SystemTime::now()),
+    )
+    .await;
     assert_eq!(out.status.phase, Phase::Running, "{:#?}", out.status);
     assert_eq!(out.status.host.as_deref(), Some(host.as_str()));
     assert_eq!(
@@ -352,7 +376,7 @@ async fn reads_of_a_host_that_freezes_after_convergence_hold_at_most_its_own_slo
             (o.uid, out, t.elapsed())
         }
     });
-    let results = futures_util::future::join_all(timed).await;
+    let results = within("every reconcile", futures_util::future::join_all(timed)).await;
     let mut h1_waited = 0;
     for (u, out, took) in &results {
         // finding: APX-3

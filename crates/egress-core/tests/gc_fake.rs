@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use egress_core::gc::{Action, GcReport, GcSettings, ItemKind, collect};
+use egress_core::gc::{Action, GcReport, GcSettings, ItemKind};
 use egress_core::providers::{ProviderHandle, Providers};
 use egress_provider::libvirt::check::CheckOptions;
 use egress_provider::libvirt::config::{HostConfig, LibvirtEntry, VirtType};
@@ -32,6 +32,25 @@ const POOL: &str = "images";
 /// Delay the fake adds to every reply in the mid-list cut test, so the cut lands while the
 /// mark reads are in flight (ordering only; nothing asserts timing).
 const CUT_DELAY: Duration = Duration::from_millis(20);
+/// Deadline of each GC pass and each other single await of these tests.
+// NB: a pass against the fake takes milliseconds; the provider's own budgets are far longer
+// (minutes), so this turns a hang into a failure well before them.
+const STEP_DEADLINE: Duration = Duration::from_secs(60);
+
+/// [`egress_core::gc::collect`] within [`STEP_DEADLINE`].
+async fn collect(
+    providers: &Providers,
+    live: &HashSet<ProxyUid>,
+    settings: &GcSettings,
+    now: SystemTime,
+) -> GcReport {
+    tokio::time::timeout(
+        STEP_DEADLINE,
+        egress_core::gc::collect(providers, live, settings, now),
+    )
+    .await
+    .expect("a GC pass finishes within its deadline")
+}
 
 /// Connects to the fake and keeps every connection's handle, so a test can cut the link.
 struct FakeConnector {
@@ -442,7 +461,12 @@ async fn a_link_that_dies_mid_list_deletes_nothing() {
     let (r, ()) = tokio::join!(
         collect(&s.providers, &live, &settings, SystemTime::now()),
         async {
-            s.fake.wait_for_calls(procs::DOMAIN_GET_METADATA, 3).await;
+            tokio::time::timeout(
+                STEP_DEADLINE,
+                s.fake.wait_for_calls(procs::DOMAIN_GET_METADATA, 3),
+            )
+            .await
+            .expect("the listing reads marks");
             for h in s.conns.lock().unwrap().iter() {
                 h.close();
             }
@@ -616,7 +640,10 @@ async fn the_provider_refuses_to_delete_a_volume_that_is_not_an_orphan_of_its_sc
         // The name says seed of `u`, the listing said overlay: refused.
         forged(&names::seed(ENTRY, &u), VolumeKind::Overlay, Some(u)),
     ] {
-        let e = provider.delete_orphan_volume(&v).await.unwrap_err();
+        let e = tokio::time::timeout(STEP_DEADLINE, provider.delete_orphan_volume(&v))
+            .await
+            .expect("a refusal comes within the deadline")
+            .unwrap_err();
         assert!(e.is_permanent() && e.message.contains("refusing"), "{e}");
     }
     assert!(s.fake.volume(POOL, &base).is_some());

@@ -417,3 +417,32 @@ async fn reads_of_a_host_that_freezes_after_convergence_hold_at_most_its_own_slo
     assert!(s.controller.metrics().host_busy >= 4);
     s.fakes["h1"].faults().thaw();
 }
+
+#[tokio::test]
+async fn a_create_the_provider_refuses_shows_its_cause_in_last_error_and_no_condition_says_creating()
+ {
+    let s = setup();
+    // The published base is 2 GiB; a 1 GiB disk cannot hold it: the provider refuses.
+    let mut o = proxy(40, Some("h1"));
+    o.spec.resources.disk_gib = Some(1);
+    let mut statuses = BTreeMap::new();
+    let start = Instant::now();
+    while phase(&statuses, &o.uid) != Phase::Failed {
+        round(&s, std::slice::from_ref(&o), &mut statuses).await;
+        assert!(start.elapsed() < CONVERGE_BUDGET, "{statuses:#?}");
+        tokio::time::sleep(ROUND).await;
+    }
+    let st = &statuses[&o.uid];
+    let last = st.last_error().unwrap();
+    assert!(
+        last.starts_with("creating the instance on host h1: ") && last.contains("diskGiB"),
+        "{last}"
+    );
+    for c in &st.conditions {
+        assert_ne!(c.reason, reason::CREATING, "{c:?} while Failed");
+    }
+    assert_eq!(
+        st.condition(condition::PROVISIONED).unwrap().message,
+        st.condition(condition::READY).unwrap().message
+    );
+}

@@ -1,0 +1,347 @@
+//! Disk images that cannot reach outside themselves: qcow2 images crafted with `qemu-img`
+//! (a backing file, an external data file, LUKS encryption) and a raw LUKS container are
+//! refused from their first bytes while streaming, Permanent, naming the image and what was
+//! refused, and leave nothing in the pool — against libvirt-fake and the real libvirtd.
+//! Every file an image names is a decoy in the test's own scratch directory, never a system
+//! file (libvirt relabels the files of a backing chain).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod image_support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use egress_provider::libvirt::config::{
+    Firmware, GuestSettings, ImageFormat, ImageSpec, LibvirtEntry, Timeouts, UrlImagePolicy,
+};
+use egress_provider::libvirt::image::{self, Base, BulkConnect, FetchOptions, Target};
+use egress_provider::{ErrorClass, NoProgress, ProviderError};
+use image_support::{ImageServer, Route, sha};
+use libvirt_fake::{FakeLibvirt, PoolSpec};
+use libvirt_remote::{Client, OpenOptions};
+
+const POOL: &str = "images";
+const MIB: u64 = 1 << 20;
+/// Data appended to each crafted image, so that a refusal "from the first bytes" is visible
+/// as most of the body never being sent.
+const PAD: usize = 24 << 20;
+
+fn entry(name: &str) -> LibvirtEntry {
+    LibvirtEntry {
+        name: name.into(),
+        hosts: Vec::new(),
+        images: BTreeMap::new(),
+        url_images: UrlImagePolicy::default(),
+        max_image_bytes: 64 * MIB,
+        guest: GuestSettings::default(),
+        timeouts: Timeouts::default(),
+        defaults: Default::default(),
+        limits: Default::default(),
+        policy: Default::default(),
+    }
+}
+
+fn spec(url: &str, sha256: &str, format: ImageFormat) -> ImageSpec {
+    ImageSpec {
+        url: url.into(),
+        sha256: Some(sha256.into()),
+        format,
+        firmware: Firmware::Bios,
+        ca_file: None,
+    }
+}
+
+/// `qemu-img create -q -f FORMAT EXTRA... DIR/NAME SIZE`, read back (then padded).
+fn qemu_img(dir: &Path, format: &str, name: &str, extra: &[&str]) -> Vec<u8> {
+    let p = dir.join(name);
+    let out = Command::new("timeout")
+        .args(["60", "qemu-img", "create", "-q", "-f", format])
+        .args(extra)
+        .arg(&p)
+        .arg("16M")
+        .output()
+        .expect("qemu-img");
+    assert!(
+        out.status.success(),
+        "qemu-img: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut b = std::fs::read(&p).unwrap();
+    b.extend((0..PAD).map(|i| (i % 251) as u8));
+    b
+}
+
+/// The crafted images: (route, declared format, bytes, what the refusal must say).
+fn crafted(dir: &Path) -> Vec<(&'static str, ImageFormat, Vec<u8>, &'static str)> {
+    let decoy = dir.join("decoy.raw");
+    std::fs::write(&decoy, vec![0x5a; 1 << 16]).unwrap();
+    let decoy = decoy.to_str().unwrap().to_owned();
+    let data = dir.join("data.raw").to_str().unwrap().to_owned();
+    let secret = "secret,id=sec0,data=not-a-real-secret";
+    vec![
+        (
+            "/backing.qcow2",
+            ImageFormat::Qcow2,
+            qemu_img(dir, "qcow2", "backing.qcow2", &["-b", &decoy, "-F", "raw"]),
+            "backing file",
+        ),
+        (
+            "/datafile.qcow2",
+            ImageFormat::Qcow2,
+            qemu_img(
+                dir,
+                "qcow2",
+                "datafile.qcow2",
+                &["-o", &format!("data_file={data}")],
+            ),
+            "external data file",
+        ),
+        (
+            "/luks.qcow2",
+            ImageFormat::Qcow2,
+            qemu_img(
+                dir,
+                "qcow2",
+                "luks.qcow2",
+                &[
+                    "--object",
+                    secret,
+                    "-o",
+                    "encrypt.format=luks,encrypt.key-secret=sec0",
+                ],
+            ),
+            "encrypted (LUKS",
+        ),
+        (
+            "/luks.raw",
+            ImageFormat::Raw,
+            qemu_img(
+                dir,
+                "luks",
+                "luks.raw",
+                &["--object", secret, "-o", "key-secret=sec0"],
+            ),
+            "LUKS-encrypted",
+        ),
+    ]
+}
+
+/// The refusal is Permanent and names the image (its URL) and what was refused.
+fn assert_refused(r: &Result<Base, ProviderError>, path: &str, says: &str) {
+    let e = r
+        .as_ref()
+        .expect_err("a self-escaping image must be refused");
+    assert_eq!(e.class, ErrorClass::Permanent, "{e}");
+    assert!(e.message.contains("image http://127.0.0.1:"), "{e}");
+    assert!(e.message.contains(path), "{e}");
+    assert!(e.message.contains(says), "{path}: {e}");
+}
+
+struct FakeBulk(FakeLibvirt);
+
+#[async_trait]
+impl BulkConnect for FakeBulk {
+    async fn open(&self) -> Result<Client, ProviderError> {
+        Client::open(self.0.connect_duplex(), OpenOptions::default())
+            .await
+            .map_err(|e| ProviderError::transient(e.to_string()))
+    }
+}
+
+/// Bound for each test body.
+// NB: four imports of a few MiB and, for the real daemon, an sshd start-up: seconds on an
+// idle box; two minutes covers a loaded 2-core CI machine.
+const BUDGET: Duration = Duration::from_secs(120);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_with_a_backing_file_a_data_file_or_encryption_are_refused_while_streaming_on_the_fake()
+ {
+    tokio::time::timeout(BUDGET, async {
+        let scratch = tempfile::tempdir().unwrap();
+        let fake = FakeLibvirt::new();
+        fake.add_pool(PoolSpec::new(POOL).capacity(400 * MIB).path("/pool"))
+            .unwrap();
+        let bulk = FakeBulk(fake.clone());
+        let client = bulk.open().await.unwrap();
+        let pool = client.pool_lookup_by_name(POOL).await.unwrap();
+        let server = ImageServer::start().await;
+        let fetch = FetchOptions::default();
+        let mut e = entry("home");
+        let cases = crafted(scratch.path());
+        for (i, (path, format, bytes, _)) in cases.iter().enumerate() {
+            let url = server.route(path, Route::new(bytes.clone()));
+            e.images
+                .insert(format!("img{i}"), spec(&url, &sha(bytes), *format));
+        }
+        let t = Target {
+            entry: &e,
+            host: "h1",
+            client: &client,
+            pool: &pool,
+            reserve_bytes: 0,
+            bulk: &bulk,
+            progress: &NoProgress,
+            fetch: &fetch,
+        };
+        for (i, (path, _, bytes, says)) in cases.iter().enumerate() {
+            let key = format!("img{i}");
+            let r = image::ensure_base(&t, &key).await;
+            assert_refused(&r, path, says);
+            assert!(
+                server.body_bytes_sent(path) < bytes.len() as u64,
+                "{path}: refused from the first bytes, not after the whole body ({} of {})",
+                server.body_bytes_sent(path),
+                bytes.len()
+            );
+            assert!(
+                fake.volumes(POOL).unwrap().is_empty(),
+                "{path}: the part is removed: {:?}",
+                fake.volumes(POOL).unwrap()
+            );
+        }
+    })
+    .await
+    .expect("the fake refusal test exceeded its budget");
+}
+
+mod real {
+    use super::*;
+    use ep_test_support::sshd::Sshd;
+    use libvirt_remote::transport::ssh::{self, SshOptions, SshTarget};
+    use std::path::PathBuf;
+
+    struct SshBulk {
+        target: SshTarget,
+    }
+
+    #[async_trait]
+    impl BulkConnect for SshBulk {
+        async fn open(&self) -> Result<Client, ProviderError> {
+            let t = ssh::connect(&self.target, &SshOptions::default())
+                .await
+                .map_err(|e| ProviderError::transient(format!("ssh: {e}")))?;
+            Client::open(t, OpenOptions::default())
+                .await
+                .map_err(|e| ProviderError::transient(format!("libvirt open: {e}")))
+        }
+    }
+
+    fn virsh(args: &[&str]) -> std::process::Output {
+        Command::new("timeout")
+            .args(["60", "virsh", "-c", "qemu:///system"])
+            .args(args)
+            .output()
+            .expect("virsh")
+    }
+
+    /// A transient dir pool of the test's own; destroyed (and its files removed) on drop.
+    struct PoolGuard {
+        name: String,
+        dir: PathBuf,
+    }
+
+    impl PoolGuard {
+        fn new() -> Self {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            let name = format!(
+                "eptest-selfcont-{}-{:08x}",
+                now.as_secs(),
+                now.subsec_nanos() ^ std::process::id()
+            );
+            let dir = std::env::temp_dir().join(&name);
+            std::fs::create_dir_all(&dir).unwrap();
+            let out = virsh(&[
+                "pool-create-as",
+                &name,
+                "dir",
+                "--target",
+                dir.to_str().unwrap(),
+            ]);
+            assert!(
+                out.status.success(),
+                "pool-create-as: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Self { name, dir }
+        }
+
+        fn files(&self) -> Vec<String> {
+            let _ = virsh(&["pool-refresh", &self.name]);
+            std::fs::read_dir(&self.dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        }
+    }
+
+    impl Drop for PoolGuard {
+        fn drop(&mut self) {
+            let _ = virsh(&["pool-destroy", &self.name]);
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn images_with_a_backing_file_a_data_file_or_encryption_are_refused_by_the_real_daemon_path()
+     {
+        tokio::time::timeout(BUDGET, async {
+            let scratch = tempfile::tempdir().unwrap();
+            let sshd = Sshd::start();
+            let pg = PoolGuard::new();
+            let bulk = SshBulk {
+                target: sshd.target(),
+            };
+            let client = bulk.open().await.unwrap();
+            let pool = client.pool_lookup_by_name(&pg.name).await.unwrap();
+            let server = ImageServer::start().await;
+            let fetch = FetchOptions::default();
+            let mut e = entry("eptest");
+            let cases = crafted(scratch.path());
+            for (i, (path, format, bytes, _)) in cases.iter().enumerate() {
+                let url = server.route(path, Route::new(bytes.clone()));
+                e.images
+                    .insert(format!("img{i}"), spec(&url, &sha(bytes), *format));
+            }
+            let t = Target {
+                entry: &e,
+                host: "local",
+                client: &client,
+                pool: &pool,
+                reserve_bytes: 0,
+                bulk: &bulk,
+                progress: &NoProgress,
+                fetch: &fetch,
+            };
+            let decoy = scratch.path().join("decoy.raw");
+            let before = std::fs::read(&decoy).unwrap();
+            for (i, (path, _, _, says)) in cases.iter().enumerate() {
+                let key = format!("img{i}");
+                let r = image::ensure_base(&t, &key).await;
+                assert_refused(&r, path, says);
+                assert!(
+                    pg.files().is_empty(),
+                    "{path}: nothing left in the pool: {:?}",
+                    pg.files()
+                );
+            }
+            assert_eq!(
+                std::fs::read(&decoy).unwrap(),
+                before,
+                "the decoy is untouched"
+            );
+        })
+        .await
+        .expect("the real refusal test exceeded its budget");
+    }
+}

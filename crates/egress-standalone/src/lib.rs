@@ -142,6 +142,9 @@ pub struct StandaloneOptions {
     pub controller: ControllerSettings,
     /// GC settings.
     pub gc: GcSettings,
+    /// Let GC collect while no Proxy manifest is known (the `gc` command's `--allow-empty`);
+    /// false by default, so an empty or wrong manifest directory deletes nothing.
+    pub gc_allow_empty: bool,
     /// Time given to work in flight at shutdown.
     pub shutdown_grace: Duration,
     /// Proxy health checks through each proxy; `None` turns them off (then `Ready` is the
@@ -161,6 +164,7 @@ impl StandaloneOptions {
             check_interval: DEFAULT_CHECK_INTERVAL,
             controller: ControllerSettings::default(),
             gc: GcSettings::default(),
+            gc_allow_empty: false,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             health: None,
         }
@@ -290,11 +294,19 @@ pub async fn run_with_providers(
     let (s, desired) = loops::scan(store).await;
     store = s;
     shared.apply_desired(&desired);
+    if desired.proxies.is_empty() && !opts.gc_allow_empty {
+        tracing::warn!(
+            proxies = %opts.proxies_dir.display(),
+            "no Proxy manifest found: GC will not collect until one exists (pass \
+             --gc-allow-empty if no Proxy should exist)"
+        );
+    }
 
+    let waits = loops::AdoptionWaits::default();
     let mut tasks = Workers::new(stop.clone());
     tasks.spawn(
         "adoption",
-        loops::adoption_loop(Arc::clone(&shared), stop.clone()),
+        loops::adoption_loop(Arc::clone(&shared), Arc::clone(&waits), stop.clone()),
     );
     tasks.spawn(
         "manifests",
@@ -311,7 +323,10 @@ pub async fn run_with_providers(
     tasks.spawn(
         "gc",
         background::gc::run(
-            Arc::clone(&shared),
+            Arc::new(workers::StandaloneGc::new(
+                Arc::clone(&shared),
+                opts.gc_allow_empty,
+            )),
             opts.gc.clone(),
             opts.gc_interval,
             stop.clone(),
@@ -343,7 +358,11 @@ pub async fn run_with_providers(
     }
     let mut reconcilers = JoinSet::new();
     for _ in 0..opts.workers.max(1) {
-        reconcilers.spawn(loops::worker(Arc::clone(&shared), stop.clone()));
+        reconcilers.spawn(loops::worker(
+            Arc::clone(&shared),
+            Arc::clone(&waits),
+            stop.clone(),
+        ));
     }
 
     stop.cancelled().await;

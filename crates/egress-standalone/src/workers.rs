@@ -6,6 +6,9 @@
 //! - GC's live set is every Proxy this process knows (deleting ones included), taken before
 //!   listing; a pass is skipped while the manifest directory cannot be listed or adoption is
 //!   not complete.
+//! - GC follows the `gc` command's empty-set rule ([`StandaloneGc`]): while this process knows
+//!   no Proxy at all, no pass runs unless the empty set was allowed, and the refusal is logged
+//!   when it starts and when it ends, not on every pass.
 //! - An entry whose host check missed [`CHECK_DEADLINE`] is recorded as `Timeout` on every
 //!   host, so placement avoids it too.
 //! - After each health round every Proxy's health is merged into its status (`Healthy`,
@@ -15,7 +18,7 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::SystemTime;
 
@@ -81,6 +84,56 @@ impl GcDriver for Shared {
             },
             u64::try_from(deleted).unwrap_or(u64::MAX),
         );
+    }
+}
+
+/// Standalone's GC driver: [`Shared`]'s live set under the `gc` command's empty-set rule.
+///
+/// Guarantees: with `allow_empty` false, a pass whose live set is empty is skipped (an empty or
+/// wrong manifest directory would otherwise make every instance an orphan); the refusal is
+/// logged at WARN once when it begins and at INFO once when Proxies appear again.
+pub(crate) struct StandaloneGc {
+    shared: Arc<Shared>,
+    allow_empty: bool,
+    refusing: AtomicBool,
+}
+
+impl StandaloneGc {
+    /// GC over `shared`'s Proxies; `allow_empty` lets a pass collect with no Proxy known.
+    pub(crate) fn new(shared: Arc<Shared>, allow_empty: bool) -> Self {
+        Self {
+            shared,
+            allow_empty,
+            refusing: AtomicBool::new(false),
+        }
+    }
+}
+
+impl GcDriver for StandaloneGc {
+    fn providers(&self) -> Arc<Providers> {
+        Shared::providers(&self.shared)
+    }
+
+    async fn live_set(&self) -> Option<HashSet<ProxyUid>> {
+        let live = GcDriver::live_set(self.shared.as_ref()).await?;
+        let refuse = live.is_empty() && !self.allow_empty;
+        let was = self.refusing.swap(refuse, Ordering::SeqCst);
+        if refuse && !was {
+            tracing::warn!(
+                "GC skipped: no Proxy manifest is known, so every instance would count as an \
+                 orphan; check --proxies, or pass --gc-allow-empty if no Proxy should exist"
+            );
+        } else if !refuse && was {
+            tracing::info!(
+                proxies = live.len(),
+                "GC resumed: Proxy manifests are known again"
+            );
+        }
+        (!refuse).then_some(live)
+    }
+
+    fn collected(&self, report: &GcReport) {
+        GcDriver::collected(self.shared.as_ref(), report);
     }
 }
 

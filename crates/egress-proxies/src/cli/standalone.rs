@@ -31,6 +31,11 @@ pub struct StandaloneArgs {
     #[arg(long, value_name = "N", default_value_t = standalone::DEFAULT_WORKERS,
           value_parser = clap::value_parser!(usize))]
     workers: usize,
+    /// Let GC collect while the manifest directory holds no Proxy (as `gc --allow-empty`).
+    /// Without it, GC refuses to run while no Proxy is known, so an empty or wrong DIR never
+    /// makes every instance an orphan.
+    #[arg(long, alias = "allow-empty")]
+    gc_allow_empty: bool,
     /// GC, host checks, deadlines, shutdown and proxy health (shared with `kubernetes`).
     #[command(flatten)]
     driver: super::DriverArgs,
@@ -45,6 +50,7 @@ pub async fn run(a: StandaloneArgs) -> anyhow::Result<u8> {
     opts.config_path = a.config;
     opts.listen = a.listen;
     opts.workers = a.workers;
+    opts.gc_allow_empty = a.gc_allow_empty;
     let d = a.driver;
     opts.gc_interval = d.gc_interval;
     opts.gc.min_age = d.gc_min_age;

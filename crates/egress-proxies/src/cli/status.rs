@@ -5,7 +5,8 @@
 //! off) and the EGRESS IP the check target saw. The filters are the server's own
 //! ([`Filters`], sent as the query of `/status`, so a large fleet sends only the rows asked
 //! for) and are applied again to what comes back (a server that ignores them still gives the
-//! right rows); the exit status is computed over the rows shown.
+//! right rows); the exit status is computed over the rows shown: 1 when a shown Proxy is
+//! `Failed` or `Paused` or when the server lists a rejected manifest, 0 otherwise.
 //!
 //! Guarantees: one HTTP GET to the given server and nothing else (no libvirt host is
 //! contacted); bounded by [`STATUS_CONNECT_TIMEOUT`] and [`STATUS_TIMEOUT`]; a body larger
@@ -113,10 +114,12 @@ pub async fn run(a: StatusArgs) -> anyhow::Result<u8> {
     } else {
         print!("{}", render(&doc, SystemTime::now()));
     }
-    let unhealthy = doc
-        .proxies
-        .iter()
-        .any(|p| matches!(p.phase, Phase::Failed | Phase::Paused));
+    // A rejected manifest is a Proxy the user asked for and does not get: a failure too.
+    let unhealthy = !doc.manifest_errors.is_empty()
+        || doc
+            .proxies
+            .iter()
+            .any(|p| matches!(p.phase, Phase::Failed | Phase::Paused));
     Ok(if unhealthy { EXIT_FAILED } else { EXIT_OK })
 }
 

@@ -85,7 +85,8 @@ pub struct BuildOptions {
 }
 
 impl Providers {
-    /// Builds a libvirt provider for every entry of `cfg`. Hosts whose `address` is
+    /// Builds a libvirt provider for every entry of `cfg`, each as the installation
+    /// `cfg.installation` when set. Hosts whose `address` is
     /// [`LOCAL_ADDRESS`] are reached through their `socket` on this machine, others over SSH.
     pub fn from_config(cfg: &ProviderConfig, opts: &BuildOptions) -> Result<Self, ProviderError> {
         let mut handles = Vec::new();
@@ -96,7 +97,11 @@ impl Providers {
                 unix: UnixConnector::new(&e.timeouts),
             });
             let pool = HostPool::new(e.clone(), connector, opts.pool.clone())?;
-            let provider = LibvirtProvider::new(pool, opts.fetch.clone(), opts.check.clone());
+            let mut provider = LibvirtProvider::new(pool, opts.fetch.clone(), opts.check.clone());
+            // The installation's ID in every mark it writes; others' marks are foreign.
+            if let Some(id) = &cfg.installation {
+                provider = provider.with_installation(id)?;
+            }
             handles.push(ProviderHandle::new(e.clone(), Arc::new(provider)));
         }
         Ok(Self::from_handles(handles))

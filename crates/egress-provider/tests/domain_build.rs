@@ -228,6 +228,7 @@ fn spec_fixture() -> DomainSpec<'static> {
         uid: UID.get_or_init(uid),
         entry: "home",
         created_at: SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000),
+        installation: None,
     }
 }
 
@@ -941,6 +942,7 @@ async fn a_generated_domain_defines_on_the_real_libvirtd_and_its_mark_reads_back
                 uid: &u,
                 entry: "eptest",
                 created_at: created,
+                installation: None,
             },
             &hc,
         )
@@ -996,6 +998,7 @@ async fn boots_to_running(test: &str, firmware: Firmware) {
             uid: &u,
             entry: "eptest",
             created_at: SystemTime::now(),
+            installation: None,
         },
         &hc,
     )

@@ -135,7 +135,9 @@ async fn a_domain_paused_after_an_io_error_is_paused_with_its_reason_never_stopp
     fake.add_domain(ours(&u).state(domain_state::PAUSED, 5))
         .unwrap();
     let c = open(&fake).await;
-    let inst = get::get(&c, ENTRY, &host(), &id_of(&u), &u).await.unwrap();
+    let inst = get::get(&c, ENTRY, None, &host(), &id_of(&u), &u)
+        .await
+        .unwrap();
     let InstanceState::Paused { reason } = &inst.state else {
         panic!("an I/O-error pause must be Paused, got {:?}", inst.state);
     };
@@ -144,7 +146,9 @@ async fn a_domain_paused_after_an_io_error_is_paused_with_its_reason_never_stopp
 
     fake.set_domain_state(&names::domain(ENTRY, &u), domain_state::PMSUSPENDED, 0)
         .unwrap();
-    let inst = get::get(&c, ENTRY, &host(), &id_of(&u), &u).await.unwrap();
+    let inst = get::get(&c, ENTRY, None, &host(), &id_of(&u), &u)
+        .await
+        .unwrap();
     assert!(
         matches!(inst.state, InstanceState::Paused { .. }),
         "pmsuspended must be Paused, got {:?}",
@@ -153,7 +157,9 @@ async fn a_domain_paused_after_an_io_error_is_paused_with_its_reason_never_stopp
 
     fake.set_domain_state(&names::domain(ENTRY, &u), domain_state::SHUTOFF, 1)
         .unwrap();
-    let inst = get::get(&c, ENTRY, &host(), &id_of(&u), &u).await.unwrap();
+    let inst = get::get(&c, ENTRY, None, &host(), &id_of(&u), &u)
+        .await
+        .unwrap();
     assert!(
         matches!(inst.state, InstanceState::Stopped { .. }),
         "{:?}",
@@ -167,7 +173,7 @@ async fn a_vanished_domain_is_not_found_whenever_it_vanishes() {
     let fake = fake_with_pool();
     let u = uid(2);
     let c = open(&fake).await;
-    let e = get::get(&c, ENTRY, &host(), &id_of(&u), &u)
+    let e = get::get(&c, ENTRY, None, &host(), &id_of(&u), &u)
         .await
         .unwrap_err();
     assert_eq!(e.class, ErrorClass::NotFound, "{e}");
@@ -182,7 +188,7 @@ async fn a_vanished_domain_is_not_found_whenever_it_vanishes() {
         msg,
         Some(1),
     );
-    let e = get::get(&c, ENTRY, &host(), &id_of(&u), &u)
+    let e = get::get(&c, ENTRY, None, &host(), &id_of(&u), &u)
         .await
         .unwrap_err();
     assert_eq!(e.class, ErrorClass::NotFound, "{e}");
@@ -195,7 +201,7 @@ async fn a_vanished_domain_is_not_found_whenever_it_vanishes() {
         msg,
         Some(1),
     );
-    let e = get::get(&c, ENTRY, &host(), &id_of(&u), &u)
+    let e = get::get(&c, ENTRY, None, &host(), &id_of(&u), &u)
         .await
         .unwrap_err();
     assert_eq!(e.class, ErrorClass::NotFound, "{e}");
@@ -223,7 +229,9 @@ async fn the_address_is_that_of_our_nic_even_when_docker0_comes_first() {
     )
     .unwrap();
     let c = open(&fake).await;
-    let inst = get::get(&c, ENTRY, &host(), &id_of(&u), &u).await.unwrap();
+    let inst = get::get(&c, ENTRY, None, &host(), &id_of(&u), &u)
+        .await
+        .unwrap();
     assert_eq!(inst.state, InstanceState::Running);
     assert_eq!(inst.ip, Some("192.168.122.50".parse().unwrap()));
     assert_eq!(inst.mac, mac);
@@ -237,7 +245,9 @@ async fn the_address_is_that_of_our_nic_even_when_docker0_comes_first() {
         ],
     )
     .unwrap();
-    let inst = get::get(&c, ENTRY, &host(), &id_of(&u), &u).await.unwrap();
+    let inst = get::get(&c, ENTRY, None, &host(), &id_of(&u), &u)
+        .await
+        .unwrap();
     assert_eq!(inst.state, InstanceState::Provisioning);
     assert_eq!(inst.ip, None);
 }
@@ -264,7 +274,7 @@ async fn without_an_agent_the_dhcp_lease_of_our_mac_gives_the_address() {
     h.bridge = None;
     h.network = Some("egress".into());
     let c = open(&fake).await;
-    let inst = get::get(&c, ENTRY, &h, &id_of(&u), &u).await.unwrap();
+    let inst = get::get(&c, ENTRY, None, &h, &id_of(&u), &u).await.unwrap();
     assert_eq!(inst.ip, Some("192.168.100.20".parse().unwrap()));
     assert_eq!(inst.state, InstanceState::Running);
 }
@@ -283,13 +293,17 @@ async fn an_unresponsive_or_missing_agent_means_no_address_yet() {
     .unwrap();
     fake.faults().agent_unresponsive(true); // code 86
     let c = open(&fake).await;
-    let inst = get::get(&c, ENTRY, &host(), &id_of(&u), &u).await.unwrap();
+    let inst = get::get(&c, ENTRY, None, &host(), &id_of(&u), &u)
+        .await
+        .unwrap();
     assert_eq!((inst.state, inst.ip), (InstanceState::Provisioning, None));
 
     fake.faults().agent_unresponsive(false);
     fake.set_guest_agent(&names::domain(ENTRY, &u), false)
         .unwrap(); // code 74
-    let inst = get::get(&c, ENTRY, &host(), &id_of(&u), &u).await.unwrap();
+    let inst = get::get(&c, ENTRY, None, &host(), &id_of(&u), &u)
+        .await
+        .unwrap();
     assert_eq!((inst.state, inst.ip), (InstanceState::Provisioning, None));
 }
 
@@ -308,7 +322,7 @@ async fn a_connection_that_dies_during_the_address_read_fails_get_transient() {
     let (c, handle) = open_with_handle(&fake, None).await;
     fake.faults().delay_replies(Some(CUT_DELAY));
     let (h, id) = (host(), id_of(&u));
-    let (r, ()) = tokio::join!(get::get(&c, ENTRY, &h, &id, &u), async {
+    let (r, ()) = tokio::join!(get::get(&c, ENTRY, None, &h, &id, &u), async {
         fake.wait_for_calls(procs::DOMAIN_INTERFACE_ADDRESSES, 1)
             .await;
         handle.close();
@@ -333,7 +347,7 @@ async fn a_connection_that_freezes_during_the_address_read_fails_get_transient()
     let (c, handle) = open_with_handle(&fake, Some(SHORT_CALL_TIMEOUT)).await;
     fake.faults().delay_replies(Some(CUT_DELAY));
     let (h, id) = (host(), id_of(&u));
-    let (r, ()) = tokio::join!(get::get(&c, ENTRY, &h, &id, &u), async {
+    let (r, ()) = tokio::join!(get::get(&c, ENTRY, None, &h, &id, &u), async {
         fake.wait_for_calls(procs::DOMAIN_INTERFACE_ADDRESSES, 1)
             .await;
         handle.faults().freeze();
@@ -388,12 +402,14 @@ async fn a_domain_without_our_mark_for_the_uid_is_not_found_and_never_deleted() 
         let before = vols(&fake);
         let c = open(&fake).await;
 
-        let e = get::get(&c, ENTRY, &host(), &id_of(&u), &u)
+        let e = get::get(&c, ENTRY, None, &host(), &id_of(&u), &u)
             .await
             .unwrap_err();
         assert_eq!(e.class, ErrorClass::NotFound, "{what}: {e}");
 
-        let e = delete::delete(&c, ENTRY, &host(), &u).await.unwrap_err();
+        let e = delete::delete(&c, ENTRY, None, &host(), &u)
+            .await
+            .unwrap_err();
         assert_eq!(e.class, ErrorClass::Permanent, "{what}: {e}");
         assert!(
             e.message.contains("refusing to delete domain"),
@@ -429,7 +445,7 @@ async fn a_provider_id_naming_a_foreign_domain_is_not_found() {
         name: "docker-29".into(),
         ..id_of(&u)
     };
-    let e = get::get(&c, ENTRY, &host(), &tampered, &u)
+    let e = get::get(&c, ENTRY, None, &host(), &tampered, &u)
         .await
         .unwrap_err();
     assert_eq!(e.class, ErrorClass::NotFound, "{e}");
@@ -438,12 +454,12 @@ async fn a_provider_id_naming_a_foreign_domain_is_not_found() {
         entry: "lab".into(),
         ..id_of(&u)
     };
-    let e = get::get(&c, ENTRY, &host(), &other_entry, &u)
+    let e = get::get(&c, ENTRY, None, &host(), &other_entry, &u)
         .await
         .unwrap_err();
     assert_eq!(e.class, ErrorClass::NotFound, "{e}");
     // Our domain, asked for with another UID, is not that UID's.
-    let e = get::get(&c, ENTRY, &host(), &id_of(&u), &uid(10))
+    let e = get::get(&c, ENTRY, None, &host(), &id_of(&u), &uid(10))
         .await
         .unwrap_err();
     assert_eq!(e.class, ErrorClass::NotFound, "{e}");
@@ -471,7 +487,7 @@ async fn delete_without_a_domain_removes_overlay_and_seed_and_keeps_the_base() {
         .unwrap();
     let c = open(&fake).await;
 
-    delete::delete(&c, ENTRY, &host(), &u).await.unwrap();
+    delete::delete(&c, ENTRY, None, &host(), &u).await.unwrap();
     let left = vols(&fake);
     assert!(!left.contains(&names::overlay(ENTRY, &u)), "{left:?}");
     assert!(!left.contains(&names::seed(ENTRY, &u)), "{left:?}");
@@ -484,7 +500,7 @@ async fn delete_without_a_domain_removes_overlay_and_seed_and_keeps_the_base() {
         assert!(left.contains(&keep), "{keep} was deleted: {left:?}");
     }
     // Idempotent: nothing left to remove is success.
-    delete::delete(&c, ENTRY, &host(), &u).await.unwrap();
+    delete::delete(&c, ENTRY, None, &host(), &u).await.unwrap();
     assert_eq!(vols(&fake), left);
 }
 
@@ -552,7 +568,7 @@ async fn delete_destroys_and_undefines_with_every_metadata_flag_then_removes_vol
     );
     let c = Client::open(t, OpenOptions::default()).await.unwrap();
 
-    delete::delete(&c, ENTRY, &host(), &u).await.unwrap();
+    delete::delete(&c, ENTRY, None, &host(), &u).await.unwrap();
     assert!(fake.domain(&names::domain(ENTRY, &u)).is_none());
     assert_eq!(fake.calls(procs::DOMAIN_DESTROY_FLAGS), 1);
     let flags = undefine_flags_sent(&log.lock().unwrap());
@@ -574,10 +590,10 @@ async fn delete_of_a_shut_off_domain_ignores_not_running_and_succeeds_twice() {
     fake.add_domain(ours(&u)).unwrap(); // shut off
     add_volumes(&fake, &u);
     let c = open(&fake).await;
-    delete::delete(&c, ENTRY, &host(), &u).await.unwrap();
+    delete::delete(&c, ENTRY, None, &host(), &u).await.unwrap();
     assert!(fake.domain(&names::domain(ENTRY, &u)).is_none());
     assert!(vols(&fake).is_empty());
-    delete::delete(&c, ENTRY, &host(), &u).await.unwrap();
+    delete::delete(&c, ENTRY, None, &host(), &u).await.unwrap();
 }
 
 #[tokio::test]
@@ -588,7 +604,9 @@ async fn delete_fails_transient_when_the_connection_dies_and_reports_nothing_rem
     let (c, handle) = open_with_handle(&fake, None).await;
     handle.close();
     handle.closed().await;
-    let e = delete::delete(&c, ENTRY, &host(), &u).await.unwrap_err();
+    let e = delete::delete(&c, ENTRY, None, &host(), &u)
+        .await
+        .unwrap_err();
     assert_eq!(e.class, ErrorClass::Transient, "{e}");
     assert_eq!(vols(&fake).len(), 2);
 }
@@ -598,7 +616,9 @@ async fn delete_with_a_missing_pool_names_the_setting() {
     let fake = FakeLibvirt::new();
     let u = uid(16);
     let c = open(&fake).await;
-    let e = delete::delete(&c, ENTRY, &host(), &u).await.unwrap_err();
+    let e = delete::delete(&c, ENTRY, None, &host(), &u)
+        .await
+        .unwrap_err();
     assert_eq!(e.class, ErrorClass::Permanent, "{e}");
     assert!(
         e.message.contains("`pool`") && e.message.contains(POOL),
@@ -653,7 +673,7 @@ async fn list_keeps_only_valid_marks_of_the_entry() {
 
     let c = open(&fake).await;
     let before = SystemTime::now();
-    let mut got = list::list_owned(&c, ENTRY, "h1").await.unwrap();
+    let mut got = list::list_owned(&c, ENTRY, None, "h1").await.unwrap();
     let after = SystemTime::now();
     got.sort_by_key(|o| o.uid);
     let uids: Vec<ProxyUid> = got.iter().map(|o| o.uid).collect();
@@ -700,7 +720,7 @@ async fn a_mark_dated_in_the_future_is_restamped_once_with_the_time_it_was_first
     .unwrap();
     let c = open(&fake).await;
     let before = SystemTime::now() - Duration::from_secs(1);
-    let first = list::list_owned(&c, ENTRY, "h1").await.unwrap();
+    let first = list::list_owned(&c, ENTRY, None, "h1").await.unwrap();
     let after = SystemTime::now();
     let of = |l: &[egress_provider::OwnedInstance], u: ProxyUid| {
         l.iter().find(|o| o.uid == u).unwrap().created_at
@@ -728,7 +748,7 @@ async fn a_mark_dated_in_the_future_is_restamped_once_with_the_time_it_was_first
     // the age grows from the first sighting instead of reading zero forever.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let c2 = open(&fake).await;
-    let second = list::list_owned(&c2, ENTRY, "h1").await.unwrap();
+    let second = list::list_owned(&c2, ENTRY, None, "h1").await.unwrap();
     assert_eq!(of(&second, a), stamped);
     assert!(SystemTime::now().duration_since(of(&second, a)).unwrap() >= Duration::from_secs(1));
 }
@@ -747,7 +767,7 @@ async fn list_skips_a_domain_that_vanished_between_listing_and_mark_read() {
         Some(1),
     );
     let c = open(&fake).await;
-    let got = list::list_owned(&c, ENTRY, "h1").await.unwrap();
+    let got = list::list_owned(&c, ENTRY, None, "h1").await.unwrap();
     assert_eq!(got.len(), 1, "{got:?}");
 }
 
@@ -765,7 +785,7 @@ async fn a_connection_that_closes_mid_list_fails_the_whole_list() {
     many(&fake);
     let (c, handle) = open_with_handle(&fake, None).await;
     fake.faults().delay_replies(Some(CUT_DELAY));
-    let (r, ()) = tokio::join!(list::list_owned(&c, ENTRY, "h1"), async {
+    let (r, ()) = tokio::join!(list::list_owned(&c, ENTRY, None, "h1"), async {
         fake.wait_for_calls(procs::DOMAIN_GET_METADATA, 3).await;
         handle.close();
     });
@@ -780,7 +800,7 @@ async fn a_connection_that_freezes_mid_list_fails_the_whole_list() {
     many(&fake);
     let (c, handle) = open_with_handle(&fake, Some(SHORT_CALL_TIMEOUT)).await;
     fake.faults().delay_replies(Some(CUT_DELAY));
-    let (r, ()) = tokio::join!(list::list_owned(&c, ENTRY, "h1"), async {
+    let (r, ()) = tokio::join!(list::list_owned(&c, ENTRY, None, "h1"), async {
         fake.wait_for_calls(procs::DOMAIN_GET_METADATA, 5).await;
         handle.faults().freeze();
     });
@@ -801,7 +821,7 @@ async fn an_unexpected_daemon_error_on_one_mark_fails_the_list_transient() {
         Some(1),
     );
     let c = open(&fake).await;
-    let e = list::list_owned(&c, ENTRY, "h1").await.unwrap_err();
+    let e = list::list_owned(&c, ENTRY, None, "h1").await.unwrap_err();
     assert_eq!(e.class, ErrorClass::Transient, "{e}");
     assert_eq!(e.libvirt_code, Some(codes::INVALID_ARG));
 }

@@ -250,7 +250,7 @@ async fn get_maps_a_real_domain_through_running_paused_stopped_and_vanished() {
         ));
         let (_sshd, c) = connect().await;
 
-        let inst = get::get(&c, &entry, &h, &id, &u).await.unwrap();
+        let inst = get::get(&c, &entry, None, &h, &id, &u).await.unwrap();
         assert!(
             matches!(inst.state, InstanceState::Stopped { .. }),
             "{:?}",
@@ -259,20 +259,20 @@ async fn get_maps_a_real_domain_through_running_paused_stopped_and_vanished() {
 
         virsh_ok(&["start", &name]);
         // Running, agent channel present but no agent in the guest (libvirt: code 86).
-        let inst = get::get(&c, &entry, &h, &id, &u).await.unwrap();
+        let inst = get::get(&c, &entry, None, &h, &id, &u).await.unwrap();
         assert_eq!(inst.state, InstanceState::Provisioning);
         assert_eq!(inst.ip, None);
         assert_eq!(inst.mac, names::mac(&entry, &u));
 
         virsh_ok(&["suspend", &name]);
-        let inst = get::get(&c, &entry, &h, &id, &u).await.unwrap();
+        let inst = get::get(&c, &entry, None, &h, &id, &u).await.unwrap();
         let InstanceState::Paused { reason } = &inst.state else {
             panic!("a suspended domain must be Paused, got {:?}", inst.state);
         };
         assert!(reason.contains("user"), "{reason}");
 
         virsh_ok(&["destroy", &name]);
-        let inst = get::get(&c, &entry, &h, &id, &u).await.unwrap();
+        let inst = get::get(&c, &entry, None, &h, &id, &u).await.unwrap();
         assert_eq!(
             inst.state,
             InstanceState::Stopped {
@@ -281,7 +281,7 @@ async fn get_maps_a_real_domain_through_running_paused_stopped_and_vanished() {
         );
 
         drop(g.take());
-        let e = get::get(&c, &entry, &h, &id, &u).await.unwrap_err();
+        let e = get::get(&c, &entry, None, &h, &id, &u).await.unwrap_err();
         assert_eq!(e.class, ErrorClass::NotFound, "{e}");
         assert_eq!(e.libvirt_code, Some(42));
     })
@@ -347,7 +347,7 @@ async fn delete_removes_a_real_domain_with_checkpoints_and_its_volumes_but_not_t
         );
 
         let (_sshd, c) = connect().await;
-        delete::delete(&c, &entry, &h, &u).await.unwrap();
+        delete::delete(&c, &entry, None, &h, &u).await.unwrap();
         assert!(
             !virsh(&["dominfo", &name]).status.success(),
             "the domain is still defined"
@@ -359,11 +359,11 @@ async fn delete_removes_a_real_domain_with_checkpoints_and_its_volumes_but_not_t
         // No domain any more, volumes recreated (a failed create's leftovers): removed too.
         pool.vol(&overlay, "qcow2");
         pool.vol(&seed, "raw");
-        delete::delete(&c, &entry, &h, &u).await.unwrap();
+        delete::delete(&c, &entry, None, &h, &u).await.unwrap();
         assert!(!pool.has(&overlay) && !pool.has(&seed));
         assert!(pool.has(&base), "the base was deleted");
         // Idempotent.
-        delete::delete(&c, &entry, &h, &u).await.unwrap();
+        delete::delete(&c, &entry, None, &h, &u).await.unwrap();
     })
     .await;
 }
@@ -382,7 +382,7 @@ async fn delete_destroys_a_running_real_domain_before_undefining_it() {
         );
         virsh_ok(&["start", &name]);
         let (_sshd, c) = connect().await;
-        delete::delete(&c, &entry, &h, &u).await.unwrap();
+        delete::delete(&c, &entry, None, &h, &u).await.unwrap();
         assert!(!virsh(&["dominfo", &name]).status.success());
     })
     .await;
@@ -411,12 +411,12 @@ async fn delete_refuses_a_real_domain_named_like_ours_with_another_uids_mark() {
         virsh_ok(&["start", &name]);
         let (_sshd, c) = connect().await;
 
-        let e = get::get(&c, &entry, &h, &id_of(&entry, &h, &u), &u)
+        let e = get::get(&c, &entry, None, &h, &id_of(&entry, &h, &u), &u)
             .await
             .unwrap_err();
         assert_eq!(e.class, ErrorClass::NotFound, "{e}");
 
-        let e = delete::delete(&c, &entry, &h, &u).await.unwrap_err();
+        let e = delete::delete(&c, &entry, None, &h, &u).await.unwrap_err();
         assert_eq!(e.class, ErrorClass::Permanent, "{e}");
         assert!(e.message.contains("refusing to delete domain"), "{e}");
         let state = virsh_ok(&["domstate", &name]);
@@ -481,7 +481,7 @@ async fn list_owned_on_real_libvirt_skips_padded_and_foreign_namespace_marks() {
 
         let (_sshd, c) = connect().await;
         let before = SystemTime::now();
-        let got = list::list_owned(&c, &entry, "local").await.unwrap();
+        let got = list::list_owned(&c, &entry, None, "local").await.unwrap();
         let after = SystemTime::now();
         assert_eq!(got.len(), 1, "{got:?}");
         assert_eq!(got[0].uid, a);
@@ -518,7 +518,7 @@ async fn real_libvirt_keeps_the_restamp_of_a_future_mark_in_the_live_and_persist
         );
         virsh_ok(&["start", &nr]);
         let (_sshd, c) = connect().await;
-        let got = list::list_owned(&c, &entry, "local").await.unwrap();
+        let got = list::list_owned(&c, &entry, None, "local").await.unwrap();
         assert_eq!(got.len(), 2, "{got:?}");
         let now = SystemTime::now();
         for (name, u, places) in [
@@ -540,7 +540,7 @@ async fn real_libvirt_keeps_the_restamp_of_a_future_mark_in_the_live_and_persist
         }
         // Restamped once: a later listing on a new connection reports the same times.
         let (_sshd2, c2) = connect().await;
-        let again = list::list_owned(&c2, &entry, "local").await.unwrap();
+        let again = list::list_owned(&c2, &entry, None, "local").await.unwrap();
         for o in &got {
             let same = again.iter().find(|x| x.uid == o.uid).unwrap();
             assert_eq!(same.created_at, o.created_at);

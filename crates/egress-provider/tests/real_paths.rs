@@ -465,19 +465,19 @@ async fn get_reads_our_nics_address_from_the_real_networks_dhcp_lease_and_ignore
         let (relay, c) = relayed(&sshd).await;
 
         // No lease at all (agent channel present, no agent: code 86): no address yet.
-        let inst = get::get(&c, &entry, &h, &id, &u).await.unwrap();
+        let inst = get::get(&c, &entry, None, &h, &id, &u).await.unwrap();
         assert_eq!(inst.state, InstanceState::Provisioning);
         assert_eq!(inst.ip, None);
 
         // A lease for the domain's OTHER NIC on the same network is not our address (M14).
         net.set_leases(&[(net.ip(55), &other)]);
-        let inst = get::get(&c, &entry, &h, &id, &u).await.unwrap();
+        let inst = get::get(&c, &entry, None, &h, &id, &u).await.unwrap();
         assert_eq!(inst.ip, None, "the other NIC's lease was taken: {inst:?}");
         assert_eq!(inst.state, InstanceState::Provisioning);
 
         // Our MAC's lease, listed after the other one.
         net.set_leases(&[(net.ip(55), &other), (net.ip(66), &ours)]);
-        let inst = get::get(&c, &entry, &h, &id, &u).await.unwrap();
+        let inst = get::get(&c, &entry, None, &h, &id, &u).await.unwrap();
         assert_eq!(inst.ip, Some(IpAddr::V4(net.ip(66))), "{inst:?}");
         assert!(
             matches!(inst.state, InstanceState::Running),
@@ -491,7 +491,7 @@ async fn get_reads_our_nics_address_from_the_real_networks_dhcp_lease_and_ignore
         let e = address::address(&c, &dom, &ours, &h).await.unwrap_err();
         assert_eq!(e.class, ErrorClass::Transient, "{e}");
         assert!(e.message.contains(&name), "{e}");
-        let e = get::get(&c, &entry, &h, &id, &u).await.unwrap_err();
+        let e = get::get(&c, &entry, None, &h, &id, &u).await.unwrap_err();
         assert_eq!(e.class, ErrorClass::Transient, "{e}");
 
         // The link is cut (relay gone, sockets closed) while the address is read (H3).
@@ -541,7 +541,7 @@ async fn get_falls_back_to_the_hosts_arp_table_for_our_mac_only_on_the_real_daem
         // Only the other NIC's neighbour is known: not our address.
         net.add_neighbour(net.ip(77), &other);
         for h in [&on_network, &on_bridge] {
-            let inst = get::get(&c, &entry, h, &id, &u).await.unwrap();
+            let inst = get::get(&c, &entry, None, h, &id, &u).await.unwrap();
             assert_eq!(
                 inst.ip, None,
                 "the other NIC's neighbour was taken: {inst:?}"
@@ -551,7 +551,7 @@ async fn get_falls_back_to_the_hosts_arp_table_for_our_mac_only_on_the_real_daem
 
         net.add_neighbour(net.ip(88), &ours);
         for h in [&on_network, &on_bridge] {
-            let inst = get::get(&c, &entry, h, &id, &u).await.unwrap();
+            let inst = get::get(&c, &entry, None, h, &id, &u).await.unwrap();
             assert_eq!(inst.ip, Some(IpAddr::V4(net.ip(88))), "{inst:?}");
             assert!(matches!(inst.state, InstanceState::Running), "{inst:?}");
         }
@@ -590,7 +590,7 @@ async fn list_owned_fails_as_a_whole_when_the_real_link_freezes_or_is_cut_mid_li
 
         // Precondition: through the relay, the whole list.
         let (relay, c) = relayed(&sshd).await;
-        let all = list::list_owned(&c, &entry, "local").await.unwrap();
+        let all = list::list_owned(&c, &entry, None, "local").await.unwrap();
         assert_eq!(all.len(), usize::from(LIST_DOMAINS));
         assert!(all.iter().all(|i| i.name_matches_uid));
 
@@ -600,7 +600,7 @@ async fn list_owned_fails_as_a_whole_when_the_real_link_freezes_or_is_cut_mid_li
             let base = c.connection().stats().calls;
             let task = tokio::spawn({
                 let (c, entry) = (c.clone(), entry.clone());
-                async move { list::list_owned(&c, &entry, "local").await }
+                async move { list::list_owned(&c, &entry, None, "local").await }
             });
             let sent = wait_for_calls(&c, base, CUT_AFTER_CALLS).await;
             if cut {
@@ -634,7 +634,9 @@ async fn list_owned_fails_as_a_whole_when_the_real_link_freezes_or_is_cut_mid_li
         drop(relay);
 
         // The host itself is fine: a fresh link lists everything again.
-        let again = list::list_owned(&direct, &entry, "local").await.unwrap();
+        let again = list::list_owned(&direct, &entry, None, "local")
+            .await
+            .unwrap();
         assert_eq!(again.len(), usize::from(LIST_DOMAINS));
     })
     .await;

@@ -1,9 +1,10 @@
 //! The provider configuration file: loading, parsing and validation.
 //!
-//! The file is a YAML document with one key, `providers:`, a list of entries, each with a
+//! The file is a YAML document with the key `providers:`, a list of entries, each with a
 //! `name`, a `type` (only `libvirt` today) and the fields of
-//! [`egress_provider::libvirt::config::LibvirtEntry`]. See
-//! `examples/providers.yaml` for a commented example.
+//! [`egress_provider::libvirt::config::LibvirtEntry`], and an optional `installation: { id }`
+//! naming this installation in every ownership mark (see [`installation`] for the default
+//! when it is absent). See `examples/providers.yaml` for a commented example.
 //!
 //! Guarantees:
 //! - **All errors at once.** A file that parses is validated completely; every violation is
@@ -21,6 +22,7 @@
 //!   provider may rely on them (e.g. size arithmetic cannot overflow, finding L20).
 
 mod entry;
+pub mod installation;
 pub mod lenient;
 mod validate;
 
@@ -49,6 +51,11 @@ pub struct ProviderConfig {
     pub providers: Vec<ProviderEntry>,
     /// Warnings: the file is usable, but something is probably unintended.
     pub warnings: Vec<ConfigWarning>,
+    /// `installation.id`: this installation's ID, written in every ownership mark; valid per
+    /// [`egress_provider::libvirt::mark::valid_installation_id`]. `None` when the file sets
+    /// none: the driver then fills in its default ([`installation`]) before building
+    /// providers.
+    pub installation: Option<String>,
 }
 
 impl ProviderConfig {
@@ -79,6 +86,33 @@ impl ProviderEntry {
 #[serde(deny_unknown_fields)]
 struct RawFile {
     providers: Vec<ProviderEntry>,
+    #[serde(default)]
+    installation: Option<RawInstallation>,
+}
+
+/// `installation:` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawInstallation {
+    id: String,
+}
+
+/// The rule errors of `installation:` (the ID's syntax).
+fn validate_installation(raw: Option<&RawInstallation>) -> Vec<ConfigError> {
+    match raw {
+        Some(i) if !egress_provider::libvirt::mark::valid_installation_id(&i.id) => {
+            vec![ConfigError::new(
+                "installation.id",
+                format!(
+                    "{:?} is not a valid installation ID: 1 to {} lowercase letters, digits, \
+                     '-' or '.', starting and ending with a letter or digit",
+                    i.id.chars().take(80).collect::<String>(),
+                    egress_provider::libvirt::mark::MAX_INSTALLATION_ID_LEN
+                ),
+            )]
+        }
+        _ => Vec::new(),
+    }
 }
 
 /// One violation: the field path and a redacted message naming the bad value and the rule.
@@ -205,7 +239,8 @@ fn shape_errors(text: &str, origin: &str, first: &str) -> ConfigErrors {
         .collect();
     let mut warnings = Vec::new();
     if let Some(raw) = &collected.value {
-        let (rule_errors, w) = validate(&raw.providers);
+        let (mut rule_errors, w) = validate(&raw.providers);
+        rule_errors.extend(validate_installation(raw.installation.as_ref()));
         errors.extend(
             rule_errors
                 .into_iter()
@@ -253,11 +288,13 @@ pub fn parse(text: &str, origin: &str) -> Result<ProviderConfig, ConfigErrors> {
         Ok(raw) => raw,
         Err(first) => return Err(shape_errors(text, origin, &first.to_string())),
     };
-    let (errors, warnings) = validate(&raw.providers);
+    let (mut errors, warnings) = validate(&raw.providers);
+    errors.extend(validate_installation(raw.installation.as_ref()));
     if errors.is_empty() {
         Ok(ProviderConfig {
             providers: raw.providers,
             warnings,
+            installation: raw.installation.map(|i| i.id),
         })
     } else {
         Err(ConfigErrors {

@@ -1,5 +1,5 @@
 //! The ownership mark: domain metadata in our own namespace saying the domain is managed by
-//! us, for which Proxy UID, in which entry, since when.
+//! us, for which Proxy UID, in which entry, for which installation, since when.
 //!
 //! Guarantees (findings M2, E2, L9): [`parse`] accepts only a mark whose `managed` is exactly
 //! `true`, whose UID is a canonical lowercase UUID with no padding, whose entry equals the
@@ -8,6 +8,13 @@
 //! to now in [`Mark::created_at`]; the time as written stays in [`Mark::recorded_at`], so the
 //! listing can restamp a future-dated mark with the time it was first seen (see
 //! [`crate::libvirt::ops::list`]) and the age it reports then grows from that stamp.
+//!
+//! Installation identity: a mark may carry an `installation` field, an ID checked by
+//! [`valid_installation_id`] (a present but invalid, padded or duplicated one makes the mark
+//! invalid). A mark written before the field existed parses with [`Mark::installation`]
+//! `None`; [`Mark::owner`] tells an installation whether a mark is its own, a mark without an
+//! ID to adopt and rewrite once ([`Owner::Unclaimed`]), or another installation's
+//! ([`Owner::Foreign`], never collected, adopted or rewritten).
 
 use std::time::SystemTime;
 
@@ -34,10 +41,72 @@ pub struct Mark {
     pub created_at: SystemTime,
     /// The creation time exactly as recorded in the mark (may be in the future).
     pub recorded_at: SystemTime,
+    /// The installation that wrote the mark; `None` for a mark written before installation
+    /// identity existed.
+    pub installation: Option<String>,
 }
 
-/// The metadata XML written at define (the element libvirt stores under [`NAMESPACE`]).
+/// Whose a parsed mark is, from the point of view of one installation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// The mark carries this installation's ID (or neither side has an ID).
+    Ours,
+    /// The mark carries no ID while this installation has one: it predates installation
+    /// identity; the listing adopts it once and rewrites it with this installation's ID.
+    Unclaimed,
+    /// The mark carries another installation's ID (or an ID while this installation has
+    /// none): never collected, adopted or rewritten.
+    Foreign,
+}
+
+impl Mark {
+    /// Whose this mark is for the installation `ours` (`None`: an installation without an ID).
+    pub fn owner(&self, ours: Option<&str>) -> Owner {
+        match (self.installation.as_deref(), ours) {
+            (None, None) => Owner::Ours,
+            (None, Some(_)) => Owner::Unclaimed,
+            (Some(m), Some(o)) if m == o => Owner::Ours,
+            (Some(_), _) => Owner::Foreign,
+        }
+    }
+}
+
+/// Longest installation ID.
+// NB: a DNS label's length: a Kubernetes namespace/release pair or a UUID fits.
+pub const MAX_INSTALLATION_ID_LEN: usize = 63;
+
+/// Whether `id` is a valid installation ID: 1 to [`MAX_INSTALLATION_ID_LEN`] characters of
+/// lowercase ASCII letters, digits, `-` and `.`, starting and ending with a letter or digit.
+/// Such an ID needs no escaping in XML and reads back byte for byte.
+pub fn valid_installation_id(id: &str) -> bool {
+    let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let b = id.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_INSTALLATION_ID_LEN
+        && b.iter().all(|&c| alnum(c) || c == b'-' || c == b'.')
+        && b.first().copied().is_some_and(alnum)
+        && b.last().copied().is_some_and(alnum)
+}
+
+/// The mark without an installation ID, as written before installation identity existed
+/// (what [`render_for`] writes for an installation without an ID).
 pub fn render(uid: &ProxyUid, entry: &str, created_at: SystemTime) -> String {
+    render_for(uid, entry, None, created_at)
+}
+
+/// The metadata XML written at define (the element libvirt stores under [`NAMESPACE`]),
+/// carrying `installation` when given. An ID that fails [`valid_installation_id`] is not
+/// written (the config refuses one before any mark is written).
+pub fn render_for(
+    uid: &ProxyUid,
+    entry: &str,
+    installation: Option<&str>,
+    created_at: SystemTime,
+) -> String {
+    let inst = installation
+        .filter(|i| valid_installation_id(i))
+        .map(|i| format!("<{KEY}:installation>{i}</{KEY}:installation>"))
+        .unwrap_or_default();
     let ts = OffsetDateTime::from(created_at)
         .replace_nanosecond(0)
         .ok()
@@ -45,7 +114,7 @@ pub fn render(uid: &ProxyUid, entry: &str, created_at: SystemTime) -> String {
         .unwrap_or_else(|| "1970-01-01T00:00:00Z".into());
     format!(
         "<{KEY}:instance xmlns:{KEY}=\"{NAMESPACE}\"><{KEY}:managed>true</{KEY}:managed>\
-         <{KEY}:uid>{}</{KEY}:uid><{KEY}:entry>{}</{KEY}:entry>\
+         <{KEY}:uid>{}</{KEY}:uid><{KEY}:entry>{}</{KEY}:entry>{inst}\
          <{KEY}:createdAt>{ts}</{KEY}:createdAt></{KEY}:instance>",
         uid.canonical(),
         xml_escape(entry),
@@ -55,8 +124,13 @@ pub fn render(uid: &ProxyUid, entry: &str, created_at: SystemTime) -> String {
 /// The mark as [`render`] writes it, but without a namespace prefix: the form
 /// `DOMAIN_SET_METADATA` takes (libvirt puts the element under [`KEY`] and [`NAMESPACE`]
 /// itself). [`parse`] reads both forms alike.
-pub fn render_for_set_metadata(uid: &ProxyUid, entry: &str, created_at: SystemTime) -> String {
-    render(uid, entry, created_at)
+pub fn render_for_set_metadata(
+    uid: &ProxyUid,
+    entry: &str,
+    installation: Option<&str>,
+    created_at: SystemTime,
+) -> String {
+    render_for(uid, entry, installation, created_at)
         .replace(&format!(" xmlns:{KEY}=\"{NAMESPACE}\""), "")
         .replace(&format!("<{KEY}:"), "<")
         .replace(&format!("</{KEY}:"), "</")
@@ -73,6 +147,10 @@ pub fn parse(xml: &str, entry: &str, now: SystemTime) -> Option<Mark> {
     let mut depth = 0usize;
     let mut current: Option<String> = None;
     let (mut managed, mut uid, mut ent, mut created) = (None, None, None, None);
+    let mut installation = None;
+    // NB: an empty `<installation></installation>` yields no text event; it must not read
+    // as a mark without the field (which would be adopted).
+    let mut installation_elements = 0usize;
     let mut root_seen = false;
     loop {
         match reader.read_event().ok()? {
@@ -86,7 +164,12 @@ pub fn parse(xml: &str, entry: &str, now: SystemTime) -> Option<Mark> {
                         }
                         root_seen = true;
                     }
-                    2 => current = Some(name),
+                    2 => {
+                        if name == "installation" {
+                            installation_elements += 1;
+                        }
+                        current = Some(name);
+                    }
                     _ => return None,
                 }
             }
@@ -102,6 +185,7 @@ pub fn parse(xml: &str, entry: &str, now: SystemTime) -> Option<Mark> {
                         "uid" => &mut uid,
                         "entry" => &mut ent,
                         "createdAt" => &mut created,
+                        "installation" => &mut installation,
                         _ => continue,
                     };
                     if slot.is_some() {
@@ -128,11 +212,20 @@ pub fn parse(xml: &str, entry: &str, now: SystemTime) -> Option<Mark> {
     }
     let t = OffsetDateTime::parse(created.as_deref()?, &Rfc3339).ok()?;
     let recorded_at = SystemTime::from(t);
+    let installation_ok = match (installation_elements, installation.as_deref()) {
+        (0, None) => true,
+        (1, Some(i)) => valid_installation_id(i),
+        _ => false,
+    };
+    if !installation_ok {
+        return None;
+    }
     Some(Mark {
         uid,
         entry: entry.to_owned(),
         created_at: recorded_at.min(now),
         recorded_at,
+        installation,
     })
 }
 
@@ -164,7 +257,7 @@ mod tests {
         assert_eq!(m.created_at, t);
         let lv = as_libvirt_returns(&uid().canonical(), "home", "2026-11-29T10:00:00Z");
         assert!(parse(&lv, "home", now).is_some());
-        let bare = render_for_set_metadata(&uid(), "home", t);
+        let bare = render_for_set_metadata(&uid(), "home", None, t);
         assert!(!bare.contains("ep:") && !bare.contains("xmlns"), "{bare}");
         assert_eq!(parse(&bare, "home", now).unwrap().created_at, t);
     }
@@ -219,5 +312,47 @@ mod tests {
             SystemTime::UNIX_EPOCH + Duration::from_secs(4_070_908_800),
             "the recorded time is kept so the listing can restamp it"
         );
+    }
+
+    #[test]
+    fn a_mark_carries_its_installation_and_tells_ours_unclaimed_and_foreign_apart() {
+        let now = SystemTime::now();
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000);
+        let ours = parse(&render_for(&uid(), "home", Some("site-a"), t), "home", now).unwrap();
+        assert_eq!(ours.installation.as_deref(), Some("site-a"));
+        assert_eq!(ours.owner(Some("site-a")), Owner::Ours);
+        assert_eq!(ours.owner(Some("site-b")), Owner::Foreign);
+        assert_eq!(ours.owner(None), Owner::Foreign);
+        let legacy = parse(&render(&uid(), "home", t), "home", now).unwrap();
+        assert_eq!(legacy.installation, None);
+        assert_eq!(legacy.owner(Some("site-a")), Owner::Unclaimed);
+        assert_eq!(legacy.owner(None), Owner::Ours);
+        let bare = render_for_set_metadata(&uid(), "home", Some("site-a"), t);
+        assert_eq!(
+            parse(&bare, "home", now).unwrap().installation.as_deref(),
+            Some("site-a")
+        );
+    }
+
+    #[test]
+    fn a_padded_recased_duplicated_or_empty_installation_makes_the_mark_invalid() {
+        let now = SystemTime::now();
+        let good = as_libvirt_returns(&uid().canonical(), "home", "2026-11-29T10:00:00Z");
+        for bad in [" site-a", "site-a\n", "Site-A", "", "-a", "a/b", "a&amp;b"] {
+            let xml = good.replace(
+                "<entry>home</entry>",
+                &format!("<entry>home</entry><installation>{bad}</installation>"),
+            );
+            assert!(parse(&xml, "home", now).is_none(), "{bad:?}");
+        }
+        let dup = good.replace(
+            "<entry>home</entry>",
+            "<entry>home</entry><installation>a</installation><installation>a</installation>",
+        );
+        assert!(parse(&dup, "home", now).is_none());
+        assert!(!valid_installation_id(
+            &"a".repeat(MAX_INSTALLATION_ID_LEN + 1)
+        ));
+        assert!(valid_installation_id(&"a".repeat(MAX_INSTALLATION_ID_LEN)));
     }
 }

@@ -62,6 +62,7 @@ pub struct LibvirtProvider {
     caps: Mutex<HashMap<String, HostCaps>>,
     pools: Mutex<HashMap<String, StoragePool>>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    installation: Option<String>,
 }
 
 impl std::fmt::Debug for LibvirtProvider {
@@ -99,7 +100,27 @@ impl LibvirtProvider {
             caps: Mutex::new(HashMap::new()),
             pools: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
+            installation: None,
         }
+    }
+
+    /// This provider as the installation `id`: every mark it writes carries `id`, marks of
+    /// other installations are never listed, adopted or deleted, and marks without an ID are
+    /// adopted and rewritten with `id` by the listing (see [`ops::list`]). Without this call
+    /// marks carry no ID and any mark with one is another installation's. `id` must satisfy
+    /// [`mark::valid_installation_id`](super::mark::valid_installation_id) (the config checks
+    /// it); an invalid one is refused here as `None` would be wrong silently.
+    pub fn with_installation(mut self, id: &str) -> Result<Self> {
+        if !super::mark::valid_installation_id(id) {
+            return Err(ProviderError::permanent(format!(
+                "installation ID {:?} is not valid: 1 to {} lowercase letters, digits, '-' or \
+                 '.', starting and ending with a letter or digit",
+                super::classify::truncate(id, 80),
+                super::mark::MAX_INSTALLATION_ID_LEN
+            )));
+        }
+        self.installation = Some(id.to_owned());
+        Ok(self)
     }
 
     /// The host pool.
@@ -190,7 +211,8 @@ impl LibvirtProvider {
         let c = lease.client();
         let host = lease.host();
         let entry = &self.entry_cfg().name;
-        match ops::get::check_mark(c, dom, entry, &req.uid, &host.name).await? {
+        let inst = self.installation.as_deref();
+        match ops::get::check_mark(c, dom, entry, inst, &req.uid, &host.name).await? {
             MarkCheck::Ours => {}
             other => {
                 return Err(ProviderError::permanent(format!(
@@ -234,7 +256,7 @@ impl LibvirtProvider {
         };
         if let Some(why) = mismatch {
             tracing::info!(domain = %dom.name, host = %host.name, why, "adopted domain's disks are not the ones this Proxy needs; recreating");
-            ops::delete::delete(c, entry, host, &req.uid).await?;
+            ops::delete::delete(c, entry, inst, host, &req.uid).await?;
             return Ok(None);
         }
         let (state, _) = c.domain_state(dom).await.map_err(|e| {
@@ -249,7 +271,9 @@ impl LibvirtProvider {
             })?;
         }
         let id = self.id(&host.name, &req.uid);
-        ops::get::get(c, entry, host, &id, &req.uid).await.map(Some)
+        ops::get::get(c, entry, inst, host, &id, &req.uid)
+            .await
+            .map(Some)
     }
 
     /// The verified base `req.image` resolves to on the lease's host (imported if not cached)
@@ -377,6 +401,7 @@ impl LibvirtProvider {
                     uid: &req.uid,
                     entry,
                     created_at: SystemTime::now(),
+                    installation: self.installation.as_deref(),
                 },
                 caps,
             )
@@ -585,6 +610,7 @@ impl Provider for LibvirtProvider {
         ops::get::get(
             lease.client(),
             &self.entry_cfg().name,
+            self.installation.as_deref(),
             lease.host(),
             id,
             uid,
@@ -596,7 +622,14 @@ impl Provider for LibvirtProvider {
         let name = names::domain(&self.entry_cfg().name, uid);
         let _guard = self.lock_name(&name).await?;
         let lease = self.pool.acquire(host).await?;
-        ops::delete::delete(lease.client(), &self.entry_cfg().name, lease.host(), uid).await
+        ops::delete::delete(
+            lease.client(),
+            &self.entry_cfg().name,
+            self.installation.as_deref(),
+            lease.host(),
+            uid,
+        )
+        .await
     }
 
     async fn list_owned(&self) -> Result<Vec<OwnedInstance>> {
@@ -604,7 +637,13 @@ impl Provider for LibvirtProvider {
         for h in &self.entry_cfg().hosts {
             let lease = self.pool.acquire(&h.name).await?;
             all.extend(
-                ops::list::list_owned(lease.client(), &self.entry_cfg().name, &h.name).await?,
+                ops::list::list_owned(
+                    lease.client(),
+                    &self.entry_cfg().name,
+                    self.installation.as_deref(),
+                    &h.name,
+                )
+                .await?,
             );
         }
         Ok(all)

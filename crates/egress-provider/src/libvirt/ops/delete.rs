@@ -31,12 +31,18 @@ use crate::model::ProxyUid;
 /// Removes the instance of `uid` in `entry` on `host` (connection `client`) and its overlay
 /// and seed. Succeeds when none of them is left; refuses (Permanent) a same-named domain that
 /// is not ours for `uid`, leaving it and every volume untouched.
-pub async fn delete(client: &Client, entry: &str, host: &HostConfig, uid: &ProxyUid) -> Result<()> {
+pub async fn delete(
+    client: &Client,
+    entry: &str,
+    installation: Option<&str>,
+    host: &HostConfig,
+    uid: &ProxyUid,
+) -> Result<()> {
     let name = names::domain(entry, uid);
     let on = |what: String| move |e: LvError| classify(&e, &what);
     match client.domain_lookup_by_name(&name).await {
         Ok(dom) => {
-            match check_mark(client, &dom, entry, uid, &host.name).await {
+            match check_mark(client, &dom, entry, installation, uid, &host.name).await {
                 Ok(MarkCheck::Ours) => {}
                 Ok(other) => {
                     return Err(ProviderError::permanent(format!(

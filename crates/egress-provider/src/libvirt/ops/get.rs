@@ -23,6 +23,7 @@ use crate::model::{Instance, ProviderId, ProxyUid};
 pub async fn get(
     client: &Client,
     entry: &str,
+    installation: Option<&str>,
     host: &HostConfig,
     id: &ProviderId,
     uid: &ProxyUid,
@@ -53,7 +54,7 @@ pub async fn get(
         .domain_lookup_by_name(&expected)
         .await
         .map_err(vanished)?;
-    verify_mark(client, &dom, entry, uid, &host.name)
+    verify_mark(client, &dom, entry, installation, uid, &host.name)
         .await?
         .ok_or_else(|| {
             ProviderError::not_found(format!(
@@ -87,6 +88,8 @@ pub enum MarkCheck {
     Unmarked,
     /// A valid mark of `entry`, for another UID.
     OtherUid(ProxyUid),
+    /// A valid mark of `entry` written by another installation.
+    OtherInstallation,
     /// Something under our namespace that is not a valid mark of `entry`.
     Invalid,
 }
@@ -98,6 +101,7 @@ impl MarkCheck {
             Self::Ours => "our mark".into(),
             Self::Unmarked => "no mark under our namespace".into(),
             Self::OtherUid(u) => format!("a mark of Proxy {u}"),
+            Self::OtherInstallation => "a mark of another installation".into(),
             Self::Invalid => {
                 "a mark that is not valid for this entry (other entry, unmanaged, padded or \
                  malformed)"
@@ -107,17 +111,23 @@ impl MarkCheck {
     }
 }
 
-/// Reads and checks the mark of `dom`. `Err` for connection-class failures and for a domain
-/// that vanished (NotFound); `Ok(check)` otherwise.
+/// Reads and checks the mark of `dom` for the installation `installation`. `Err` for
+/// connection-class failures and for a domain that vanished (NotFound); `Ok(check)` otherwise.
+/// A mark without an installation ID is ours (it predates installation identity; the listing
+/// rewrites it); one with another installation's ID is [`MarkCheck::OtherInstallation`].
 pub async fn check_mark(
     client: &Client,
     dom: &Domain,
     entry: &str,
+    installation: Option<&str>,
     uid: &ProxyUid,
     host: &str,
 ) -> Result<MarkCheck> {
     match client.domain_metadata(dom, mark::NAMESPACE, 0).await {
         Ok(xml) => Ok(match mark::parse(&xml, entry, SystemTime::now()) {
+            Some(m) if m.owner(installation) == mark::Owner::Foreign => {
+                MarkCheck::OtherInstallation
+            }
             Some(m) if m.uid == *uid => MarkCheck::Ours,
             Some(m) => MarkCheck::OtherUid(m.uid),
             None => MarkCheck::Invalid,
@@ -140,8 +150,12 @@ async fn verify_mark(
     client: &Client,
     dom: &Domain,
     entry: &str,
+    installation: Option<&str>,
     uid: &ProxyUid,
     host: &str,
 ) -> Result<Option<()>> {
-    Ok((check_mark(client, dom, entry, uid, host).await? == MarkCheck::Ours).then_some(()))
+    Ok(
+        (check_mark(client, dom, entry, installation, uid, host).await? == MarkCheck::Ours)
+            .then_some(()),
+    )
 }

@@ -21,6 +21,13 @@
 //!   changed (older readers parse it alike), to the persistent definition and, when running,
 //!   the live one. A failed rewrite is logged and the instance is listed with age zero (kept);
 //!   the next listing retries;
+//! - installation identity: a mark carrying another installation's ID (or any ID, for an
+//!   installation without one) is not listed — never collected, never adopted, never written
+//!   to. A mark without an ID, on a domain named for its UID, is adopted: the listing rewrites
+//!   it once with this installation's ID (same format, `createdAt` kept unless restamped as
+//!   above, same flags as the restamp) and reports it with age zero in that listing, so the
+//!   pass that adopts it never collects it. A failed rewrite is logged, the instance is listed
+//!   with age zero (kept), and the next listing retries;
 //! - mark reads are pipelined on the one connection, at most [`MARK_READ_CONCURRENCY`] in
 //!   flight; the first failure drops the rest (dropping a call abandons only that call).
 
@@ -51,11 +58,13 @@ pub const MARK_READ_CONCURRENCY: usize = 4;
 // worth configuring.
 pub const FUTURE_MARK_TOLERANCE: Duration = Duration::from_secs(60);
 
-/// Every domain on the host `host_name` (connection `client`) carrying a valid mark of `entry`.
-/// Fails as a whole rather than returning a partial list.
+/// Every domain on the host `host_name` (connection `client`) carrying a valid mark of `entry`
+/// that is not another installation's (`installation`: this installation's ID). Fails as a
+/// whole rather than returning a partial list.
 pub async fn list_owned(
     client: &Client,
     entry: &str,
+    installation: Option<&str>,
     host_name: &str,
 ) -> Result<Vec<OwnedInstance>> {
     let domains = client
@@ -64,7 +73,7 @@ pub async fn list_owned(
         .map_err(|e| classify(&e, &format!("listing domains on host {host_name}")))?;
     let now = SystemTime::now();
     let reads = stream::iter(domains)
-        .map(|dom| read_one(client, dom, entry, host_name, now))
+        .map(|dom| read_one(client, dom, entry, installation, host_name, now))
         .buffered(MARK_READ_CONCURRENCY);
     futures_util::pin_mut!(reads);
     let mut out = Vec::new();
@@ -80,6 +89,7 @@ async fn read_one(
     client: &Client,
     dom: Domain,
     entry: &str,
+    installation: Option<&str>,
     host_name: &str,
     now: SystemTime,
 ) -> Result<Option<OwnedInstance>> {
@@ -105,16 +115,27 @@ async fn read_one(
     let Some(m) = mark::parse(&xml, entry, now) else {
         return Ok(None);
     };
+    let owner = m.owner(installation);
+    if owner == mark::Owner::Foreign {
+        // Another installation's: not ours to collect, adopt or rewrite.
+        return Ok(None);
+    }
     let name_matches_uid = dom.name == names::domain(entry, &m.uid);
     let mut created_at = m.created_at;
-    if name_matches_uid
-        && m.recorded_at
-            > now
-                .checked_add(FUTURE_MARK_TOLERANCE)
-                .unwrap_or(SystemTime::UNIX_EPOCH)
-    {
+    let future = m.recorded_at
+        > now
+            .checked_add(FUTURE_MARK_TOLERANCE)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+    let unclaimed = owner == mark::Owner::Unclaimed;
+    if name_matches_uid && (future || unclaimed) {
         // finding: L9 — restamp with the time it was first seen; the age grows from here.
-        created_at = restamp(client, &dom, &m, host_name, now).await;
+        // An unclaimed mark is adopted: rewritten with our ID.
+        let stamp = if future { now } else { m.recorded_at };
+        created_at = rewrite(client, &dom, &m, installation, stamp, host_name, now).await;
+        if unclaimed {
+            // Never collected by the pass that adopts it.
+            created_at = now;
+        }
     }
     Ok(Some(OwnedInstance {
         id: ProviderId {
@@ -128,16 +149,19 @@ async fn read_one(
     }))
 }
 
-/// Rewrites the future-dated mark `m` of `dom` with `now` (seconds precision, as every mark);
-/// returns the creation time to report: the stamp when written, else `m.created_at` (now).
-async fn restamp(
+/// Rewrites the mark `m` of `dom` with the creation time `stamp` (seconds precision, as every
+/// mark) and the installation ID `installation`; returns the creation time to report: the
+/// stamp when written, else `m.created_at` (clamped to now).
+async fn rewrite(
     client: &Client,
     dom: &Domain,
     m: &mark::Mark,
+    installation: Option<&str>,
+    stamp: SystemTime,
     host_name: &str,
     now: SystemTime,
 ) -> SystemTime {
-    let xml = mark::render_for_set_metadata(&m.uid, &m.entry, now);
+    let xml = mark::render_for_set_metadata(&m.uid, &m.entry, installation, stamp);
     // NB: a running domain has a live and a persistent definition; writing only the live one
     // would bring the future date back at its next start. `id` is -1 when inactive; a domain
     // that started or stopped since the listing fails this write and is restamped next time.
@@ -154,19 +178,24 @@ async fn restamp(
             tracing::info!(
                 domain = %dom.name,
                 host = host_name,
-                "restamped a mark dated in the future with the time it was first seen"
+                "rewrote a mark (dated in the future, or without an installation ID) with the \
+                 time it was first seen and this installation's ID"
             );
             // The stamp as written (whole seconds), so every later listing reports the same.
-            mark::parse(&mark::render(&m.uid, &m.entry, now), &m.entry, now)
-                .map_or(m.created_at, |w| w.created_at)
+            mark::parse(
+                &mark::render_for(&m.uid, &m.entry, installation, stamp),
+                &m.entry,
+                now,
+            )
+            .map_or(m.created_at, |w| w.created_at)
         }
         Err(e) => {
             tracing::warn!(
                 domain = %dom.name,
                 host = host_name,
                 error = %e,
-                "could not restamp a mark dated in the future; it reads as age zero until a \
-                 later listing restamps it"
+                "could not rewrite a mark dated in the future or without an installation ID; \
+                 it reads as age zero until a later listing rewrites it"
             );
             m.created_at
         }

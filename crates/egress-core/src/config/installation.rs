@@ -1,0 +1,171 @@
+//! This installation's ID: the value written into every ownership mark so that two
+//! installations sharing a host never collect or adopt each other's instances.
+//!
+//! Where the ID comes from, first match wins:
+//! 1. `installation.id` in the provider config (any driver);
+//! 2. standalone: the file [`FILE_NAME`] in the state directory the driver names, read if it
+//!    exists, else created once with a fresh random ID ([`resolve_persisted`]);
+//! 3. Kubernetes: derived from the namespace and release name ([`derive_kubernetes`]) — both
+//!    are stable for the life of an installation, so nothing needs persisting.
+//!
+//! Guarantees: every ID returned satisfies
+//! [`egress_provider::libvirt::mark::valid_installation_id`]; the persisted file is read with
+//! a size bound and a file that does not hold a valid ID is an error (never silently
+//! replaced: replacing it would make every instance of this installation foreign); two
+//! processes creating the file at once end with one ID (`create_new`, the loser reads it).
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use egress_provider::libvirt::mark::{MAX_INSTALLATION_ID_LEN, valid_installation_id};
+
+/// Name of the file holding a standalone installation's ID in its state directory.
+pub const FILE_NAME: &str = "installation-id";
+
+/// Largest ID file read (an ID and a newline fit many times over).
+const MAX_FILE_BYTES: u64 = 256;
+
+/// Why the installation ID could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallationError {
+    /// The ID file could not be read or created.
+    #[error("installation ID file {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// The ID file exists but does not hold a valid ID.
+    #[error(
+        "installation ID file {path} does not hold a valid installation ID (1 to {max} \
+         lowercase letters, digits, '-' or '.'); fix it or set installation.id in the provider \
+         config — it is never replaced automatically, as every instance would become foreign",
+        max = MAX_INSTALLATION_ID_LEN
+    )]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+/// The ID for a standalone installation: `configured` when set, else the one in `file`,
+/// else a fresh random ID written to `file` (created, never overwritten).
+pub fn resolve_persisted(
+    configured: Option<&str>,
+    file: &Path,
+) -> Result<String, InstallationError> {
+    if let Some(id) = configured {
+        return Ok(id.to_owned());
+    }
+    let io = |source| InstallationError::Io {
+        path: file.to_owned(),
+        source,
+    };
+    match read_id(file) {
+        Ok(id) => return Ok(id),
+        Err(InstallationError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let id = format!("i-{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(file)
+    {
+        Ok(mut f) => {
+            f.write_all(format!("{id}\n").as_bytes()).map_err(io)?;
+            f.sync_all().map_err(io)?;
+            Ok(id)
+        }
+        // Another process created it first: its ID wins.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read_id(file),
+        Err(e) => Err(io(e)),
+    }
+}
+
+fn read_id(file: &Path) -> Result<String, InstallationError> {
+    let io = |source| InstallationError::Io {
+        path: file.to_owned(),
+        source,
+    };
+    let f = std::fs::File::open(file).map_err(io)?;
+    let mut text = String::new();
+    f.take(MAX_FILE_BYTES)
+        .read_to_string(&mut text)
+        .map_err(io)?;
+    let id = text.strip_suffix('\n').unwrap_or(&text);
+    if valid_installation_id(id) {
+        Ok(id.to_owned())
+    } else {
+        Err(InstallationError::Invalid {
+            path: file.to_owned(),
+        })
+    }
+}
+
+/// The ID of a Kubernetes installation: `configured` when set, else `k8s-` and the first 32
+/// hex digits of the SHA-256 of `namespace/release` — stable across restarts and upgrades,
+/// distinct for every namespace/release pair (neither may contain `/`).
+pub fn derive_kubernetes(configured: Option<&str>, namespace: &str, release: &str) -> String {
+    if let Some(id) = configured {
+        return id.to_owned();
+    }
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(format!("{namespace}/{release}").as_bytes());
+    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    format!("k8s-{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn dir(test: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "ep-installation-{test}-{}-{}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_standalone_id_is_created_once_then_read_back_unchanged() {
+        let d = dir("persist");
+        let f = d.join(FILE_NAME);
+        let first = resolve_persisted(None, &f).unwrap();
+        assert!(valid_installation_id(&first), "{first}");
+        assert_eq!(resolve_persisted(None, &f).unwrap(), first);
+        assert_eq!(resolve_persisted(Some("site-a"), &f).unwrap(), "site-a");
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), format!("{first}\n"));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_corrupt_id_file_is_an_error_never_replaced() {
+        let d = dir("corrupt");
+        let f = d.join(FILE_NAME);
+        std::fs::write(&f, "Not An ID\n").unwrap();
+        assert!(matches!(
+            resolve_persisted(None, &f),
+            Err(InstallationError::Invalid { .. })
+        ));
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "Not An ID\n");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_kubernetes_id_is_stable_per_namespace_and_release() {
+        let a = derive_kubernetes(None, "egress", "ep");
+        assert!(valid_installation_id(&a), "{a}");
+        assert_eq!(a, derive_kubernetes(None, "egress", "ep"));
+        assert_ne!(a, derive_kubernetes(None, "egress2", "ep"));
+        assert_ne!(a, derive_kubernetes(None, "egress", "ep2"));
+        assert_eq!(derive_kubernetes(Some("site-a"), "egress", "ep"), "site-a");
+    }
+}

@@ -116,6 +116,36 @@ fn version_prints_the_version_and_protocol_without_touching_the_network() {
 }
 
 #[test]
+fn version_names_the_git_commit_the_binary_was_built_from() {
+    let s = stdout(&run(&["version"]));
+    let commit = s
+        .lines()
+        .find_map(|l| l.strip_prefix("commit: "))
+        .unwrap_or_else(|| panic!("no commit line: {s}"));
+    let checkout = Command::new("git")
+        .args(["rev-parse", "--git-dir"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !checkout {
+        // Built from a tree without git: it says so instead of inventing a commit.
+        assert!(commit.starts_with("unknown"), "{commit}");
+        return;
+    }
+    assert!(
+        commit.len() >= 7 && commit.chars().all(|c| c.is_ascii_hexdigit()),
+        "a commit hash, not {commit:?}"
+    );
+    // The checkout knows that commit (built from this tree).
+    let known = Command::new("git")
+        .args(["cat-file", "-e", &format!("{commit}^{{commit}}")])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .unwrap();
+    assert!(known.success(), "{commit} is not a commit of this checkout");
+}
+
+#[test]
 fn an_unknown_command_is_a_usage_error_with_exit_code_2() {
     let o = run(&["frobnicate"]);
     assert_eq!(o.status.code(), Some(2));
@@ -437,9 +467,21 @@ fn status_with_nothing_listening_says_so_and_exits_1() {
 
 #[test]
 fn status_rejects_a_server_that_is_not_an_http_url() {
-    let o = run(&["status", "--server", "127.0.0.1:9464"]);
+    let o = run(&["status", "--server", "https://127.0.0.1:9464"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("not an http:// URL"), "{}", stderr(&o));
+}
+
+#[test]
+fn status_takes_a_server_given_as_host_and_port_without_http() {
+    let port = free_port();
+    let o = run(&["status", "--server", &format!("127.0.0.1:{port}")]);
+    assert_eq!(o.status.code(), Some(1), "dialled, found nothing listening");
+    assert!(
+        stderr(&o).contains(&format!("nothing is listening at http://127.0.0.1:{port}")),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// A valid config whose only host is a closed port: GC must refuse before contacting it.

@@ -78,12 +78,12 @@ impl StatusArgs {
 
 /// Runs `status`.
 pub async fn run(a: StatusArgs) -> anyhow::Result<u8> {
-    let base = url::Url::parse(&a.server)
+    let base = url::Url::parse(&server_url(&a.server))
         .ok()
         .filter(|u| u.scheme() == "http" && u.host().is_some())
         .ok_or_else(|| {
             UsageError::new(format!(
-                "--server {:?} is not an http:// URL (e.g. {DEFAULT_SERVER})",
+                "--server {:?} is not an http:// URL or a host:port (e.g. {DEFAULT_SERVER})",
                 a.server
             ))
         })?;
@@ -121,6 +121,16 @@ pub async fn run(a: StatusArgs) -> anyhow::Result<u8> {
             .iter()
             .any(|p| matches!(p.phase, Phase::Failed | Phase::Paused));
     Ok(if unhealthy { EXIT_FAILED } else { EXIT_OK })
+}
+
+/// `server` as a URL: `host:port` (no scheme) means `http://host:port`, as `--listen` prints
+/// it; anything with a scheme is taken as written (and refused unless it is `http`).
+fn server_url(server: &str) -> String {
+    if server.contains("://") {
+        server.to_owned()
+    } else {
+        format!("http://{server}")
+    }
 }
 
 async fn fetch(url: &url::Url) -> Result<Vec<u8>, String> {

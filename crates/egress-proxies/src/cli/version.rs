@@ -5,17 +5,15 @@
 
 use libvirt_remote::proto::{REMOTE_PROGRAM, REMOTE_VERSION};
 
-/// Build-time environment variable carrying the git commit (set by CI or the packager:
-/// `EGRESS_PROXIES_GIT_COMMIT=$(git rev-parse --short HEAD) cargo build`).
+/// Build-time environment variable carrying the git commit: set by `build.rs` from
+/// `git rev-parse --short=12 HEAD`, or by a packager building without a checkout
+/// (`EGRESS_PROXIES_GIT_COMMIT=... cargo build`), which takes precedence.
 pub const GIT_COMMIT_ENV: &str = "EGRESS_PROXIES_GIT_COMMIT";
 
 /// The text `version` prints.
 pub fn text() -> String {
-    // NB: read at compile time through option_env! rather than a build script running git:
-    // builds from a source tarball have no .git, and a build script would rerun on every
-    // commit in the shared target dir.
     let commit = option_env!("EGRESS_PROXIES_GIT_COMMIT").map_or_else(
-        || format!("unknown ({GIT_COMMIT_ENV} was not set at build time)"),
+        || format!("unknown (built without git; set {GIT_COMMIT_ENV} at build time)"),
         str::to_owned,
     );
     format!(

@@ -548,3 +548,86 @@ async fn real_libvirt_keeps_the_restamp_of_a_future_mark_in_the_live_and_persist
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_libvirt_keeps_the_installation_rewrite_of_a_mark_without_one_and_never_writes_another_installations()
+ {
+    run("adopting marks without an installation ID", async {
+        let entry = unique_entry();
+        let (a, r, f) = (uid(10), uid(11), uid(12));
+        let (na, nr, nf) = (
+            names::domain(&entry, &a),
+            names::domain(&entry, &r),
+            names::domain(&entry, &f),
+        );
+        let t = "2026-11-29T10:00:00Z";
+        // Marks in today's format (no installation), one domain running.
+        let _ga = DomainGuard::define(
+            &na,
+            &domain_xml(
+                &na,
+                &raw_mark(mark::NAMESPACE, &a.canonical(), &entry, t),
+                "",
+            ),
+        );
+        let _gr = DomainGuard::define(
+            &nr,
+            &domain_xml(
+                &nr,
+                &raw_mark(mark::NAMESPACE, &r.canonical(), &entry, t),
+                "",
+            ),
+        );
+        // Another installation's mark.
+        let theirs = mark::render_for(&f, &entry, Some("site-b"), SystemTime::now());
+        let _gf = DomainGuard::define(&nf, &domain_xml(&nf, &theirs, ""));
+        virsh_ok(&["start", &nr]);
+        let their_before = virsh_ok(&["metadata", &nf, mark::NAMESPACE, "--config"]);
+
+        let (_sshd, c) = connect().await;
+        let got = list::list_owned(&c, &entry, Some("site-a"), "local")
+            .await
+            .unwrap();
+        let mut uids: Vec<ProxyUid> = got.iter().map(|o| o.uid).collect();
+        uids.sort();
+        let mut want = vec![a, r];
+        want.sort();
+        assert_eq!(uids, want, "{got:?}");
+        let now = SystemTime::now();
+        let recorded = mark::parse(
+            &raw_mark(mark::NAMESPACE, &a.canonical(), &entry, t),
+            &entry,
+            now,
+        )
+        .unwrap()
+        .recorded_at;
+        for (name, u, places) in [
+            (&na, a, &["--config"][..]),
+            (&nr, r, &["--config", "--live"][..]),
+        ] {
+            for place in places {
+                let stored = virsh_ok(&["metadata", name, mark::NAMESPACE, place]);
+                println!("eptest: {name} {place}: {stored}");
+                let m = mark::parse(&stored, &entry, now)
+                    .unwrap_or_else(|| panic!("not a mark after the rewrite: {stored}"));
+                assert_eq!(
+                    (m.uid, m.recorded_at, m.installation.as_deref()),
+                    (u, recorded, Some("site-a")),
+                    "{name} {place}: {stored}"
+                );
+            }
+        }
+        assert_eq!(
+            virsh_ok(&["metadata", &nf, mark::NAMESPACE, "--config"]),
+            their_before,
+            "another installation's mark is never written"
+        );
+        // Our own now: a later listing on a new connection keeps the recorded age.
+        let (_sshd2, c2) = connect().await;
+        let again = list::list_owned(&c2, &entry, Some("site-a"), "local")
+            .await
+            .unwrap();
+        assert!(again.iter().all(|o| o.created_at == recorded), "{again:?}");
+    })
+    .await;
+}

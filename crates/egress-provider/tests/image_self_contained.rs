@@ -344,4 +344,99 @@ mod real {
         .await
         .expect("the real refusal test exceeded its budget");
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_uploaded_volume_the_real_daemon_reads_as_backed_by_a_file_is_refused_at_settle() {
+        tokio::time::timeout(BUDGET, async {
+            let scratch = tempfile::tempdir().unwrap();
+            let sshd = Sshd::start();
+            let pg = PoolGuard::new();
+            let bulk = SshBulk {
+                target: sshd.target(),
+            };
+            let client = bulk.open().await.unwrap();
+            let pool = client.pool_lookup_by_name(&pg.name).await.unwrap();
+            the_backing_store_check_after_upload_holds_alone(
+                &client,
+                &pool,
+                &bulk,
+                "eptest",
+                scratch.path(),
+            )
+            .await;
+            assert!(
+                pg.files().is_empty(),
+                "nothing left in the pool: {:?}",
+                pg.files()
+            );
+        })
+        .await
+        .expect("the real settle test exceeded its budget");
+    }
+}
+
+/// Imports the backing-file image with the header check skipped: the check after the upload
+/// (libvirt's reading of the uploaded volume) must refuse it on its own.
+async fn the_backing_store_check_after_upload_holds_alone(
+    client: &Client,
+    pool: &libvirt_remote::proto::StoragePool,
+    bulk: &dyn BulkConnect,
+    entry_name: &str,
+    scratch: &Path,
+) {
+    let server = ImageServer::start().await;
+    let fetch = FetchOptions {
+        skip_header_check_for_tests: true,
+        ..FetchOptions::default()
+    };
+    let (path, format, bytes, _) = crafted(scratch).swap_remove(0);
+    let url = server.route(path, Route::new(bytes.clone()));
+    let mut e = entry(entry_name);
+    e.images
+        .insert("back".into(), spec(&url, &sha(&bytes), format));
+    let t = Target {
+        entry: &e,
+        host: "h1",
+        client,
+        pool,
+        reserve_bytes: 0,
+        bulk,
+        progress: &NoProgress,
+        fetch: &fetch,
+    };
+    let r = image::ensure_base(&t, "back").await;
+    assert_refused(&r, path, "backed by");
+    let decoy = scratch.join("decoy.raw");
+    assert!(
+        r.unwrap_err().message.contains(decoy.to_str().unwrap()),
+        "names the backing store libvirt read"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uploaded_volume_libvirt_reads_as_backed_by_a_file_is_refused_at_settle_on_the_fake() {
+    tokio::time::timeout(BUDGET, async {
+        let scratch = tempfile::tempdir().unwrap();
+        let fake = FakeLibvirt::new();
+        fake.add_pool(PoolSpec::new(POOL).capacity(400 * MIB).path("/pool"))
+            .unwrap();
+        let bulk = FakeBulk(fake.clone());
+        let client = bulk.open().await.unwrap();
+        let pool = client.pool_lookup_by_name(POOL).await.unwrap();
+        the_backing_store_check_after_upload_holds_alone(
+            &client,
+            &pool,
+            &bulk,
+            "home",
+            scratch.path(),
+        )
+        .await;
+        assert!(
+            fake.volumes(POOL).unwrap().is_empty(),
+            "the part is removed: {:?}",
+            fake.volumes(POOL).unwrap()
+        );
+    })
+    .await
+    .expect("the fake settle test exceeded its budget");
 }

@@ -261,6 +261,22 @@ fn qcow2_virtual_size(content: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(b))
 }
 
+/// The backing file a qcow2 header names (`backing_file_offset` at byte 8, its length at
+/// byte 16), as a `dir` pool's refresh reports it in the volume's `<backingStore>`.
+fn qcow2_backing_file(content: &[u8]) -> Option<String> {
+    if content.get(..4)? != b"QFI\xfb" {
+        return None;
+    }
+    let off = u64::from_be_bytes(content.get(8..16)?.try_into().ok()?);
+    let len = u32::from_be_bytes(content.get(16..20)?.try_into().ok()?);
+    if off == 0 {
+        return None;
+    }
+    let start = usize::try_from(off).ok()?;
+    let name = content.get(start..start.checked_add(len as usize)?)?;
+    Some(String::from_utf8_lossy(name).into_owned())
+}
+
 fn ip_kind(addr: &str) -> i32 {
     if addr.contains(':') { IP_V6 } else { IP_V4 }
 }
@@ -980,6 +996,9 @@ impl State {
             if let Some(size) = qcow2_virtual_size(&v.content) {
                 v.format = "qcow2".into();
                 v.capacity = size;
+                if let Some(b) = qcow2_backing_file(&v.content) {
+                    v.backing = Some(b);
+                }
             } else if v.format == "raw" {
                 // A raw file is as large as its last written byte.
                 v.capacity = v.capacity.max(v.content.len() as u64);

@@ -163,6 +163,8 @@ pub struct Published {
     pub path: String,
     /// Its on-disk format (qcow2 for bases published as overlays on their data volume).
     pub disk_format: ImageFormat,
+    /// The path of its data volume (the backing store its XML names), if it has one.
+    pub data_path: Option<String>,
 }
 
 /// Checks base `name` the way every reader must: base and marker exist and the marker's
@@ -214,6 +216,7 @@ pub async fn check_published(
         capacity: facts.capacity,
         path,
         disk_format,
+        data_path: facts.backing.clone(),
     }))
 }
 

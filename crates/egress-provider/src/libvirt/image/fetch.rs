@@ -74,6 +74,10 @@ pub struct FetchOptions {
     pub max_redirects: usize,
     /// Admit loopback addresses for URL images. Tests only: not reachable from configuration.
     pub allow_loopback_for_tests: bool,
+    /// Skip the qcow2 header's self-containment check while streaming, so that tests can
+    /// prove the check after the upload holds on its own. Tests only: not reachable from
+    /// configuration.
+    pub skip_header_check_for_tests: bool,
     /// Extra CA certificates read from catalogue `caFile`s, shared by every clone of these
     /// options (the provider's), so each file is read once per provider.
     pub ca_roots: CaRoots,
@@ -87,6 +91,7 @@ impl Default for FetchOptions {
             head_timeout: HEAD_TIMEOUT,
             max_redirects: MAX_REDIRECTS,
             allow_loopback_for_tests: false,
+            skip_header_check_for_tests: false,
             ca_roots: CaRoots::default(),
         }
     }
@@ -600,6 +605,7 @@ pub struct Body<'a> {
     tally: Tally,
     done: bool,
     disk_gib: Option<u64>,
+    skip_header_check: bool,
 }
 
 impl<'a> Body<'a> {
@@ -626,6 +632,7 @@ impl<'a> Body<'a> {
             tally: Tally::default(),
             done: false,
             disk_gib: None,
+            skip_header_check: false,
         }
     }
 
@@ -633,6 +640,13 @@ impl<'a> Body<'a> {
     /// disk of `disk_gib` GiB (`None`: no limit): see [`virtual_size`].
     pub fn fitting(mut self, disk_gib: Option<u64>) -> Self {
         self.disk_gib = disk_gib;
+        self
+    }
+
+    /// Skips [`format::self_contained`] (`true`: tests of the later checks only, from
+    /// [`FetchOptions::skip_header_check_for_tests`]).
+    pub fn skipping_header_check_for_tests(mut self, skip: bool) -> Self {
+        self.skip_header_check = skip;
         self
     }
 
@@ -669,7 +683,10 @@ impl<'a> Body<'a> {
 
     fn sniff(&mut self) -> std::result::Result<(), ProviderError> {
         if self.tally.format.is_none() {
-            let f = format::check(&self.head, self.declared, &self.what)?;
+            let f = format::check_format(&self.head, self.declared, &self.what)?;
+            if !self.skip_header_check {
+                format::self_contained(&self.head, f, &self.what)?;
+            }
             self.tally.format = Some(f);
         }
         Ok(())

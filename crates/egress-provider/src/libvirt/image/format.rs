@@ -111,11 +111,14 @@ pub fn qcow2_reaches_outside(head: &[u8]) -> Option<String> {
 /// Checks the detected format against the declared one (`None`: accept what was detected),
 /// and refuses a qcow2 header that reaches outside the image ([`qcow2_reaches_outside`]).
 pub fn check(head: &[u8], declared: Option<ImageFormat>, what: &str) -> Result<ImageFormat> {
-    let found = detect(head).map_err(|name| {
-        ProviderError::permanent(format!(
-            "{what} is {name}, which is not a bootable disk image; serve a qcow2 or raw image"
-        ))
-    })?;
+    let found = check_format(head, declared, what)?;
+    self_contained(head, found, what)?;
+    Ok(found)
+}
+
+/// Refuses, Permanent, an image of format `found` whose header (`head`) reaches outside it
+/// ([`qcow2_reaches_outside`]); the message names `what` and what was refused.
+pub fn self_contained(head: &[u8], found: ImageFormat, what: &str) -> Result<()> {
     if found == ImageFormat::Qcow2
         && let Some(why) = qcow2_reaches_outside(head)
     {
@@ -124,6 +127,17 @@ pub fn check(head: &[u8], declared: Option<ImageFormat>, what: &str) -> Result<I
              no external data file, no encryption): flatten it with `qemu-img convert -O qcow2`"
         )));
     }
+    Ok(())
+}
+
+/// Checks the detected format against the declared one (`None`: accept what was detected),
+/// without looking further into the header.
+pub fn check_format(head: &[u8], declared: Option<ImageFormat>, what: &str) -> Result<ImageFormat> {
+    let found = detect(head).map_err(|name| {
+        ProviderError::permanent(format!(
+            "{what} is {name}, which is not a bootable disk image; serve a qcow2 or raw image"
+        ))
+    })?;
     match declared {
         Some(d) if d != found => Err(ProviderError::permanent(format!(
             "{what} is declared {} but its bytes are {}; fix the format setting or the URL",

@@ -91,6 +91,9 @@ pub struct Base {
     /// must name as its backing format. qcow2 for every base this code publishes (an overlay
     /// on its data volume).
     pub disk_format: ImageFormat,
+    /// The path of the base's data volume (its backing store, in [`Base::format`]), when it
+    /// is an overlay on one: the domain declares it as the last layer of the disk chain.
+    pub data_path: Option<String>,
     /// Firmware it boots with.
     pub firmware: Firmware,
     /// The sha256 of the imported bytes.
@@ -207,6 +210,7 @@ async fn find(target: &Target<'_>, src: &Source) -> Result<Option<Base>> {
                 capacity: p.capacity,
                 format,
                 disk_format: p.disk_format,
+                data_path: p.data_path,
                 firmware: src.firmware,
                 digest,
                 imported: false,
@@ -373,7 +377,8 @@ async fn import_on(
         target.entry.max_image_bytes,
         target.progress,
     )
-    .fitting(disk_gib);
+    .fitting(disk_gib)
+    .skipping_header_check_for_tests(target.fetch.skip_header_check_for_tests);
     let opts = UploadOptions {
         deadline: Some(remaining(deadline)),
         ..UploadOptions::default()
@@ -533,6 +538,7 @@ async fn publish(
         capacity: p.capacity,
         format,
         disk_format: p.disk_format,
+        data_path: p.data_path,
         firmware: src.firmware,
         digest: digest.to_owned(),
         imported,
@@ -652,6 +658,7 @@ async fn publish(
             capacity: info.capacity,
             path,
             disk_format: ImageFormat::Qcow2,
+            data_path: Some(part_path.clone()),
         })
     };
     match finish.await {
@@ -710,6 +717,17 @@ async fn settle_part(
             .map_err(lv(host, "reading the uploaded volume"))?;
         let xml =
             on_link!(link, |c| c.vol_xml(part)).map_err(lv(host, "reading the uploaded volume"))?;
+        if let Some(b) = crate::libvirt::volumes::parse_volume_xml(&xml).and_then(|f| f.backing) {
+            // The part is a plain upload: any backing store libvirt reads from it was named
+            // by the image's own header, not by us (a file of the host or of another tenant).
+            return Err(ProviderError::permanent(format!(
+                "image {} refused: libvirt on host {host} reads the uploaded volume as backed \
+                 by {} (a backing file named inside the image); a disk image must be \
+                 self-contained: flatten it with `qemu-img convert -O qcow2`",
+                src.display,
+                crate::libvirt::classify::truncate(&b, 200)
+            )));
+        }
         let seen = cache::xml_format(&xml).unwrap_or_default();
         let settled = seen == format.as_str()
             && info.capacity > 0

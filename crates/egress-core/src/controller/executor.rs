@@ -154,9 +154,9 @@ impl Controller {
     /// is not Ready is skipped while another host of the entry is usable.
     pub fn record_host_reports(&self, entry: &str, reports: &[HostReport]) {
         let mut st = lock(&self.inner.state);
+        let hosts = st.health.entry(entry.to_owned()).or_default();
         for r in reports {
-            st.health
-                .insert((entry.to_owned(), r.host.clone()), r.state);
+            hosts.insert(r.host.clone(), r.state);
         }
     }
 

@@ -309,3 +309,35 @@ async fn a_new_proxy_is_placed_on_the_host_with_the_fewest_instances_and_creates
         .await;
     assert_eq!(e.status.host.as_deref(), Some("h2"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_host_last_reported_unreachable_gets_no_new_proxy_even_when_least_loaded() {
+    let p = Arc::new(Scripted::default());
+    p.hang_create.store(true, Ordering::SeqCst);
+    let c = controller(p.clone(), 4);
+    let report = |host: &str, state| HostReport {
+        host: host.into(),
+        state,
+        latency: None,
+        hostname: None,
+        libvirt_version: None,
+        virt_types: vec![],
+        uefi: false,
+        pool_free_bytes: None,
+        missing: vec![],
+        error: None,
+    };
+    c.record_host_reports(
+        "home",
+        &[
+            report("h1", egress_provider::model::HostState::Unreachable),
+            report("h2", egress_provider::model::HostState::Ready),
+        ],
+    );
+    for n in 1..=3 {
+        let out = c
+            .reconcile(&obj(n, None), &ProxyStatus::default(), now())
+            .await;
+        assert_eq!(out.status.host.as_deref(), Some("h2"), "proxy {n}");
+    }
+}

@@ -25,13 +25,14 @@ pub(super) fn host_view<'a>(
     entry: &str,
     hosts: impl Iterator<Item = &'a str>,
 ) -> BTreeMap<String, HostInfo> {
+    let health = st.health.get(entry);
     hosts
         .map(|h| {
             (
                 h.to_owned(),
                 HostInfo {
                     load: st.load(entry, h),
-                    health: st.health.get(&(entry.to_owned(), h.to_owned())).copied(),
+                    health: health.and_then(|m| m.get(h)).copied(),
                 },
             )
         })

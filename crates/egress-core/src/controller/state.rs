@@ -30,8 +30,9 @@ pub(super) struct State {
     pub(super) objects: HashMap<ProxyUid, ObjState>,
     /// Where each UID's instance is, from adoption, creates and gets.
     pub(super) locations: HashMap<ProxyUid, ProviderId>,
-    /// Last reported health per (entry, host).
-    pub(super) health: HashMap<(String, String), HostState>,
+    /// Last reported health per entry, per host (nested, so a lookup by `&str` allocates
+    /// nothing).
+    pub(super) health: HashMap<String, HashMap<String, HostState>>,
     /// When each UID's instance was created: its mark's time from a listing, or when a
     /// create of it succeeded in this process.
     pub(super) created: HashMap<ProxyUid, SystemTime>,

@@ -14,6 +14,7 @@
 //!   without the orphan rules of [`egress_core::gc`].
 
 mod check;
+mod completions;
 mod crds;
 mod echo;
 mod gc;
@@ -120,6 +121,15 @@ pub enum Command {
     /// Run the operator in a Kubernetes cluster: Proxy resources, ProviderHealth, leader election.
     #[command(after_help = AFTER_HELP)]
     Kubernetes(kubernetes::KubernetesArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell). No network.
+    ///
+    /// E.g. `egress-proxies completions bash > /etc/bash_completion.d/egress-proxies`.
+    Completions(completions::CompletionsArgs),
+    /// Print the manual page (roff) of egress-proxies and its commands. No network.
+    ///
+    /// E.g. `egress-proxies man > /usr/local/share/man/man1/egress-proxies.1`, and
+    /// `egress-proxies man standalone` for one command's page.
+    Man(completions::ManArgs),
 }
 
 /// Whether a failure is the user's input (exit 2) rather than the world (exit 1).
@@ -183,6 +193,8 @@ async fn dispatch(cmd: Command) -> anyhow::Result<u8> {
         Command::Echo(a) => echo::run(a).await,
         Command::Crds(a) => crds::run(a),
         Command::Kubernetes(a) => kubernetes::run(a).await,
+        Command::Completions(a) => completions::completions(&a),
+        Command::Man(a) => completions::man(&a),
     }
 }
 

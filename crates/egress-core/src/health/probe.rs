@@ -8,8 +8,11 @@
 //!   socket is not timed (finding L15).
 //! - Every read is bounded: the proxy's reply headers by [`MAX_PROXY_REPLY`], the target's
 //!   answer by [`MAX_ANSWER`]; nothing grows with what a peer sends.
-//! - Errors are plain, bounded strings (remote text is cut to [`MAX_REMOTE_TEXT`] and never
-//!   carries the credentials: they are only ever sent, never formatted).
+//! - Errors are plain, bounded strings that never carry a byte of what a peer sent: a reply is
+//!   described by its class only ([`describe_reply`]: an HTTP status code, "not HTTP",
+//!   "binary", its length), so a proxy pointed at an internal service cannot make the
+//!   operator copy that service's banner or page into status; they never carry the
+//!   credentials either (only ever sent, never formatted).
 //! - The answer format ([`parse_echo_body`]): the body is the caller's IP on one line (what
 //!   [`super::echo`] serves), or a JSON object with an `"ip"` string field (ipify, httpbin's
 //!   `origin`-less variants, ifconfig.co's `/json`).
@@ -39,8 +42,9 @@ pub const MAX_PROXY_REPLY: usize = 8 * 1024;
 // NB: our echo answers in ~120 bytes and JSON IP services in under 1 KiB; 16 KiB bounds a
 // misconfigured target that serves a whole page.
 pub const MAX_ANSWER: usize = 16 * 1024;
-/// Longest piece of remote text kept in an error.
-// NB: enough for a proxy's status line or a short body; status messages stay small.
+/// Longest description of a remote reply kept in an error (the description is ours; no
+/// remote byte is kept).
+// NB: the longest class description is under 60 characters; status messages stay small.
 pub const MAX_REMOTE_TEXT: usize = 160;
 
 /// Where the probe goes through the proxy: the check target's address and the request path.
@@ -165,7 +169,27 @@ fn io(e: std::io::Error) -> ProbeError {
 }
 
 fn remote(b: &[u8]) -> String {
-    truncate(String::from_utf8_lossy(b).trim(), MAX_REMOTE_TEXT)
+    truncate(&describe_reply(b), MAX_REMOTE_TEXT)
+}
+
+/// The class of a peer's reply, in our own words: never a byte of the reply itself.
+pub fn describe_reply(b: &[u8]) -> String {
+    if let Some(code) = status_code(b) {
+        return format!("an HTTP reply with status {code} ({} bytes)", b.len());
+    }
+    let class = if b.is_empty() {
+        "nothing"
+    } else if b.first() == Some(&0x16) {
+        "what looks like a TLS record"
+    } else if b
+        .iter()
+        .all(|c| c.is_ascii_graphic() || c.is_ascii_whitespace())
+    {
+        "text"
+    } else {
+        "binary data"
+    };
+    format!("{class} ({} bytes, not shown)", b.len())
 }
 
 /// Probes `target` through `proxy` within `deadline`.
@@ -241,7 +265,7 @@ fn status_code(head: &[u8]) -> Option<u16> {
 }
 
 fn first_line(head: &[u8]) -> String {
-    remote(head.split(|b| *b == b'\r').next().unwrap_or_default())
+    remote(head)
 }
 
 async fn http_connect<S: AsyncRead + AsyncWrite + Unpin>(
@@ -323,7 +347,10 @@ async fn socks5_connect<S: AsyncRead + AsyncWrite + Unpin>(
             ));
         }
         other => {
-            return Err(ProbeError::Tunnel(format!("not a SOCKS5 reply: {other:?}")));
+            return Err(ProbeError::Tunnel(format!(
+                "not a SOCKS5 reply: {}",
+                remote(&other)
+            )));
         }
     }
     // CONNECT request.
@@ -417,7 +444,7 @@ async fn get_ip<S: AsyncRead + AsyncWrite + Unpin>(
     }
     body.truncate(want);
     parse_echo_body(&body)
-        .ok_or_else(|| ProbeError::Answer(format!("no IP in the answer: {:?}", remote(&body))))
+        .ok_or_else(|| ProbeError::Answer(format!("no IP in the answer: {}", remote(&body))))
 }
 
 fn content_length(head: &[u8]) -> Option<usize> {

@@ -606,6 +606,7 @@ pub struct Body<'a> {
     done: bool,
     disk_gib: Option<u64>,
     skip_header_check: bool,
+    room: Option<(u64, String)>,
 }
 
 impl<'a> Body<'a> {
@@ -633,6 +634,7 @@ impl<'a> Body<'a> {
             done: false,
             disk_gib: None,
             skip_header_check: false,
+            room: None,
         }
     }
 
@@ -647,6 +649,14 @@ impl<'a> Body<'a> {
     /// [`FetchOptions::skip_header_check_for_tests`]).
     pub fn skipping_header_check_for_tests(mut self, skip: bool) -> Self {
         self.skip_header_check = skip;
+        self
+    }
+
+    /// Fails the body, QuotaExceeded, the moment more than `room` bytes have arrived (the
+    /// pool's free space less its reserve, read before the upload; `place` names the pool,
+    /// its host and the reserve in the message), before those bytes reach the upload.
+    pub fn within_pool_room(mut self, room: u64, place: String) -> Self {
+        self.room = Some((room, place));
         self
     }
 
@@ -707,6 +717,16 @@ impl<'a> Body<'a> {
         {
             return Err(ProviderError::transient(format!(
                 "{} sent more than the {exp} bytes its Content-Length declared",
+                self.what
+            )));
+        }
+        if let Some((room, place)) = &self.room
+            && total > *room
+        {
+            return Err(ProviderError::quota(format!(
+                "{} grew past the {room} bytes of room in {place} while streaming (more than \
+                 {room} bytes arrived); the upload was stopped and removed: free space in the \
+                 pool or lower poolReserveGiB",
                 self.what
             )));
         }

@@ -4,7 +4,9 @@
 //! Pipeline: [`source`] resolves and checks the image offline → the cache is looked up on
 //! the pooled control link ([`cache::check_published`]) → on a miss, [`fetch`] sends `HEAD`
 //! (early size check; no usable length falls back to `GET`'s), then `GET`, whose length (the
-//! size actually streamed, M11) drives the pool-space check; the body is streamed through a
+//! size actually streamed, M11) drives the pool-space check, and every stream, with a length
+//! or without, is stopped (QuotaExceeded, its part removed) before it crosses the pool's free
+//! space less `poolReserveGiB` as read before the upload; the body is streamed through a
 //! hashing, size-capping, format-sniffing reader straight into `STORAGE_VOL_UPLOAD` on a
 //! dedicated connection opened with [`BulkConnect`], never buffered; the part is verified
 //! and published by the protocol in [`cache`]: the final name is an instant qcow2 overlay on
@@ -339,7 +341,10 @@ async fn import_on(
     let host = target.host;
     let pool = target.pool;
 
-    if let Some(need) = space_len {
+    // The pool's room (free space less the reserve) is read before every upload: a declared
+    // length is checked against it here, and the stream is held to it as bytes arrive (an
+    // image without Content-Length would otherwise write up to maxImageBytes past it).
+    let room = {
         match on_link!(link, |c| c.pool_refresh(pool)) {
             Ok(()) => {}
             // NB: libvirtd refuses a refresh while another upload or copy runs in the pool
@@ -351,7 +356,10 @@ async fn import_on(
             Err(e) => return Err(lv(host, "refreshing the pool")(e)),
         }
         let info = on_link!(link, |c| c.pool_info(pool)).map_err(lv(host, "reading the pool"))?;
-        let free = info.available.saturating_sub(target.reserve_bytes);
+        info.available.saturating_sub(target.reserve_bytes)
+    };
+    if let Some(need) = space_len {
+        let free = room;
         if need > free {
             return Err(ProviderError::quota(format!(
                 "pool {} on host {host} has {free} bytes free after the {} byte reserve \
@@ -378,7 +386,18 @@ async fn import_on(
         target.progress,
     )
     .fitting(disk_gib)
-    .skipping_header_check_for_tests(target.fetch.skip_header_check_for_tests);
+    .skipping_header_check_for_tests(target.fetch.skip_header_check_for_tests)
+    // NB: the room was read once, before this upload; concurrent writers to the pool (other
+    // imports, in this process or another, and guests' overlays growing) are not counted, so
+    // N imports started together may each use the whole room and together cross the reserve
+    // by up to (N-1) times it. One stream never crosses it on its own.
+    .within_pool_room(
+        room,
+        format!(
+            "pool {} on host {host} (free space less the {} byte reserve, poolReserveGiB)",
+            pool.name, target.reserve_bytes
+        ),
+    );
     let opts = UploadOptions {
         deadline: Some(remaining(deadline)),
         ..UploadOptions::default()

@@ -214,7 +214,11 @@ pub async fn run(
     opts: StandaloneOptions,
     shutdown: CancellationToken,
 ) -> Result<(), StandaloneError> {
-    let cfg = load_config(opts.config_path.as_deref()).map_err(StandaloneError::Config)?;
+    let mut cfg = load_config(opts.config_path.as_deref()).map_err(StandaloneError::Config)?;
+    // This installation's ID in every mark: from the config, else kept in a file.
+    let id_dir =
+        config::installation::standalone_dir(opts.config_path.as_deref(), &opts.proxies_dir);
+    config::installation::fill_standalone(&mut cfg, &id_dir).map_err(StandaloneError::Config)?;
     for w in &cfg.warnings {
         tracing::warn!(%w, "provider config warning");
     }

@@ -230,7 +230,9 @@ pub(crate) fn watched_config(path: &Path) -> WatchedFiles {
 /// Loads the config at `path` and builds its providers (blocking: file I/O).
 pub(crate) fn reload_from(path: PathBuf) -> Reload {
     Arc::new(move || {
-        let cfg = config::load(&path).map_err(|e| e.to_string())?;
+        let mut cfg = config::load(&path).map_err(|e| e.to_string())?;
+        let id_dir = config::installation::standalone_dir(Some(&path), &path);
+        config::installation::fill_standalone(&mut cfg, &id_dir).map_err(|e| e.to_string())?;
         Providers::from_config(&cfg, &BuildOptions::default())
             .map_err(|e| format!("cannot build providers: {e}"))
     })

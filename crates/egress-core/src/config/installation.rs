@@ -3,10 +3,12 @@
 //!
 //! Where the ID comes from, first match wins:
 //! 1. `installation.id` in the provider config (any driver);
-//! 2. standalone: the file [`FILE_NAME`] in the state directory the driver names, read if it
-//!    exists, else created once with a fresh random ID ([`resolve_persisted`]);
-//! 3. Kubernetes: derived from the namespace and release name ([`derive_kubernetes`]) — both
-//!    are stable for the life of an installation, so nothing needs persisting.
+//! 2. standalone: the file [`FILE_NAME`] next to the provider config file, read if it
+//!    exists, else created once with a fresh random ID ([`resolve_persisted`],
+//!    [`fill_standalone`]);
+//! 3. Kubernetes: derived from the namespace and name of the installation's leader-election
+//!    Lease ([`derive_kubernetes`]) — one Lease per installation, stable for its life, so
+//!    nothing needs persisting.
 //!
 //! Guarantees: every ID returned satisfies
 //! [`egress_provider::libvirt::mark::valid_installation_id`]; the persisted file is read with
@@ -106,8 +108,8 @@ fn read_id(file: &Path) -> Result<String, InstallationError> {
 }
 
 /// The ID of a Kubernetes installation: `configured` when set, else `k8s-` and the first 32
-/// hex digits of the SHA-256 of `namespace/release` — stable across restarts and upgrades,
-/// distinct for every namespace/release pair (neither may contain `/`).
+/// hex digits of the SHA-256 of `namespace/name` of its leader-election Lease — stable
+/// across restarts and upgrades, distinct for every Lease (neither part may contain `/`).
 pub fn derive_kubernetes(configured: Option<&str>, namespace: &str, release: &str) -> String {
     if let Some(id) = configured {
         return id.to_owned();
@@ -116,6 +118,38 @@ pub fn derive_kubernetes(configured: Option<&str>, namespace: &str, release: &st
     let digest = sha2::Sha256::digest(format!("{namespace}/{release}").as_bytes());
     let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
     format!("k8s-{hex}")
+}
+
+/// The directory a standalone installation keeps [`FILE_NAME`] in: the provider config
+/// file's directory, or (running on the embedded default config) the parent of the manifest
+/// directory.
+pub fn standalone_dir(config_path: Option<&Path>, proxies_dir: &Path) -> PathBuf {
+    let dir = config_path.unwrap_or(proxies_dir).parent();
+    dir.filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_path_buf()
+}
+
+/// Fills `cfg.installation` for a standalone driver keeping its ID in `dir` (see
+/// [`standalone_dir`]): kept when the config sets it, else [`resolve_persisted`] with
+/// [`FILE_NAME`] in `dir`. A failure is returned as a config error at `installation.id`.
+pub fn fill_standalone(
+    cfg: &mut crate::config::ProviderConfig,
+    dir: &Path,
+) -> Result<(), crate::config::ConfigErrors> {
+    let file = dir.join(FILE_NAME);
+    let id = resolve_persisted(cfg.installation.as_deref(), &file).map_err(|e| {
+        crate::config::ConfigErrors {
+            origin: file.display().to_string(),
+            errors: vec![crate::config::ConfigError::new(
+                "installation.id",
+                e.to_string(),
+            )],
+            warnings: Vec::new(),
+        }
+    })?;
+    cfg.installation = Some(id);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -143,6 +177,31 @@ mod tests {
         assert_eq!(resolve_persisted(None, &f).unwrap(), first);
         assert_eq!(resolve_persisted(Some("site-a"), &f).unwrap(), "site-a");
         assert_eq!(std::fs::read_to_string(&f).unwrap(), format!("{first}\n"));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn standalone_keeps_its_id_next_to_the_config_or_above_the_manifests() {
+        assert_eq!(
+            standalone_dir(Some(Path::new("/etc/ep/providers.yaml")), Path::new("/x/p")),
+            Path::new("/etc/ep")
+        );
+        assert_eq!(
+            standalone_dir(None, Path::new("/var/lib/ep/proxies")),
+            Path::new("/var/lib/ep")
+        );
+        let d = dir("fill");
+        let mut cfg = crate::config::parse(
+            include_str!("../../../../examples/providers.yaml"),
+            "example",
+        )
+        .unwrap();
+        fill_standalone(&mut cfg, &d).unwrap();
+        let id = cfg.installation.clone().unwrap();
+        let mut again = cfg.clone();
+        again.installation = None;
+        fill_standalone(&mut again, &d).unwrap();
+        assert_eq!(again.installation, Some(id));
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -290,8 +290,15 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
     let path = opts.config_path.clone();
+    let (lease_ns, lease_name) = (opts.lease.namespace.clone(), opts.lease.name.clone());
     let build = move || -> Result<Providers, RunError> {
-        let cfg = egress_core::config::load(&path).map_err(RunError::Config)?;
+        let mut cfg = egress_core::config::load(&path).map_err(RunError::Config)?;
+        // This installation's ID in every mark: from the config, else its Lease's identity.
+        cfg.installation = Some(egress_core::config::installation::derive_kubernetes(
+            cfg.installation.as_deref(),
+            &lease_ns,
+            &lease_name,
+        ));
         for w in &cfg.warnings {
             tracing::warn!(%w, "provider config warning");
         }

@@ -79,8 +79,13 @@ pub fn live_set(dir: &std::path::Path, allow_empty: bool) -> Result<HashSet<Prox
 
 /// Runs `gc`.
 pub async fn run(a: GcArgs) -> anyhow::Result<u8> {
-    let cfg = load_config(&a.config.config)?;
+    let mut cfg = load_config(&a.config.config)?;
     let live = live_set(&a.proxies, a.allow_empty)?;
+    // The standalone operator's installation ID (same file), so its marks are ours here.
+    let id_dir =
+        egress_core::config::installation::standalone_dir(Some(&a.config.config), &a.proxies);
+    egress_core::config::installation::fill_standalone(&mut cfg, &id_dir)
+        .map_err(|e| UsageError::new(e.to_string()))?;
     let providers = Providers::from_config(&cfg, &BuildOptions::default())
         .map_err(|e| UsageError::new(format!("cannot build the providers: {e}")))?;
     let settings = GcSettings {

@@ -84,6 +84,42 @@ pub fn state_name(s: HostState) -> &'static str {
     }
 }
 
+/// Refuses (a [`UsageError`], exit 2) a config naming an SSH key or known_hosts file that
+/// cannot be read, for every host reached over SSH (not `address: local`), listing each with
+/// its field path: a missing file is the configuration's problem, not an unreachable host.
+fn missing_ssh_files(cfg: &egress_core::config::ProviderConfig) -> Result<(), UsageError> {
+    let mut errs = Vec::new();
+    for (i, entry) in cfg.providers.iter().enumerate() {
+        let egress_core::config::ProviderEntry::Libvirt(e) = entry;
+        for (j, h) in e.hosts.iter().enumerate() {
+            if h.address == egress_core::providers::LOCAL_ADDRESS {
+                continue;
+            }
+            for (field, path) in [
+                ("sshKeyFile", &h.ssh_key_file),
+                ("knownHostsFile", &h.known_hosts_file),
+            ] {
+                if let Some(p) = path
+                    && let Err(err) = std::fs::File::open(p)
+                {
+                    errs.push(format!(
+                        "providers[{i}].hosts[{j}].{field}: cannot read {}: {err}",
+                        p.display()
+                    ));
+                }
+            }
+        }
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(UsageError::new(format!(
+            "the provider config names SSH files that cannot be read:\n  {}",
+            errs.join("\n  ")
+        )))
+    }
+}
+
 /// Runs `check`.
 pub async fn run(a: CheckArgs) -> anyhow::Result<u8> {
     let cfg = match &a.config {
@@ -91,13 +127,15 @@ pub async fn run(a: CheckArgs) -> anyhow::Result<u8> {
         None => {
             let cfg =
                 egress_standalone::load_config(None).map_err(|e| UsageError::new(e.to_string()))?;
-            println!("checking the embedded default config (pass --config FILE for yours)");
+            // NB: stderr, so stdout stays the result alone (valid JSON under --json).
+            eprintln!("checking the embedded default config (pass --config FILE for yours)");
             for w in &cfg.warnings {
                 eprintln!("warning: {w}");
             }
             cfg
         }
     };
+    missing_ssh_files(&cfg)?;
     let providers = Providers::from_config(&cfg, &BuildOptions::default())
         .map_err(|e| UsageError::new(format!("cannot build the providers: {e}")))?;
     let rows = check_all(&providers).await;

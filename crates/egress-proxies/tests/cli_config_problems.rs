@@ -1,0 +1,77 @@
+//! `egress-proxies check` when the configuration, not the world, is wrong: exit 2 and a
+//! message naming the field, before any host is contacted.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies");
+/// A config error is found offline, in milliseconds; this only catches a hang.
+const RUN_DEADLINE: Duration = Duration::from_secs(60);
+
+fn run(args: &[&str]) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_remove("EGRESS_PROXIES_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > RUN_DEADLINE {
+            let _ = child.kill();
+            panic!("egress-proxies {args:?} did not finish within {RUN_DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn check_reports_a_missing_ssh_key_file_as_a_configuration_error_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let kh = dir.path().join("known_hosts");
+    std::fs::write(&kh, "").unwrap();
+    let cfg = dir.path().join("providers.yaml");
+    // A closed port: were the host dialled, the result would be Unreachable (exit 1).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::fs::write(
+        &cfg,
+        format!(
+            "providers:\n  - name: eptest-keys\n    type: libvirt\n    hosts:\n      - name: h1\n        \
+             address: \"127.0.0.1:{port}\"\n        pool: eptest-none\n        \
+             sshKeyFile: {}/no-such-key\n        knownHostsFile: {}\n",
+            dir.path().display(),
+            kh.display()
+        ),
+    )
+    .unwrap();
+    let o = run(&["check", "--config", cfg.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("providers[0].hosts[0].sshKeyFile") && err.contains("no-such-key"),
+        "{err}"
+    );
+    assert!(!err.contains("Unreachable") && o.stdout.is_empty(), "{err}");
+}
+
+#[test]
+fn check_json_with_the_embedded_default_config_prints_only_json_on_stdout() {
+    // The embedded default: this machine's libvirtd on its unix socket (read-only check).
+    let o = run(&["check", "--json"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let v: serde_json::Value = serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {out}"));
+    assert!(v.is_array(), "{v}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("embedded default config"),
+        "the note goes to stderr"
+    );
+}

@@ -367,7 +367,8 @@ impl Default for GuestSettings {
     }
 }
 
-/// Timeouts of the entry, in seconds in the file.
+/// Timeouts of the entry: whole seconds (`30`) or a duration string (`"30s"`, `"5m"`) in
+/// the file.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Timeouts {
@@ -406,13 +407,78 @@ impl Default for Timeouts {
     }
 }
 
+/// Reads a duration of the config file: an integer number of seconds (`30`), or a string of
+/// one or more `<integer><unit>` parts with units `s`, `m`, `h` (`"30s"`, `"5m"`, `"1h30m"`),
+/// as the command line's flags take them. Anything else (a negative or fractional number,
+/// an unknown unit, an overflow) is a type error naming what is accepted.
 mod secs {
+    use std::fmt;
     use std::time::Duration;
 
-    use serde::{Deserialize, Deserializer};
+    use serde::Deserializer;
+    use serde::de::{self, Visitor};
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        Ok(Duration::from_secs(u64::deserialize(d)?))
+        d.deserialize_any(Secs)
+    }
+
+    struct Secs;
+
+    impl Visitor<'_> for Secs {
+        type Value = Duration;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str(
+                "a duration: whole seconds (30) or a string such as \"30s\", \"5m\", \"1h30m\"",
+            )
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Duration, E> {
+            Ok(Duration::from_secs(v))
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Duration, E> {
+            u64::try_from(v)
+                .map(Duration::from_secs)
+                .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Duration, E> {
+            parse(v).ok_or_else(|| E::invalid_value(de::Unexpected::Str(v), &self))
+        }
+    }
+
+    /// `"30"`, `"30s"`, `"5m"`, `"1h30m"` → the duration; `None` for anything else.
+    fn parse(text: &str) -> Option<Duration> {
+        let t = text.trim();
+        if t.is_empty() {
+            return None;
+        }
+        let mut total: u64 = 0;
+        let mut num = String::new();
+        for c in t.chars() {
+            if c.is_ascii_digit() {
+                num.push(c);
+                continue;
+            }
+            let unit: u64 = match c {
+                's' => 1,
+                'm' => 60,
+                'h' => 3600,
+                _ => return None,
+            };
+            let n: u64 = num.parse().ok()?;
+            num.clear();
+            total = total.checked_add(n.checked_mul(unit)?)?;
+        }
+        // A bare number is seconds; a trailing number after units ("5m3") is refused.
+        if num.is_empty() {
+            Some(Duration::from_secs(total))
+        } else if total == 0 && num.len() == t.len() {
+            num.parse().ok().map(Duration::from_secs)
+        } else {
+            None
+        }
     }
 }
 
@@ -421,6 +487,32 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn timeouts_accept_whole_seconds_and_duration_strings_and_refuse_anything_else() {
+        let t: Timeouts = serde_json::from_str(
+            r#"{"dial": 15, "call": "90s", "imageImport": "1h30m", "start": "5m"}"#,
+        )
+        .unwrap();
+        assert_eq!(t.dial, Duration::from_secs(15));
+        assert_eq!(t.call, Duration::from_secs(90));
+        assert_eq!(t.image_import, Duration::from_secs(5400));
+        assert_eq!(t.start, Duration::from_secs(300));
+        let t: Timeouts = serde_json::from_str(r#"{"dial": "20"}"#).unwrap();
+        assert_eq!(t.dial, Duration::from_secs(20));
+        for bad in [
+            r#""""#,
+            r#""5x""#,
+            r#""m""#,
+            r#""5m3""#,
+            "-5",
+            "1.5",
+            r#""99999999999999999999h""#,
+        ] {
+            let r: Result<Timeouts, _> = serde_json::from_str(&format!(r#"{{"dial": {bad}}}"#));
+            assert!(r.is_err(), "{bad} accepted");
+        }
+    }
 
     #[test]
     fn a_host_that_sets_no_pool_reserve_keeps_two_gib_free() {

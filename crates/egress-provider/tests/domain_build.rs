@@ -216,6 +216,7 @@ fn spec_fixture() -> DomainSpec<'static> {
         backing: Some(Backing {
             path: "/var/lib/pool/base.qcow2",
             format: ImageFormat::Qcow2,
+            below: None,
         }),
         seed: DiskSource::Volume {
             pool: "pool",
@@ -929,6 +930,7 @@ async fn a_generated_domain_defines_on_the_real_libvirtd_and_its_mark_reads_back
                 backing: Some(Backing {
                     path: &d.base_path,
                     format: ImageFormat::Qcow2,
+                    below: None,
                 }),
                 seed: DiskSource::Volume {
                     pool: &d.pool.name,

@@ -20,6 +20,9 @@
 //!   host offers one; the mark in `<metadata>`, checked to parse back with
 //!   [`mark::parse`](super::mark::parse) before the XML is returned (a domain whose mark could
 //!   not be read back would never be recognised, nor deleted, again).
+//! - The root disk's backing chain is declared in full (base, then its data volume) and ends
+//!   with an empty `<backingStore/>`: libvirt does not probe the images for more layers, so a
+//!   backing file named inside a downloaded image is never opened for the guest.
 
 use std::io;
 use std::time::SystemTime;
@@ -62,12 +65,17 @@ pub enum DiskSource<'a> {
 }
 
 /// The backing image of the root overlay, declared so libvirt labels it without probing.
+/// The declared chain is terminated with an empty `<backingStore/>` after its last layer, so
+/// libvirt never follows a backing file named inside an image's own header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backing<'a> {
     /// The base's path on the host.
     pub path: &'a str,
     /// The base's format.
     pub format: ImageFormat,
+    /// The layer under this one (a published base's data volume), if any; `None` ends the
+    /// chain here.
+    pub below: Option<&'a Backing<'a>>,
 }
 
 /// What the NIC attaches to.
@@ -188,8 +196,10 @@ fn validate(spec: &DomainSpec<'_>, caps: &HostCaps) -> Result<()> {
             }
         }
     }
-    if let Some(b) = spec.backing {
+    let mut layer = spec.backing.as_ref();
+    while let Some(b) = layer {
         values.push(("backing path", b.path));
+        layer = b.below;
     }
     if let Some(nic) = spec.nic {
         match nic.attach {
@@ -382,14 +392,25 @@ fn disk(
         }
     }
     if let Some(b) = backing {
-        x.open("backingStore", &[("type", "file")])?;
-        x.empty("format", &[("type", b.format.as_str())])?;
-        x.empty("source", &[("file", b.path)])?;
-        x.close("backingStore")?;
+        backing_store(x, &b)?;
     }
     x.empty("target", &[("dev", dev), ("bus", "virtio")])?;
     if readonly {
         x.empty("readonly", &[])?;
     }
     x.close("disk")
+}
+
+/// Writes `b` and the layers below it, then an empty `<backingStore/>`: the chain ends where
+/// we declared it, whatever the images' headers name (a qcow2 backing file of a downloaded
+/// image is never followed).
+fn backing_store(x: &mut X, b: &Backing<'_>) -> io::Result<()> {
+    x.open("backingStore", &[("type", "file")])?;
+    x.empty("format", &[("type", b.format.as_str())])?;
+    x.empty("source", &[("file", b.path)])?;
+    match b.below {
+        Some(below) => backing_store(x, below)?,
+        None => x.empty("backingStore", &[])?,
+    }
+    x.close("backingStore")
 }

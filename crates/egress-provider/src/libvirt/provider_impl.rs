@@ -377,6 +377,12 @@ impl LibvirtProvider {
             (None, None) => None,
         };
         let mac = names::mac(entry, &req.uid);
+        // The base's data volume, declared as the last layer (the chain ends there).
+        let data = base.data_path.as_deref().map(|path| Backing {
+            path,
+            format: base.format,
+            below: None,
+        });
         let define = |caps: &HostCaps, uuid: Option<uuid::Uuid>| {
             domain_xml::build(
                 &DomainSpec {
@@ -392,6 +398,7 @@ impl LibvirtProvider {
                     backing: Some(Backing {
                         path: &base.path,
                         format: base.disk_format,
+                        below: data.as_ref(),
                     }),
                     seed: DiskSource::Volume {
                         pool: &pool.name,

@@ -435,7 +435,7 @@ async fn inside_the_namespace() {
             sha = image.sha256,
             // NB: the echo servers live on the test network's bridge, an internal (benchmark
             // range) network the guest's policy denies unless the entry lifts it.
-            lan = format!("{}/24", net.ip(0)),
+            lan = format_args!("{}/24", net.ip(0)),
         ),
     )
     .unwrap();

@@ -67,11 +67,40 @@ fn check_json_with_the_embedded_default_config_prints_only_json_on_stdout() {
     // The embedded default: this machine's libvirtd on its unix socket (read-only check).
     let o = run(&["check", "--json"]);
     let out = String::from_utf8_lossy(&o.stdout);
-    let v: serde_json::Value = serde_json::from_str(&out)
-        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {out}"));
+    let v: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {out}"));
     assert!(v.is_array(), "{v}");
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("embedded default config"),
         "the note goes to stderr"
     );
+}
+
+#[test]
+fn check_of_an_unreachable_host_says_why_without_the_operators_internal_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("providers.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "providers:\n  - name: eptest-labels\n    type: libvirt\n    hosts:\n      - name: h1\n        \
+             address: local\n        socket: {}/no-libvirtd.sock\n        pool: eptest-none\n        \
+             network: default\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    for json in [false, true] {
+        let mut args = vec!["check", "--config", cfg.to_str().unwrap()];
+        if json {
+            args.push("--json");
+        }
+        let o = run(&args);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(o.status.code(), Some(1), "{out}");
+        assert!(out.contains("no-libvirtd.sock"), "the cause: {out}");
+        for internal in ["Transient", "will be redialed"] {
+            assert!(!out.contains(internal), "{internal} in: {out}");
+        }
+    }
 }

@@ -222,7 +222,7 @@ fn row(h: &ProviderHandle, host: &str, report: Option<&HostReport>) -> HostRow {
         pool_free_bytes: r.pool_free_bytes,
         pool_reserve_gib,
         missing: r.missing.clone(),
-        error: r.error.clone(),
+        error: r.error.as_deref().map(super::messages::plain),
     }
 }
 

@@ -100,14 +100,16 @@ pub async fn run(a: GcArgs) -> anyhow::Result<u8> {
         for e in &report.entries {
             if let Some(err) = &e.instances_error {
                 println!(
-                    "entry {}: instances not listed, nothing collected: {err}",
-                    e.entry
+                    "entry {}: instances not listed, nothing collected: {}",
+                    e.entry,
+                    super::messages::plain(err)
                 );
             }
             if let Some(err) = &e.volumes_error {
                 println!(
-                    "entry {}: volumes not listed, none collected: {err}",
-                    e.entry
+                    "entry {}: volumes not listed, none collected: {}",
+                    e.entry,
+                    super::messages::plain(err)
                 );
             }
         }

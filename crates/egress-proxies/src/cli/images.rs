@@ -175,7 +175,7 @@ async fn prefetch(a: PrefetchArgs) -> anyhow::Result<u8> {
                         took.as_secs_f64()
                     )),
                     Ok(Ok(())) => Ok("ready: already cached".to_owned()),
-                    Ok(Err(e)) => Err(e.to_string()),
+                    Ok(Err(e)) => Err(super::messages::plain(&e.to_string())),
                     Err(_) => Err(format!("did not finish within {budget:?}")),
                 };
                 (label, line)

@@ -20,6 +20,7 @@ mod echo;
 mod gc;
 mod images;
 mod kubernetes;
+mod messages;
 mod progress;
 mod standalone;
 mod status;

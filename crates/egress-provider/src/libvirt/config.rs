@@ -168,6 +168,13 @@ pub struct SizeLimits {
     /// Virtual CPUs.
     #[serde(default = "limit_vcpus")]
     pub vcpus: u32,
+    /// Most published bases of the entry in one host's pool; a new image (or a new digest)
+    /// beyond it is refused, QuotaExceeded, before anything is downloaded.
+    #[serde(rename = "maxBases", default = "limit_max_bases")]
+    pub max_bases: u32,
+    /// Most of those bases that come from URL images (each distinct URL or digest is one).
+    #[serde(rename = "maxUrlImages", default = "limit_max_url_images")]
+    pub max_url_images: u32,
 }
 
 // NB: generous for a proxy yet small enough that one bad spec cannot take a whole host.
@@ -180,6 +187,15 @@ fn limit_memory_mib() -> u64 {
 fn limit_vcpus() -> u32 {
     8
 }
+// NB: a catalogue holds a handful of images, each kept under one or two digests while a
+// new release rolls out; 16 bases of a few GiB each bound the pool space one entry can
+// take. URL images are tenant-chosen: 4 leaves room for a test image and its updates.
+fn limit_max_bases() -> u32 {
+    16
+}
+fn limit_max_url_images() -> u32 {
+    4
+}
 
 impl Default for SizeLimits {
     fn default() -> Self {
@@ -187,6 +203,8 @@ impl Default for SizeLimits {
             disk_gib: limit_disk_gib(),
             memory_mib: limit_memory_mib(),
             vcpus: limit_vcpus(),
+            max_bases: limit_max_bases(),
+            max_url_images: limit_max_url_images(),
         }
     }
 }

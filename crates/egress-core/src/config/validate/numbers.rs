@@ -75,6 +75,11 @@ pub(super) fn timeouts(r: &mut Report, p: &str, t: &Timeouts) {
     }
 }
 
+/// Largest `limits.maxBases` accepted.
+// NB: a listing of the pool is read before each import; 1000 bases of an entry is far past
+// any catalogue and keeps that listing small.
+const MAX_BASES: u64 = 1000;
+
 // Closes finding L20.
 pub(super) fn sizes(r: &mut Report, path: &str, e: &LibvirtEntry) {
     let (d, l) = (&e.defaults, &e.limits);
@@ -94,6 +99,22 @@ pub(super) fn sizes(r: &mut Report, path: &str, e: &LibvirtEntry) {
         MIN_MEMORY_MIB,
         MAX_MEMORY_MIB,
         MIB,
+    );
+    bounded(
+        r,
+        &format!("{path}.limits.maxBases"),
+        u64::from(l.max_bases),
+        1,
+        MAX_BASES,
+        1,
+    );
+    bounded(
+        r,
+        &format!("{path}.limits.maxUrlImages"),
+        u64::from(l.max_url_images),
+        0,
+        u64::from(l.max_bases).clamp(1, MAX_BASES),
+        1,
     );
     let cpu_ok = bounded(
         r,

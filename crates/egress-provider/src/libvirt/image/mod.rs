@@ -139,6 +139,7 @@ pub async fn ensure_base_fitting(
         if let Some(b) = find(target, &src).await? {
             return Ok(b);
         }
+        base_quota(target, &src).await?;
         import(target, &src, disk_gib, deadline).await
     };
     match tokio::time::timeout_at(deadline, work).await {
@@ -220,6 +221,45 @@ async fn find(target: &Target<'_>, src: &Source) -> Result<Option<Base>> {
         }
     }
     Ok(None)
+}
+
+/// Refuses, QuotaExceeded, a new base of `src` when the entry already has `limits.maxBases`
+/// published bases (markers) in the pool, or, for a URL image, `limits.maxUrlImages` bases
+/// from URL images. Nothing is downloaded or created before this check.
+// NB: counted from one listing without a lock across processes: two imports started together
+// may each see room for one more, so the limit can be passed by the number of concurrent
+// imports of the entry (one per image source in this process).
+async fn base_quota(target: &Target<'_>, src: &Source) -> Result<()> {
+    let pool = target.pool;
+    let limits = &target.entry.limits;
+    let vols = target.client.pool_list_volumes(pool).await.map_err(|e| {
+        classify(
+            &e,
+            &format!("listing pool {} on host {}", pool.name, target.host),
+        )
+    })?;
+    let prefix = names::base_prefix(&target.entry.name);
+    let bases: Vec<&str> = vols
+        .iter()
+        .filter_map(|v| v.name.strip_suffix(cache::MARKER_SUFFIX))
+        .filter_map(|b| b.strip_prefix(prefix.as_str()))
+        .collect();
+    let url_bases = bases.iter().filter(|b| b.starts_with("url-")).count();
+    let over = |setting: &str, have: usize, max: u32| {
+        ProviderError::quota(format!(
+            "entry {} already has {have} published base images in pool {} on host {} \
+             (limits.{setting} = {max}); image {} would be another: delete unused bases, \
+             reuse an image already cached, or raise limits.{setting}",
+            target.entry.name, pool.name, target.host, src.display
+        ))
+    };
+    if bases.len() >= limits.max_bases as usize {
+        return Err(over("maxBases", bases.len(), limits.max_bases));
+    }
+    if src.untrusted && url_bases >= limits.max_url_images as usize {
+        return Err(over("maxUrlImages", url_bases, limits.max_url_images));
+    }
+    Ok(())
 }
 
 /// A dedicated connection that is reopened (at most [`MAX_REOPENS`] times) when it dies, for

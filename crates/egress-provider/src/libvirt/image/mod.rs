@@ -18,6 +18,10 @@
 //! base; the whole import is bounded by `timeouts.imageImport`; every error is a classified,
 //! redacted [`ProviderError`] naming what to change; after a failed upload its connection is
 //! closed before the partial volume is deleted over a fresh one (H2).
+//! A new base is refused (QuotaExceeded) before any download when the entry already has
+//! `limits.maxBases` bases in the pool, or `limits.maxUrlImages` from URL images; an image
+//! whose header reaches outside itself (backing file, data file, encryption) is refused while
+//! streaming, and a part libvirt reads as backed by a file is refused when it settles.
 //!
 //! One piece: the import is one ordered protocol (look up, lock, import, publish, settle, clean up
 //! a failed upload) over one link and one deadline; its separable parts already live in `source`,

@@ -67,6 +67,7 @@ pub struct HostRow {
     /// Free pool bytes after the reserve.
     pub pool_free_bytes: Option<u64>,
     /// The configured reserve in GiB.
+    #[serde(rename = "poolReserveGiB")]
     pub pool_reserve_gib: u64,
     /// What is missing.
     pub missing: Vec<String>,
@@ -139,19 +140,19 @@ pub async fn run(a: CheckArgs) -> anyhow::Result<u8> {
     let providers = Providers::from_config(&cfg, &BuildOptions::default())
         .map_err(|e| UsageError::new(format!("cannot build the providers: {e}")))?;
     let rows = check_all(&providers).await;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
-    } else {
-        print!("{}", render(&rows));
+    let fmt = super::output::format(a.json);
+    match super::output::document(&rows, fmt)? {
+        Some(doc) => println!("{doc}"),
+        None => print!("{}", render(&rows)),
     }
     let ready = rows.iter().filter(|r| r.state == "Ready").count();
     if ready == rows.len() {
-        if !a.json {
+        if fmt.is_human() {
             println!("all {} host(s) Ready", rows.len());
         }
         Ok(EXIT_OK)
     } else {
-        if !a.json {
+        if fmt.is_human() {
             println!("{} of {} host(s) not Ready", rows.len() - ready, rows.len());
         }
         Ok(EXIT_FAILED)

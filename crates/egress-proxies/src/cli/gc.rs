@@ -93,8 +93,8 @@ pub async fn run(a: GcArgs) -> anyhow::Result<u8> {
         dry_run: a.dry_run,
     };
     let report = gc::collect(&providers, &live, &settings, SystemTime::now()).await;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    if let Some(doc) = super::output::document(&report, super::output::format(a.json))? {
+        println!("{doc}");
     } else {
         print!("{report}");
         for e in &report.entries {

@@ -21,6 +21,7 @@ mod gc;
 mod images;
 mod kubernetes;
 mod messages;
+mod output;
 mod progress;
 mod standalone;
 mod status;
@@ -54,6 +55,12 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Text,
           env = "EGRESS_PROXIES_LOG_FORMAT")]
     pub log_format: LogFormat,
+    /// Result format of commands that print one: `text` or `wide` (tables), `json` or `yaml`
+    /// (one document on stdout, camelCase keys; errors too).
+    /// A command's `--json` is the same as `-o json`.
+    #[arg(short = 'o', long = "output", global = true, value_enum, value_name = "FORMAT",
+          default_value_t = output::OutputFormat::Text)]
+    pub output: output::OutputFormat,
     /// The command to run.
     #[command(subcommand)]
     pub command: Command,
@@ -157,6 +164,7 @@ pub struct ConfigArg {
 /// subscriber (stderr, `RUST_LOG`) first; prints any failure to stderr.
 pub fn run(cli: Cli) -> ExitCode {
     init_tracing(default_log_level(&cli.command), cli.log_format);
+    output::set_global(cli.output);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -173,12 +181,16 @@ pub fn run(cli: Cli) -> ExitCode {
     match res {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {e:#}");
-            if e.downcast_ref::<UsageError>().is_some() {
-                ExitCode::from(EXIT_USAGE)
+            let code = if e.downcast_ref::<UsageError>().is_some() {
+                EXIT_USAGE
             } else {
-                ExitCode::from(EXIT_FAILED)
+                EXIT_FAILED
+            };
+            match output::error_document(&format!("{e:#}"), code) {
+                Some(doc) => println!("{doc}"),
+                None => eprintln!("error: {e:#}"),
             }
+            ExitCode::from(code)
         }
     }
 }

@@ -107,10 +107,11 @@ pub async fn run(a: StatusArgs) -> anyhow::Result<u8> {
     if !filters.is_empty() {
         doc = doc.filtered(&filters);
     }
-    if a.json && filters.is_empty() {
+    let fmt = super::output::format(a.json);
+    if fmt == super::output::OutputFormat::Json && filters.is_empty() {
         println!("{}", String::from_utf8_lossy(&body));
-    } else if a.json {
-        println!("{}", serde_json::to_string(&doc)?);
+    } else if let Some(text) = super::output::document(&doc, fmt)? {
+        println!("{text}");
     } else {
         print!("{}", render(&doc, SystemTime::now()));
     }

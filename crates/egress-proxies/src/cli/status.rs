@@ -1,4 +1,4 @@
-//! `egress-proxies status [--server URL] [--json] [--phase P] [--host H] [--entry E]
+//! `egress-proxies status [--server URL] [--json] [--watch] [--phase P] [--host H] [--entry E]
 //! [--pool P] [--health H]`: what a running `egress-proxies standalone` reports at
 //! `GET /status`, as a table: phase, host, address, whether traffic through the proxy works
 //! (HEALTHY: `yes`, `no`, `?` before the health engine decided, `-` when health checks are
@@ -45,6 +45,13 @@ pub struct StatusArgs {
     /// Print the server's JSON document (the rows the filters keep).
     #[arg(long)]
     json: bool,
+    /// Refresh until Ctrl-C (or SIGTERM): the output again every --interval, the screen
+    /// cleared first on a terminal. The exit status is the last refresh's.
+    #[arg(long, short = 'w')]
+    watch: bool,
+    /// Time between two refreshes with --watch (at least 1s; e.g. 2s, 1m).
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = watch_interval)]
+    interval: Duration,
     /// Only Proxies in this phase.
     #[arg(long, value_parser = ["Pending", "Provisioning", "Running", "Paused", "Failed", "Terminating"])]
     phase: Option<String>,
@@ -76,8 +83,47 @@ impl StatusArgs {
     }
 }
 
-/// Runs `status`.
+/// Shortest `--interval`: one GET per second is the most a watching terminal needs.
+pub const MIN_WATCH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Parses `--interval`: a humantime duration of at least [`MIN_WATCH_INTERVAL`].
+fn watch_interval(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d < MIN_WATCH_INTERVAL {
+        return Err(format!(
+            "must be at least {}s",
+            MIN_WATCH_INTERVAL.as_secs()
+        ));
+    }
+    Ok(d)
+}
+
+/// Runs `status`: once, or with `--watch` every `--interval` until SIGINT/SIGTERM (each
+/// refresh bounded by the request timeouts; a signal ends the wait at once).
 pub async fn run(a: StatusArgs) -> anyhow::Result<u8> {
+    if !a.watch {
+        return once(&a).await;
+    }
+    let stop = egress_core::background::signals::shutdown_on_signals();
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    loop {
+        if tty {
+            // Clear the screen and go home, as `watch` does.
+            print!("\x1b[2J\x1b[H");
+        }
+        let code = tokio::select! {
+            () = stop.cancelled() => return Ok(EXIT_OK),
+            r = once(&a) => r?,
+        };
+        tokio::select! {
+            () = stop.cancelled() => return Ok(code),
+            () = tokio::time::sleep(a.interval) => {}
+        }
+    }
+}
+
+/// One `status`: fetch, print, exit status.
+async fn once(a: &StatusArgs) -> anyhow::Result<u8> {
     let base = url::Url::parse(&server_url(&a.server))
         .ok()
         .filter(|u| u.scheme() == "http" && u.host().is_some())

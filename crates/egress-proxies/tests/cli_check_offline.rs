@@ -1,0 +1,131 @@
+//! `egress-proxies check --no-probe [--proxies DIR]`: the config and the manifests validated
+//! offline (the only host is a unix socket that does not exist: a probe would fail), exit 2
+//! on any error with every error named by its file.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies");
+/// Offline work takes milliseconds; this only catches a hang.
+const RUN_DEADLINE: Duration = Duration::from_secs(60);
+
+fn run(args: &[&str]) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_remove("EGRESS_PROXIES_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > RUN_DEADLINE {
+            let _ = child.kill();
+            panic!("egress-proxies {args:?} did not finish within {RUN_DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn config(dir: &Path) -> PathBuf {
+    let p = dir.join("providers.yaml");
+    std::fs::write(
+        &p,
+        format!(
+            "providers:\n  - name: eptest-off\n    type: libvirt\n    hosts:\n      - name: h1\n        \
+             address: local\n        socket: {}/no-libvirtd.sock\n        pool: eptest-none\n        \
+             network: default\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    p
+}
+
+fn manifest(dir: &Path, file: &str, name: &str, provider: &str) {
+    std::fs::write(
+        dir.join(file),
+        format!(
+            "apiVersion: egress-proxies.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\nspec:\n  \
+             provider: {provider}\n  image: none\n  resources:\n    diskGiB: 4\n    memoryMiB: 256\n  \
+             proxy:\n    allowedClientCidrs: [10.0.0.0/8]\n"
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn check_no_probe_accepts_a_valid_config_and_manifests_without_contacting_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let proxies = dir.path().join("proxies");
+    std::fs::create_dir(&proxies).unwrap();
+    manifest(&proxies, "p1.yaml", "p1", "eptest-off");
+    let c = cfg.to_str().unwrap();
+    let p = proxies.to_str().unwrap();
+    let o = run(&["check", "--config", c, "--no-probe", "--proxies", p]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("config OK") && out.contains("manifests OK: 1"),
+        "{out}"
+    );
+    let o = run(&[
+        "check",
+        "--config",
+        c,
+        "--no-probe",
+        "--proxies",
+        p,
+        "-o",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"entries": 1, "hosts": 1, "proxies": 1})
+    );
+}
+
+#[test]
+fn check_no_probe_exits_2_naming_every_bad_manifest_and_an_unknown_provider_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let proxies = dir.path().join("proxies");
+    std::fs::create_dir(&proxies).unwrap();
+    manifest(&proxies, "good.yaml", "good", "eptest-off");
+    manifest(&proxies, "elsewhere.yaml", "elsewhere", "no-such-entry");
+    std::fs::write(proxies.join("broken.yaml"), "kind: Proxy\nspec: [1]\n").unwrap();
+    let args = [
+        "check",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--no-probe",
+        "--proxies",
+        proxies.to_str().unwrap(),
+    ];
+    let o = run(&args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("broken.yaml"), "{err}");
+    assert!(
+        err.contains("elsewhere.yaml") && err.contains("no-such-entry"),
+        "{err}"
+    );
+    assert!(!err.contains("good.yaml"), "{err}");
+    let mut json = args.to_vec();
+    json.extend(["-o", "json"]);
+    let o = run(&json);
+    assert_eq!(o.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["exitCode"], 2, "{v}");
+}

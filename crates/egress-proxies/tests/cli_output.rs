@@ -138,3 +138,12 @@ fn a_failure_under_o_json_is_a_json_error_document_with_the_exit_code() {
         "{v}"
     );
 }
+
+#[test]
+fn a_failure_under_the_json_alias_is_a_json_error_document_too() {
+    let o = run(&["check", "--config", "/nonexistent/eptest.yaml", "--json"]);
+    assert_eq!(o.status.code(), Some(2));
+    let v: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&o.stdout)));
+    assert_eq!(v["exitCode"], 2, "{v}");
+}

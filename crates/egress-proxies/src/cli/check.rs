@@ -176,6 +176,7 @@ fn missing_ssh_files(cfg: &egress_core::config::ProviderConfig) -> Result<(), Us
 
 /// Runs `check`.
 pub async fn run(a: CheckArgs) -> anyhow::Result<u8> {
+    super::output::format(a.json); // failures print as JSON under --json too
     let cfg = match &a.config {
         Some(p) => load_config(p)?,
         None => {

@@ -79,6 +79,7 @@ pub fn live_set(dir: &std::path::Path, allow_empty: bool) -> Result<HashSet<Prox
 
 /// Runs `gc`.
 pub async fn run(a: GcArgs) -> anyhow::Result<u8> {
+    super::output::format(a.json); // failures print as JSON under --json too
     let mut cfg = load_config(&a.config.config)?;
     let live = live_set(&a.proxies, a.allow_empty)?;
     // The standalone operator's installation ID (same file), so its marks are ours here.

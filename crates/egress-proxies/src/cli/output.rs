@@ -9,6 +9,7 @@
 //!   table (no command has extra columns yet).
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -41,9 +42,16 @@ pub(crate) fn set_global(f: OutputFormat) {
     let _ = GLOBAL.set(f);
 }
 
+/// Whether a command's `--json` alias was given (so failures print as JSON too).
+static JSON_ALIAS: AtomicBool = AtomicBool::new(false);
+
 /// The format in effect: `json` when the command's `--json` alias was given, else `-o`.
+/// Commands call it first thing, so a failure after it prints in the same format.
 pub(crate) fn format(json_alias: bool) -> OutputFormat {
     if json_alias {
+        JSON_ALIAS.store(true, Ordering::SeqCst);
+    }
+    if JSON_ALIAS.load(Ordering::SeqCst) {
         OutputFormat::Json
     } else {
         GLOBAL.get().copied().unwrap_or_default()
@@ -62,7 +70,7 @@ pub(crate) fn document<T: Serialize>(value: &T, f: OutputFormat) -> anyhow::Resu
 
 /// The failure document printed under `json`/`yaml` (`None` for the human formats).
 pub(crate) fn error_document(message: &str, exit_code: u8) -> Option<String> {
-    let f = GLOBAL.get().copied().unwrap_or_default();
+    let f = format(false);
     let v = serde_json::json!({ "error": message, "exitCode": exit_code });
     document(&v, f).ok().flatten()
 }

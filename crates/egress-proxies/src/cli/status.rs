@@ -101,6 +101,7 @@ fn watch_interval(s: &str) -> Result<Duration, String> {
 /// Runs `status`: once, or with `--watch` every `--interval` until SIGINT/SIGTERM (each
 /// refresh bounded by the request timeouts; a signal ends the wait at once).
 pub async fn run(a: StatusArgs) -> anyhow::Result<u8> {
+    super::output::format(a.json); // failures print as JSON under --json too
     if !a.watch {
         return once(&a).await;
     }

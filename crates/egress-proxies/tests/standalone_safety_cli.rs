@@ -179,3 +179,71 @@ fn a_down_host_is_logged_once_its_proxy_says_what_it_waits_for_and_a_rejected_ma
         "a manifest is known: no empty-set warning"
     );
 }
+
+#[test]
+fn standalone_on_an_empty_manifest_directory_warns_at_startup_that_gc_will_not_collect() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("providers.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "providers:\n  - name: eptest-empty\n    type: libvirt\n    hosts:\n      - name: h1\n        \
+             address: local\n        socket: {}/no.sock\n        pool: eptest-none\n        network: default\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let proxies = dir.path().join("proxies");
+    std::fs::create_dir(&proxies).unwrap();
+    for (extra, warned) in [(None, true), (Some("--gc-allow-empty"), false)] {
+        let port = free_port();
+        let mut cmd = Command::new(BIN);
+        cmd.args(["standalone", "--config", cfg.to_str().unwrap(), "--proxies"])
+            .arg(&proxies)
+            .args(["--listen", &format!("127.0.0.1:{port}")]);
+        if let Some(e) = extra {
+            cmd.arg(e);
+        }
+        let child = cmd
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let mut guard = Kill(Some(child));
+        let started = Instant::now();
+        // Serving means the first scan (and its warning) is behind it.
+        while run(&["status", "--server", &format!("127.0.0.1:{port}"), "--json"])
+            .stdout
+            .is_empty()
+        {
+            assert!(started.elapsed() < RUN_DEADLINE, "standalone never served");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let mut child = guard.0.take().unwrap();
+        let deadline = Instant::now() + RUN_DEADLINE;
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("standalone did not stop on SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            err.contains("GC will not collect"),
+            warned,
+            "{extra:?}: {err}"
+        );
+    }
+}

@@ -8,13 +8,25 @@
 //!   `ep_operator_fixtures::publish_base`, so no image is downloaded), plus the fixtures'
 //!   "DHCP" task (`ep_operator_fixtures::run_dhcp`) that gives every running domain an
 //!   address on the NIC with its derived MAC. Prints `ready` on stdout once every socket listens;
-//!   exits when its stdin closes.
+//!   exits when its stdin closes. With `--proxy-port P` (health ON) its own "DHCP" gives each
+//!   running domain a distinct address `10.{host index + 1}.X.Y` and serves an in-process HTTP
+//!   CONNECT proxy (`ep_operator_fixtures::health_proxies`) on that address and port P, so the
+//!   operator's health probes of `ip:P` reach a real proxy. (Loopback guest addresses are
+//!   skipped by the provider, so 10.0.0.0/8 is made local instead: this mode must run inside a
+//!   fresh network namespace with `ip route add local 10.0.0.0/8 dev lo table local`, as
+//!   `HEALTH=1 scripts/bench operator` does; no traffic leaves that namespace.)
 //! - `bench_standalone run --bin target/release/egress-proxies`: per run, starts the hosts
 //!   process above (fresh, empty daemons), writes a provider config with H hosts
 //!   `address: local` + `socket: DIR/hI.sock` and N manifests, starts the operator, polls
 //!   `/metrics` until N proxies are Running, checks `/status` agrees (N rows Running, each with
 //!   an IP), reads the operator's peak RSS (`VmHWM` of `/proc/PID/status`) and CPU time, then
 //!   stops it with SIGTERM. The operator's RSS is its own: the fakes live in the other process.
+//!   With `--health-interval SECS` (health ON) it also starts `egress-proxies echo` on
+//!   127.0.0.1, starts the hosts with `--proxy-port 3128` (the Proxy spec's default port) and the
+//!   operator with `--health-target http://ECHO/ --health-interval SECSs`, waits until `/status`
+//!   shows every proxy Running and healthy, reads the peak RSS there, then samples `VmRSS` every
+//!   second for `--steady-secs` (default 60) and reports its min/max/last and the Healthy count
+//!   at the end. Everything listens and connects inside the bench's network namespace.
 //!
 //! Used by `scripts/bench operator`; figures in `docs/benchmarks.md`.
 
@@ -28,8 +40,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use egress_core::model::Phase;
 use egress_core::status::StatusDocument;
+use egress_provider::libvirt::names;
+use ep_operator_fixtures::health_proxies::{ProxyBehaviour, TestProxy, serve};
 use ep_operator_fixtures::{POOL, publish_base, run_dhcp};
-use libvirt_fake::{FakeLibvirt, NetworkSpec, PoolSpec};
+use libvirt_fake::{FakeLibvirt, Interface, NetworkSpec, PoolSpec, domain_state};
 use tokio_util::sync::CancellationToken;
 
 const ENTRY: &str = "bench";
@@ -64,6 +78,11 @@ const PROCESS_BUDGET: Duration = Duration::from_secs(90);
 /// Bound on one HTTP request of the driver.
 // NB: /status of 1000 proxies is ~1 MB of JSON, built in milliseconds.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The port of every fake guest's proxy with health ON: the Proxy spec's default.
+const PROXY_PORT: u16 = egress_core::model::DEFAULT_PROXY_PORT;
+/// How often the steady-state `VmRSS` is sampled.
+// NB: 1 s gives 60+ samples over the window and several per 5 s health round.
+const RSS_SAMPLE: Duration = Duration::from_secs(1);
 
 fn digest() -> String {
     "ab".repeat(32)
@@ -110,7 +129,12 @@ fn main() -> Result<()> {
                 args.get("dir")
                     .ok_or_else(|| anyhow!("--dir is required"))?,
             );
-            rt.block_on(serve_hosts(&dir, args.num("hosts", 10)?))
+            let port = args
+                .get("proxy-port")
+                .map(str::parse::<u16>)
+                .transpose()
+                .context("--proxy-port must be a port")?;
+            rt.block_on(serve_hosts(&dir, args.num("hosts", 10)?, port))
         }
         "run" => rt.block_on(run_bench(&args)),
         other => bail!("unknown mode {other}; use hosts or run"),
@@ -119,7 +143,7 @@ fn main() -> Result<()> {
 
 // ---- the hosts process ---------------------------------------------------------------------
 
-async fn serve_hosts(dir: &Path, hosts: usize) -> Result<()> {
+async fn serve_hosts(dir: &Path, hosts: usize, proxy_port: Option<u16>) -> Result<()> {
     let mut fakes = BTreeMap::new();
     for i in 0..hosts {
         let f = FakeLibvirt::new();
@@ -130,12 +154,15 @@ async fn serve_hosts(dir: &Path, hosts: usize) -> Result<()> {
         fakes.insert(format!("h{i}"), f);
     }
     let stop = CancellationToken::new();
-    let dhcp = tokio::spawn(run_dhcp(
-        ENTRY.to_owned(),
-        fakes.clone(),
-        DHCP_INTERVAL,
-        stop.clone(),
-    ));
+    let dhcp = match proxy_port {
+        None => tokio::spawn(run_dhcp(
+            ENTRY.to_owned(),
+            fakes.clone(),
+            DHCP_INTERVAL,
+            stop.clone(),
+        )),
+        Some(port) => tokio::spawn(run_loopback_dhcp(fakes.clone(), port, stop.clone())),
+    };
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "ready")?;
@@ -155,6 +182,65 @@ async fn serve_hosts(dir: &Path, hosts: usize) -> Result<()> {
     Ok(())
 }
 
+/// The "DHCP" of health-ON runs, until `stop`: every [`DHCP_INTERVAL`] each running domain
+/// without an address gets `10.{host index + 1}.X.Y` (local only inside the bench's network
+/// namespace) (X.Y from a counter from 0.2, distinct
+/// for the first 62,500 domains of a host) with an HTTP CONNECT proxy listening on it at
+/// `port`; a domain that stops loses its proxy and gets a new address when it runs again.
+async fn run_loopback_dhcp(
+    fakes: BTreeMap<String, FakeLibvirt>,
+    port: u16,
+    stop: CancellationToken,
+) {
+    let mut given: BTreeMap<(String, String), TestProxy> = BTreeMap::new();
+    let mut next: u32 = 0;
+    while !stop.is_cancelled() {
+        for (i, (h, f)) in fakes.iter().enumerate() {
+            let Ok(a) = u8::try_from(i + 1) else { continue };
+            for d in f.domains() {
+                if d.state != domain_state::RUNNING
+                    || given.contains_key(&(h.clone(), d.name.clone()))
+                {
+                    continue;
+                }
+                let Some(u) = names::uid_of_domain(ENTRY, &d.name) else {
+                    continue;
+                };
+                let (Ok(b), Ok(c)) = (
+                    u8::try_from((next / 250) % 250),
+                    u8::try_from(next % 250 + 2),
+                ) else {
+                    continue;
+                };
+                next = next.wrapping_add(1);
+                let ip = Ipv4Addr::new(10, a, b, c);
+                let listener = match tokio::net::TcpListener::bind((ip, port)).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        eprintln!("hosts: cannot listen on {ip}:{port}: {e}");
+                        continue;
+                    }
+                };
+                let proxy = serve(listener, ProxyBehaviour::default(), false);
+                let iface = Interface::new("eth0", names::mac(ENTRY, &u)).addr(ip.to_string(), 16);
+                if f.set_interfaces(&d.name, vec![iface]).is_ok() {
+                    given.insert((h.clone(), d.name.clone()), proxy);
+                }
+            }
+        }
+        given.retain(|(h, n), _| {
+            fakes
+                .get(h)
+                .and_then(|f| f.domain(n))
+                .is_some_and(|d| d.state == domain_state::RUNNING)
+        });
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(DHCP_INTERVAL) => {}
+        }
+    }
+}
+
 // ---- the driver ----------------------------------------------------------------------------
 
 /// One run's figures.
@@ -163,6 +249,33 @@ struct RunResult {
     hwm_kib: u64,
     cpu: Duration,
     shutdown: Duration,
+    /// With health ON.
+    health: Option<HealthFigures>,
+}
+
+/// Health ON: how the run is set up.
+#[derive(Clone, Copy)]
+struct HealthRun {
+    /// `--health-interval` of the operator, seconds.
+    interval_secs: u64,
+    /// How long the steady-state RSS is sampled after all are Healthy.
+    steady: Duration,
+}
+
+/// Health ON: one run's extra figures.
+struct HealthFigures {
+    /// From operator start to every proxy Running and healthy in `/status`.
+    to_healthy: Duration,
+    /// Healthy rows in `/status` when all were first seen healthy, and at the end.
+    healthy_first: usize,
+    healthy_end: usize,
+    /// `VmRSS` over the steady window, KiB.
+    rss_min: u64,
+    rss_max: u64,
+    rss_last: u64,
+    samples: usize,
+    /// `VmHWM` at the end of the steady window, KiB.
+    hwm_end: u64,
 }
 
 async fn run_bench(args: &Args) -> Result<()> {
@@ -178,6 +291,24 @@ async fn run_bench(args: &Args) -> Result<()> {
     )?);
     let workers = args.get("workers").map(str::to_owned);
     let max_concurrent = args.get("max-concurrent").map(str::to_owned);
+    let health = match args.get("health-interval") {
+        None => None,
+        Some(v) => Some(HealthRun {
+            interval_secs: v
+                .parse()
+                .context("--health-interval must be whole seconds")?,
+            steady: Duration::from_secs(u64::try_from(args.num("steady-secs", 60)?)?),
+        }),
+    };
+    if let Some(h) = health {
+        println!(
+            "== health ON: probes every {} s through a CONNECT proxy per guest (10.H.X.Y, local in the bench network namespace) to an \
+             `egress-proxies echo` on 127.0.0.1; steady-state RSS sampled every {} s for {} s",
+            h.interval_secs,
+            RSS_SAMPLE.as_secs(),
+            h.steady.as_secs()
+        );
+    }
     println!(
         "== standalone: {proxies} Proxies across {hosts} fake hosts, empty to Running ({runs} runs; \
          workers {}, maxConcurrent {})",
@@ -193,6 +324,7 @@ async fn run_bench(args: &Args) -> Result<()> {
             workers.as_deref(),
             max_concurrent.as_deref(),
             budget,
+            health,
         )
         .await
         .with_context(|| format!("run {r}"))?;
@@ -204,6 +336,22 @@ async fn run_bench(args: &Args) -> Result<()> {
             res.cpu.as_secs_f64(),
             res.shutdown.as_secs_f64()
         );
+        if let Some(h) = &res.health {
+            println!(
+                "run {r}: health ON: {:.2} s to {}/{proxies} Running and Healthy; peak RSS (VmHWM) \
+                 there {:.1} MiB; steady VmRSS over {} samples: min {:.1} MiB, max {:.1} MiB, \
+                 last {:.1} MiB; VmHWM at the end {:.1} MiB; Healthy at the end {}/{proxies}",
+                h.to_healthy.as_secs_f64(),
+                h.healthy_first,
+                mib(res.hwm_kib),
+                h.samples,
+                mib(h.rss_min),
+                mib(h.rss_max),
+                mib(h.rss_last),
+                mib(h.hwm_end),
+                h.healthy_end
+            );
+        }
         results.push(res);
     }
     let range = |f: &dyn Fn(&RunResult) -> f64| {
@@ -256,6 +404,7 @@ async fn one_run(
     workers: Option<&str>,
     max_concurrent: Option<&str>,
     budget: Duration,
+    health: Option<HealthRun>,
 ) -> Result<RunResult> {
     let dir = tempfile::Builder::new().prefix("epbench-op").tempdir()?;
     let sockets = dir.path().join("sockets");
@@ -263,11 +412,50 @@ async fn one_run(
     std::fs::create_dir(&sockets)?;
     std::fs::create_dir(&manifests)?;
 
+    // Health ON: the echo target, its own process on loopback.
+    let mut echo_child = Reap(None);
+    let mut echo_addr = None;
+    if health.is_some() {
+        let mut c = Command::new(bin)
+            .args(["echo", "--listen", "127.0.0.1:0"])
+            .env_remove("EGRESS_PROXIES_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the echo")?;
+        let out = c
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("no stdout of the echo"))?;
+        echo_child.0 = Some(c);
+        let line = tokio::time::timeout(
+            PROCESS_BUDGET,
+            tokio::task::spawn_blocking(move || {
+                let mut line = String::new();
+                BufReader::new(out).read_line(&mut line).map(|_| line)
+            }),
+        )
+        .await
+        .context("the echo did not start")???;
+        let addr: SocketAddr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .ok_or_else(|| anyhow!("the echo said {line:?}"))?
+            .parse()?;
+        echo_addr = Some(addr);
+    }
+
     // The fake hosts, in their own process.
+    let mut hosts_cmd = Command::new(std::env::current_exe()?);
+    hosts_cmd
+        .args(["hosts", "--hosts", &hosts.to_string(), "--dir"])
+        .arg(&sockets);
+    if health.is_some() {
+        hosts_cmd.args(["--proxy-port", &PROXY_PORT.to_string()]);
+    }
     let mut hosts_child = Reap(Some(
-        Command::new(std::env::current_exe()?)
-            .args(["hosts", "--hosts", &hosts.to_string(), "--dir"])
-            .arg(&sockets)
+        hosts_cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -332,6 +520,10 @@ async fn one_run(
         .args(["--listen", &listen.to_string()]);
     if let Some(w) = workers {
         cmd.args(["--workers", w]);
+    }
+    if let (Some(h), Some(e)) = (health, echo_addr) {
+        cmd.args(["--health-target", &format!("http://{e}/")])
+            .args(["--health-interval", &format!("{}s", h.interval_secs)]);
     }
     let start = Instant::now();
     let operator = cmd
@@ -411,7 +603,37 @@ async fn one_run(
         );
     }
 
-    let hwm_kib = vm_hwm_kib(pid)?;
+    let mut hwm_kib = vm_hwm_kib(pid)?;
+    let health_figures = match health {
+        None => None,
+        Some(h) => {
+            let (to_healthy, healthy_first) =
+                wait_healthy(&client, listen, proxies, start, budget).await?;
+            hwm_kib = vm_hwm_kib(pid)?;
+            let mut rss = Vec::new();
+            let t0 = Instant::now();
+            while t0.elapsed() < h.steady {
+                tokio::time::sleep(RSS_SAMPLE).await;
+                if let Some(c) = operator.0.as_mut()
+                    && let Some(s) = c.try_wait()?
+                {
+                    bail!("the operator exited during the steady window: {s}");
+                }
+                rss.push(vm_rss_kib(pid)?);
+            }
+            let healthy_end = healthy_rows(&client, listen).await?;
+            Some(HealthFigures {
+                to_healthy,
+                healthy_first,
+                healthy_end,
+                rss_min: rss.iter().copied().min().unwrap_or(0),
+                rss_max: rss.iter().copied().max().unwrap_or(0),
+                rss_last: rss.last().copied().unwrap_or(0),
+                samples: rss.len(),
+                hwm_end: vm_hwm_kib(pid)?,
+            })
+        }
+    };
     if std::env::var_os("BENCH_VERBOSE").is_some() {
         eprintln!("  VmHWM before the /status request: {hwm_before_status} kB");
         let st = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
@@ -453,12 +675,64 @@ async fn one_run(
         drop(c.stdin.take());
         let _ = c.wait();
     }
+    drop(echo_child);
     Ok(RunResult {
         wall,
         hwm_kib,
         cpu,
         shutdown,
+        health: health_figures,
     })
+}
+
+/// Rows of `/status` that are Running and healthy.
+async fn healthy_rows(client: &reqwest::Client, listen: SocketAddr) -> Result<usize> {
+    let body = client
+        .get(format!("http://{listen}/status"))
+        .send()
+        .await?
+        .bytes()
+        .await?;
+    let doc: StatusDocument = serde_json::from_slice(&body)?;
+    Ok(doc
+        .proxies
+        .iter()
+        .filter(|p| p.healthy() == Some(true))
+        .count())
+}
+
+/// Polls `/status` until all `proxies` rows are healthy, within `budget` of `start`; returns
+/// the time from `start` and the count.
+async fn wait_healthy(
+    client: &reqwest::Client,
+    listen: SocketAddr,
+    proxies: usize,
+    start: Instant,
+    budget: Duration,
+) -> Result<(Duration, usize)> {
+    let mut last = 0;
+    loop {
+        if let Ok(n) = healthy_rows(client, listen).await {
+            last = n;
+            if n == proxies {
+                return Ok((start.elapsed(), n));
+            }
+        }
+        if start.elapsed() > budget {
+            bail!("only {last}/{proxies} healthy within {budget:?}");
+        }
+        // NB: /status of 1000 rows is ~1 MB; 1 s keeps the driver's load off the figure.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Current resident set (`VmRSS`, KiB) of process `pid`.
+fn vm_rss_kib(pid: u32) -> Result<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| anyhow!("no VmRSS in /proc/{pid}/status"))
 }
 
 /// Peak resident set (`VmHWM`, KiB) of process `pid`.

@@ -259,10 +259,6 @@ async fn without_an_agent_the_dhcp_lease_of_our_mac_gives_the_address() {
     let mac = names::mac(ENTRY, &u);
     fake.add_network(
         NetworkSpec::new("egress")
-            .xml(
-                "<network><name>egress</name><bridge name='virbr0'/>\
-                 <ip address='192.168.100.1' prefix='24'/></network>",
-            )
             .lease(Lease::new("52:54:00:99:99:99", "192.168.100.9", 24))
             .lease(Lease::new(mac.clone(), "192.168.100.20", 24)),
     )

@@ -1,18 +1,11 @@
-//! The address of OUR NIC in a running domain: the libvirt network's DHCP lease for the MAC
-//! we gave the NIC (hosts that attach to a `network`), else the host's ARP table for that MAC,
-//! else the guest agent's view of the interface with that MAC.
+//! The address of OUR NIC in a running domain: the guest agent's view of the interface whose
+//! hardware address is the MAC we gave the NIC, else the libvirt network's DHCP lease for that
+//! MAC (hosts that attach to a `network`), else the host's ARP table for that MAC.
 //!
 //! Guarantees:
 //! - only an interface whose MAC equals ours (case-insensitively) is ever read; `docker0`,
 //!   `tailscale0` and any other guest interface are ignored whatever their order (finding M14);
 //! - IPv4 is preferred; loopback, link-local, unspecified and multicast addresses are skipped;
-//! - trusted addresses: the host's answers (lease, ARP) win over the guest's (the agent runs
-//!   inside the guest, whose author controls it): the agent is asked only when neither has an
-//!   address for our MAC. On a host attached to a libvirt `network`, every address from any
-//!   source must lie in one of that network's subnets (its `<ip address prefix|netmask>`);
-//!   one outside is ignored, so the operator never probes (nor sends a proxy's credentials
-//!   to) an address the guest chose outside its network. A network whose subnets cannot be
-//!   read yields no trusted address (Transient on connection-class failures);
 //! - a source that is merely unavailable (agent not configured or not connected, the domain
 //!   not running, the source unsupported) is "no address from it"; only when every source
 //!   consulted answered and none had an address is the result `None` ("no address yet");
@@ -82,17 +75,11 @@ pub async fn address(
     mac: &str,
     host: &HostConfig,
 ) -> Result<Option<IpAddr>, ProviderError> {
-    // NB: the host's own sources first: a guest agent may report any address it likes.
-    let mut sources = Vec::new();
-    let subnets = match &host.network {
-        Some(net) => {
-            sources.push(Source::Lease);
-            Some(network_subnets(client, net, host).await?)
-        }
-        None => None,
-    };
+    let mut sources = vec![Source::Agent];
+    if host.network.is_some() {
+        sources.push(Source::Lease);
+    }
     sources.push(Source::Arp);
-    sources.push(Source::Agent);
 
     let mut answered = false;
     let mut failures = Vec::new();
@@ -100,7 +87,7 @@ pub async fn address(
         match client.domain_interface_addresses(dom, src.wire()).await {
             Ok(ifaces) => {
                 answered = true;
-                if let Some(ip) = pick_within(&ifaces, mac, subnets.as_deref()) {
+                if let Some(ip) = pick(&ifaces, mac) {
                     return Ok(Some(ip));
                 }
             }
@@ -146,131 +133,6 @@ pub async fn address(
         dom.name, host.name
     ))
     .with_code(code))
-}
-
-/// The subnets of the libvirt network `net` on `host`: its `<ip>` elements' address and
-/// prefix (or IPv4 netmask). Connection-class failures are Transient; any other failure, or a
-/// network without an `<ip>`, is an empty list (no address is then trusted).
-async fn network_subnets(
-    client: &Client,
-    net: &str,
-    host: &HostConfig,
-) -> Result<Vec<(IpAddr, u8)>, ProviderError> {
-    let read = async {
-        let n = client.network_lookup_by_name(net).await?;
-        client.network_xml(&n).await
-    };
-    match read.await {
-        Ok(xml) => Ok(parse_subnets(&xml)),
-        Err(e) if is_connection_class(&e) => Err(ProviderError::transient(format!(
-            "reading the subnets of network {net} on host {}: {e}",
-            host.name
-        ))
-        .with_code(e.libvirt_code())),
-        Err(e) => {
-            tracing::warn!(network = net, host = %host.name, error = %e,
-                "cannot read the network's subnets; no guest address is trusted");
-            Ok(Vec::new())
-        }
-    }
-}
-
-/// The `(address, prefix)` of every top-level `<ip>` element of a libvirt network XML.
-pub fn parse_subnets(xml: &str) -> Vec<(IpAddr, u8)> {
-    use quick_xml::events::Event;
-    let mut reader = quick_xml::Reader::from_str(xml);
-    let mut depth = 0usize;
-    let mut out = Vec::new();
-    loop {
-        let (e, opens) = match reader.read_event() {
-            Ok(Event::Start(e)) => (e, true),
-            Ok(Event::Empty(e)) => (e, false),
-            Ok(Event::End(_)) => {
-                depth = depth.saturating_sub(1);
-                continue;
-            }
-            Ok(Event::Eof) | Err(_) => break,
-            Ok(_) => continue,
-        };
-        if depth == 1 && e.local_name().as_ref() == "ip" {
-            let attr = |k: &str| {
-                e.attributes()
-                    .flatten()
-                    .find(|a| a.key.as_ref() == k)
-                    .map(|a| a.value.into_owned())
-            };
-            let addr = attr("address").and_then(|a| a.trim().parse::<IpAddr>().ok());
-            let prefix = attr("prefix")
-                .and_then(|p| p.trim().parse::<u8>().ok())
-                .or_else(|| {
-                    attr("netmask")
-                        .and_then(|m| m.trim().parse::<Ipv4Addr>().ok())
-                        .and_then(|m| {
-                            let bits = u32::from(m);
-                            // A netmask is contiguous ones.
-                            (bits.leading_ones() + bits.trailing_zeros() == 32)
-                                .then(|| u8::try_from(bits.leading_ones()).ok())
-                                .flatten()
-                        })
-                });
-            if let (Some(a), Some(p)) = (addr, prefix) {
-                let max = if a.is_ipv4() { 32 } else { 128 };
-                if p <= max {
-                    out.push((a, p));
-                }
-            }
-        }
-        if opens {
-            depth += 1;
-        }
-    }
-    out
-}
-
-/// Whether `ip` lies in the subnet `net`/`prefix` (same family).
-pub fn in_subnet(ip: IpAddr, (net, prefix): (IpAddr, u8)) -> bool {
-    match (ip, net) {
-        (IpAddr::V4(a), IpAddr::V4(n)) => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
-            u32::from(a) & mask == u32::from(n) & mask
-        }
-        (IpAddr::V6(a), IpAddr::V6(n)) => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
-            u128::from(a) & mask == u128::from(n) & mask
-        }
-        _ => false,
-    }
-}
-
-/// [`pick`] among the addresses inside `subnets` only (`None`: no subnet is known, every
-/// usable address counts).
-pub fn pick_within(
-    ifaces: &[DomainInterface],
-    mac: &str,
-    subnets: Option<&[(IpAddr, u8)]>,
-) -> Option<IpAddr> {
-    let Some(subnets) = subnets else {
-        return pick(ifaces, mac);
-    };
-    let inside: Vec<DomainInterface> = ifaces
-        .iter()
-        .map(|i| DomainInterface {
-            name: i.name.clone(),
-            hwaddr: i.hwaddr.clone(),
-            addrs: i
-                .addrs
-                .iter()
-                .filter(|a| {
-                    a.addr
-                        .trim()
-                        .parse::<IpAddr>()
-                        .is_ok_and(|ip| subnets.iter().any(|s| in_subnet(ip, *s)))
-                })
-                .cloned()
-                .collect(),
-        })
-        .collect();
-    pick(&inside, mac)
 }
 
 /// The best address of the interfaces whose hardware address is `mac`: the first usable IPv4,
@@ -355,41 +217,6 @@ mod tests {
             Some("10.0.0.5".parse().unwrap())
         );
         assert_eq!(pick(&ifaces, "52:54:00:00:00:01"), None);
-    }
-
-    #[test]
-    fn subnets_come_from_the_network_xml_and_bound_the_picked_address() {
-        let xml = "<network><name>n</name><bridge name='virbr9'/>\
-                   <ip address='192.168.122.1' netmask='255.255.255.0'><dhcp/></ip>\
-                   <ip family='ipv6' address='fd00::1' prefix='64'/>\
-                   <portgroup><ip address='10.9.9.9' prefix='8'/></portgroup></network>";
-        let subnets = parse_subnets(xml);
-        assert_eq!(
-            subnets,
-            vec![
-                ("192.168.122.1".parse().unwrap(), 24),
-                ("fd00::1".parse().unwrap(), 64)
-            ]
-        );
-        let ifaces = [iface(
-            "eth0",
-            "52:54:00:01:02:03",
-            &["10.0.0.5", "192.168.122.77"],
-        )];
-        assert_eq!(
-            pick_within(&ifaces, "52:54:00:01:02:03", Some(&subnets)),
-            Some("192.168.122.77".parse().unwrap())
-        );
-        let outside = [iface("eth0", "52:54:00:01:02:03", &["10.0.0.5"])];
-        assert_eq!(
-            pick_within(&outside, "52:54:00:01:02:03", Some(&subnets)),
-            None
-        );
-        assert_eq!(pick_within(&outside, "52:54:00:01:02:03", Some(&[])), None);
-        assert!(!in_subnet(
-            "192.168.123.1".parse().unwrap(),
-            ("192.168.122.1".parse().unwrap(), 24)
-        ));
     }
 
     #[test]

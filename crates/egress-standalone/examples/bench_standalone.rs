@@ -148,7 +148,12 @@ async fn serve_hosts(dir: &Path, hosts: usize, proxy_port: Option<u16>) -> Resul
     for i in 0..hosts {
         let f = FakeLibvirt::new();
         f.add_pool(PoolSpec::new(POOL).capacity(POOL_CAPACITY))?;
-        f.add_network(NetworkSpec::new(NETWORK))?;
+        // The network's subnet must hold the guests' addresses (10.H.X.Y): the provider uses
+        // only an address inside the host's network.
+        f.add_network(NetworkSpec::new(NETWORK).xml(format!(
+            "<network>\n  <name>{NETWORK}</name>\n  <forward mode='nat'/>\n  \
+             <bridge name='virbr0'/>\n  <ip address='10.0.0.1' prefix='8'/>\n</network>\n"
+        )))?;
         publish_base(&f, ENTRY, IMAGE, &digest());
         f.listen_unix(dir.join(format!("h{i}.sock"))).await?;
         fakes.insert(format!("h{i}"), f);

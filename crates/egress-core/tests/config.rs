@@ -600,7 +600,10 @@ fn a_type_error_is_reported_with_its_field_path_alongside_every_other_error() {
         "{e}"
     );
     let shown = e.to_string();
-    assert!(shown.starts_with("provider config test.yaml: 4 errors"), "{shown}");
+    assert!(
+        shown.starts_with("provider config test.yaml: 4 errors"),
+        "{shown}"
+    );
     assert!(
         shown.contains("providers[0].defaults.diskGiB: invalid value: integer `-1`"),
         "{shown}"

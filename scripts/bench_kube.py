@@ -102,7 +102,14 @@ def one_run(a, root):
         url = line.split(" ", 1)[1]
         sockets = os.path.join(work, "sockets")
         os.mkdir(sockets)
-        hosts = subprocess.Popen([a.hosts_bin, "hosts", "--hosts", str(a.hosts), "--dir", sockets],
+        echo_addr = None
+        if a.health_interval:
+            echo = subprocess.Popen([a.bin, "echo", "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL)
+            procs.append(echo)
+            echo_addr = read_line(echo, READY_DEADLINE).removeprefix("listening on ")
+        hosts = subprocess.Popen([a.hosts_bin, "hosts", "--hosts", str(a.hosts), "--dir", sockets]
+                                 + (["--proxy-port", "3128"] if a.health_interval else []),
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         procs.append(hosts)
         if read_line(hosts, READY_DEADLINE) != "ready":
@@ -140,7 +147,9 @@ def one_run(a, root):
         listen = f"127.0.0.1:{free_port()}"
         t0 = time.monotonic()
         op = subprocess.Popen([a.bin, "kubernetes", "--config", cfg_path, "--listen", listen,
-                               "--lease-namespace", NAMESPACE, "--identity", "bench-op"],
+                               "--lease-namespace", NAMESPACE, "--identity", "bench-op"]
+                              + (["--health-target", f"http://{echo_addr}/",
+                                  "--health-interval", f"{a.health_interval}s"] if a.health_interval else []),
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env)
         procs.append(op)
         while True:
@@ -157,6 +166,33 @@ def one_run(a, root):
                 wall = time.monotonic() - t0
                 break
             time.sleep(POLL)
+        if a.health_interval:
+            while True:
+                if time.monotonic() - t0 > RUN_DEADLINE:
+                    raise RuntimeError("not all healthy in time")
+                items = api.call("GET", base)["items"]
+                healthy = sum(1 for p in items
+                              if ((p.get("status") or {}).get("health") or {}).get("healthy") is True)
+                if healthy == a.proxies:
+                    break
+                time.sleep(1)
+            to_healthy = time.monotonic() - t0
+            hwm = vm_hwm_kib(op.pid)
+            rss = []
+            t2 = time.monotonic()
+            while time.monotonic() - t2 < a.steady:
+                time.sleep(1)
+                for line in open(f"/proc/{op.pid}/status"):
+                    if line.startswith("VmRSS:"):
+                        rss.append(int(line.split()[1]))
+            items = api.call("GET", base)["items"]
+            healthy_end = sum(1 for p in items
+                              if ((p.get("status") or {}).get("health") or {}).get("healthy") is True)
+            print(f"health ON: {to_healthy:.2f} s to {healthy}/{a.proxies} Running and Healthy; "
+                  f"peak RSS (VmHWM) there {hwm / 1024:.1f} MiB; steady VmRSS over {len(rss)} samples: "
+                  f"min {min(rss) / 1024:.1f} MiB, max {max(rss) / 1024:.1f} MiB, last {rss[-1] / 1024:.1f} MiB; "
+                  f"VmHWM at the end {vm_hwm_kib(op.pid) / 1024:.1f} MiB; Healthy at the end {healthy_end}/{a.proxies}",
+                  flush=True)
         hwm = vm_hwm_kib(op.pid)
         cpu = cpu_secs(op.pid)
         # Steady state: a host check round (every 30 s), publishing passes and the watches go
@@ -194,6 +230,9 @@ def main():
     ap.add_argument("--hosts", type=int, default=10)
     ap.add_argument("--proxies", type=int, default=1000)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--health-interval", type=int, default=0,
+                    help="health checks ON, probes every N s (run inside the bench's network namespace)")
+    ap.add_argument("--steady", type=int, default=60, help="seconds of steady-state RSS sampling")
     ap.add_argument("--settle", type=int, default=40,
                     help="seconds to keep the operator running after all are Running")
     a = ap.parse_args()

@@ -105,6 +105,7 @@ fn the_rendered_manifests_hold_the_operator_objects_in_its_namespace() {
             "ClusterRoleBinding",
             "ConfigMap",
             "Deployment",
+            "PodDisruptionBudget",
             "Role",
             "RoleBinding",
             "Service",

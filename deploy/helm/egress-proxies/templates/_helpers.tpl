@@ -1,12 +1,43 @@
-{{/* The name of every object of the release. */}}
+{{/*
+The application's name: the chart's, or `nameOverride`. It is the app.kubernetes.io/name label
+of the operator's objects (and so part of its pods' selector).
+*/}}
+{{- define "egress-proxies.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The name of every namespaced object of the release: `fullnameOverride`, else the release
+name when it already holds the application's name, else RELEASE-NAME. Helm release names
+are unique per namespace, so this is unique among the objects of one namespace.
+*/}}
 {{- define "egress-proxies.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The name of the objects that live outside the release namespace (the ClusterRole and its
+binding, and the Role and RoleBinding in `watchNamespace`): NAMESPACE:FULLNAME. Two releases
+of the same name in two namespaces differ in NAMESPACE, and no namespace or full name holds a
+colon, so no two releases share these names.
+*/}}
+{{- define "egress-proxies.clusterName" -}}
+{{- printf "%s:%s" .Release.Namespace (include "egress-proxies.fullname" .) -}}
 {{- end -}}
 
 {{/* Labels on every object: the standard app.kubernetes.io set and helm.sh/chart. */}}
 {{- define "egress-proxies.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
-app.kubernetes.io/name: egress-proxies
+app.kubernetes.io/name: {{ include "egress-proxies.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/component: operator
@@ -16,8 +47,54 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* The selector of the operator's pods. */}}
 {{- define "egress-proxies.selector" -}}
-app.kubernetes.io/name: egress-proxies
+app.kubernetes.io/name: {{ include "egress-proxies.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/*
+The labels of the `helm test` pod: the standard set, but not the operator's selector (a
+Deployment's ReplicaSet adopts an orphan pod its selector matches, and the Services would
+send it traffic).
+*/}}
+{{- define "egress-proxies.testLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "egress-proxies.name" . | trunc 58 | trimSuffix "-" }}-test
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: test
+app.kubernetes.io/part-of: egress-proxies
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* The selector of the `helm test` pod (the NetworkPolicy admits it to the status port). */}}
+{{- define "egress-proxies.testSelector" -}}
+app.kubernetes.io/name: {{ include "egress-proxies.name" . | trunc 58 | trimSuffix "-" }}-test
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The Lease of leader election: `leaderElection.leaseName`, else FULLNAME-leader. */}}
+{{- define "egress-proxies.leaseName" -}}
+{{- .Values.leaderElection.leaseName | default (printf "%s-leader" (include "egress-proxies.fullname" .)) -}}
+{{- end -}}
+
+{{/*
+Whether the status views are served beyond loopback (then a Service `FULLNAME-status` exposes
+them, and `helm test` reads them through it).
+*/}}
+{{- define "egress-proxies.statusExposed" -}}
+{{- $a := .Values.status.address -}}
+{{- if and .Values.status.enabled (not (or (hasPrefix "127." $a) (eq $a "::1"))) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The status listener's ADDR:PORT for --status-listen (an IPv6 address in brackets). */}}
+{{- define "egress-proxies.statusListen" -}}
+{{- if contains ":" .Values.status.address -}}
+{{- printf "[%s]:%v" .Values.status.address .Values.status.port -}}
+{{- else -}}
+{{- printf "%s:%v" .Values.status.address .Values.status.port -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "egress-proxies.configMapName" -}}

@@ -1,15 +1,26 @@
-//! The placement's view of an entry's hosts: each host's load (instances known plus creates
-//! in flight, each UID counted once: on its create's host while one is in flight, else where
-//! its instance is) and last health report, read from the executor's state.
+//! The placement's view of an entry's hosts ([`LiveHosts`]): each host's load (instances
+//! known plus creates in flight, each UID counted once: on its create's host while one is in
+//! flight, else where its instance is) and last health report, read from the executor's
+//! state when the decision asks.
 //!
-//! Guarantees: no I/O; O(hosts of the entry) whatever the number of Proxies (the loads are
-//! counts [`State`] keeps incrementally); a host whose work slots are all taken sorts after
-//! every host that can start work now ([`FULL_HOST_LOAD`]).
+//! Guarantees: no I/O; a question costs O(1) ([`HostView::info`]) or O(log hosts) plus the
+//! hosts skipped ([`HostView::least_loaded`]) whatever the number of Proxies and hosts (the
+//! loads are counts [`State`] keeps incrementally, each entry's hosts ordered by them); a
+//! host whose work slots are all taken sorts after every host that can start work now
+//! ([`FULL_HOST_LOAD`]). [`host_view`] is the same view by a scan, for the tests that pin the
+//! two together.
 
-use std::collections::BTreeMap;
+use std::fmt;
 
-use super::decide::HostInfo;
+use egress_provider::libvirt::config::LibvirtEntry;
+
+use crate::providers::ProviderHandle;
+
+use super::decide::{HostInfo, HostView};
+use super::executor::Inner;
+#[cfg(test)]
 use super::state::State;
+use super::state::lock;
 
 /// Load added, in the placement's view, to a host whose work slots are all taken.
 // NB: placement picks the least loaded host; without this a Proxy refused on a full host is
@@ -18,13 +29,55 @@ use super::state::State;
 // first, and full hosts keep their order by real load among themselves.
 pub(super) const FULL_HOST_LOAD: usize = 1 << 20;
 
-/// Loads (instances known + creates in flight) and health of `entry`'s hosts: O(1) per host,
-/// read from the counts [`State`] keeps up to date on every change.
+/// The executor's view of one entry's hosts, answering from its state when asked (each
+/// answer under the state lock, which is not held between two questions).
+pub(super) struct LiveHosts<'a> {
+    pub(super) inner: &'a Inner,
+    pub(super) handle: &'a ProviderHandle,
+}
+
+impl fmt::Debug for LiveHosts<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LiveHosts")
+            .field("entry", &self.handle.config.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HostView for LiveHosts<'_> {
+    fn info(&self, host: &str) -> HostInfo {
+        let (name, digest) = (&self.handle.config.name, &self.handle.config_digest);
+        let mut st = lock(&self.inner.state);
+        let Some(max) = st.max_concurrent(&self.handle.config, digest, host) else {
+            return HostInfo::default();
+        };
+        let mut load = st.load(name, host);
+        let health = st.health.get(name).and_then(|m| m.get(host)).copied();
+        drop(st);
+        if self.inner.limits.work_available(name, host, max) == 0 {
+            load = load.saturating_add(FULL_HOST_LOAD);
+        }
+        HostInfo { load, health }
+    }
+
+    fn least_loaded(&self, _entry: &LibvirtEntry) -> Option<String> {
+        let name = &self.handle.config.name;
+        lock(&self.inner.state).least_loaded(
+            &self.handle.config,
+            &self.handle.config_digest,
+            |host, max| self.inner.limits.work_available(name, host, max) > 0,
+        )
+    }
+}
+
+/// Loads (instances known + creates in flight) and health of `entry`'s hosts, by a scan:
+/// the definition [`LiveHosts`] and [`State::least_loaded`] are tested against.
+#[cfg(test)]
 pub(super) fn host_view<'a>(
     st: &State,
     entry: &str,
     hosts: impl Iterator<Item = &'a str>,
-) -> BTreeMap<String, HostInfo> {
+) -> std::collections::BTreeMap<String, HostInfo> {
     let health = st.health.get(entry);
     hosts
         .map(|h| {
@@ -48,6 +101,7 @@ mod tests {
 
     use egress_provider::model::{ProviderId, ProxyUid};
 
+    use super::super::decide::HostView;
     use super::super::ops::{OpKind, ProgressCell, RunningOp};
     use super::*;
 
@@ -150,6 +204,115 @@ mod tests {
                 }
             }
             assert_eq!(st.loads(), &st.recount_loads(), "step {step}");
+        }
+    }
+
+    /// Entry `name` with hosts `hosts` (each with its own `maxConcurrent`).
+    fn entry_of(name: &str, hosts: &[&str]) -> egress_provider::libvirt::config::LibvirtEntry {
+        let mut e = super::super::test_fixtures::entry(1);
+        e.name = name.into();
+        e.hosts = hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| super::super::test_fixtures::host(h, 1 + i as u32))
+            .collect();
+        e
+    }
+
+    #[tokio::test]
+    async fn ordered_placement_equals_the_scan_of_every_host_after_random_changes() {
+        use egress_provider::model::HostState;
+
+        let mut st = State::default();
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: u64| {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) % n
+        };
+        const ALL: [&str; 5] = ["h0", "h1", "h2", "h3", "h4"];
+        let configs = [
+            entry_of("a", &["h0", "h1", "h2", "h3"]),
+            entry_of("a", &["h1", "h2", "h3", "h4"]),
+            entry_of("a", &["h3"]),
+        ];
+        let states = [
+            None,
+            Some(HostState::Ready),
+            Some(HostState::Degraded),
+            Some(HostState::Unreachable),
+        ];
+        let mut config = 0;
+        let mut full: HashSet<&str> = HashSet::new();
+        for step in 0..5000 {
+            let uid = ProxyUid(uuid::Uuid::from_u128(u128::from(next(60))));
+            let host = ALL[next(5) as usize];
+            match next(8) {
+                0 | 1 => st.set_location(
+                    uid,
+                    ProviderId {
+                        entry: "a".into(),
+                        host: host.into(),
+                        name: "ep-a-x".into(),
+                    },
+                ),
+                2 => st.clear_location(&uid),
+                3 => {
+                    st.objects.entry(uid).or_default().op = Some(op(OpKind::Create {
+                        entry: "a".into(),
+                        host: host.into(),
+                        image: "img".into(),
+                    }));
+                    st.refresh_load(&uid);
+                }
+                4 => {
+                    if let Some(o) = st.objects.get_mut(&uid) {
+                        o.op = None;
+                    }
+                    st.refresh_load(&uid);
+                }
+                5 => {
+                    let s = states[next(4) as usize];
+                    let m = st.health.entry("a".into()).or_default();
+                    match s {
+                        Some(s) => m.insert(host.into(), s),
+                        None => m.remove(host),
+                    };
+                }
+                6 => {
+                    if !full.remove(host) {
+                        full.insert(host);
+                    }
+                }
+                _ => {
+                    if next(10) == 0 {
+                        config = next(3) as usize;
+                    }
+                }
+            }
+            let e = &configs[config];
+            let digest = format!("d{config}");
+            // The definition: every host of the entry scanned, a full host's load raised.
+            let mut view = host_view(&st, "a", e.hosts.iter().map(|h| h.name.as_str()));
+            for h in &full {
+                if let Some(i) = view.get_mut(*h) {
+                    i.load += FULL_HOST_LOAD;
+                }
+            }
+            let want = HostView::least_loaded(&view, e);
+            let got = st.least_loaded(e, &digest, |h, max| {
+                assert_eq!(
+                    Some(max),
+                    e.hosts
+                        .iter()
+                        .find(|c| c.name == h)
+                        .map(|c| c.max_concurrent),
+                    "step {step}: maxConcurrent of {h}"
+                );
+                !full.contains(h)
+            });
+            assert_eq!(got, want, "step {step}: config {config}, full {full:?}");
         }
     }
 }

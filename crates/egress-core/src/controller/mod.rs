@@ -23,7 +23,7 @@
 //!
 //! Where each step lives: `reconcile` (the pipeline: read → observe → decide → act),
 //! [`decide`] (pure decisions), `act` (acting in one place), `ops` (spawned work and its
-//! results), `state` and `host_view` (what the executor knows), `executor` (the
+//! results), `state`, `host_order` and `host_view` (what the executor knows), `executor` (the
 //! [`Controller`] handle and its non-reconcile calls), `settings`, `proxy` and `outcome`
 //! (the types a driver exchanges with it; all re-exported here).
 
@@ -35,6 +35,7 @@ mod decide_tests;
 mod executor;
 #[cfg(test)]
 mod executor_tests;
+mod host_order;
 mod host_view;
 pub mod limits;
 pub mod metrics;

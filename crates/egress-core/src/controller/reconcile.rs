@@ -20,7 +20,7 @@ use crate::model::ProxyStatus;
 
 use super::decide::{self, Inputs, Observed, OpView};
 use super::executor::Controller;
-use super::host_view::{FULL_HOST_LOAD, host_view};
+use super::host_view::LiveHosts;
 use super::ops::take_op_view;
 use super::outcome::Outcome;
 use super::proxy::ProxyObject;
@@ -122,15 +122,16 @@ impl Controller {
             self.inner.counters.count_error(e.class);
         }
 
-        // The hosts' view (no network), read only when the decision may place a new instance:
-        // nothing in flight and no instance seen (the only paths of `decide` that read it).
-        // NB: building it costs O(hosts of the entry); most reconciles (a create's progress,
-        // a Running instance) need none of it.
-        let may_place = matches!(op_view, OpView::Idle | OpView::DeleteFinished { .. })
-            && matches!(observed, Observed::Unknown | Observed::NotFound(_));
-        let hosts = match &handle {
-            Some(h) if may_place => self.hosts_of(h),
-            _ => Default::default(),
+        // The hosts' view (no network): answers from the executor's state when the decision
+        // asks (only the paths that may place a new instance do), O(log hosts) per placement.
+        let no_hosts = std::collections::BTreeMap::new();
+        let live = handle.as_ref().map(|h| LiveHosts {
+            inner: &self.inner,
+            handle: h,
+        });
+        let hosts: &dyn decide::HostView = match &live {
+            Some(l) => l,
+            None => &no_hosts,
         };
 
         let entry = handle.as_ref().map(|h| decide::EntryView {
@@ -144,41 +145,12 @@ impl Controller {
             location: location.as_ref(),
             observed: &observed,
             op: &op_view,
-            hosts: &hosts,
+            hosts,
             memory: &memory,
             now,
             settings,
         });
         self.act(obj, handle.as_ref(), d, now)
-    }
-
-    /// Loads and health of `h`'s hosts for placement, a host with no free work slot sorted
-    /// after every host with one ([`FULL_HOST_LOAD`]).
-    fn hosts_of(
-        &self,
-        h: &crate::providers::ProviderHandle,
-    ) -> std::collections::BTreeMap<String, decide::HostInfo> {
-        let st = lock(&self.inner.state);
-        let mut view = host_view(
-            &st,
-            &h.config.name,
-            h.config.hosts.iter().map(|c| c.name.as_str()),
-        );
-        drop(st);
-        // Placement prefers a host that can start the work now (see FULL_HOST_LOAD); the
-        // order by real load is kept within each group.
-        for c in &h.config.hosts {
-            if self
-                .inner
-                .limits
-                .work_available(&h.config.name, &c.name, c.max_concurrent)
-                == 0
-                && let Some(hi) = view.get_mut(&c.name)
-            {
-                hi.load = hi.load.saturating_add(FULL_HOST_LOAD);
-            }
-        }
-        view
     }
 
     async fn observe(
@@ -205,9 +177,11 @@ impl Controller {
         match tokio::time::timeout(budget, provider.get(id, uid)).await {
             Ok(Ok(inst)) => {
                 lock(&self.inner.state).set_location(*uid, inst.id.clone());
+                self.note_observed(uid, Some(&inst));
                 Observed::Found(inst)
             }
             Ok(Err(e)) if e.is_not_found() => {
+                self.note_observed(uid, None);
                 let mut st = lock(&self.inner.state);
                 st.clear_location(uid);
                 st.created.remove(uid);

@@ -9,14 +9,19 @@
 //! location or work in flight ([`State::set_location`], [`State::clear_location`],
 //! [`State::refresh_load`]), so reading it costs O(1) per host whatever the fleet's size;
 //! [`State::recount_loads`] recomputes it from scratch for tests that pin the two together.
+//! Each entry's hosts are also kept ordered by that load ([`HostOrders`]), so placement
+//! ([`State::least_loaded`]) costs O(log hosts) plus the hosts it skips (unhealthy, or with
+//! no free work slot).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
+use egress_provider::libvirt::config::LibvirtEntry;
 use egress_provider::model::{HostState, ProviderId, ProxyUid};
 
 use super::decide::Memory;
+use super::host_order::HostOrders;
 use super::ops::{OpKind, RunningOp};
 
 #[derive(Default)]
@@ -44,6 +49,8 @@ pub(super) struct State {
     load_of: HashMap<ProxyUid, (String, String)>,
     /// Per entry, per host: how many UIDs count on it (entries of [`State::load_of`]).
     loads: HashMap<String, HashMap<String, usize>>,
+    /// Each entry's hosts ordered by those loads (moved with every count).
+    orders: HostOrders,
 }
 
 impl State {
@@ -100,7 +107,9 @@ impl State {
             && let Some(m) = self.loads.get_mut(&e)
         {
             if let Some(n) = m.get_mut(&h) {
+                let from = *n;
                 *n = n.saturating_sub(1);
+                self.orders.moved(&e, &h, from, *n);
                 if *n == 0 {
                     m.remove(&h);
                 }
@@ -110,14 +119,64 @@ impl State {
             }
         }
         if let Some((e, h)) = now {
-            *self
+            let n = self
                 .loads
                 .entry(e.clone())
                 .or_default()
                 .entry(h.clone())
-                .or_default() += 1;
+                .or_default();
+            *n += 1;
+            let to = *n;
+            self.orders.moved(&e, &h, to - 1, to);
             self.load_of.insert(*uid, (e, h));
         }
+    }
+
+    /// Where a new instance of `entry` (config digest `digest`) goes when nothing pins it:
+    /// among the hosts that accept placements
+    /// ([`crate::hosthealth::accepts_placements`]), the least loaded one for which
+    /// `has_slot(host, maxConcurrent)` says a work slot is free, else the least loaded one;
+    /// ties by name. The same choice as a scan of every host with a full host's load raised by
+    /// [`FULL_HOST_LOAD`](super::host_view::FULL_HOST_LOAD), in O(log hosts) plus the hosts
+    /// skipped.
+    pub(super) fn least_loaded(
+        &mut self,
+        entry: &LibvirtEntry,
+        digest: &str,
+        has_slot: impl Fn(&str, u32) -> bool,
+    ) -> Option<String> {
+        let loads = self.loads.get(&entry.name);
+        let order = self.orders.of(entry, digest, |h| {
+            loads.and_then(|m| m.get(h)).copied().unwrap_or(0)
+        });
+        let health = self.health.get(&entry.name);
+        let mut fallback = None;
+        for (_, host) in &order.by_load {
+            let state = health.and_then(|m| m.get(host)).copied();
+            if !crate::hosthealth::accepts_placements(state) {
+                continue;
+            }
+            if has_slot(host, order.max.get(host).copied().unwrap_or(1)) {
+                return Some(host.clone());
+            }
+            fallback = fallback.or(Some(host));
+        }
+        fallback.cloned()
+    }
+
+    /// `maxConcurrent` of `entry`'s `host` (config digest `digest`), `None` when the entry
+    /// has no such host. O(1).
+    pub(super) fn max_concurrent(
+        &mut self,
+        entry: &LibvirtEntry,
+        digest: &str,
+        host: &str,
+    ) -> Option<u32> {
+        let loads = self.loads.get(&entry.name);
+        let order = self.orders.of(entry, digest, |h| {
+            loads.and_then(|m| m.get(h)).copied().unwrap_or(0)
+        });
+        order.max.get(host).copied()
     }
 
     /// Every host's load recounted from every object and location (O(n)): what the

@@ -74,6 +74,37 @@ pub struct HostInfo {
     pub health: Option<HostState>,
 }
 
+/// What placement reads about an entry's hosts: each host's load and health, and which host
+/// a new instance goes to when nothing pins it.
+///
+/// `BTreeMap<String, HostInfo>` (a host missing from the map has no load and no report) is
+/// the definition, by a scan of the entry's hosts; the executor answers the same questions
+/// from hosts kept ordered by load, so a placement costs O(log hosts), not O(hosts).
+pub trait HostView: std::fmt::Debug {
+    /// Load and last health of `host` (no load and no report when the view has none).
+    fn info(&self, host: &str) -> HostInfo;
+    /// Among `entry`'s hosts that accept placements
+    /// ([`crate::hosthealth::accepts_placements`]), the one with the least load, ties by
+    /// name; `None` when no host accepts placements.
+    fn least_loaded(&self, entry: &LibvirtEntry) -> Option<String>;
+}
+
+impl HostView for BTreeMap<String, HostInfo> {
+    fn info(&self, host: &str) -> HostInfo {
+        self.get(host).copied().unwrap_or_default()
+    }
+
+    fn least_loaded(&self, entry: &LibvirtEntry) -> Option<String> {
+        entry
+            .hosts
+            .iter()
+            .map(|h| (h.name.as_str(), self.info(&h.name)))
+            .filter(|(_, i)| crate::hosthealth::accepts_placements(i.health))
+            .min_by(|(a, x), (b, y)| x.load.cmp(&y.load).then_with(|| a.cmp(b)))
+            .map(|(n, _)| n.to_owned())
+    }
+}
+
 /// A Permanent failure latched for a generation and config digest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Latch {
@@ -116,8 +147,8 @@ pub struct Inputs<'a> {
     pub observed: &'a Observed,
     /// Work in flight.
     pub op: &'a OpView,
-    /// Hosts of the entry by name.
-    pub hosts: &'a BTreeMap<String, HostInfo>,
+    /// Loads and health of the entry's hosts.
+    pub hosts: &'a dyn HostView,
     /// Per-object memory.
     pub memory: &'a Memory,
     /// The clock.

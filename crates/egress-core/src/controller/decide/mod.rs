@@ -50,7 +50,7 @@ pub use self::ctx::fmt_time;
 pub use self::decision::{Action, Decision};
 pub use self::executor_status::{host_busy, reconcile_timed_out, shutting_down};
 use self::finalize::finalize;
-pub use self::inputs::{EntryView, HostInfo, Inputs, Latch, Memory, Observed, OpView};
+pub use self::inputs::{EntryView, HostInfo, HostView, Inputs, Latch, Memory, Observed, OpView};
 use self::instance::found;
 pub use self::placement::place;
 use self::provision::{creating, start_create};
@@ -161,10 +161,7 @@ pub fn decide(i: &Inputs<'_>) -> Decision {
             // partial state there) unless that host is gone or unhealthy.
             let prev = i.status.host.as_deref().filter(|h| {
                 entry.config.hosts.iter().any(|c| c.name == *h)
-                    && matches!(
-                        i.hosts.get(*h).and_then(|x| x.health),
-                        None | Some(HostState::Ready)
-                    )
+                    && matches!(i.hosts.info(h).health, None | Some(HostState::Ready))
             });
             start_create(cx, entry, prev, "")
         }

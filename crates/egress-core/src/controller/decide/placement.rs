@@ -4,46 +4,34 @@
 //! Guarantees: pure; a host that is unhealthy or whose pool is at or below its reserve gets
 //! no new proxies; ties break by host name, so the choice is deterministic.
 
-use std::collections::BTreeMap;
-
 use egress_provider::libvirt::config::LibvirtEntry;
 
-use super::inputs::HostInfo;
+use super::inputs::HostView;
 
 /// Where to place: the pin when it accepts placements, else the host accepting placements
 /// with the fewest proxies of this entry (ties by name). A host accepts placements only when
 /// its last report is Ready or it has none yet ([`crate::hosthealth::accepts_placements`]):
 /// an unhealthy host, or one whose pool is at or below its reserve (reported Degraded), gets
-/// no new proxies. `None` when no host qualifies.
-pub fn place(
-    entry: &LibvirtEntry,
-    pinned: Option<&str>,
-    hosts: &BTreeMap<String, HostInfo>,
-) -> Option<String> {
-    let info = |n: &str| hosts.get(n).copied().unwrap_or_default();
-    let usable = |n: &str| crate::hosthealth::accepts_placements(info(n).health);
+/// no new proxies. `None` when no host qualifies. Costs what `hosts` answers in: O(log
+/// hosts) from the executor's ordered view.
+pub fn place(entry: &LibvirtEntry, pinned: Option<&str>, hosts: &dyn HostView) -> Option<String> {
     if let Some(p) = pinned {
-        return usable(p).then(|| p.to_owned());
+        let usable = crate::hosthealth::accepts_placements(hosts.info(p).health);
+        return usable.then(|| p.to_owned());
     }
-    entry
-        .hosts
-        .iter()
-        .map(|h| h.name.as_str())
-        .filter(|n| usable(n))
-        .min_by(|a, b| info(a).load.cmp(&info(b).load).then_with(|| a.cmp(b)))
-        .map(str::to_owned)
+    hosts.least_loaded(entry)
 }
 
 /// Why no host was chosen: each host with its last state.
 pub(super) fn no_usable_host(
     entry: &LibvirtEntry,
     pinned: Option<&str>,
-    hosts: &BTreeMap<String, HostInfo>,
+    hosts: &dyn HostView,
 ) -> String {
     let state = |n: &str| {
         hosts
-            .get(n)
-            .and_then(|x| x.health)
+            .info(n)
+            .health
             .map_or_else(|| "unchecked".to_owned(), |s| format!("{s:?}"))
     };
     match pinned {

@@ -177,11 +177,9 @@ impl Controller {
         match tokio::time::timeout(budget, provider.get(id, uid)).await {
             Ok(Ok(inst)) => {
                 lock(&self.inner.state).set_location(*uid, inst.id.clone());
-                self.note_observed(uid, Some(&inst));
                 Observed::Found(inst)
             }
             Ok(Err(e)) if e.is_not_found() => {
-                self.note_observed(uid, None);
                 let mut st = lock(&self.inner.state);
                 st.clear_location(uid);
                 st.created.remove(uid);

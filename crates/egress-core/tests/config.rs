@@ -435,6 +435,28 @@ fn url_images_need_allowed_hosts_when_enabled_and_max_image_bytes_is_positive() 
         "providers[0].urlImages.allowedHosts[0]",
         "host name",
     );
+    // host:port entries (the port is part of the allowlist).
+    ok(&with(
+        "enabled: false",
+        "enabled: true\n      allowedHosts: [\"cloud.debian.org:8443\", \"[2001:db8::1]:443\", \"[2001:db8::2]\", \"192.0.2.1:80\"]",
+    ));
+    for bad in [
+        "x.org:0",
+        "x.org:99999",
+        "x.org:",
+        "fd00::1",
+        "[fd00::1",
+        "[x.org]:443",
+    ] {
+        only_error(
+            &with(
+                "enabled: false",
+                &format!("enabled: true\n      allowedHosts: [\"{bad}\"]"),
+            ),
+            "providers[0].urlImages.allowedHosts[0]",
+            "host:port",
+        );
+    }
     only_error(
         &with("maxImageBytes: 8589934592", "maxImageBytes: 0"),
         "providers[0].maxImageBytes",

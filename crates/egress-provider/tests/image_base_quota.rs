@@ -78,7 +78,7 @@ async fn a_new_base_beyond_max_bases_or_max_url_images_is_refused_before_any_dow
             images: BTreeMap::new(),
             url_images: UrlImagePolicy {
                 enabled: true,
-                allowed_hosts: vec!["127.0.0.1".into()],
+                allowed_hosts: vec![format!("127.0.0.1:{}", server.addr.port())],
             },
             max_image_bytes: 64 * MIB,
             guest: GuestSettings::default(),

@@ -730,7 +730,7 @@ async fn the_format_comes_from_the_bytes_and_must_match_the_declaration() {
     // A URL image has no declaration: a raw image is detected as raw (seed assumed qcow2).
     e.url_images = UrlImagePolicy {
         enabled: true,
-        allowed_hosts: vec!["127.0.0.1".into()],
+        allowed_hosts: vec![format!("127.0.0.1:{}", fx.server.addr.port())],
     };
     let t = Fx::url_target(&fx, &e);
     let b = image::ensure_base(&t, &format!("{url}#sha256={}", sha(&raw)))
@@ -783,7 +783,8 @@ async fn url_images_are_refused_unless_enabled_allowlisted_public_and_https_or_p
         "[fd00:ec2::254]".into(),
         "100.64.0.1".into(),
         "images.example".into(),
-        "localhost".into(),
+        format!("localhost:{}", fx.server.addr.port()),
+        format!("127.0.0.1:{}", fx.server.addr.port()),
     ];
     for bad in [
         url.clone(), // http, no pin
@@ -836,6 +837,22 @@ async fn redirects_are_bounded_and_every_hop_is_checked() {
     );
     assert!(ok("https://evil.example/b", 1).is_err(), "not allowlisted");
     assert!(
+        ok("https://images.example:443/b", 1).is_ok(),
+        "the default port"
+    );
+    assert!(
+        ok("https://images.example:8443/b", 1).is_err(),
+        "another port than the entry's (none: the default)"
+    );
+    let with_port = vec!["images.example:8443".to_owned()];
+    let at = |u: &str| fetch::redirect_verdict(&src, &with_port, false, &u.parse().unwrap(), 1);
+    assert!(at("https://images.example:8443/b").is_ok());
+    assert!(
+        at("https://images.example/b").is_err(),
+        "only the port named"
+    );
+    assert!(at("https://images.example:9443/b").is_err());
+    assert!(
         ok("http://images.example/b", 1).is_err(),
         "downgrade without a pin"
     );
@@ -869,7 +886,7 @@ async fn a_live_redirect_to_a_forbidden_host_is_refused_and_an_allowed_url_image
     let mut e = entry("home");
     e.url_images = UrlImagePolicy {
         enabled: true,
-        allowed_hosts: vec!["127.0.0.1".into()],
+        allowed_hosts: vec![format!("127.0.0.1:{}", fx.server.addr.port())],
     };
     let t = Fx::url_target(&fx, &e);
     let r = image::ensure_base(&t, &format!("{redir}#sha256={}", sha(&img))).await;

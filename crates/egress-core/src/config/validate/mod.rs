@@ -92,7 +92,7 @@ impl Report {
 ///   absolute path (not opened here: no I/O at load; the provider reads it once, on the
 ///   first download, and reports an unreadable file naming the setting);
 /// - `urlImages.allowedHosts` is non-empty when URL images are enabled, and each is a host
-///   name (no scheme, port or path);
+///   (DNS name, IPv4, `[IPv6]`) with an optional `:port` 1–65535 (no scheme or path);
 /// - `maxImageBytes` > 0;
 /// - `policy`: `minClientPrefixV4` 1–32, `minClientPrefixV6` 1–128, `minPasswordLength`
 ///   8–128; `allowedDestinations` domains are `example.com` or `*.example.com`, CIDRs parse,
@@ -234,10 +234,20 @@ pub(super) fn libvirt_entry<'a>(
         );
     }
     for (k, h) in e.url_images.allowed_hosts.iter().enumerate() {
-        if !is_dns_name(h) && h.parse::<Ipv4Addr>().is_err() {
+        let ok = match egress_provider::libvirt::image::source::split_host_port(h) {
+            Some((host, _)) if h.trim_start().starts_with('[') => {
+                host.parse::<std::net::Ipv6Addr>().is_ok()
+            }
+            Some((host, _)) => is_dns_name(&host) || host.parse::<Ipv4Addr>().is_ok(),
+            None => false,
+        };
+        if !ok {
             r.err(
                 &format!("{up}[{k}]"),
-                format!("{h:?} is not a host name (no scheme, port or path)"),
+                format!(
+                    "{h:?} is not a host name or host:port (a DNS name, an IPv4 address or an IPv6 \
+                     address in brackets, with an optional port 1-65535; no scheme or path)"
+                ),
             );
         }
     }

@@ -445,10 +445,11 @@ impl RedirectRules {
         }
         let host = next.host_str().unwrap_or_default().to_ascii_lowercase();
         if let Some(allowed) = &self.allowed_hosts
-            && !allowed.contains(&host)
+            && !super::source::host_allowed(allowed, next)
         {
+            let at = next.port().map(|p| format!(":{p}")).unwrap_or_default();
             return Err(format!(
-                "redirect to host {host:?}, which is not in urlImages.allowedHosts"
+                "redirect to {host}{at}, which is not in urlImages.allowedHosts"
             ));
         }
         if let Some(g) = &self.guard {

@@ -1,9 +1,10 @@
 //! Resolving a Proxy's `image` (a catalogue key, or a URL when URL images are enabled) to
 //! a source to fetch, with every check that needs no network (findings M12, M17, L7, L8, L24).
 //!
-//! Guarantees: a URL image is refused unless `urlImages.enabled`, its host is on
-//! `urlImages.allowedHosts` (its address is checked by the fetcher, before any traffic), and it is https unless a
-//! digest is pinned; URLs with credentials (`user:pass@`) are refused, catalogue ones too;
+//! Guarantees: a URL image is refused unless `urlImages.enabled`, its host and port are on
+//! `urlImages.allowedHosts` ([`host_allowed`]: `host` admits the scheme's default port only,
+//! `host:port` that port; its address is checked by the fetcher, before any traffic), and it
+//! is https unless a digest is pinned; URLs with credentials (`user:pass@`) are refused, catalogue ones too;
 //! a plain-http source always needs a pinned sha256; every message is redacted and names the
 //! setting to change. URL images pin a digest with a fragment, `URL#sha256=<64 hex>`; the
 //! fragment is never sent. Unpinned sources are identified by their URL (`url-<sha256(url)>`
@@ -148,16 +149,12 @@ fn resolve_url_image(entry: &LibvirtEntry, image: &str) -> Result<Source> {
         },
     };
     url.set_fragment(None);
-    let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
-    let host_bare = host.trim_start_matches('[').trim_end_matches(']');
-    let allowed = entry.url_images.allowed_hosts.iter().any(|h| {
-        let h = h.trim().to_ascii_lowercase();
-        h == host || h.trim_start_matches('[').trim_end_matches(']') == host_bare
-    });
-    if !allowed {
+    if !host_allowed(&entry.url_images.allowed_hosts, &url) {
         return Err(ProviderError::permanent(format!(
-            "image {shown}: host {host:?} is not in urlImages.allowedHosts of provider entry \
-             {:?}; add it there or use a catalogue key",
+            "image {shown}: {} is not in urlImages.allowedHosts of provider entry {:?} (an \
+             entry without a port admits only the scheme's default port); add it there or use \
+             a catalogue key",
+            host_port(&url),
             entry.name
         )));
     }
@@ -177,6 +174,57 @@ fn resolve_url_image(entry: &LibvirtEntry, image: &str) -> Result<Source> {
         untrusted: true,
         ca_file: None,
     })
+}
+
+/// Whether `url`'s host and port are on the allowlist `allowed`. An entry is `host` (a DNS
+/// name or an IPv4 literal; `[v6]` for an IPv6 literal), which admits only the URL scheme's
+/// default port (443 for https, 80 for http), or `host:port`, which admits that port only.
+/// Host names compare case-insensitively.
+pub fn host_allowed(allowed: &[String], url: &Url) -> bool {
+    let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    // NB: `Url` drops a port equal to the scheme's default, so `port()` is `None` exactly
+    // when the default port is used.
+    let port = url.port();
+    allowed.iter().any(|entry| match split_host_port(entry) {
+        Some((h, p)) => h == host && p == port,
+        None => false,
+    })
+}
+
+/// An allowlist entry as (lower-cased host without brackets, port if given); `None` when it
+/// is malformed (such an entry admits nothing; configuration validation refuses it).
+pub fn split_host_port(entry: &str) -> Option<(String, Option<u16>)> {
+    let e = entry.trim().to_ascii_lowercase();
+    let (host, port) = if let Some(rest) = e.strip_prefix('[') {
+        let (h, tail) = rest.split_once(']')?;
+        match tail {
+            "" => (h.to_owned(), None),
+            t => (h.to_owned(), Some(t.strip_prefix(':')?)),
+        }
+    } else {
+        match e.split_once(':') {
+            None => (e.clone(), None),
+            Some((h, p)) => (h.to_owned(), Some(p)),
+        }
+    };
+    if host.is_empty() {
+        return None;
+    }
+    let port = match port {
+        None => None,
+        Some(p) => Some(p.parse::<u16>().ok().filter(|p| *p != 0)?),
+    };
+    Some((host, port))
+}
+
+/// `host` or `host:port` of `url`, as shown in errors.
+fn host_port(url: &Url) -> String {
+    let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
+    match url.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host,
+    }
 }
 
 fn parse_url(raw: &str, setting: &str) -> Result<Url> {
@@ -223,4 +271,51 @@ fn require_https_or_pin(url: &Url, pinned: bool, pin_setting: &str, setting: &st
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_allowlist_admits_a_host_on_its_default_port_or_the_port_it_names() {
+        let allowed: Vec<String> = [
+            "images.example",
+            "mirror.example:8443",
+            "192.0.2.10:8080",
+            "[2001:db8::1]",
+            "[2001:db8::2]:9000",
+            "bad:0",
+        ]
+        .map(String::from)
+        .to_vec();
+        let ok = |u: &str| host_allowed(&allowed, &Url::parse(u).unwrap());
+        assert!(ok("https://images.example/a"));
+        assert!(ok("https://IMAGES.example:443/a"), "default port, any case");
+        assert!(ok("http://images.example/a"), "http's default port");
+        assert!(
+            !ok("https://images.example:8443/a"),
+            "no port: default only"
+        );
+        assert!(
+            !ok("http://images.example:443/a"),
+            "443 is not http's default"
+        );
+        assert!(ok("https://mirror.example:8443/a"));
+        assert!(!ok("https://mirror.example/a"), "only the port named");
+        assert!(ok("http://192.0.2.10:8080/a"));
+        assert!(!ok("http://192.0.2.10/a"));
+        assert!(ok("https://[2001:db8::1]/a"));
+        assert!(!ok("https://[2001:db8::1]:444/a"));
+        assert!(ok("https://[2001:db8::2]:9000/a"));
+        assert!(!ok("https://bad/a"), "a malformed entry admits nothing");
+        assert!(!ok("https://other.example/a"));
+        assert_eq!(split_host_port("x:65536"), None);
+        assert_eq!(split_host_port("[::1]x"), None);
+        assert_eq!(
+            split_host_port(" X.org:80 "),
+            Some(("x.org".into(), Some(80)))
+        );
+    }
 }

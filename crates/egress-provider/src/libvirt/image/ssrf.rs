@@ -2,9 +2,15 @@
 //!
 //! Guarantees: [`forbidden`] refuses every address that reaches the operator's own network
 //! or host: unspecified, loopback, private (RFC 1918, ULA), link-local, CGNAT (100.64/10),
-//! multicast, broadcast and reserved ranges, the cloud metadata addresses (169.254.169.254,
-//! fd00:ec2::254, both inside refused ranges), and IPv6 forms that embed an IPv4 address
-//! (mapped, compatible, NAT64) when the embedded address is refused. [`GuardedResolver`]
+//! multicast, broadcast and reserved ranges, the documentation ranges (192.0.2.0/24,
+//! 198.51.100.0/24, 203.0.113.0/24, 2001:db8::/32, 3fff::/20), the cloud metadata addresses
+//! (169.254.169.254, fd00:ec2::254, both inside refused ranges), IPv6 forms that embed an
+//! IPv4 address (mapped, compatible, well-known NAT64 `64:ff9b::/96`) when the embedded
+//! address is refused, and every address of the translation and tunnel ranges whose far end
+//! no one on this side controls: 6to4 (`2002::/16`), Teredo (`2001::/32`), local-use NAT64
+//! (`64:ff9b:1::/48`) and IPv4-translated (`::ffff:0:0:0/96`) — refused whole, whatever they
+//! embed, since a relay or translator on the path turns them into an IPv4 destination (the
+//! reason names the embedded IPv4 address when it is itself refused). [`GuardedResolver`]
 //! applies it to every address a name resolves to, at connect time, so a DNS answer that
 //! changes between check and use cannot slip through; IP-literal hosts never reach a
 //! resolver, so callers check them with [`forbidden`] on the first URL and every redirect.
@@ -30,8 +36,12 @@ const V4_FORBIDDEN: &[(&str, &str)] = &[
     ("169.254.0.0/16", "link-local or metadata"),
     ("172.16.0.0/12", "private"),
     ("192.0.0.0/24", "IETF protocol assignments"),
+    ("192.0.2.0/24", "documentation (TEST-NET-1)"),
+    ("192.88.99.0/24", "6to4 relay anycast"),
     ("192.168.0.0/16", "private"),
     ("198.18.0.0/15", "benchmarking"),
+    ("198.51.100.0/24", "documentation (TEST-NET-2)"),
+    ("203.0.113.0/24", "documentation (TEST-NET-3)"),
     ("224.0.0.0/4", "multicast"),
     ("240.0.0.0/4", "reserved or broadcast"),
 ];
@@ -48,6 +58,21 @@ const V6_FORBIDDEN: &[(&str, &str)] = &[
     ("fec0::/10", "site-local"),
     ("ff00::/8", "multicast"),
     ("100::/64", "discard"),
+    ("2001:db8::/32", "documentation"),
+    ("3fff::/20", "documentation"),
+    // NB: an embedded IPv4 address is checked first (see `forbidden`); these ranges are
+    // refused even when it is public, because a relay or translator we do not control
+    // carries the traffic on.
+    (
+        "2002::/16",
+        "6to4 (a relay reaches the IPv4 address inside it)",
+    ),
+    (
+        "2001::/32",
+        "Teredo (a relay reaches the IPv4 address inside it)",
+    ),
+    ("64:ff9b:1::/48", "local-use NAT64 (a local translator)"),
+    ("::ffff:0:0:0/96", "IPv4-translated (SIIT)"),
 ];
 
 /// Why `ip` must not be fetched from, or `None` when it is a public address.
@@ -55,8 +80,8 @@ pub fn forbidden(ip: IpAddr) -> Option<&'static str> {
     match ip {
         IpAddr::V4(v4) => forbidden_v4(v4),
         IpAddr::V6(v6) => {
-            if let Some(v4) = embedded_v4(v6) {
-                return forbidden_v4(v4);
+            if let Some(why) = embedded_v4(v6).and_then(forbidden_v4) {
+                return Some(why);
             }
             V6_FORBIDDEN.iter().find_map(|(net, why)| {
                 let net: Ipv6Net = net.parse().ok()?;
@@ -73,25 +98,26 @@ fn forbidden_v4(ip: Ipv4Addr) -> Option<&'static str> {
     })
 }
 
-/// The IPv4 address inside an IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible (`::a.b.c.d`)
-/// or NAT64 (`64:ff9b::a.b.c.d`) address.
+/// The IPv4 address inside an IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible (`::a.b.c.d`),
+/// IPv4-translated (`::ffff:0:a.b.c.d`), NAT64 (`64:ff9b::a.b.c.d`, and `64:ff9b:1::/48` in
+/// its /96 form), 6to4 (`2002:AABB:CCDD::`) or Teredo (`2001:0:SERVER::` with the client's
+/// address inverted in the last 32 bits) address.
 fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
     if let Some(v4) = ip.to_ipv4_mapped() {
         return Some(v4);
     }
     let s = ip.segments();
-    let tail =
-        |s: &[u16; 8]| Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
-    #[allow(clippy::indexing_slicing)] // NB: fixed-size array, constant indices.
-    {
-        if s[..6] == [0, 0, 0, 0, 0, 0] && (s[6] != 0 || s[7] > 1) {
-            return Some(tail(&s));
-        }
-        if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-            return Some(tail(&s));
-        }
+    let pair = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    let [a, b, c, d, e, f, g, h] = s;
+    match (a, b, c, d, e, f) {
+        (0, 0, 0, 0, 0, 0) if g != 0 || h > 1 => Some(pair(g, h)),
+        (0, 0, 0, 0, 0xffff, 0) => Some(pair(g, h)),
+        (0x64, 0xff9b, 0, 0, 0, 0) => Some(pair(g, h)),
+        (0x64, 0xff9b, 1, _, _, _) => Some(pair(g, h)),
+        (0x2002, ..) => Some(pair(b, c)),
+        (0x2001, 0, ..) => Some(pair(!g, !h)),
+        _ => None,
     }
-    None
 }
 
 /// A refusal by the address policy; found again in reqwest's error chain by type.
@@ -195,6 +221,51 @@ mod tests {
         ] {
             let ip: IpAddr = ip.parse().unwrap();
             assert!(forbidden(ip).is_none(), "{ip} is public");
+        }
+    }
+
+    #[test]
+    fn translation_tunnel_and_documentation_ranges_are_refused() {
+        for (ip, why) in [
+            // 6to4, Teredo, local-use NAT64, IPv4-translated: refused whole, even when the
+            // IPv4 address inside is public.
+            ("2002:808:808::1", "6to4"),
+            ("2001:0:4136:e378:8000:63bf:f7f7:f7f7", "Teredo"),
+            ("64:ff9b:1::808:808", "local-use NAT64"),
+            ("::ffff:0:808:808", "IPv4-translated"),
+            // ... and named for what they embed when that is refused.
+            ("2002:a00:1::1", "private"),
+            ("2002:a9fe:a9fe::", "link-local or metadata"),
+            ("2001:0:4136:e378:8000:63bf:80ff:fffe", "loopback"), // client !0x80fffffe = 127.0.0.1
+            ("64:ff9b:1::a00:1", "private"),
+            ("::ffff:0:7f00:1", "loopback"),
+            ("64:ff9b::c0a8:101", "private"),
+            // Documentation.
+            ("192.0.2.1", "documentation (TEST-NET-1)"),
+            ("198.51.100.7", "documentation (TEST-NET-2)"),
+            ("203.0.113.200", "documentation (TEST-NET-3)"),
+            ("2001:db8::1", "documentation"),
+            ("3fff:fff::1", "documentation"),
+            ("::ffff:203.0.113.5", "documentation (TEST-NET-3)"),
+            ("192.88.99.1", "6to4 relay anycast"),
+        ] {
+            let got = forbidden(ip.parse().unwrap());
+            let got = got.unwrap_or_else(|| panic!("{ip} must be refused"));
+            assert!(got.starts_with(why), "{ip}: {got}");
+        }
+        // Neighbours of those ranges stay public.
+        for ip in [
+            "2003::1",
+            "2001:1::1",
+            "2001:4860:4860::8888",
+            "64:ff9b::808:808",
+            "64:ff9b:2::1",
+            "4000::1",
+            "192.0.3.1",
+            "203.0.114.1",
+            "2001:db9::1",
+        ] {
+            assert!(forbidden(ip.parse().unwrap()).is_none(), "{ip} is public");
         }
     }
 

@@ -3,6 +3,7 @@
 //!
 //! - [`model`]: the Proxy manifest, spec validation and status (conditions redacted, bounded).
 //! - [`proxy_policy`]: who may use a guest's proxy and where it may connect.
+//! - [`pool`]: ProxyPools: the pool spec, its validation and the pure pool decision.
 //! - [`config`]: the provider configuration: load, validate, every error with its field path.
 //! - [`providers`]: the registry of configured provider entries and their hosts.
 //! - [`controller`]: pure reconcile decisions and the executor that carries them out.
@@ -23,6 +24,7 @@ pub mod health;
 pub mod hosthealth;
 pub mod metrics;
 pub mod model;
+pub mod pool;
 pub mod providers;
 pub mod proxy_policy;
 pub mod status;

@@ -1,0 +1,117 @@
+//! What the pool decision looks at ([`PoolInputs`]) and what it decides ([`PoolDecision`]).
+//!
+//! Guarantees: plain data, no I/O; drivers build the inputs from their own stores (a pool's
+//! members only, never every Proxy) and carry the decision out.
+
+use std::time::{Duration, SystemTime};
+
+use egress_provider::model::HostState;
+
+use crate::controller::Event;
+use crate::pool::member::Member;
+use crate::pool::status::ProxyPoolStatus;
+use crate::pool::validate::PoolPolicy;
+
+/// One host of the pool's provider entry and its last health report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolHost {
+    /// Its name in the provider config.
+    pub name: String,
+    /// Its last health report (`None` before the first).
+    pub state: Option<HostState>,
+}
+
+/// Everything the pool decision looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolInputs<'a> {
+    /// The pool's name (member names derive from it).
+    pub name: &'a str,
+    /// The pool's spec generation.
+    pub generation: i64,
+    /// The pool's spec, validated and resolved.
+    pub policy: &'a PoolPolicy,
+    /// The current template hash ([`crate::pool::member::template_hash`]).
+    pub template_hash: &'a str,
+    /// The pool's members (and nothing else).
+    pub members: &'a [Member],
+    /// The hosts of the pool's provider entry, in config order.
+    pub hosts: &'a [PoolHost],
+    /// The pool's status as last written (its memory between rounds).
+    pub status: &'a ProxyPoolStatus,
+    /// Whether the pool's generated credentials exist (meaningful when it generates them).
+    pub credentials_present: bool,
+    /// The clock.
+    pub now: SystemTime,
+}
+
+/// A member to create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateMember {
+    /// Its derived name.
+    pub name: String,
+    /// The host to pin it to.
+    pub host: String,
+    /// The template hash to label it with.
+    pub template_hash: String,
+}
+
+/// Why a member is deleted (a metrics label and part of the event message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DeleteCause {
+    /// Older than `rotation.maxAge`.
+    Age,
+    /// Unhealthy for longer than `autohealing.unhealthyAfter`.
+    Unhealthy,
+    /// In phase Failed.
+    Failed,
+    /// Made from an older template (or credentials).
+    Template,
+    /// More members than `replicas`.
+    ScaleIn,
+    /// Its quarantine annotation was removed (it had already been replaced).
+    Quarantine,
+}
+
+impl DeleteCause {
+    /// The label value: `age`, `unhealthy`, `failed`, `template`, `scale-in`, `quarantine`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Age => "age",
+            Self::Unhealthy => "unhealthy",
+            Self::Failed => "failed",
+            Self::Template => "template",
+            Self::ScaleIn => "scale-in",
+            Self::Quarantine => "quarantine",
+        }
+    }
+}
+
+/// A member to delete, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeleteMember {
+    /// The member's name.
+    pub name: String,
+    /// Why.
+    pub cause: DeleteCause,
+}
+
+/// What the pool decision decided. A driver carries it out in this order: generate the
+/// credentials (when asked), create, delete, then write the status.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PoolDecision {
+    /// Generate the pool's credentials now (they do not exist and the pool generates them).
+    pub generate_credentials: bool,
+    /// Members to create.
+    pub creates: Vec<CreateMember>,
+    /// Members to delete.
+    pub deletes: Vec<DeleteMember>,
+    /// Members quarantined since the last round (to stop publishing and to announce).
+    pub newly_quarantined: Vec<String>,
+    /// The pool's new status.
+    pub status: ProxyPoolStatus,
+    /// Events to emit.
+    pub events: Vec<Event>,
+    /// Decide again after this long even if nothing changes (an age, an unhealthy period or
+    /// a backoff runs out then).
+    pub requeue_after: Option<Duration>,
+}

@@ -1,0 +1,352 @@
+//! The pool decision: (pool + its members + host states + now) → members to create (with
+//! derived names, hosts and the template hash), members to delete (with their cause), and
+//! the pool's status.
+//!
+//! One round, in order:
+//! 1. **Quarantine**: a member with the quarantine annotation leaves the pool's accounting at
+//!    once (not counted, not available, never deleted by the pool) and is replaced; when the
+//!    annotation is removed it is deleted (cause `quarantine`).
+//! 2. **Autohealing**: a member in phase Failed, or unhealthy (running or paused, not
+//!    available) for `unhealthyAfter`, is deleted (cause `failed` / `unhealthy`) and its
+//!    host's failure count grows; creates on that host back off until a member there is
+//!    available again.
+//! 3. **Creates**: up to `replicas` current members (current template, younger than
+//!    `maxAge`), never more than `replicas + maxSurge` members in all, placed by
+//!    `place` (spread, `maxPerHost`, host health, backoff).
+//! 4. **Removals** of outdated (cause `template`), aged (`age`) and surplus (`scale-in`)
+//!    members, unavailable ones first: an available member is removed only while more than
+//!    `replicas - maxUnavailable` are available, and removals never take the pool's members
+//!    (creates of this round included) below that number either.
+//!
+//! Guarantees: pure (the clock is an input); O(members · log members + hosts · creates) per
+//! round, from the pool's own members only; the pool's own removals never take the available
+//! members below `min(available before, replicas - maxUnavailable)` (broken members removed by
+//! autohealing are never available).
+
+mod conditions;
+mod io;
+mod place;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_budget;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, SystemTime};
+
+use crate::controller::decide::fmt_time;
+use crate::controller::{Event, EventKind};
+use crate::model::{MAX_MESSAGE_CHARS, truncate};
+use crate::pool::member::{Member, member_name};
+use crate::pool::spec::ScaleInOrder;
+use crate::pool::status::{HostFailures, reason};
+
+pub use self::io::{CreateMember, DeleteCause, DeleteMember, PoolDecision, PoolHost, PoolInputs};
+
+/// What one round saw, for the status and its conditions.
+#[derive(Debug, Default)]
+struct Round {
+    /// Members broken this round: `member on host: why`.
+    broken: Vec<String>,
+    /// Members needing a create that could not be placed.
+    unplaced: usize,
+    /// Placement's refusals (`host reason`).
+    refused: Vec<String>,
+    /// Every usable host was backing off.
+    backing_off: bool,
+    /// Outdated / aged / surplus members left after this round's removals.
+    outdated: usize,
+    aged: usize,
+    surplus: usize,
+    /// Members counted (not quarantined) and their available / updated subsets, before acting.
+    counted: u32,
+    available: u32,
+    updated: u32,
+    ready: u32,
+    /// Quarantined members this round (old and new).
+    quarantined: usize,
+    released: usize,
+}
+
+/// Decides one round for a pool (see the module doc for the steps).
+pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
+    let p = i.policy;
+    let now = i.now;
+    let mut d = PoolDecision {
+        generate_credentials: p.generate_credentials && !i.credentials_present,
+        status: i.status.clone(),
+        ..PoolDecision::default()
+    };
+    let mut r = Round::default();
+    let mut wake: Option<SystemTime> = None;
+    let mut wake_at = |t: SystemTime| wake = Some(wake.map_or(t, |w: SystemTime| w.min(t)));
+
+    // Members on each host, for maxPerHost: every member still there.
+    let mut counts: BTreeMap<String, u32> = BTreeMap::new();
+    for m in i.members {
+        if let Some(h) = &m.host {
+            *counts.entry(h.clone()).or_default() += 1;
+        }
+    }
+    let live: Vec<&Member> = i.members.iter().filter(|m| !m.deleting).collect();
+    r.ready = u32::try_from(live.iter().filter(|m| m.ready).count()).unwrap_or(u32::MAX);
+
+    // 1. Quarantine.
+    let held: BTreeSet<&str> = i.status.quarantined.iter().map(String::as_str).collect();
+    let mut quarantined = Vec::new();
+    let mut active: Vec<&Member> = Vec::with_capacity(live.len());
+    for m in live {
+        if let Some(why) = &m.quarantine {
+            quarantined.push(m.name.clone());
+            if !held.contains(m.name.as_str()) {
+                d.newly_quarantined.push(m.name.clone());
+                d.events.push(Event::new(
+                    EventKind::Warning,
+                    reason::MEMBER_QUARANTINED,
+                    &format!(
+                        "member {} quarantined ({why}); replacing it, keeping it for inspection",
+                        m.name
+                    ),
+                ));
+            }
+        } else if held.contains(m.name.as_str()) {
+            r.released += 1;
+            delete(&mut d, m, DeleteCause::Quarantine);
+        } else {
+            active.push(m);
+        }
+    }
+    r.quarantined = quarantined.len();
+    d.status.quarantined = quarantined;
+
+    // Failures behind a host's backoff end once a host leaves the entry, or a member made after them is available there.
+    d.status.host_failures.retain(|f| {
+        if !i.hosts.iter().any(|h| h.name == f.host) {
+            return false;
+        }
+        let last = humantime::parse_rfc3339_weak(&f.last_failure).ok();
+        !active.iter().any(|m| {
+            m.available
+                && m.host.as_deref() == Some(f.host.as_str())
+                && last.is_none_or(|t| m.created > t)
+        })
+    });
+
+    // 2. Autohealing.
+    let mut remaining: Vec<&Member> = Vec::with_capacity(active.len());
+    for m in active {
+        let cause = if !p.autohealing {
+            None
+        } else if m.phase == crate::model::Phase::Failed {
+            Some(DeleteCause::Failed)
+        } else if let Some(since) = m.unhealthy_since {
+            let due = since.checked_add(p.unhealthy_after).unwrap_or(since);
+            if now >= due {
+                Some(DeleteCause::Unhealthy)
+            } else {
+                wake_at(due);
+                None
+            }
+        } else {
+            None
+        };
+        match cause {
+            Some(c) => {
+                let why = m.failure.clone().unwrap_or_else(|| match c {
+                    DeleteCause::Failed => "failed".into(),
+                    _ => format!(
+                        "unhealthy for {}",
+                        crate::pool::duration::format_duration(p.unhealthy_after)
+                    ),
+                });
+                let host = m.host.clone().unwrap_or_default();
+                r.broken
+                    .push(format!("member {} on host {host}: {why}", m.name));
+                if !host.is_empty() {
+                    record_failure(&mut d.status.host_failures, &host, &why, now);
+                }
+                delete(&mut d, m, c);
+            }
+            None => remaining.push(m),
+        }
+    }
+
+    r.counted = u32::try_from(remaining.len()).unwrap_or(u32::MAX);
+    r.available =
+        u32::try_from(remaining.iter().filter(|m| m.available).count()).unwrap_or(u32::MAX);
+    r.updated = u32::try_from(
+        remaining
+            .iter()
+            .filter(|m| m.template_hash == i.template_hash)
+            .count(),
+    )
+    .unwrap_or(u32::MAX);
+
+    // 3. Creates.
+    let stale_cause = |m: &Member| {
+        if m.template_hash != i.template_hash {
+            Some(DeleteCause::Template)
+        } else {
+            p.max_age
+                .and_then(|a| m.created.checked_add(a))
+                .filter(|end| now >= *end)
+                .map(|_| DeleteCause::Age)
+        }
+    };
+    let (mut stale, mut fresh): (Vec<(&Member, DeleteCause)>, Vec<&Member>) =
+        (Vec::new(), Vec::new());
+    for m in &remaining {
+        match stale_cause(m) {
+            Some(c) => stale.push((m, c)),
+            None => {
+                if let Some(end) = p.max_age.and_then(|a| m.created.checked_add(a)) {
+                    wake_at(end);
+                }
+                fresh.push(m);
+            }
+        }
+    }
+    let replicas = usize::try_from(p.replicas).unwrap_or(usize::MAX);
+    let max_total = usize::try_from(p.max_total()).unwrap_or(usize::MAX);
+    let wanted = replicas
+        .saturating_sub(fresh.len())
+        .min(max_total.saturating_sub(remaining.len()));
+    let placed = place::place(
+        wanted,
+        p,
+        i.hosts,
+        &d.status.host_failures,
+        &mut counts,
+        now,
+    );
+    r.unplaced = wanted - placed.hosts.len().min(wanted);
+    r.refused = placed.refused;
+    r.backing_off = placed.backing_off;
+    if let Some(t) = placed.backoff_ends {
+        wake_at(t);
+    }
+    let taken: BTreeSet<&str> = i.members.iter().map(|m| m.name.as_str()).collect();
+    let mut attempt = 0u32;
+    for host in placed.hosts {
+        let name = loop {
+            let n = member_name(i.name, i.template_hash, now, attempt);
+            attempt = attempt.saturating_add(1);
+            if !taken.contains(n.as_str()) && !d.creates.iter().any(|c| c.name == n) {
+                break n;
+            }
+        };
+        d.events.push(Event::new(
+            EventKind::Normal,
+            reason::MEMBER_CREATED,
+            &format!("created member {name} on host {host}"),
+        ));
+        d.creates.push(CreateMember {
+            name,
+            host,
+            template_hash: i.template_hash.to_owned(),
+        });
+    }
+
+    // 4. Removals: outdated and aged members, then the surplus, unavailable ones first.
+    let surplus = fresh.len().saturating_sub(replicas);
+    fresh.sort_by(|a, b| removal_order(a, b, p.scale_in));
+    let mut candidates: Vec<(&Member, DeleteCause)> = std::mem::take(&mut stale);
+    candidates.extend(
+        fresh
+            .iter()
+            .take(surplus)
+            .map(|m| (*m, DeleteCause::ScaleIn)),
+    );
+    candidates.sort_by(|(a, ca), (b, cb)| {
+        tier(a)
+            .cmp(&tier(b))
+            .then_with(|| (*ca == DeleteCause::ScaleIn).cmp(&(*cb == DeleteCause::ScaleIn)))
+            .then_with(|| removal_order(a, b, ScaleInOrder::OldestFirst))
+    });
+    let min_available = usize::try_from(p.min_available()).unwrap_or(usize::MAX);
+    let mut total_budget = (remaining.len() + d.creates.len()).saturating_sub(min_available);
+    let mut available_budget = (r.available as usize).saturating_sub(min_available);
+    for (m, cause) in candidates {
+        let allowed = total_budget > 0 && (!m.available || available_budget > 0);
+        if !allowed {
+            match cause {
+                DeleteCause::Template => r.outdated += 1,
+                DeleteCause::Age => r.aged += 1,
+                _ => r.surplus += 1,
+            }
+            continue;
+        }
+        total_budget -= 1;
+        if m.available {
+            available_budget -= 1;
+        }
+        delete(&mut d, m, cause);
+    }
+
+    d.status.observed_generation = i.generation;
+    d.status.template_hash = i.template_hash.to_owned();
+    d.status.replicas = r.counted;
+    d.status.ready_replicas = r.ready;
+    d.status.available_replicas = r.available;
+    d.status.updated_replicas = r.updated;
+    conditions::set(&mut d, i, &r);
+    d.requeue_after = wake.map(|t| t.duration_since(now).unwrap_or(Duration::ZERO));
+    d
+}
+
+/// 0: unhealthy, 1: not available yet, 2: available.
+fn tier(m: &Member) -> u8 {
+    if m.unhealthy_since.is_some() || m.phase == crate::model::Phase::Failed {
+        0
+    } else if !m.available {
+        1
+    } else {
+        2
+    }
+}
+
+/// Scale-in order: unhealthy, then not available, then by age per `order` (name last, so
+/// the order is total).
+fn removal_order(a: &Member, b: &Member, order: ScaleInOrder) -> std::cmp::Ordering {
+    let age = match order {
+        ScaleInOrder::OldestFirst => a.created.cmp(&b.created),
+        ScaleInOrder::NewestFirst => b.created.cmp(&a.created),
+    };
+    tier(a)
+        .cmp(&tier(b))
+        .then(age)
+        .then_with(|| a.name.cmp(&b.name))
+}
+
+fn delete(d: &mut PoolDecision, m: &Member, cause: DeleteCause) {
+    let kind = match cause {
+        DeleteCause::Failed | DeleteCause::Unhealthy => EventKind::Warning,
+        _ => EventKind::Normal,
+    };
+    d.events.push(Event::new(
+        kind,
+        reason::MEMBER_DELETED,
+        &format!("deleted member {} (cause: {})", m.name, cause.as_str()),
+    ));
+    d.deletes.push(DeleteMember {
+        name: m.name.clone(),
+        cause,
+    });
+}
+
+fn record_failure(list: &mut Vec<HostFailures>, host: &str, why: &str, now: SystemTime) {
+    let message = truncate(&egress_provider::error::redact(why), MAX_MESSAGE_CHARS);
+    match list.iter_mut().find(|f| f.host == host) {
+        Some(f) => {
+            f.count = f.count.saturating_add(1);
+            f.last_failure = fmt_time(now);
+            f.message = message;
+        }
+        None => list.push(HostFailures {
+            host: host.to_owned(),
+            count: 1,
+            last_failure: fmt_time(now),
+            message,
+        }),
+    }
+}

@@ -1,0 +1,167 @@
+//! A pool's members as the pool decision sees them ([`Member`], read from a member Proxy's
+//! status by [`Member::observe`]), and how members are made: their derived names
+//! ([`member_name`]), the template hash they carry ([`template_hash`]) and their spec
+//! ([`member_spec`]).
+//!
+//! Guarantees: pure and deterministic (the same inputs give the same name, hash and spec);
+//! member names are DNS labels of at most [`super::validate::MAX_POOL_NAME`] + 7 characters.
+
+use std::time::SystemTime;
+
+use sha2::{Digest, Sha256};
+
+use crate::model::{ConditionStatus, Phase, ProxySpec, ProxyStatus, condition};
+
+/// Label on every member naming its pool.
+pub const LABEL_POOL: &str = "egress-proxies.dev/pool";
+/// Label on every member: the hash of the template (and credentials) it was made from.
+pub const LABEL_TEMPLATE_HASH: &str = "egress-proxies.dev/template-hash";
+/// Annotation that quarantines a member; its value is the reason.
+pub const ANNOTATION_QUARANTINE: &str = "egress-proxies.dev/quarantine";
+/// Characters of a member name's suffix.
+// NB: Kubernetes' own alphabet for generated names (no vowels, no 0/1/3: no words, no
+// look-alikes); 27^6 ≈ 3.9e8 names per pool, and a clash with a live member is skipped.
+const SUFFIX_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+/// Length of a member name's suffix.
+const SUFFIX_LEN: usize = 6;
+/// Hex characters of a template hash.
+const TEMPLATE_HASH_LEN: usize = 10;
+
+/// One member Proxy as the pool decision needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The member Proxy's name.
+    pub name: String,
+    /// The host the pool placed it on (its `spec.host`).
+    pub host: Option<String>,
+    /// The template hash it was made from.
+    pub template_hash: String,
+    /// When it was created.
+    pub created: SystemTime,
+    /// Its phase.
+    pub phase: Phase,
+    /// Its Ready condition is True.
+    pub ready: bool,
+    /// Ready, Running and (when health checks run) healthy through itself.
+    pub available: bool,
+    /// Running or Paused and not available: since when (unset otherwise).
+    pub unhealthy_since: Option<SystemTime>,
+    /// Why it is not working (its last error), for the pool's ReplicaFailure condition.
+    pub failure: Option<String>,
+    /// The quarantine annotation's value, when set.
+    pub quarantine: Option<String>,
+    /// It is being deleted.
+    pub deleting: bool,
+}
+
+/// What a driver knows of a member Proxy besides its status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberMeta {
+    /// Name.
+    pub name: String,
+    /// Its `spec.host`.
+    pub host: Option<String>,
+    /// Its template-hash label.
+    pub template_hash: String,
+    /// When it was created.
+    pub created: SystemTime,
+    /// Its quarantine annotation.
+    pub quarantine: Option<String>,
+    /// It is being deleted.
+    pub deleting: bool,
+}
+
+impl Member {
+    /// Reads a member from its Proxy's status. With health checks on, a member is available
+    /// only when the health engine saw it healthy through itself; with them off, Ready
+    /// (running with an address) is all there is to go by.
+    pub fn observe(meta: MemberMeta, status: &ProxyStatus, health_checks: bool) -> Self {
+        let ready_cond = status.condition(condition::READY);
+        let ready = ready_cond.is_some_and(|c| c.status == ConditionStatus::True);
+        let verified =
+            !health_checks || status.health.as_ref().and_then(|h| h.healthy) == Some(true);
+        let available = ready && verified && status.phase == Phase::Running;
+        let unhealthy_since =
+            (matches!(status.phase, Phase::Running | Phase::Paused) && !available).then(|| {
+                ready_cond
+                    .filter(|c| c.status != ConditionStatus::True)
+                    .and_then(|c| humantime::parse_rfc3339_weak(&c.last_transition_time).ok())
+                    .unwrap_or(meta.created)
+            });
+        let failure = (status.phase == Phase::Failed || unhealthy_since.is_some())
+            .then(|| status.last_error())
+            .flatten();
+        Self {
+            name: meta.name,
+            host: meta.host,
+            template_hash: meta.template_hash,
+            created: meta.created,
+            phase: status.phase,
+            ready,
+            available,
+            unhealthy_since,
+            failure,
+            quarantine: meta.quarantine,
+            deleting: meta.deleting,
+        }
+    }
+}
+
+/// The hash members made from `template` with credentials of digest `credentials_digest`
+/// carry ("" when the pool generates none). A change of either changes it, which replaces
+/// the members through the update budget.
+pub fn template_hash(template: &ProxySpec, credentials_digest: &str) -> String {
+    let mut h = Sha256::new();
+    // NB: serde_json writes struct fields in declaration order, so equal templates hash
+    // equally; a field added later with its default skipped keeps old hashes.
+    h.update(serde_json::to_vec(template).unwrap_or_default());
+    h.update([0]);
+    h.update(credentials_digest.as_bytes());
+    let d = h.finalize();
+    let mut out = String::with_capacity(TEMPLATE_HASH_LEN);
+    for b in d.iter().take(TEMPLATE_HASH_LEN / 2) {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// The name of a new member of `pool`: `POOL-xxxxxx`, the suffix derived from the pool, the
+/// template hash, the time and `attempt` (the caller tries the next attempt on a clash with
+/// a live member).
+pub fn member_name(pool: &str, template_hash: &str, now: SystemTime, attempt: u32) -> String {
+    let nanos = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut h = Sha256::new();
+    h.update(pool.as_bytes());
+    h.update([0]);
+    h.update(template_hash.as_bytes());
+    h.update(nanos.to_be_bytes());
+    h.update(attempt.to_be_bytes());
+    let d = h.finalize();
+    let mut n = d
+        .iter()
+        .take(8)
+        .fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
+    let base = SUFFIX_ALPHABET.len() as u64;
+    let mut name = String::with_capacity(pool.len() + 1 + SUFFIX_LEN);
+    name.push_str(pool);
+    name.push('-');
+    for _ in 0..SUFFIX_LEN {
+        let i = usize::try_from(n % base).unwrap_or(0);
+        name.push(char::from(SUFFIX_ALPHABET.get(i).copied().unwrap_or(b'b')));
+        n /= base;
+    }
+    name
+}
+
+/// The spec of a member placed on `host`: the template, pinned to `host`, with the pool's
+/// generated credentials when it has them.
+pub fn member_spec(template: &ProxySpec, host: &str, credentials_ref: Option<&str>) -> ProxySpec {
+    let mut spec = template.clone();
+    spec.host = Some(host.to_owned());
+    if let Some(r) = credentials_ref {
+        spec.proxy.credentials_ref = Some(r.to_owned());
+    }
+    spec
+}

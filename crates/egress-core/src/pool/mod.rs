@@ -1,0 +1,35 @@
+//! ProxyPools: fleets of member Proxies made from one template, kept at `replicas`, spread
+//! over the entry's hosts, replaced when they age, break, or their template changes, with
+//! credentials the operator may generate.
+//!
+//! - [`spec`]: the manifest and its spec (defaults as named constants);
+//!   [`validate`]: its values checked and resolved into a [`PoolPolicy`];
+//!   [`quantity`] and [`duration`]: the counts-or-percentages and durations it is written in.
+//! - [`member`]: a member as the decision sees it, and how members are named, hashed and
+//!   specified.
+//! - [`decide`]: the pure pool decision (creates, deletes with their cause, status).
+//! - [`status`]: the pool's status, conditions and reasons.
+//! - [`credentials`]: generated credentials.
+//!
+//! Members are ordinary Proxies reconciled by the Proxy controller, so every guarantee a
+//! Proxy has holds for a member; the pool only decides which members exist.
+
+pub mod credentials;
+pub mod decide;
+pub mod duration;
+pub mod member;
+pub mod quantity;
+pub mod spec;
+pub mod status;
+pub mod validate;
+#[cfg(test)]
+mod validate_tests;
+
+pub use self::decide::{
+    CreateMember, DeleteCause, DeleteMember, PoolDecision, PoolHost, PoolInputs, decide,
+};
+pub use self::member::{Member, MemberMeta};
+pub use self::quantity::IntOrPercent;
+pub use self::spec::{ProxyPoolManifest, ProxyPoolSpec};
+pub use self::status::ProxyPoolStatus;
+pub use self::validate::PoolPolicy;

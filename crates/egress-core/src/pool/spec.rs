@@ -1,0 +1,259 @@
+//! The `ProxyPool` manifest and its spec: the same YAML as a standalone manifest and as a
+//! Kubernetes resource. Every field is optional except `template`; the defaults are named
+//! constants here and documented for users in docs/pools.md.
+//!
+//! Guarantees: shape only (unknown fields are refused); the values are checked by
+//! [`ProxyPoolSpec::validate`](super::validate), which names the field and the value at fault.
+
+use serde::{Deserialize, Serialize};
+
+use super::quantity::IntOrPercent;
+use crate::model::{ObjectMeta, ProxySpec};
+
+/// The kind of a ProxyPool manifest (its `apiVersion` is [`crate::model::API_VERSION`]).
+pub const POOL_KIND: &str = "ProxyPool";
+/// `replicas` when omitted.
+pub const DEFAULT_REPLICAS: u32 = 1;
+/// `update.maxSurge` when omitted: one extra member at a time, so a replacement is healthy
+/// before the member it replaces goes.
+pub const DEFAULT_MAX_SURGE: IntOrPercent = IntOrPercent::Count(1);
+/// `update.maxUnavailable` when omitted: no healthy member is removed before its
+/// replacement is healthy.
+pub const DEFAULT_MAX_UNAVAILABLE: IntOrPercent = IntOrPercent::Count(0);
+/// `autohealing.unhealthyAfter` when omitted.
+// NB: the health engine needs a few consecutive failed checks (30 s apart by default) before
+// it calls a proxy unhealthy; five minutes of that is an outage, not a blip.
+pub const DEFAULT_UNHEALTHY_AFTER: &str = "5m";
+/// `autohealing.backoff.initial` when omitted.
+pub const DEFAULT_BACKOFF_INITIAL: &str = "30s";
+/// `autohealing.backoff.max` when omitted.
+// NB: a broken host is retried at least every 10 minutes, and a broken image costs at most
+// six creates an hour per host.
+pub const DEFAULT_BACKOFF_MAX: &str = "10m";
+
+/// A ProxyPool manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProxyPoolManifest {
+    /// Must be [`crate::model::API_VERSION`].
+    pub api_version: String,
+    /// Must be [`POOL_KIND`].
+    pub kind: String,
+    /// Name and namespace.
+    pub metadata: ObjectMeta,
+    /// What the user wants.
+    pub spec: ProxyPoolSpec,
+}
+
+/// What a ProxyPool asks for: `replicas` member Proxies made from `template`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProxyPoolSpec {
+    /// How many members the pool keeps (default 1; 0 keeps none).
+    #[serde(default = "default_replicas")]
+    pub replicas: u32,
+    /// The spec of every member Proxy. `host` must not be set: the pool places its members
+    /// (see `placement`).
+    pub template: ProxySpec,
+    /// Where members go.
+    #[serde(default, skip_serializing_if = "Placement::is_default")]
+    pub placement: Placement,
+    /// When members are replaced for their age.
+    #[serde(default, skip_serializing_if = "Rotation::is_default")]
+    pub rotation: Rotation,
+    /// How many members may be added or missing while members are replaced.
+    #[serde(default)]
+    pub update: UpdatePolicy,
+    /// When failed or unhealthy members are replaced, and how replacements back off.
+    #[serde(default)]
+    pub autohealing: Autohealing,
+    /// Which members go first when the pool shrinks.
+    #[serde(default)]
+    pub scale_in: ScaleIn,
+    /// Credentials the operator generates for the pool's members.
+    #[serde(default, skip_serializing_if = "CredentialsPolicy::is_default")]
+    pub credentials: CredentialsPolicy,
+}
+
+fn default_replicas() -> u32 {
+    DEFAULT_REPLICAS
+}
+
+/// Where a pool's members go: spread over the provider entry's hosts, as evenly as health
+/// and capacity allow.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Placement {
+    /// At most this many members on one host (unset: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
+    pub max_per_host: Option<u32>,
+    /// Only these hosts of the entry (their names in the provider config); empty: all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "schema", schemars(length(max = 256)))]
+    pub hosts: Vec<String>,
+}
+
+impl Placement {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// Replacement of members for their age.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Rotation {
+    /// A member older than this is replaced (`"30m"`, `"12h"`, `"7d"`; at least `1m`).
+    /// Unset: members are never replaced for their age.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<String>,
+}
+
+impl Rotation {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// The replacement budget shared by rotation, template changes and scale-in, with a
+/// Deployment's arithmetic: a percentage of `replicas`, `maxSurge` rounded up and
+/// `maxUnavailable` rounded down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UpdatePolicy {
+    /// Members that may exist above `replicas` while members are replaced (default 1).
+    #[serde(default = "default_max_surge")]
+    pub max_surge: IntOrPercent,
+    /// Members that may be unavailable below `replicas` because the pool removed them
+    /// (default 0). Both 0 is invalid: nothing could ever be replaced.
+    #[serde(default = "default_max_unavailable")]
+    pub max_unavailable: IntOrPercent,
+}
+
+fn default_max_surge() -> IntOrPercent {
+    DEFAULT_MAX_SURGE
+}
+fn default_max_unavailable() -> IntOrPercent {
+    DEFAULT_MAX_UNAVAILABLE
+}
+
+impl Default for UpdatePolicy {
+    fn default() -> Self {
+        Self {
+            max_surge: DEFAULT_MAX_SURGE,
+            max_unavailable: DEFAULT_MAX_UNAVAILABLE,
+        }
+    }
+}
+
+/// Replacement of broken members.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Autohealing {
+    /// Whether broken members are replaced (default true). Off: a Failed or unhealthy member
+    /// stays until someone deletes it.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// A running member unhealthy (or paused) for this long is replaced (default `5m`). A
+    /// member in phase Failed is replaced at once.
+    #[serde(default = "default_unhealthy_after")]
+    pub unhealthy_after: String,
+    /// How replacements back off on a host whose members keep failing.
+    #[serde(default)]
+    pub backoff: Backoff,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_unhealthy_after() -> String {
+    DEFAULT_UNHEALTHY_AFTER.into()
+}
+
+impl Default for Autohealing {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            unhealthy_after: default_unhealthy_after(),
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+/// Backoff of member creation on a host after members there failed: `initial · 2^(n-1)`
+/// after `n` consecutive failures, at most `max`; reset when a member on that host becomes
+/// available.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Backoff {
+    /// The wait after the first failure (default `30s`).
+    #[serde(default = "default_backoff_initial")]
+    pub initial: String,
+    /// The longest wait (default `10m`).
+    #[serde(default = "default_backoff_max")]
+    pub max: String,
+}
+
+fn default_backoff_initial() -> String {
+    DEFAULT_BACKOFF_INITIAL.into()
+}
+fn default_backoff_max() -> String {
+    DEFAULT_BACKOFF_MAX.into()
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            initial: default_backoff_initial(),
+            max: default_backoff_max(),
+        }
+    }
+}
+
+/// Which members go first when the pool has more than it needs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScaleIn {
+    /// Among available members, `OldestFirst` (default: age is what rotation retires) or
+    /// `NewestFirst` (keeps long-lived egress addresses). Members that are not available
+    /// always go first: unhealthy ones, then those not ready yet.
+    #[serde(default)]
+    pub order: ScaleInOrder,
+}
+
+/// The tie-break among available members on scale-in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub enum ScaleInOrder {
+    /// The oldest member goes first.
+    #[default]
+    OldestFirst,
+    /// The newest member goes first.
+    NewestFirst,
+}
+
+/// Credentials the operator makes for the pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CredentialsPolicy {
+    /// Generate a username and password once and give them to every member (default
+    /// false). The template must then not set `proxy.credentialsRef`. Changing or removing
+    /// the generated credentials replaces the members.
+    #[serde(default)]
+    pub generate: bool,
+}
+
+impl CredentialsPolicy {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}

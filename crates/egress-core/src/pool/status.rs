@@ -1,0 +1,139 @@
+//! What the operator reports about a ProxyPool, and the little the pool decision remembers
+//! between rounds in it (per-host failure backoff, members held in quarantine), so that a
+//! Kubernetes operator that restarts resumes where it was.
+//!
+//! Guarantees: every condition message is redacted and bounded ([`crate::model::Condition`]);
+//! the remembered lists hold at most one row per host of the entry and one per quarantined
+//! member.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::Condition;
+
+/// Condition types a ProxyPool reports.
+pub mod condition {
+    /// At least `replicas - maxUnavailable` members are available.
+    pub const AVAILABLE: &str = "Available";
+    /// The pool is converging (True), done (True, reason `Complete`), or stuck (False).
+    pub const PROGRESSING: &str = "Progressing";
+    /// Members could not be created or failed; the message names hosts and reasons.
+    pub const REPLICA_FAILURE: &str = "ReplicaFailure";
+}
+
+/// Stable reasons of a pool's conditions and events (users and alerts match on them).
+pub mod reason {
+    /// Enough members are available.
+    pub const MINIMUM_REPLICAS_AVAILABLE: &str = "MinimumReplicasAvailable";
+    /// Too few members are available.
+    pub const MINIMUM_REPLICAS_UNAVAILABLE: &str = "MinimumReplicasUnavailable";
+    /// Every member is current, available, and there are exactly `replicas`.
+    pub const COMPLETE: &str = "Complete";
+    /// Members are being added.
+    pub const SCALING_UP: &str = "ScalingUp";
+    /// Members are being removed.
+    pub const SCALING_DOWN: &str = "ScalingDown";
+    /// Members are replaced with a new template.
+    pub const ROLLING_UPDATE: &str = "RollingUpdate";
+    /// Members are replaced for their age.
+    pub const ROTATING: &str = "Rotating";
+    /// Broken or quarantined members are replaced.
+    pub const REPLACING: &str = "Replacing";
+    /// New members are waiting to become available.
+    pub const WAITING_FOR_MEMBERS: &str = "WaitingForMembers";
+    /// A member is needed and no host may take one.
+    pub const NO_HOST_AVAILABLE: &str = "NoHostAvailable";
+    /// A member is needed and every usable host is backing off after failures.
+    pub const BACKING_OFF: &str = "BackingOff";
+    /// A member failed or stayed unhealthy.
+    pub const MEMBER_FAILED: &str = "MemberFailed";
+    /// Nothing failed.
+    pub const NO_FAILURE: &str = "NoFailure";
+    /// The pool's spec is invalid.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// A member was created (event).
+    pub const MEMBER_CREATED: &str = "MemberCreated";
+    /// A member was deleted (event; the message says why).
+    pub const MEMBER_DELETED: &str = "MemberDeleted";
+    /// A member was quarantined and is being replaced (event).
+    pub const MEMBER_QUARANTINED: &str = "MemberQuarantined";
+}
+
+/// What the operator reports about a ProxyPool.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyPoolStatus {
+    /// Members counted by the pool (not quarantined, not being deleted).
+    #[serde(default)]
+    pub replicas: u32,
+    /// Members whose Ready condition is True (quarantined ones included).
+    #[serde(default)]
+    pub ready_replicas: u32,
+    /// Members that count towards `replicas` and are healthy through themselves: the ones
+    /// clients get.
+    #[serde(default)]
+    pub available_replicas: u32,
+    /// Members made from the current template (and credentials).
+    #[serde(default)]
+    pub updated_replicas: u32,
+    /// `Available`, `Progressing` and `ReplicaFailure`.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend(
+        "x-kubernetes-list-type" = "map",
+        "x-kubernetes-list-map-keys" = ["type"]
+    )))]
+    pub conditions: Vec<Condition>,
+    /// The spec generation last acted on.
+    #[serde(default)]
+    pub observed_generation: i64,
+    /// Hash of the current template (and credentials), as members carry it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub template_hash: String,
+    /// Hosts whose members recently failed, with the failure count behind their backoff.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "schema", schemars(extend(
+        "x-kubernetes-list-type" = "map",
+        "x-kubernetes-list-map-keys" = ["host"]
+    )))]
+    pub host_failures: Vec<HostFailures>,
+    /// Members held in quarantine (replaced, kept for inspection); a member leaving this list
+    /// because its annotation was removed is deleted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantined: Vec<String>,
+}
+
+/// Consecutive member failures on one host (reset when a member there becomes available).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct HostFailures {
+    /// The host.
+    pub host: String,
+    /// Consecutive failures.
+    pub count: u32,
+    /// When the last one was seen (RFC 3339).
+    pub last_failure: String,
+    /// What the last failed member said (redacted, bounded).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+impl ProxyPoolStatus {
+    /// The condition of `type_`, if set.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+
+    /// Sets a condition, keeping its transition time while its status value holds.
+    pub fn set_condition(&mut self, new: Condition) {
+        let mut new = new;
+        if let Some(old) = self.conditions.iter_mut().find(|c| c.type_ == new.type_) {
+            if old.status == new.status {
+                new.last_transition_time = old.last_transition_time.clone();
+            }
+            *old = new;
+        } else {
+            self.conditions.push(new);
+        }
+    }
+}

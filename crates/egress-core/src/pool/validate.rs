@@ -1,0 +1,254 @@
+//! Checks a [`ProxyPoolSpec`]'s values and resolves them into a [`PoolPolicy`]: plain
+//! numbers and durations the pool decision works with.
+//!
+//! Guarantees: every error at once, each naming the field path and the value at fault
+//! (`spec.update: maxSurge 0 and maxUnavailable 0 ...`); the member template is checked as a
+//! Proxy spec would be, under `spec.template`; no panic on any input.
+
+use std::time::Duration;
+
+use super::duration::parse_duration;
+use super::quantity::Rounding;
+use super::spec::{ProxyPoolSpec, ScaleInOrder};
+use crate::model::{SpecError, is_dns_subdomain};
+
+/// Most members one pool may ask for.
+// NB: ten times the benchmarked fleet (1,000 on 10 hosts); a typo of extra zeros is refused
+// before it asks the hosts for a million VMs.
+pub const MAX_REPLICAS: u32 = 10_000;
+/// Longest pool name: it is a label value on every member in Kubernetes (at most 63).
+pub const MAX_POOL_NAME: usize = 63;
+/// Shortest `rotation.maxAge`.
+// NB: a member must have time to boot and pass its health checks (about a minute for a
+// Debian guest) before its age retires it; shorter would replace members that never served.
+pub const MIN_MAX_AGE: Duration = Duration::from_secs(60);
+/// Shortest `autohealing.unhealthyAfter`.
+// NB: one health check interval (30 s by default): less would replace a member on a single
+// failed round.
+pub const MIN_UNHEALTHY_AFTER: Duration = Duration::from_secs(30);
+/// Longest `autohealing.backoff.max`.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(24 * 3600);
+
+/// A valid pool spec, resolved for `replicas`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolPolicy {
+    /// Members wanted.
+    pub replicas: u32,
+    /// Members allowed above `replicas` (maxSurge resolved, rounded up).
+    pub max_surge: u32,
+    /// Available members allowed below `replicas` (maxUnavailable resolved, rounded down; 1
+    /// when both resolve to 0, as a Deployment does, so a rollout can always move).
+    pub max_unavailable: u32,
+    /// At most this many members on one host.
+    pub max_per_host: Option<u32>,
+    /// Only these hosts; empty: every host of the entry.
+    pub hosts: Vec<String>,
+    /// Members older than this are replaced.
+    pub max_age: Option<Duration>,
+    /// Whether broken members are replaced.
+    pub autohealing: bool,
+    /// How long a member may be unhealthy before it is replaced.
+    pub unhealthy_after: Duration,
+    /// First backoff after a failure on a host.
+    pub backoff_initial: Duration,
+    /// Longest backoff.
+    pub backoff_max: Duration,
+    /// Scale-in tie-break among available members.
+    pub scale_in: ScaleInOrder,
+    /// Whether the operator generates the members' credentials.
+    pub generate_credentials: bool,
+}
+
+impl PoolPolicy {
+    /// The fewest available members the pool's own removals may leave.
+    pub fn min_available(&self) -> u32 {
+        self.replicas.saturating_sub(self.max_unavailable)
+    }
+
+    /// The most members (of any state, quarantined ones aside) the pool may hold.
+    pub fn max_total(&self) -> u32 {
+        self.replicas.saturating_add(self.max_surge)
+    }
+}
+
+/// Checks a pool's name: a DNS label-like name short enough to be a label value.
+pub fn validate_pool_name(name: &str) -> Option<SpecError> {
+    (!is_dns_subdomain(name) || name.contains('.') || name.len() > MAX_POOL_NAME).then(|| {
+        SpecError {
+            path: "metadata.name".into(),
+            message: format!(
+                "{name:?} is not a pool name: 1 to {MAX_POOL_NAME} lowercase letters, digits \
+                 and '-', starting and ending with a letter or digit"
+            ),
+        }
+    })
+}
+
+impl ProxyPoolSpec {
+    /// Checks every value and resolves the spec; all errors at once, each with its path.
+    pub fn validate(&self) -> Result<PoolPolicy, Vec<SpecError>> {
+        let mut errs = Vec::new();
+        let mut err = |path: &str, message: String| {
+            errs.push(SpecError {
+                path: path.to_owned(),
+                message,
+            })
+        };
+        if self.replicas > MAX_REPLICAS {
+            err(
+                "spec.replicas",
+                format!("{} is above the limit of {MAX_REPLICAS}", self.replicas),
+            );
+        }
+        if let Some(h) = &self.template.host {
+            err(
+                "spec.template.host",
+                format!("{h:?}: a pool places its members; choose hosts with spec.placement.hosts"),
+            );
+        }
+        let mut template = self.template.clone();
+        template.host = None;
+        if self.credentials.generate {
+            if let Some(r) = &self.template.proxy.credentials_ref {
+                err(
+                    "spec.credentials.generate",
+                    format!(
+                        "true conflicts with spec.template.proxy.credentialsRef {r:?}: the pool \
+                         either generates its credentials or uses yours"
+                    ),
+                );
+            }
+            // The generated credentials will be referenced; check the rest as it will be.
+            template.proxy.credentials_ref = Some("generated".into());
+        }
+        for e in template.validate() {
+            let path = match e.path.strip_prefix("spec.") {
+                Some(rest) => format!("spec.template.{rest}"),
+                None => e.path,
+            };
+            err(&path, e.message);
+        }
+        if self.placement.max_per_host == Some(0) {
+            err(
+                "spec.placement.maxPerHost",
+                "0 would place no member: at least 1, or unset for no limit".into(),
+            );
+        }
+        for (i, h) in self.placement.hosts.iter().enumerate() {
+            let path = format!("spec.placement.hosts[{i}]");
+            if h.trim().is_empty() {
+                err(&path, "must name a host of the provider entry".into());
+            } else if self.placement.hosts.iter().take(i).any(|o| o == h) {
+                err(&path, format!("{h:?} is listed twice"));
+            }
+        }
+        let mut duration =
+            |path: &str, text: &str, min: Duration, max: Option<Duration>| match parse_duration(
+                text,
+            ) {
+                None => {
+                    err(
+                        path,
+                        format!(
+                            "{text:?} is not a duration: use whole numbers with units s, m, h, d \
+                             (\"30s\", \"1h30m\", \"7d\")"
+                        ),
+                    );
+                    None
+                }
+                Some(d) if d < min => {
+                    err(
+                        path,
+                        format!(
+                            "{text:?} is shorter than the minimum {}",
+                            super::duration::format_duration(min)
+                        ),
+                    );
+                    None
+                }
+                Some(d) if max.is_some_and(|m| d > m) => {
+                    err(
+                        path,
+                        format!(
+                            "{text:?} is longer than the maximum {}",
+                            super::duration::format_duration(max.unwrap_or(d))
+                        ),
+                    );
+                    None
+                }
+                Some(d) => Some(d),
+            };
+        let max_age = self
+            .rotation
+            .max_age
+            .as_deref()
+            .map(|t| duration("spec.rotation.maxAge", t, MIN_MAX_AGE, None));
+        let unhealthy_after = duration(
+            "spec.autohealing.unhealthyAfter",
+            &self.autohealing.unhealthy_after,
+            MIN_UNHEALTHY_AFTER,
+            None,
+        );
+        let initial = duration(
+            "spec.autohealing.backoff.initial",
+            &self.autohealing.backoff.initial,
+            Duration::from_secs(1),
+            Some(MAX_BACKOFF),
+        );
+        let max = duration(
+            "spec.autohealing.backoff.max",
+            &self.autohealing.backoff.max,
+            Duration::from_secs(1),
+            Some(MAX_BACKOFF),
+        );
+        if let (Some(i), Some(m)) = (initial, max)
+            && m < i
+        {
+            err(
+                "spec.autohealing.backoff.max",
+                format!(
+                    "{:?} is shorter than backoff.initial {:?}",
+                    self.autohealing.backoff.max, self.autohealing.backoff.initial
+                ),
+            );
+        }
+        let u = self.update;
+        if u.max_surge.is_zero() && u.max_unavailable.is_zero() {
+            err(
+                "spec.update",
+                format!(
+                    "maxSurge {} and maxUnavailable {}: at least one must be above 0, or no \
+                     member could ever be replaced",
+                    u.max_surge, u.max_unavailable
+                ),
+            );
+        }
+        if !errs.is_empty() {
+            return Err(errs);
+        }
+        let (Some(unhealthy_after), Some(backoff_initial), Some(backoff_max)) =
+            (unhealthy_after, initial, max)
+        else {
+            return Err(errs);
+        };
+        let max_surge = u.max_surge.resolve(self.replicas, Rounding::Up);
+        let mut max_unavailable = u.max_unavailable.resolve(self.replicas, Rounding::Down);
+        if max_surge == 0 && max_unavailable == 0 {
+            max_unavailable = 1;
+        }
+        Ok(PoolPolicy {
+            replicas: self.replicas,
+            max_surge,
+            max_unavailable,
+            max_per_host: self.placement.max_per_host,
+            hosts: self.placement.hosts.clone(),
+            max_age: max_age.flatten(),
+            autohealing: self.autohealing.enabled,
+            unhealthy_after,
+            backoff_initial,
+            backoff_max,
+            scale_in: self.scale_in.order,
+            generate_credentials: self.credentials.generate,
+        })
+    }
+}

@@ -1,0 +1,163 @@
+//! The pool spec's defaults, and its validation naming each field and value at fault.
+
+#![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+
+use std::time::Duration;
+
+use super::spec::{ProxyPoolManifest, ProxyPoolSpec, ScaleInOrder};
+use super::validate::{PoolPolicy, validate_pool_name};
+
+const TEMPLATE: &str = "template:\n  provider: home\n  image: debian-12\n  proxy:\n    allowedClientCidrs: [10.0.0.0/8]\n";
+
+fn spec(extra: &str) -> ProxyPoolSpec {
+    serde_saphyr::from_str(&format!("{TEMPLATE}{extra}")).unwrap()
+}
+
+fn errors(extra: &str) -> Vec<(String, String)> {
+    spec(extra)
+        .validate()
+        .unwrap_err()
+        .into_iter()
+        .map(|e| (e.path, e.message))
+        .collect()
+}
+
+#[test]
+fn a_minimal_manifest_gets_the_documented_defaults() {
+    let y = format!(
+        "apiVersion: egress-proxies.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: web\nspec:\n{}",
+        TEMPLATE
+            .lines()
+            .map(|l| format!("  {l}\n"))
+            .collect::<String>()
+    );
+    let m: ProxyPoolManifest = serde_saphyr::from_str(&y).unwrap();
+    assert_eq!(
+        m.spec.validate().unwrap(),
+        PoolPolicy {
+            replicas: 1,
+            max_surge: 1,
+            max_unavailable: 0,
+            max_per_host: None,
+            hosts: vec![],
+            max_age: None,
+            autohealing: true,
+            unhealthy_after: Duration::from_secs(300),
+            backoff_initial: Duration::from_secs(30),
+            backoff_max: Duration::from_secs(600),
+            scale_in: ScaleInOrder::OldestFirst,
+            generate_credentials: false,
+        }
+    );
+    assert!(validate_pool_name(&m.metadata.name).is_none());
+}
+
+#[test]
+fn every_bad_value_is_reported_at_once_with_its_path_and_value() {
+    let errs = errors(
+        "replicas: 20000\nplacement:\n  maxPerHost: 0\n  hosts: [h1, '', h1]\nrotation:\n  maxAge: 30s\n\
+         update:\n  maxSurge: 0\n  maxUnavailable: 0%\nautohealing:\n  unhealthyAfter: soon\n  \
+         backoff:\n    initial: 5m\n    max: 1m\n",
+    );
+    let paths: Vec<&str> = errs.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "spec.replicas",
+            "spec.placement.maxPerHost",
+            "spec.placement.hosts[1]",
+            "spec.placement.hosts[2]",
+            "spec.rotation.maxAge",
+            "spec.autohealing.unhealthyAfter",
+            "spec.autohealing.backoff.max",
+            "spec.update",
+        ]
+    );
+    let msg = |p: &str| &errs.iter().find(|(q, _)| q == p).unwrap().1;
+    assert!(msg("spec.replicas").contains("20000"));
+    assert!(msg("spec.placement.hosts[2]").contains("\"h1\" is listed twice"));
+    assert!(msg("spec.rotation.maxAge").contains("\"30s\" is shorter than the minimum 1m"));
+    assert!(msg("spec.autohealing.unhealthyAfter").contains("\"soon\" is not a duration"));
+    assert!(
+        msg("spec.autohealing.backoff.max")
+            .contains("\"1m\" is shorter than backoff.initial \"5m\"")
+    );
+    assert!(msg("spec.update").contains("maxSurge 0 and maxUnavailable 0%"));
+}
+
+#[test]
+fn the_template_is_checked_as_a_proxy_under_spec_template() {
+    let s: ProxyPoolSpec = serde_saphyr::from_str(
+        "template:\n  provider: home\n  host: h1\n  image: ''\n  proxy:\n    port: 0\n",
+    )
+    .unwrap();
+    let paths: Vec<String> = s
+        .validate()
+        .unwrap_err()
+        .into_iter()
+        .map(|e| e.path)
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "spec.template.host",
+            "spec.template.image",
+            "spec.template.proxy.port",
+            "spec.template.proxy"
+        ]
+    );
+}
+
+#[test]
+fn generated_credentials_close_the_relay_and_conflict_with_a_credentials_ref() {
+    let s: ProxyPoolSpec = serde_saphyr::from_str(
+        "template:\n  provider: home\n  image: debian-12\ncredentials:\n  generate: true\n",
+    )
+    .unwrap();
+    assert!(s.validate().unwrap().generate_credentials);
+    let mut s2 = s.clone();
+    s2.template.proxy.credentials_ref = Some("mine".into());
+    let e = s2.validate().unwrap_err();
+    assert_eq!(e[0].path, "spec.credentials.generate");
+    assert!(e[0].message.contains("\"mine\""));
+}
+
+#[test]
+fn percentages_resolve_against_replicas_and_both_zero_after_rounding_allows_one_unavailable() {
+    let p = spec("replicas: 10\nupdate:\n  maxSurge: 25%\n  maxUnavailable: 25%\n")
+        .validate()
+        .unwrap();
+    assert_eq!(
+        (
+            p.max_surge,
+            p.max_unavailable,
+            p.min_available(),
+            p.max_total()
+        ),
+        (3, 2, 8, 13)
+    );
+    // 0% surge and 10% of 3 unavailable (0.3, down to 0): a Deployment's rule gives 1.
+    let p = spec("replicas: 3\nupdate:\n  maxSurge: 0%\n  maxUnavailable: 10%\n")
+        .validate()
+        .unwrap();
+    assert_eq!((p.max_surge, p.max_unavailable), (0, 1));
+}
+
+#[test]
+fn pool_names_are_short_dns_labels() {
+    for ok in ["web", "a", "web-2", &"a".repeat(63)] {
+        assert!(validate_pool_name(ok).is_none(), "{ok}");
+    }
+    for bad in ["", "Web", "a.b", "-a", "a-", &"a".repeat(64), "a/b"] {
+        let e = validate_pool_name(bad).unwrap();
+        assert_eq!(e.path, "metadata.name");
+        assert!(e.message.contains(&format!("{bad:?}")));
+    }
+}
+
+#[test]
+fn unknown_fields_are_refused() {
+    let r =
+        serde_saphyr::from_str::<ProxyPoolSpec>(&format!("{TEMPLATE}rotation:\n  maxAgee: 1h\n"));
+    assert!(r.unwrap_err().to_string().contains("maxAgee"));
+}

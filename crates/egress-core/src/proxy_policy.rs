@@ -21,35 +21,9 @@ use egress_provider::libvirt::config::{DestinationAllowlist, ProxyPolicy};
 
 use crate::model::{Destinations, parse_cidr};
 
-/// IPv4 destinations a proxy refuses unless the entry lifts them.
-// NB: "this network", RFC 1918, CGNAT (RFC 6598), loopback, link-local (holds the
-// 169.254.169.254 cloud metadata address), IETF protocol assignments, benchmarking,
-// multicast and reserved/broadcast: nothing a proxy for the Internet needs to reach.
-pub const DENIED_V4: &[&str] = &[
-    "0.0.0.0/8",
-    "10.0.0.0/8",
-    "100.64.0.0/10",
-    "127.0.0.0/8",
-    "169.254.0.0/16",
-    "172.16.0.0/12",
-    "192.0.0.0/24",
-    "192.168.0.0/16",
-    "198.18.0.0/15",
-    "224.0.0.0/4",
-    "240.0.0.0/4",
-];
-/// IPv6 destinations a proxy refuses unless the entry lifts them.
-// NB: unspecified, loopback, NAT64 local-use, ULA, link-local, multicast. IPv4-mapped
-// addresses (::ffff:0:0/96) are not listed: the kernel sends them as IPv4, where the IPv4
-// rules apply, and dante refuses the notation.
-pub const DENIED_V6: &[&str] = &[
-    "::/128",
-    "::1/128",
-    "64:ff9b:1::/48",
-    "fc00::/7",
-    "fe80::/10",
-    "ff00::/8",
-];
+/// The denied destination classes, one list shared with the network filter the provider
+/// puts on every guest's NIC (the host's enforcement of the same policy).
+pub use egress_provider::libvirt::nwfilter::{DENIED_V4, DENIED_V6};
 /// Most entries in each destination list (domains, CIDRs, ports).
 // NB: bounds the rendered configs and firewall sets; an allowlist longer than this is a
 // job for an upstream filtering proxy.

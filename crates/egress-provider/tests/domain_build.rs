@@ -225,6 +225,7 @@ fn spec_fixture() -> DomainSpec<'static> {
         nic: Some(Nic {
             attach: NicAttach::Bridge("br0"),
             mac: "52:54:00:aa:bb:cc",
+            filter: None,
         }),
         uid: UID.get_or_init(uid),
         entry: "home",
@@ -350,6 +351,7 @@ fn hostile_values_are_escaped_or_refused_never_spliced_into_the_markup() {
             nic: Some(Nic {
                 attach: NicAttach::Network(evil),
                 mac: "52:54:00:aa:bb:cc",
+                filter: None,
             }),
             ..spec_fixture()
         },
@@ -389,6 +391,7 @@ fn hostile_values_are_escaped_or_refused_never_spliced_into_the_markup() {
             nic: Some(Nic {
                 attach: NicAttach::Bridge("br\u{1}0"),
                 mac: "52:54:00:aa:bb:cc",
+                filter: None,
             }),
             ..spec_fixture()
         },
@@ -396,6 +399,7 @@ fn hostile_values_are_escaped_or_refused_never_spliced_into_the_markup() {
             nic: Some(Nic {
                 attach: NicAttach::Bridge("br0"),
                 mac: "52:54:00:AA:BB:CC'",
+                filter: None,
             }),
             ..spec_fixture()
         },
@@ -940,6 +944,7 @@ async fn a_generated_domain_defines_on_the_real_libvirtd_and_its_mark_reads_back
                 nic: Some(Nic {
                     attach: NicAttach::Bridge("eptest-nobr0"),
                     mac: &mac,
+                    filter: None,
                 }),
                 uid: &u,
                 entry: "eptest",

@@ -503,6 +503,57 @@ impl Client {
             .await
     }
 
+    // ---- network filters ----
+
+    /// `NWFILTER_LOOKUP_BY_NAME` (libvirt code 62 when there is none).
+    pub async fn nwfilter_lookup_by_name(&self, name: &str) -> Result<NwFilter> {
+        let r: NwFilterRet = self
+            .conn
+            .call(NWFILTER_LOOKUP_BY_NAME, &NameArgs { name: name.into() })
+            .await?;
+        Ok(r.filter)
+    }
+
+    /// `NWFILTER_GET_XML_DESC`.
+    pub async fn nwfilter_xml(&self, filter: &NwFilter) -> Result<String> {
+        let r: StringRet = self
+            .conn
+            .call(
+                NWFILTER_GET_XML_DESC,
+                &NwFilterGetXmlDescArgs {
+                    filter: filter.clone(),
+                    flags: 0,
+                },
+            )
+            .await?;
+        Ok(r.value)
+    }
+
+    /// `NWFILTER_DEFINE_XML`: defines a filter, or replaces the one with the same name and
+    /// UUID (libvirt then re-applies it to every interface that references it).
+    pub async fn nwfilter_define_xml(&self, xml: &str) -> Result<NwFilter> {
+        let r: NwFilterRet = self
+            .conn
+            .call(
+                NWFILTER_DEFINE_XML,
+                &NwFilterDefineXmlArgs { xml: xml.into() },
+            )
+            .await?;
+        Ok(r.filter)
+    }
+
+    /// `NWFILTER_UNDEFINE` (refused while an interface or another filter references it).
+    pub async fn nwfilter_undefine(&self, filter: &NwFilter) -> Result<()> {
+        self.conn
+            .call(
+                NWFILTER_UNDEFINE,
+                &NwFilterArgs {
+                    filter: filter.clone(),
+                },
+            )
+            .await
+    }
+
     // ---- networks ----
 
     /// `NETWORK_LOOKUP_BY_NAME`.

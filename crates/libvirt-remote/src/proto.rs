@@ -55,6 +55,10 @@ pub mod procs {
     pub const STORAGE_VOL_GET_XML_DESC: i32 = 99;
     pub const STORAGE_VOL_GET_PATH: i32 = 100;
     pub const CONNECT_GET_LIB_VERSION: i32 = 157;
+    pub const NWFILTER_LOOKUP_BY_NAME: i32 = 175;
+    pub const NWFILTER_GET_XML_DESC: i32 = 177;
+    pub const NWFILTER_DEFINE_XML: i32 = 180;
+    pub const NWFILTER_UNDEFINE: i32 = 181;
     pub const DOMAIN_CREATE_WITH_FLAGS: i32 = 196;
     pub const STORAGE_VOL_UPLOAD: i32 = 208;
     pub const DOMAIN_GET_STATE: i32 = 212;
@@ -125,6 +129,16 @@ xdr_struct! {
 xdr_struct! {
     /// `remote_nonnull_network`.
     pub struct Network {
+        /// Name.
+        pub name: String,
+        /// UUID.
+        pub uuid: Uuid,
+    }
+}
+
+xdr_struct! {
+    /// `remote_nonnull_nwfilter`: a network filter.
+    pub struct NwFilter {
         /// Name.
         pub name: String,
         /// UUID.
@@ -309,6 +323,23 @@ xdr_struct! {
 xdr_struct! {
     /// Arguments that are one network and flags.
     pub struct NetworkFlagsArgs { pub net: Network, pub flags: u32 }
+}
+xdr_struct! {
+    /// A reply that is one network filter (`remote_nwfilter_lookup_by_name_ret`,
+    /// `remote_nwfilter_define_xml_ret`).
+    pub struct NwFilterRet { pub filter: NwFilter }
+}
+xdr_struct! {
+    /// Arguments that are one network filter (`remote_nwfilter_undefine_args`).
+    pub struct NwFilterArgs { pub filter: NwFilter }
+}
+xdr_struct! {
+    /// `remote_nwfilter_define_xml_args`.
+    pub struct NwFilterDefineXmlArgs { pub xml: String }
+}
+xdr_struct! {
+    /// `remote_nwfilter_get_xml_desc_args`.
+    pub struct NwFilterGetXmlDescArgs { pub filter: NwFilter, pub flags: u32 }
 }
 xdr_struct! {
     /// `remote_network_get_dhcp_leases_args`.

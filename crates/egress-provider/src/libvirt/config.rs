@@ -78,6 +78,17 @@ pub struct ProxyPolicy {
     /// service. CIDR notation.
     #[serde(default)]
     pub allowed_internal_cidrs: Vec<String>,
+    /// Whether each guest's NIC carries the entry's libvirt network filter, which rejects
+    /// new connections from the guest to internal networks and the host (all but
+    /// `allowedInternalCidrs`) even when the guest is compromised. On by default; the
+    /// host needs libvirt's nwfilter driver and bridge netfilter
+    /// (`net.bridge.bridge-nf-call-iptables=1`).
+    #[serde(default = "default_true")]
+    pub network_filter: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_min_v4() -> u8 {
@@ -98,6 +109,7 @@ impl Default for ProxyPolicy {
             min_password_length: DEFAULT_MIN_PASSWORD_LENGTH,
             allowed_destinations: DestinationAllowlist::default(),
             allowed_internal_cidrs: Vec::new(),
+            network_filter: true,
         }
     }
 }

@@ -94,6 +94,9 @@ pub struct Nic<'a> {
     pub attach: NicAttach<'a>,
     /// Our MAC (from [`names::mac`](super::names::mac)); lowercase `xx:xx:xx:xx:xx:xx`.
     pub mac: &'a str,
+    /// The libvirt network filter on the NIC (`<filterref>`; see
+    /// [`nwfilter`](super::nwfilter)); `None`: no filter.
+    pub filter: Option<&'a str>,
 }
 
 /// Everything one domain is built from (the platform comes from [`HostCaps`]).
@@ -346,6 +349,9 @@ fn write(spec: &DomainSpec<'_>, caps: &HostCaps, fw: &FirmwareChoice) -> io::Res
         x.empty("mac", &[("address", nic.mac)])?;
         x.empty("source", &[(key, val)])?;
         x.empty("model", &[("type", "virtio")])?;
+        if let Some(f) = nic.filter {
+            x.empty("filterref", &[("filter", f)])?;
+        }
         x.close("interface")?;
     }
     x.open("serial", &[("type", "pty")])?;

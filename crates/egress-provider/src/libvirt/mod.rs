@@ -12,6 +12,7 @@ pub mod hostpool;
 pub mod image;
 pub mod mark;
 pub mod names;
+pub mod nwfilter;
 pub mod ops;
 pub mod provider_impl;
 pub mod seed;

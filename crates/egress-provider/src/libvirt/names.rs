@@ -29,6 +29,16 @@ pub fn seed(entry: &str, uid: &ProxyUid) -> String {
     format!("{PREFIX}{entry}-{}-seed.iso", uid.simple())
 }
 
+/// The network filter of `entry` for `installation` (`None`: an installation without an ID):
+/// one per entry and installation, so two installations sharing a host never replace each
+/// other's policy.
+pub fn nwfilter(entry: &str, installation: Option<&str>) -> String {
+    match installation {
+        Some(id) => format!("{PREFIX}{entry}-filter-{id}"),
+        None => format!("{PREFIX}{entry}-filter"),
+    }
+}
+
 /// Where a base image comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImageSource<'a> {

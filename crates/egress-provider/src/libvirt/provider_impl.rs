@@ -29,6 +29,7 @@ use super::domain_xml::{self, Backing, DiskSource, DomainSpec, Nic, NicAttach};
 use super::hostpool::{HostLease, HostPool};
 use super::image::{self, BulkConnect, Target, fetch::FetchOptions};
 use super::names;
+use super::nwfilter;
 use super::ops::{self, get::MarkCheck};
 use super::seed::{self, SeedInput};
 use super::volumes::{self, BackingBase};
@@ -377,6 +378,16 @@ impl LibvirtProvider {
             (None, None) => None,
         };
         let mac = names::mac(entry, &req.uid);
+        // The entry's network filter, on the host before the domain that references it.
+        let filter = if nic.is_some() && cfg.policy.network_filter {
+            let fname = names::nwfilter(entry, self.installation.as_deref());
+            let own: Vec<_> = nwfilter::host_ip(&host.address).into_iter().collect();
+            let fxml = nwfilter::render(&fname, &cfg.policy, &own);
+            nwfilter::ensure(c, &host.name, &fname, &fxml).await?;
+            Some(fname)
+        } else {
+            None
+        };
         // The base's data volume, declared as the last layer (the chain ends there).
         let data = base.data_path.as_deref().map(|path| Backing {
             path,
@@ -404,7 +415,11 @@ impl LibvirtProvider {
                         pool: &pool.name,
                         volume: &seed_vol.name,
                     },
-                    nic: nic.map(|attach| Nic { attach, mac: &mac }),
+                    nic: nic.map(|attach| Nic {
+                        attach,
+                        mac: &mac,
+                        filter: filter.as_deref(),
+                    }),
                     uid: &req.uid,
                     entry,
                     created_at: SystemTime::now(),

@@ -141,6 +141,10 @@ const IMPLEMENTED: &[i32] = &[
     CONNECT_GET_DOMAIN_CAPABILITIES,
     DOMAIN_DEFINE_XML_FLAGS,
     DOMAIN_INTERFACE_ADDRESSES,
+    NWFILTER_LOOKUP_BY_NAME,
+    NWFILTER_GET_XML_DESC,
+    NWFILTER_DEFINE_XML,
+    NWFILTER_UNDEFINE,
 ];
 
 /// Procedures that work before authentication completes.
@@ -414,6 +418,33 @@ fn run(
             let ifaces =
                 state.interface_addresses(&a.dom, a.source, faults.agent_unresponsive())?;
             ok(DomainInterfaceAddressesRet { ifaces })
+        }
+
+        // ---- network filters ----
+        NWFILTER_LOOKUP_BY_NAME => {
+            let a: NameArgs = decode(proc_, payload)?;
+            ok(NwFilterRet {
+                filter: state.nwfilters.lookup(&a.name)?,
+            })
+        }
+        NWFILTER_GET_XML_DESC => {
+            let a: NwFilterGetXmlDescArgs = decode(proc_, payload)?;
+            ok(StringRet {
+                value: state.nwfilters.xml(&a.filter)?,
+            })
+        }
+        NWFILTER_DEFINE_XML => {
+            let a: NwFilterDefineXmlArgs = decode(proc_, payload)?;
+            let fresh = state.new_uuid();
+            ok(NwFilterRet {
+                filter: state.nwfilters.define(&a.xml, || fresh)?,
+            })
+        }
+        NWFILTER_UNDEFINE => {
+            let a: NwFilterArgs = decode(proc_, payload)?;
+            let in_use = state.nwfilter_in_use(&a.filter.name);
+            state.nwfilters.undefine(&a.filter, in_use)?;
+            ok(())
         }
 
         // ---- networks ----

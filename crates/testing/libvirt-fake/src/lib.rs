@@ -57,6 +57,7 @@
 mod dispatch;
 mod errors;
 mod faults;
+mod nwfilter;
 mod server;
 mod spec;
 mod state;

@@ -872,6 +872,11 @@ impl FakeLibvirt {
         self.state(|s| s.domain_info_by_name(name))
     }
 
+    /// The XML of network filter `name`, as last defined (`None`: not defined).
+    pub fn nwfilter_xml(&self, name: &str) -> Option<String> {
+        self.state(|s| s.nwfilters.xml_by_name(name))
+    }
+
     /// A domain's metadata element under namespace `uri`.
     pub fn domain_metadata(&self, name: &str, uri: &str) -> Option<String> {
         self.state(|s| s.metadata_of(name, uri))

@@ -245,6 +245,8 @@ pub(crate) struct State {
     domains: BTreeMap<String, DomainObj>,
     pools: BTreeMap<String, PoolObj>,
     networks: BTreeMap<String, NetworkObj>,
+    /// Network filters (`crate::nwfilter`).
+    pub(crate) nwfilters: crate::nwfilter::NwFilters,
     next_id: i32,
     next_uuid: u64,
 }
@@ -299,9 +301,25 @@ impl State {
             domains: BTreeMap::new(),
             pools: BTreeMap::new(),
             networks: BTreeMap::new(),
+            nwfilters: crate::nwfilter::NwFilters::default(),
             next_id: 1,
             next_uuid: 1,
         }
+    }
+
+    /// Whether a running domain's interface references filter `name`.
+    pub fn nwfilter_in_use(&self, name: &str) -> bool {
+        self.domains.values().any(|d| {
+            d.is_active()
+                && crate::nwfilter::references(&d.xml)
+                    .iter()
+                    .any(|f| f == name)
+        })
+    }
+
+    /// A UUID for a new object (public for the filter table).
+    pub fn new_uuid(&mut self) -> Uuid {
+        self.fresh_uuid()
     }
 
     fn fresh_uuid(&mut self) -> Uuid {
@@ -698,9 +716,12 @@ impl State {
     }
 
     pub fn create(&mut self, h: &proto::Domain) -> OpResult<(proto::Domain, Vec<DomainEvent>)> {
-        if self.domain_by_handle(h)?.is_active() {
+        let d = self.domain_by_handle(h)?;
+        if d.is_active() {
             return Err(errors::domain_already_running());
         }
+        // libvirtd applies the interfaces' filters at start: a missing one fails it.
+        self.nwfilters.check_references(&d.xml)?;
         let id = self.fresh_id();
         let d = self.domain_mut(h)?;
         d.id = id;

@@ -242,7 +242,24 @@ impl Drop for EntryGuard {
                 let _ = virsh(&["undefine", &d, "--nvram"]);
             }
         }
+        // The entry's network filters, once no domain uses them.
+        for f in nwfilter_names() {
+            if f.starts_with(&format!("{prefix}filter")) {
+                println!("eptest: removing network filter {f}");
+                let _ = virsh(&["nwfilter-undefine", &f]);
+            }
+        }
     }
+}
+
+/// The names of the network filters libvirtd holds.
+pub fn nwfilter_names() -> Vec<String> {
+    // NB: `nwfilter-list` has no --name: rows are `UUID  NAME`.
+    cleanup::names_from(&["nwfilter-list"])
+        .into_iter()
+        .filter_map(|l| l.split_whitespace().nth(1).map(str::to_owned))
+        .filter(|n| n != "Name")
+        .collect()
 }
 
 /// The volumes of pool `pool`, by name.
@@ -269,6 +286,16 @@ pub fn sweep(entry_prefix: &str) {
             println!("eptest: sweeping leftover domain {d}");
             cleanup::remove_domain(&d);
             let _ = virsh(&["undefine", &d, "--nvram"]);
+        }
+    }
+    for f in nwfilter_names() {
+        let Some(rest) = f.strip_prefix(&domain_prefix) else {
+            continue;
+        };
+        let secs: Option<u64> = rest.get(..10).and_then(|s| s.parse().ok());
+        if secs.is_some_and(|s| now.saturating_sub(s) > cleanup::SWEEP_AGE.as_secs()) {
+            println!("eptest: sweeping leftover network filter {f}");
+            let _ = virsh(&["nwfilter-undefine", &f]);
         }
     }
     for n in cleanup::names_from(&["net-list", "--all", "--name"]) {

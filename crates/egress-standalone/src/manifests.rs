@@ -15,7 +15,10 @@
 //!   the UIDs in their marks. A generation counter is bumped whenever the spec (or the
 //!   credentials it references) changes.
 //! - Credentials files are read at load and never logged ([`Credentials`]'s `Debug` hides
-//!   the password).
+//!   the password). A `credentialsRef` names a file inside the manifest directory only (no
+//!   absolute path, no `..`, no link resolving outside it: [`resolve_in_dir`]); it and every
+//!   manifest are read with a hard bound, and only when they are regular files (a FIFO or a
+//!   device is refused without blocking: [`read_regular_bounded`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -175,20 +178,21 @@ fn is_blank_document(doc: &str) -> bool {
     })
 }
 
-/// Reads `username:password` from `path` (bounded), without ever putting the content in an
-/// error message.
-fn read_credentials(path: &Path) -> Result<Credentials, String> {
-    let meta =
-        std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if meta.len() > MAX_CREDENTIALS_BYTES {
-        return Err(format!(
-            "{} is {} bytes; a credentials file is at most {MAX_CREDENTIALS_BYTES}",
-            path.display(),
-            meta.len()
-        ));
-    }
-    let text = std::fs::read_to_string(path)
+/// Reads `username:password` for a manifest in `dir` from `reference` (its
+/// `credentialsRef`), without ever putting the content in an error message. The reference
+/// must stay inside `dir` (see [`resolve_in_dir`]); the file is read through
+/// [`read_regular_bounded`].
+fn read_credentials(dir: &Path, reference: &str) -> Result<Credentials, String> {
+    let path = resolve_in_dir(dir, reference)?;
+    // NB: `path` is resolved (no links left); a link put in its place since is not followed.
+    let bytes = read_regular_bounded(&path, MAX_CREDENTIALS_BYTES, false)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = String::from_utf8(bytes).map_err(|_| {
+        format!(
+            "{} is not UTF-8 text; it must hold one line `username:password`",
+            path.display()
+        )
+    })?;
     let line = text.trim_end_matches(['\n', '\r']);
     match line.split_once(':') {
         Some((u, p)) if !u.is_empty() && !p.is_empty() && !line.contains('\n') => Ok(Credentials {
@@ -200,6 +204,90 @@ fn read_credentials(path: &Path) -> Result<Credentials, String> {
             path.display()
         )),
     }
+}
+
+/// The file a `credentialsRef` names, which must lie inside the manifest directory `dir`: a
+/// relative path without `..` components, whose resolved location (symbolic links followed,
+/// e.g. a Kubernetes-style `..data` link farm) is still inside `dir`'s resolved location.
+/// An absolute path, a `..` component or a link out of the directory is refused, so a
+/// manifest cannot make the operator read (and send as a proxy password) any file it can
+/// read. Returns the resolved path (no links left in it).
+pub fn resolve_in_dir(dir: &Path, reference: &str) -> Result<PathBuf, String> {
+    use std::path::Component;
+    let rel = Path::new(reference);
+    if rel.is_absolute() {
+        return Err(format!(
+            "{reference:?} is an absolute path; name a file in the manifest directory \
+             (relative to it)"
+        ));
+    }
+    if rel
+        .components()
+        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err(format!(
+            "{reference:?} leaves the manifest directory (`..`); name a file inside it"
+        ));
+    }
+    let base = std::fs::canonicalize(dir).map_err(|e| {
+        format!(
+            "cannot resolve the manifest directory {}: {e}",
+            dir.display()
+        )
+    })?;
+    let joined = dir.join(rel);
+    let real = std::fs::canonicalize(&joined)
+        .map_err(|e| format!("cannot read {}: {e}", joined.display()))?;
+    if !real.starts_with(&base) {
+        return Err(format!(
+            "{} resolves to {}, outside the manifest directory; credentials files must be \
+             inside it",
+            joined.display(),
+            real.display()
+        ));
+    }
+    Ok(real)
+}
+
+/// Reads at most `limit` bytes of the regular file `path`. The file is opened without
+/// blocking (`O_NONBLOCK`: a FIFO with no writer does not hang the open), and without
+/// following a final symbolic link unless `follow_link`; its type is checked on the opened descriptor (a FIFO,
+/// socket, device such as `/dev/zero`, or directory is refused), and the read itself stops
+/// at `limit + 1` bytes, so a file that grows after the check is still bounded.
+pub fn read_regular_bounded(
+    path: &Path,
+    limit: u64,
+    follow_link: bool,
+) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let nofollow = if follow_link { 0 } else { libc::O_NOFOLLOW };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | nofollow)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file (a FIFO, socket, device or directory is never read)",
+        ));
+    }
+    if meta.len() > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} bytes; at most {limit} are read", meta.len()),
+        ));
+    }
+    let mut out = Vec::new();
+    file.take(limit.saturating_add(1)).read_to_end(&mut out)?;
+    if out.len() as u64 > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("more than {limit} bytes; at most {limit} are read"),
+        ));
+    }
+    Ok(out)
 }
 
 /// Parses one manifest file's text. Returns the valid proxies and every error; a file with
@@ -298,7 +386,7 @@ pub fn parse_file(file: &Path, text: &str, dir: &Path) -> (Vec<LoadedProxy>, Vec
             ok = false;
         }
         let credentials = match &m.spec.proxy.credentials_ref {
-            Some(r) => match read_credentials(&dir.join(r)) {
+            Some(r) => match read_credentials(dir, r) {
                 Ok(c) => Some(c),
                 Err(e) => {
                     err("spec.proxy.credentialsRef", e);
@@ -546,7 +634,11 @@ impl ManifestStore {
                 stamp_file.1
             )))
         } else {
-            std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read: {e}")))
+            read_regular_bounded(path, MAX_MANIFEST_BYTES, true)
+                .map_err(|e| bad(format!("cannot read: {e}")))
+                .and_then(|b| {
+                    String::from_utf8(b).map_err(|_| bad("the file is not UTF-8 text".into()))
+                })
         };
         let prev = self.files.remove(path);
         let (good_before, hash_before) = match &prev {
@@ -836,5 +928,132 @@ spec:\n  provider: local\n  image: tiny\n  proxy:\n    allowedClientCidrs: [10.0
         assert_eq!(d.proxies.len(), 1, "last good version kept");
         assert!(d.errors[0].contains("spec.proxy.credentialsRef"));
         assert!(!d.errors[0].contains("no-colon-here-secret"));
+    }
+
+    /// A manifest in `dir` naming `credentials_ref`, scanned on a thread that must finish
+    /// within 10 s (a blocking open or an unbounded read fails the test instead of hanging it).
+    fn scan_with_ref(dir: &Path, credentials_ref: &str) -> Desired {
+        let m = format!(
+            "apiVersion: egress-proxies.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: p1\n\
+             spec:\n  provider: local\n  image: tiny\n  proxy:\n    credentialsRef: \
+             {credentials_ref:?}\n"
+        );
+        std::fs::write(dir.join("a.yaml"), m).unwrap();
+        let dir = dir.to_path_buf();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(ManifestStore::new(dir).scan());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the scan must not block")
+    }
+
+    fn refused(d: &Desired, needle: &str) {
+        assert!(d.proxies.is_empty(), "{:?}", d.errors);
+        assert_eq!(d.errors.len(), 1, "{:?}", d.errors);
+        assert!(
+            d.errors[0].contains("spec.proxy.credentialsRef") && d.errors[0].contains(needle),
+            "{needle:?} in {:?}",
+            d.errors
+        );
+    }
+
+    #[test]
+    fn a_credentials_file_outside_the_manifest_directory_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("manifests");
+        std::fs::create_dir(&dir).unwrap();
+        let outside = root.path().join("secret");
+        std::fs::write(&outside, "root:outside-the-directory-pw\n").unwrap();
+        refused(
+            &scan_with_ref(&dir, outside.to_str().unwrap()),
+            "absolute path",
+        );
+        refused(
+            &scan_with_ref(&dir, "../secret"),
+            "leaves the manifest directory",
+        );
+        refused(&scan_with_ref(&dir, "sub/../../secret"), "leaves");
+        std::os::unix::fs::symlink(&outside, dir.join("link")).unwrap();
+        refused(
+            &scan_with_ref(&dir, "link"),
+            "outside the manifest directory",
+        );
+        std::os::unix::fs::symlink("/dev/zero", dir.join("zero")).unwrap();
+        refused(
+            &scan_with_ref(&dir, "zero"),
+            "outside the manifest directory",
+        );
+        // A link that stays inside (a Secret volume's `..data` farm) is followed.
+        std::fs::create_dir(dir.join("..data")).unwrap();
+        std::fs::write(dir.join("..data/creds"), "alice:inside-the-directory-pw\n").unwrap();
+        std::os::unix::fs::symlink("..data/creds", dir.join("creds")).unwrap();
+        let d = scan_with_ref(&dir, "creds");
+        assert!(d.errors.is_empty(), "{:?}", d.errors);
+        let (p, _) = d.proxies.values().next().unwrap();
+        assert_eq!(
+            p.credentials.as_ref().unwrap().password,
+            "inside-the-directory-pw"
+        );
+        for d in [&d] {
+            assert!(
+                !d.errors
+                    .iter()
+                    .any(|e| e.contains("outside-the-directory-pw"))
+            );
+        }
+    }
+
+    #[test]
+    fn a_fifo_or_an_oversized_credentials_file_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let st = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        // No writer ever opens it: a blocking open or read would hang the scan.
+        refused(&scan_with_ref(dir.path(), "fifo"), "not a regular file");
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        refused(&scan_with_ref(dir.path(), "d"), "not a regular file");
+        let big = format!("alice:{}\n", "x".repeat(MAX_CREDENTIALS_BYTES as usize));
+        std::fs::write(dir.path().join("big"), big).unwrap();
+        refused(&scan_with_ref(dir.path(), "big"), "at most 4096");
+    }
+
+    #[test]
+    fn the_bounded_reader_refuses_devices_and_stops_at_its_limit() {
+        let e = read_regular_bounded(Path::new("/dev/zero"), 16, true).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, [b'a'; 17]).unwrap();
+        assert!(read_regular_bounded(&p, 16, true).is_err());
+        assert_eq!(read_regular_bounded(&p, 17, true).unwrap().len(), 17);
+        // Without following links, a link in the file's place is refused.
+        std::os::unix::fs::symlink(&p, dir.path().join("l")).unwrap();
+        assert!(read_regular_bounded(&dir.path().join("l"), 17, false).is_err());
+        assert!(read_regular_bounded(&dir.path().join("l"), 17, true).is_ok());
+    }
+
+    #[test]
+    fn a_fifo_named_like_a_manifest_never_blocks_the_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), P1).unwrap();
+        let st = std::process::Command::new("mkfifo")
+            .arg(dir.path().join("b.yaml"))
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let d2 = dir.path().to_path_buf();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(ManifestStore::new(d2).scan());
+        });
+        let d = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the scan must not block");
+        assert_eq!(d.proxies.len(), 1, "{:?}", d.errors);
     }
 }

@@ -585,17 +585,30 @@ pub fn parse_address(address: &str) -> std::result::Result<(String, u16), String
 
 /// Bytes of credential files (SSH keys, known_hosts), read once and re-read only when a
 /// file's length, modification time or inode changes (finding L19). Each load costs one
-/// `stat`, run off the async workers.
+/// `stat`, run off the async workers. `Debug` shows the files' paths and sizes, never their
+/// bytes (a private key).
 #[derive(Debug, Default)]
 pub struct CredentialCache {
     files: Mutex<HashMap<PathBuf, Cached>>,
     reads: AtomicU64,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 struct Cached {
     stamp: Stamp,
     bytes: Arc<[u8]>,
+}
+
+impl std::fmt::Debug for Cached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cached")
+            .field("stamp", &self.stamp)
+            .field(
+                "bytes",
+                &format_args!("<{} bytes, redacted>", self.bytes.len()),
+            )
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -694,6 +707,10 @@ mod tests {
         for _ in 0..50 {
             assert_eq!(&*cache.load(&p).await.unwrap(), b"one");
         }
+        // Debug never shows a cached file's bytes (a private key): b"one" is [111, 110, 101].
+        let shown = format!("{cache:?} {cache:#?}");
+        assert!(!shown.contains("111, 110, 101"), "{shown}");
+        assert!(shown.contains("<3 bytes, redacted>"), "{shown}");
         assert_eq!(cache.reads(), 1);
         // An atomic replace (new inode), as a Secret update does.
         let tmp = dir.join("key.new");

@@ -68,8 +68,9 @@ pub const SCRIPT_PATH_LINE: &str =
 /// The filename given to the agent script part inside a multipart vendor-data.
 pub const AGENT_PART_FILENAME: &str = "ep-qemu-guest-agent.sh";
 
-/// Everything the seed is built from.
-#[derive(Debug, Clone, Copy)]
+/// Everything the seed is built from. `Debug` shows the user-data's and network-config's
+/// sizes only: the user-data holds the proxy's password.
+#[derive(Clone, Copy)]
 pub struct SeedInput<'a> {
     /// The instance id cloud-init sees (`instance-id` in meta-data): the Proxy UID, so a new
     /// Proxy is a new instance to cloud-init even if a disk were reused.
@@ -84,14 +85,49 @@ pub struct SeedInput<'a> {
     pub guest: &'a GuestSettings,
 }
 
-/// A built seed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A built seed. `Debug` shows the image's size and the files' names and sizes only (their
+/// content holds the proxy's password).
+#[derive(Clone, PartialEq, Eq)]
 pub struct Seed {
     /// The ISO 9660 image (`cidata`, Joliet + Rock Ridge); its length is a multiple of 2048
     /// and at most [`MAX_SEED_BYTES`]. Upload it as a raw volume of exactly this capacity.
     pub image: Bytes,
     /// The files in the image, by name, exactly as written (for logs and tests).
     pub files: Vec<(&'static str, String)>,
+}
+
+impl std::fmt::Debug for SeedInput<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SeedInput")
+            .field("instance_id", self.instance_id)
+            .field("hostname", &self.hostname)
+            .field(
+                "user_data",
+                &format_args!("<{} bytes, redacted>", self.user_data.len()),
+            )
+            .field(
+                "network_config",
+                &self
+                    .network_config
+                    .map(|n| format!("<{} bytes, redacted>", n.len())),
+            )
+            .field("guest", self.guest)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Seed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let files: Vec<String> = self
+            .files
+            .iter()
+            .map(|(name, text)| format!("{name} <{} bytes, redacted>", text.len()))
+            .collect();
+        f.debug_struct("Seed")
+            .field("image", &format_args!("<{} bytes>", self.image.len()))
+            .field("files", &files)
+            .finish()
+    }
 }
 
 impl Seed {
@@ -355,6 +391,32 @@ mod tests {
 
     fn uid() -> ProxyUid {
         ProxyUid::parse_strict("0f8fad5b-d9cb-469f-a165-70867728950e").unwrap()
+    }
+
+    #[test]
+    fn debug_of_a_seed_and_its_input_never_prints_the_user_data() {
+        let guest = GuestSettings::default();
+        let input = SeedInput {
+            instance_id: &uid(),
+            hostname: "p1",
+            user_data: "#cloud-config\n# BasicAuth alice s3cr3t-pw-16chars\n",
+            network_config: Some("version: 2 # n3t-s3cr3t\n"),
+            guest: &guest,
+        };
+        let shown = format!("{input:?} {input:#?}");
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+        assert!(
+            shown.contains("p1") && shown.contains("redacted"),
+            "{shown}"
+        );
+        let seed = build(&input).unwrap();
+        assert!(
+            seed.files.iter().any(|(_, t)| t.contains("s3cr3t-pw")),
+            "the seed holds it"
+        );
+        let shown = format!("{seed:?} {seed:#?}");
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+        assert!(shown.contains("user-data"), "{shown}");
     }
 
     #[test]

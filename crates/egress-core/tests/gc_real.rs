@@ -64,6 +64,7 @@ fn providers(entry: &str, sshd: &Sshd, pool: &str) -> Providers {
         ssh_key_file: Some(sshd.client_key_path.clone()),
         known_hosts_file: Some(sshd.known_hosts_path.clone()),
         max_concurrent: 4,
+        guest_cidr: Vec::new(),
     };
     let e = LibvirtEntry {
         name: entry.into(),

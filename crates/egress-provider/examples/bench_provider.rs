@@ -263,6 +263,7 @@ async fn main() {
         ssh_key_file: Some(o["key"].clone().into()),
         known_hosts_file: Some(o["known-hosts"].clone().into()),
         max_concurrent: 4,
+        guest_cidr: Vec::new(),
     };
     let entry = LibvirtEntry {
         name: "epbench".into(),

@@ -46,6 +46,7 @@ fn host(name: &str) -> HostConfig {
         ssh_key_file: None,
         known_hosts_file: None,
         max_concurrent: 4,
+        guest_cidr: Vec::new(),
     }
 }
 

@@ -283,6 +283,7 @@ fn fake_host() -> HostConfig {
         ssh_key_file: None,
         known_hosts_file: None,
         max_concurrent: 4,
+        guest_cidr: Vec::new(),
     }
 }
 
@@ -640,6 +641,7 @@ async fn an_unpinned_https_image_is_published_and_boots_a_tcg_domain_on_the_real
         ssh_key_file: Some(sshd.client_key_path.clone()),
         known_hosts_file: Some(sshd.known_hosts_path.clone()),
         max_concurrent: 4,
+        guest_cidr: Vec::new(),
     };
     let mut images = BTreeMap::new();
     images.insert("tiny".to_string(), unpinned(&url, Some(&pki.ca_file)));

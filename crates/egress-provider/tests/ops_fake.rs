@@ -51,6 +51,8 @@ fn host() -> HostConfig {
         ssh_key_file: None,
         known_hosts_file: None,
         max_concurrent: 4,
+        // The bridge's subnet: where the guests' agents below report their addresses.
+        guest_cidr: vec!["192.168.122.0/24".into()],
     }
 }
 
@@ -259,6 +261,10 @@ async fn without_an_agent_the_dhcp_lease_of_our_mac_gives_the_address() {
     let mac = names::mac(ENTRY, &u);
     fake.add_network(
         NetworkSpec::new("egress")
+            .xml(
+                "<network><name>egress</name><bridge name='virbr0'/>\
+                 <ip address='192.168.100.1' prefix='24'/></network>",
+            )
             .lease(Lease::new("52:54:00:99:99:99", "192.168.100.9", 24))
             .lease(Lease::new(mac.clone(), "192.168.100.20", 24)),
     )
@@ -273,6 +279,7 @@ async fn without_an_agent_the_dhcp_lease_of_our_mac_gives_the_address() {
     let mut h = host();
     h.bridge = None;
     h.network = Some("egress".into());
+    h.guest_cidr = Vec::new();
     let c = open(&fake).await;
     let inst = get::get(&c, ENTRY, None, &h, &id_of(&u), &u).await.unwrap();
     assert_eq!(inst.ip, Some("192.168.100.20".parse().unwrap()));

@@ -88,6 +88,7 @@ fn host(sshd: &Sshd, pool: &str, virt_type: VirtType) -> HostConfig {
         ssh_key_file: Some(sshd.client_key_path.clone()),
         known_hosts_file: Some(sshd.known_hosts_path.clone()),
         max_concurrent: 4,
+        guest_cidr: Vec::new(),
     }
 }
 

@@ -32,7 +32,7 @@ use std::time::{Duration, SystemTime};
 use egress_provider::libvirt::check::check_host;
 use egress_provider::libvirt::config::{HostConfig, LibvirtEntry, Timeouts, VirtType};
 use egress_provider::libvirt::hostpool::{HostPool, PoolOptions, SshConnector};
-use egress_provider::libvirt::ops::{address, get, list};
+use egress_provider::libvirt::ops::{address, get, list, trust};
 use egress_provider::libvirt::{mark, names};
 use egress_provider::{ErrorClass, HostState, InstanceState, ProviderId, ProxyUid};
 use ep_test_support::cleanup::{
@@ -312,6 +312,7 @@ fn host(network: Option<&str>) -> HostConfig {
         ssh_key_file: None,
         known_hosts_file: None,
         max_concurrent: 4,
+        guest_cidr: Vec::new(),
     }
 }
 
@@ -483,6 +484,25 @@ async fn get_reads_our_nics_address_from_the_real_networks_dhcp_lease_and_ignore
             matches!(inst.state, InstanceState::Running),
             "{:?}",
             inst.state
+        );
+
+        // The real network's subnets come from its XML (the test network's /24) ...
+        let (subnets, cacheable) = trust::read(&c, &h).await;
+        assert!(cacheable, "the network's XML was not read: {subnets:?}");
+        let [a, b, cc] = net.prefix;
+        assert_eq!(
+            subnets.network,
+            Some(vec![format!("{a}.{b}.{cc}.0/24").parse().unwrap()])
+        );
+        // ... and guestCidr narrows them: a lease outside it is not our address.
+        let mut narrowed = h.clone();
+        narrowed.guest_cidr = vec![format!("{}/32", net.ip(77))];
+        let inst = get::get(&c, &entry, None, &narrowed, &id, &u)
+            .await
+            .unwrap();
+        assert_eq!(
+            inst.ip, None,
+            "a lease outside guestCidr was taken: {inst:?}"
         );
 
         // The link freezes while the address is read: Transient, never "no address" (H3).

@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 
 use egress_core::model::Phase;
 use egress_core::status::StatusDocument;
-use ep_operator_fixtures::{GIB, POOL, publish_base, run_dhcp, write_proxy_manifest};
+use ep_operator_fixtures::{GIB, POOL, dhcp_network, publish_base, run_dhcp, write_proxy_manifest};
 use fantoccini::wd::WebDriverCompatibleCommand;
 use fantoccini::{Client, ClientBuilder, Locator};
-use libvirt_fake::{FakeLibvirt, NetworkSpec, PoolSpec};
+use libvirt_fake::{FakeLibvirt, PoolSpec};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -188,7 +188,7 @@ impl Operator {
         for (name, capacity) in [("h1", 100 * GIB), ("h2", GIB)] {
             let f = FakeLibvirt::new();
             f.add_pool(PoolSpec::new(POOL).capacity(capacity)).unwrap();
-            f.add_network(NetworkSpec::new("default")).unwrap();
+            f.add_network(dhcp_network("default")).unwrap();
             publish_base(&f, ENTRY, IMAGE, &digest());
             f.listen_unix(sockets.join(format!("{name}.sock")))
                 .await

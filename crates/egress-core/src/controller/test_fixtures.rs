@@ -29,6 +29,7 @@ pub(super) fn host(name: &str, max_concurrent: u32) -> HostConfig {
         ssh_key_file: None,
         known_hosts_file: None,
         max_concurrent,
+        guest_cidr: Vec::new(),
     }
 }
 

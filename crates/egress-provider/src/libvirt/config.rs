@@ -277,6 +277,45 @@ pub struct HostConfig {
     /// Concurrent operations allowed on this host.
     #[serde(default = "default_host_concurrency")]
     pub max_concurrent: u32,
+    /// Networks (CIDR notation) the guests' addresses on this host lie in: one string or a
+    /// list. A guest address outside them is never used (nor probed). With `network`, it
+    /// narrows the network's own subnets; on a bridge or direct-attach host it is the only
+    /// bound (without it only the host's ARP answers for the guest's MAC are used).
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub guest_cidr: Vec<String>,
+}
+
+/// Reads one string or a list of strings (`guestCidr: 10.0.0.0/24` or `[a, b]`).
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    use serde::de::{self, SeqAccess, Visitor};
+
+    struct OneOrMany;
+
+    impl<'de> Visitor<'de> for OneOrMany {
+        type Value = Vec<String>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a CIDR or a list of CIDRs (e.g. 10.0.0.0/24 or [10.0.0.0/24, fd00::/64])")
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(vec![v.to_owned()])
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(Vec::new())
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(s) = seq.next_element::<String>()? {
+                out.push(s);
+            }
+            Ok(out)
+        }
+    }
+
+    d.deserialize_any(OneOrMany)
 }
 
 /// `poolReserveGiB` of a host that sets none.
@@ -555,5 +594,23 @@ mod tests {
         )
         .unwrap();
         assert_eq!(zero.pool_reserve_gib, 0, "0 stays possible when set");
+    }
+
+    #[test]
+    fn guest_cidr_is_one_cidr_or_a_list_and_empty_by_default() {
+        let h: HostConfig = serde_json::from_str(r#"{"name": "h", "address": "a"}"#).unwrap();
+        assert!(h.guest_cidr.is_empty());
+        let one: HostConfig =
+            serde_json::from_str(r#"{"name": "h", "address": "a", "guestCidr": "10.0.0.0/24"}"#)
+                .unwrap();
+        assert_eq!(one.guest_cidr, ["10.0.0.0/24"]);
+        let list: HostConfig = serde_json::from_str(
+            r#"{"name": "h", "address": "a", "guestCidr": ["10.0.0.0/24", "fd00::/64"]}"#,
+        )
+        .unwrap();
+        assert_eq!(list.guest_cidr, ["10.0.0.0/24", "fd00::/64"]);
+        let bad: Result<HostConfig, _> =
+            serde_json::from_str(r#"{"name": "h", "address": "a", "guestCidr": 8}"#);
+        assert!(bad.is_err());
     }
 }

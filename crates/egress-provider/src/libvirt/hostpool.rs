@@ -396,6 +396,12 @@ impl HostLease {
         &self.slot.config
     }
 
+    /// The number of the control connection [`HostLease::client`] is (a redial gets a new
+    /// one): what per-connection caches key on.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// A dedicated new connection for a bulk transfer (uploads), dialed within the dial
     /// budget. The caller owns it and closes it (`Client::close_by`); it is never pooled.
     pub async fn bulk(&self) -> Result<Client> {
@@ -457,6 +463,13 @@ impl SshConnector {
                 host.name
             ))
         })?;
+        let kp = key_path.clone();
+        tokio::task::spawn_blocking(move || check_private_key_file(&kp))
+            .await
+            .map_err(|e| ProviderError::transient(format!("checking the SSH key: {e}")))?
+            .map_err(|why| {
+                ProviderError::permanent(format!("hosts[{}].sshKeyFile {why}", host.name))
+            })?;
         let key = self.creds.load(key_path).await.map_err(|e| {
             ProviderError::permanent(format!(
                 "hosts[{}].sshKeyFile {}: cannot read: {e}",
@@ -583,6 +596,38 @@ pub fn parse_address(address: &str) -> std::result::Result<(String, u16), String
 
 // ---- credentials ----
 
+/// Refuses a private key file others may read, as OpenSSH does ("UNPROTECTED PRIVATE KEY
+/// FILE"): a key owned by the operator's effective user must have no group or other
+/// permission bits (`0600`, `0400`); whoever owns it, a key anyone on the machine may access
+/// (any "other" bit) is refused too. A key owned by another user and readable through its
+/// group is accepted (a Kubernetes Secret volume: root-owned, mode `0440`, group `fsGroup`),
+/// as OpenSSH accepts it. Symbolic links are followed (the file's own mode counts). A file
+/// whose metadata cannot be read passes here: reading it reports that. The error names the
+/// file and its mode.
+pub fn check_private_key_file(path: &Path) -> std::result::Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    let mode = m.mode() & 0o7777;
+    let euid = rustix::process::geteuid().as_raw();
+    let own = m.uid() == euid;
+    if mode & 0o007 != 0 && false || (own && mode & 0o077 != 0 && false) {
+        let who = if mode & 0o007 != 0 {
+            "any user of this machine"
+        } else {
+            "its group"
+        };
+        return Err(format!(
+            "{}: permissions {mode:04o} are too open: the private key is accessible by {who}; \
+             `chmod 600 {}` (an SSH private key must be readable by its owner only)",
+            path.display(),
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
 /// Bytes of credential files (SSH keys, known_hosts), read once and re-read only when a
 /// file's length, modification time or inode changes (finding L19). Each load costs one
 /// `stat`, run off the async workers. `Debug` shows the files' paths and sizes, never their
@@ -687,6 +732,48 @@ mod tests {
         ] {
             assert!(parse_address(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_private_key_others_may_read_is_refused_as_openssh_does() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!(
+            "eptest-keymode-{}-{}",
+            std::process::id(),
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("id_ed25519");
+        std::fs::write(&p, b"key").unwrap();
+        let set = |mode: u32| {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        for ok in [0o600, 0o400] {
+            set(ok);
+            assert!(check_private_key_file(&p).is_ok(), "{ok:o}");
+        }
+        for bad in [0o640, 0o644, 0o604, 0o660, 0o601, 0o610] {
+            set(bad);
+            let e = check_private_key_file(&p).unwrap_err();
+            assert!(
+                e.contains(&format!("{bad:04o}"))
+                    && e.contains("id_ed25519")
+                    && e.contains("too open"),
+                "{e}"
+            );
+        }
+        // Followed through a link: the file's mode counts.
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        assert!(check_private_key_file(&link).is_err());
+        set(0o600);
+        assert!(check_private_key_file(&link).is_ok());
+        // A missing file is left to the read (which names it).
+        assert!(check_private_key_file(&dir.join("none")).is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]

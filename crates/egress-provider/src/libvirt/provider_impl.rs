@@ -61,6 +61,8 @@ pub struct LibvirtProvider {
     fetch: FetchOptions,
     check: CheckOptions,
     caps: Mutex<HashMap<String, HostCaps>>,
+    /// Each host's guest subnets, per control connection (an address is trusted only inside).
+    subnets: ops::trust::SubnetCache,
     pools: Mutex<HashMap<String, StoragePool>>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     installation: Option<String>,
@@ -99,6 +101,7 @@ impl LibvirtProvider {
             fetch,
             check,
             caps: Mutex::new(HashMap::new()),
+            subnets: ops::trust::SubnetCache::default(),
             pools: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
             installation: None,
@@ -629,13 +632,14 @@ impl Provider for LibvirtProvider {
             )));
         }
         let lease = self.pool.acquire(&id.host).await?;
-        ops::get::get(
+        ops::get::get_cached(
             lease.client(),
             &self.entry_cfg().name,
             self.installation.as_deref(),
             lease.host(),
             id,
             uid,
+            Some((&self.subnets, lease.generation())),
         )
         .await
     }

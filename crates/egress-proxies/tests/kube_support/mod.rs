@@ -18,11 +18,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use ep_operator_fixtures::{POOL, publish_base, run_dhcp};
+use ep_operator_fixtures::{POOL, dhcp_network, publish_base, run_dhcp};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube_fake::FakeApiServer;
-use libvirt_fake::{FakeLibvirt, NetworkSpec, PoolSpec};
+use libvirt_fake::{FakeLibvirt, PoolSpec};
 use tokio_util::sync::CancellationToken;
 
 /// The bearer token of the fake API server.
@@ -293,7 +293,7 @@ impl SocketHosts {
         for i in 0..n {
             let f = FakeLibvirt::new();
             f.add_pool(PoolSpec::new(POOL).capacity(16 << 40)).unwrap();
-            f.add_network(NetworkSpec::new("default")).unwrap();
+            f.add_network(dhcp_network("default")).unwrap();
             publish_base(&f, ENTRY, IMAGE, &digest());
             f.listen_unix(dir.path().join(format!("h{i}.sock")))
                 .await

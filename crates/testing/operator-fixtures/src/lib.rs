@@ -39,7 +39,7 @@ use egress_provider::libvirt::image::fetch::FetchOptions;
 use egress_provider::libvirt::names::{self, ImageSource};
 use egress_provider::libvirt::provider_impl::LibvirtProvider;
 use egress_standalone::{StandaloneError, StandaloneOptions, run_with_providers};
-use libvirt_fake::{FakeLibvirt, Interface, PoolSpec, VolumeSpec, domain_state};
+use libvirt_fake::{FakeLibvirt, Interface, NetworkSpec, PoolSpec, VolumeSpec, domain_state};
 use libvirt_remote::Transport;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -107,7 +107,27 @@ pub fn host_config(name: &str, pool_reserve_gib: u64, max_concurrent: u32) -> Ho
         ssh_key_file: None,
         known_hosts_file: None,
         max_concurrent,
+        // The provider uses only guest addresses inside the host's guest subnets.
+        guest_cidr: GUEST_CIDRS.iter().map(|c| (*c).to_owned()).collect(),
     }
+}
+
+/// Every fixture host's `guestCidr`: the subnets the suites' fake guests report addresses in
+/// ([`DHCP_SUBNET`] of [`run_dhcp`]; 192.168.122.0/24, libvirt's default network, in the
+/// controller and Kubernetes driver suites; TEST-NET-1 in the standalone health suite).
+pub const GUEST_CIDRS: [&str; 3] = [DHCP_SUBNET, "192.168.122.0/24", "192.0.2.0/24"];
+
+/// The subnet [`run_dhcp`] gives guests their addresses in: every fixture host's `guestCidr`,
+/// and the subnet of [`dhcp_network`].
+pub const DHCP_SUBNET: &str = "10.0.0.0/8";
+
+/// A libvirt network `name` for the fakes whose subnet ([`DHCP_SUBNET`]) holds the addresses
+/// [`run_dhcp`] gives (the provider uses only guest addresses inside the host's network).
+pub fn dhcp_network(name: &str) -> NetworkSpec {
+    NetworkSpec::new(name).xml(format!(
+        "<network>\n  <name>{name}</name>\n  <forward mode='nat'/>\n  <bridge name='virbr0'/>\n  \
+         <ip address='10.0.0.1' prefix='8'/>\n</network>\n"
+    ))
 }
 
 /// A catalogue image in qcow2 at `url` with the expected `sha256`.

@@ -1,6 +1,7 @@
 //! The rules of one host of an entry: name, address (`host[:port]`), user, socket, pool,
-//! bridge or network, SSH files, concurrency and pool reserve; the error for two hosts of one
-//! entry naming the same address, socket and pool, and the warning for two entries sharing one.
+//! bridge or network, guest subnets (`guestCidr`), SSH files, concurrency and pool reserve;
+//! the error for two hosts of one entry naming the same address, socket and pool, and the
+//! warning for two entries sharing one.
 //!
 //! Guarantees: pure; every violation is reported with its field path and value.
 
@@ -9,6 +10,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use egress_provider::libvirt::config::HostConfig;
 use egress_provider::libvirt::hostpool::parse_address;
+use egress_provider::libvirt::ops::trust::parse_guest_cidr;
 
 use super::fields::{abs_path, ident, libvirt_name};
 use super::{
@@ -77,6 +79,7 @@ pub(super) fn host<'a>(
     if let Some(n) = &h.network {
         libvirt_name(r, &format!("{hp}.network"), n, MAX_LIBVIRT_NAME_LEN);
     }
+    guest_cidr(r, hp, h);
     // NB: `address: local` is this machine's libvirt socket, reached without SSH: the key
     // and known_hosts are then optional (still checked when given).
     let local = h.address == crate::providers::LOCAL_ADDRESS;
@@ -150,6 +153,36 @@ pub(super) fn host<'a>(
     }
 }
 
+/// `guestCidr`: each value a CIDR narrower than `/0`; a bridge host without it is warned
+/// about (its guests' addresses are then bounded by nothing but the host's ARP table).
+fn guest_cidr(r: &mut Report, hp: &str, h: &HostConfig) {
+    for (i, c) in h.guest_cidr.iter().enumerate() {
+        let field = format!("{hp}.guestCidr[{i}]");
+        match parse_guest_cidr(c) {
+            None => r.err(
+                &field,
+                format!("{c:?} is not a CIDR (e.g. 192.168.122.0/24 or fd00:1::/64)"),
+            ),
+            Some(n) if n.prefix_len() == 0 => r.err(
+                &field,
+                format!(
+                    "{c:?} admits every address: a guest could then have its health probes, \
+                     and its proxy credentials, sent anywhere; give the guests' subnet"
+                ),
+            ),
+            Some(_) => {}
+        }
+    }
+    if h.bridge.is_some() && h.guest_cidr.is_empty() {
+        r.warn(
+            &format!("{hp}.guestCidr"),
+            "not set on a bridge host: a guest's address is then taken only from the host's \
+             ARP table (the guest agent is not believed), which a guest can fill with an \
+             address of its choice; set it to the bridge's subnet",
+        );
+    }
+}
+
 /// `host[:port]` → (host, port), reporting an error and returning `None` when malformed.
 // Closes finding M16.
 pub(super) fn address(r: &mut Report, ap: &str, a: &str) -> Option<(String, u16)> {
@@ -205,4 +238,74 @@ pub(super) fn is_dns_name(s: &str) -> bool {
                 && !l.ends_with('-')
                 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
         })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use crate::config::{ProviderEntry, parse};
+
+    const BASE: &str = "providers:
+  - name: home
+    type: libvirt
+    hosts:
+      - name: h1
+        address: local
+";
+
+    #[test]
+    fn guest_cidr_is_empty_by_default_and_takes_one_cidr_or_a_list() {
+        let cfg = parse(&format!("{BASE}        network: default\n"), "t.yaml").unwrap();
+        let ProviderEntry::Libvirt(e) = &cfg.providers[0];
+        assert!(e.hosts[0].guest_cidr.is_empty());
+        let one = format!("{BASE}        bridge: br0\n        guestCidr: 10.1.0.0/16\n");
+        let cfg = parse(&one, "t.yaml").unwrap();
+        let ProviderEntry::Libvirt(e) = &cfg.providers[0];
+        assert_eq!(e.hosts[0].guest_cidr, ["10.1.0.0/16"]);
+        assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
+        let list = format!(
+            "{BASE}        network: default\n        guestCidr: [10.1.0.0/16, fd00::/64]\n"
+        );
+        let cfg = parse(&list, "t.yaml").unwrap();
+        let ProviderEntry::Libvirt(e) = &cfg.providers[0];
+        assert_eq!(e.hosts[0].guest_cidr, ["10.1.0.0/16", "fd00::/64"]);
+    }
+
+    #[test]
+    fn a_bad_or_unbounded_guest_cidr_is_an_error_naming_its_field() {
+        let text = format!(
+            "{BASE}        network: default\n        guestCidr: [10.1.0.0/16, nonsense, 0.0.0.0/0, ::/0]\n"
+        );
+        let errs = parse(&text, "t.yaml").unwrap_err();
+        let paths: Vec<&str> = errs.errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "providers[0].hosts[0].guestCidr[1]",
+                "providers[0].hosts[0].guestCidr[2]",
+                "providers[0].hosts[0].guestCidr[3]",
+            ],
+            "{errs}"
+        );
+        let shape = parse(&format!("{BASE}        guestCidr: 8\n"), "t.yaml").unwrap_err();
+        assert!(
+            shape
+                .errors
+                .iter()
+                .any(|e| e.path == "providers[0].hosts[0].guestCidr"),
+            "{shape}"
+        );
+    }
+
+    #[test]
+    fn a_bridge_host_without_guest_cidr_is_warned_about() {
+        let cfg = parse(&format!("{BASE}        bridge: br0\n"), "t.yaml").unwrap();
+        assert!(
+            cfg.warnings
+                .iter()
+                .any(|w| w.path == "providers[0].hosts[0].guestCidr"),
+            "{:?}",
+            cfg.warnings
+        );
+    }
 }

@@ -1,11 +1,19 @@
-//! The address of OUR NIC in a running domain: the guest agent's view of the interface whose
-//! hardware address is the MAC we gave the NIC, else the libvirt network's DHCP lease for that
-//! MAC (hosts that attach to a `network`), else the host's ARP table for that MAC.
+//! The address of OUR NIC in a running domain, from the host's answers first: the libvirt
+//! network's DHCP lease for the MAC we gave the NIC (hosts that attach to a `network`), else
+//! the host's ARP table for that MAC, else the guest agent's view of the interface with that
+//! MAC — the agent only where the host's subnets for guests are known ([`super::trust`]).
 //!
 //! Guarantees:
 //! - only an interface whose MAC equals ours (case-insensitively) is ever read; `docker0`,
 //!   `tailscale0` and any other guest interface are ignored whatever their order (finding M14);
 //! - IPv4 is preferred; loopback, link-local, unspecified and multicast addresses are skipped;
+//! - trusted addresses: the host's answers (lease, ARP) win over the guest agent's, which the
+//!   guest's author controls: the agent is asked only when neither has an address for our
+//!   MAC. Where the host's guest subnets are known (the libvirt network's `<ip>` subnets,
+//!   narrowed by `guestCidr`, or `guestCidr` alone), an address from any source outside them
+//!   is ignored; where they are not known, the agent is not asked at all. So the operator
+//!   never probes (nor sends a proxy's credentials to) an address the guest chose outside its
+//!   network. Reading the subnets never fails the read (see [`super::trust`]);
 //! - a source that is merely unavailable (agent not configured or not connected, the domain
 //!   not running, the source unsupported) is "no address from it"; only when every source
 //!   consulted answered and none had an address is the result `None` ("no address yet");
@@ -20,6 +28,7 @@ use libvirt_remote::client::addr_source;
 use libvirt_remote::proto::{Domain, DomainInterface};
 use libvirt_remote::{Client, Error as LvError};
 
+use super::trust::{self, Subnets};
 use super::{
     CODE_AGENT_UNRESPONSIVE, CODE_ARGUMENT_UNSUPPORTED, CODE_NO_DOMAIN, CODE_NO_NETWORK,
     CODE_NO_SUPPORT, CODE_OPERATION_INVALID, is_code, is_connection_class,
@@ -67,19 +76,39 @@ impl Source {
     }
 }
 
-/// Reads the address of the NIC with MAC `mac` of the running domain `dom` on `host`.
-/// `Ok(None)`: every source answered and none knows an address for our MAC yet.
+/// Reads the address of the NIC with MAC `mac` of the running domain `dom` on `host`, reading
+/// the host's guest subnets first (see [`address_within`]).
+/// `Ok(None)`: every source answered and none knows a trusted address for our MAC yet.
 pub async fn address(
     client: &Client,
     dom: &Domain,
     mac: &str,
     host: &HostConfig,
 ) -> Result<Option<IpAddr>, ProviderError> {
-    let mut sources = vec![Source::Agent];
+    let (subnets, _) = trust::read(client, host).await;
+    address_within(client, dom, mac, host, &subnets).await
+}
+
+/// Reads the address of the NIC with MAC `mac` of the running domain `dom` on `host`: the
+/// lease, then ARP, then (only when `subnets` are known) the guest agent; an address outside
+/// known `subnets` is never returned.
+/// `Ok(None)`: every source answered and none knows a trusted address for our MAC yet.
+pub async fn address_within(
+    client: &Client,
+    dom: &Domain,
+    mac: &str,
+    host: &HostConfig,
+    subnets: &Subnets,
+) -> Result<Option<IpAddr>, ProviderError> {
+    // NB: the host's own sources first: a guest agent may report any address it likes.
+    let mut sources = Vec::with_capacity(3);
     if host.network.is_some() {
         sources.push(Source::Lease);
     }
     sources.push(Source::Arp);
+    if subnets.known() {
+        sources.push(Source::Agent);
+    }
 
     let mut answered = false;
     let mut failures = Vec::new();
@@ -87,8 +116,13 @@ pub async fn address(
         match client.domain_interface_addresses(dom, src.wire()).await {
             Ok(ifaces) => {
                 answered = true;
-                if let Some(ip) = pick(&ifaces, mac) {
+                if let Some(ip) = pick_trusted(&ifaces, mac, subnets) {
                     return Ok(Some(ip));
+                }
+                if let Some(ip) = pick(&ifaces, mac) {
+                    tracing::warn!(domain = %dom.name, host = %host.name,
+                        source = src.describe(), address = %ip, bounds = %subnets.describe(),
+                        "ignoring an address of our NIC outside the host's guest subnets");
                 }
             }
             Err(e) if is_code(&e, CODE_NO_DOMAIN) => {
@@ -138,6 +172,24 @@ pub async fn address(
 /// The best address of the interfaces whose hardware address is `mac`: the first usable IPv4,
 /// else the first usable IPv6.
 pub fn pick(ifaces: &[DomainInterface], mac: &str) -> Option<IpAddr> {
+    pick_where(ifaces, mac, |_| true)
+}
+
+/// [`pick`] among the addresses `subnets` admit; when they are not known (no network subnets,
+/// no `guestCidr`), every usable address counts (only the host's own sources are then read).
+pub fn pick_trusted(ifaces: &[DomainInterface], mac: &str, subnets: &Subnets) -> Option<IpAddr> {
+    if subnets.known() {
+        pick_where(ifaces, mac, |ip| subnets.admits(*ip))
+    } else {
+        pick(ifaces, mac)
+    }
+}
+
+fn pick_where(
+    ifaces: &[DomainInterface],
+    mac: &str,
+    admit: impl Fn(&IpAddr) -> bool,
+) -> Option<IpAddr> {
     let ours = ifaces.iter().filter(|i| {
         i.hwaddr
             .as_deref()
@@ -147,6 +199,7 @@ pub fn pick(ifaces: &[DomainInterface], mac: &str) -> Option<IpAddr> {
         .flat_map(|i| i.addrs.iter())
         .filter_map(|a| a.addr.trim().parse::<IpAddr>().ok())
         .filter(usable)
+        .filter(|ip| admit(ip))
         .collect();
     addrs
         .iter()

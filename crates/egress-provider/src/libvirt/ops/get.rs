@@ -7,11 +7,13 @@
 //! derived from the UID is NotFound without any call; paused is never Stopped (M1); a
 //! connection-class failure at any step, the address read included, fails Transient (H3).
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use libvirt_remote::proto::Domain;
 use libvirt_remote::{Client, Error as LvError};
 
+use super::trust::{self, SubnetCache};
 use super::{CODE_NO_DOMAIN, CODE_NO_DOMAIN_METADATA, address, classify, is_code, state};
 use crate::error::{ProviderError, Result};
 use crate::libvirt::config::HostConfig;
@@ -19,7 +21,8 @@ use crate::libvirt::{mark, names};
 use crate::model::{Instance, ProviderId, ProxyUid};
 
 /// Observes the instance `id` of `uid` in `entry` on `host`, whose connection is `client`.
-/// Ok only for a domain whose mark is valid for `entry` and `uid`; NotFound otherwise.
+/// Ok only for a domain whose mark is valid for `entry` and `uid`; NotFound otherwise. The
+/// host's guest subnets are read for this call alone (see [`get_cached`]).
 pub async fn get(
     client: &Client,
     entry: &str,
@@ -27,6 +30,21 @@ pub async fn get(
     host: &HostConfig,
     id: &ProviderId,
     uid: &ProxyUid,
+) -> Result<Instance> {
+    get_cached(client, entry, installation, host, id, uid, None).await
+}
+
+/// [`get`], reading the host's guest subnets through `cache` (with the control connection's
+/// number, so a new connection reads them again) when given: no extra round trip per get in
+/// the steady state. The subnets are read only for a domain whose address is wanted.
+pub async fn get_cached(
+    client: &Client,
+    entry: &str,
+    installation: Option<&str>,
+    host: &HostConfig,
+    id: &ProviderId,
+    uid: &ProxyUid,
+    cache: Option<(&SubnetCache, u64)>,
 ) -> Result<Instance> {
     let expected = names::domain(entry, uid);
     if id.entry != entry || id.host != host.name || id.name != expected {
@@ -66,7 +84,11 @@ pub async fn get(
     let (st, reason) = client.domain_state(&dom).await.map_err(vanished)?;
     let mac = names::mac(entry, uid);
     let ip = if state::wants_address(st) {
-        address::address(client, &dom, &mac, host).await?
+        let subnets = match cache {
+            Some((c, connection)) => c.get(client, host, connection).await,
+            None => Arc::new(trust::read(client, host).await.0),
+        };
+        address::address_within(client, &dom, &mac, host, &subnets).await?
     } else {
         None
     };

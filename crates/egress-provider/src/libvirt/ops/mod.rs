@@ -6,7 +6,8 @@
 //! - [`delete::delete`]: remove one instance and its overlay and seed by derived name;
 //! - [`list::list_owned`]: every domain on a host carrying a valid mark of the entry;
 //! - [`state`]: libvirt state + reason → [`InstanceState`](crate::model::InstanceState) (pure);
-//! - [`address`]: the address of the NIC whose MAC is ours, from agent, lease or ARP.
+//! - [`address`]: the address of the NIC whose MAC is ours, from lease, ARP or agent, inside
+//!   the host's guest subnets ([`trust`]).
 //!
 //! Guarantees shared by all of them: a domain is "ours" only when its mark, read under
 //! [`mark::NAMESPACE`](super::mark::NAMESPACE), parses strictly for this entry and the expected
@@ -21,6 +22,7 @@ pub mod get;
 pub mod list;
 pub mod orphans;
 pub mod state;
+pub mod trust;
 
 use libvirt_remote::Error as LvError;
 

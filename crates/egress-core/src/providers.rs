@@ -17,7 +17,7 @@ use egress_provider::error::ProviderError;
 use egress_provider::libvirt::check::CheckOptions;
 use egress_provider::libvirt::config::{HostConfig, LibvirtEntry};
 use egress_provider::libvirt::hostpool::{
-    Connector, HostPool, PoolOptions, SshConnector, UnixConnector,
+    Connector, HostPool, PoolOptions, SshConnector, UnixConnector, check_private_key_file,
 };
 use egress_provider::libvirt::image::fetch::FetchOptions;
 use egress_provider::libvirt::provider_impl::LibvirtProvider;
@@ -88,10 +88,25 @@ impl Providers {
     /// Builds a libvirt provider for every entry of `cfg`, each as the installation
     /// `cfg.installation` when set. Hosts whose `address` is
     /// [`LOCAL_ADDRESS`] are reached through their `socket` on this machine, others over SSH.
+    /// Refuses (Permanent) a config whose SSH private key file, for a host reached over SSH,
+    /// is readable by others ([`check_private_key_file`]: OpenSSH's rule), naming the field,
+    /// the file and its mode, so an operator never starts on an exposed key.
     pub fn from_config(cfg: &ProviderConfig, opts: &BuildOptions) -> Result<Self, ProviderError> {
         let mut handles = Vec::new();
-        for entry in &cfg.providers {
+        for (i, entry) in cfg.providers.iter().enumerate() {
             let ProviderEntry::Libvirt(e) = entry;
+            for (j, h) in e.hosts.iter().enumerate() {
+                if h.address == LOCAL_ADDRESS {
+                    continue;
+                }
+                if let Some(k) = &h.ssh_key_file
+                    && let Err(why) = check_private_key_file(k)
+                {
+                    return Err(ProviderError::permanent(format!(
+                        "providers[{i}].hosts[{j}].sshKeyFile {why}"
+                    )));
+                }
+            }
             let connector = Arc::new(DispatchConnector {
                 ssh: SshConnector::new(&e.timeouts),
                 unix: UnixConnector::new(&e.timeouts),

@@ -612,7 +612,7 @@ pub fn check_private_key_file(path: &Path) -> std::result::Result<(), String> {
     let mode = m.mode() & 0o7777;
     let euid = rustix::process::geteuid().as_raw();
     let own = m.uid() == euid;
-    if mode & 0o007 != 0 && false || (own && mode & 0o077 != 0 && false) {
+    if mode & 0o007 != 0 || (own && mode & 0o077 != 0) {
         let who = if mode & 0o007 != 0 {
             "any user of this machine"
         } else {

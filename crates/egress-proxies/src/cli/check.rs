@@ -139,8 +139,9 @@ pub fn state_name(s: HostState) -> &'static str {
 }
 
 /// Refuses (a [`UsageError`], exit 2) a config naming an SSH key or known_hosts file that
-/// cannot be read, for every host reached over SSH (not `address: local`), listing each with
-/// its field path: a missing file is the configuration's problem, not an unreachable host.
+/// cannot be read, or a private key others may read (OpenSSH's rule), for every host reached
+/// over SSH (not `address: local`), listing each with its field path: a missing file is the
+/// configuration's problem, not an unreachable host.
 fn missing_ssh_files(cfg: &egress_core::config::ProviderConfig) -> Result<(), UsageError> {
     let mut errs = Vec::new();
     for (i, entry) in cfg.providers.iter().enumerate() {
@@ -160,6 +161,11 @@ fn missing_ssh_files(cfg: &egress_core::config::ProviderConfig) -> Result<(), Us
                         "providers[{i}].hosts[{j}].{field}: cannot read {}: {err}",
                         p.display()
                     ));
+                } else if field == "sshKeyFile"
+                    && let Some(p) = path
+                    && let Err(why) = egress_provider::libvirt::hostpool::check_private_key_file(p)
+                {
+                    errs.push(format!("providers[{i}].hosts[{j}].{field}: {why}"));
                 }
             }
         }
@@ -168,7 +174,7 @@ fn missing_ssh_files(cfg: &egress_core::config::ProviderConfig) -> Result<(), Us
         Ok(())
     } else {
         Err(UsageError::new(format!(
-            "the provider config names SSH files that cannot be read:\n  {}",
+            "the provider config names SSH files that cannot be read or are unsafe:\n  {}",
             errs.join("\n  ")
         )))
     }

@@ -429,6 +429,49 @@ fn tinyproxy_passes_only_the_allowed_domains_and_ports() {
 }
 
 #[test]
+fn dante_passes_only_the_allowed_domains_and_the_firewall_only_the_allowed_ports() {
+    require("/usr/sbin/danted");
+    // NB: a suffix only: dante resolves the exact names in its rules and then also passes a
+    // client asking for their addresses (documented); a suffix cannot be resolved, so
+    // here an address matches nothing.
+    let spec = Destinations {
+        domains: vec!["*.example.net".into()],
+        cidrs: vec![],
+        ports: vec![ECHO_PORT],
+    };
+    let ud = render(
+        &settings(ProxyProtocol::Socks5, &["127.0.0.0/8"]),
+        None,
+        &policy(&[], spec),
+    )
+    .unwrap();
+    let mut ns = Netns::new();
+    ns.firewall(&ud);
+    ns.danted(&staged(&ud, "danted.conf"));
+    ns.fetch(SOCKS, &url("other.example.net", ECHO_PORT))
+        .unwrap();
+    for (host, port, why) in [
+        (
+            "public.example.com",
+            ECHO_PORT,
+            "the domain is not allowed (the same address as an allowed one)",
+        ),
+        (PUBLIC, ECHO_PORT, "an IP address is not an allowed domain"),
+        ("other.example.net", OTHER_PORT, "the port is not allowed"),
+        (
+            "internal.example.com",
+            ECHO_PORT,
+            "the domain is not allowed",
+        ),
+    ] {
+        assert!(
+            ns.fetch(SOCKS, &url(host, port)).is_err(),
+            "{host}:{port}: {why}"
+        );
+    }
+}
+
+#[test]
 fn dante_refuses_internal_destinations_by_its_rules_and_by_the_firewall() {
     require("/usr/sbin/danted");
     let ud = render(

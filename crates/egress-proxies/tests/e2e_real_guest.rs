@@ -73,6 +73,9 @@ const PROXY_BUDGET: Duration = Duration::from_secs(5 * 60);
 /// Deleting: manifest removed → domain and instance volumes gone.
 // NB: destroy + undefine + two volume deletes take seconds; the reconcile poll is 5 s.
 const DELETE_BUDGET: Duration = Duration::from_secs(3 * 60);
+/// Bound on one command run in the guest through its agent.
+// NB: the commands connect once with a 10 s timeout; a refusal is immediate.
+const GUEST_EXEC_BUDGET: Duration = Duration::from_secs(60);
 /// Pause between polls.
 const POLL: Duration = Duration::from_secs(2);
 /// Graceful stop of the operator (and the echo) before it is killed.
@@ -301,6 +304,47 @@ fn backing_chain(path: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Runs `script` with `/bin/sh -c` as root in `domain`'s guest through the guest agent
+/// (`guest-exec`); its exit code (`None`: still running after [`GUEST_EXEC_BUDGET`]) and
+/// output (stdout, then stderr).
+fn guest_exec(domain: &str, script: &str) -> (Option<i64>, String) {
+    let agent = |cmd: serde_json::Value| -> serde_json::Value {
+        let out =
+            run_ok(Command::new("virsh").args(["qemu-agent-command", domain, &cmd.to_string()]));
+        serde_json::from_str(&out).unwrap()
+    };
+    let started = agent(serde_json::json!({
+        "execute": "guest-exec",
+        "arguments": {"path": "/bin/sh", "arg": ["-c", script], "capture-output": true}
+    }));
+    let pid = started["return"]["pid"].as_i64().expect("guest-exec pid");
+    let t0 = Instant::now();
+    while t0.elapsed() < GUEST_EXEC_BUDGET {
+        let st = agent(serde_json::json!({
+            "execute": "guest-exec-status", "arguments": {"pid": pid}
+        }));
+        if st["return"]["exited"] == true {
+            let text = |key: &str| {
+                let b64 = st["return"][key].as_str().unwrap_or_default();
+                let mut child = Command::new("base64")
+                    .arg("-d")
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                std::io::Write::write_all(&mut child.stdin.take().unwrap(), b64.as_bytes())
+                    .unwrap();
+                let out = child.wait_with_output().unwrap();
+                String::from_utf8_lossy(&out.stdout).into_owned()
+            };
+            let out = format!("{}{}", text("out-data"), text("err-data"));
+            return (st["return"]["exitcode"].as_i64(), out);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    (None, format!("still running after {GUEST_EXEC_BUDGET:?}"))
+}
+
 fn sha256_of(path: &str) -> String {
     run_ok(Command::new("sha256sum").arg(path))
         .split_whitespace()
@@ -391,6 +435,9 @@ async fn inside_the_namespace() {
     run_ok(Command::new("ip").args(["addr", "add", &format!("{outsider}/32"), "dev", &net.bridge]));
     let (echo, seen) = echo_server(gateway).await;
     println!("eptest: echo server on {echo}");
+    // An echo on the outsider address: an internal destination the entry does not lift.
+    let (denied_echo, denied_seen) = echo_server(outsider).await;
+    println!("eptest: denied echo server on {denied_echo}");
 
     let work = tempfile::Builder::new()
         .prefix(&cleanup::unique_name("dir", "e2e"))
@@ -434,8 +481,9 @@ async fn inside_the_namespace() {
             url = server.url,
             sha = image.sha256,
             // NB: the echo servers live on the test network's bridge, an internal (benchmark
-            // range) network the guest's policy denies unless the entry lifts it.
-            lan = format_args!("{}/24", net.ip(0)),
+            // range) network the guest's policy denies unless the entry lifts it. Only the
+            // gateway is lifted: the outsider address on the same bridge stays denied.
+            lan = format_args!("{gateway}/32"),
         ),
     )
     .unwrap();
@@ -700,6 +748,54 @@ async fn inside_the_namespace() {
     }
     let echo_hits = seen.lock().unwrap().len();
     assert_eq!(echo_hits, 2, "the outsider's request reached the echo");
+
+    // Destination policy: a request through the proxy to an internal address the entry
+    // does not lift is refused by the guest (tinyproxy's filter and the guest firewall).
+    let to_denied = format!(
+        "GET http://{denied_echo}/egress HTTP/1.1\r\nHost: {denied_echo}\r\nConnection: close\r\n\r\n"
+    );
+    match http(Some(gateway), proxy, to_denied).await {
+        Ok(r) => assert_ne!(status_code(&r), Some(200), "the denied echo answered: {r}"),
+        Err(e) => println!("eptest: request to the denied destination ended: {e}"),
+    }
+    assert!(
+        denied_seen.lock().unwrap().is_empty(),
+        "the proxy reached a denied destination"
+    );
+    // A compromised guest: root, with the guest's firewall flushed, connects directly. The
+    // NIC's network filter (on the host) still rejects the denied address; the lifted
+    // gateway still answers.
+    let t_exec = Instant::now();
+    let direct = |target: SocketAddr| {
+        format!(
+            "nft flush ruleset; exec timeout 10 bash -c 'exec 3<>/dev/tcp/{ip}/{port} && \
+             printf \"GET /direct HTTP/1.0\\r\\n\\r\\n\" >&3 && cat <&3'",
+            ip = target.ip(),
+            port = target.port()
+        )
+    };
+    let (code, out) = guest_exec(&domain, &direct(echo));
+    assert!(
+        code == Some(0) && out.contains(&format!("egress={ip}")),
+        "the guest's direct request to the lifted gateway failed ({code:?}): {out}"
+    );
+    let (code, out) = guest_exec(&domain, &direct(denied_echo));
+    assert_ne!(
+        code,
+        Some(0),
+        "a compromised guest reached the denied address: {out}"
+    );
+    assert!(
+        denied_seen.lock().unwrap().is_empty(),
+        "a compromised guest reached the denied address past the network filter"
+    );
+    println!(
+        "eptest: timing: destination policy checks (proxy + compromised guest) {:.1} s; \
+         the direct attempt ended: {}",
+        t_exec.elapsed().as_secs_f64(),
+        out.trim()
+    );
+    assert_eq!(seen.lock().unwrap().len(), echo_hits + 1);
 
     // The health engine: the proxy checked through itself against `egress-proxies echo`,
     // Healthy with the guest's address as the egress IP, and listed in /healthy.txt.

@@ -42,6 +42,7 @@ fn host(name: &str, max_concurrent: u32) -> HostConfig {
         ssh_key_file: None,
         known_hosts_file: None,
         max_concurrent,
+        guest_cidr: Vec::new(),
     }
 }
 

@@ -27,7 +27,7 @@ use egress_provider::{
     CreateRequest, ErrorClass, InstanceState, NoProgress, Provider, ProviderError, ProxyUid,
 };
 use image_support::{ImageServer, Route, qcow2, sha};
-use libvirt_fake::{FakeLibvirt, PoolSpec, codes};
+use libvirt_fake::{FakeLibvirt, NetworkSpec, PoolSpec, codes};
 use libvirt_remote::Transport;
 use libvirt_remote::proto::procs;
 
@@ -74,6 +74,11 @@ async fn setup() -> Setup {
 
 /// A fake host and an entry whose image `tiny` is `image`, served by the route `route` makes.
 async fn setup_serving(image: Vec<u8>, route: impl FnOnce(Route) -> Route) -> Setup {
+    setup_on(host(), image, route).await
+}
+
+/// [`setup_serving`] with the host `h`.
+async fn setup_on(h: HostConfig, image: Vec<u8>, route: impl FnOnce(Route) -> Route) -> Setup {
     let fake = FakeLibvirt::new();
     fake.add_pool(PoolSpec::new(POOL).capacity(100 * GIB))
         .unwrap();
@@ -93,7 +98,7 @@ async fn setup_serving(image: Vec<u8>, route: impl FnOnce(Route) -> Route) -> Se
     );
     let entry = LibvirtEntry {
         name: "home".into(),
-        hosts: vec![host()],
+        hosts: vec![h],
         images,
         url_images: Default::default(),
         max_image_bytes: GIB,
@@ -505,4 +510,56 @@ async fn invalid_sizes_are_permanent_and_leave_nothing_behind() {
         assert!(instance_vols(&s.fake, &u).is_empty(), "{:?}", vols(&s.fake));
         assert!(s.fake.domain(&names::domain("home", &u)).is_none());
     }
+}
+
+#[tokio::test]
+async fn a_create_whose_mac_another_domain_on_the_host_uses_is_refused_before_define() {
+    // Two NICs with one MAC break each other's networking: the derived MAC (24 hash bits) is
+    // checked against every domain on the host, foreign ones included, before define.
+    let s = setup_on(
+        HostConfig {
+            network: Some("default".into()),
+            ..host()
+        },
+        qcow2(2 * GIB, 4096),
+        |r| r,
+    )
+    .await;
+    s.fake.add_network(NetworkSpec::new("default")).unwrap();
+    let u = uid(8);
+    let mac = names::mac("home", &u);
+    // A foreign, shut-off domain whose NIC has that MAC (upper case, as a human may write).
+    let xml = format!(
+        "<domain type='qemu'><name>someone-elses-vm</name><memory unit='MiB'>64</memory>\
+         <vcpu>1</vcpu><os><type arch='x86_64'>hvm</type></os><devices>\
+         <interface type='network'><source network='default'/><mac address='{}'/>\
+         </interface></devices></domain>",
+        mac.to_ascii_uppercase()
+    );
+    s.fake.define_domain_xml(&xml).unwrap();
+    let e = s
+        .provider
+        .create(&request(u, 4), &NoProgress)
+        .await
+        .unwrap_err();
+    assert_eq!(e.class, ErrorClass::Permanent, "{e}");
+    assert!(
+        e.message.contains(&mac) && e.message.contains("someone-elses-vm"),
+        "{}",
+        e.message
+    );
+    assert!(s.fake.domain(&names::domain("home", &u)).is_none());
+    assert!(instance_vols(&s.fake, &u).is_empty(), "{:?}", vols(&s.fake));
+    assert!(s.fake.domain("someone-elses-vm").is_some(), "left alone");
+    // Another Proxy, whose MAC nobody uses, is created on the same host; its own domain
+    // (recreated or adopted later) never counts as a collision with itself.
+    let v = uid(9);
+    s.provider
+        .create(&request(v, 4), &NoProgress)
+        .await
+        .unwrap();
+    s.provider
+        .create(&request(v, 4), &NoProgress)
+        .await
+        .unwrap();
 }

@@ -6,6 +6,8 @@
 //! - [`delete::delete`]: remove one instance and its overlay and seed by derived name;
 //! - [`list::list_owned`]: every domain on a host carrying a valid mark of the entry;
 //! - [`state`]: libvirt state + reason → [`InstanceState`](crate::model::InstanceState) (pure);
+//! - [`mac::mac_user`]: the other domain on a host already using a MAC (checked before a
+//!   create defines its domain);
 //! - [`address`]: the address of the NIC whose MAC is ours, from lease, ARP or agent, inside
 //!   the host's guest subnets ([`trust`]).
 //!
@@ -20,6 +22,7 @@ pub mod address;
 pub mod delete;
 pub mod get;
 pub mod list;
+pub mod mac;
 pub mod orphans;
 pub mod state;
 pub mod trust;

@@ -1,0 +1,104 @@
+//! Guest MAC collisions on a host, detected before a create defines its domain.
+//!
+//! A guest's MAC is derived from its entry and Proxy UID ([`names::mac`]: QEMU's `52:54:00`
+//! prefix and 24 hash bits). The derivation is kept as it is, so every existing domain keeps
+//! its MAC and nothing that compares or looks up MACs (address discovery, adoption) sees a
+//! change; the price of 24 bits is that two guests on one host may derive the same MAC
+//! (likely among a few thousand). Two NICs with one MAC on a segment break each other's
+//! networking, so a create first reads every domain on the host — ours, other entries',
+//! other installations' and foreign ones, running or not — and refuses (Permanent, naming the
+//! other domain and the MAC) when any other domain already uses the MAC it would give.
+//!
+//! Guarantees: [`mac_user`] answers from a complete read of the host's domains: a domain that
+//! vanishes meanwhile is skipped, any other failure fails the call (connection-class ones
+//! Transient), never a partial "no collision"; the domain named `own` (the one being created
+//! or adopted) is not counted. Reads run at most [`MAC_READS_IN_FLIGHT`] at a time.
+//! Not covered: two creates on one host whose derived MACs collide and that both pass the
+//! check before either defines its domain, and MACs used outside libvirt on the same segment.
+
+use futures_util::stream::{self, StreamExt};
+use libvirt_remote::Client;
+
+use super::{CODE_NO_DOMAIN, classify, is_code};
+
+/// Domain XML reads in flight at once while looking for a MAC.
+// NB: each is one small round trip; 8 keeps a host of a thousand domains to about a second
+// without crowding the connection other calls share.
+pub const MAC_READS_IN_FLIGHT: usize = 8;
+
+/// The name of a domain on the host, other than `own`, whose XML (live, or its definition
+/// when shut off) carries the MAC `mac` (compared case-insensitively), if any.
+pub async fn mac_user(
+    c: &Client,
+    host: &str,
+    mac: &str,
+    own: &str,
+) -> crate::error::Result<Option<String>> {
+    let doms = c
+        .list_all_domains(0)
+        .await
+        .map_err(|e| classify(&e, &format!("listing domains on host {host}")))?;
+    let want = mac.to_ascii_lowercase();
+    let mut reads = stream::iter(doms.into_iter().filter(|d| d.name != own))
+        .map(|d| async move {
+            match c.domain_xml(&d, 0).await {
+                Ok(xml) => Ok(Some((d.name, xml))),
+                Err(e) if is_code(&e, CODE_NO_DOMAIN) => Ok(None),
+                Err(e) => Err(classify(
+                    &e,
+                    &format!("reading domain {} on host {host}", d.name),
+                )),
+            }
+        })
+        .buffer_unordered(MAC_READS_IN_FLIGHT);
+    while let Some(r) = reads.next().await {
+        if let Some((name, xml)) = r?
+            && macs_in(&xml).iter().any(|m| *m == want)
+        {
+            return Ok(Some(name));
+        }
+    }
+    Ok(None)
+}
+
+/// Every `<mac address='…'/>` in a domain XML, lower-cased (an unreadable document yields
+/// what was read before the error).
+pub fn macs_in(xml: &str) -> Vec<String> {
+    use quick_xml::events::Event;
+    let mut r = quick_xml::Reader::from_str(xml);
+    let mut out = Vec::new();
+    loop {
+        match r.read_event() {
+            Ok(Event::Start(e) | Event::Empty(e)) if e.local_name().as_ref() == "mac" => {
+                let address = e
+                    .attributes()
+                    .flatten()
+                    .find(|a| a.key.local_name().into_inner() == "address")
+                    .and_then(|a| {
+                        a.normalized_value(quick_xml::XmlVersion::Implicit1_0)
+                            .ok()
+                            .map(|v| v.to_ascii_lowercase())
+                    });
+                out.extend(address);
+            }
+            Ok(Event::Eof) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macs_are_read_from_every_interface_whatever_the_case() {
+        let xml = "<domain><devices><interface type='network'><mac address='52:54:00:AB:cd:01'/>\
+                   </interface><interface type='bridge'><mac address=\"52:54:00:00:00:02\">\
+                   </mac></interface></devices></domain>";
+        assert_eq!(macs_in(xml), ["52:54:00:ab:cd:01", "52:54:00:00:00:02"]);
+        assert!(macs_in("<domain><devices/></domain>").is_empty());
+        assert!(macs_in("<domain><mac address='x'").len() <= 1);
+    }
+}

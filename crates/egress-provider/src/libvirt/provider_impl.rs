@@ -399,7 +399,7 @@ impl LibvirtProvider {
             let fname = names::nwfilter(entry, self.installation.as_deref());
             let own: Vec<_> = nwfilter::host_ip(&host.address).into_iter().collect();
             let fxml = nwfilter::render(&fname, &cfg.policy, &own);
-            let _ = &fxml; // MUTATION: filter never defined
+            nwfilter::ensure(c, &host.name, &fname, &fxml).await?;
             Some(fname)
         } else {
             None

@@ -675,7 +675,13 @@ impl ManifestStore {
             })
             .collect();
         let good = if errors.is_empty() {
-            proxies.into_iter().map(Arc::new).collect()
+            // NB: not `into_iter().map(Arc::new).collect()`: that collects in place, and each
+            // file's list of 8-byte `Arc`s would keep the parse's buffer of whole
+            // `LoadedProxy`s (room for four, ~1.7 KiB) for as long as the file is unchanged:
+            // 17 MiB of the peak at 10,000 one-proxy files.
+            let mut good = Vec::with_capacity(proxies.len());
+            good.extend(proxies.into_iter().map(Arc::new));
+            good
         } else {
             // NB: a file with any bad document keeps its previous good version whole; taking
             // its good documents alone would delete the proxy whose document just broke.
@@ -813,6 +819,17 @@ spec:\n  provider: local\n  image: tiny\n  proxy:\n    allowedClientCidrs: [10.0
         let d = store.scan();
         assert!(d.proxies.is_empty());
         assert!(d.errors.is_empty());
+    }
+
+    #[test]
+    fn a_files_proxies_are_kept_without_the_buffer_they_were_parsed_into() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), manifest("p1", 3128)).unwrap();
+        let mut store = ManifestStore::new(dir.path());
+        assert_eq!(store.scan().proxies.len(), 1);
+        let good = &store.files.values().next().unwrap().good;
+        // A list collected in place would keep the parse's room for four whole proxies.
+        assert_eq!((good.len(), good.capacity()), (1, 1));
     }
 
     #[test]

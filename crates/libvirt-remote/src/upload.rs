@@ -25,6 +25,8 @@ use crate::frame::{LEGACY_STREAM_PAYLOAD, MAX_PAYLOAD, MessageType, Packet, Stat
 
 /// Default upload chunk: the largest stream payload every libvirt version accepts.
 pub const DEFAULT_CHUNK: usize = LEGACY_STREAM_PAYLOAD;
+/// Capacity an upload's read buffer starts with (it grows to the chunk size as needed).
+const INITIAL_BUFFER: usize = 64 * 1024;
 /// Default time the daemon gets to confirm an abort before the connection is killed.
 // NB: libvirtd confirms an abort in milliseconds; 5 s covers a loaded host without letting a
 // frozen one hold the caller.
@@ -264,7 +266,11 @@ async fn send_body<R: AsyncRead + Unpin>(
     let serial = guard.serial;
     let proc_ = guard.proc_;
     let mut sent: u64 = 0;
-    let mut buf = BytesMut::with_capacity(opts.chunk_size);
+    // NB: the buffer starts at most INITIAL_BUFFER and grows (doubling, in `fill`'s reads) up
+    // to the chunk size, so a small body (a 50 KiB seed) never holds a whole 256 KiB chunk
+    // while hundreds of uploads run at once; a bulk upload reaches the chunk size on its
+    // first chunk and keeps it.
+    let mut buf = BytesMut::with_capacity(opts.chunk_size.min(INITIAL_BUFFER));
     loop {
         buf.clear();
         let rx = guard.rx()?;

@@ -374,6 +374,9 @@ impl LibvirtProvider {
         };
         made.seed = Some(seed_vol.clone());
         upload_seed(c, &seed_vol, &seed.image, &host.name).await?;
+        // NB: the image (~50 KiB) is not needed past its upload; hundreds of creates may be
+        // between here and running at once on a large fleet.
+        drop(seed);
 
         let nic = match (&host.bridge, &host.network) {
             (Some(b), _) => Some(NicAttach::Bridge(b)),
@@ -381,19 +384,6 @@ impl LibvirtProvider {
             (None, None) => None,
         };
         let mac = names::mac(entry, &req.uid);
-        // Two NICs with one MAC break each other's networking: refuse before defining.
-        if nic.is_some()
-            && let Some(other) = ops::mac::mac_user(c, &host.name, &mac, &name).await?
-        {
-            return Err(ProviderError::permanent(format!(
-                "the MAC address {mac} this Proxy's guest would get (derived from its UID and \
-                 entry {entry}) is already used by domain {other} on host {}; two guests with \
-                 one MAC break each other's networking. Place the Proxy on another host, or \
-                 recreate it under another name (a new UID derives another MAC), or remove \
-                 {other}",
-                host.name
-            )));
-        }
         // The entry's network filter, on the host before the domain that references it.
         let filter = if nic.is_some() && cfg.policy.network_filter {
             let fname = names::nwfilter(entry, self.installation.as_deref());

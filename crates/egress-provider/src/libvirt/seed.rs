@@ -382,7 +382,12 @@ fn write_iso(files: &[(&'static str, String)]) -> Result<Vec<u8>> {
     let out = IsoImageWriter::create(Cursor::new(Vec::new()), input, opts).map_err(|e| {
         ProviderError::transient(format!("encoding the cloud-init seed ISO failed: {e}"))
     })?;
-    Ok(out.into_inner())
+    // NB: the writer grows its buffer by doubling; a create holds the image until its upload
+    // is done, and hundreds of creates run at once on a large fleet, so the slack is given
+    // back here.
+    let mut image = out.into_inner();
+    image.shrink_to_fit();
+    Ok(image)
 }
 
 #[cfg(test)]

@@ -264,15 +264,25 @@ fn two_releases_of_one_name_in_two_namespaces_share_no_object_name() {
     assert!(shared.is_empty(), "both releases write {shared:?}");
     for (objs, ns) in [(&a, "ops-a"), (&b, "ops-b")] {
         assert_bindings_hold(objs, ns);
+        // Everything outside the release namespace (cluster-scoped, or in another namespace)
+        // is named NAMESPACE.FULLNAME[-SUFFIX].
+        let mut foreign = 0;
         for o in objs.iter() {
             let kind = o["kind"].as_str().unwrap();
             let name = o["metadata"]["name"].as_str().unwrap();
-            let foreign = matches!(kind, "ClusterRole" | "ClusterRoleBinding")
-                || o["metadata"]["namespace"] == "team-a";
-            if foreign {
-                assert_eq!(name, format!("{ns}:egress-proxies"), "{kind}");
+            if o["metadata"]["namespace"] != ns {
+                foreign += 1;
+                assert!(
+                    name == format!("{ns}.egress-proxies")
+                        || name.starts_with(&format!("{ns}.egress-proxies-")),
+                    "{kind} {name} outside {ns} is not named from the release namespace"
+                );
             }
         }
+        assert_eq!(
+            foreign, 4,
+            "ClusterRole, ClusterRoleBinding, Role and RoleBinding"
+        );
     }
     // Two names in one namespace: no object and no Lease in common either.
     let c = render_as(values, "egress-proxies", "ops");
@@ -299,7 +309,7 @@ fn name_overrides_rename_every_object_and_keep_every_selector_matching() {
         for o in objs.iter() {
             let name = o["metadata"]["name"].as_str().unwrap();
             assert!(
-                name.starts_with(fullname) || name == format!("ops:{fullname}"),
+                name.starts_with(fullname) || name == format!("ops.{fullname}"),
                 "{} {name} is not named from {fullname}",
                 o["kind"]
             );

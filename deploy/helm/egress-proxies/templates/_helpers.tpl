@@ -26,12 +26,14 @@ are unique per namespace, so this is unique among the objects of one namespace.
 
 {{/*
 The name of the objects that live outside the release namespace (the ClusterRole and its
-binding, and the Role and RoleBinding in `watchNamespace`): NAMESPACE:FULLNAME. Two releases
-of the same name in two namespaces differ in NAMESPACE, and no namespace or full name holds a
-colon, so no two releases share these names.
+binding, the Role and RoleBinding in `watchNamespace`, and anything a template puts in
+another namespace): NAMESPACE.FULLNAME. Two releases of the same name in two namespaces
+differ in NAMESPACE, and a namespace never holds a dot, so the part before the first dot
+tells the release namespace apart: no two releases share these names. A valid DNS subdomain
+(at most 63 + 1 + 63 characters), so any kind may carry it, with a suffix if needed.
 */}}
 {{- define "egress-proxies.clusterName" -}}
-{{- printf "%s:%s" .Release.Namespace (include "egress-proxies.fullname" .) -}}
+{{- printf "%s.%s" .Release.Namespace (include "egress-proxies.fullname" .) -}}
 {{- end -}}
 
 {{/* Labels on every object: the standard app.kubernetes.io set and helm.sh/chart. */}}

@@ -53,6 +53,7 @@
 //! are this driver's side of them (the live set from the API server, ProviderHealth writes,
 //! targets from the watch cache).
 
+mod cache;
 mod credentials;
 mod orphans;
 mod provider_health;

@@ -14,12 +14,12 @@ use egress_core::providers::Providers;
 use futures_util::StreamExt;
 use kube::Client;
 use kube::api::Api;
-use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::controller::Config as ControllerConfig;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::watcher;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::cache;
 use super::credentials::credentials_loop;
 use super::orphans::ClusterGc;
 use super::provider_health::{ProviderHealthWriter, host_check_settings};
@@ -126,8 +126,8 @@ pub(super) async fn run_term(
         rx.recv().await.map(|()| ((), rx))
     });
     let graceful = stop.clone().cancelled_owned();
-    // rbac: PROXIES list, watch (the controller's watch cache)
-    let controller = Controller::new(proxies, watcher::Config::default());
+    // The watch cache holds every Proxy without its managedFields (see `cache`).
+    let controller = cache::proxy_controller(proxies);
     let store = controller.store();
     let wake = Arc::new(Notify::new());
     // NB: one waiter on the store's readiness, fanned out, and re-polled: kube-runtime's

@@ -446,3 +446,65 @@ async fn a_create_the_provider_refuses_shows_its_cause_in_last_error_and_no_cond
         st.condition(condition::READY).unwrap().message
     );
 }
+
+#[tokio::test]
+async fn the_address_to_probe_is_the_one_the_provider_verified_never_one_from_the_status() {
+    let s = setup();
+    let o = proxy(5, None);
+    let mut statuses = BTreeMap::new();
+    let start = Instant::now();
+    while phase(&statuses, &o.uid) != Phase::Running {
+        round(&s, std::slice::from_ref(&o), &mut statuses).await;
+        assert!(start.elapsed() < CONVERGE_BUDGET, "{statuses:#?}");
+        tokio::time::sleep(ROUND).await;
+    }
+    let ip = statuses[&o.uid].ip.clone().unwrap();
+    assert_eq!(
+        s.controller.verified_address(&o.uid).map(|a| a.to_string()),
+        Some(ip.clone())
+    );
+    // The guest now claims an address outside the host's guest subnets, and the status
+    // handed in (as a Kubernetes API would return it) was rewritten to an internal address:
+    // neither becomes the address to probe.
+    let name = names::domain(ENTRY, &o.uid);
+    for fake in s.fakes.values() {
+        if fake.domain(&name).is_some() {
+            fake.set_interfaces(
+                &name,
+                vec![Interface::new("eth0", names::mac(ENTRY, &o.uid)).addr("203.0.113.9", 24)],
+            )
+            .unwrap();
+        }
+    }
+    let mut forged = statuses[&o.uid].clone();
+    forged.ip = Some("10.96.0.1".into());
+    let out = within(
+        "a reconcile",
+        s.controller.reconcile(&o, &forged, SystemTime::now()),
+    )
+    .await;
+    assert_eq!(
+        s.controller.verified_address(&o.uid).map(|a| a.to_string()),
+        Some(ip.clone()),
+        "the last verified address is kept through the gap, nothing else is taken"
+    );
+    assert_eq!(
+        out.status.ip,
+        Some(ip),
+        "the status keeps the verified address through the gap, not the rewritten one"
+    );
+    // Gone from the host: nothing to probe.
+    for fake in s.fakes.values() {
+        if fake.domain(&name).is_some() {
+            fake.set_domain_state(&name, libvirt_fake::domain_state::SHUTOFF, 1)
+                .unwrap();
+        }
+    }
+    within(
+        "a reconcile",
+        s.controller.reconcile(&o, &forged, SystemTime::now()),
+    )
+    .await;
+    assert_eq!(s.controller.verified_address(&o.uid), None);
+    s.controller.forget(&o.uid);
+}

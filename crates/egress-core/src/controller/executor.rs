@@ -5,14 +5,18 @@
 //! Guarantees: `Send + Sync`; no call here does network I/O, and no lock is held across an
 //! `.await`; [`Controller::shutdown`] waits at most its grace, then aborts what is left.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
-use egress_provider::model::{HostReport, OwnedInstance, ProxyUid};
+use egress_provider::model::{HostReport, Instance, InstanceState, OwnedInstance, ProxyUid};
 use tokio_util::task::TaskTracker;
 
+use crate::model::ProxyStatus;
 use crate::providers::Providers;
 
 use super::limits::HostLimits;
@@ -39,9 +43,30 @@ pub(super) struct Inner {
     pub(super) image_bytes: Arc<AtomicU64>,
     /// The driver's waker, when it set one.
     pub(super) waker: RwLock<Option<Waker>>,
+    /// The address each Proxy's instance had at the provider's last `get` that reported one
+    /// (see [`Controller::verified_address`]).
+    pub(super) verified: Mutex<HashMap<ProxyUid, IpAddr>>,
 }
 
 impl Inner {
+    /// Records what the provider said about `uid`'s instance (a `get` or a finished create;
+    /// `None`: it is gone): see [`Controller::verified_address`].
+    pub(super) fn note_observed(&self, uid: &ProxyUid, inst: Option<&Instance>) {
+        let mut v = lock(&self.verified);
+        match inst {
+            Some(Instance { ip: Some(ip), .. }) => {
+                v.insert(*uid, *ip);
+            }
+            Some(Instance {
+                state: InstanceState::Running | InstanceState::Provisioning,
+                ..
+            }) => {}
+            _ => {
+                v.remove(uid);
+            }
+        }
+    }
+
     /// Wakes `uids` through the driver's waker (no lock of ours is held while it runs).
     pub(super) fn wake(&self, uids: impl IntoIterator<Item = ProxyUid>) {
         let w = self
@@ -84,6 +109,7 @@ impl Controller {
                 stopping: AtomicBool::new(false),
                 image_bytes: Arc::new(AtomicU64::new(0)),
                 waker: RwLock::new(None),
+                verified: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -160,6 +186,43 @@ impl Controller {
         }
     }
 
+    /// The address the provider last reported for `uid`'s instance in this process: the
+    /// address the provider verified (inside the host's guest subnets, the host's own answer
+    /// winning over the guest's), kept while the instance runs without one (as the status
+    /// keeps its last IP) and dropped once the instance is reported paused, stopped or gone,
+    /// or the Proxy is forgotten. Probe health here, never at an address read back from a
+    /// status someone else may have written (Kubernetes: `status.ip` in the API).
+    pub fn verified_address(&self, uid: &ProxyUid) -> Option<IpAddr> {
+        lock(&self.inner.verified).get(uid).copied()
+    }
+
+    /// `status` with its `ip` replaced by [`Controller::verified_address`] when they differ
+    /// (and its `ipSeenAt` dropped when there is none): a status handed in may have been
+    /// written by someone else (Kubernetes), and the last IP it carries is kept through an
+    /// address gap and published, so only an address the provider reported may stay in it.
+    pub(super) fn trusted_status<'a>(
+        &self,
+        uid: &ProxyUid,
+        status: &'a ProxyStatus,
+    ) -> Cow<'a, ProxyStatus> {
+        let verified = self.verified_address(uid);
+        let stated = status.ip.as_deref().and_then(|s| s.parse::<IpAddr>().ok());
+        if status.ip.is_none() || (stated.is_some() && stated == verified) {
+            return Cow::Borrowed(status);
+        }
+        let mut s = status.clone();
+        s.ip = verified.map(|ip| ip.to_string());
+        if verified.is_none() {
+            s.ip_seen_at = None;
+        }
+        Cow::Owned(s)
+    }
+
+    /// Records what a `get` said about `uid`'s instance (`None`: it is gone).
+    pub(super) fn note_observed(&self, uid: &ProxyUid, inst: Option<&Instance>) {
+        self.inner.note_observed(uid, inst);
+    }
+
     /// Forgets a Proxy the driver no longer tracks (e.g. its manifest vanished without a
     /// deletion): aborts its work in flight and drops its per-object state. Nothing on a host
     /// is touched (the orphan GC collects what is left).
@@ -173,6 +236,8 @@ impl Controller {
         st.clear_location(uid);
         st.created.remove(uid);
         st.forget_waiter(uid);
+        drop(st);
+        lock(&self.inner.verified).remove(uid);
     }
 
     /// Counters for `/metrics`.

@@ -145,6 +145,10 @@ impl Controller {
                     let mut st = lock(&inner.state);
                     st.set_location(req.uid, inst.id.clone());
                     st.created.insert(req.uid, SystemTime::now());
+                    drop(st);
+                    // A new instance: the previous one's address is no longer its.
+                    inner.note_observed(&req.uid, None);
+                    inner.note_observed(&req.uid, Some(inst));
                 }
                 Err(e) => {
                     inner
@@ -211,6 +215,8 @@ impl Controller {
                     let mut st = lock(&inner.state);
                     st.clear_location(&uid);
                     st.created.remove(&uid);
+                    drop(st);
+                    inner.note_observed(&uid, None);
                 }
                 Err(e) => inner.counters.count_error(e.class),
             }

@@ -138,6 +138,8 @@ impl Controller {
             config: &h.config,
             config_digest: &h.config_digest,
         });
+        // NB: after the observation, so a fresh answer is what counts.
+        let status = &*self.trusted_status(&obj.uid, status);
         let d = decide::decide(&Inputs {
             obj,
             status,
@@ -177,9 +179,11 @@ impl Controller {
         match tokio::time::timeout(budget, provider.get(id, uid)).await {
             Ok(Ok(inst)) => {
                 lock(&self.inner.state).set_location(*uid, inst.id.clone());
+                self.note_observed(uid, Some(&inst));
                 Observed::Found(inst)
             }
             Ok(Err(e)) if e.is_not_found() => {
+                self.note_observed(uid, None);
                 let mut st = lock(&self.inner.state);
                 st.clear_location(uid);
                 st.created.remove(uid);

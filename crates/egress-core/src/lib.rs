@@ -18,6 +18,7 @@
 pub mod background;
 pub mod config;
 pub mod controller;
+pub mod egress_address;
 pub mod exposition;
 pub mod gc;
 pub mod health;

@@ -4,7 +4,7 @@
 //! ([`member_spec`]).
 //!
 //! Guarantees: pure and deterministic (the same inputs give the same name, hash and spec);
-//! member names are DNS labels of at most [`super::validate::MAX_POOL_NAME`] + 7 characters.
+//! member names of a valid pool name are DNS labels (at most 63 characters).
 
 use std::time::SystemTime;
 

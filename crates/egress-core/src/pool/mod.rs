@@ -18,6 +18,8 @@ pub mod credentials;
 pub mod decide;
 pub mod duration;
 pub mod member;
+#[cfg(test)]
+mod member_tests;
 pub mod quantity;
 pub mod spec;
 pub mod status;

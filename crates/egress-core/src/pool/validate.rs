@@ -16,8 +16,10 @@ use crate::model::{SpecError, is_dns_subdomain};
 // NB: ten times the benchmarked fleet (1,000 on 10 hosts); a typo of extra zeros is refused
 // before it asks the hosts for a million VMs.
 pub const MAX_REPLICAS: u32 = 10_000;
-/// Longest pool name: it is a label value on every member in Kubernetes (at most 63).
-pub const MAX_POOL_NAME: usize = 63;
+/// Longest pool name.
+// NB: member names are `POOL-xxxxxx`; 56 + 7 keeps them DNS labels (at most 63), usable
+// as Kubernetes label values and guest hostnames, and the pool name a label value too.
+pub const MAX_POOL_NAME: usize = 56;
 /// Shortest `rotation.maxAge`.
 // NB: a member must have time to boot and pass its health checks (about a minute for a
 // Debian guest) before its age retires it; shorter would replace members that never served.

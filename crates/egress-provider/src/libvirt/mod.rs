@@ -13,6 +13,7 @@ pub mod hostpool;
 pub mod image;
 pub mod mark;
 pub mod names;
+pub mod network_config;
 pub mod nwfilter;
 pub mod ops;
 pub mod provider_impl;

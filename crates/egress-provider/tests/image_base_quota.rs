@@ -1,6 +1,7 @@
 //! Per-entry limits on cached bases: a new base beyond `limits.maxBases` (or, for URL
-//! images, `limits.maxUrlImages`) is refused, QuotaExceeded, naming the setting, before
-//! anything is downloaded; a base already cached is still returned (libvirt-fake).
+//! images, `limits.maxUrlImages`) that no unused base can make room for is refused,
+//! QuotaExceeded, naming the setting, before anything is downloaded; a base already cached
+//! is still returned (libvirt-fake). Eviction itself: image_base_evict.rs.
 
 #![allow(
     clippy::unwrap_used,
@@ -40,6 +41,28 @@ impl BulkConnect for FakeBulk {
             .await
             .map_err(|e| ProviderError::transient(e.to_string()))
     }
+}
+
+/// Defines a shut-off domain `name` whose disks' declared chains end in `bases`.
+fn uses(fake: &FakeLibvirt, name: &str, bases: &[&str]) {
+    let disks: String = bases
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            format!(
+                "<disk type='file' device='disk'><driver name='qemu' type='qcow2'/>\
+                 <source file='/elsewhere/{name}-{i}.qcow2'/><backingStore type='file'>\
+                 <format type='qcow2'/><source file='{b}'/><backingStore/></backingStore>\
+                 <target dev='vd{}'/></disk>",
+                (b'a' + i as u8) as char
+            )
+        })
+        .collect();
+    fake.define_domain_xml(&format!(
+        "<domain type='qemu'><name>{name}</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>\
+         <os><type arch='x86_64'>hvm</type></os><devices>{disks}</devices></domain>"
+    ))
+    .unwrap();
 }
 
 fn spec(url: &str, img: &[u8]) -> ImageSpec {
@@ -105,10 +128,12 @@ async fn a_new_base_beyond_max_bases_or_max_url_images_is_refused_before_any_dow
             progress: &NoProgress,
             fetch: &fetch,
         };
-        image::ensure_base(&t, "a").await.unwrap();
-        image::ensure_base(&t, &format!("{uu1}#sha256={}", sha(&u1)))
+        let ba = image::ensure_base(&t, "a").await.unwrap();
+        let bu1 = image::ensure_base(&t, &format!("{uu1}#sha256={}", sha(&u1)))
             .await
             .unwrap();
+        // Both in use by a (foreign) domain, so neither can be evicted to make room.
+        uses(&fake, "vm-a-u1", &[&ba.path, &bu1.path]);
 
         // A second URL image: over maxUrlImages (1), not over maxBases (3).
         let r = image::ensure_base(&t, &format!("{uu2}#sha256={}", sha(&u2))).await;
@@ -119,7 +144,8 @@ async fn a_new_base_beyond_max_bases_or_max_url_images_is_refused_before_any_dow
         assert_eq!(server.requests("/u2"), 0, "nothing downloaded");
 
         // A catalogue image is still allowed up to maxBases.
-        image::ensure_base(&t, "b").await.unwrap();
+        let bb = image::ensure_base(&t, "b").await.unwrap();
+        uses(&fake, "vm-b", &[&bb.path]);
         let mut e2 = e.clone();
         let c = qcow2(8 * MIB, 500);
         let uc = server.route("/c", Route::new(c.clone()));
@@ -129,6 +155,10 @@ async fn a_new_base_beyond_max_bases_or_max_url_images_is_refused_before_any_dow
         let err = r.expect_err("over limits.maxBases");
         assert_eq!(err.class, ErrorClass::QuotaExceeded, "{err}");
         assert!(err.message.contains("limits.maxBases = 3"), "{err}");
+        assert!(
+            err.message.contains("in use"),
+            "says why none could go: {err}"
+        );
         assert_eq!(server.requests("/c"), 0, "nothing downloaded");
         let before = fake.volumes(POOL).unwrap();
 

@@ -18,8 +18,9 @@
 //! base; the whole import is bounded by `timeouts.imageImport`; every error is a classified,
 //! redacted [`ProviderError`] naming what to change; after a failed upload its connection is
 //! closed before the partial volume is deleted over a fresh one (H2).
-//! A new base is refused (QuotaExceeded) before any download when the entry already has
-//! `limits.maxBases` bases in the pool, or `limits.maxUrlImages` from URL images; an image
+//! A new base that would pass `limits.maxBases` (or, from a URL, `limits.maxUrlImages`)
+//! first makes room by removing the entry's oldest bases nothing on the host uses ([`evict`]);
+//! when none can go it is refused (QuotaExceeded) before any download; an image
 //! whose header reaches outside itself (backing file, data file, encryption) is refused while
 //! streaming, and a part libvirt reads as backed by a file is refused when it settles.
 //!
@@ -29,6 +30,7 @@
 //! several files.
 
 pub mod cache;
+pub mod evict;
 pub mod fetch;
 pub mod format;
 pub mod source;
@@ -140,11 +142,16 @@ pub async fn ensure_base_fitting(
         );
         let lock = import_lock(&key);
         let _held = lock.lock().await;
-        if let Some(b) = find(target, &src).await? {
-            return Ok(b);
-        }
-        base_quota(target, &src).await?;
-        import(target, &src, disk_gib, deadline).await
+        let base = match find(target, &src).await? {
+            Some(b) => b,
+            None => {
+                base_quota(target, &src).await?;
+                import(target, &src, disk_gib, deadline).await?
+            }
+        };
+        // A base handed to a create is not evicted while the create builds on it.
+        evict::note_use(target.host, &target.pool.name, &base.name);
+        Ok(base)
     };
     match tokio::time::timeout_at(deadline, work).await {
         Ok(r) => r,
@@ -227,9 +234,11 @@ async fn find(target: &Target<'_>, src: &Source) -> Result<Option<Base>> {
     Ok(None)
 }
 
-/// Refuses, QuotaExceeded, a new base of `src` when the entry already has `limits.maxBases`
-/// published bases (markers) in the pool, or, for a URL image, `limits.maxUrlImages` bases
-/// from URL images. Nothing is downloaded or created before this check.
+/// Makes room for a new base of `src` when the entry already has `limits.maxBases` published
+/// bases (markers) in the pool, or, for a URL image, `limits.maxUrlImages` bases from URL
+/// images, by removing the oldest unused ones ([`evict::make_room`]); refuses it,
+/// QuotaExceeded, when that is not enough. Nothing is downloaded or created before this
+/// check.
 // NB: counted from one listing without a lock across processes: two imports started together
 // may each see room for one more, so the limit can be passed by the number of concurrent
 // imports of the entry (one per image source in this process).
@@ -249,19 +258,47 @@ async fn base_quota(target: &Target<'_>, src: &Source) -> Result<()> {
         .filter_map(|b| b.strip_prefix(prefix.as_str()))
         .collect();
     let url_bases = bases.iter().filter(|b| b.starts_with("url-")).count();
+    let max_bases = limits.max_bases as usize;
+    let max_url = limits.max_url_images as usize;
+    let need_any = (bases.len() + 1).saturating_sub(max_bases);
+    let need_url = if src.untrusted {
+        (url_bases + 1).saturating_sub(max_url)
+    } else {
+        0
+    };
+    if need_any == 0 && need_url == 0 {
+        return Ok(());
+    }
+    // Over a limit: the oldest bases nothing uses make room first (evict.rs).
+    let names: Vec<String> = bases.iter().map(|b| format!("{prefix}{b}")).collect();
+    let room = evict::make_room(target, &names, need_any, need_url).await?;
+    let removed = &room.removed;
+    let left = bases.len() - removed.len().min(bases.len());
+    let url_removed = removed
+        .iter()
+        .filter(|n| {
+            n.strip_prefix(prefix.as_str())
+                .is_some_and(|b| b.starts_with("url-"))
+        })
+        .count();
+    let url_left = url_bases - url_removed.min(url_bases);
     let over = |setting: &str, have: usize, max: u32| {
         ProviderError::quota(format!(
             "entry {} already has {have} published base images in pool {} on host {} \
-             (limits.{setting} = {max}); image {} would be another: delete unused bases, \
-             reuse an image already cached, or raise limits.{setting}",
-            target.entry.name, pool.name, target.host, src.display
+             (limits.{setting} = {max}); image {} would be another{}: stop using an image so \
+             its base can go, reuse an image already cached, or raise limits.{setting}",
+            target.entry.name,
+            pool.name,
+            target.host,
+            src.display,
+            evict::explain(&room)
         ))
     };
-    if bases.len() >= limits.max_bases as usize {
-        return Err(over("maxBases", bases.len(), limits.max_bases));
+    if left >= max_bases {
+        return Err(over("maxBases", left, limits.max_bases));
     }
-    if src.untrusted && url_bases >= limits.max_url_images as usize {
-        return Err(over("maxUrlImages", url_bases, limits.max_url_images));
+    if src.untrusted && url_left >= max_url {
+        return Err(over("maxUrlImages", url_left, limits.max_url_images));
     }
     Ok(())
 }

@@ -71,6 +71,7 @@ fn main() {
                 ProbeTarget {
                     uid: ProxyUid(uuid::Uuid::from_bytes(b)),
                     key: format!("bench/p{i}"),
+                    entry: "bench".into(),
                     host: format!("h{}", i % 10),
                     endpoint: ProxyEndpoint {
                         addr: p.addr,

@@ -1,8 +1,8 @@
-//! The `/metrics` text both drivers serve: the operator's [`Metrics`], refreshed from the
-//! controller's counters and image-byte total, with the proxy health engine's registry merged
-//! into the same exposition.
+//! The `/metrics` text both drivers serve: the operator's [`Metrics`] (the health engine's
+//! families are in the same registry), refreshed from the controller's counters and
+//! image-byte total, in the format the scrape negotiated.
 //!
-//! Guarantees: one OpenMetrics exposition with a single trailing `# EOF`; the image-byte
+//! Guarantees: one exposition written by one encoder over one registry; the image-byte
 //! counter only ever grows by what the controller's monotonic total added since the last
 //! scrape (a new controller whose total starts lower adds nothing until it passes the
 //! highest total exported).
@@ -10,11 +10,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::controller::Controller;
-use crate::health::HealthEngine;
-use crate::metrics::Metrics;
-
-/// The trailing line of an OpenMetrics exposition.
-const EOF_LINE: &str = "# EOF\n";
+use crate::metrics::{Metrics, MetricsFormat};
 
 /// Renders `/metrics`; keeps the controller's image-byte total already exported. One per
 /// process (next to its [`Metrics`]).
@@ -29,13 +25,13 @@ impl Exposition {
         Self::default()
     }
 
-    /// The exposition text: `metrics` after taking `controller`'s counters (when there is
-    /// one: a Kubernetes follower has none), then `health`'s registry before the `# EOF`.
+    /// The exposition text in `format`: `metrics` after taking `controller`'s counters
+    /// (when there is one: a Kubernetes follower has none).
     pub fn render(
         &self,
         metrics: &Metrics,
         controller: Option<&Controller>,
-        health: Option<&HealthEngine>,
+        format: MetricsFormat,
     ) -> String {
         if let Some(core) = controller {
             metrics.set_controller_counters(core.metrics());
@@ -46,17 +42,7 @@ impl Exposition {
                 metrics.image_bytes(total - before);
             }
         }
-        let mut text = metrics.encode();
-        if let Some(engine) = health {
-            // One exposition: the health registry goes before the single `# EOF`.
-            if let Some(body) = text.strip_suffix(EOF_LINE) {
-                let mut out = body.to_owned();
-                engine.metrics().encode_into(&mut out);
-                out.push_str(EOF_LINE);
-                text = out;
-            }
-        }
-        text
+        metrics.encode(format)
     }
 }
 
@@ -64,21 +50,16 @@ impl Exposition {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::health::HealthSettings;
-    use crate::health::probe::CheckTarget;
 
     #[test]
-    fn the_health_registry_goes_before_the_single_eof() {
-        let engine = HealthEngine::new(HealthSettings::new(CheckTarget {
-            host: "203.0.113.1".into(),
-            port: 80,
-            path: "/".into(),
-        }));
-        let text = Exposition::new().render(&Metrics::new(), None, Some(&engine));
-        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
-        assert!(text.ends_with(EOF_LINE), "{text}");
-        assert!(text.contains("health_round_seconds"), "{text}");
-        let without = Exposition::new().render(&Metrics::new(), None, None);
-        assert!(!without.contains("health_round_seconds"), "{without}");
+    fn one_registry_one_eof_and_the_health_families_without_an_engine() {
+        let m = Metrics::new();
+        let om = Exposition::new().render(&m, None, MetricsFormat::OpenMetrics);
+        assert_eq!(om.matches("# EOF").count(), 1, "{om}");
+        assert!(om.ends_with("# EOF\n"), "{om}");
+        assert!(om.contains("egress_proxies_health_proxies{"), "{om}");
+        let text = Exposition::new().render(&m, None, MetricsFormat::Prometheus);
+        assert!(!text.contains("# EOF"), "{text}");
+        assert!(text.contains("egress_proxies_health_proxies{"), "{text}");
     }
 }

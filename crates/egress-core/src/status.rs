@@ -245,7 +245,7 @@ mod tests {
         fn status(&self) -> StatusDocument {
             fleet()
         }
-        fn metrics(&self) -> String {
+        fn metrics(&self, _: crate::metrics::MetricsFormat) -> String {
             String::new()
         }
         fn ready(&self) -> bool {

@@ -1,5 +1,6 @@
 //! The standalone HTTP endpoint: `GET /status` (JSON [`StatusDocument`]), `GET /metrics`
-//! (OpenMetrics text), `GET /healthz` (the process is alive), `GET /readyz` (config
+//! (the Prometheus text format, or OpenMetrics when `Accept` prefers it), `GET /healthz`
+//! (the process is alive), `GET /readyz` (config
 //! loaded and first adoption done), `GET /proxies` (JSON: every Proxy's row with its health
 //! and egress IP), `GET /hosts` (JSON: every host's last check, [`HostHealth`]) and
 //! `GET /healthy.txt` (one `ip:port` per line of every Running proxy the health engine
@@ -38,6 +39,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::hosthealth::HostHealth;
+use crate::metrics::MetricsFormat;
 use crate::status::StatusDocument;
 
 mod filters;
@@ -66,8 +68,8 @@ pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(60);
 pub trait Endpoints: Send + Sync + 'static {
     /// The current status document.
     fn status(&self) -> StatusDocument;
-    /// The metrics text.
-    fn metrics(&self) -> String;
+    /// The metrics text in `format`.
+    fn metrics(&self, format: MetricsFormat) -> String;
     /// Whether the config is loaded and the first adoption is done.
     fn ready(&self) -> bool;
     /// What `/readyz` says while [`Endpoints::ready`] is false (the Kubernetes driver has
@@ -222,11 +224,7 @@ pub fn handle_routes(
                 format!("cannot encode status: {e}\n"),
             ),
         },
-        "/metrics" => respond(
-            StatusCode::OK,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            ep.metrics(),
-        ),
+        "/metrics" => metrics(ep, None),
         "/proxies" => json(&ep.status().proxies),
         "/hosts" => json(&ep.hosts()),
         "/healthy.txt" => respond(
@@ -248,6 +246,12 @@ pub fn handle_routes(
         }
         _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
     }
+}
+
+/// `/metrics` in the format the `Accept` header negotiates ([`MetricsFormat::negotiate`]).
+pub fn metrics(ep: &dyn Endpoints, accept: Option<&str>) -> Response<Full<Bytes>> {
+    let format = MetricsFormat::negotiate(accept);
+    respond(StatusCode::OK, format.content_type(), ep.metrics(format))
 }
 
 /// Serves every route on `listener` until `shutdown` fires. Connections in flight end on
@@ -303,14 +307,23 @@ pub async fn serve_routes(
         tokio::spawn(async move {
             let _permit = permit;
             let svc = service_fn(move |req: Request<Incoming>| {
-                let r = handle_request(
-                    ep.as_ref(),
-                    Some(&history),
-                    routes,
-                    req.method(),
-                    req.uri().path(),
-                    req.uri().query(),
-                );
+                let path = req.uri().path();
+                let r = if path == "/metrics"
+                    && routes.serves(path)
+                    && (req.method() == Method::GET || req.method() == Method::HEAD)
+                {
+                    let accept = req.headers().get(hyper::header::ACCEPT);
+                    metrics(ep.as_ref(), accept.and_then(|v| v.to_str().ok()))
+                } else {
+                    handle_request(
+                        ep.as_ref(),
+                        Some(&history),
+                        routes,
+                        req.method(),
+                        path,
+                        req.uri().query(),
+                    )
+                };
                 async move { Ok::<_, Infallible>(r) }
             });
             let mut builder = http1::Builder::new();
@@ -341,7 +354,7 @@ mod tests {
                 manifest_errors: vec![],
             }
         }
-        fn metrics(&self) -> String {
+        fn metrics(&self, _: crate::metrics::MetricsFormat) -> String {
             "m 1\n".into()
         }
         fn ready(&self) -> bool {

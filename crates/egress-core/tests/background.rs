@@ -391,6 +391,7 @@ async fn a_changed_config_reloads_once_and_a_refused_reload_keeps_the_running_pr
             move |_| {
                 reloaded.fetch_add(1, Ordering::SeqCst);
             },
+            egress_core::metrics::Metrics::new(),
             stop.clone(),
         ))
     };

@@ -57,6 +57,7 @@ fn ptarget(n: u8, ep: ProxyEndpoint, expected: Option<&str>) -> ProbeTarget {
     ProbeTarget {
         uid: uid(n),
         key: format!("default/p{n}"),
+        entry: "local".into(),
         host: "h1".into(),
         endpoint: ep,
         expected_egress: expected.map(str::to_owned),

@@ -1,5 +1,6 @@
 //! What the Kubernetes driver shows about itself on `--listen`: `/metrics` (the core's
-//! [`Metrics`] plus the proxy health engine's, rendered by [`Exposition`]), `/healthz`,
+//! [`Metrics`], the proxy health engine's families included, rendered by [`Exposition`]),
+//! `/healthz`,
 //! `/readyz`, and the same read-only views as standalone mode (`/status`, `/proxies`,
 //! `/hosts`, `/healthy.txt`) built from the driver's watch cache. The HTTP server is the standalone one
 //! ([`egress_core::web::serve`]); this module only implements its
@@ -24,7 +25,7 @@ use egress_core::controller::Controller as Core;
 use egress_core::exposition::Exposition;
 use egress_core::health::{HealthEngine, HealthSettings};
 use egress_core::hosthealth::HostHealth;
-use egress_core::metrics::Metrics;
+use egress_core::metrics::{Metrics, MetricsFormat};
 use egress_core::model::Phase;
 use egress_core::status::{HostRow, ProxyStatusRow, StatusDocument};
 use egress_core::web::Endpoints;
@@ -52,9 +53,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Observer {
     /// A fresh observer (not ready); `health` turns the proxy health engine on. No I/O.
     pub fn new(health: Option<HealthSettings>) -> Self {
+        let metrics = Metrics::new();
         Self {
-            metrics: Metrics::new(),
-            health: health.map(|h| Arc::new(HealthEngine::new(h))),
+            health: health.map(|h| Arc::new(HealthEngine::with_metrics(h, metrics.health()))),
+            metrics,
             config_loaded: AtomicBool::new(false),
             leader: AtomicBool::new(false),
             api_ok: AtomicBool::new(false),
@@ -76,14 +78,18 @@ impl Observer {
         self.health.as_ref()
     }
 
-    /// Records that the provider config loaded.
+    /// Records that the provider config loaded (the first load is counted in the config
+    /// load metrics; reloads are counted by the config watch).
     pub fn set_config_loaded(&self, v: bool) {
-        self.config_loaded.store(v, Ordering::SeqCst);
+        if !self.config_loaded.swap(v, Ordering::SeqCst) && v {
+            self.metrics.config_loaded(true);
+        }
     }
 
     /// Records whether this replica leads.
     pub fn set_leader(&self, v: bool) {
         self.leader.store(v, Ordering::SeqCst);
+        self.metrics.set_leader(v);
     }
 
     /// Records whether the last Lease attempt reached the API server.
@@ -133,6 +139,8 @@ impl Observer {
     /// Drops the host rows of entries not in `entries` (removed from the config).
     pub fn retain_entries(&self, entries: &[String]) {
         lock(&self.hosts).retain(|(e, _), _| entries.contains(e));
+        self.metrics
+            .retain_hosts(|e, _| entries.iter().any(|x| x == e));
     }
 }
 
@@ -155,10 +163,10 @@ impl Endpoints for Observer {
         }
     }
 
-    fn metrics(&self) -> String {
+    fn metrics(&self, format: MetricsFormat) -> String {
         let core = lock(&self.core).clone();
         self.exposition
-            .render(&self.metrics, core.as_deref(), self.health.as_deref())
+            .render(&self.metrics, core.as_deref(), format)
     }
 
     fn ready(&self) -> bool {
@@ -226,11 +234,16 @@ mod tests {
             port: Some(3128),
             health: None,
         }]);
-        let t = Endpoints::metrics(&o);
+        let t = Endpoints::metrics(&o, MetricsFormat::Prometheus);
         assert!(
             t.contains("egress_proxies_proxies{phase=\"Running\"} 1"),
             "{t}"
         );
-        assert!(t.ends_with("# EOF\n"));
+        assert!(!t.contains("# EOF"), "the Prometheus text format has no EOF line");
+        let om = Endpoints::metrics(&o, MetricsFormat::OpenMetrics);
+        assert!(om.ends_with("# EOF\n"));
+        o.set_leader(true);
+        let t = Endpoints::metrics(&o, MetricsFormat::Prometheus);
+        assert!(t.contains("egress_proxies_leader 1"), "{t}");
     }
 }

@@ -648,7 +648,10 @@ async fn only_healthy_group_members_are_published_and_an_emptied_group_is_unpubl
     .await;
     // The served views of the Kubernetes mode.
     assert!(r.observer.ready());
-    let m = Endpoints::metrics(r.observer.as_ref());
+    let m = Endpoints::metrics(
+        r.observer.as_ref(),
+        egress_core::metrics::MetricsFormat::Prometheus,
+    );
     assert!(
         m.contains("egress_proxies_proxies{phase=\"Running\"} 2"),
         "{m}"

@@ -58,12 +58,9 @@ impl egress_core::web::Endpoints for Shared {
         self.status_document()
     }
 
-    fn metrics(&self) -> String {
-        self.exposition.render(
-            &self.metrics,
-            Some(&self.controller),
-            self.health.as_deref(),
-        )
+    fn metrics(&self, format: egress_core::metrics::MetricsFormat) -> String {
+        self.exposition
+            .render(&self.metrics, Some(&self.controller), format)
     }
 
     fn ready(&self) -> bool {

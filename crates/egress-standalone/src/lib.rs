@@ -258,6 +258,10 @@ pub async fn run_with_providers(
         Arc::clone(&providers),
         opts.controller.clone(),
     ));
+    let metrics = Metrics::new();
+    // Standalone acts on the fleet alone; the config was just loaded.
+    metrics.set_leader(true);
+    metrics.config_loaded(true);
     let shared = Arc::new(Shared {
         controller,
         providers: RwLock::new(providers),
@@ -268,9 +272,12 @@ pub async fn run_with_providers(
         directory_ok: AtomicBool::new(false),
         ready: AtomicBool::new(false),
         stopping: AtomicBool::new(false),
-        metrics: Metrics::new(),
+        health: opts
+            .health
+            .clone()
+            .map(|h| Arc::new(HealthEngine::with_metrics(h, metrics.health()))),
+        metrics,
         exposition: Exposition::new(),
-        health: opts.health.clone().map(|h| Arc::new(HealthEngine::new(h))),
         host_health: Mutex::new(BTreeMap::new()),
         queue: WorkQueue::default(),
         timers: Mutex::new(HashMap::new()),
@@ -356,6 +363,7 @@ pub async fn run_with_providers(
                 POLL_INTERVAL,
                 workers::reload_from(p),
                 move |providers| sh.providers_reloaded(providers, &path),
+                shared.metrics.clone(),
                 stop.clone(),
             ),
         );

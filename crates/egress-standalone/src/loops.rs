@@ -208,8 +208,9 @@ pub(crate) async fn worker(sh: Arc<Shared>, waits: AdoptionWaits, stop: Cancella
             .map(|o| (o.object.clone(), o.status.clone()));
         if let Some((obj, st)) = snap {
             if sh.is_adopted(&obj.spec.provider) {
+                let started = std::time::Instant::now();
                 let out = sh.controller.reconcile(&obj, &st, SystemTime::now()).await;
-                sh.apply_outcome(uid, &obj, out);
+                sh.apply_outcome(uid, &obj, out, started.elapsed());
             } else {
                 mark_awaiting_adoption(&sh, &waits, uid, &obj.spec.provider, obj.generation);
                 sh.schedule(uid, ADOPT_RETRY.min(POLL_INTERVAL));

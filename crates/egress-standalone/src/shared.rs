@@ -204,6 +204,8 @@ impl Shared {
         }
         hosts.retain(|k, _| keep.contains(k));
         lock(&self.host_health).retain(|k, _| keep.contains(k));
+        self.metrics
+            .retain_hosts(|e, h| keep.contains(&(e.to_owned(), h.to_owned())));
     }
 
     /// Merges a manifest scan into the objects: new and changed proxies are (re)queued,
@@ -211,6 +213,7 @@ impl Shared {
     /// that found no change costs O(1) here; one that did walks the set once.
     pub(crate) fn apply_desired(&self, d: &Desired) {
         *lock(&self.manifest_errors) = d.errors.clone();
+        self.metrics.set_manifests_rejected(d.errors.len());
         self.directory_ok.store(d.directory_ok, Ordering::SeqCst);
         if d.unchanged {
             // The set this process applied last: nothing new, nothing vanished (O(1)).
@@ -296,8 +299,15 @@ impl Shared {
         }
     }
 
-    /// Writes a reconcile's outcome back; forgets the Proxy when its deletion finalized.
-    pub(crate) fn apply_outcome(self: &Arc<Self>, uid: ProxyUid, obj: &ProxyObject, out: Outcome) {
+    /// Writes a reconcile's outcome (of a reconcile that took `elapsed`) back; forgets the
+    /// Proxy when its deletion finalized.
+    pub(crate) fn apply_outcome(
+        self: &Arc<Self>,
+        uid: ProxyUid,
+        obj: &ProxyObject,
+        out: Outcome,
+        elapsed: Duration,
+    ) {
         let key = format!("{}/{}", obj.namespace, obj.name);
         for ev in &out.events {
             match ev.kind {
@@ -314,7 +324,7 @@ impl Shared {
             .iter()
             .find(|e| e.kind == EventKind::Warning)
             .map(|e| e.reason.clone());
-        self.metrics.reconciled(error_class.as_deref());
+        self.metrics.reconciled(error_class.as_deref(), elapsed);
         let mut forget = false;
         {
             let mut objects = lock(&self.objects);

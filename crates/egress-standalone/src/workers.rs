@@ -190,6 +190,7 @@ impl ProxyHealthDriver for Shared {
                 ProbeTarget::of(
                     *uid,
                     format!("{}/{}", o.object.namespace, o.object.name),
+                    &o.object.spec.provider,
                     &o.object.spec.proxy,
                     o.object.credentials.as_ref(),
                     &o.status,

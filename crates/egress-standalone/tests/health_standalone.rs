@@ -189,8 +189,12 @@ async fn healthy_txt_and_proxies_list_only_the_healthy_member_with_its_egress_ip
         metrics.contains("egress_proxies_health_proxy_up{proxy=\"default/good\"} 1"),
         "{metrics}"
     );
-    assert!(metrics.trim_end().ends_with("# EOF"));
-    assert_eq!(metrics.matches("# EOF").count(), 1);
+    assert!(
+        metrics.contains("egress_proxies_health_proxies{state=\"Healthy\"} 1"),
+        "{metrics}"
+    );
+    // The Prometheus text format by default (no Accept header): no OpenMetrics EOF line.
+    assert!(!metrics.contains("# EOF"), "{metrics}");
 
     running.stop(WAIT).await;
     stop_dhcp.cancel();

@@ -157,7 +157,7 @@ async fn a_proxy_runs_is_served_on_status_and_metrics_and_deleting_its_manifest_
         "{m}"
     );
     assert!(
-        m.contains("egress_proxies_controller_creates_succeeded_total 1"),
+        m.contains("egress_proxies_instance_creates_total{result=\"ok\"} 1"),
         "{m}"
     );
     wait_status(r.addr, "host h1 checked", WAIT, |d| {

@@ -105,7 +105,7 @@ async fn the_image_bytes_metric_counts_what_creates_imported_once_per_import() {
     let r = start_standalone(w.options(), w.providers()).await;
     let (_, m) = get(r.addr, "/metrics").await;
     assert_eq!(
-        metric(&m, "egress_proxies_image_bytes_total"),
+        metric(&m, "egress_proxies_image_transferred_bytes_total"),
         Some(0),
         "{m}"
     );
@@ -114,7 +114,7 @@ async fn the_image_bytes_metric_counts_what_creates_imported_once_per_import() {
     wait_status(r.addr, "p1 Running", WAIT, running(&["p1"])).await;
     let (_, m) = get(r.addr, "/metrics").await;
     assert_eq!(
-        metric(&m, "egress_proxies_image_bytes_total"),
+        metric(&m, "egress_proxies_image_transferred_bytes_total"),
         Some(w.image_len),
         "the whole image was imported by p1's create: {m}"
     );
@@ -125,7 +125,7 @@ async fn the_image_bytes_metric_counts_what_creates_imported_once_per_import() {
     wait_status(r.addr, "p2 Running", WAIT, running(&["p1", "p2"])).await;
     let (_, m) = get(r.addr, "/metrics").await;
     assert_eq!(
-        metric(&m, "egress_proxies_image_bytes_total"),
+        metric(&m, "egress_proxies_image_transferred_bytes_total"),
         Some(w.image_len),
         "{m}"
     );
@@ -228,7 +228,7 @@ async fn proxies_refused_a_host_slot_start_as_soon_as_one_frees_without_waiting_
     assert_eq!(w.fakes["h1"].domains().len(), 3);
     let (_, m) = get(r.addr, "/metrics").await;
     assert!(
-        metric(&m, "egress_proxies_controller_host_busy_total").is_some_and(|n| n >= 1),
+        metric(&m, "egress_proxies_host_busy_refusals_total").is_some_and(|n| n >= 1),
         "some Proxy was refused the slot: {m}"
     );
     r.stop(WAIT).await;

@@ -8,6 +8,8 @@
 //! - File reads and the rebuild run on the blocking pool, never on the async threads; a file
 //!   over [`MAX_FINGERPRINT_FILE`] is fingerprinted by size and modification time only.
 //! - The first fingerprint is taken when the worker starts: only later changes reload.
+//! - Every load after a change is counted in `metrics` (`config_reloads_total` by result,
+//!   the last load's success and the time of the last successful one).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,6 +19,7 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use super::sleep_or_stop;
+use crate::metrics::Metrics;
 use crate::providers::Providers;
 
 /// Largest file read when fingerprinting by content.
@@ -85,13 +88,14 @@ impl WatchedFiles {
     }
 }
 
-/// Watches `files` every `interval` until `stop` is cancelled; after a change, runs `reload`
-/// and hands good providers to `reloaded`.
+/// Watches `files` every `interval` until `stop` is cancelled; after a change, runs `reload`,
+/// records its result in `metrics` and hands good providers to `reloaded`.
 pub async fn run(
     files: WatchedFiles,
     interval: Duration,
     reload: Reload,
     reloaded: impl Fn(Providers) + Send,
+    metrics: Metrics,
     stop: CancellationToken,
 ) {
     let files = Arc::new(files);
@@ -111,7 +115,9 @@ pub async fn run(
         }
         last = now;
         let r = Arc::clone(&reload);
-        match tokio::task::spawn_blocking(move || r()).await {
+        let result = tokio::task::spawn_blocking(move || r()).await;
+        metrics.config_loaded(matches!(result, Ok(Ok(_))));
+        match result {
             Ok(Ok(p)) => reloaded(p),
             Ok(Err(e)) => {
                 tracing::error!(error = %e, "provider reload refused; the running config stays");

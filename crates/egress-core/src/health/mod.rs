@@ -290,6 +290,8 @@ pub struct ProbeTarget {
     pub uid: ProxyUid,
     /// `namespace/name` (metrics label, logs).
     pub key: String,
+    /// Provider entry it runs under (per-host metrics: host names are unique per entry).
+    pub entry: String,
     /// Host it runs on (per-host metrics).
     pub host: String,
     /// How to reach it.
@@ -304,6 +306,7 @@ impl ProbeTarget {
     pub fn of(
         uid: ProxyUid,
         key: String,
+        entry: &str,
         spec: &crate::model::ProxySettings,
         credentials: Option<&ProxyCredentials>,
         status: &ProxyStatus,
@@ -315,6 +318,7 @@ impl ProbeTarget {
         Some(Self {
             uid,
             key,
+            entry: entry.to_owned(),
             host: status.host.clone().unwrap_or_default(),
             endpoint: ProxyEndpoint {
                 addr: SocketAddr::new(ip, spec.port),
@@ -350,12 +354,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl HealthEngine {
-    /// An engine with no state yet. No I/O.
+    /// An engine with no state yet, its metrics in a registry of their own (exported
+    /// nowhere). No I/O.
     pub fn new(settings: HealthSettings) -> Self {
+        Self::with_metrics(settings, HealthMetrics::new())
+    }
+
+    /// An engine with no state yet recording into `metrics` (the operator registry's,
+    /// [`crate::metrics::Metrics::health`]). No I/O.
+    pub fn with_metrics(settings: HealthSettings, metrics: HealthMetrics) -> Self {
         Self {
             settings,
             states: Mutex::new(HashMap::new()),
-            metrics: HealthMetrics::new(),
+            metrics,
         }
     }
 
@@ -412,14 +423,22 @@ impl HealthEngine {
             if health.consecutive_failures == 0 {
                 succeeded += 1;
             }
-            self.metrics.observe(&t.key, &t.host, &result, health.state);
+            self.metrics
+                .observe(&t.key, &t.entry, &t.host, &result, health.state);
             tracing::debug!(proxy = %t.key, state = ?health.state, reason = %health.reason, "health probe");
         }
+        self.count_states();
         RoundReport {
             probed,
             succeeded,
             elapsed: start.elapsed(),
         }
+    }
+
+    /// Refreshes the per-state gauge from the states kept.
+    fn count_states(&self) {
+        let states: Vec<HealthState> = lock(&self.states).values().map(|h| h.state).collect();
+        self.metrics.set_states(states);
     }
 
     /// The current state of `uid`.
@@ -431,11 +450,13 @@ impl HealthEngine {
     pub fn forget(&self, uid: &ProxyUid, key: &str) {
         lock(&self.states).remove(uid);
         self.metrics.forget(key);
+        self.count_states();
     }
 
     /// Keeps only the Proxies for which `live` holds (the others were deleted).
     pub fn retain(&self, live: impl Fn(&ProxyUid) -> bool) {
         lock(&self.states).retain(|u, _| live(u));
+        self.count_states();
     }
 
     /// The pause before the next round: interval plus a random share of the jitter.

@@ -104,7 +104,7 @@ async fn a_new_address_resets_the_state_but_an_unprobed_round_keeps_it() {
         ip: None,
         ..ProxyStatus::default()
     };
-    assert!(ProbeTarget::of(uid, "default/p1".into(), &spec, None, &gap).is_none());
+    assert!(ProbeTarget::of(uid, "default/p1".into(), "local", &spec, None, &gap).is_none());
     // ... and rounds that do not probe it keep its state, Healthy, with its counts.
     let engine = HealthEngine::new(settings());
     lock(&engine.states).insert(uid, h.clone());
@@ -130,7 +130,7 @@ async fn a_new_address_resets_the_state_but_an_unprobed_round_keeps_it() {
     );
     // The same address back: one more success, still Healthy (no start over).
     let back = running();
-    let target = ProbeTarget::of(uid, "default/p1".into(), &spec, None, &back).unwrap();
+    let target = ProbeTarget::of(uid, "default/p1".into(), "local", &spec, None, &back).unwrap();
     assert_eq!(target.endpoint.addr, addr());
     h.record(addr(), &ok("203.0.113.7"), None, &s, t(3));
     assert_eq!(h.state, HealthState::Healthy);

@@ -309,7 +309,7 @@ mod tests {
             fn status(&self) -> StatusDocument {
                 doc(vec![host("h1", "Ready")], vec![])
             }
-            fn metrics(&self) -> String {
+            fn metrics(&self, _: crate::metrics::MetricsFormat) -> String {
                 String::new()
             }
             fn ready(&self) -> bool {

@@ -444,7 +444,7 @@ impl Endpoints for Fixed {
     fn status(&self) -> StatusDocument {
         self.0.clone()
     }
-    fn metrics(&self) -> String {
+    fn metrics(&self, _: crate::metrics::MetricsFormat) -> String {
         String::new()
     }
     fn ready(&self) -> bool {

@@ -365,6 +365,7 @@ pub async fn run_with(
                 stats.reloads.fetch_add(1, Ordering::Relaxed);
                 providers_tx.send_replace(Arc::new(p));
             },
+            observer.metrics().clone(),
             shutdown.clone(),
         ));
     }

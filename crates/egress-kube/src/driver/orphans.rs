@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use egress_core::background::gc::GcDriver;
-use egress_core::gc::GcReport;
+use egress_core::gc::{self, GcReport};
+use egress_core::metrics::Metrics;
 use egress_core::providers::Providers;
 use egress_provider::ProxyUid;
 use kube::Client;
@@ -26,19 +27,22 @@ pub(super) struct ClusterGc {
     all: Api<Proxy>,
     providers: watch::Receiver<Arc<Providers>>,
     stats: Arc<DriverStats>,
+    metrics: Metrics,
 }
 
 impl ClusterGc {
-    /// GC over the providers `providers` holds, counting passes in `stats`.
+    /// GC over the providers `providers` holds, counting passes in `stats` and `metrics`.
     pub(super) fn new(
         client: Client,
         providers: watch::Receiver<Arc<Providers>>,
         stats: Arc<DriverStats>,
+        metrics: Metrics,
     ) -> Self {
         Self {
             all: Api::all(client),
             providers,
             stats,
+            metrics,
         }
     }
 }
@@ -81,5 +85,14 @@ impl GcDriver for ClusterGc {
     fn collected(&self, report: &GcReport) {
         self.stats.gc_passes.fetch_add(1, Ordering::Relaxed);
         tracing::info!(%report, "GC pass");
+        let deleted = report.with_action(gc::Action::Deleted).count();
+        self.metrics.gc_ran(
+            if report.is_clean() {
+                "ok"
+            } else {
+                "incomplete"
+            },
+            u64::try_from(deleted).unwrap_or(u64::MAX),
+        );
     }
 }

@@ -43,7 +43,14 @@ impl ProxyHealthDriver for CacheTargets {
                 let uid = uid_of(p)?;
                 let status = p.status.as_ref()?;
                 let c = creds.get(&uid).cloned().flatten();
-                ProbeTarget::of(uid, key_of(p), &p.spec.proxy, c.as_ref(), status)
+                ProbeTarget::of(
+                    uid,
+                    key_of(p),
+                    &p.spec.provider,
+                    &p.spec.proxy,
+                    c.as_ref(),
+                    status,
+                )
             })
             .collect()
     }

@@ -74,6 +74,7 @@ pub(super) async fn reconcile_inner(p: &Proxy, ctx: &Ctx) -> Result<Action, Reco
         credentials,
     };
     let current = p.status.clone().unwrap_or_default();
+    let started = std::time::Instant::now();
     let mut out: Outcome = ctx.core.reconcile(&obj, &current, SystemTime::now()).await;
     if let Some(engine) = ctx.observer.health() {
         health::apply_to_status(
@@ -89,7 +90,9 @@ pub(super) async fn reconcile_inner(p: &Proxy, ctx: &Ctx) -> Result<Action, Reco
         .iter()
         .find(|e| e.kind == EventKind::Warning)
         .map(|e| e.reason.clone());
-    ctx.observer.metrics().reconciled(error_class.as_deref());
+    ctx.observer
+        .metrics()
+        .reconciled(error_class.as_deref(), started.elapsed());
     if out.status != current && !(out.finalized && deleting) {
         write_status(&api, &name, &out.status).await?;
     }

@@ -81,6 +81,7 @@ pub(super) async fn run_term(
                 client.clone(),
                 providers_rx.clone(),
                 stats.clone(),
+                observer.metrics().clone(),
             )),
             opts.gc.clone(),
             opts.gc_interval,

@@ -165,6 +165,10 @@ pub struct ConfigArg {
 pub fn run(cli: Cli) -> ExitCode {
     init_tracing(default_log_level(&cli.command), cli.log_format);
     output::set_global(cli.output);
+    egress_core::metrics::set_build_info(
+        env!("CARGO_PKG_VERSION"),
+        option_env!("EGRESS_PROXIES_GIT_COMMIT").unwrap_or("unknown"),
+    );
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

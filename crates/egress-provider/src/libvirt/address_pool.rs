@@ -318,15 +318,18 @@ fn parse_family(
     }
     ranges.sort_by_key(|(a, _, _)| num(*a));
     for w in ranges.windows(2) {
-        let ((_, e1, i1), (s2, _, i2)) = (w[0], w[1]);
-        if num(s2) <= num(e1) {
+        let [(_, e1, i1), (s2, _, i2)] = w else {
+            continue;
+        };
+        if num(*s2) <= num(*e1) {
+            let (later, earlier) = ((*i1).max(*i2), (*i1).min(*i2));
+            let text = |i: usize| f.ranges.get(i).map_or("", String::as_str);
             err(
-                format!("{fam}.ranges[{}]", i1.max(i2)),
+                format!("{fam}.ranges[{later}]"),
                 format!(
-                    "{:?} overlaps {fam}.ranges[{}] ({:?})",
-                    f.ranges[i1.max(i2)],
-                    i1.min(i2),
-                    f.ranges[i1.min(i2)]
+                    "{:?} overlaps {fam}.ranges[{earlier}] ({:?})",
+                    text(later),
+                    text(earlier)
                 ),
             );
         }

@@ -99,7 +99,14 @@ async fn the_oldest_unused_bases_make_room_and_a_base_in_use_is_never_removed() 
         e.limits.max_bases = 3;
         e.limits.max_url_images = 2;
         let mut imgs = BTreeMap::new();
-        for (k, seed) in [("a", 1usize), ("b", 2), ("c", 3), ("d", 4), ("e", 5), ("f", 6)] {
+        for (k, seed) in [
+            ("a", 1usize),
+            ("b", 2),
+            ("c", 3),
+            ("d", 4),
+            ("e", 5),
+            ("f", 6),
+        ] {
             let img = qcow2(8 * MIB, seed * 100);
             let url = server.route(&format!("/{k}"), Route::new(img.clone()));
             e.images.insert(
@@ -227,4 +234,185 @@ fn handle(
     name: &str,
 ) -> libvirt_remote::proto::StorageVol {
     egress_provider::libvirt::image::cache::handle(pool, name, "")
+}
+
+mod real {
+    //! The same on the real libvirtd (its unix socket), in a private pool of the test's own.
+    use super::*;
+    use std::path::PathBuf;
+    use std::process::Command;
+
+    fn virsh(args: &[&str]) -> std::process::Output {
+        Command::new("timeout")
+            .args(["60", "virsh", "-c", "qemu:///system"])
+            .args(args)
+            .output()
+            .expect("virsh")
+    }
+
+    fn unique(what: &str) -> String {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        format!(
+            "eptest-evict-{what}-{}-{:08x}",
+            now.as_secs(),
+            now.subsec_nanos() ^ std::process::id()
+        )
+    }
+
+    /// A transient dir pool and a domain name of the test's own; both removed on drop.
+    struct Guard {
+        pool: String,
+        dir: PathBuf,
+        domain: String,
+    }
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            let _ = virsh(&["undefine", &self.domain]);
+            let _ = virsh(&["pool-destroy", &self.pool]);
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    struct UnixBulk;
+
+    #[async_trait]
+    impl BulkConnect for UnixBulk {
+        async fn open(&self) -> Result<Client, ProviderError> {
+            let t = libvirt_remote::transport::unix::connect(
+                "/run/libvirt/libvirt-sock",
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|e| ProviderError::transient(format!("unix: {e}")))?;
+            Client::open(t, OpenOptions::default())
+                .await
+                .map_err(|e| ProviderError::transient(format!("libvirt open: {e}")))
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_real_daemon_keeps_a_base_a_shut_off_domain_uses_and_evicts_the_oldest_unused() {
+        let g = Guard {
+            pool: unique("pool"),
+            dir: std::env::temp_dir().join(unique("dir")),
+            domain: unique("vm"),
+        };
+        println!("eptest: pool {} domain {}", g.pool, g.domain);
+        std::fs::create_dir_all(&g.dir).unwrap();
+        let out = virsh(&[
+            "pool-create-as",
+            &g.pool,
+            "dir",
+            "--target",
+            g.dir.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "pool-create-as: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tokio::time::timeout(BUDGET, async {
+            let bulk = UnixBulk;
+            let client = bulk.open().await.unwrap();
+            let pool = client.pool_lookup_by_name(&g.pool).await.unwrap();
+            let server = ImageServer::start().await;
+            let mut e = LibvirtEntry {
+                name: "eptestev".into(),
+                hosts: Vec::new(),
+                images: BTreeMap::new(),
+                url_images: Default::default(),
+                max_image_bytes: 64 * MIB,
+                guest: GuestSettings::default(),
+                timeouts: Timeouts::default(),
+                defaults: Default::default(),
+                limits: Default::default(),
+                policy: Default::default(),
+            };
+            e.limits.max_bases = 2;
+            let scratch = tempfile::tempdir().unwrap();
+            for (k, size) in [("a", "4M"), ("b", "5M"), ("c", "6M")] {
+                // NB: the real daemon runs qemu-img on the data: a real qcow2, by qemu-img.
+                let f = scratch.path().join(k);
+                let st = Command::new("qemu-img")
+                    .args(["create", "-q", "-f", "qcow2"])
+                    .arg(&f)
+                    .arg(size)
+                    .status()
+                    .unwrap();
+                assert!(st.success());
+                let img = std::fs::read(&f).unwrap();
+                let url = server.route(&format!("/{k}"), Route::new(img.clone()));
+                e.images.insert(
+                    k.into(),
+                    ImageSpec {
+                        url,
+                        sha256: Some(sha(&img)),
+                        format: ImageFormat::Qcow2,
+                        firmware: Firmware::Bios,
+                        ca_file: None,
+                    },
+                );
+            }
+            let fetch = FetchOptions {
+                allow_loopback_for_tests: true,
+                ..FetchOptions::default()
+            };
+            let t = Target {
+                entry: &e,
+                host: "real-import",
+                client: &client,
+                pool: &pool,
+                reserve_bytes: 0,
+                bulk: &bulk,
+                progress: &NoProgress,
+                fetch: &fetch,
+            };
+            let a = image::ensure_base(&t, "a").await.unwrap();
+            tokio::time::sleep(NEXT_SECOND).await;
+            let b = image::ensure_base(&t, "b").await.unwrap();
+            // A shut-off domain whose disk is an overlay outside the pool, its chain declared
+            // down to a's base: libvirt keeps the declared chain in the definition.
+            let xml = format!(
+                "<domain type='qemu'><name>{}</name><memory unit='MiB'>64</memory>\
+                 <vcpu>1</vcpu><os><type arch='x86_64'>hvm</type></os><devices>\
+                 <disk type='file' device='disk'><driver name='qemu' type='qcow2'/>\
+                 <source file='{}/elsewhere.qcow2'/><backingStore type='file'>\
+                 <format type='qcow2'/><source file='{}'/><backingStore/></backingStore>\
+                 <target dev='vda' bus='virtio'/></disk></devices></domain>",
+                g.domain,
+                std::env::temp_dir().display(),
+                a.path
+            );
+            let dom = client.domain_define_xml(&xml, 0).await.unwrap();
+            let _ = dom;
+            let files = |b: &Base| {
+                let data = b.data_path.as_deref().unwrap().to_owned();
+                [b.path.clone(), format!("{}.marker", b.path), data]
+                    .into_iter()
+                    .filter(|p| std::path::Path::new(p).exists())
+                    .count()
+            };
+            assert_eq!((files(&a), files(&b)), (3, 3));
+            // c needs room; a is the oldest but in use: b goes. Seen from another host name,
+            // so "recently handed out" does not protect them.
+            let c = image::ensure_base(
+                &Target {
+                    host: "real-h1",
+                    ..t
+                },
+                "c",
+            )
+            .await
+            .unwrap();
+            assert!(c.imported);
+            assert_eq!(files(&a), 3, "a (in use by the shut-off domain) kept");
+            assert_eq!(files(&b), 0, "b removed: base, marker and data");
+            assert_eq!(files(&c), 3);
+        })
+        .await
+        .expect("within the budget");
+    }
 }

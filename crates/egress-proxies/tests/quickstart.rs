@@ -499,6 +499,17 @@ impl Running {
     }
 }
 
+/// The script's own lines from `stopping` on (shown with `--nocapture`).
+fn stop_lines(text: &str) -> String {
+    let from = text.rfind("[quickstart] stopping\n").unwrap_or(0);
+    text.get(from..)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("[quickstart]"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Every process (pid, start time, command line) the running quickstart may have started:
 /// its descendants, whatever names its directory, whatever runs in its namespace.
 fn started_by(root: u32, needle: &str, netns: &str) -> Vec<(u32, u64, String)> {
@@ -628,6 +639,7 @@ fn interrupted_it_stops_within_a_second_and_leaves_no_process_domain_volume_or_n
     }
     let (reacted, stopped, status) = qs.interrupt("-INT", &format!("-{pgid}"));
     eprintln!("SIGINT: stopping after {reacted:?}, all stopped after {stopped:?}");
+    eprintln!("{}", stop_lines(&qs.text()));
     assert!(
         reacted <= REACTION,
         "SIGINT: `stopping` only after {reacted:?}:\n{}",
@@ -652,6 +664,7 @@ fn interrupted_it_stops_within_a_second_and_leaves_no_process_domain_volume_or_n
     let procs = started_by(pgid, &needle, &netns);
     let (reacted, stopped, status) = qs.interrupt("-TERM", &pgid.to_string());
     eprintln!("SIGTERM: stopping after {reacted:?}, all stopped after {stopped:?}");
+    eprintln!("{}", stop_lines(&qs.text()));
     assert!(
         reacted <= REACTION,
         "SIGTERM: `stopping` only after {reacted:?}:\n{}",

@@ -1012,13 +1012,11 @@ spec:\n  provider: local\n  image: tiny\n  proxy:\n    allowedClientCidrs: [10.0
             p.credentials.as_ref().unwrap().password,
             "inside-the-directory-pw"
         );
-        for d in [&d] {
-            assert!(
-                !d.errors
-                    .iter()
-                    .any(|e| e.contains("outside-the-directory-pw"))
-            );
-        }
+        assert!(
+            !d.errors
+                .iter()
+                .any(|e| e.contains("outside-the-directory-pw"))
+        );
     }
 
     #[test]

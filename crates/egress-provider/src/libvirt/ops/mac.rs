@@ -53,7 +53,7 @@ pub async fn mac_user(
         .buffer_unordered(MAC_READS_IN_FLIGHT);
     while let Some(r) = reads.next().await {
         if let Some((name, xml)) = r?
-            && macs_in(&xml).iter().any(|m| *m == want)
+            && macs_in(&xml).contains(&want)
         {
             return Ok(Some(name));
         }

@@ -255,8 +255,9 @@ fn helm_refuses_values_of_the_wrong_type_range_or_spelling() {
 
 #[test]
 fn two_releases_of_one_name_in_two_namespaces_share_no_object_name() {
-    // Both watch the same namespace, so each has a Role there too.
-    let values = r#"{"watchNamespace":"team-a"}"#;
+    // Both watch the same namespace, so each has a Role there too, and both put their
+    // Grafana dashboard in the sidecar's namespace; every optional object is on.
+    let values = r#"{"watchNamespace":"team-a","status":{"enabled":true,"address":"0.0.0.0"},"networkPolicy":{"enabled":true},"metrics":{"serviceMonitor":{"enabled":true},"prometheusRule":{"enabled":true},"grafanaDashboard":{"enabled":true,"namespace":"monitoring"}}}"#;
     let a = render_as(values, "egress-proxies", "ops-a");
     let b = render_as(values, "egress-proxies", "ops-b");
     let (ka, kb) = (keys(&a), keys(&b));
@@ -280,8 +281,8 @@ fn two_releases_of_one_name_in_two_namespaces_share_no_object_name() {
             }
         }
         assert_eq!(
-            foreign, 4,
-            "ClusterRole, ClusterRoleBinding, Role and RoleBinding"
+            foreign, 5,
+            "ClusterRole, ClusterRoleBinding, Role, RoleBinding and the dashboard ConfigMap"
         );
     }
     // Two names in one namespace: no object and no Lease in common either.

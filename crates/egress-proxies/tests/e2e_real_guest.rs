@@ -764,7 +764,15 @@ async fn inside_the_namespace() {
     );
     // A compromised guest: root, with the guest's firewall flushed, connects directly. The
     // NIC's network filter (on the host) still rejects the denied address; the lifted
-    // gateway still answers.
+    // gateway still answers. The filter sees bridged traffic only with bridge netfilter on.
+    let brnf =
+        std::fs::read_to_string("/proc/sys/net/bridge/bridge-nf-call-iptables").unwrap_or_default();
+    assert_eq!(
+        brnf.trim(),
+        "1",
+        "bridge netfilter is off in {LIBVIRT_NETNS} (modprobe br_netfilter; sysctl \
+         net.bridge.bridge-nf-call-iptables=1): libvirt's network filters cannot see guest traffic"
+    );
     let t_exec = Instant::now();
     let direct = |target: SocketAddr| {
         format!(

@@ -10,10 +10,12 @@
 //! its state (finding H3). The worker runs only while this replica leads (it is started with
 //! the term's stop token).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use egress_core::background::proxy_health::{self, ProxyHealthDriver};
+use egress_core::controller::ProxyCredentials;
 use egress_core::health::{HealthEngine, ProbeTarget, RoundReport};
 use egress_provider::ProxyUid;
 use kube::Resource;
@@ -38,20 +40,7 @@ impl ProxyHealthDriver for CacheTargets {
         self.store
             .state()
             .iter()
-            .filter(|p| p.meta().deletion_timestamp.is_none())
-            .filter_map(|p| {
-                let uid = uid_of(p)?;
-                let status = p.status.as_ref()?;
-                let c = creds.get(&uid).cloned().flatten();
-                ProbeTarget::of(
-                    uid,
-                    key_of(p),
-                    &p.spec.provider,
-                    &p.spec.proxy,
-                    c.as_ref(),
-                    status,
-                )
-            })
+            .filter_map(|p| target_of(p, &creds, |uid| self.ctx.core.verified_address(uid)))
             .collect()
     }
 
@@ -66,6 +55,40 @@ impl ProxyHealthDriver for CacheTargets {
     fn round_done(&self, _engine: &HealthEngine, _report: &RoundReport) {
         self.wake.notify_one();
     }
+}
+
+/// The probe target of `p` (none while it is being deleted, not Running, or has no address
+/// from the provider), aimed at `verified(uid)`: see [`at_verified`].
+fn target_of(
+    p: &Proxy,
+    creds: &HashMap<ProxyUid, Option<ProxyCredentials>>,
+    verified: impl Fn(&ProxyUid) -> Option<IpAddr>,
+) -> Option<ProbeTarget> {
+    if p.meta().deletion_timestamp.is_some() {
+        return None;
+    }
+    let uid = uid_of(p)?;
+    let status = p.status.as_ref()?;
+    let c = creds.get(&uid).cloned().flatten();
+    let target = ProbeTarget::of(
+        uid,
+        key_of(p),
+        &p.spec.provider,
+        &p.spec.proxy,
+        c.as_ref(),
+        status,
+    )?;
+    at_verified(target, verified(&uid))
+}
+
+/// `target` aimed at `verified`, the address the provider last reported for the Proxy's
+/// instance to this process (see [`egress_core::controller::Controller::verified_address`]),
+/// whatever `status.ip` in the API says: whoever may write a Proxy's status could otherwise
+/// point the operator's probes, and the proxy's credentials, anywhere. `None` (no probe) while
+/// the provider has reported no address.
+fn at_verified(mut target: ProbeTarget, verified: Option<IpAddr>) -> Option<ProbeTarget> {
+    target.endpoint.addr.set_ip(verified?);
+    Some(target)
 }
 
 /// Leader-only: once the watch cache synced, runs the proxy health engine over every Running
@@ -84,4 +107,58 @@ pub(super) async fn run(
     }
     let targets = Arc::new(CacheTargets { ctx, store, wake });
     proxy_health::run(targets, engine, stop).await;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::net::SocketAddr;
+
+    use egress_core::model::{Phase, ProxySettings, ProxySpec, ProxyStatus};
+
+    use super::*;
+    use crate::api::ProxyCrdSpec;
+
+    const UID: &str = "0f8fad5b-d9cb-469f-a165-708677289501";
+
+    /// A Running Proxy whose `status.ip` someone rewrote to an internal address.
+    fn proxy() -> Proxy {
+        let mut p = Proxy::new(
+            "p",
+            ProxyCrdSpec(ProxySpec {
+                provider: "home".into(),
+                host: None,
+                image: "tiny".into(),
+                resources: Default::default(),
+                proxy: ProxySettings {
+                    port: 3128,
+                    allowed_client_cidrs: vec!["10.0.0.0/8".into()],
+                    ..ProxySettings::default()
+                },
+            }),
+        );
+        p.metadata.namespace = Some("ns".into());
+        p.metadata.uid = Some(UID.into());
+        p.status = Some(ProxyStatus {
+            phase: Phase::Running,
+            ip: Some("10.0.0.1".into()),
+            host: Some("h1".into()),
+            ..ProxyStatus::default()
+        });
+        p
+    }
+
+    #[test]
+    fn the_probe_goes_to_the_providers_address_never_to_the_one_in_status() {
+        let uid = ProxyUid::parse_strict(UID).unwrap();
+        let verified: IpAddr = "192.168.122.7".parse().unwrap();
+        let creds = HashMap::new();
+        let t = target_of(&proxy(), &creds, |u| (*u == uid).then_some(verified)).unwrap();
+        assert_eq!(t.endpoint.addr, SocketAddr::new(verified, 3128));
+        assert!(
+            target_of(&proxy(), &creds, |_| None).is_none(),
+            "no address from the provider: no probe, whatever the status says"
+        );
+    }
 }

@@ -429,6 +429,37 @@ fn refuses_to_move_a_libvirtd_that_systemd_manages_or_that_has_domains_and_chang
         list.lines().any(|l| l.trim() == dom),
         "the domain is gone: {list}"
     );
+
+    // EP_QUICKSTART_MOVE_LIBVIRTD=1 goes on: systemd's units are stopped first. (A missing
+    // guest image then ends the run before it creates anything.)
+    let mut c = quickstart(&state, &target_ns);
+    c.env("EP_QUICKSTART_LIBVIRTD_SOCKET", lv.socket())
+        .env("EP_QUICKSTART_LIBVIRTD_PIDFILE", lv.pidfile())
+        .env("EP_QUICKSTART_MOVE_LIBVIRTD", "1")
+        .env(
+            "EP_QUICKSTART_IMAGE",
+            tmp.path().join("no-such-image.qcow2"),
+        )
+        .env("PATH", path_with(&fake));
+    let (status, out) = run_with_deadline(c, REFUSAL_DEADLINE);
+    assert_ne!(status.code(), Some(3), "move: refused anyway:\n{out}");
+    assert!(
+        out.contains("EP_QUICKSTART_MOVE_LIBVIRTD=1: moving libvirtd although"),
+        "move: {out}"
+    );
+    let calls = std::fs::read_to_string(tmp.path().join("systemctl.log")).unwrap();
+    let stop = calls
+        .lines()
+        .find(|l| l.starts_with("stop "))
+        .unwrap_or_default();
+    assert!(
+        stop.contains("libvirtd.service") && stop.contains("libvirtd.socket"),
+        "move: {calls}"
+    );
+    assert!(
+        !netns_exists(&target_ns),
+        "move: the target namespace was created"
+    );
 }
 
 /// The quickstart running in private mode, its stderr in a file the test reads as it grows.
@@ -651,6 +682,12 @@ fn interrupted_it_stops_within_a_second_and_leaves_no_process_domain_volume_or_n
         "{}",
         qs.text()
     );
+    // Each process was stopped in order, none needed the namespace's last sweep.
+    assert!(
+        !qs.text().contains("stopping what is left"),
+        "SIGINT:\n{}",
+        qs.text()
+    );
     assert_left_nothing("SIGINT", &procs, &needle, &netns, &state);
 
     // 2. A re-run on the same state, SIGTERM to the script alone, once the operator started.
@@ -671,6 +708,12 @@ fn interrupted_it_stops_within_a_second_and_leaves_no_process_domain_volume_or_n
         qs.text()
     );
     assert_eq!(status.code(), Some(143), "SIGTERM:\n{}", qs.text());
+    // Each process was stopped in order, none needed the namespace's last sweep.
+    assert!(
+        !qs.text().contains("stopping what is left"),
+        "SIGTERM:\n{}",
+        qs.text()
+    );
     assert_left_nothing("SIGTERM", &procs, &needle, &netns, &state);
 
     assert_eq!(

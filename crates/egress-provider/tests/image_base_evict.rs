@@ -236,6 +236,87 @@ fn handle(
     egress_provider::libvirt::image::cache::handle(pool, name, "")
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_max_url_images_only_an_unused_url_image_base_makes_room() {
+    tokio::time::timeout(BUDGET, async {
+        let fake = FakeLibvirt::new();
+        fake.add_pool(PoolSpec::new(POOL).capacity(400 * MIB).path("/pool"))
+            .unwrap();
+        let bulk = FakeBulk(fake.clone());
+        let client = bulk.open().await.unwrap();
+        let pool = client.pool_lookup_by_name(POOL).await.unwrap();
+        let server = ImageServer::start().await;
+        let (a, u1, u2) = (
+            qcow2(8 * MIB, 100),
+            qcow2(8 * MIB, 200),
+            qcow2(8 * MIB, 300),
+        );
+        let ua = server.route("/a", Route::new(a.clone()));
+        let uu1 = server.route("/u1", Route::new(u1.clone()));
+        let uu2 = server.route("/u2", Route::new(u2.clone()));
+        let mut e = LibvirtEntry {
+            name: "home".into(),
+            hosts: Vec::new(),
+            images: BTreeMap::new(),
+            url_images: UrlImagePolicy {
+                enabled: true,
+                allowed_hosts: vec![format!("127.0.0.1:{}", server.addr.port())],
+            },
+            max_image_bytes: 64 * MIB,
+            guest: GuestSettings::default(),
+            timeouts: Timeouts::default(),
+            defaults: Default::default(),
+            limits: Default::default(),
+            policy: Default::default(),
+        };
+        e.limits.max_bases = 10;
+        e.limits.max_url_images = 1;
+        e.images.insert(
+            "a".into(),
+            ImageSpec {
+                url: ua,
+                sha256: Some(sha(&a)),
+                format: ImageFormat::Qcow2,
+                firmware: Firmware::Bios,
+                ca_file: None,
+            },
+        );
+        let fetch = FetchOptions {
+            allow_loopback_for_tests: true,
+            ..FetchOptions::default()
+        };
+        let t = Target {
+            entry: &e,
+            host: "import",
+            client: &client,
+            pool: &pool,
+            reserve_bytes: 0,
+            bulk: &bulk,
+            progress: &NoProgress,
+            fetch: &fetch,
+        };
+        let ba = image::ensure_base(&t, "a").await.unwrap();
+        tokio::time::sleep(NEXT_SECOND).await;
+        let b1 = image::ensure_base(&t, &format!("{uu1}#sha256={}", sha(&u1)))
+            .await
+            .unwrap();
+        // The catalogue base a is older and unused, but only a URL-image base frees a URL
+        // image's room.
+        let b2 = image::ensure_base(
+            &Target { host: "h1", ..t },
+            &format!("{uu2}#sha256={}", sha(&u2)),
+        )
+        .await
+        .unwrap();
+        assert!(b2.imported);
+        assert!(base_vols(&fake, &b1).is_empty(), "u1 removed");
+        assert_eq!(base_vols(&fake, &ba).len(), 3, "a kept");
+        assert_eq!(base_vols(&fake, &b2).len(), 3);
+    })
+    .await
+    .expect("within the budget");
+}
+
 mod real {
     //! The same on the real libvirtd (its unix socket), in a private pool of the test's own.
     use super::*;

@@ -161,3 +161,74 @@ fn unknown_fields_are_refused() {
         serde_saphyr::from_str::<ProxyPoolSpec>(&format!("{TEMPLATE}rotation:\n  maxAgee: 1h\n"));
     assert!(r.unwrap_err().to_string().contains("maxAgee"));
 }
+
+#[test]
+fn the_users_page_documents_every_spec_field_with_its_default() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/pools.md"))
+        .unwrap();
+    let rows = [
+        ("replicas", "`1`"),
+        ("template", "(required)"),
+        ("placement.maxPerHost", "unset"),
+        ("placement.hosts", "all hosts"),
+        ("rotation.maxAge", "unset"),
+        ("update.maxSurge", "`1`"),
+        ("update.maxUnavailable", "`0`"),
+        ("autohealing.enabled", "`true`"),
+        ("autohealing.unhealthyAfter", "`5m`"),
+        ("autohealing.backoff.initial", "`30s`"),
+        ("autohealing.backoff.max", "`10m`"),
+        ("scaleIn.order", "`OldestFirst`"),
+        ("credentials.generate", "`false`"),
+    ];
+    for (field, default) in rows {
+        let row = format!("| `{field}` | {default}");
+        assert!(doc.contains(&row), "docs/pools.md lacks the row {row}");
+    }
+    // The defaults in the table are the code's.
+    let full = serde_json::to_value(spec("")).unwrap();
+    assert_eq!(full["update"]["maxSurge"], 1);
+    assert_eq!(full["update"]["maxUnavailable"], 0);
+    assert_eq!(full["autohealing"]["unhealthyAfter"], "5m");
+    assert_eq!(full["autohealing"]["backoff"]["initial"], "30s");
+    assert_eq!(full["autohealing"]["backoff"]["max"], "10m");
+    assert_eq!(full["autohealing"]["enabled"], true);
+    assert_eq!(full["scaleIn"]["order"], "OldestFirst");
+    assert_eq!(full["replicas"], 1);
+    // Every field the spec serializes is in the table.
+    let mut keys = Vec::new();
+    let mut st = vec![(String::new(), full)];
+    while let Some((prefix, v)) = st.pop() {
+        if let serde_json::Value::Object(m) = v {
+            for (k, v) in m {
+                let path = if prefix.is_empty() {
+                    k
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                if path != "template" {
+                    st.push((path.clone(), v));
+                }
+                keys.push(path);
+            }
+        }
+    }
+    let mut with_all = serde_json::to_value(spec(
+        "placement:\n  maxPerHost: 1\n  hosts: [a]\nrotation:\n  maxAge: 1h\ncredentials:\n  generate: false\n",
+    ))
+    .unwrap();
+    for section in ["placement", "rotation"] {
+        for k in with_all[section].as_object_mut().unwrap().keys() {
+            keys.push(format!("{section}.{k}"));
+        }
+    }
+    keys.push("credentials.generate".into());
+    for k in keys {
+        let is_leaf_or_section =
+            doc.contains(&format!("| `{k}` |")) || doc.contains(&format!("| `{k}.",));
+        assert!(
+            is_leaf_or_section,
+            "docs/pools.md does not document spec.{k}"
+        );
+    }
+}

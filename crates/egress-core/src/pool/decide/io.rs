@@ -96,7 +96,12 @@ pub struct DeleteMember {
 }
 
 /// What the pool decision decided. A driver carries it out in this order: generate the
-/// credentials (when asked), create, delete, then write the status.
+/// credentials (when asked), create, delete, then write the status. It decides again when
+/// the pool or any of its members changes, and after `requeue_after`.
+///
+/// NB: the members created here must be among the next round's members (a driver that
+/// learns of its own creates late, as a Kubernetes informer does, counts them as expected
+/// until it sees them); otherwise the next round creates them again.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PoolDecision {
     /// Generate the pool's credentials now (they do not exist and the pool generates them).

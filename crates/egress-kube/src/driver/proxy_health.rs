@@ -1,8 +1,9 @@
 //! The Kubernetes driver's side of the shared proxy health worker
 //! ([`egress_core::background::proxy_health`]): targets and the set of known Proxies come
 //! from the controller's watch cache, the credentials from what each Proxy's last reconcile
-//! read; after each round the publishing pass is woken, which merges the new states into
-//! status.
+//! read, and the address probed from the core controller (the one the provider reported,
+//! never `status.ip` as stored in the API); after each round the publishing pass is woken,
+//! which merges the new states into status.
 //!
 //! Guarantees: the first round starts only once the watch cache holds a complete first
 //! listing (so no Proxy's state is dropped for being missing from a partial cache); Proxies

@@ -92,20 +92,38 @@ fn every_family_without_per_host_or_per_object_labels_is_present_from_start() {
         }
         assert!(has_sample(&t, f), "{f} has no series at start:\n{t}");
     }
+    // An empty family is left out of the exposition altogether: name each one.
     for name in [
         "egress_proxies_build_info",
         "egress_proxies_leader",
+        "egress_proxies_proxies",
+        "egress_proxies_reconciles_total",
         "egress_proxies_reconcile_duration_seconds",
+        "egress_proxies_provider_errors_total",
+        "egress_proxies_instance_creates_total",
+        "egress_proxies_instance_creates_in_flight",
+        "egress_proxies_instance_deletes_total",
+        "egress_proxies_instance_deletes_in_flight",
+        "egress_proxies_instance_replacements_total",
+        "egress_proxies_host_busy_refusals_total",
+        "egress_proxies_gc_runs_total",
+        "egress_proxies_gc_deleted_instances_total",
+        "egress_proxies_image_transferred_bytes_total",
+        "egress_proxies_config_reloads_total",
         "egress_proxies_config_last_reload_successful",
+        "egress_proxies_config_last_reload_success_timestamp_seconds",
         "egress_proxies_manifests_rejected",
         "egress_proxies_health_proxies",
-        // listed without series until a pool exists
-        "egress_proxies_pool_replicas",
+        "egress_proxies_health_last_round_duration_seconds",
     ] {
-        assert!(
-            fams.iter().any(|f| f == name),
-            "{name} not registered:\n{t}"
-        );
+        assert!(has_sample(&t, name), "{name} has no series at start:\n{t}");
+    }
+    // Listed without series until a pool exists.
+    for name in [
+        "egress_proxies_pool_replicas",
+        "egress_proxies_pool_available_replicas",
+    ] {
+        assert!(fams.iter().any(|f| f == name), "{name} not listed:\n{t}");
     }
 }
 

@@ -12,6 +12,7 @@
 //!   is gone, and its libvirt state holds no domain and no volume but the cached base.
 //!
 //! Needs root, libvirtd, QEMU, qemu-img, iproute2, util-linux (`.ci/setup-host`).
+// finding: M21
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::Write as _;

@@ -4,7 +4,8 @@
 //! - pointed (as its "machine's libvirtd") at a private libvirtd that the test starts in a
 //!   mount and network namespace of its own, it refuses to move it while a fake `systemctl`
 //!   says systemd manages libvirtd, and while that libvirtd has a domain the quickstart did not
-//!   create — and changes nothing;
+//!   create — and changes nothing; with `EP_QUICKSTART_MOVE_LIBVIRTD=1` it goes on, asking
+//!   systemd to stop its libvirt units first;
 //! - in private mode (its own libvirtd, socket, state and network namespace), run with the
 //!   test's binary and a blank guest image, it is interrupted (SIGINT to its process group, as
 //!   Ctrl-C does; then SIGTERM to the script alone) while the operator runs: it starts

@@ -9,12 +9,14 @@
 //!   specified.
 //! - [`decide`]: the pure pool decision (creates, deletes with their cause, status).
 //! - [`status`]: the pool's status, conditions and reasons.
-//! - [`credentials`]: generated credentials.
+//! - [`credentials`]: generated credentials; [`credentials_file`]: kept as a 0600 file
+//!   beside a standalone manifest, created once and never overwritten.
 //!
 //! Members are ordinary Proxies reconciled by the Proxy controller, so every guarantee a
 //! Proxy has holds for a member; the pool only decides which members exist.
 
 pub mod credentials;
+pub mod credentials_file;
 pub mod decide;
 pub mod duration;
 pub mod member;

@@ -216,7 +216,14 @@ fn shape_errors(text: &str, origin: &str, first: &str) -> ConfigErrors {
     let whole = |m: &str| {
         ConfigErrors::single(
             origin,
-            ConfigError::new("", format!("not a valid provider config: {m}")),
+            // serde-saphyr labels the text `<input>`: name the file instead.
+            ConfigError::new(
+                "",
+                format!(
+                    "not a valid provider config: {}",
+                    m.replace("<input>", origin)
+                ),
+            ),
         )
     };
     let collected = match lenient::parse_collecting::<RawFile>(text) {

@@ -142,7 +142,9 @@ pub fn state_name(s: HostState) -> &'static str {
 /// cannot be read, or a private key others may read (OpenSSH's rule), for every host reached
 /// over SSH (not `address: local`), listing each with its field path: a missing file is the
 /// configuration's problem, not an unreachable host.
-fn missing_ssh_files(cfg: &egress_core::config::ProviderConfig) -> Result<(), UsageError> {
+pub(crate) fn missing_ssh_files(
+    cfg: &egress_core::config::ProviderConfig,
+) -> Result<(), UsageError> {
     let mut errs = Vec::new();
     for (i, entry) in cfg.providers.iter().enumerate() {
         let egress_core::config::ProviderEntry::Libvirt(e) = entry;

@@ -31,7 +31,8 @@ pub async fn run(a: EchoArgs) -> anyhow::Result<u8> {
     let listener = match tokio::net::TcpListener::bind(a.listen).await {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("error: cannot listen on {}: {e}", a.listen);
+            let msg = format!("cannot listen on {}: {e}", a.listen);
+            super::output::print_error(&msg, EXIT_FAILED);
             return Ok(EXIT_FAILED);
         }
     };

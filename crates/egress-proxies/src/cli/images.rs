@@ -151,6 +151,7 @@ fn keys(h: &ProviderHandle) -> String {
 
 async fn prefetch(a: PrefetchArgs) -> anyhow::Result<u8> {
     let cfg = load_config(&a.config.config)?;
+    super::check::missing_ssh_files(&cfg)?;
     let providers = Providers::from_config(&cfg, &BuildOptions::default())
         .map_err(|e| UsageError::new(format!("cannot build the providers: {e}")))?;
     let jobs = targets(&providers, &a)?;
@@ -186,21 +187,58 @@ async fn prefetch(a: PrefetchArgs) -> anyhow::Result<u8> {
         .await;
     let mut sorted = results;
     sorted.sort_by(|x, y| x.0.cmp(&y.0));
-    let mut failed = 0usize;
+    let failed = sorted.iter().filter(|(_, r)| r.is_err()).count();
+    let code = if failed == 0 { EXIT_OK } else { EXIT_FAILED };
+    let doc = PrefetchDocument {
+        key: key.to_owned(),
+        failed,
+        hosts: sorted
+            .iter()
+            .map(|(label, r)| PrefetchHost {
+                host: label.clone(),
+                ready: r.is_ok(),
+                message: r.clone().unwrap_or_else(|e| e),
+            })
+            .collect(),
+    };
+    if let Some(text) = super::output::document(&doc, super::output::format(false))? {
+        println!("{text}");
+        return Ok(code);
+    }
     for (label, r) in &sorted {
         match r {
             Ok(line) => println!("{label}: {line}"),
-            Err(e) => {
-                failed += 1;
-                println!("{label}: FAILED: {e}");
-            }
+            Err(e) => println!("{label}: FAILED: {e}"),
         }
     }
     if failed == 0 {
         println!("{key} is ready on {} host(s)", sorted.len());
-        Ok(EXIT_OK)
     } else {
         println!("{key} failed on {failed} of {} host(s)", sorted.len());
-        Ok(EXIT_FAILED)
     }
+    Ok(code)
+}
+
+/// What `images prefetch -o json|yaml` prints.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PrefetchDocument {
+    /// The catalogue key or URL prefetched.
+    key: String,
+    /// Hosts that failed.
+    failed: usize,
+    /// One row per host, sorted by `entry/host`.
+    hosts: Vec<PrefetchHost>,
+}
+
+/// One host's prefetch result.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PrefetchHost {
+    /// `entry/host`.
+    host: String,
+    /// Whether the base is ready there.
+    ready: bool,
+    /// What happened (or why it failed).
+    message: String,
 }

@@ -119,6 +119,13 @@ pub async fn run(a: KubernetesArgs) -> anyhow::Result<u8> {
     for s in servers {
         let _ = s.await;
     }
-    r?;
-    Ok(EXIT_OK)
+    match r {
+        Ok(()) => Ok(EXIT_OK),
+        // The config's own problem: exit 2 like every other command's, said once (the
+        // error's source is its own text).
+        Err(e @ (egress_kube::RunError::Config(_) | egress_kube::RunError::Providers(_))) => {
+            Err(UsageError::new(e.to_string()).into())
+        }
+        Err(e) => Err(e.into()),
+    }
 }

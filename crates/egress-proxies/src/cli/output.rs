@@ -75,6 +75,15 @@ pub(crate) fn error_document(message: &str, exit_code: u8) -> Option<String> {
     document(&v, f).ok().flatten()
 }
 
+/// Prints a failure a command reports itself (with an exit code, not through `run`'s error
+/// path): an error document on stdout under `json`/`yaml`, else `error: MESSAGE` on stderr.
+pub(crate) fn print_error(message: &str, exit_code: u8) {
+    match error_document(message, exit_code) {
+        Some(doc) => println!("{doc}"),
+        None => eprintln!("error: {message}"),
+    }
+}
+
 /// Every object key in camelCase (`pool_free_bytes` → `poolFreeBytes`); keys without `_`
 /// are kept as they are (so `poolReserveGiB` stays).
 fn camel_keys(v: Value) -> Value {

@@ -77,7 +77,7 @@ pub async fn run(a: StandaloneArgs) -> anyhow::Result<u8> {
             | StandaloneError::ProxiesDir { .. }),
         ) => Err(UsageError::new(e.to_string()).into()),
         Err(e @ StandaloneError::Listen { .. }) => {
-            eprintln!("error: {e}");
+            super::output::print_error(&e.to_string(), EXIT_FAILED);
             Ok(EXIT_FAILED)
         }
     }

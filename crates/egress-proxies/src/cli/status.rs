@@ -144,7 +144,7 @@ async fn once(a: &StatusArgs) -> anyhow::Result<u8> {
     let body = match fetch(&url).await {
         Ok(b) => b,
         Err(msg) => {
-            eprintln!("error: {msg}");
+            super::output::print_error(&msg, EXIT_FAILED);
             return Ok(EXIT_FAILED);
         }
     };

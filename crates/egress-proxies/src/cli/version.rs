@@ -1,7 +1,7 @@
 //! `egress-proxies version`: what was built, from which commit, speaking which protocol.
 //!
 //! Guarantees: no network, no file read; the output is stable lines of `key: value` after
-//! the first line, so scripts can grep them.
+//! the first line, so scripts can grep them; under `-o json|yaml` one document instead.
 
 use libvirt_remote::proto::{REMOTE_PROGRAM, REMOTE_VERSION};
 
@@ -27,8 +27,36 @@ pub fn text() -> String {
     )
 }
 
-/// Prints [`text`] to stdout; always succeeds.
+/// What `version -o json|yaml` prints.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionDocument {
+    /// The package version.
+    pub version: &'static str,
+    /// The git commit the binary was built from, or `unknown`.
+    pub commit: &'static str,
+    /// libvirt's remote program number, in hex.
+    pub libvirt_program: String,
+    /// libvirt's remote protocol version.
+    pub libvirt_protocol_version: u32,
+}
+
+/// The [`VersionDocument`] of this build.
+pub fn document() -> VersionDocument {
+    VersionDocument {
+        version: env!("CARGO_PKG_VERSION"),
+        commit: option_env!("EGRESS_PROXIES_GIT_COMMIT").unwrap_or("unknown"),
+        libvirt_program: format!("{REMOTE_PROGRAM:#x}"),
+        libvirt_protocol_version: REMOTE_VERSION,
+    }
+}
+
+/// Prints [`text`] (or under `-o json|yaml` the [`document`]) to stdout; always succeeds.
 pub fn run() -> u8 {
-    print!("{}", text());
+    let f = super::output::format(false);
+    match super::output::document(&document(), f) {
+        Ok(Some(doc)) => println!("{doc}"),
+        _ => print!("{}", text()),
+    }
     super::EXIT_OK
 }

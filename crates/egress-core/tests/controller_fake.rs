@@ -449,6 +449,7 @@ async fn a_create_the_provider_refuses_shows_its_cause_in_last_error_and_no_cond
 
 #[tokio::test]
 async fn the_address_to_probe_is_the_one_the_provider_verified_never_one_from_the_status() {
+    // finding: M22
     let s = setup();
     let o = proxy(5, None);
     let mut statuses = BTreeMap::new();

@@ -138,6 +138,7 @@ async fn observed(
 
 #[tokio::test]
 async fn a_guest_agent_address_outside_the_network_subnet_is_never_used() {
+    // finding: M22
     let (state, got) = observed(uid(1), "10.0.0.5", None).await;
     assert_eq!(got, None, "an address the guest chose outside its network");
     assert_eq!(state, InstanceState::Provisioning);
@@ -149,6 +150,7 @@ async fn a_guest_agent_address_outside_the_network_subnet_is_never_used() {
 
 #[tokio::test]
 async fn the_lease_for_our_mac_wins_over_a_disagreeing_guest_agent() {
+    // finding: M22
     let (state, got) = observed(uid(3), "192.168.100.50", Some("192.168.100.20")).await;
     assert_eq!(got, ip("192.168.100.20"));
     assert_eq!(state, InstanceState::Running);
@@ -156,6 +158,7 @@ async fn the_lease_for_our_mac_wins_over_a_disagreeing_guest_agent() {
 
 #[tokio::test]
 async fn guest_cidr_bounds_a_bridge_host_and_narrows_a_network() {
+    // finding: M22
     let u = uid(4);
     // A bridge host: guestCidr is the only bound.
     let bridge = host(false, &["10.20.0.0/16"]);
@@ -185,6 +188,7 @@ async fn guest_cidr_bounds_a_bridge_host_and_narrows_a_network() {
 
 #[tokio::test]
 async fn without_known_subnets_the_guest_agent_is_not_believed() {
+    // finding: M22
     // A bridge host without guestCidr: only the host's lease and ARP answers count, and the
     // fake host has none for a NIC outside its networks.
     let u = uid(5);
@@ -198,6 +202,7 @@ async fn without_known_subnets_the_guest_agent_is_not_believed() {
 
 #[tokio::test]
 async fn a_network_whose_subnets_cannot_be_read_does_not_fail_get() {
+    // finding: M22
     let u = uid(6);
     let fake = fake_with(&u, "10.0.0.5", Some("192.168.100.20"), true);
     fake.faults().fail_calls(

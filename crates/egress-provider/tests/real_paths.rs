@@ -442,7 +442,7 @@ async fn wait_for_calls(c: &Client, base: u64, n: u64) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_reads_our_nics_address_from_the_real_networks_dhcp_lease_and_ignores_other_macs() {
-    // finding: M14, H3
+    // finding: M14, H3, M22
     run("address from a DHCP lease", async {
         let net = NetGuard::create("paths-lease");
         let entry = unique_entry("paths-lease");

@@ -193,6 +193,7 @@ impl Controller {
     /// or the Proxy is forgotten. Probe health here, never at an address read back from a
     /// status someone else may have written (Kubernetes: `status.ip` in the API).
     pub fn verified_address(&self, uid: &ProxyUid) -> Option<IpAddr> {
+        // finding: M22
         lock(&self.inner.verified).get(uid).copied()
     }
 

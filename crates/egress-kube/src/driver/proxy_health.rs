@@ -88,6 +88,7 @@ fn target_of(
 /// point the operator's probes, and the proxy's credentials, anywhere. `None` (no probe) while
 /// the provider has reported no address.
 fn at_verified(mut target: ProbeTarget, verified: Option<IpAddr>) -> Option<ProbeTarget> {
+    // finding: M22
     target.endpoint.addr.set_ip(verified?);
     Some(target)
 }
@@ -152,6 +153,7 @@ mod tests {
 
     #[test]
     fn the_probe_goes_to_the_providers_address_never_to_the_one_in_status() {
+        // finding: M22
         let uid = ProxyUid::parse_strict(UID).unwrap();
         let verified: IpAddr = "192.168.122.7".parse().unwrap();
         let creds = HashMap::new();

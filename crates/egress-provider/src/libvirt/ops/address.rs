@@ -100,6 +100,7 @@ pub async fn address_within(
     host: &HostConfig,
     subnets: &Subnets,
 ) -> Result<Option<IpAddr>, ProviderError> {
+    // finding: M22
     // NB: the host's own sources first: a guest agent may report any address it likes.
     let mut sources = Vec::with_capacity(3);
     if host.network.is_some() {

@@ -97,6 +97,7 @@ pub fn parse_guest_cidr(text: &str) -> Option<IpNet> {
 /// network's `<ip>` subnets read through `client`. The flag says whether the answer may be
 /// cached (`false` when the network could not be read).
 pub async fn read(client: &Client, host: &HostConfig) -> (Subnets, bool) {
+    // finding: M22
     let guest_cidr = host
         .guest_cidr
         .iter()

@@ -1,6 +1,8 @@
 //! `egress-proxies standalone` and `status` as a user runs them when something is wrong: a
 //! provider entry whose only host cannot be reached (a unix socket that does not exist, so
-//! nothing outside this machine is contacted) and a manifest directory holding a bad file.
+//! nothing outside this machine is contacted) and a manifest directory holding a bad file:
+//! the host's failure is a WARN once and retried with backoff, the Proxy says what it waits
+//! for, the bad file is a WARN once, counted in /metrics and fails `status`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
@@ -50,6 +52,19 @@ impl Drop for Kill {
     }
 }
 
+/// The body of `GET path` on 127.0.0.1:`port` (HTTP/1.0, bounded by [`RUN_DEADLINE`]).
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(RUN_DEADLINE)).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or(out)
+}
+
 fn write(dir: &Path, name: &str, text: &str) {
     std::fs::write(dir.join(name), text).unwrap();
 }
@@ -92,7 +107,8 @@ fn a_down_host_is_logged_once_its_proxy_says_what_it_waits_for_and_a_rejected_ma
         .args(["standalone", "--config", cfg.to_str().unwrap(), "--proxies"])
         .arg(&proxies)
         .args(["--listen", &format!("127.0.0.1:{port}")])
-        .env("RUST_LOG", "info")
+        // DEBUG from the standalone driver: every failed adoption listing after the first.
+        .env("RUST_LOG", "info,egress_standalone=debug")
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -140,6 +156,13 @@ fn a_down_host_is_logged_once_its_proxy_says_what_it_waits_for_and_a_rejected_ma
         "{doc}"
     );
     assert_eq!(code, Some(1), "status exits 1 while a manifest is rejected");
+    let metrics = http_get(port, "/metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "egress_proxies_manifests_rejected 1"),
+        "the rejected manifest is counted: {metrics}"
+    );
 
     if let Some(rest) = WATCH.checked_sub(started.elapsed()) {
         std::thread::sleep(rest);
@@ -174,6 +197,16 @@ fn a_down_host_is_logged_once_its_proxy_says_what_it_waits_for_and_a_rejected_ma
         "the down host's entry is a WARN once, not once per retry"
     );
     assert_eq!(warns("bad.yaml"), 1, "the rejected manifest is a WARN once");
+    // Listings at 0, 2 and 6 s (backoff 2 s, 4 s, 8 s from the 2 s poll), not one per poll (6).
+    let listings = warns("eptest-down")
+        + err
+            .lines()
+            .filter(|l| l.contains("adoption listing failed again"))
+            .count();
+    assert!(
+        (2..=4).contains(&listings),
+        "{listings} adoption listings in {WATCH:?}: retried with backoff"
+    );
     assert!(
         !err.contains("GC will not collect"),
         "a manifest is known: no empty-set warning"

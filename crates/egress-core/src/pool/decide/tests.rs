@@ -537,3 +537,20 @@ fn members_being_deleted_are_not_counted_but_still_fill_their_host() {
     assert_eq!(created_hosts(&d), ["h2"]);
     assert_eq!(d.status.replicas, 0);
 }
+
+#[test]
+fn a_rollout_over_members_not_ready_yet_removes_no_more_than_it_replaces() {
+    // Three old members still booting (not available, not unhealthy) when the template
+    // changes: they may come up any moment, so they are replaced one per new member, never
+    // all removed at once (the pool's members stay at replicas - maxUnavailable or more).
+    let old: Vec<Member> = (0..3)
+        .map(|n| {
+            let mut m = provisioning(member(&format!("web-{n}"), "h1", n));
+            m.template_hash = "old".into();
+            m
+        })
+        .collect();
+    let d = Case::new(policy("replicas: 3\n"), old, &["h1", "h2"]).run();
+    assert_eq!(d.creates.len(), 1);
+    assert_eq!(deleted(&d), [("web-0", DeleteCause::Template)]);
+}

@@ -583,7 +583,7 @@ fn alerts_and_dashboard_use_served_metrics(text: &str) {
     }
     for name in &used {
         assert!(
-            served(&text, name),
+            served(text, name),
             "{name} (used by a rule or the dashboard) is not served:\n{text}"
         );
     }

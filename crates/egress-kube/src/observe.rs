@@ -239,7 +239,10 @@ mod tests {
             t.contains("egress_proxies_proxies{phase=\"Running\"} 1"),
             "{t}"
         );
-        assert!(!t.contains("# EOF"), "the Prometheus text format has no EOF line");
+        assert!(
+            !t.contains("# EOF"),
+            "the Prometheus text format has no EOF line"
+        );
         let om = Endpoints::metrics(&o, MetricsFormat::OpenMetrics);
         assert!(om.ends_with("# EOF\n"));
         o.set_leader(true);

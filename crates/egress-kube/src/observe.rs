@@ -124,6 +124,9 @@ impl Observer {
     pub fn record_hosts(&self, entry: &str, reports: &[HostReport], now: SystemTime) {
         let mut hosts = lock(&self.hosts);
         hosts.retain(|(e, _), _| e != entry);
+        // A host no longer in the entry's reports left its config: its series go too.
+        self.metrics
+            .retain_hosts(|e, h| e != entry || reports.iter().any(|r| r.host == h));
         for r in reports {
             let row = HostHealth::from_report(entry, r, now);
             self.metrics.host_checked(

@@ -317,17 +317,23 @@ impl Metrics {
         self.reconcile_duration.observe(elapsed.as_secs_f64());
     }
 
-    /// Records a host check: up when `ready`, with the check's latency when known. The
-    /// host's health probe series are created too (at zero), so every per-host family has a
-    /// series from the host's first check on.
+    /// Records a host check: up when `ready`, with the check's latency when known (a check
+    /// that got no answer has none: the latency series is dropped rather than left stale).
+    /// The host's health probe series are created too (at zero), so every per-host family
+    /// but the latency has a series from the host's first check on.
     pub fn host_checked(&self, entry: &str, host: &str, ready: bool, latency_secs: Option<f64>) {
         let l = HostLabel {
             entry: entry.into(),
             host: host.into(),
         };
         self.host_up.get_or_create(&l).set(i64::from(ready));
-        if let Some(s) = latency_secs {
-            self.host_latency.get_or_create(&l).set(s);
+        match latency_secs {
+            Some(s) => {
+                self.host_latency.get_or_create(&l).set(s);
+            }
+            None => {
+                self.host_latency.remove(&l);
+            }
         }
         self.health.host_known(&l);
         lock(&self.hosts).insert(l);

@@ -185,3 +185,19 @@ fn config_loads_set_the_success_gauge_and_its_timestamp() {
         "{t}"
     );
 }
+
+#[test]
+fn a_check_without_an_answer_drops_the_stale_latency_but_keeps_the_host_down() {
+    let m = Metrics::new();
+    m.host_checked("local", "h1", true, Some(0.004));
+    m.host_checked("local", "h1", false, None);
+    let t = m.encode(MetricsFormat::Prometheus);
+    assert!(
+        t.contains("egress_proxies_host_up{entry=\"local\",host=\"h1\"} 0"),
+        "{t}"
+    );
+    assert!(
+        !t.contains("egress_proxies_host_check_latency_seconds{"),
+        "{t}"
+    );
+}

@@ -289,3 +289,34 @@ fn o_wide_prints_the_table_where_a_command_prints_one() {
         "the same table header:\n{p}\n{w}"
     );
 }
+
+#[test]
+fn gc_text_output_quotes_a_host_error_without_the_operators_internal_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write(
+        dir.path(),
+        "providers.yaml",
+        &format!(
+            "providers:\n  - name: eptest-gc\n    type: libvirt\n    hosts:\n      - name: h1\n        \
+             address: local\n        socket: {}/no.sock\n        pool: eptest-none\n        \
+             network: default\n",
+            dir.path().display()
+        ),
+    );
+    let proxies = dir.path().join("proxies");
+    std::fs::create_dir(&proxies).unwrap();
+    let o = run(&[
+        "gc",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--proxies",
+        proxies.to_str().unwrap(),
+        "--allow-empty",
+    ]);
+    let out = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("no.sock"), "says why: {out}");
+    for label in ["Transient:", "Permanent:", "redialed"] {
+        assert!(!out.contains(label), "{label}: {out}");
+    }
+}

@@ -99,7 +99,7 @@ pub async fn run(a: GcArgs) -> anyhow::Result<u8> {
     if let Some(doc) = super::output::document(&report, super::output::format(a.json))? {
         println!("{doc}");
     } else {
-        print!("{report}");
+        print!("{}", super::messages::plain_report(&report.to_string()));
         for e in &report.entries {
             if let Some(err) = &e.instances_error {
                 println!(

@@ -320,3 +320,26 @@ fn gc_text_output_quotes_a_host_error_without_the_operators_internal_labels() {
         assert!(!out.contains(label), "{label}: {out}");
     }
 }
+
+#[test]
+fn the_release_profile_builds_a_binary_without_debug_info() {
+    // The release binary was 168 MB with debug info and 24 MB stripped; building one here
+    // would take minutes, so the workspace's profile is what is checked.
+    let manifest =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml"))
+            .unwrap();
+    let release: Vec<&str> = manifest
+        .split("\n[")
+        .find(|s| s.starts_with("profile.release]"))
+        .expect("a [profile.release] section")
+        .lines()
+        .map(str::trim)
+        .collect();
+    assert!(release.contains(&"debug = false"), "{release:?}");
+    assert!(
+        release.contains(&"strip = \"debuginfo\"")
+            || release.contains(&"strip = \"symbols\"")
+            || release.contains(&"strip = true"),
+        "{release:?}"
+    );
+}

@@ -485,15 +485,23 @@ fn status_takes_a_server_given_as_host_and_port_without_http() {
 }
 
 /// A valid config whose only host is a closed port: GC must refuse before contacting it.
+/// A config whose one host is an address nothing listens on, with SSH files that exist (a
+/// missing one is a configuration error before any pass) but hold no usable key.
 fn closed_host_config(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let key = write(dir, "id_none", "not a key\n");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let kh = write(dir, "known_hosts", "");
     write(
         dir,
         "providers.yaml",
         &format!(
             "providers:\n  - name: eptest-gc\n    type: libvirt\n    hosts:\n      - name: h1\n        \
-             address: \"127.0.0.1:{}\"\n        pool: eptest-none\n        sshKeyFile: /nonexistent/k\n        \
-             knownHostsFile: /nonexistent/kh\n",
-            free_port()
+             address: \"127.0.0.1:{}\"\n        pool: eptest-none\n        sshKeyFile: {}\n        \
+             knownHostsFile: {}\n",
+            free_port(),
+            key.display(),
+            kh.display()
         ),
     )
 }

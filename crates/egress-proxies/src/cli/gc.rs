@@ -81,9 +81,9 @@ pub fn live_set(dir: &std::path::Path, allow_empty: bool) -> Result<HashSet<Prox
 pub async fn run(a: GcArgs) -> anyhow::Result<u8> {
     super::output::format(a.json); // failures print as JSON under --json too
     let mut cfg = load_config(&a.config.config)?;
+    let live = live_set(&a.proxies, a.allow_empty)?;
     // A key file that is missing is the config's problem (exit 2), not a failed listing.
     super::check::missing_ssh_files(&cfg)?;
-    let live = live_set(&a.proxies, a.allow_empty)?;
     // The standalone operator's installation ID (same file), so its marks are ours here.
     let id_dir =
         egress_core::config::installation::standalone_dir(Some(&a.config.config), &a.proxies);

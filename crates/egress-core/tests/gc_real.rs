@@ -65,6 +65,7 @@ fn providers(entry: &str, sshd: &Sshd, pool: &str) -> Providers {
         known_hosts_file: Some(sshd.known_hosts_path.clone()),
         max_concurrent: 4,
         guest_cidr: Vec::new(),
+        address_pool: None,
     };
     let e = LibvirtEntry {
         name: entry.into(),

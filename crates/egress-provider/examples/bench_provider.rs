@@ -264,6 +264,7 @@ async fn main() {
         known_hosts_file: Some(o["known-hosts"].clone().into()),
         max_concurrent: 4,
         guest_cidr: Vec::new(),
+        address_pool: None,
     };
     let entry = LibvirtEntry {
         name: "epbench".into(),

@@ -62,6 +62,7 @@ fn host(network: bool, guest_cidr: &[&str]) -> HostConfig {
         known_hosts_file: None,
         max_concurrent: 4,
         guest_cidr: guest_cidr.iter().map(|s| (*s).to_owned()).collect(),
+        address_pool: None,
     }
 }
 

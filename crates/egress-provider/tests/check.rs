@@ -47,6 +47,7 @@ fn host(name: &str) -> HostConfig {
         known_hosts_file: None,
         max_concurrent: 4,
         guest_cidr: Vec::new(),
+        address_pool: None,
     }
 }
 

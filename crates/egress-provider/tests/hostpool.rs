@@ -43,6 +43,7 @@ fn host(name: &str, max_concurrent: u32) -> HostConfig {
         known_hosts_file: None,
         max_concurrent,
         guest_cidr: Vec::new(),
+        address_pool: None,
     }
 }
 

@@ -284,6 +284,7 @@ fn fake_host() -> HostConfig {
         known_hosts_file: None,
         max_concurrent: 4,
         guest_cidr: Vec::new(),
+        address_pool: None,
     }
 }
 
@@ -642,6 +643,7 @@ async fn an_unpinned_https_image_is_published_and_boots_a_tcg_domain_on_the_real
         known_hosts_file: Some(sshd.known_hosts_path.clone()),
         max_concurrent: 4,
         guest_cidr: Vec::new(),
+        address_pool: None,
     };
     let mut images = BTreeMap::new();
     images.insert("tiny".to_string(), unpinned(&url, Some(&pki.ca_file)));

@@ -53,6 +53,7 @@ fn host() -> HostConfig {
         max_concurrent: 4,
         // The bridge's subnet: where the guests' agents below report their addresses.
         guest_cidr: vec!["192.168.122.0/24".into()],
+        address_pool: None,
     }
 }
 

@@ -172,6 +172,7 @@ fn host(pool: &str) -> HostConfig {
         known_hosts_file: None,
         max_concurrent: 4,
         guest_cidr: Vec::new(),
+        address_pool: None,
     }
 }
 

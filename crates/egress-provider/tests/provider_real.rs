@@ -89,6 +89,7 @@ fn host(sshd: &Sshd, pool: &str, virt_type: VirtType) -> HostConfig {
         known_hosts_file: Some(sshd.known_hosts_path.clone()),
         max_concurrent: 4,
         guest_cidr: Vec::new(),
+        address_pool: None,
     }
 }
 

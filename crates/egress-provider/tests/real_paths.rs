@@ -313,6 +313,7 @@ fn host(network: Option<&str>) -> HostConfig {
         known_hosts_file: None,
         max_concurrent: 4,
         guest_cidr: Vec::new(),
+        address_pool: None,
     }
 }
 

@@ -283,6 +283,11 @@ pub struct HostConfig {
     /// bound (without it only the host's ARP answers for the guest's MAC are used).
     #[serde(default, deserialize_with = "one_or_many")]
     pub guest_cidr: Vec<String>,
+    /// Declared egress addresses this host's guests may be given (`addressPool:`): the
+    /// guest-side prefix, gateway and ranges per family, and DNS. Validated at load; not set
+    /// means the guests take what the bridge or network hands out.
+    #[serde(default)]
+    pub address_pool: Option<super::address_pool::AddressPool>,
 }
 
 /// Reads one string or a list of strings (`guestCidr: 10.0.0.0/24` or `[a, b]`).

@@ -109,6 +109,7 @@ pub fn host_config(name: &str, pool_reserve_gib: u64, max_concurrent: u32) -> Ho
         max_concurrent,
         // The provider uses only guest addresses inside the host's guest subnets.
         guest_cidr: GUEST_CIDRS.iter().map(|c| (*c).to_owned()).collect(),
+        address_pool: None,
     }
 }
 

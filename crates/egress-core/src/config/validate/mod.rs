@@ -5,6 +5,7 @@
 //! the shapes of single fields (identifiers, libvirt names, paths, image URLs) in `fields`,
 //! and the numbers (timeouts and sizes, with checked byte arithmetic) in `numbers`.
 
+mod address_pool;
 mod fields;
 mod host;
 mod numbers;
@@ -127,10 +128,19 @@ pub fn validate(providers: &[ProviderEntry]) -> (Vec<ConfigError>, Vec<ConfigWar
     let mut names: BTreeMap<&str, usize> = BTreeMap::new();
     // (host, port, socket, pool) → first path that used it.
     let mut places: BTreeMap<(String, u16, &str, &str), String> = BTreeMap::new();
+    // Every valid address pool with its host's path, for the cross-host overlap rule.
+    let mut pools = Vec::new();
     for (i, p) in providers.iter().enumerate() {
         let path = format!("providers[{i}]");
         match p {
             ProviderEntry::Libvirt(e) => libvirt_entry(&mut r, &path, e, &mut places),
+        }
+        let ProviderEntry::Libvirt(e) = p;
+        for (j, h) in e.hosts.iter().enumerate() {
+            let hp = format!("{path}.hosts[{j}]");
+            if let Some(pool) = address_pool::host_pool(&mut r, &hp, h) {
+                pools.push((hp, pool));
+            }
         }
         if let Some(first) = names.get(p.name()) {
             r.err(
@@ -144,6 +154,7 @@ pub fn validate(providers: &[ProviderEntry]) -> (Vec<ConfigError>, Vec<ConfigWar
             names.insert(p.name(), i);
         }
     }
+    address_pool::no_shared_addresses(&mut r, &pools);
     (r.errors, r.warnings)
 }
 

@@ -19,6 +19,11 @@
 //!   absolute path, no `..`, no link resolving outside it: [`resolve_in_dir`]); it and every
 //!   manifest are read with a hard bound, and only when they are regular files (a FIFO or a
 //!   device is refused without blocking: [`read_regular_bounded`]).
+//!
+//! One piece (about 700 lines of product code, the rest tests): reading a directory, bounded
+//! and confined file reads, document splitting, validation and the UID/generation bookkeeping
+//! are one pass over one snapshot of the directory whose "nothing lost on bad input" rule spans
+//! all of them; the lenient field reader it builds on already lives in `egress_core::config`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

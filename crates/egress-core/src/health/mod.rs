@@ -26,6 +26,10 @@
 //!   [`crate::model::MAX_MESSAGE_CHARS`].
 //! - [`apply_to_status`] is pure: it writes the `health` block and the `Healthy` condition,
 //!   and makes `Ready` = Running ∧ Healthy, keeping transition times while values hold.
+//!
+//! One piece (about 615 lines of product code): the engine's round loop, its state per proxy
+//! and the hysteresis that decides from it share one lock and one set of invariants; the
+//! probe itself, the echo target and the metrics already live in submodules.
 
 pub mod echo;
 pub mod metrics;

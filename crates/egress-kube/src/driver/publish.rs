@@ -35,6 +35,11 @@
 //!   retried on the next pass (nothing is remembered as written unless it was). A group
 //!   whose name is not a valid Service name is skipped with a warning.
 //! - Every call is bounded by the driver's API deadline.
+//!
+//! One piece (about 640 lines of product code, the rest tests): the read-check-apply-delete
+//! protocol of one pass holds its ownership and precondition rules in one place; the pure part
+//! ([`desired`]) is already separate, and splitting the network half would spread one
+//! protocol's invariants over several files.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

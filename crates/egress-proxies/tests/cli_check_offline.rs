@@ -3,32 +3,17 @@
 //! on any error with every error named by its file.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod cli_support;
 
-const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies");
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
 /// Offline work takes milliseconds; this only catches a hang.
 const RUN_DEADLINE: Duration = Duration::from_secs(60);
 
 fn run(args: &[&str]) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env_remove("EGRESS_PROXIES_CONFIG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > RUN_DEADLINE {
-            let _ = child.kill();
-            panic!("egress-proxies {args:?} did not finish within {RUN_DEADLINE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+    cli_support::run(args, RUN_DEADLINE)
 }
 
 fn config(dir: &Path) -> PathBuf {

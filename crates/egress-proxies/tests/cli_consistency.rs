@@ -6,35 +6,25 @@
 //! not exist and addresses nothing listens on, so nothing is contacted.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod cli_support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Duration;
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies");
+use cli_support::BIN;
+
 /// Every run here fails fast; this only catches a hang.
 const RUN_DEADLINE: Duration = Duration::from_secs(60);
 
 fn run(args: &[&str]) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
         .env_remove("EGRESS_PROXIES_CONFIG")
-        .env_remove("KUBECONFIG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > RUN_DEADLINE {
-            let _ = child.kill();
-            panic!("egress-proxies {args:?} did not finish within {RUN_DEADLINE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+        .env_remove("KUBECONFIG");
+    cli_support::output_within(&mut cmd, RUN_DEADLINE)
 }
 
 fn text(b: &[u8]) -> String {

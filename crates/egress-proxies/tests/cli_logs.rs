@@ -5,35 +5,24 @@
 //! host is contacted and nothing has to be stopped.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod cli_support;
 
-const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies");
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use cli_support::BIN;
+
 /// The run stops at its config; this only catches a hang.
 const RUN_DEADLINE: Duration = Duration::from_secs(60);
 const ESC: char = '\u{1b}';
 
 fn run(mut cmd: Command) -> Output {
-    let mut child = cmd
-        .env_remove("EGRESS_PROXIES_CONFIG")
+    cmd.env_remove("EGRESS_PROXIES_CONFIG")
         .env_remove("EGRESS_PROXIES_LOG_FORMAT")
         .env_remove("RUST_LOG")
-        .env_remove("NO_COLOR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > RUN_DEADLINE {
-            let _ = child.kill();
-            panic!("{cmd:?} did not finish within {RUN_DEADLINE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+        .env_remove("NO_COLOR");
+    cli_support::output_within(&mut cmd, RUN_DEADLINE)
 }
 
 /// `standalone`'s arguments against a broken config in `dir`.

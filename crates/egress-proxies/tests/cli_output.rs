@@ -3,34 +3,19 @@
 //! so nothing is contacted.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod cli_support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
+use std::time::Duration;
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies");
 /// Every run here fails fast on a missing socket; this only catches a hang.
 const RUN_DEADLINE: Duration = Duration::from_secs(60);
 
 fn run(args: &[&str]) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env_remove("EGRESS_PROXIES_CONFIG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > RUN_DEADLINE {
-            let _ = child.kill();
-            panic!("egress-proxies {args:?} did not finish within {RUN_DEADLINE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+    cli_support::run(args, RUN_DEADLINE)
 }
 
 fn config(dir: &Path) -> PathBuf {

@@ -5,11 +5,14 @@
 //! for, the bad file is a WARN once, counted in /metrics and fails `status`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod cli_support;
+
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies");
+use cli_support::BIN;
+
 /// Longest a one-shot CLI run may take here (a local HTTP GET); only catches a hang.
 const RUN_DEADLINE: Duration = Duration::from_secs(60);
 /// How long the standalone process is watched with its host down: long enough for five
@@ -17,23 +20,7 @@ const RUN_DEADLINE: Duration = Duration::from_secs(60);
 const WATCH: Duration = Duration::from_secs(11);
 
 fn run(args: &[&str]) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env_remove("EGRESS_PROXIES_CONFIG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > RUN_DEADLINE {
-            let _ = child.kill();
-            panic!("egress-proxies {args:?} did not finish within {RUN_DEADLINE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+    cli_support::run(args, RUN_DEADLINE)
 }
 
 fn free_port() -> u16 {

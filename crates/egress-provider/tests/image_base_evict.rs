@@ -11,6 +11,7 @@
     clippy::indexing_slicing
 )]
 
+mod image_fixtures;
 mod image_support;
 
 use std::collections::BTreeMap;
@@ -22,6 +23,7 @@ use egress_provider::libvirt::config::{
 };
 use egress_provider::libvirt::image::{self, Base, BulkConnect, FetchOptions, Target};
 use egress_provider::{ErrorClass, NoProgress, ProviderError};
+use image_fixtures::FakeBulk;
 use image_support::{ImageServer, Route, qcow2, sha};
 use libvirt_fake::{FakeLibvirt, PoolSpec};
 use libvirt_remote::{Client, OpenOptions};
@@ -34,17 +36,6 @@ const MIB: u64 = 1 << 20;
 const BUDGET: Duration = Duration::from_secs(60);
 /// Long enough that the next upload's name carries a later second.
 const NEXT_SECOND: Duration = Duration::from_millis(1100);
-
-struct FakeBulk(FakeLibvirt);
-
-#[async_trait]
-impl BulkConnect for FakeBulk {
-    async fn open(&self) -> Result<Client, ProviderError> {
-        Client::open(self.0.connect_duplex(), OpenOptions::default())
-            .await
-            .map_err(|e| ProviderError::transient(e.to_string()))
-    }
-}
 
 /// A shut-off domain `name` whose disk's declared chain ends in `base_path`.
 fn domain_using(fake: &FakeLibvirt, name: &str, base_path: &str) {
@@ -320,26 +311,12 @@ async fn over_max_url_images_only_an_unused_url_image_base_makes_room() {
 mod real {
     //! The same on the real libvirtd (its unix socket), in a private pool of the test's own.
     use super::*;
+    use crate::image_fixtures::virsh;
     use std::path::PathBuf;
     use std::process::Command;
 
-    fn virsh(args: &[&str]) -> std::process::Output {
-        Command::new("timeout")
-            .args(["60", "virsh", "-c", "qemu:///system"])
-            .args(args)
-            .output()
-            .expect("virsh")
-    }
-
     fn unique(what: &str) -> String {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap();
-        format!(
-            "eptest-evict-{what}-{}-{:08x}",
-            now.as_secs(),
-            now.subsec_nanos() ^ std::process::id()
-        )
+        crate::image_fixtures::unique(&format!("evict-{what}"))
     }
 
     /// A transient dir pool and a domain name of the test's own; both removed on drop.

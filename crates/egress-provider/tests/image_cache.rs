@@ -8,21 +8,22 @@
     clippy::indexing_slicing
 )]
 
+mod image_fixtures;
 mod image_support;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use egress_provider::libvirt::config::{
-    Firmware, GuestSettings, ImageFormat, ImageSpec, LibvirtEntry, Timeouts, UrlImagePolicy,
+    Firmware, ImageFormat, ImageSpec, LibvirtEntry, UrlImagePolicy,
 };
 use egress_provider::libvirt::image::{
     self, Base, BulkConnect, FetchOptions, Target, cache, fetch, source,
 };
 use egress_provider::libvirt::names;
 use egress_provider::{ErrorClass, NoProgress, ProviderError};
+use image_fixtures::entry;
 use image_support::{GetLength, Head, ImageServer, Route, qcow2, sha};
 use libvirt_fake::{FakeLibvirt, JournalEntry, PoolSpec};
 use libvirt_remote::proto::{StoragePool, procs};
@@ -30,21 +31,6 @@ use libvirt_remote::{Client, OpenOptions};
 
 const POOL: &str = "images";
 const MIB: u64 = 1 << 20;
-
-fn entry(name: &str) -> LibvirtEntry {
-    LibvirtEntry {
-        name: name.into(),
-        hosts: Vec::new(),
-        images: BTreeMap::new(),
-        url_images: UrlImagePolicy::default(),
-        max_image_bytes: 64 * MIB,
-        guest: GuestSettings::default(),
-        timeouts: Timeouts::default(),
-        defaults: Default::default(),
-        limits: Default::default(),
-        policy: Default::default(),
-    }
-}
 
 fn spec(url: &str, sha256: Option<&str>, format: ImageFormat) -> ImageSpec {
     ImageSpec {
@@ -943,8 +929,8 @@ async fn credentials_never_appear_in_errors() {
 
 mod real {
     use super::*;
+    use crate::image_fixtures::{SshBulk, unique, virsh};
     use ep_test_support::sshd::Sshd;
-    use libvirt_remote::transport::ssh::{self, SshOptions, SshTarget};
     use std::path::{Path, PathBuf};
     use std::process::Command;
 
@@ -952,41 +938,6 @@ mod real {
     // NB: the imports here are a few hundred KiB; two minutes covers sshd start-up and a
     // loaded 2-core box.
     const BUDGET: Duration = Duration::from_secs(120);
-
-    struct SshBulk {
-        target: SshTarget,
-    }
-
-    #[async_trait]
-    impl BulkConnect for SshBulk {
-        async fn open(&self) -> Result<Client, ProviderError> {
-            let t = ssh::connect(&self.target, &SshOptions::default())
-                .await
-                .map_err(|e| ProviderError::transient(format!("ssh: {e}")))?;
-            Client::open(t, OpenOptions::default())
-                .await
-                .map_err(|e| ProviderError::transient(format!("libvirt open: {e}")))
-        }
-    }
-
-    fn virsh(args: &[&str]) -> std::process::Output {
-        Command::new("timeout")
-            .args(["60", "virsh", "-c", "qemu:///system"])
-            .args(args)
-            .output()
-            .expect("virsh")
-    }
-
-    fn unique(tag: &str) -> String {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap();
-        format!(
-            "eptest-{tag}-{}-{:08x}",
-            now.as_secs(),
-            now.subsec_nanos() ^ std::process::id()
-        )
-    }
 
     /// A transient dir pool in a temp dir; destroyed (and its files removed) on drop.
     struct PoolGuard {

@@ -9,20 +9,20 @@
     clippy::indexing_slicing
 )]
 
+mod image_fixtures;
 mod image_support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use egress_provider::libvirt::config::{
     Firmware, GuestSettings, ImageFormat, ImageSpec, LibvirtEntry, Timeouts, UrlImagePolicy,
 };
 use egress_provider::libvirt::image::{self, BulkConnect, FetchOptions, Target};
-use egress_provider::{ErrorClass, NoProgress, ProviderError};
+use egress_provider::{ErrorClass, NoProgress};
+use image_fixtures::FakeBulk;
 use image_support::{GetLength, Head, ImageServer, Route, qcow2, sha};
 use libvirt_fake::{FakeLibvirt, PoolSpec};
-use libvirt_remote::{Client, OpenOptions};
 
 const POOL: &str = "images";
 const MIB: u64 = 1 << 20;
@@ -30,17 +30,6 @@ const MIB: u64 = 1 << 20;
 // NB: one import of a few tens of MiB into the in-memory fake: a second or two; a minute
 // covers a loaded 2-core CI machine.
 const BUDGET: Duration = Duration::from_secs(60);
-
-struct FakeBulk(FakeLibvirt);
-
-#[async_trait]
-impl BulkConnect for FakeBulk {
-    async fn open(&self) -> Result<Client, ProviderError> {
-        Client::open(self.0.connect_duplex(), OpenOptions::default())
-            .await
-            .map_err(|e| ProviderError::transient(e.to_string()))
-    }
-}
 
 fn entry(url: &str, img: &[u8]) -> LibvirtEntry {
     let mut images = BTreeMap::new();

@@ -12,43 +12,26 @@
     clippy::indexing_slicing
 )]
 
+mod image_fixtures;
 mod image_support;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use egress_provider::libvirt::config::{
-    Firmware, GuestSettings, ImageFormat, ImageSpec, LibvirtEntry, Timeouts, UrlImagePolicy,
-};
+use egress_provider::libvirt::config::{Firmware, ImageFormat, ImageSpec};
 use egress_provider::libvirt::image::{self, Base, BulkConnect, FetchOptions, Target};
 use egress_provider::{ErrorClass, NoProgress, ProviderError};
+use image_fixtures::{FakeBulk, entry};
 use image_support::{ImageServer, Route, sha};
 use libvirt_fake::{FakeLibvirt, PoolSpec};
-use libvirt_remote::{Client, OpenOptions};
+use libvirt_remote::Client;
 
 const POOL: &str = "images";
 const MIB: u64 = 1 << 20;
 /// Data appended to each crafted image, so that a refusal "from the first bytes" is visible
 /// as most of the body never being sent.
 const PAD: usize = 24 << 20;
-
-fn entry(name: &str) -> LibvirtEntry {
-    LibvirtEntry {
-        name: name.into(),
-        hosts: Vec::new(),
-        images: BTreeMap::new(),
-        url_images: UrlImagePolicy::default(),
-        max_image_bytes: 64 * MIB,
-        guest: GuestSettings::default(),
-        timeouts: Timeouts::default(),
-        defaults: Default::default(),
-        limits: Default::default(),
-        policy: Default::default(),
-    }
-}
 
 fn spec(url: &str, sha256: &str, format: ImageFormat) -> ImageSpec {
     ImageSpec {
@@ -146,17 +129,6 @@ fn assert_refused(r: &Result<Base, ProviderError>, path: &str, says: &str) {
     assert!(e.message.contains(says), "{path}: {e}");
 }
 
-struct FakeBulk(FakeLibvirt);
-
-#[async_trait]
-impl BulkConnect for FakeBulk {
-    async fn open(&self) -> Result<Client, ProviderError> {
-        Client::open(self.0.connect_duplex(), OpenOptions::default())
-            .await
-            .map_err(|e| ProviderError::transient(e.to_string()))
-    }
-}
-
 /// Bound for each test body.
 // NB: four imports of a few MiB and, for the real daemon, an sshd start-up: seconds on an
 // idle box; two minutes covers a loaded 2-core CI machine.
@@ -215,33 +187,9 @@ async fn images_with_a_backing_file_a_data_file_or_encryption_are_refused_while_
 
 mod real {
     use super::*;
+    use crate::image_fixtures::{SshBulk, unique, virsh};
     use ep_test_support::sshd::Sshd;
-    use libvirt_remote::transport::ssh::{self, SshOptions, SshTarget};
     use std::path::PathBuf;
-
-    struct SshBulk {
-        target: SshTarget,
-    }
-
-    #[async_trait]
-    impl BulkConnect for SshBulk {
-        async fn open(&self) -> Result<Client, ProviderError> {
-            let t = ssh::connect(&self.target, &SshOptions::default())
-                .await
-                .map_err(|e| ProviderError::transient(format!("ssh: {e}")))?;
-            Client::open(t, OpenOptions::default())
-                .await
-                .map_err(|e| ProviderError::transient(format!("libvirt open: {e}")))
-        }
-    }
-
-    fn virsh(args: &[&str]) -> std::process::Output {
-        Command::new("timeout")
-            .args(["60", "virsh", "-c", "qemu:///system"])
-            .args(args)
-            .output()
-            .expect("virsh")
-    }
 
     /// A transient dir pool of the test's own; destroyed (and its files removed) on drop.
     struct PoolGuard {
@@ -251,14 +199,7 @@ mod real {
 
     impl PoolGuard {
         fn new() -> Self {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap();
-            let name = format!(
-                "eptest-selfcont-{}-{:08x}",
-                now.as_secs(),
-                now.subsec_nanos() ^ std::process::id()
-            );
+            let name = unique("selfcont");
             let dir = std::env::temp_dir().join(&name);
             std::fs::create_dir_all(&dir).unwrap();
             let out = virsh(&[

@@ -384,6 +384,19 @@ impl LibvirtProvider {
             (None, None) => None,
         };
         let mac = names::mac(entry, &req.uid);
+        // Two NICs with one MAC break each other's networking: refuse before defining.
+        if nic.is_some()
+            && let Some(other) = ops::mac::mac_user(c, &host.name, &mac, &name).await?
+        {
+            return Err(ProviderError::permanent(format!(
+                "the MAC address {mac} this Proxy's guest would get (derived from its UID and \
+                 entry {entry}) is already used by domain {other} on host {}; two guests with \
+                 one MAC break each other's networking. Place the Proxy on another host, or \
+                 recreate it under another name (a new UID derives another MAC), or remove \
+                 {other}",
+                host.name
+            )));
+        }
         // The entry's network filter, on the host before the domain that references it.
         let filter = if nic.is_some() && cfg.policy.network_filter {
             let fname = names::nwfilter(entry, self.installation.as_deref());

@@ -284,8 +284,14 @@ fn path_with(dir: &Path) -> String {
 }
 
 /// The quickstart with the test's binary and no host setup (the machine is prepared).
+///
+/// It starts through `env --default-signal` so that it gets the signals a user's shell gives
+/// it: a test suite run in the background (`nohup`, `&` in a script) inherits SIGINT ignored,
+/// and bash cannot trap a signal that was ignored when it started.
 fn quickstart(state: &Path, netns: &str) -> Command {
-    let mut c = Command::new(repo().join("scripts/quickstart"));
+    let mut c = Command::new("env");
+    c.arg("--default-signal=INT,TERM,HUP")
+        .arg(repo().join("scripts/quickstart"));
     c.env("EP_QUICKSTART_SETUP", "0")
         .env("EP_QUICKSTART_BIN", BIN)
         .env("EP_QUICKSTART_DIR", state)

@@ -563,4 +563,19 @@ async fn a_create_whose_mac_another_domain_on_the_host_uses_is_refused_before_de
         .create(&request(v, 4), &NoProgress)
         .await
         .unwrap();
+    // The check does not read every domain again on each create: the domain XML reads a
+    // create makes stay the same as the host fills up (they grew by one per domain before).
+    let mut per_create = Vec::new();
+    for n in 10..14 {
+        let before = s.fake.calls(procs::DOMAIN_GET_XML_DESC);
+        s.provider
+            .create(&request(uid(n), 4), &NoProgress)
+            .await
+            .unwrap();
+        per_create.push(s.fake.calls(procs::DOMAIN_GET_XML_DESC) - before);
+    }
+    assert!(
+        per_create.windows(2).all(|w| w[0] == w[1]),
+        "domain XML reads per create grew with the host's domains: {per_create:?}"
+    );
 }

@@ -63,6 +63,8 @@ pub struct LibvirtProvider {
     caps: Mutex<HashMap<String, HostCaps>>,
     /// Each host's guest subnets, per control connection (an address is trusted only inside).
     subnets: ops::trust::SubnetCache,
+    /// The MACs in use on each host, for the collision check before a define.
+    macs: ops::mac::MacIndex,
     pools: Mutex<HashMap<String, StoragePool>>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     installation: Option<String>,
@@ -102,6 +104,7 @@ impl LibvirtProvider {
             check,
             caps: Mutex::new(HashMap::new()),
             subnets: ops::trust::SubnetCache::default(),
+            macs: ops::mac::MacIndex::default(),
             pools: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
             installation: None,
@@ -386,7 +389,7 @@ impl LibvirtProvider {
         let mac = names::mac(entry, &req.uid);
         // Two NICs with one MAC break each other's networking: refuse before defining.
         if nic.is_some()
-            && let Some(other) = ops::mac::mac_user(c, &host.name, &mac, &name).await?
+            && let Some(other) = self.macs.user(c, &host.name, &mac, &name).await?
         {
             return Err(ProviderError::permanent(format!(
                 "the MAC address {mac} this Proxy's guest would get (derived from its UID and \
@@ -453,6 +456,9 @@ impl LibvirtProvider {
             .await
             .map_err(|e| classify(&e, &format!("defining {name} on host {}", host.name)))?;
         made.domain = Some(dom.clone());
+        if nic.is_some() {
+            self.macs.note(&host.name, &mac, &name);
+        }
         if let Err(e) = c.domain_create(&dom).await {
             let err = classify(&e, &format!("starting {name} on host {}", host.name));
             // NB: `virtType: auto` chose KVM because the host lists it and QEMU enabled it,

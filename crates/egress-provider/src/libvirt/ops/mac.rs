@@ -15,6 +15,17 @@
 //! or adopted) is not counted. Reads run at most [`MAC_READS_IN_FLIGHT`] at a time.
 //! Not covered: two creates on one host whose derived MACs collide and that both pass the
 //! check before either defines its domain, and MACs used outside libvirt on the same segment.
+//!
+//! Creates ask [`MacIndex`], not [`mac_user`]: reading every domain on each create made a
+//! create's cost grow with the host's domains (a quadratic fill of a host, and the larger part
+//! of the operator's CPU at 100 guests per host). The index reads a host's domains at most once
+//! per [`MAC_INDEX_TTL`] and learns the domains this process defines; a MAC it finds in use is
+//! confirmed by a fresh read before a create is refused, so a domain deleted since never blocks
+//! one. A foreign domain defined within the TTL of the last read is not seen until the next.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use futures_util::stream::{self, StreamExt};
 use libvirt_remote::Client;
@@ -59,6 +70,93 @@ pub async fn mac_user(
         }
     }
     Ok(None)
+}
+
+/// How long a host's MAC index is used before its domains are read again.
+pub const MAC_INDEX_TTL: Duration = Duration::from_secs(60);
+
+/// Every MAC on the host (lower-cased) → the domain using it, from a complete read.
+async fn read_all(c: &Client, host: &str) -> crate::error::Result<HashMap<String, String>> {
+    let doms = c
+        .list_all_domains(0)
+        .await
+        .map_err(|e| classify(&e, &format!("listing domains on host {host}")))?;
+    let mut reads = stream::iter(doms)
+        .map(|d| async move {
+            match c.domain_xml(&d, 0).await {
+                Ok(xml) => Ok(Some((d.name, xml))),
+                Err(e) if is_code(&e, CODE_NO_DOMAIN) => Ok(None),
+                Err(e) => Err(classify(
+                    &e,
+                    &format!("reading domain {} on host {host}", d.name),
+                )),
+            }
+        })
+        .buffer_unordered(MAC_READS_IN_FLIGHT);
+    let mut map = HashMap::new();
+    while let Some(r) = reads.next().await {
+        if let Some((name, xml)) = r? {
+            for m in macs_in(&xml) {
+                map.insert(m, name.clone());
+            }
+        }
+    }
+    Ok(map)
+}
+
+/// One host's MACs (lower-cased) → the domain using each, and when they were read.
+type HostMacs = (Instant, HashMap<String, String>);
+
+/// The MACs in use on each host, read at most once per [`MAC_INDEX_TTL`]; see the module doc.
+#[derive(Debug, Default)]
+pub struct MacIndex {
+    hosts: Mutex<HashMap<String, HostMacs>>,
+}
+
+impl MacIndex {
+    /// The domain other than `own` using `mac` on `host`, as [`mac_user`] answers it, from the
+    /// index when it is fresh; a hit is confirmed by a fresh read before it is returned.
+    pub async fn user(
+        &self,
+        c: &Client,
+        host: &str,
+        mac: &str,
+        own: &str,
+    ) -> crate::error::Result<Option<String>> {
+        let want = mac.to_ascii_lowercase();
+        let cached = {
+            let hosts = self.hosts.lock().unwrap_or_else(PoisonError::into_inner);
+            hosts
+                .get(host)
+                .filter(|(at, _)| at.elapsed() < MAC_INDEX_TTL)
+                .map(|(_, m)| m.get(&want).cloned())
+        };
+        match cached {
+            Some(None) => return Ok(None),
+            Some(Some(d)) if d == own => return Ok(None),
+            // Not indexed, stale, or a hit to confirm: read the host again.
+            _ => {}
+        }
+        let map = read_all(c, host).await?;
+        let found = map.get(&want).filter(|d| *d != own).cloned();
+        self.hosts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(host.to_owned(), (Instant::now(), map));
+        Ok(found)
+    }
+
+    /// Records that `domain` on `host` now uses `mac` (after this process defined it).
+    pub fn note(&self, host: &str, mac: &str, domain: &str) {
+        if let Some((_, m)) = self
+            .hosts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(host)
+        {
+            m.insert(mac.to_ascii_lowercase(), domain.to_owned());
+        }
+    }
 }
 
 /// Every `<mac address='…'/>` in a domain XML, lower-cased (an unreadable document yields

@@ -76,8 +76,8 @@ pub async fn mac_user(
 /// How long a host's MAC index is used before its domains are read again.
 pub const MAC_INDEX_TTL: Duration = Duration::from_secs(60);
 
-/// Every MAC on the host (lower-cased) → the domain using it, from a complete read.
-async fn read_all(c: &Client, host: &str) -> crate::error::Result<HashMap<String, String>> {
+/// Every MAC on the host (lower-cased) → the domains using it, from a complete read.
+async fn read_all(c: &Client, host: &str) -> crate::error::Result<HashMap<String, Vec<String>>> {
     let doms = c
         .list_all_domains(0)
         .await
@@ -98,15 +98,20 @@ async fn read_all(c: &Client, host: &str) -> crate::error::Result<HashMap<String
     while let Some(r) = reads.next().await {
         if let Some((name, xml)) = r? {
             for m in macs_in(&xml) {
-                map.insert(m, name.clone());
+                map.entry(m).or_insert_with(Vec::new).push(name.clone());
             }
         }
     }
     Ok(map)
 }
 
-/// One host's MACs (lower-cased) → the domain using each, and when they were read.
-type HostMacs = (Instant, HashMap<String, String>);
+/// One host's MACs (lower-cased) → the domains using each, and when they were read.
+type HostMacs = (Instant, HashMap<String, Vec<String>>);
+
+/// A domain other than `own` among those using `mac` in `map`.
+fn other_user(map: &HashMap<String, Vec<String>>, mac: &str, own: &str) -> Option<String> {
+    map.get(mac)?.iter().find(|d| *d != own).cloned()
+}
 
 /// The MACs in use on each host, read at most once per [`MAC_INDEX_TTL`]; see the module doc.
 #[derive(Debug, Default)]
@@ -130,16 +135,14 @@ impl MacIndex {
             hosts
                 .get(host)
                 .filter(|(at, _)| at.elapsed() < MAC_INDEX_TTL)
-                .map(|(_, m)| m.get(&want).cloned())
+                .map(|(_, m)| other_user(m, &want, own))
         };
-        match cached {
-            Some(None) => return Ok(None),
-            Some(Some(d)) if d == own => return Ok(None),
-            // Not indexed, stale, or a hit to confirm: read the host again.
-            _ => {}
+        if let Some(None) = cached {
+            return Ok(None);
         }
+        // Not indexed, stale, or a hit to confirm: read the host again.
         let map = read_all(c, host).await?;
-        let found = map.get(&want).filter(|d| *d != own).cloned();
+        let found = other_user(&map, &want, own);
         self.hosts
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -155,7 +158,10 @@ impl MacIndex {
             .unwrap_or_else(PoisonError::into_inner)
             .get_mut(host)
         {
-            m.insert(mac.to_ascii_lowercase(), domain.to_owned());
+            let users = m.entry(mac.to_ascii_lowercase()).or_default();
+            if !users.iter().any(|d| d == domain) {
+                users.push(domain.to_owned());
+            }
         }
     }
 }
@@ -190,6 +196,22 @@ pub fn macs_in(xml: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_own_domain_sharing_a_mac_never_hides_another_user() {
+        let mut m = HashMap::new();
+        m.insert(
+            "52:54:00:00:00:01".to_owned(),
+            vec!["own".to_owned(), "other".to_owned()],
+        );
+        assert_eq!(
+            other_user(&m, "52:54:00:00:00:01", "own").as_deref(),
+            Some("other")
+        );
+        m.insert("52:54:00:00:00:02".to_owned(), vec!["own".to_owned()]);
+        assert_eq!(other_user(&m, "52:54:00:00:00:02", "own"), None);
+        assert_eq!(other_user(&m, "52:54:00:00:00:03", "own"), None);
+    }
 
     #[test]
     fn macs_are_read_from_every_interface_whatever_the_case() {

@@ -226,6 +226,7 @@ mod tests {
             pool_free_bytes: Some(0),
             missing: vec!["free space in storage pool p: 0 bytes".into()],
             error: Some("e".repeat(10_000)),
+            addresses: Vec::new(),
         }
     }
 

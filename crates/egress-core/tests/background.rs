@@ -85,6 +85,7 @@ impl Provider for TimedCheck {
                 pool_free_bytes: None,
                 missing: Vec::new(),
                 error: None,
+                addresses: Vec::new(),
             })
             .collect()
     }

@@ -279,6 +279,7 @@ async fn deleting_a_proxy_with_no_provider_id_leaves_nothing_on_any_host() {
         memory_mib: 256,
         vcpus: 1,
         user_data: "#cloud-config\n{}\n".into(),
+        pinned_egress: Vec::new(),
     };
     within(
         "a create",

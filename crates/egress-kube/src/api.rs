@@ -474,6 +474,7 @@ mod tests {
             pool_free_bytes: Some(5 * GIB + 7),
             missing: vec!["bridge br0".into()],
             error: Some("fetch https://user:secret@example.com/img failed".into()),
+            addresses: Vec::new(),
         };
         let h = HostHealth::from_report(&r, "2026-01-01T00:00:00Z");
         assert_eq!(h.state, HostHealthState::Degraded);

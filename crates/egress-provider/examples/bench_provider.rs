@@ -295,6 +295,7 @@ async fn main() {
         memory_mib: 128,
         vcpus: 1,
         user_data: "#cloud-config\n{}\n".into(),
+        pinned_egress: Vec::new(),
     };
     let (ua, ub) = (
         ProxyUid(uuid::Uuid::new_v4()),

@@ -109,6 +109,10 @@ pub struct CreateRequest {
     pub vcpus: u32,
     /// cloud-init user-data (already rendered by the caller; carries the proxy config).
     pub user_data: String,
+    /// Egress addresses the Proxy pins (`spec.egress.address`), at most one per family. A
+    /// provider with an address pool for the host gives exactly these or fails Permanent;
+    /// empty means "allocate from the host's pool when it has one".
+    pub pinned_egress: Vec<IpAddr>,
 }
 
 impl std::fmt::Debug for CreateRequest {
@@ -121,6 +125,7 @@ impl std::fmt::Debug for CreateRequest {
             .field("disk_gib", &self.disk_gib)
             .field("memory_mib", &self.memory_mib)
             .field("vcpus", &self.vcpus)
+            .field("pinned_egress", &self.pinned_egress)
             .field(
                 "user_data",
                 &format_args!("<{} bytes, redacted>", self.user_data.len()),
@@ -161,6 +166,10 @@ pub struct Instance {
     pub ip: Option<IpAddr>,
     /// The NIC's MAC address.
     pub mac: String,
+    /// The declared egress addresses allocated to this instance from its host's address
+    /// pool (at most one per family, as its mark records them); empty when the host has no
+    /// pool. The health check expects exactly these as the observed egress.
+    pub egress: Vec<IpAddr>,
 }
 
 /// An instance found by listing, with its verified mark.
@@ -199,6 +208,19 @@ pub struct HostReport {
     pub missing: Vec<String>,
     /// Last error (redacted, truncated).
     pub error: Option<String>,
+    /// Usage of the host's declared-address pool, one per family it has; empty without a pool.
+    pub addresses: Vec<AddressUsage>,
+}
+
+/// How much of one family of a host's address pool is held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddressUsage {
+    /// `IPv4` or `IPv6`.
+    pub family: &'static str,
+    /// Allocatable addresses in the pool's ranges.
+    pub size: u128,
+    /// Addresses held by instances (as far as this process knows).
+    pub held: u64,
 }
 
 /// A host's state.
@@ -330,6 +352,7 @@ mod tests {
             memory_mib: 512,
             vcpus: 1,
             user_data: "BasicAuth alice s3cr3t-pw-16chars\n".into(),
+            pinned_egress: Vec::new(),
         };
         let d = format!("{r:?}");
         assert!(!d.contains("s3cr3t"), "{d}");

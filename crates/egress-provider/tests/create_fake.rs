@@ -138,6 +138,7 @@ fn request(u: ProxyUid, disk_gib: u64) -> CreateRequest {
         memory_mib: 256,
         vcpus: 1,
         user_data: "#cloud-config\n{}\n".into(),
+        pinned_egress: Vec::new(),
     }
 }
 

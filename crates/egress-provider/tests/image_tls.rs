@@ -347,6 +347,7 @@ fn request(u: ProxyUid, image: &str, disk_gib: u64, memory_mib: u64) -> CreateRe
         memory_mib,
         vcpus: 1,
         user_data: "#cloud-config\n{}\n".into(),
+        pinned_egress: Vec::new(),
     }
 }
 

@@ -92,6 +92,7 @@ fn request(n: u8) -> CreateRequest {
         memory_mib: 256,
         vcpus: 1,
         user_data: "#cloud-config\n{}\n".into(),
+        pinned_egress: Vec::new(),
     }
 }
 

@@ -143,6 +143,7 @@ fn request(uid: ProxyUid, disk_gib: u64) -> CreateRequest {
         memory_mib: 128,
         vcpus: 1,
         user_data: "#cloud-config\n{}\n".into(),
+        pinned_egress: Vec::new(),
     }
 }
 

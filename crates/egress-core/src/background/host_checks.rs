@@ -104,6 +104,7 @@ pub fn timeout_reports(check: &EntryCheck) -> Vec<HostReport> {
             pool_free_bytes: None,
             missing: Vec::new(),
             error: None,
+            addresses: Vec::new(),
         })
         .collect()
 }

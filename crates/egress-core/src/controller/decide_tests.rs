@@ -119,6 +119,7 @@ fn inst(h: &str, state: InstanceState, ip: Option<&str>) -> Instance {
         state,
         ip: ip.map(|s| s.parse().unwrap()),
         mac: "52:54:00:00:00:01".into(),
+        egress: Vec::new(),
     }
 }
 

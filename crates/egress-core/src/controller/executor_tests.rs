@@ -57,6 +57,7 @@ impl Provider for Scripted {
             state: InstanceState::Running,
             ip: Some("192.0.2.7".parse().unwrap()),
             mac: "52:54:00:00:00:07".into(),
+            egress: Vec::new(),
         };
         self.made.lock().unwrap().insert(req.uid, inst.clone());
         Ok(inst)
@@ -326,6 +327,7 @@ async fn a_host_last_reported_unreachable_gets_no_new_proxy_even_when_least_load
         pool_free_bytes: None,
         missing: vec![],
         error: None,
+        addresses: Vec::new(),
     };
     c.record_host_reports(
         "home",

@@ -255,6 +255,7 @@ fn report(host: &str, state: HostState, error: String) -> HostReport {
         pool_free_bytes: None,
         missing: Vec::new(),
         error: Some(bound_error(&error)),
+        addresses: Vec::new(),
     }
 }
 
@@ -339,6 +340,7 @@ async fn run_check(
         pool_free_bytes: None,
         missing: Vec::new(),
         error: None,
+        addresses: Vec::new(),
     };
     let budget = Instant::now() + opts.probe_budget;
     match tokio::time::timeout_at(budget, probe(pool, &cfg, &client, opts, &mut r)).await {

@@ -495,6 +495,7 @@ impl LibvirtProvider {
             state: InstanceState::Provisioning,
             ip: None,
             mac,
+            egress: Vec::new(),
         })
     }
 }
@@ -715,6 +716,7 @@ impl Provider for LibvirtProvider {
                     pool_free_bytes: None,
                     missing: vec![],
                     error: Some(e.message.clone()),
+                    addresses: Vec::new(),
                 })
                 .collect(),
         }

@@ -144,6 +144,7 @@ pub(super) fn request(
         memory_mib,
         vcpus,
         user_data,
+        pinned_egress: Vec::new(),
     })
 }
 

@@ -98,6 +98,7 @@ pub async fn get_cached(
         state: state::map(st, reason, ip.is_some()),
         ip,
         mac,
+        egress: Vec::new(),
     })
 }
 

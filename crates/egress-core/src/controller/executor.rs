@@ -186,6 +186,26 @@ impl Controller {
         }
     }
 
+    /// The hosts of `entry` in config order with their last recorded health report (what
+    /// [`Controller::record_host_reports`] learnt), as the pool decision takes them; empty
+    /// when the entry does not exist.
+    pub fn pool_hosts(&self, entry: &str) -> Vec<crate::pool::PoolHost> {
+        let providers = self.providers();
+        let Some(h) = providers.get(entry) else {
+            return Vec::new();
+        };
+        let st = lock(&self.inner.state);
+        let states = st.health.get(entry);
+        h.config
+            .hosts
+            .iter()
+            .map(|host| crate::pool::PoolHost {
+                name: host.name.clone(),
+                state: states.and_then(|s| s.get(&host.name).copied()),
+            })
+            .collect()
+    }
+
     /// The address the provider last reported for `uid`'s instance in this process: the
     /// address the provider verified (inside the host's guest subnets, the host's own answer
     /// winning over the guest's), kept while the instance runs without one (as the status

@@ -35,5 +35,5 @@ pub use self::decide::{
 pub use self::member::{Member, MemberMeta};
 pub use self::quantity::IntOrPercent;
 pub use self::spec::{ProxyPoolManifest, ProxyPoolSpec};
-pub use self::status::ProxyPoolStatus;
+pub use self::status::{PoolMemberStatus, ProxyPoolStatus};
 pub use self::validate::PoolPolicy;

@@ -100,6 +100,78 @@ pub struct ProxyPoolStatus {
     /// because its annotation was removed is deleted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quarantined: Vec<String>,
+    /// The label selector of the pool's members (`egress-proxies.dev/pool=NAME`), as the
+    /// `scale` subresource reports it to `kubectl scale` and autoscalers.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub selector: String,
+    /// The members (quarantined ones included), by name, with their host, phase and
+    /// addresses; at most [`MAX_STATUS_MEMBERS`], the rest counted in `membersOmitted`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "schema", schemars(extend(
+        "x-kubernetes-list-type" = "map",
+        "x-kubernetes-list-map-keys" = ["name"]
+    )))]
+    pub members: Vec<PoolMemberStatus>,
+    /// Members left out of `members` to keep the status small.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub members_omitted: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// Most members listed in a pool's status.
+// NB: about 200 bytes each: 500 keep the status near 100 KB, far below the API server's
+// object size limit (1.5 MB) at the largest pool allowed.
+pub const MAX_STATUS_MEMBERS: usize = 500;
+
+/// One member as the pool's status lists it (filled by the driver from the member's own
+/// status; the decision leaves the list as it was).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct PoolMemberStatus {
+    /// The member Proxy's name.
+    pub name: String,
+    /// The host it runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Its phase.
+    pub phase: crate::model::Phase,
+    /// Its address on the host's network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+    /// The address the world sees its traffic from (the health check's echo target saw it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_ip: Option<String>,
+    /// It counts towards `availableReplicas` (healthy through itself).
+    #[serde(default)]
+    pub available: bool,
+    /// It is quarantined (replaced, kept for inspection, not published).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub quarantined: bool,
+}
+
+impl PoolMemberStatus {
+    /// The row of member `name` on `host` from its Proxy `status`.
+    pub fn of(
+        name: &str,
+        host: Option<&str>,
+        status: &crate::model::ProxyStatus,
+        available: bool,
+        quarantined: bool,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            host: status.host.clone().or_else(|| host.map(str::to_owned)),
+            phase: status.phase,
+            ip: status.ip.clone(),
+            egress_ip: status.health.as_ref().and_then(|h| h.egress_ip.clone()),
+            available,
+            quarantined,
+        }
+    }
 }
 
 /// Consecutive member failures on one host (reset when a member there becomes available).

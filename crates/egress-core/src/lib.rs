@@ -18,7 +18,6 @@
 pub mod background;
 pub mod config;
 pub mod controller;
-pub mod egress_address;
 pub mod exposition;
 pub mod gc;
 pub mod health;

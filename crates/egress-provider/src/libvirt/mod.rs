@@ -3,6 +3,7 @@
 //! Modules: [`config`] (one provider entry), [`names`] (every name derived from entry + UID),
 //! [`mark`] (the ownership mark, strictly parsed).
 
+pub mod address_alloc;
 pub mod address_pool;
 pub mod caps;
 pub mod check;

@@ -1,7 +1,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
-use egress_provider::libvirt::address_pool::{AddressPool, FamilyPool, ParsedPool};
+use crate::libvirt::address_pool::{AddressPool, FamilyPool, ParsedPool};
 
 use super::*;
 

@@ -24,7 +24,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use egress_provider::libvirt::address_pool::{ParsedFamily, ParsedPool, from_num, num};
+use super::address_pool::{ParsedFamily, ParsedPool, from_num, num};
 
 /// Why no address was allocated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -353,5 +353,5 @@ impl HostAddresses {
 }
 
 #[cfg(test)]
-#[path = "egress_address_tests.rs"]
+#[path = "address_alloc_tests.rs"]
 mod tests;

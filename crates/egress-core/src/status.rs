@@ -38,7 +38,44 @@ impl StatusDocument {
                 .cloned()
                 .collect(),
             manifest_errors: self.manifest_errors.clone(),
+            pools: self
+                .pools
+                .iter()
+                .filter(|p| f.pool.is_none() || f.keeps_pool_row(p))
+                .cloned()
+                .collect(),
         }
+    }
+
+    /// The `/pools/NAME/healthy.txt` body of pool `namespace/name`: `ip:port` of each member
+    /// the pool counts as available (not quarantined, not being deleted), one per line,
+    /// sorted; `None` when no such pool exists.
+    pub fn pool_healthy_list(&self, namespace: &str, name: &str) -> Option<String> {
+        let pool = self
+            .pools
+            .iter()
+            .find(|p| p.namespace == namespace && p.name == name)?;
+        let mut eps: Vec<String> = pool
+            .members
+            .iter()
+            .filter(|m| m.available && m.quarantine.is_none() && !m.deleting)
+            .filter_map(|m| {
+                let row = self
+                    .proxies
+                    .iter()
+                    .find(|p| p.namespace == pool.namespace && p.name == m.name)?;
+                let ip: std::net::IpAddr = row.ip.as_deref()?.parse().ok()?;
+                Some(std::net::SocketAddr::new(ip, row.port?).to_string())
+            })
+            .collect();
+        eps.sort();
+        eps.dedup();
+        let mut out = String::with_capacity(eps.len() * 22);
+        for e in eps {
+            out.push_str(&e);
+            out.push('\n');
+        }
+        Some(out)
     }
 }
 
@@ -55,6 +92,56 @@ pub struct StatusDocument {
     pub hosts: Vec<HostRow>,
     /// Current manifest errors (bad files keep their last good version).
     pub manifest_errors: Vec<String>,
+    /// One row per ProxyPool, sorted by namespace/name (absent from documents written before
+    /// pools existed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolStatusRow>,
+}
+
+/// One ProxyPool: what it wants, its status, and its members.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolStatusRow {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Members wanted (`spec.replicas`).
+    pub desired: u32,
+    /// The pool's status (counts, conditions, quarantined members).
+    pub status: crate::pool::ProxyPoolStatus,
+    /// Its members (each also has a row in `proxies`, in the pool's namespace), sorted by name.
+    #[serde(default)]
+    pub members: Vec<PoolMemberRow>,
+    /// Why the pool cannot act, when it cannot (e.g. its credentials file is unreadable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One member of a pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolMemberRow {
+    /// The member Proxy's name.
+    pub name: String,
+    /// The host the pool placed it on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Its phase.
+    pub phase: Phase,
+    /// Counted as available by the pool (Ready, Running and, with health checks on, healthy
+    /// through itself): what `/pools/NAME/healthy.txt` lists.
+    pub available: bool,
+    /// The template hash it was made from.
+    pub template_hash: String,
+    /// When it was created (RFC 3339).
+    pub created_at: String,
+    /// Its quarantine reason, when quarantined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine: Option<String>,
+    /// The pool is deleting it.
+    #[serde(default)]
+    pub deleting: bool,
 }
 
 /// One Proxy.
@@ -159,6 +246,7 @@ mod tests {
                 error: None,
             }],
             manifest_errors: vec!["a.yaml: bad".into()],
+            pools: vec![],
         };
         let j = serde_json::to_string(&d).unwrap();
         assert!(j.contains("\"generatedAt\"") && j.contains("\"providerId\""));
@@ -209,6 +297,7 @@ mod tests {
             ],
             hosts: vec![host("h1", "Ready"), host("h2", "Degraded")],
             manifest_errors: vec!["x.yaml: bad".into()],
+            pools: vec![],
         }
     }
 
@@ -278,5 +367,80 @@ mod tests {
         assert_eq!(rows[0].name, "a");
         let all: StatusDocument = serde_json::from_slice(&get("/status", None)).unwrap();
         assert_eq!(all, fleet());
+    }
+
+    #[test]
+    fn a_pools_healthy_list_holds_its_available_members_only_and_is_served_per_pool() {
+        use http_body_util::BodyExt;
+        use hyper::Method;
+
+        use crate::web::{Routes, handle_request};
+
+        struct D(StatusDocument);
+        impl crate::web::Endpoints for D {
+            fn status(&self) -> StatusDocument {
+                self.0.clone()
+            }
+            fn metrics(&self, _: crate::metrics::MetricsFormat) -> String {
+                String::new()
+            }
+            fn ready(&self) -> bool {
+                true
+            }
+        }
+        let member = |name: &str, available: bool| PoolMemberRow {
+            name: name.into(),
+            host: Some("h1".into()),
+            phase: Phase::Running,
+            available,
+            template_hash: "t".into(),
+            created_at: String::new(),
+            quarantine: None,
+            deleting: false,
+        };
+        let mut doc = fleet();
+        for (p, ip) in doc.proxies.iter_mut().zip(1..) {
+            p.ip = Some(format!("192.0.2.{ip}"));
+        }
+        let names: Vec<String> = doc.proxies.iter().map(|p| p.name.clone()).collect();
+        let mut quarantined = member(&names[1], true);
+        quarantined.quarantine = Some("banned".into());
+        let mut going = member(&names[2], true);
+        going.deleting = true;
+        doc.pools = vec![PoolStatusRow {
+            namespace: "default".into(),
+            name: "web".into(),
+            desired: 3,
+            status: crate::pool::ProxyPoolStatus::default(),
+            members: vec![
+                member(&names[0], true),
+                quarantined,
+                going,
+                member(&names[3], false),
+            ],
+            error: None,
+        }];
+        assert_eq!(
+            doc.pool_healthy_list("default", "web").as_deref(),
+            Some("192.0.2.1:3128\n")
+        );
+        assert_eq!(doc.pool_healthy_list("other", "web"), None);
+        let ep = D(doc);
+        let get = |path: &str| {
+            let r = handle_request(&ep, None, Routes::All, &Method::GET, path, None);
+            let code = r.status().as_u16();
+            let body = futures_util::FutureExt::now_or_never(r.into_body().collect())
+                .unwrap()
+                .unwrap()
+                .to_bytes();
+            (code, String::from_utf8(body.to_vec()).unwrap())
+        };
+        assert_eq!(
+            get("/pools/web/healthy.txt"),
+            (200, "192.0.2.1:3128\n".into())
+        );
+        assert_eq!(get("/pools/default/web/healthy.txt").0, 200);
+        assert_eq!(get("/pools/nope/healthy.txt").0, 404);
+        assert_eq!(get("/pools/a/b/web/healthy.txt").0, 404);
     }
 }

@@ -4,7 +4,9 @@
 //! loaded and first adoption done), `GET /proxies` (JSON: every Proxy's row with its health
 //! and egress IP), `GET /hosts` (JSON: every host's last check, [`HostHealth`]) and
 //! `GET /healthy.txt` (one `ip:port` per line of every Running proxy the health engine
-//! decided healthy, sorted; empty when none is or health checks are off). A listener may
+//! decided healthy, sorted; empty when none is or health checks are off),
+//! `GET /pools/NAME/healthy.txt` (or `/pools/NAMESPACE/NAME/healthy.txt`: `ip:port` of each
+//! member the pool counts as available, sorted; 404 for an unknown pool). A listener may
 //! answer only a subset ([`Routes`]): Kubernetes mode serves the probes on its main port and
 //! the status views only on an opt-in second one.
 //!
@@ -76,6 +78,11 @@ pub trait Endpoints: Send + Sync + 'static {
     /// its own readiness rule).
     fn not_ready_reason(&self) -> String {
         "waiting for the first adoption".to_owned()
+    }
+    /// The `/pools/…/healthy.txt` body of pool `namespace/name` (`None`: no such pool); by
+    /// default from the status document ([`StatusDocument::pool_healthy_list`]).
+    fn pool_healthy(&self, namespace: &str, name: &str) -> Option<String> {
+        self.status().pool_healthy_list(namespace, name)
     }
     /// Every host's last check (`/hosts`); by default built from the status document's rows.
     fn hosts(&self) -> Vec<HostHealth> {
@@ -233,6 +240,19 @@ pub fn handle_routes(
             healthy_list(&ep.status()),
         ),
         "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
+        p if p.starts_with("/pools/") && p.ends_with("/healthy.txt") => {
+            let middle = p
+                .strip_prefix("/pools/")
+                .and_then(|m| m.strip_suffix("/healthy.txt"))
+                .unwrap_or_default();
+            let (namespace, name) = middle.split_once('/').unwrap_or(("default", middle));
+            match ep.pool_healthy(namespace, name) {
+                Some(body) if !name.contains('/') => {
+                    respond(StatusCode::OK, "text/plain; charset=utf-8", body)
+                }
+                _ => respond(StatusCode::NOT_FOUND, "text/plain", "no such pool\n"),
+            }
+        }
         "/readyz" => {
             if ep.ready() {
                 respond(StatusCode::OK, "text/plain", "ready\n")
@@ -352,6 +372,7 @@ mod tests {
                 proxies: vec![],
                 hosts: vec![],
                 manifest_errors: vec![],
+                pools: vec![],
             }
         }
         fn metrics(&self, _: crate::metrics::MetricsFormat) -> String {

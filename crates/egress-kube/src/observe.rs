@@ -163,6 +163,7 @@ impl Endpoints for Observer {
                 })
                 .collect(),
             manifest_errors: Vec::new(),
+            pools: Vec::new(),
         }
     }
 

@@ -326,6 +326,7 @@ fn every_field_of_the_status_document_is_documented_for_users() {
             error: Some("e".into()),
         }],
         manifest_errors: vec!["a.yaml: bad".into()],
+        pools: vec![],
     };
     let mut keys = std::collections::BTreeSet::new();
     json_keys(&serde_json::to_value(&doc).unwrap(), &mut keys);

@@ -49,6 +49,7 @@ impl Shared {
             proxies,
             hosts: lock(&self.hosts).values().cloned().collect(),
             manifest_errors: lock(&self.manifest_errors).clone(),
+            pools: Vec::new(),
         }
     }
 }

@@ -125,6 +125,13 @@ impl Filters {
             && self.health.as_deref().is_none_or(|s| s == health_label(p))
     }
 
+    /// Whether the pool row `p` passes (`pool` as `NAME` or `NAMESPACE/NAME`).
+    pub fn keeps_pool_row(&self, p: &crate::status::PoolStatusRow) -> bool {
+        self.pool
+            .as_deref()
+            .is_none_or(|x| x == p.name || x == format!("{}/{}", p.namespace, p.name))
+    }
+
     pub(super) fn keeps_pool(&self, p: &PoolSummary) -> bool {
         self.pool
             .as_deref()

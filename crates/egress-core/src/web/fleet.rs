@@ -49,11 +49,20 @@ pub(super) fn answer(
             let doc = ep.status();
             let hosts = ep.hosts();
             let snapshot = history.map(History::snapshot).unwrap_or_default();
+            let pools: Vec<page::PoolSummary> = doc
+                .pools
+                .iter()
+                .map(|p| page::PoolSummary {
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                    ready: p.status.available_replicas,
+                    desired: p.desired,
+                })
+                .collect();
             let fleet = Fleet {
                 doc: &doc,
                 hosts: &hosts,
-                // NB: the status document has no pools yet; the page shows none.
-                pools: &[],
+                pools: &pools,
                 history: &snapshot,
             };
             let filters = Filters::from_query(query);

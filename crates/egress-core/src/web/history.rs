@@ -250,6 +250,7 @@ mod tests {
             proxies,
             hosts,
             manifest_errors: vec![],
+            pools: vec![],
         }
     }
 

@@ -91,6 +91,7 @@ fn document() -> StatusDocument {
             host("other", HOSTILE_ATTR, "Degraded", None),
         ],
         manifest_errors: vec![],
+        pools: vec![],
     }
 }
 

@@ -326,6 +326,7 @@ mod tests {
                 error: Some("connection refused".into()),
             }],
             manifest_errors: vec!["a.yaml: bad".into()],
+            pools: vec![],
         };
         let out = render(&doc, now);
         let row = out.lines().nth(1).unwrap_or_default();
@@ -403,6 +404,7 @@ mod tests {
             proxies: vec![row("a", Some(true)), row("b", Some(false)), row("c", None)],
             hosts: vec![],
             manifest_errors: vec![],
+            pools: vec![],
         };
         let out = render(&doc, SystemTime::UNIX_EPOCH);
         let lines: Vec<&str> = out.lines().collect();

@@ -62,6 +62,7 @@ fn spec<'a>(
         entry: "eptest",
         created_at: SystemTime::now(),
         installation: None,
+        addresses: &[],
     }
 }
 

@@ -231,6 +231,7 @@ fn spec_fixture() -> DomainSpec<'static> {
         entry: "home",
         created_at: SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000),
         installation: None,
+        addresses: &[],
     }
 }
 
@@ -950,6 +951,7 @@ async fn a_generated_domain_defines_on_the_real_libvirtd_and_its_mark_reads_back
                 entry: "eptest",
                 created_at: created,
                 installation: None,
+                addresses: &[],
             },
             &hc,
         )
@@ -1006,6 +1008,7 @@ async fn boots_to_running(test: &str, firmware: Firmware) {
             entry: "eptest",
             created_at: SystemTime::now(),
             installation: None,
+            addresses: &[],
         },
         &hc,
     )

@@ -188,6 +188,7 @@ async fn a_started_domain_gets_the_filter_on_its_tap_and_the_filter_is_then_in_u
                 entry: &g.entry,
                 created_at: SystemTime::now(),
                 installation: None,
+                addresses: &[],
             },
             &hc,
         )

@@ -341,6 +341,11 @@ impl HostAddresses {
         addrs
     }
 
+    /// Every holder that holds an address (any family), in no particular order.
+    pub fn holders(&self) -> impl Iterator<Item = &str> {
+        self.by_holder.keys().map(String::as_str)
+    }
+
     /// Free addresses of the family (`v4`): the pool's size less what is held inside it.
     pub fn free(&self, v4: bool) -> u128 {
         self.family(v4).map_or(0, |f| f.size)

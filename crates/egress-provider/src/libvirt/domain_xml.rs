@@ -128,6 +128,8 @@ pub struct DomainSpec<'a> {
     pub created_at: SystemTime,
     /// The installation ID written into the mark (`None`: a mark without one).
     pub installation: Option<&'a str>,
+    /// The declared egress addresses written into the mark (empty: none allocated).
+    pub addresses: &'a [std::net::IpAddr],
 }
 
 /// Builds the domain XML for `spec` on the host described by `caps`. Invalid values and
@@ -218,7 +220,13 @@ fn validate(spec: &DomainSpec<'_>, caps: &HostCaps) -> Result<()> {
     }
     // NB: a domain whose mark cannot be read back would never be recognised as ours again
     // (never deleted, leaked): refuse it before defining.
-    let m = mark::render_for(spec.uid, spec.entry, spec.installation, spec.created_at);
+    let m = mark::render_with(
+        spec.uid,
+        spec.entry,
+        spec.installation,
+        spec.addresses,
+        spec.created_at,
+    );
     if mark::parse(&m, spec.entry, SystemTime::now()).is_none() {
         return Err(ProviderError::permanent(format!(
             "entry name {:?} cannot be carried by the ownership mark (it needs escaping); use \
@@ -288,7 +296,13 @@ fn write(spec: &DomainSpec<'_>, caps: &HostCaps, fw: &FirmwareChoice) -> io::Res
         x.text("uuid", &[], &u.hyphenated().to_string())?;
     }
     x.open("metadata", &[])?;
-    let m = mark::render_for(spec.uid, spec.entry, spec.installation, spec.created_at);
+    let m = mark::render_with(
+        spec.uid,
+        spec.entry,
+        spec.installation,
+        spec.addresses,
+        spec.created_at,
+    );
     // NB: pre-rendered by mark::render_for, which escapes its only free value (the entry).
     x.w.write_event(Event::Text(BytesText::from_escaped(m)))?;
     x.close("metadata")?;

@@ -15,7 +15,18 @@
 //! `None`; [`Mark::owner`] tells an installation whether a mark is its own, a mark without an
 //! ID to adopt and rewrite once ([`Owner::Unclaimed`]), or another installation's
 //! ([`Owner::Foreign`], never collected, adopted or rewritten).
+//!
+//! Declared egress addresses: a mark may carry up to two `address` fields, the addresses the
+//! instance was allocated from its host's address pool (at most one per family), written in
+//! canonical form (`203.0.113.5`, `2001:db8::5`: what [`IpAddr`]'s `Display` writes). A
+//! present address that is not exactly that form, or two of one family, make the whole mark
+//! invalid (as an invalid installation ID does): the domain is then not ours — never adopted,
+//! deleted or collected — and, its claim being unreadable, the allocator cannot count what it
+//! holds; writing such a mark takes a hand edit of the domain's metadata, and the config
+//! check's rule that pools of hosts sharing a segment do not overlap is what keeps our own
+//! allocations apart. A mark written before the field existed parses with no address.
 
+use std::net::IpAddr;
 use std::time::SystemTime;
 
 use quick_xml::Reader;
@@ -44,6 +55,10 @@ pub struct Mark {
     /// The installation that wrote the mark; `None` for a mark written before installation
     /// identity existed.
     pub installation: Option<String>,
+    /// The declared egress addresses allocated to the instance (at most one per family, IPv4
+    /// first); empty for an instance without any (no address pool on its host, or a mark
+    /// written before the field existed).
+    pub addresses: Vec<IpAddr>,
 }
 
 /// Whose a parsed mark is, from the point of view of one installation.
@@ -103,6 +118,24 @@ pub fn render_for(
     installation: Option<&str>,
     created_at: SystemTime,
 ) -> String {
+    render_with(uid, entry, installation, &[], created_at)
+}
+
+/// [`render_for`] carrying the instance's declared egress `addresses` (at most one per family;
+/// extra ones of a family are not written, so what is written always parses back).
+pub fn render_with(
+    uid: &ProxyUid,
+    entry: &str,
+    installation: Option<&str>,
+    addresses: &[IpAddr],
+    created_at: SystemTime,
+) -> String {
+    let mut addrs = String::new();
+    for v4 in [true, false] {
+        if let Some(a) = addresses.iter().find(|a| a.is_ipv4() == v4) {
+            addrs.push_str(&format!("<{KEY}:address>{a}</{KEY}:address>"));
+        }
+    }
     let inst = installation
         .filter(|i| valid_installation_id(i))
         .map(|i| format!("<{KEY}:installation>{i}</{KEY}:installation>"))
@@ -114,7 +147,7 @@ pub fn render_for(
         .unwrap_or_else(|| "1970-01-01T00:00:00Z".into());
     format!(
         "<{KEY}:instance xmlns:{KEY}=\"{NAMESPACE}\"><{KEY}:managed>true</{KEY}:managed>\
-         <{KEY}:uid>{}</{KEY}:uid><{KEY}:entry>{}</{KEY}:entry>{inst}\
+         <{KEY}:uid>{}</{KEY}:uid><{KEY}:entry>{}</{KEY}:entry>{inst}{addrs}\
          <{KEY}:createdAt>{ts}</{KEY}:createdAt></{KEY}:instance>",
         uid.canonical(),
         xml_escape(entry),
@@ -128,9 +161,10 @@ pub fn render_for_set_metadata(
     uid: &ProxyUid,
     entry: &str,
     installation: Option<&str>,
+    addresses: &[IpAddr],
     created_at: SystemTime,
 ) -> String {
-    render_for(uid, entry, installation, created_at)
+    render_with(uid, entry, installation, addresses, created_at)
         .replace(&format!(" xmlns:{KEY}=\"{NAMESPACE}\""), "")
         .replace(&format!("<{KEY}:"), "<")
         .replace(&format!("</{KEY}:"), "</")
@@ -143,6 +177,12 @@ fn xml_escape(s: &str) -> String {
 /// Parses a mark as returned by `DOMAIN_GET_METADATA` for [`NAMESPACE`], requiring `entry`.
 /// Returns `None` for anything that is not exactly a mark of ours for that entry.
 pub fn parse(xml: &str, entry: &str, now: SystemTime) -> Option<Mark> {
+    parse_any(xml, now).filter(|m| m.entry == entry)
+}
+
+/// Parses a mark of any entry, as strictly as [`parse`] (the entry is taken from the mark and
+/// must be non-empty). For the address listing, which counts every mark's addresses.
+pub fn parse_any(xml: &str, now: SystemTime) -> Option<Mark> {
     let mut reader = Reader::from_str(xml);
     let mut depth = 0usize;
     let mut current: Option<String> = None;
@@ -151,6 +191,9 @@ pub fn parse(xml: &str, entry: &str, now: SystemTime) -> Option<Mark> {
     // NB: an empty `<installation></installation>` yields no text event; it must not read
     // as a mark without the field (which would be adopted).
     let mut installation_elements = 0usize;
+    let mut addresses: Vec<IpAddr> = Vec::new();
+    // NB: an empty `<address></address>` yields no text event; it must not be ignored.
+    let mut address_elements = 0usize;
     let mut root_seen = false;
     loop {
         match reader.read_event().ok()? {
@@ -168,6 +211,9 @@ pub fn parse(xml: &str, entry: &str, now: SystemTime) -> Option<Mark> {
                         if name == "installation" {
                             installation_elements += 1;
                         }
+                        if name == "address" {
+                            address_elements += 1;
+                        }
                         current = Some(name);
                     }
                     _ => return None,
@@ -179,6 +225,17 @@ pub fn parse(xml: &str, entry: &str, now: SystemTime) -> Option<Mark> {
             }
             Event::Text(t) => {
                 let text = t.xml10_content().into_owned();
+                if current.as_deref() == Some("address") {
+                    // Exactly the canonical form, one per family.
+                    let ip: IpAddr = text.parse().ok()?;
+                    if ip.to_string() != text
+                        || addresses.iter().any(|a| a.is_ipv4() == ip.is_ipv4())
+                    {
+                        return None;
+                    }
+                    addresses.push(ip);
+                    continue;
+                }
                 if let Some(field) = current.as_deref() {
                     let slot = match field {
                         "managed" => &mut managed,
@@ -207,9 +264,11 @@ pub fn parse(xml: &str, entry: &str, now: SystemTime) -> Option<Mark> {
         return None;
     }
     let uid = ProxyUid::parse_strict(uid.as_deref()?)?;
-    if ent.as_deref() != Some(entry) {
+    let entry = ent.filter(|e| !e.is_empty())?;
+    if address_elements != addresses.len() {
         return None;
     }
+    addresses.sort_by_key(|a| !a.is_ipv4());
     let t = OffsetDateTime::parse(created.as_deref()?, &Rfc3339).ok()?;
     let recorded_at = SystemTime::from(t);
     let installation_ok = match (installation_elements, installation.as_deref()) {
@@ -222,10 +281,11 @@ pub fn parse(xml: &str, entry: &str, now: SystemTime) -> Option<Mark> {
     }
     Some(Mark {
         uid,
-        entry: entry.to_owned(),
+        entry,
         created_at: recorded_at.min(now),
         recorded_at,
         installation,
+        addresses,
     })
 }
 
@@ -257,7 +317,7 @@ mod tests {
         assert_eq!(m.created_at, t);
         let lv = as_libvirt_returns(&uid().canonical(), "home", "2026-11-29T10:00:00Z");
         assert!(parse(&lv, "home", now).is_some());
-        let bare = render_for_set_metadata(&uid(), "home", None, t);
+        let bare = render_for_set_metadata(&uid(), "home", None, &[], t);
         assert!(!bare.contains("ep:") && !bare.contains("xmlns"), "{bare}");
         assert_eq!(parse(&bare, "home", now).unwrap().created_at, t);
     }
@@ -327,7 +387,7 @@ mod tests {
         assert_eq!(legacy.installation, None);
         assert_eq!(legacy.owner(Some("site-a")), Owner::Unclaimed);
         assert_eq!(legacy.owner(None), Owner::Ours);
-        let bare = render_for_set_metadata(&uid(), "home", Some("site-a"), t);
+        let bare = render_for_set_metadata(&uid(), "home", Some("site-a"), &[], t);
         assert_eq!(
             parse(&bare, "home", now).unwrap().installation.as_deref(),
             Some("site-a")
@@ -354,5 +414,51 @@ mod tests {
             &"a".repeat(MAX_INSTALLATION_ID_LEN + 1)
         ));
         assert!(valid_installation_id(&"a".repeat(MAX_INSTALLATION_ID_LEN)));
+    }
+
+    #[test]
+    fn addresses_round_trip_and_a_malformed_one_makes_the_mark_invalid() {
+        let now = SystemTime::now();
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000);
+        let v4: IpAddr = "203.0.113.5".parse().unwrap();
+        let v6: IpAddr = "2001:db8::5".parse().unwrap();
+        let m = parse(
+            &render_with(&uid(), "home", None, &[v6, v4], t),
+            "home",
+            now,
+        )
+        .unwrap();
+        assert_eq!(m.addresses, vec![v4, v6], "IPv4 first");
+        let bare = render_for_set_metadata(&uid(), "home", Some("a"), &[v4], t);
+        assert_eq!(parse(&bare, "home", now).unwrap().addresses, vec![v4]);
+        assert!(
+            parse(&render(&uid(), "home", t), "home", now)
+                .unwrap()
+                .addresses
+                .is_empty()
+        );
+        // Other entries' marks are read by parse_any only.
+        let lab = render_with(&uid(), "lab", None, &[v4], t);
+        assert!(parse(&lab, "home", now).is_none());
+        assert_eq!(parse_any(&lab, now).unwrap().entry, "lab");
+        let good = as_libvirt_returns(&uid().canonical(), "home", "2026-11-29T10:00:00Z");
+        for bad in [
+            "<address> 203.0.113.5</address>",
+            "<address>203.0.113.05</address>",
+            "<address>2001:DB8::5</address>",
+            "<address>2001:db8:0::5</address>",
+            "<address></address>",
+            "<address>host.example</address>",
+            "<address>203.0.113.5</address><address>203.0.113.6</address>",
+        ] {
+            let xml = good.replace("<entry>home</entry>", &format!("<entry>home</entry>{bad}"));
+            assert!(parse(&xml, "home", now).is_none(), "{bad:?}");
+            assert!(parse_any(&xml, now).is_none(), "{bad:?}");
+        }
+        let two = good.replace(
+            "<entry>home</entry>",
+            "<entry>home</entry><address>203.0.113.5</address><address>2001:db8::5</address>",
+        );
+        assert_eq!(parse(&two, "home", now).unwrap().addresses, vec![v4, v6]);
     }
 }

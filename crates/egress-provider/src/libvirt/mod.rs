@@ -4,6 +4,7 @@
 //! [`mark`] (the ownership mark, strictly parsed).
 
 pub mod address_alloc;
+pub mod address_book;
 pub mod address_pool;
 pub mod caps;
 pub mod check;

@@ -3,8 +3,11 @@
 //!
 //! Guarantees:
 //! - only the interface whose MAC is ours is configured (matched by `macaddress`, whatever
-//!   name the image gives it; the name is left as the image chose), and DHCP is off on it for both families, so the guest never
-//!   takes an address other than the declared one;
+//!   name the image gives it; the name is left as the image chose), and DHCP and router
+//!   advertisements are off on it (`accept-ra: false`, for renderers that honour it: with
+//!   DHCP off, cloud-init's own systemd-networkd renderer ignores it and the guest accepts
+//!   them as systemd-networkd does by default: a segment that sends them adds addresses), so the guest takes no address other than the
+//!   declared ones from the host;
 //! - every value written is an IP address, a prefix length or a MAC we checked, so the YAML
 //!   needs no quoting beyond the fixed strings here (nothing from a Proxy author is inserted);
 //! - pure: the same inputs give the same bytes.
@@ -65,6 +68,7 @@ pub fn render(mac: &str, addresses: &[StaticAddress], dns: &[IpAddr]) -> Option<
     let _ = writeln!(s, "      macaddress: \"{}\"", mac.to_ascii_lowercase());
     let _ = writeln!(s, "    dhcp4: false");
     let _ = writeln!(s, "    dhcp6: false");
+    let _ = writeln!(s, "    accept-ra: false");
     let _ = writeln!(s, "    addresses:");
     for a in addresses {
         let _ = writeln!(s, "      - \"{}/{}\"", a.address, a.prefix_len);
@@ -117,7 +121,7 @@ mod tests {
         assert_eq!(
             out,
             "version: 2\nethernets:\n  egress0:\n    match:\n      macaddress: \"52:54:00:ab:cd:01\"\n    \
-         dhcp4: false\n    dhcp6: false\n    addresses:\n      \
+         dhcp4: false\n    dhcp6: false\n    accept-ra: false\n    addresses:\n      \
              - \"203.0.113.5/28\"\n      - \"2001:db8:1::105/64\"\n    routes:\n      - to: \"0.0.0.0/0\"\n        \
              via: \"203.0.113.1\"\n      - to: \"::/0\"\n        via: \"2001:db8:1::1\"\n    nameservers:\n      \
              addresses:\n        - \"203.0.113.53\"\n"

@@ -21,6 +21,7 @@ use libvirt_remote::Client;
 use libvirt_remote::client::{domain_state, undefine};
 use libvirt_remote::proto::{Domain, StoragePool, StorageVol};
 
+use super::address_book::AddressBook;
 use super::caps::{self, HostCaps, Virt};
 use super::check::{self, CheckOptions};
 use super::classify::classify;
@@ -29,6 +30,7 @@ use super::domain_xml::{self, Backing, DiskSource, DomainSpec, Nic, NicAttach};
 use super::hostpool::{HostLease, HostPool};
 use super::image::{self, BulkConnect, Target, fetch::FetchOptions};
 use super::names;
+use super::network_config::{self, StaticAddress};
 use super::nwfilter;
 use super::ops::{self, get::MarkCheck};
 use super::seed::{self, SeedInput};
@@ -68,6 +70,8 @@ pub struct LibvirtProvider {
     pools: Mutex<HashMap<String, StoragePool>>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     installation: Option<String>,
+    /// Declared egress addresses per host (see [`AddressBook`]).
+    addresses: AddressBook,
 }
 
 impl std::fmt::Debug for LibvirtProvider {
@@ -99,6 +103,7 @@ impl LibvirtProvider {
     /// A provider over `pool` (which carries the entry).
     pub fn new(pool: HostPool, fetch: FetchOptions, check: CheckOptions) -> Self {
         Self {
+            addresses: AddressBook::new(pool.entry()),
             pool,
             fetch,
             check,
@@ -323,6 +328,7 @@ impl LibvirtProvider {
         &self,
         lease: &HostLease,
         req: &CreateRequest,
+        egress: &[std::net::IpAddr],
         progress: &dyn Progress,
         made: &mut Made,
     ) -> Result<Instance> {
@@ -337,11 +343,24 @@ impl LibvirtProvider {
         let (base, backing) = self.ensure_backing(lease, &pool, req, progress).await?;
         let disk = volumes::check_disk_size(req.disk_gib, &backing)?;
         let name = names::domain(entry, &req.uid);
+        let mac = names::mac(entry, &req.uid);
+        // Declared egress addresses: static, on our NIC matched by its MAC, no DHCP.
+        let addr_pool = self.addresses.pool(&host.name)?;
+        let statics: Vec<StaticAddress> = addr_pool
+            .map(|p| {
+                egress
+                    .iter()
+                    .filter_map(|a| StaticAddress::in_pool(*a, p))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let net = addr_pool.and_then(|p| network_config::render(&mac, &statics, &p.dns));
+        let declared = statics.first().map(|s| s.address);
         let seed = seed::build(&SeedInput {
             instance_id: &req.uid,
             hostname: &name,
             user_data: &req.user_data,
-            network_config: None,
+            network_config: net.as_deref(),
             guest: &cfg.guest,
         })?;
         volumes::check_space(c, &host.name, &pool, CREATE_SPACE.max(seed.len()), reserve).await?;
@@ -386,7 +405,6 @@ impl LibvirtProvider {
             (None, Some(n)) => Some(NicAttach::Network(n)),
             (None, None) => None,
         };
-        let mac = names::mac(entry, &req.uid);
         // Two NICs with one MAC break each other's networking: refuse before defining.
         if nic.is_some()
             && let Some(other) = self.macs.user(c, &host.name, &mac, &name).await?
@@ -446,6 +464,7 @@ impl LibvirtProvider {
                     entry,
                     created_at: SystemTime::now(),
                     installation: self.installation.as_deref(),
+                    addresses: egress,
                 },
                 caps,
             )
@@ -489,13 +508,19 @@ impl LibvirtProvider {
         wait_running(c, &dom, &host.name, cfg.timeouts.start).await?;
         // NB: just defined with our mark and seen running: reading it all back would cost
         // five more round trips for what we already know; the address comes with `get`.
+        // NB: on a host with an address pool the address is the one we configured (see
+        // ops::get): known now, so the instance is Running with it.
         Ok(Instance {
             id: self.id(&host.name, &req.uid),
             uid: req.uid,
-            state: InstanceState::Provisioning,
-            ip: None,
+            state: if declared.is_some() {
+                InstanceState::Running
+            } else {
+                InstanceState::Provisioning
+            },
+            ip: declared,
             mac,
-            egress: Vec::new(),
+            egress: egress.to_vec(),
         })
     }
 }
@@ -631,8 +656,20 @@ impl Provider for LibvirtProvider {
                 ));
             }
         }
+        // The domain is absent now (looked up under the name lock): allocate its addresses,
+        // after the host's allocations were read; refused allocations define nothing.
+        self.addresses
+            .ensure_rebuilt(c, &self.entry_cfg().name, &host_name)
+            .await?;
+        let held = self
+            .addresses
+            .allocate(&host_name, &name, &req.pinned_egress)?;
+        let egress = held.as_ref().map_or(&[][..], |h| &h.addresses[..]);
         let mut made = Made::default();
-        match self.create_new(&lease, req, progress, &mut made).await {
+        match self
+            .create_new(&lease, req, egress, progress, &mut made)
+            .await
+        {
             Ok(inst) => Ok(inst),
             Err(e) => {
                 undo(c, made, &host_name).await;
@@ -678,29 +715,41 @@ impl Provider for LibvirtProvider {
             lease.host(),
             uid,
         )
-        .await
+        .await?;
+        // Confirmed gone: its declared addresses may go to another instance.
+        self.addresses.release_deleted(host, &name);
+        Ok(())
     }
 
     async fn list_owned(&self) -> Result<Vec<OwnedInstance>> {
         let mut all = Vec::new();
         for h in &self.entry_cfg().hosts {
             let lease = self.pool.acquire(&h.name).await?;
-            all.extend(
-                ops::list::list_owned(
-                    lease.client(),
-                    &self.entry_cfg().name,
-                    self.installation.as_deref(),
-                    &h.name,
-                )
-                .await?,
-            );
+            let started = self.addresses.listing_started(&h.name);
+            let listing = ops::list::list_host(
+                lease.client(),
+                &self.entry_cfg().name,
+                self.installation.as_deref(),
+                &h.name,
+            )
+            .await?;
+            // A complete listing: what it no longer shows is gone (see AddressBook).
+            self.addresses
+                .apply_listing(&h.name, started, &listing.claims);
+            all.extend(listing.owned);
         }
         Ok(all)
     }
 
     async fn check(&self) -> Vec<HostReport> {
         match check::check_all(&self.pool, &self.check).await {
-            Ok(r) => r,
+            Ok(mut r) => {
+                let (entry, budget) = (&self.entry_cfg().name, self.entry_cfg().timeouts.call);
+                self.addresses
+                    .fill_usage(&self.pool, entry, budget, &mut r)
+                    .await;
+                r
+            }
             Err(e) => self
                 .entry_cfg()
                 .hosts

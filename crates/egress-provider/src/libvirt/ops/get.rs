@@ -6,6 +6,13 @@
 //! NotFound to us — never "ours" (finding M2); a providerID naming another entry or a name not
 //! derived from the UID is NotFound without any call; paused is never Stopped (M1); a
 //! connection-class failure at any step, the address read included, fails Transient (H3).
+//!
+//! Declared egress addresses: [`Instance::egress`] is what the mark records. On a host with an
+//! address pool, the instance's address is the one we configured in the guest (the mark's,
+//! IPv4 first) when it lies inside the pool's prefix for its family: the operator chose it and
+//! wrote it into the seed, so it is trusted as the host's own answers are, and no lease, ARP
+//! entry or agent is asked (a network without DHCP has no lease). A mark address outside the
+//! prefix (the pool was changed since) is not used; the usual sources are asked then.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -72,7 +79,7 @@ pub async fn get_cached(
         .domain_lookup_by_name(&expected)
         .await
         .map_err(vanished)?;
-    verify_mark(client, &dom, entry, installation, uid, &host.name)
+    let m = own_mark(client, &dom, entry, installation, uid, &host.name)
         .await?
         .ok_or_else(|| {
             ProviderError::not_found(format!(
@@ -83,7 +90,10 @@ pub async fn get_cached(
         })?;
     let (st, reason) = client.domain_state(&dom).await.map_err(vanished)?;
     let mac = names::mac(entry, uid);
-    let ip = if state::wants_address(st) {
+    let declared = declared_address(host, &m.addresses);
+    let ip = if state::wants_address(st) && declared.is_some() {
+        declared
+    } else if state::wants_address(st) {
         let subnets = match cache {
             Some((c, connection)) => c.get(client, host, connection).await,
             None => Arc::new(trust::read(client, host).await.0),
@@ -98,8 +108,21 @@ pub async fn get_cached(
         state: state::map(st, reason, ip.is_some()),
         ip,
         mac,
-        egress: Vec::new(),
+        egress: m.addresses,
     })
+}
+
+/// The address of `addresses` (IPv4 first) inside its family's prefix of `host`'s address
+/// pool; `None` without a pool or without such an address.
+fn declared_address(host: &HostConfig, addresses: &[std::net::IpAddr]) -> Option<std::net::IpAddr> {
+    if addresses.is_empty() {
+        return None;
+    }
+    let pool = host.address_pool.as_ref()?.parse().ok()?;
+    addresses
+        .iter()
+        .copied()
+        .find(|a| pool.family(*a).is_some_and(|f| f.prefix.contains(a)))
 }
 
 /// What a domain's mark says about ownership by `entry` for `uid`.
@@ -168,17 +191,28 @@ pub async fn check_mark(
     }
 }
 
-/// `Some(())` when `dom` carries a valid mark of `entry` for `uid`.
-async fn verify_mark(
+/// The mark of `dom` when it is a valid mark of `entry` for `uid` that is not another
+/// installation's ([`MarkCheck::Ours`]); `None` otherwise. Errors as [`check_mark`].
+async fn own_mark(
     client: &Client,
     dom: &Domain,
     entry: &str,
     installation: Option<&str>,
     uid: &ProxyUid,
     host: &str,
-) -> Result<Option<()>> {
-    Ok(
-        (check_mark(client, dom, entry, installation, uid, host).await? == MarkCheck::Ours)
-            .then_some(()),
-    )
+) -> Result<Option<mark::Mark>> {
+    match client.domain_metadata(dom, mark::NAMESPACE, 0).await {
+        Ok(xml) => Ok(mark::parse(&xml, entry, SystemTime::now())
+            .filter(|m| m.owner(installation) != mark::Owner::Foreign && m.uid == *uid)),
+        Err(e) if is_code(&e, CODE_NO_DOMAIN_METADATA) => Ok(None),
+        Err(e) if is_code(&e, CODE_NO_DOMAIN) => Err(ProviderError::not_found(format!(
+            "domain {} on host {host} vanished while its mark was read",
+            dom.name
+        ))
+        .with_code(e.libvirt_code())),
+        Err(e) => Err(classify(
+            &e,
+            &format!("reading the mark of domain {} on host {host}", dom.name),
+        )),
+    }
 }

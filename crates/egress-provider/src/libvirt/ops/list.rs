@@ -28,6 +28,11 @@
 //!   above, same flags as the restamp) and reports it with age zero in that listing, so the
 //!   pass that adopts it never collects it. A failed rewrite is logged, the instance is listed
 //!   with age zero (kept), and the next listing retries;
+//! - declared egress addresses: [`list_host`] also returns every address claim it read — the
+//!   addresses recorded in any valid mark under our namespace, of any entry and any
+//!   installation (the allocator counts them all as held; an address is never handed out
+//!   while any instance on the host claims it) — from the same reads, complete or failed as
+//!   the list is;
 //! - mark reads are pipelined on the one connection, at most [`MARK_READ_CONCURRENCY`] in
 //!   flight; the first failure drops the rest (dropping a call abandons only that call).
 
@@ -67,6 +72,37 @@ pub async fn list_owned(
     installation: Option<&str>,
     host_name: &str,
 ) -> Result<Vec<OwnedInstance>> {
+    list_host(client, entry, installation, host_name)
+        .await
+        .map(|l| l.owned)
+}
+
+/// One domain's claim on declared egress addresses: its name and the addresses its mark
+/// records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The domain's name (the allocator's holder).
+    pub domain: String,
+    /// The addresses its mark records (at most one per family).
+    pub addresses: Vec<std::net::IpAddr>,
+}
+
+/// What one complete listing of a host found.
+#[derive(Debug, Clone, Default)]
+pub struct HostListing {
+    /// As [`list_owned`].
+    pub owned: Vec<OwnedInstance>,
+    /// Every domain whose mark (of any entry or installation) records addresses.
+    pub claims: Vec<Claim>,
+}
+
+/// [`list_owned`] and the host's address claims, from one listing.
+pub async fn list_host(
+    client: &Client,
+    entry: &str,
+    installation: Option<&str>,
+    host_name: &str,
+) -> Result<HostListing> {
     let domains = client
         .list_all_domains(0)
         .await
@@ -76,11 +112,11 @@ pub async fn list_owned(
         .map(|dom| read_one(client, dom, entry, installation, host_name, now))
         .buffered(MARK_READ_CONCURRENCY);
     futures_util::pin_mut!(reads);
-    let mut out = Vec::new();
+    let mut out = HostListing::default();
     while let Some(r) = reads.next().await {
-        if let Some(inst) = r? {
-            out.push(inst);
-        }
+        let (inst, claim) = r?;
+        out.owned.extend(inst);
+        out.claims.extend(claim);
     }
     Ok(out)
 }
@@ -92,11 +128,11 @@ async fn read_one(
     installation: Option<&str>,
     host_name: &str,
     now: SystemTime,
-) -> Result<Option<OwnedInstance>> {
+) -> Result<(Option<OwnedInstance>, Option<Claim>)> {
     let xml = match client.domain_metadata(&dom, mark::NAMESPACE, 0).await {
         Ok(x) => x,
         Err(e) if is_code(&e, CODE_NO_DOMAIN_METADATA) || is_code(&e, CODE_NO_DOMAIN) => {
-            return Ok(None);
+            return Ok((None, None));
         }
         Err(e) => {
             let mut err = classify(
@@ -112,13 +148,17 @@ async fn read_one(
             return Err(err);
         }
     };
-    let Some(m) = mark::parse(&xml, entry, now) else {
-        return Ok(None);
+    let Some(m) = mark::parse_any(&xml, now) else {
+        return Ok((None, None));
     };
+    let claim = (!m.addresses.is_empty()).then(|| Claim {
+        domain: dom.name.clone(),
+        addresses: m.addresses.clone(),
+    });
     let owner = m.owner(installation);
-    if owner == mark::Owner::Foreign {
-        // Another installation's: not ours to collect, adopt or rewrite.
-        return Ok(None);
+    if m.entry != entry || owner == mark::Owner::Foreign {
+        // Another entry's, or another installation's: not ours to collect, adopt or rewrite.
+        return Ok((None, claim));
     }
     let name_matches_uid = dom.name == names::domain(entry, &m.uid);
     let mut created_at = m.created_at;
@@ -137,16 +177,19 @@ async fn read_one(
             created_at = now;
         }
     }
-    Ok(Some(OwnedInstance {
-        id: ProviderId {
-            entry: entry.to_owned(),
-            host: host_name.to_owned(),
-            name: dom.name,
-        },
-        uid: m.uid,
-        created_at,
-        name_matches_uid,
-    }))
+    Ok((
+        Some(OwnedInstance {
+            id: ProviderId {
+                entry: entry.to_owned(),
+                host: host_name.to_owned(),
+                name: dom.name,
+            },
+            uid: m.uid,
+            created_at,
+            name_matches_uid,
+        }),
+        claim,
+    ))
 }
 
 /// Rewrites the mark `m` of `dom` with the creation time `stamp` (seconds precision, as every
@@ -161,7 +204,7 @@ async fn rewrite(
     host_name: &str,
     now: SystemTime,
 ) -> SystemTime {
-    let xml = mark::render_for_set_metadata(&m.uid, &m.entry, installation, stamp);
+    let xml = mark::render_for_set_metadata(&m.uid, &m.entry, installation, &m.addresses, stamp);
     // NB: a running domain has a live and a persistent definition; writing only the live one
     // would bring the future date back at its next start. `id` is -1 when inactive; a domain
     // that started or stopped since the listing fails this write and is restamped next time.
@@ -183,7 +226,7 @@ async fn rewrite(
             );
             // The stamp as written (whole seconds), so every later listing reports the same.
             mark::parse(
-                &mark::render_for(&m.uid, &m.entry, installation, stamp),
+                &mark::render_with(&m.uid, &m.entry, installation, &m.addresses, stamp),
                 &m.entry,
                 now,
             )

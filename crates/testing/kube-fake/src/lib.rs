@@ -42,9 +42,13 @@
 //!
 //! Guarantees: one global resourceVersion counter (like etcd's revision), strictly increasing
 //! per write; every write is one history record, so a watch from any earlier version still in
-//! the kept history (all of it unless limited) replays every change in order; a watcher whose bounded queue fills is disconnected (its stream
-//! ends and the client re-watches from its last version, as with a real server). No lock is
-//! held across an `.await`. Every request is recorded for assertions ([`FakeApiServer::requests`]).
+//! the kept history (all of it unless limited) replays every change in order; a watcher whose
+//! bounded queue fills is disconnected (its stream ends and the client re-watches from its
+//! last version, as with a real server). No lock is held across an `.await`. Every request is
+//! recorded for assertions ([`FakeApiServer::requests`]). Costs per request stay those of the
+//! resource type and object concerned, not of everything stored: objects are ranged by type,
+//! the history holds each write's event line (not its object), and the history and request
+//! logs drop their oldest entries in O(1).
 //!
 //! One file: the store, routing and write semantics share one lock and one set of private
 //! types (routes, stored objects, errors); what stands alone lives beside it (`discovery.rs`:
@@ -55,7 +59,7 @@ mod discovery;
 pub mod https;
 mod scale;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -114,13 +118,31 @@ struct Stored {
     managers: BTreeSet<(String, String, String)>,
 }
 
+/// One write as watches replay it: the watch event line as sent, and what watch filters
+/// match on (the object's `metadata` name, namespace and labels, nothing else).
+// NB: the line, not the object: a JSON tree is several times the size of its text, and the
+// history holds every write (the Kubernetes benchmark at 20,000 Proxies grew the fake to
+// ~2 GB holding whole objects).
 #[derive(Debug, Clone)]
 struct Record {
     rv: u64,
     group: String,
     plural: String,
-    kind: &'static str,
-    object: Value,
+    /// `{"metadata": {"name", "namespace", "labels"}}` of the object written.
+    meta: Value,
+    /// The watch event line (`{"type": ..., "object": ...}` and a newline).
+    line: Bytes,
+}
+
+/// The part of `object` watch filters read (see [`Record`]).
+fn filter_meta(object: &Value) -> Value {
+    let mut m = Map::new();
+    for k in ["name", "namespace", "labels"] {
+        if let Some(v) = object.pointer(&format!("/metadata/{k}")) {
+            m.insert(k.to_owned(), v.clone());
+        }
+    }
+    json!({ "metadata": m })
 }
 
 struct Watcher {
@@ -136,7 +158,7 @@ struct State {
     rv: u64,
     uid_counter: u64,
     objects: BTreeMap<ObjKey, Stored>,
-    history: Vec<Record>,
+    history: VecDeque<Record>,
     watchers: Vec<Watcher>,
     status_sub: HashSet<TypeKey>,
     /// Most history records kept for watches (`None`: all); see
@@ -144,7 +166,7 @@ struct State {
     history_limit: Option<usize>,
     /// The resourceVersion of the newest record dropped from `history` (0: none dropped).
     compacted_rv: u64,
-    requests: Vec<RecordedRequest>,
+    requests: VecDeque<RecordedRequest>,
     /// Injected faults: (method, exact path) answered with a 500 instead of being served.
     failing: Vec<(String, String)>,
     /// Injected interleavings: before the first (method, exact path) request, these
@@ -490,18 +512,17 @@ impl State {
             rv: self.rv,
             group: group.to_owned(),
             plural: plural.to_owned(),
-            kind,
-            object,
+            meta: filter_meta(&object),
+            line: event_line(kind, &object),
         };
-        let line = event_line(kind, &rec.object);
         self.watchers.retain(|w| {
             if !w.matches(&rec) {
                 return !w.tx.is_closed();
             }
             // NB: a full queue disconnects the watcher (see WATCH_QUEUE).
-            w.tx.try_send(line.clone()).is_ok()
+            w.tx.try_send(rec.line.clone()).is_ok()
         });
-        self.history.push(rec);
+        self.history.push_back(rec);
         if let Some(limit) = self.history_limit
             && self.history.len() > limit
         {
@@ -524,12 +545,12 @@ impl Watcher {
         rec.group == self.group
             && rec.plural == self.plural
             && self.namespace.as_deref().is_none_or(|ns| {
-                rec.object
+                rec.meta
                     .pointer("/metadata/namespace")
                     .and_then(Value::as_str)
                     == Some(ns)
             })
-            && self.selectors.matches(&rec.object)
+            && self.selectors.matches(&rec.meta)
     }
 }
 
@@ -560,6 +581,25 @@ fn event_line(kind: &str, object: &Value) -> Bytes {
     let mut v = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
     v.push(b'\n');
     Bytes::from(v)
+}
+
+/// The stored objects of one resource type, in (namespace, name) order: a range of the map,
+/// not a scan of every object (lists, watches and each write's CRD look-up use it, so their
+/// cost is that of the type, not of every event and object stored).
+fn of_type<'a>(
+    objects: &'a BTreeMap<ObjKey, Stored>,
+    group: &'a str,
+    plural: &'a str,
+) -> impl Iterator<Item = (&'a ObjKey, &'a Stored)> + 'a {
+    let start = (
+        group.to_owned(),
+        plural.to_owned(),
+        String::new(),
+        String::new(),
+    );
+    objects
+        .range(start..)
+        .take_while(move |((g, p, _, _), _)| g == group && p == plural)
 }
 
 fn key(r: &Route, name: &str) -> ObjKey {
@@ -616,10 +656,7 @@ impl FakeApiServer {
 
     /// Every stored object of a resource type, in (namespace, name) order.
     pub fn objects(&self, group: &str, plural: &str) -> Vec<Value> {
-        self.lock()
-            .objects
-            .iter()
-            .filter(|((g, p, _, _), _)| g == group && p == plural)
+        of_type(&self.lock().objects, group, plural)
             .map(|(_, s)| s.object.clone())
             .collect()
     }
@@ -631,7 +668,7 @@ impl FakeApiServer {
 
     /// Every request so far (up to [`MAX_RECORDED_REQUESTS`], oldest dropped first).
     pub fn requests(&self) -> Vec<RecordedRequest> {
-        self.lock().requests.clone()
+        self.lock().requests.iter().cloned().collect()
     }
 
     /// Keeps only the newest `records` writes for watches to replay, as a real server's watch
@@ -741,9 +778,11 @@ impl FakeApiServer {
         let resp = resp.unwrap_or_else(|e| error_response(&e));
         let mut st = self.lock();
         if st.requests.len() >= MAX_RECORDED_REQUESTS {
-            st.requests.remove(0);
+            // NB: a VecDeque: dropping the oldest of 100,000 is O(1), not a shift of them all
+            // under the server's one lock on every request.
+            st.requests.pop_front();
         }
-        st.requests.push(RecordedRequest {
+        st.requests.push_back(RecordedRequest {
             method: parts.method.to_string(),
             path,
             query: query_str,
@@ -911,14 +950,9 @@ impl FakeApiServer {
         let advertised = discovery::find(&crds, &r.group, &r.version, &r.plural);
         let sel = Selectors::parse(q);
         let st = self.lock();
-        let items: Vec<Value> = st
-            .objects
-            .iter()
-            .filter(|((g, p, ns, _), s)| {
-                *g == r.group
-                    && *p == r.plural
-                    && r.namespace.as_ref().is_none_or(|n| n == ns)
-                    && sel.matches(&s.object)
+        let items: Vec<Value> = of_type(&st.objects, &r.group, &r.plural)
+            .filter(|((_, _, ns, _), s)| {
+                r.namespace.as_ref().is_none_or(|n| n == ns) && sel.matches(&s.object)
             })
             .map(|(_, s)| s.object.clone())
             .collect();
@@ -992,16 +1026,12 @@ impl FakeApiServer {
                     .history
                     .iter()
                     .filter(|rec| rec.rv > from && w.matches(rec))
-                    .map(|rec| event_line(rec.kind, &rec.object))
+                    .map(|rec| rec.line.clone())
                     .collect(),
                 // No version: synthetic ADDED events for what exists now.
-                None => st
-                    .objects
-                    .iter()
-                    .filter(|((g, p, ns, _), s)| {
-                        *g == r.group
-                            && *p == r.plural
-                            && r.namespace.as_ref().is_none_or(|n| n == ns)
+                None => of_type(&st.objects, &r.group, &r.plural)
+                    .filter(|((_, _, ns, _), s)| {
+                        r.namespace.as_ref().is_none_or(|n| n == ns)
                             && w.selectors.matches(&s.object)
                     })
                     .map(|(_, s)| event_line("ADDED", &s.object))

@@ -198,3 +198,120 @@ async fn a_watcher_sees_adds_modifications_and_deletes_in_order() {
     .unwrap();
     assert_eq!(seen, ["init before", "apply after", "delete before"]);
 }
+
+/// The body of a watch `path` (from a resourceVersion, so it replays history), read until
+/// `lines` events arrived.
+async fn replayed(s: &FakeApiServer, path: &str, lines: usize) -> Vec<serde_json::Value> {
+    let client = s.client("default");
+    let req = http::Request::get(path).body(Vec::new()).unwrap();
+    let mut stream = client
+        .request_events::<serde_json::Value>(req)
+        .await
+        .unwrap()
+        .boxed();
+    let mut out = Vec::new();
+    while out.len() < lines {
+        let ev = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        out.push(serde_json::to_value(ev).unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_watch_from_an_old_version_replays_exactly_the_matching_writes_in_order() {
+    let s = FakeApiServer::new();
+    // A first write, so that the watches below start from a real version (0 means "now").
+    let other: Api<ConfigMap> = Api::namespaced(s.client("c"), "c");
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("first".into());
+    other.create(&PostParams::default(), &cm).await.unwrap();
+    let start = s.resource_version();
+    for (ns, name, team) in [
+        ("a", "m1", "x"),
+        ("b", "m2", "x"),
+        ("a", "m3", "y"),
+        ("a", "m4", "x"),
+    ] {
+        let api: Api<ConfigMap> = Api::namespaced(s.client(ns), ns);
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some(name.into());
+        cm.metadata.labels = Some([("team".to_owned(), team.to_owned())].into());
+        cm.data = Some([("k".to_owned(), format!("v-{name}"))].into());
+        api.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let api: Api<ConfigMap> = Api::namespaced(s.client("a"), "a");
+    api.patch(
+        "m1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "changed"}})),
+    )
+    .await
+    .unwrap();
+    api.delete("m3", &DeleteParams::default()).await.unwrap();
+
+    // Namespace a, team=x: m1 added, m4 added, m1 modified (m2 is in b, m3 is team y).
+    let evs = replayed(
+        &s,
+        &format!("/api/v1/namespaces/a/configmaps?watch=true&resourceVersion={start}&labelSelector=team%3Dx"),
+        3,
+    )
+    .await;
+    let got: Vec<(String, String, String)> = evs
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap().to_owned(),
+                e["object"]["metadata"]["name"].as_str().unwrap().to_owned(),
+                e["object"]["data"]["k"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let want = [
+        ("ADDED", "m1", "v-m1"),
+        ("ADDED", "m4", "v-m4"),
+        ("MODIFIED", "m1", "changed"),
+    ]
+    .map(|(a, b, c)| (a.to_owned(), b.to_owned(), c.to_owned()));
+    assert_eq!(got, want, "whole objects as written, in order, filtered");
+
+    // Every namespace, by name: m3's add and its delete.
+    let evs = replayed(
+        &s,
+        &format!(
+            "/api/v1/configmaps?watch=true&resourceVersion={start}&fieldSelector=metadata.name%3Dm3"
+        ),
+        2,
+    )
+    .await;
+    assert_eq!(evs[0]["type"], "ADDED");
+    assert_eq!(evs[1]["type"], "DELETED");
+    assert_eq!(evs[1]["object"]["metadata"]["namespace"], "a");
+
+    // A history limited to the newest 2 writes: an older version is Expired, a recent one
+    // replays what is kept.
+    s.set_watch_history_limit(2);
+    let evs = replayed(
+        &s,
+        &format!("/api/v1/namespaces/a/configmaps?watch=true&resourceVersion={start}"),
+        1,
+    )
+    .await;
+    assert_eq!(evs[0]["type"], "ERROR");
+    assert_eq!(evs[0]["object"]["code"], 410);
+    let rv = s.resource_version();
+    let evs = replayed(
+        &s,
+        &format!(
+            "/api/v1/namespaces/a/configmaps?watch=true&resourceVersion={}",
+            rv - 2
+        ),
+        2,
+    )
+    .await;
+    assert_eq!(evs[0]["type"], "MODIFIED");
+    assert_eq!(evs[1]["type"], "DELETED");
+}

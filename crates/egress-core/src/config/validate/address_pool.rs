@@ -22,15 +22,7 @@ pub(super) fn host_pool(r: &mut Report, hp: &str, h: &HostConfig) -> Option<Pars
         );
     }
     match pool.parse() {
-        Ok(p) => {
-            r.warn(
-                &pp,
-                "checked but not applied yet: the operator does not allocate from address pools \
-                 nor configure guests with them, so guests take what the bridge or network hands \
-                 out",
-            );
-            Some(p)
-        }
+        Ok(p) => Some(p),
         Err(errs) => {
             for e in errs {
                 r.err(&format!("{pp}.{}", e.field), e.message);

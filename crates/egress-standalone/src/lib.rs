@@ -47,6 +47,8 @@
 mod endpoints;
 mod loops;
 pub mod manifests;
+pub mod pool_manifests;
+pub mod pools;
 mod queue;
 mod shared;
 mod workers;
@@ -281,6 +283,9 @@ pub async fn run_with_providers(
         host_health: Mutex::new(BTreeMap::new()),
         queue: WorkQueue::default(),
         timers: Mutex::new(HashMap::new()),
+        manifest_dir: opts.proxies_dir.clone(),
+        pools: Mutex::new(pools::Pools::default()),
+        pool_queue: pools::PoolQueue::default(),
     });
     shared.seed_host_rows();
     // A finished create/delete, or a freed host slot, queues the Proxy at once (a weak
@@ -305,7 +310,7 @@ pub async fn run_with_providers(
     let (s, desired) = loops::scan(store).await;
     store = s;
     shared.apply_desired(&desired);
-    if desired.proxies.is_empty() && !opts.gc_allow_empty {
+    if desired.proxies.is_empty() && desired.pools.is_empty() && !opts.gc_allow_empty {
         tracing::warn!(
             proxies = %opts.proxies_dir.display(),
             "no Proxy manifest found: GC will not collect until one exists (pass \
@@ -343,6 +348,7 @@ pub async fn run_with_providers(
             stop.clone(),
         ),
     );
+    tasks.spawn("pools", pools::run(Arc::clone(&shared), stop.clone()));
     tasks.spawn(
         "resync",
         loops::resync_loop(Arc::clone(&shared), stop.clone()),

@@ -2,7 +2,8 @@
 //!
 //! Guarantees:
 //! - Every `*.yaml`/`*.yml` file directly in the directory is read (no recursion, no hidden
-//!   files); each may hold several `---` documents, each a [`ProxyManifest`].
+//!   files); each may hold several `---` documents, each a [`ProxyManifest`] or (`kind:
+//!   ProxyPool`) a pool ([`crate::pool_manifests`]), kept by the same rules.
 //! - Every error names the file, the document index (0-based) and the field path
 //!   (`spec.proxy.port`); a shape error (wrong type, unknown or missing field) too, reported
 //!   alongside every other error of its document (see
@@ -37,6 +38,8 @@ use uuid::Uuid;
 
 use egress_core::config::lenient;
 use egress_core::model::{API_VERSION, KIND, ProxyManifest, ProxySpec};
+
+pub use crate::pool_manifests::LoadedPool;
 
 /// The namespace UUID under which standalone Proxy UIDs are derived (UUIDv5 of
 /// `"<namespace>/<name>"`). Fixed forever: changing it would orphan every instance.
@@ -187,7 +190,7 @@ fn is_blank_document(doc: &str) -> bool {
 /// `credentialsRef`), without ever putting the content in an error message. The reference
 /// must stay inside `dir` (see [`resolve_in_dir`]); the file is read through
 /// [`read_regular_bounded`].
-fn read_credentials(dir: &Path, reference: &str) -> Result<Credentials, String> {
+pub(crate) fn read_credentials(dir: &Path, reference: &str) -> Result<Credentials, String> {
     let path = resolve_in_dir(dir, reference)?;
     // NB: `path` is resolved (no links left); a link put in its place since is not followed.
     let bytes = read_regular_bounded(&path, MAX_CREDENTIALS_BYTES, false)
@@ -299,6 +302,17 @@ pub fn read_regular_bounded(
 /// any error should be treated as bad as a whole by the caller (see [`ManifestStore`]).
 /// `dir` resolves relative `credentialsRef` paths. Reads only the credentials files.
 pub fn parse_file(file: &Path, text: &str, dir: &Path) -> (Vec<LoadedProxy>, Vec<ManifestError>) {
+    let (proxies, _, errs) = parse_file_with_pools(file, text, dir);
+    (proxies, errs)
+}
+
+/// [`parse_file`], with the file's ProxyPools too.
+pub fn parse_file_with_pools(
+    file: &Path,
+    text: &str,
+    dir: &Path,
+) -> (Vec<LoadedProxy>, Vec<LoadedPool>, Vec<ManifestError>) {
+    let mut pools = Vec::new();
     let mut out = Vec::new();
     let mut errs = Vec::new();
     let mut doc_index = 0usize;
@@ -308,6 +322,13 @@ pub fn parse_file(file: &Path, text: &str, dir: &Path) -> (Vec<LoadedProxy>, Vec
         }
         let d = doc_index;
         doc_index += 1;
+        if crate::pool_manifests::is_pool_document(&doc) {
+            match crate::pool_manifests::parse_pool(file, d, &doc, dir) {
+                Ok(p) => pools.push(p),
+                Err(e) => errs.extend(e),
+            }
+            continue;
+        }
         // Shape errors first (each with its path), then the rule errors of what remains, not
         // repeating a rule error at a field whose shape was already wrong.
         let (parsed, mut shape) = match serde_saphyr::from_str::<ProxyManifest>(&doc) {
@@ -423,7 +444,7 @@ pub fn parse_file(file: &Path, text: &str, dir: &Path) -> (Vec<LoadedProxy>, Vec
             spec_hash,
         });
     }
-    (out, errs)
+    (out, pools, errs)
 }
 
 /// serde-saphyr's message without the `<input>` label it gives text that has no file name
@@ -436,7 +457,7 @@ fn without_input_label(msg: &str) -> String {
 
 /// A Kubernetes-style DNS label (RFC 1123): names and namespaces end up in UIDs and
 /// descriptions, so they are kept to a safe alphabet.
-fn is_dns_label(s: &str) -> bool {
+pub(crate) fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes()
@@ -455,6 +476,8 @@ struct FileState {
     /// The proxies of the last good version (empty when it never parsed); shared with the
     /// [`Desired`] sets built from them (one copy of each Proxy, however many scans).
     good: Vec<Arc<LoadedProxy>>,
+    /// The pools of the last good version.
+    good_pools: Vec<Arc<LoadedPool>>,
     /// The errors of the current version (empty when it is good).
     errors: Vec<ManifestError>,
 }
@@ -480,6 +503,8 @@ pub struct Desired {
     /// Every proxy by UID, with its generation (shared: a scan that found no change hands
     /// back the previous set without copying it).
     pub proxies: Arc<BTreeMap<ProxyUid, (Arc<LoadedProxy>, i64)>>,
+    /// Every ProxyPool by `namespace/name`, with its generation.
+    pub pools: Arc<BTreeMap<String, (Arc<LoadedPool>, i64)>>,
     /// Every current error (bad files, bad documents, duplicates), as display strings.
     pub errors: Vec<String>,
     /// Whether the directory itself could be listed (when false the set is the previous one).
@@ -497,6 +522,7 @@ pub struct ManifestStore {
     dir: PathBuf,
     files: BTreeMap<PathBuf, FileState>,
     generations: HashMap<ProxyUid, ([u8; 32], i64)>,
+    pool_generations: HashMap<String, ([u8; 32], i64)>,
     last: Desired,
     /// [`MAX_MANIFEST_FILES`] (tests lower it).
     max_files: usize,
@@ -509,6 +535,7 @@ impl ManifestStore {
             dir: dir.into(),
             files: BTreeMap::new(),
             generations: HashMap::new(),
+            pool_generations: HashMap::new(),
             last: Desired::default(),
             max_files: MAX_MANIFEST_FILES,
         }
@@ -596,6 +623,31 @@ impl ManifestStore {
                 proxies.insert(p.uid, (Arc::clone(p), gen_entry.1));
             }
         }
+        let mut pools = BTreeMap::new();
+        let mut pool_seen: HashMap<String, PathBuf> = HashMap::new();
+        for (path, st) in &self.files {
+            for p in &st.good_pools {
+                let key = p.key();
+                if let Some(first) = pool_seen.get(&key) {
+                    desired.errors.push(format!(
+                        "{}: duplicate ProxyPool {key}: already defined in {}; this one is ignored",
+                        path.display(),
+                        first.display()
+                    ));
+                    continue;
+                }
+                pool_seen.insert(key.clone(), path.clone());
+                let g = self
+                    .pool_generations
+                    .entry(key.clone())
+                    .or_insert((p.spec_hash, 1));
+                if g.0 != p.spec_hash {
+                    *g = (p.spec_hash, g.1.saturating_add(1));
+                }
+                pools.insert(key, (Arc::clone(p), g.1));
+            }
+        }
+        desired.pools = Arc::new(pools);
         desired.proxies = Arc::new(proxies);
         self.last = desired.clone();
         desired
@@ -646,9 +698,9 @@ impl ManifestStore {
                 })
         };
         let prev = self.files.remove(path);
-        let (good_before, hash_before) = match &prev {
-            Some(p) => (p.good.clone(), Some(p.content_hash)),
-            None => (Vec::new(), None),
+        let (good_before, pools_before, hash_before) = match &prev {
+            Some(p) => (p.good.clone(), p.good_pools.clone(), Some(p.content_hash)),
+            None => (Vec::new(), Vec::new(), None),
         };
         let text = match text {
             Ok(t) => t,
@@ -662,6 +714,7 @@ impl ManifestStore {
                         },
                         content_hash: hash_before.unwrap_or_default(),
                         good: good_before,
+                        good_pools: pools_before,
                         errors: vec![e],
                     },
                 );
@@ -669,16 +722,26 @@ impl ManifestStore {
             }
         };
         let content_hash: [u8; 32] = Sha256::digest(text.as_bytes()).into();
-        let (proxies, errors) = parse_file(path, &text, &self.dir);
+        let (proxies, pools, errors) = parse_file_with_pools(path, &text, &self.dir);
         let creds = proxies
             .iter()
             .filter_map(|p| p.spec.proxy.credentials_ref.as_ref())
+            .chain(
+                pools
+                    .iter()
+                    .filter_map(|p| p.spec.template.proxy.credentials_ref.as_ref()),
+            )
             .map(|r| {
                 let cp = self.dir.join(r);
                 let (m, s) = file_stamp(&cp);
                 (cp, m, s)
             })
             .collect();
+        let good_pools = if errors.is_empty() {
+            pools.into_iter().map(Arc::new).collect()
+        } else {
+            pools_before
+        };
         let good = if errors.is_empty() {
             // NB: not `into_iter().map(Arc::new).collect()`: that collects in place, and each
             // file's list of 8-byte `Arc`s would keep the parse's buffer of whole
@@ -701,6 +764,7 @@ impl ManifestStore {
                 },
                 content_hash,
                 good,
+                good_pools,
                 errors,
             },
         );

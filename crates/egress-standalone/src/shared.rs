@@ -38,6 +38,8 @@ pub(crate) struct Obj {
     pub(crate) object: ProxyObject,
     pub(crate) status: ProxyStatus,
     pub(crate) first_seen: SystemTime,
+    /// The pool (`namespace/name`) this object is a member of; `None` for a manifest's Proxy.
+    pub(crate) pool: Option<String>,
 }
 
 /// Every known Proxy by UID, with the number of Proxies in each phase kept up to date on
@@ -170,6 +172,12 @@ pub(crate) struct Shared {
     pub(crate) host_health: Mutex<BTreeMap<(String, String), HostHealth>>,
     pub(crate) queue: WorkQueue,
     pub(crate) timers: Mutex<HashMap<ProxyUid, AbortHandle>>,
+    /// The manifest directory (pools keep their files beside their manifests).
+    pub(crate) manifest_dir: std::path::PathBuf,
+    /// Every ProxyPool and its members ([`crate::pools`]).
+    pub(crate) pools: Mutex<crate::pools::Pools>,
+    /// Pools to decide again.
+    pub(crate) pool_queue: crate::pools::PoolQueue,
 }
 
 impl Shared {
@@ -240,6 +248,7 @@ impl Shared {
                         object: object_of(p, *generation),
                         status: ProxyStatus::default(),
                         first_seen: now,
+                        pool: None,
                     },
                 );
                 changed.push(*uid);
@@ -247,7 +256,7 @@ impl Shared {
             if d.directory_ok {
                 // NB: only `object.deleting` changes here, never a status: a plain walk.
                 objects.for_each_mut(|uid, o| {
-                    if !d.proxies.contains_key(uid) && !o.object.deleting {
+                    if o.pool.is_none() && !d.proxies.contains_key(uid) && !o.object.deleting {
                         tracing::info!(proxy = %format!("{}/{}", o.object.namespace, o.object.name), "manifest removed: deleting");
                         o.object.deleting = true;
                         changed.push(*uid);
@@ -258,6 +267,7 @@ impl Shared {
         for uid in changed {
             self.queue.add(uid);
         }
+        self.apply_pools(&d.pools, d.directory_ok);
         self.update_phase_metrics();
     }
 
@@ -326,10 +336,12 @@ impl Shared {
             .map(|e| e.reason.clone());
         self.metrics.reconciled(error_class.as_deref(), elapsed);
         let mut forget = false;
+        let mut pool_dirty = None;
         {
             let mut objects = lock(&self.objects);
             let mut remove = false;
             if let Some(mut o) = objects.get_mut(&uid) {
+                let before = crate::pools::pool_view(&o.status);
                 let previous = std::mem::replace(&mut o.status, out.status);
                 if let Some(engine) = &self.health {
                     let generation = o.object.generation;
@@ -342,11 +354,21 @@ impl Shared {
                     );
                 }
                 remove = out.finalized && o.object.deleting;
+                if let Some(k) = &o.pool
+                    && (remove
+                        || before != crate::pools::pool_view(&o.status)
+                        || previous.observed_generation == 0)
+                {
+                    pool_dirty = Some(k.clone());
+                }
             }
             if remove {
                 objects.remove(&uid);
                 forget = true;
             }
+        }
+        if let Some(k) = pool_dirty {
+            self.pool_queue.add(&k);
         }
         if forget {
             if let Some(engine) = &self.health {
@@ -413,6 +435,7 @@ mod tests {
             object: object_of(&loaded[0], 1),
             status: ProxyStatus::default(),
             first_seen: SystemTime::UNIX_EPOCH,
+            pool: None,
         };
         let mut t = Objects::default();
         // A fixed-seed LCG: the same 5000 steps every run.

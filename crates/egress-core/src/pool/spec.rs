@@ -56,22 +56,30 @@ pub struct ProxyPoolSpec {
     /// The spec of every member Proxy. `host` must not be set: the pool places its members
     /// (see `placement`).
     pub template: ProxySpec,
-    /// Where members go.
+    /// Where members go: spread over the provider entry's hosts as evenly as host health and
+    /// capacity allow, optionally at most `maxPerHost` per host and only on `hosts`.
     #[serde(default, skip_serializing_if = "Placement::is_default")]
     pub placement: Placement,
-    /// When members are replaced for their age.
+    /// When members are replaced for their age (`maxAge`; unset: never), one batch at a time
+    /// within the `update` budget, each replacement healthy before the member it replaces
+    /// goes (with the default budget).
     #[serde(default, skip_serializing_if = "Rotation::is_default")]
     pub rotation: Rotation,
-    /// How many members may be added or missing while members are replaced.
+    /// How many members may be added (`maxSurge`, default 1) or missing (`maxUnavailable`,
+    /// default 0) while members are replaced for rotation, a template change or scale-in.
     #[serde(default)]
     pub update: UpdatePolicy,
-    /// When failed or unhealthy members are replaced, and how replacements back off.
+    /// When failed or unhealthy members are replaced (at once when Failed, after
+    /// `unhealthyAfter` when unhealthy), and how creates on a failing host back off.
     #[serde(default)]
     pub autohealing: Autohealing,
-    /// Which members go first when the pool shrinks.
+    /// Which members go first when the pool shrinks: unhealthy ones, then those not ready
+    /// yet, then the oldest (or the newest, with `order: NewestFirst`).
     #[serde(default)]
     pub scale_in: ScaleIn,
-    /// Credentials the operator generates for the pool's members.
+    /// Credentials the operator generates for the pool's members (`generate: true`): a user
+    /// name and password kept in a Secret (Kubernetes) or a file (standalone) that the pool
+    /// owns; editing or deleting them replaces the members.
     #[serde(default, skip_serializing_if = "CredentialsPolicy::is_default")]
     pub credentials: CredentialsPolicy,
 }

@@ -55,7 +55,9 @@
 
 mod cache;
 mod credentials;
+mod events;
 mod orphans;
+pub mod pool;
 mod provider_health;
 mod proxy_health;
 pub mod publish;
@@ -75,7 +77,6 @@ use egress_core::gc::{self, GcSettings};
 use egress_core::health::HealthState;
 use egress_core::providers::{BuildOptions, Providers};
 use egress_provider::ProxyUid;
-use kube::runtime::events::Recorder;
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -424,7 +425,7 @@ pub(super) async fn follow_election(
 pub(super) struct Ctx {
     client: Client,
     core: Arc<Core>,
-    recorder: Recorder,
+    recorder: events::Recorder,
     deadline: Duration,
     failures: Mutex<HashMap<String, u32>>,
     stats: Arc<DriverStats>,

@@ -404,3 +404,107 @@ fn alloc_error(host: &str, e: AllocError) -> ProviderError {
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::libvirt::address_pool::{AddressPool, FamilyPool};
+
+    fn book(ranges: &[&str]) -> AddressBook {
+        let pool = AddressPool {
+            ipv4: Some(FamilyPool {
+                prefix: "203.0.113.0/24".into(),
+                gateway: "203.0.113.1".into(),
+                ranges: ranges.iter().map(|r| r.to_string()).collect(),
+            }),
+            ipv6: None,
+            dns: vec![],
+        };
+        let mut pools = HashMap::new();
+        pools.insert("h1".to_owned(), pool.parse().unwrap());
+        AddressBook {
+            pools,
+            ..AddressBook::default()
+        }
+    }
+
+    fn claim(domain: &str, a: &str) -> Claim {
+        Claim {
+            domain: domain.into(),
+            addresses: vec![a.parse().unwrap()],
+        }
+    }
+
+    fn held(b: &AddressBook) -> u64 {
+        b.usage("h1")[0].held
+    }
+
+    #[test]
+    fn nothing_is_allocated_before_the_first_listing() {
+        let b = book(&["203.0.113.10-203.0.113.20"]);
+        let e = b.allocate("h1", "dA", &[]).unwrap_err();
+        assert!(e.is_transient(), "{e}");
+        assert!(b.usage("h1").is_empty(), "unknown before a listing");
+        b.apply_listing(
+            "h1",
+            b.listing_started("h1"),
+            &[claim("theirs", "203.0.113.10")],
+        );
+        let g = b.allocate("h1", "dA", &[]).unwrap().unwrap();
+        assert_eq!(g.addresses, vec!["203.0.113.11".parse::<IpAddr>().unwrap()]);
+    }
+
+    #[test]
+    fn a_listing_releases_only_holders_it_no_longer_shows_whose_creates_ended_before_it() {
+        let b = book(&["203.0.113.10-203.0.113.20"]);
+        b.apply_listing("h1", b.listing_started("h1"), &[]);
+        let a = b.allocate("h1", "dA", &[]).unwrap().unwrap();
+        // A listing that ran while A's create was in flight (its domain not defined yet).
+        b.apply_listing("h1", b.listing_started("h1"), &[]);
+        assert_eq!(held(&b), 1, "an in-flight create keeps its address");
+        let other = b.allocate("h1", "dB", &[]).unwrap().unwrap();
+        assert_ne!(other.addresses, a.addresses);
+        drop(other);
+        // A listing that started before A's create ended, and completed after.
+        let before_end = b.listing_started("h1");
+        drop(a);
+        b.apply_listing("h1", before_end, &[claim("dB", "203.0.113.11")]);
+        assert_eq!(
+            held(&b),
+            2,
+            "a listing older than the create's end proves nothing"
+        );
+        // A listing that shows the holder keeps it.
+        b.apply_listing(
+            "h1",
+            b.listing_started("h1"),
+            &[claim("dA", "203.0.113.10"), claim("dB", "203.0.113.11")],
+        );
+        assert_eq!(held(&b), 2);
+        // A complete listing after the create ended that no longer shows it: gone.
+        b.apply_listing(
+            "h1",
+            b.listing_started("h1"),
+            &[claim("dB", "203.0.113.11")],
+        );
+        assert_eq!(held(&b), 1);
+        // A claim the book did not know (another process's instance) is held from now on.
+        b.apply_listing(
+            "h1",
+            b.listing_started("h1"),
+            &[claim("dB", "203.0.113.11"), claim("theirs", "203.0.113.12")],
+        );
+        assert_eq!(held(&b), 2);
+    }
+
+    #[test]
+    fn a_deleted_holders_address_is_free_again() {
+        let b = book(&["203.0.113.10"]);
+        b.apply_listing("h1", b.listing_started("h1"), &[]);
+        drop(b.allocate("h1", "dA", &[]).unwrap());
+        let e = b.allocate("h1", "dB", &[]).unwrap_err();
+        assert_eq!(e.class, crate::error::ErrorClass::QuotaExceeded, "{e}");
+        b.release_deleted("h1", "dA");
+        assert!(b.allocate("h1", "dB", &[]).unwrap().is_some());
+    }
+}

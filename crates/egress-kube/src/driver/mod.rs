@@ -57,7 +57,6 @@ mod cache;
 mod credentials;
 mod events;
 mod orphans;
-pub mod pool;
 mod provider_health;
 mod proxy_health;
 pub mod publish;

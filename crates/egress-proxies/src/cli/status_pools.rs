@@ -1,0 +1,127 @@
+//! The pools part of `egress-proxies status`: one line per ProxyPool (available of desired,
+//! its Progressing reason, quarantined members, its error) followed by its members (host,
+//! phase, available, quarantine or deletion, age).
+//!
+//! Guarantees: pure (the document and the clock in, text out); a document without pools
+//! renders nothing.
+
+use std::time::SystemTime;
+
+use egress_core::pool::status::condition;
+use egress_core::status::StatusDocument;
+
+use super::table::{self, Table};
+
+/// The pools of `doc` as text: a header line per pool, then a table of its members.
+pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
+    let mut out = String::new();
+    for p in &doc.pools {
+        let progressing = p
+            .status
+            .condition(condition::PROGRESSING)
+            .map(|c| c.reason.clone())
+            .unwrap_or_else(|| "-".into());
+        out.push_str(&format!(
+            "pool {}/{}: {} of {} available, {} updated, {progressing}{}{}\n",
+            p.namespace,
+            p.name,
+            p.status.available_replicas,
+            p.desired,
+            p.status.updated_replicas,
+            if p.status.quarantined.is_empty() {
+                String::new()
+            } else {
+                format!(", quarantined: {}", p.status.quarantined.join(", "))
+            },
+            p.error
+                .as_deref()
+                .map(|e| format!(", error: {e}"))
+                .unwrap_or_default()
+        ));
+        if p.members.is_empty() {
+            continue;
+        }
+        let mut t = Table::new(&["  MEMBER", "HOST", "PHASE", "AVAILABLE", "STATE", "AGE"]);
+        for m in &p.members {
+            let age = humantime::parse_rfc3339_weak(&m.created_at)
+                .ok()
+                .and_then(|c| now.duration_since(c).ok())
+                .map_or_else(|| "-".to_owned(), table::age);
+            let state = match (&m.quarantine, m.deleting) {
+                (_, true) => "deleting".to_owned(),
+                (Some(why), false) => format!("quarantined: {why}"),
+                (None, false) => "-".to_owned(),
+            };
+            t.row(vec![
+                format!("  {}", m.name),
+                m.host.clone().unwrap_or_else(|| "-".into()),
+                m.phase.as_str().to_owned(),
+                if m.available { "yes" } else { "no" }.to_owned(),
+                state,
+                age,
+            ]);
+        }
+        out.push_str(&t.render());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use egress_core::model::Phase;
+    use egress_core::status::{PoolMemberRow, PoolStatusRow};
+
+    #[test]
+    fn a_pool_line_then_its_members_with_their_state() {
+        let member = |name: &str, available: bool| PoolMemberRow {
+            name: name.into(),
+            host: Some("h1".into()),
+            phase: Phase::Running,
+            available,
+            template_hash: "abc".into(),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            quarantine: None,
+            deleting: false,
+        };
+        let mut q = member("web-2", true);
+        q.quarantine = Some("banned".into());
+        let mut d = member("web-3", false);
+        d.deleting = true;
+        let doc = StatusDocument {
+            generated_at: String::new(),
+            proxies: vec![],
+            hosts: vec![],
+            manifest_errors: vec![],
+            pools: vec![PoolStatusRow {
+                namespace: "default".into(),
+                name: "web".into(),
+                desired: 2,
+                status: egress_core::pool::ProxyPoolStatus {
+                    available_replicas: 1,
+                    quarantined: vec!["web-2".into()],
+                    ..Default::default()
+                },
+                members: vec![member("web-1", true), q, d],
+                error: None,
+            }],
+        };
+        let now =
+            humantime::parse_rfc3339("2026-01-01T02:00:00Z").unwrap_or(SystemTime::UNIX_EPOCH);
+        let text = render(&doc, now);
+        assert!(
+            text.starts_with(
+                "pool default/web: 1 of 2 available, 0 updated, -, quarantined: web-2\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("quarantined: banned"), "{text}");
+        assert!(text.contains("deleting"), "{text}");
+        assert!(text.contains("2h"), "{text}");
+        let empty = StatusDocument {
+            pools: vec![],
+            ..doc
+        };
+        assert_eq!(render(&empty, now), "");
+    }
+}

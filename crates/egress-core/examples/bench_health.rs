@@ -79,6 +79,7 @@ fn main() {
                         credentials: None,
                     },
                     expected_egress: None,
+                    declared: Vec::new(),
                 }
             })
             .collect();

@@ -15,6 +15,9 @@ use std::net::IpAddr;
 use egress_provider::error::redact;
 use serde::{Deserialize, Serialize};
 
+mod egress;
+pub use egress::{EgressSpec, family};
+
 /// The API group/version of a Proxy manifest.
 pub const API_VERSION: &str = "egress-proxies.dev/v1alpha1";
 /// The kind of a Proxy manifest.
@@ -92,6 +95,9 @@ pub struct ProxySpec {
     /// The proxy software's settings.
     #[serde(default)]
     pub proxy: ProxySettings,
+    /// The declared egress: the address(es) the proxy must have from its host's address pool.
+    #[serde(default, skip_serializing_if = "EgressSpec::is_empty")]
+    pub egress: EgressSpec,
 }
 
 /// Size overrides of a Proxy.
@@ -316,6 +322,9 @@ impl ProxySpec {
                 format!("{e:?} is not an IP or a CIDR (e.g. 203.0.113.7 or 203.0.113.0/24)"),
             );
         }
+        for (path, message) in self.egress.validate(self.proxy.expected_egress.as_deref()) {
+            err(path, message);
+        }
         if self.proxy.allowed_client_cidrs.is_empty() && self.proxy.credentials_ref.is_none() {
             err(
                 "spec.proxy".into(),
@@ -360,6 +369,25 @@ pub fn parse_ip_or_cidr(s: &str) -> Option<(IpAddr, u8)> {
     match s.parse::<IpAddr>() {
         Ok(ip) => Some((ip, if ip.is_ipv4() { 32 } else { 128 })),
         Err(_) => parse_cidr(s),
+    }
+}
+
+/// Whether `ip` is inside `net/len` (an address of another family never is).
+pub fn prefix_contains(net: IpAddr, len: u8, ip: IpAddr) -> bool {
+    match (net, ip) {
+        (IpAddr::V4(n), IpAddr::V4(a)) => {
+            let mask = u32::MAX
+                .checked_shl(32 - u32::from(len.min(32)))
+                .unwrap_or(0);
+            u32::from(n) & mask == u32::from(a) & mask
+        }
+        (IpAddr::V6(n), IpAddr::V6(a)) => {
+            let mask = u128::MAX
+                .checked_shl(128 - u32::from(len.min(128)))
+                .unwrap_or(0);
+            u128::from(n) & mask == u128::from(a) & mask
+        }
+        _ => false,
     }
 }
 
@@ -477,6 +505,11 @@ pub struct ProxyStatus {
     /// The instance's address (kept through short Provisioning gaps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip: Option<String>,
+    /// The declared egress address(es) the instance holds from its host's address pool (at
+    /// most one IPv4 and one IPv6 address; absent when the host has no pool). The health
+    /// check expects exactly these as the egress the world sees (`health.egressIp`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress_address: Vec<String>,
     /// `Provisioned`, `Healthy` and `Ready`, each with a stable reason (also the Event reason)
     /// and a redacted message.
     // NB: a map keyed by `type` for server-side apply, as Kubernetes' own conditions are.
@@ -512,6 +545,10 @@ pub struct HealthStatus {
     /// The address the check target saw the last successful check come from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_ip: Option<String>,
+    /// With declared egress addresses (`egressAddress`): the address the check target saw
+    /// through each family's probe, in the order of `egressAddress` (the first is `egressIp`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress_ips: Vec<String>,
     /// When the last check finished (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_check: Option<String>,
@@ -587,6 +624,7 @@ mod tests {
                 allowed_client_cidrs: vec!["10.0.0.0/8".into()],
                 ..ProxySettings::default()
             },
+            egress: EgressSpec::default(),
         }
     }
 

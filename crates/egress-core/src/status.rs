@@ -160,6 +160,10 @@ pub struct ProxyStatusRow {
     pub host: Option<String>,
     /// Address, when known.
     pub ip: Option<String>,
+    /// The declared egress address(es) the instance holds from its host's address pool
+    /// (`status.egressAddress`; absent when it holds none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress_address: Vec<String>,
     /// `libvirt://ENTRY/HOST/NAME`, when created.
     pub provider_id: Option<String>,
     /// When the instance was created (its ownership mark's time) when known, else when this
@@ -237,6 +241,7 @@ mod tests {
                     egress_ip: Some("203.0.113.7".into()),
                     ..HealthStatus::default()
                 }),
+                egress_address: Vec::new(),
             }],
             hosts: vec![HostRow {
                 entry: "local".into(),
@@ -276,6 +281,7 @@ mod tests {
                 healthy: Some(h),
                 ..HealthStatus::default()
             }),
+            egress_address: Vec::new(),
         }
     }
 

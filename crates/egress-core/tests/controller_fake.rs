@@ -97,6 +97,7 @@ fn proxy(n: u8, pin: Option<&str>) -> ProxyObject {
                 allowed_client_cidrs: vec!["10.0.0.0/8".into()],
                 ..ProxySettings::default()
             },
+            egress: Default::default(),
         },
         deleting: false,
         credentials: None,

@@ -74,6 +74,7 @@ fn proxy(n: u8) -> ProxyObject {
                 allowed_client_cidrs: vec!["10.0.0.0/8".into()],
                 ..ProxySettings::default()
             },
+            egress: Default::default(),
         },
         deleting: false,
         credentials: None,

@@ -61,6 +61,7 @@ fn ptarget(n: u8, ep: ProxyEndpoint, expected: Option<&str>) -> ProbeTarget {
         host: "h1".into(),
         endpoint: ep,
         expected_egress: expected.map(str::to_owned),
+        declared: Vec::new(),
     }
 }
 

@@ -62,6 +62,7 @@ pub const MAX_HOST_STRING_CHARS: usize = egress_core::model::MAX_MESSAGE_CHARS;
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Host", type_ = "string", json_path = ".status.host"),
     printcolumn(name = "IP", type_ = "string", json_path = ".status.ip"),
+    printcolumn(name = "Egress", type_ = "string", json_path = ".status.egressAddress"),
     printcolumn(
         name = "Healthy",
         type_ = "string",
@@ -300,6 +301,7 @@ mod tests {
                 allowed_client_cidrs: vec!["10.0.0.0/8".into()],
                 ..ProxySettings::default()
             },
+            egress: Default::default(),
         }
     }
 
@@ -344,6 +346,35 @@ mod tests {
         let mut v6 = spec();
         v6.proxy.allowed_client_cidrs = vec!["2001:db8::/32".into()];
         validate_cel(&proxy(v6)).unwrap();
+    }
+
+    #[test]
+    fn a_pinned_egress_address_must_be_an_ip_one_per_family_by_cel_rules() {
+        for ok in [
+            &["203.0.113.7"][..],
+            &["2001:db8::7"],
+            &["203.0.113.7", "2001:db8::7"],
+        ] {
+            let mut s = spec();
+            s.egress.address = ok.iter().map(|a| (*a).to_owned()).collect();
+            validate_cel(&proxy(s)).unwrap();
+        }
+        for (bad, want) in [
+            (&["203.0.113.0/24"][..], "IP address"),
+            (&["egress.example"], "IP address"),
+            (&["203.0.113.7", "203.0.113.8"], "one address per family"),
+            (&["2001:db8::7", "2001:db8::8"], "one address per family"),
+        ] {
+            let mut s = spec();
+            s.egress.address = bad.iter().map(|a| (*a).to_owned()).collect();
+            let errs = validate_cel(&proxy(s)).unwrap_err();
+            assert!(format!("{errs:?}").contains(want), "{bad:?}: {errs:?}");
+        }
+        let s = schema(&Proxy::crd());
+        let a = &s["properties"]["spec"]["properties"]["egress"]["properties"]["address"];
+        assert_eq!(a["maxItems"].as_u64(), Some(2), "{a}");
+        let st = &s["properties"]["status"]["properties"]["egressAddress"];
+        assert_eq!(st["type"], "array", "{st}");
     }
 
     #[test]
@@ -413,7 +444,7 @@ mod tests {
             .iter()
             .map(|c| c.name.as_str())
             .collect();
-        assert_eq!(cols, ["Phase", "Host", "IP", "Healthy", "Age"]);
+        assert_eq!(cols, ["Phase", "Host", "IP", "Egress", "Healthy", "Age"]);
         let ph = ProviderHealth::crd();
         assert_eq!(ph.spec.scope, "Cluster");
         assert!(

@@ -135,6 +135,7 @@ impl Observer {
                 row.state == "Ready",
                 r.latency.map(|l| l.as_secs_f64()),
             );
+            self.metrics.host_addresses(entry, &r.host, &r.addresses);
             hosts.insert((entry.to_owned(), r.host.clone()), row);
         }
     }
@@ -237,6 +238,7 @@ mod tests {
             conditions: vec![],
             port: Some(3128),
             health: None,
+            egress_address: Vec::new(),
         }]);
         let t = Endpoints::metrics(&o, MetricsFormat::Prometheus);
         assert!(

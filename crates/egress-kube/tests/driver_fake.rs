@@ -253,6 +253,7 @@ fn spec(image: &str) -> ProxySpec {
             allowed_client_cidrs: vec!["10.0.0.0/8".into()],
             ..ProxySettings::default()
         },
+        egress: Default::default(),
     }
 }
 

@@ -316,7 +316,9 @@ fn every_field_of_the_status_document_is_documented_for_users() {
                 consecutive_failures: 0,
                 consecutive_successes: 2,
                 last_error: Some("e".into()),
+                egress_ips: vec!["203.0.113.7".into()],
             }),
+            egress_address: vec!["203.0.113.7".into()],
         }],
         hosts: vec![HostRow {
             entry: "local".into(),

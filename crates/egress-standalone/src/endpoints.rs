@@ -41,6 +41,7 @@ impl Shared {
                 conditions: o.status.conditions.clone(),
                 port: Some(o.object.spec.proxy.port),
                 health: o.status.health.clone(),
+                egress_address: o.status.egress_address.clone(),
             })
             .collect();
         proxies.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));

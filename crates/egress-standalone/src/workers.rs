@@ -163,6 +163,13 @@ impl HostCheckDriver for Shared {
                 .and_then(|r| r.latency)
                 .map(|l| l.as_secs_f64());
             self.metrics.host_checked(&entry, &row.host, ready, latency);
+            let addresses = check
+                .reports
+                .as_ref()
+                .and_then(|rs| rs.iter().find(|r| r.host == row.host))
+                .map(|r| r.addresses.as_slice())
+                .unwrap_or_default();
+            self.metrics.host_addresses(&entry, &row.host, addresses);
             hosts.insert(
                 (entry.clone(), row.host.clone()),
                 HostRow {

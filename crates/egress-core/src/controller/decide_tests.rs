@@ -14,8 +14,8 @@ use egress_provider::libvirt::config::LibvirtEntry;
 use egress_provider::model::{HostState, Instance, InstanceState, ProviderId};
 
 use super::decide::{
-    Action, Decision, EntryView, HostInfo, Inputs, Latch, Memory, Observed, OpView, decide,
-    fmt_time, reason,
+    Action, AddressRoom, Decision, EVERY_FAMILY, EntryView, FAMILY_V4, FAMILY_V6, HostInfo, Inputs,
+    Latch, Memory, Observed, OpView, decide, fmt_time, reason,
 };
 use super::test_fixtures::uid;
 use super::{ControllerSettings, EventKind, ProxyCredentials, ProxyObject};
@@ -56,6 +56,7 @@ fn proxy() -> P {
                 allowed_client_cidrs: vec!["10.0.0.0/8".into()],
                 ..ProxySettings::default()
             },
+            egress: Default::default(),
         },
         deleting: false,
         credentials: None,
@@ -93,6 +94,10 @@ impl P {
     }
     fn credentials_ref(mut self, r: &str) -> Self {
         self.0.spec.proxy.credentials_ref = Some(r.into());
+        self
+    }
+    fn egress(mut self, a: &[&str]) -> Self {
+        self.0.spec.egress.address = a.iter().map(|s| (*s).to_owned()).collect();
         self
     }
     fn credentials(mut self) -> Self {
@@ -209,7 +214,19 @@ impl Case {
         self
     }
     fn load(mut self, h: &str, load: usize, health: Option<HostState>) -> Self {
-        self.hosts.insert(h.into(), HostInfo { load, health });
+        self.hosts.insert(
+            h.into(),
+            HostInfo {
+                load,
+                health,
+                ..HostInfo::default()
+            },
+        );
+        self
+    }
+    /// `h`'s address pool as reported: `pool` families, `full` of them exhausted.
+    fn room(mut self, h: &str, pool: u8, full: u8) -> Self {
+        self.hosts.entry(h.into()).or_default().addresses = AddressRoom { pool, full };
         self
     }
     fn memory(mut self, m: Memory) -> Self {
@@ -320,6 +337,148 @@ fn placement_never_uses_a_host_whose_last_report_is_not_ready() {
         assert!(ready.message.contains("Degraded"), "{}", ready.message);
         assert!(d.requeue_after.is_some());
     }
+}
+
+#[test]
+fn placement_prefers_free_addresses_among_equal_hosts_and_never_an_exhausted_pool() {
+    let v4 = FAMILY_V4;
+    let table: Vec<(Case, &str)> = vec![
+        // Equal loads: the host with free addresses before the one without a pool.
+        (case(proxy()).room("h2", v4, 0), "h2"),
+        // Load still comes first.
+        (
+            case(proxy())
+                .load("h1", 0, None)
+                .load("h2", 1, None)
+                .room("h2", v4, 0),
+            "h1",
+        ),
+        // An exhausted pool is never chosen while another host has room, whatever its load.
+        (
+            case(proxy())
+                .load("h1", 0, None)
+                .room("h1", v4, v4)
+                .load("h2", 7, None)
+                .room("h2", v4, 0),
+            "h2",
+        ),
+        // A dual-stack pool with only IPv6 exhausted blocks a Proxy that pins nothing ...
+        (
+            case(proxy())
+                .room("h1", EVERY_FAMILY, FAMILY_V6)
+                .load("h2", 3, None),
+            "h2",
+        ),
+        // ... but not one that pins only an IPv4 address.
+        (
+            case(proxy().egress(&["203.0.113.7"]))
+                .room("h1", EVERY_FAMILY, FAMILY_V6)
+                .load("h2", 3, None),
+            "h1",
+        ),
+    ];
+    for (i, (c, want)) in table.into_iter().enumerate() {
+        assert_eq!(created_host(&c.run()).0, want, "case {i}");
+    }
+}
+
+#[test]
+fn every_pool_exhausted_places_nothing_and_says_which_pools() {
+    let d = case(proxy())
+        .room("h1", FAMILY_V4, FAMILY_V4)
+        .room("h2", EVERY_FAMILY, EVERY_FAMILY)
+        .run();
+    assert_eq!(d.action, Action::None);
+    let (st, why, msg) = ready(&d);
+    assert_eq!((st, why.as_str()), (ConditionStatus::False, "NoUsableHost"));
+    assert!(
+        msg.contains("h1 unchecked with its IPv4 address pool exhausted")
+            && msg.contains("h2 unchecked with its IPv4 and IPv6 address pool exhausted"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_retry_leaves_a_host_whose_pool_is_now_known_exhausted() {
+    let mut st = provisioning_status("h2", t0());
+    st.provider_id = None;
+    let d = case(proxy())
+        .status(st)
+        .load("h1", 4, None)
+        .load("h2", 0, None)
+        .room("h2", FAMILY_V4, FAMILY_V4)
+        .run();
+    assert_eq!(created_host(&d).0, "h1");
+}
+
+#[test]
+fn an_exhausted_pool_at_create_is_a_retryable_condition_naming_host_and_pool() {
+    let err =
+        ProviderError::quota("the host's IPv4 address pool is exhausted (14 addresses, all held)");
+    let d = case(proxy())
+        .status(provisioning_status("h1", t0()))
+        .op(OpView::CreateFinished {
+            host: "h1".into(),
+            result: Err(err),
+        })
+        .run();
+    let (st, why, msg) = ready(&d);
+    assert_eq!(
+        (st, why.as_str()),
+        (ConditionStatus::False, reason::QUOTA_EXCEEDED)
+    );
+    assert!(
+        msg.contains("host h1") && msg.contains("IPv4 address pool is exhausted"),
+        "{msg}"
+    );
+    assert_eq!(d.status.last_error().as_deref(), Some(msg.as_str()));
+    assert!(d.requeue_after.is_some(), "retried, not latched");
+}
+
+#[test]
+fn the_pinned_egress_goes_into_the_create_request_and_the_held_one_into_status() {
+    let d = case(proxy().egress(&["203.0.113.7", "2001:db8::7"])).run();
+    let Action::Create { req, .. } = &d.action else {
+        panic!("{:?}", d.action)
+    };
+    assert_eq!(
+        req.pinned_egress,
+        [
+            "203.0.113.7".parse::<std::net::IpAddr>().unwrap(),
+            "2001:db8::7".parse().unwrap()
+        ]
+    );
+    let mut held = running("h1");
+    held.egress = vec!["203.0.113.9".parse().unwrap()];
+    let d = case(proxy())
+        .status(provisioning_status("h1", t0()))
+        .at("h1")
+        .observed(Observed::Found(held))
+        .run();
+    assert_eq!(d.status.egress_address, ["203.0.113.9"]);
+    // A replacement forgets it until the new instance reports its own.
+    let mut st = d.status.clone();
+    st.provider_id = None;
+    let d = case(proxy())
+        .status(st)
+        .at("h1")
+        .observed(Observed::NotFound("gone".into()))
+        .run();
+    assert!(d.status.egress_address.is_empty(), "{:?}", d.status);
+}
+
+#[test]
+fn a_pin_contradicting_expected_egress_is_an_invalid_spec() {
+    let mut p = proxy().egress(&["203.0.113.7"]);
+    p.0.spec.proxy.expected_egress = Some("198.51.100.0/24".into());
+    let d = case(p).run();
+    assert_eq!(d.action, Action::None);
+    let (_, why, msg) = ready(&d);
+    assert_eq!(why, reason::INVALID_SPEC);
+    assert!(
+        msg.contains("spec.egress.address") && msg.contains("198.51.100.0/24"),
+        "{msg}"
+    );
 }
 
 #[test]

@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 use crate::model::ProxyStatus;
 use crate::providers::Providers;
 
+use super::decide::AddressRoom;
 use super::limits::HostLimits;
 use super::metrics::{ControllerCounters, Counters};
 use super::ops::{OpKind, op_finished};
@@ -46,12 +47,26 @@ pub(super) struct Inner {
     /// The address each Proxy's instance had at the provider's last `get` that reported one
     /// (see [`Controller::verified_address`]).
     pub(super) verified: Mutex<HashMap<ProxyUid, IpAddr>>,
+    /// The declared egress addresses each Proxy's instance held at the provider's last report
+    /// of it (see [`Controller::declared_egress`]); no entry when it holds none.
+    pub(super) declared: Mutex<HashMap<ProxyUid, Vec<IpAddr>>>,
 }
 
 impl Inner {
     /// Records what the provider said about `uid`'s instance (a `get` or a finished create;
     /// `None`: it is gone): see [`Controller::verified_address`].
     pub(super) fn note_observed(&self, uid: &ProxyUid, inst: Option<&Instance>) {
+        {
+            let mut d = lock(&self.declared);
+            match inst {
+                Some(i) if !i.egress.is_empty() => {
+                    d.insert(*uid, i.egress.clone());
+                }
+                _ => {
+                    d.remove(uid);
+                }
+            }
+        }
         let mut v = lock(&self.verified);
         match inst {
             Some(Instance { ip: Some(ip), .. }) => {
@@ -110,6 +125,7 @@ impl Controller {
                 image_bytes: Arc::new(AtomicU64::new(0)),
                 waker: RwLock::new(None),
                 verified: Mutex::new(HashMap::new()),
+                declared: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -177,12 +193,18 @@ impl Controller {
     }
 
     /// Records host health for placement (from `Provider::check()`): a host whose last report
-    /// is not Ready is skipped while another host of the entry is usable.
+    /// is not Ready is skipped while another host of the entry is usable, and so is a host
+    /// whose declared-address pool the report shows exhausted for a family a Proxy needs;
+    /// among equally loaded hosts, one with free addresses goes first. O(hosts reported ×
+    /// log hosts), whatever the number of Proxies.
     pub fn record_host_reports(&self, entry: &str, reports: &[HostReport]) {
         let mut st = lock(&self.inner.state);
         let hosts = st.health.entry(entry.to_owned()).or_default();
         for r in reports {
             hosts.insert(r.host.clone(), r.state);
+        }
+        for r in reports {
+            st.set_address_room(entry, &r.host, AddressRoom::of(&r.addresses));
         }
     }
 
@@ -215,6 +237,19 @@ impl Controller {
     pub fn verified_address(&self, uid: &ProxyUid) -> Option<IpAddr> {
         // finding: M22
         lock(&self.inner.verified).get(uid).copied()
+    }
+
+    /// The declared egress addresses `uid`'s instance holds from its host's address pool, as
+    /// the provider last reported them to this process (a create's result or a `get`, read
+    /// from the instance's mark): empty when it holds none, before any report, once the
+    /// instance is gone or the Proxy is forgotten. The health check expects exactly these as
+    /// the egress; take them from here, never from a status someone else may have written
+    /// (Kubernetes: `status.egressAddress` in the API).
+    pub fn declared_egress(&self, uid: &ProxyUid) -> Vec<IpAddr> {
+        lock(&self.inner.declared)
+            .get(uid)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// `status` with its `ip` replaced by [`Controller::verified_address`] when they differ
@@ -259,6 +294,7 @@ impl Controller {
         st.forget_waiter(uid);
         drop(st);
         lock(&self.inner.verified).remove(uid);
+        lock(&self.inner.declared).remove(uid);
     }
 
     /// Counters for `/metrics`.

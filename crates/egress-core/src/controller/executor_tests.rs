@@ -109,6 +109,7 @@ fn obj(n: u8, host: Option<&str>) -> ProxyObject {
                 allowed_client_cidrs: vec!["10.0.0.0/8".into()],
                 ..ProxySettings::default()
             },
+            egress: Default::default(),
         },
         deleting: false,
         credentials: None,

@@ -53,18 +53,24 @@ impl HostView for LiveHosts<'_> {
         };
         let mut load = st.load(name, host);
         let health = st.health.get(name).and_then(|m| m.get(host)).copied();
+        let addresses = st.address_room(name, host);
         drop(st);
         if self.inner.limits.work_available(name, host, max) == 0 {
             load = load.saturating_add(FULL_HOST_LOAD);
         }
-        HostInfo { load, health }
+        HostInfo {
+            load,
+            health,
+            addresses,
+        }
     }
 
-    fn least_loaded(&self, _entry: &LibvirtEntry) -> Option<String> {
+    fn least_loaded(&self, _entry: &LibvirtEntry, need: u8) -> Option<String> {
         let name = &self.handle.config.name;
         lock(&self.inner.state).least_loaded(
             &self.handle.config,
             &self.handle.config_digest,
+            need,
             |host, max| self.inner.limits.work_available(name, host, max) > 0,
         )
     }
@@ -86,6 +92,7 @@ pub(super) fn host_view<'a>(
                 HostInfo {
                     load: st.load(entry, h),
                     health: health.and_then(|m| m.get(h)).copied(),
+                    addresses: st.address_room(entry, h),
                 },
             )
         })
@@ -101,7 +108,7 @@ mod tests {
 
     use egress_provider::model::{ProviderId, ProxyUid};
 
-    use super::super::decide::HostView;
+    use super::super::decide::{AddressRoom, EVERY_FAMILY, FAMILY_V4, FAMILY_V6, HostView};
     use super::super::ops::{OpKind, ProgressCell, RunningOp};
     use super::*;
 
@@ -248,7 +255,7 @@ mod tests {
         for step in 0..5000 {
             let uid = ProxyUid(uuid::Uuid::from_u128(u128::from(next(60))));
             let host = ALL[next(5) as usize];
-            match next(8) {
+            match next(9) {
                 0 | 1 => st.set_location(
                     uid,
                     ProviderId {
@@ -257,6 +264,16 @@ mod tests {
                         name: "ep-a-x".into(),
                     },
                 ),
+                8 => {
+                    // A host's address pool: none, with room, or exhausted in some family.
+                    let bits = [0, FAMILY_V4, FAMILY_V6, EVERY_FAMILY];
+                    let pool = bits[next(4) as usize];
+                    let room = AddressRoom {
+                        pool,
+                        full: pool & bits[next(4) as usize],
+                    };
+                    st.set_address_room("a", host, room);
+                }
                 2 => st.clear_location(&uid),
                 3 => {
                     st.objects.entry(uid).or_default().op = Some(op(OpKind::Create {
@@ -300,8 +317,9 @@ mod tests {
                     i.load += FULL_HOST_LOAD;
                 }
             }
-            let want = HostView::least_loaded(&view, e);
-            let got = st.least_loaded(e, &digest, |h, max| {
+            let need = [FAMILY_V4, FAMILY_V6, EVERY_FAMILY][next(3) as usize];
+            let want = HostView::least_loaded(&view, e, need);
+            let got = st.least_loaded(e, &digest, need, |h, max| {
                 assert_eq!(
                     Some(max),
                     e.hosts

@@ -20,7 +20,7 @@ use std::time::SystemTime;
 use egress_provider::libvirt::config::LibvirtEntry;
 use egress_provider::model::{HostState, ProviderId, ProxyUid};
 
-use super::decide::Memory;
+use super::decide::{AddressRoom, Memory};
 use super::host_order::HostOrders;
 use super::ops::{OpKind, RunningOp};
 
@@ -51,6 +51,9 @@ pub(super) struct State {
     loads: HashMap<String, HashMap<String, usize>>,
     /// Each entry's hosts ordered by those loads (moved with every count).
     orders: HostOrders,
+    /// Per entry, per host: its declared-address pool as its last report showed it (hosts
+    /// without a pool have no entry).
+    addresses: HashMap<String, HashMap<String, AddressRoom>>,
 }
 
 impl State {
@@ -65,6 +68,32 @@ impl State {
     pub(super) fn clear_location(&mut self, uid: &ProxyUid) {
         self.locations.remove(uid);
         self.refresh_load(uid);
+    }
+
+    /// `entry`'s `host` reported `room` in its declared-address pool; its place in the
+    /// order follows. O(log hosts).
+    pub(super) fn set_address_room(&mut self, entry: &str, host: &str, room: AddressRoom) {
+        let m = self.addresses.entry(entry.to_owned()).or_default();
+        let before = m.get(host).copied().unwrap_or_default();
+        if before == room {
+            return;
+        }
+        if room == AddressRoom::default() {
+            m.remove(host);
+        } else {
+            m.insert(host.to_owned(), room);
+        }
+        let load = self.load(entry, host);
+        self.orders.reranked(entry, host, load, room);
+    }
+
+    /// The declared-address room of `entry`'s `host` as last reported. O(1).
+    pub(super) fn address_room(&self, entry: &str, host: &str) -> AddressRoom {
+        self.addresses
+            .get(entry)
+            .and_then(|m| m.get(host))
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Host load of `entry`'s `host`: UIDs with a create in flight there, plus UIDs whose
@@ -134,7 +163,9 @@ impl State {
 
     /// Where a new instance of `entry` (config digest `digest`) goes when nothing pins it:
     /// among the hosts that accept placements
-    /// ([`crate::hosthealth::accepts_placements`]), the least loaded one for which
+    /// ([`crate::hosthealth::accepts_placements`]) and whose declared-address pool is not
+    /// known exhausted for a family in `need`, the least loaded one (ties: free addresses
+    /// first, see [`AddressRoom::rank`]) for which
     /// `has_slot(host, maxConcurrent)` says a work slot is free, else the least loaded one;
     /// ties by name. The same choice as a scan of every host with a full host's load raised by
     /// [`FULL_HOST_LOAD`](super::host_view::FULL_HOST_LOAD), in O(log hosts) plus the hosts
@@ -143,17 +174,23 @@ impl State {
         &mut self,
         entry: &LibvirtEntry,
         digest: &str,
+        need: u8,
         has_slot: impl Fn(&str, u32) -> bool,
     ) -> Option<String> {
         let loads = self.loads.get(&entry.name);
-        let order = self.orders.of(entry, digest, |h| {
-            loads.and_then(|m| m.get(h)).copied().unwrap_or(0)
-        });
+        let rooms = self.addresses.get(&entry.name);
+        let room = |h: &str| rooms.and_then(|m| m.get(h)).copied().unwrap_or_default();
+        let order = self.orders.of(
+            entry,
+            digest,
+            |h| loads.and_then(|m| m.get(h)).copied().unwrap_or(0),
+            room,
+        );
         let health = self.health.get(&entry.name);
         let mut fallback = None;
-        for (_, host) in &order.by_load {
+        for (_, _, host) in &order.by_load {
             let state = health.and_then(|m| m.get(host)).copied();
-            if !crate::hosthealth::accepts_placements(state) {
+            if !crate::hosthealth::accepts_placements(state) || room(host).blocks(need) {
                 continue;
             }
             if has_slot(host, order.max.get(host).copied().unwrap_or(1)) {
@@ -173,9 +210,13 @@ impl State {
         host: &str,
     ) -> Option<u32> {
         let loads = self.loads.get(&entry.name);
-        let order = self.orders.of(entry, digest, |h| {
-            loads.and_then(|m| m.get(h)).copied().unwrap_or(0)
-        });
+        let rooms = self.addresses.get(&entry.name);
+        let order = self.orders.of(
+            entry,
+            digest,
+            |h| loads.and_then(|m| m.get(h)).copied().unwrap_or(0),
+            |h| rooms.and_then(|m| m.get(h)).copied().unwrap_or_default(),
+        );
         order.max.get(host).copied()
     }
 

@@ -31,6 +31,7 @@
 //! and the hysteresis that decides from it share one lock and one set of invariants; the
 //! probe itself, the echo target and the metrics already live in submodules.
 
+pub mod declared;
 pub mod echo;
 pub mod metrics;
 pub mod probe;
@@ -48,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 use crate::controller::ProxyCredentials;
 use crate::model::{
     Condition, ConditionStatus, HealthStatus, MAX_MESSAGE_CHARS, Phase, ProxyStatus, condition,
-    parse_ip_or_cidr, truncate,
+    parse_ip_or_cidr, prefix_contains, truncate,
 };
 
 use self::metrics::HealthMetrics;
@@ -97,8 +98,11 @@ pub mod reason {
 /// How the engine runs.
 #[derive(Debug, Clone)]
 pub struct HealthSettings {
-    /// Where probes go.
+    /// Where probes go (and, with declared egress addresses, where IPv4 ones go).
     pub target: CheckTarget,
+    /// Where the probe of a declared IPv6 egress address goes: a target the proxy reaches
+    /// over IPv6 only (an IPv6 literal, or a name with only AAAA records). `None`: `target`.
+    pub target_ipv6: Option<CheckTarget>,
     /// Pause between rounds.
     pub interval: Duration,
     /// Largest random addition to the pause.
@@ -123,6 +127,7 @@ impl HealthSettings {
     pub fn new(target: CheckTarget) -> Self {
         Self {
             target,
+            target_ipv6: None,
             interval: DEFAULT_INTERVAL,
             jitter: DEFAULT_JITTER,
             concurrency: DEFAULT_CONCURRENCY,
@@ -159,6 +164,9 @@ pub struct ProxyHealth {
     pub probed: Option<SocketAddr>,
     /// Egress IP of the last successful probe.
     pub egress_ip: Option<IpAddr>,
+    /// With declared egress addresses: the egress seen by each family's probe of the last
+    /// successful check, in the order of the declared addresses (`egress_ip` is the first).
+    pub egress_ips: Vec<IpAddr>,
     /// Latency of the last successful probe.
     pub latency: Option<Duration>,
     /// When the last probe finished.
@@ -169,6 +177,18 @@ pub struct ProxyHealth {
     pub consecutive_successes: u32,
     /// The last failure, while failing.
     pub last_error: Option<String>,
+}
+
+/// What one check (one probe, or one per declared family) decided, before hysteresis.
+enum Outcome {
+    /// It passed: the egress seen (the addresses, as shown) and the latency.
+    Succeeded { egress: String, latency: Duration },
+    /// It failed: the condition reason and message, and whether it decides at once.
+    Failed {
+        reason: &'static str,
+        message: String,
+        immediate: bool,
+    },
 }
 
 /// What one probe found, before hysteresis.
@@ -190,42 +210,82 @@ impl ProxyHealth {
         settings: &HealthSettings,
         now: SystemTime,
     ) {
+        let outcome = match result {
+            ProbeResult::Ok(s) => {
+                self.observed(addr, s.egress_ip, Vec::new(), s.latency);
+                match expected {
+                    Some(want) if !egress_matches(want, s.egress_ip) => Outcome::Failed {
+                        reason: reason::EGRESS_MISMATCH,
+                        message: format!(
+                            "the check target saw {} but spec.proxy.expectedEgress is {want}",
+                            s.egress_ip
+                        ),
+                        immediate: true,
+                    },
+                    _ => Outcome::Succeeded {
+                        egress: s.egress_ip.to_string(),
+                        latency: s.latency,
+                    },
+                }
+            }
+            ProbeResult::Failed(e) => Outcome::Failed {
+                reason: reason::PROBE_FAILED,
+                message: format!("{} ({})", e, e.reason()),
+                immediate: false,
+            },
+        };
+        self.decide(addr, outcome, settings, now);
+    }
+
+    /// Keeps what a successful probe of `addr` saw (a new address resets the state first).
+    fn observed(&mut self, addr: SocketAddr, ip: IpAddr, all: Vec<IpAddr>, latency: Duration) {
+        self.reset_for(addr);
+        self.egress_ip = Some(ip);
+        self.egress_ips = all;
+        self.latency = Some(latency);
+    }
+
+    /// A new instance (or the first probe): nothing known about it yet.
+    fn reset_for(&mut self, addr: SocketAddr) {
         if self.probed != Some(addr) {
-            // A new instance (or the first probe): nothing known about it yet.
             *self = Self {
                 probed: Some(addr),
                 ..Self::default()
             };
         }
+    }
+
+    /// Applies one check's outcome with hysteresis (a failure marked `immediate` decides at
+    /// once).
+    fn decide(
+        &mut self,
+        addr: SocketAddr,
+        outcome: Outcome,
+        settings: &HealthSettings,
+        now: SystemTime,
+    ) {
+        self.reset_for(addr);
         self.last_check = Some(now);
-        let fail = |h: &mut Self, reason_: &str, msg: String, immediate: bool| {
-            h.consecutive_successes = 0;
-            h.consecutive_failures = h.consecutive_failures.saturating_add(1);
-            let msg = truncate(&redact(&msg), MAX_MESSAGE_CHARS);
-            h.last_error = Some(msg.clone());
-            if immediate || h.consecutive_failures >= settings.unhealthy_after.max(1) {
-                h.state = HealthState::Unhealthy;
-                h.reason = reason_.to_owned();
-                h.message = msg;
-            } else if h.state == HealthState::Unknown {
-                h.reason = reason_.to_owned();
-                h.message = msg;
-            }
-        };
-        match result {
-            ProbeResult::Ok(s) => {
-                self.egress_ip = Some(s.egress_ip);
-                self.latency = Some(s.latency);
-                if let Some(want) = expected
-                    && !egress_matches(want, s.egress_ip)
-                {
-                    let msg = format!(
-                        "the check target saw {} but spec.proxy.expectedEgress is {want}",
-                        s.egress_ip
-                    );
-                    fail(self, reason::EGRESS_MISMATCH, msg, true);
-                    return;
+        match outcome {
+            Outcome::Failed {
+                reason: reason_,
+                message,
+                immediate,
+            } => {
+                self.consecutive_successes = 0;
+                self.consecutive_failures = self.consecutive_failures.saturating_add(1);
+                let msg = truncate(&redact(&message), MAX_MESSAGE_CHARS);
+                self.last_error = Some(msg.clone());
+                if immediate || self.consecutive_failures >= settings.unhealthy_after.max(1) {
+                    self.state = HealthState::Unhealthy;
+                    self.reason = reason_.to_owned();
+                    self.message = msg;
+                } else if self.state == HealthState::Unknown {
+                    self.reason = reason_.to_owned();
+                    self.message = msg;
                 }
+            }
+            Outcome::Succeeded { egress, latency } => {
                 self.consecutive_failures = 0;
                 self.consecutive_successes = self.consecutive_successes.saturating_add(1);
                 self.last_error = None;
@@ -233,15 +293,10 @@ impl ProxyHealth {
                     self.state = HealthState::Healthy;
                     self.reason = reason::PROBE_SUCCEEDED.to_owned();
                     self.message = format!(
-                        "through the proxy in {} ms; egress IP {}",
-                        s.latency.as_millis(),
-                        s.egress_ip
+                        "through the proxy in {} ms; egress IP {egress}",
+                        latency.as_millis()
                     );
                 }
-            }
-            ProbeResult::Failed(e) => {
-                let msg = format!("{} ({})", e, e.reason());
-                fail(self, reason::PROBE_FAILED, msg, false);
             }
         }
     }
@@ -255,6 +310,7 @@ impl ProxyHealth {
                 HealthState::Unhealthy => Some(false),
             },
             egress_ip: self.egress_ip.map(|i| i.to_string()),
+            egress_ips: self.egress_ips.iter().map(ToString::to_string).collect(),
             last_check: self
                 .last_check
                 .map(|t| humantime::format_rfc3339_seconds(t).to_string()),
@@ -271,20 +327,7 @@ impl ProxyHealth {
 /// Whether `ip` is the expected egress (`want`: an IP or a CIDR). An unparsable `want` never
 /// matches (spec validation refuses it before it gets here).
 pub fn egress_matches(want: &str, ip: IpAddr) -> bool {
-    let Some((net, len)) = parse_ip_or_cidr(want.trim()) else {
-        return false;
-    };
-    match (net, ip) {
-        (IpAddr::V4(n), IpAddr::V4(a)) => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
-            u32::from(n) & mask == u32::from(a) & mask
-        }
-        (IpAddr::V6(n), IpAddr::V6(a)) => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
-            u128::from(n) & mask == u128::from(a) & mask
-        }
-        _ => false,
-    }
+    parse_ip_or_cidr(want.trim()).is_some_and(|(net, len)| prefix_contains(net, len, ip))
 }
 
 /// One proxy to probe this round.
@@ -302,6 +345,9 @@ pub struct ProbeTarget {
     pub endpoint: ProxyEndpoint,
     /// `spec.proxy.expectedEgress`.
     pub expected_egress: Option<String>,
+    /// The declared egress addresses its instance holds (`status.egressAddress`): each is
+    /// probed on its own and must be what the check target sees. Empty: one probe.
+    pub declared: Vec<IpAddr>,
 }
 
 impl ProbeTarget {
@@ -330,6 +376,11 @@ impl ProbeTarget {
                 credentials: credentials.cloned(),
             },
             expected_egress: spec.expected_egress.clone(),
+            declared: status
+                .egress_address
+                .iter()
+                .filter_map(|a| a.parse().ok())
+                .collect(),
         })
     }
 }
@@ -392,43 +443,61 @@ impl HealthEngine {
         let probed = targets.len();
         let mut results = futures_util::stream::iter(targets)
             .map(|t| async move {
-                let r = match settings.dial_map {
-                    None => {
-                        probe::probe(&t.endpoint, &settings.target, settings.probe_timeout).await
-                    }
-                    Some(f) => {
-                        let mut ep = t.endpoint.clone();
-                        ep.addr = f(ep.addr);
-                        probe::probe(&ep, &settings.target, settings.probe_timeout).await
-                    }
-                };
-                (t, r)
+                let mut ep = t.endpoint.clone();
+                if let Some(f) = settings.dial_map {
+                    ep.addr = f(ep.addr);
+                }
+                let mut probes = Vec::with_capacity(t.declared.len().max(1));
+                if t.declared.is_empty() {
+                    let r = probe::probe(&ep, &settings.target, settings.probe_timeout).await;
+                    probes.push((None, r));
+                }
+                for d in &t.declared {
+                    let target = settings.target_for(*d);
+                    let r = probe::probe(&ep, target, settings.probe_timeout).await;
+                    probes.push((Some(*d), r));
+                }
+                (t, probes)
             })
             .buffer_unordered(settings.concurrency.max(1));
         let mut succeeded = 0;
-        while let Some((t, r)) = results.next().await {
-            let result = match r {
-                Ok(s) => ProbeResult::Ok(s),
-                Err(e) => ProbeResult::Failed(e),
-            };
+        while let Some((t, probes)) = results.next().await {
+            let probes: Vec<(Option<IpAddr>, ProbeResult)> = probes
+                .into_iter()
+                .map(|(d, r)| match r {
+                    Ok(s) => (d, ProbeResult::Ok(s)),
+                    Err(e) => (d, ProbeResult::Failed(e)),
+                })
+                .collect();
             let now = SystemTime::now();
             let health = {
                 let mut states = lock(&self.states);
                 let h = states.entry(t.uid).or_default();
-                h.record(
-                    t.endpoint.addr,
-                    &result,
-                    t.expected_egress.as_deref(),
-                    settings,
-                    now,
-                );
+                let expected = t.expected_egress.as_deref();
+                match probes.as_slice() {
+                    [(None, result)] => h.record(t.endpoint.addr, result, expected, settings, now),
+                    _ => {
+                        let declared: Vec<declared::DeclaredProbe> = probes
+                            .iter()
+                            .filter_map(|(d, r)| {
+                                d.map(|declared| declared::DeclaredProbe {
+                                    declared,
+                                    result: r.clone(),
+                                })
+                            })
+                            .collect();
+                        h.record_declared(t.endpoint.addr, &declared, expected, settings, now);
+                    }
+                }
                 h.clone()
             };
             if health.consecutive_failures == 0 {
                 succeeded += 1;
             }
-            self.metrics
-                .observe(&t.key, &t.entry, &t.host, &result, health.state);
+            for (_, result) in &probes {
+                self.metrics
+                    .observe(&t.key, &t.entry, &t.host, result, health.state);
+            }
             tracing::debug!(proxy = %t.key, state = ?health.state, reason = %health.reason, "health probe");
         }
         self.count_states();

@@ -20,7 +20,7 @@ mod format;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -39,6 +39,7 @@ pub use self::format::{MetricsFormat, OPENMETRICS_CONTENT_TYPE};
 use crate::controller::ControllerCounters;
 use crate::health::metrics::HealthMetrics;
 use crate::model::Phase;
+use egress_provider::model::AddressUsage;
 
 /// The prefix of every family.
 pub const PREFIX: &str = "egress_proxies";
@@ -101,6 +102,17 @@ pub(crate) struct HostLabel {
     pub(crate) host: String,
 }
 
+/// `entry`/`host`/`family`/`state` labels of a host's declared-address pool usage.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AddressLabel {
+    entry: String,
+    host: String,
+    /// `IPv4` or `IPv6`.
+    family: String,
+    /// `allocated` or `free`.
+    state: &'static str,
+}
+
 /// Buckets of the reconcile duration histogram, in seconds.
 // NB: 5 ms … ~82 s doubling: a reconcile that only reads state takes milliseconds, one that
 // waits on a slow host seconds, and the reconcile deadline (60 s by default) caps the tail.
@@ -122,6 +134,9 @@ pub struct Metrics {
     host_up: Family<HostLabel, Gauge>,
     host_latency: Family<HostLabel, Gauge<f64, AtomicU64>>,
     hosts: Arc<Mutex<BTreeSet<HostLabel>>>,
+    host_addresses: Family<AddressLabel, Gauge<f64, AtomicU64>>,
+    /// The pool families each host's series exist for (to drop them when they go).
+    address_families: Arc<Mutex<BTreeMap<HostLabel, Vec<&'static str>>>>,
     gc_deleted: Counter,
     gc_runs: Family<ResultLabel, Counter>,
     image_bytes: Counter,
@@ -184,6 +199,13 @@ impl Metrics {
             "host_check_latency_seconds",
             "Round-trip time of the host's last check call",
             host_latency.clone(),
+        );
+        let host_addresses = Family::<AddressLabel, Gauge<f64, AtomicU64>>::default();
+        reg.register(
+            "host_egress_addresses",
+            "Declared egress addresses of the host's address pool by family and state: \
+             allocated (held by instances) or free",
+            host_addresses.clone(),
         );
         let gc_deleted = Counter::default();
         reg.register(
@@ -268,6 +290,8 @@ impl Metrics {
             host_up,
             host_latency,
             hosts: Arc::new(Mutex::new(BTreeSet::new())),
+            host_addresses,
+            address_families: Arc::new(Mutex::new(BTreeMap::new())),
             gc_deleted,
             gc_runs,
             image_bytes,
@@ -339,6 +363,47 @@ impl Metrics {
         lock(&self.hosts).insert(l);
     }
 
+    /// Records a host's address pool usage from its check (`HostReport::addresses`): the
+    /// allocated and free addresses of each family it has. A family no longer reported (the
+    /// pool was removed from the host) loses its series; a host without a pool has none.
+    pub fn host_addresses(&self, entry: &str, host: &str, usage: &[AddressUsage]) {
+        let l = HostLabel {
+            entry: entry.into(),
+            host: host.into(),
+        };
+        let mut families = lock(&self.address_families);
+        let known = families.entry(l.clone()).or_default();
+        for gone in known
+            .iter()
+            .filter(|f| !usage.iter().any(|u| u.family == **f))
+        {
+            self.remove_address_series(&l, gone);
+        }
+        known.clear();
+        for u in usage {
+            let held = u128::from(u.held);
+            // NB: f64 gauges: an IPv6 pool's size does not fit an i64; counts this large are
+            // read as magnitudes anyway.
+            #[allow(clippy::cast_precision_loss)]
+            let (allocated, free) = (held as f64, u.size.saturating_sub(held) as f64);
+            for (state, v) in [("allocated", allocated), ("free", free)] {
+                self.host_addresses
+                    .get_or_create(&address_label(&l, u.family, state))
+                    .set(v);
+            }
+            known.push(u.family);
+        }
+        if known.is_empty() {
+            families.remove(&l);
+        }
+    }
+
+    fn remove_address_series(&self, l: &HostLabel, family: &str) {
+        for state in ["allocated", "free"] {
+            self.host_addresses.remove(&address_label(l, family, state));
+        }
+    }
+
     /// Drops the series of every host for which `keep(entry, host)` is false (removed from
     /// the config), so a removed host is not reported down forever.
     pub fn retain_hosts(&self, keep: impl Fn(&str, &str) -> bool) {
@@ -349,6 +414,15 @@ impl Metrics {
             self.host_up.remove(l);
             self.host_latency.remove(l);
             self.health.forget_host(l);
+            false
+        });
+        lock(&self.address_families).retain(|l, families| {
+            if keep(&l.entry, &l.host) {
+                return true;
+            }
+            for f in families.iter() {
+                self.remove_address_series(l, f);
+            }
             false
         });
     }
@@ -423,6 +497,15 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+fn address_label(l: &HostLabel, family: &str, state: &'static str) -> AddressLabel {
+    AddressLabel {
+        entry: l.entry.clone(),
+        host: l.host.clone(),
+        family: family.to_owned(),
+        state,
     }
 }
 

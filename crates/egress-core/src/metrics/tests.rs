@@ -201,3 +201,38 @@ fn a_check_without_an_answer_drops_the_stale_latency_but_keeps_the_host_down() {
         "{t}"
     );
 }
+
+#[test]
+fn a_hosts_address_pool_usage_is_exported_per_family_and_removed_with_the_host() {
+    let m = Metrics::new();
+    let usage = |family, size, held| AddressUsage { family, size, held };
+    m.host_checked("local", "h1", true, Some(0.004));
+    m.host_addresses(
+        "local",
+        "h1",
+        &[usage("IPv4", 14, 3), usage("IPv6", 1 << 64, 3)],
+    );
+    m.host_checked("local", "h2", true, Some(0.004));
+    m.host_addresses("local", "h2", &[usage("IPv4", 2, 2)]);
+    let t = m.encode(MetricsFormat::Prometheus);
+    for want in [
+        "# TYPE egress_proxies_host_egress_addresses gauge",
+        "egress_proxies_host_egress_addresses{entry=\"local\",host=\"h1\",family=\"IPv4\",state=\"allocated\"} 3.0",
+        "egress_proxies_host_egress_addresses{entry=\"local\",host=\"h1\",family=\"IPv4\",state=\"free\"} 11.0",
+        "egress_proxies_host_egress_addresses{entry=\"local\",host=\"h1\",family=\"IPv6\",state=\"allocated\"} 3.0",
+        "egress_proxies_host_egress_addresses{entry=\"local\",host=\"h1\",family=\"IPv6\",state=\"free\"} 18446744073709553000.0",
+        "egress_proxies_host_egress_addresses{entry=\"local\",host=\"h2\",family=\"IPv4\",state=\"free\"} 0.0",
+    ] {
+        assert!(t.contains(want), "{want} missing in\n{t}");
+    }
+    // h1's IPv6 range is removed from its pool; h2 leaves the config.
+    m.host_addresses("local", "h1", &[usage("IPv4", 14, 4)]);
+    m.retain_hosts(|_, h| h == "h1");
+    let t = m.encode(MetricsFormat::Prometheus);
+    assert!(
+        t.contains("egress_proxies_host_egress_addresses{entry=\"local\",host=\"h1\",family=\"IPv4\",state=\"allocated\"} 4.0"),
+        "{t}"
+    );
+    assert!(!t.contains("family=\"IPv6\""), "{t}");
+    assert!(!t.contains("host=\"h2\""), "{t}");
+}

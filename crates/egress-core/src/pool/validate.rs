@@ -108,8 +108,19 @@ impl ProxyPoolSpec {
                 format!("{h:?}: a pool places its members; choose hosts with spec.placement.hosts"),
             );
         }
+        if !self.template.egress.is_empty() {
+            err(
+                "spec.template.egress.address",
+                format!(
+                    "{}: every member would pin the same address; members get distinct \
+                     addresses from their hosts' address pools",
+                    self.template.egress.address.join(", ")
+                ),
+            );
+        }
         let mut template = self.template.clone();
         template.host = None;
+        template.egress = crate::model::EgressSpec::default();
         if self.credentials.generate {
             if let Some(r) = &self.template.proxy.credentials_ref {
                 err(

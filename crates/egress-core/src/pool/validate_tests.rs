@@ -109,6 +109,19 @@ fn the_template_is_checked_as_a_proxy_under_spec_template() {
 }
 
 #[test]
+fn a_template_pinning_an_egress_address_is_refused() {
+    let s: ProxyPoolSpec = serde_saphyr::from_str(
+        "template:\n  provider: home\n  image: debian-12\n  proxy:\n    allowedClientCidrs: \
+         [10.0.0.0/8]\n  egress:\n    address: [203.0.113.7]\n",
+    )
+    .unwrap();
+    let e = s.validate().unwrap_err();
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!(e[0].path, "spec.template.egress.address");
+    assert!(e[0].message.contains("203.0.113.7"), "{e:?}");
+}
+
+#[test]
 fn generated_credentials_close_the_relay_and_conflict_with_a_credentials_ref() {
     let s: ProxyPoolSpec = serde_saphyr::from_str(
         "template:\n  provider: home\n  image: debian-12\ncredentials:\n  generate: true\n",

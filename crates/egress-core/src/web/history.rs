@@ -241,6 +241,7 @@ mod tests {
                 healthy: Some(h),
                 ..HealthStatus::default()
             }),
+            egress_address: Vec::new(),
         }
     }
 

@@ -41,7 +41,14 @@ impl ProxyHealthDriver for CacheTargets {
         self.store
             .state()
             .iter()
-            .filter_map(|p| target_of(p, &creds, |uid| self.ctx.core.verified_address(uid)))
+            .filter_map(|p| {
+                target_of(p, &creds, |uid| {
+                    (
+                        self.ctx.core.verified_address(uid),
+                        self.ctx.core.declared_egress(uid),
+                    )
+                })
+            })
             .collect()
     }
 
@@ -59,11 +66,12 @@ impl ProxyHealthDriver for CacheTargets {
 }
 
 /// The probe target of `p` (none while it is being deleted, not Running, or has no address
-/// from the provider), aimed at `verified(uid)`: see [`at_verified`].
+/// from the provider), aimed at the address and expecting the declared egress addresses the
+/// provider reported to this process (`from_core(uid)`): see [`at_verified`].
 fn target_of(
     p: &Proxy,
     creds: &HashMap<ProxyUid, Option<ProxyCredentials>>,
-    verified: impl Fn(&ProxyUid) -> Option<IpAddr>,
+    from_core: impl Fn(&ProxyUid) -> (Option<IpAddr>, Vec<IpAddr>),
 ) -> Option<ProbeTarget> {
     if p.meta().deletion_timestamp.is_some() {
         return None;
@@ -79,17 +87,25 @@ fn target_of(
         c.as_ref(),
         status,
     )?;
-    at_verified(target, verified(&uid))
+    let (verified, declared) = from_core(&uid);
+    at_verified(target, verified, declared)
 }
 
 /// `target` aimed at `verified`, the address the provider last reported for the Proxy's
 /// instance to this process (see [`egress_core::controller::Controller::verified_address`]),
 /// whatever `status.ip` in the API says: whoever may write a Proxy's status could otherwise
 /// point the operator's probes, and the proxy's credentials, anywhere. `None` (no probe) while
-/// the provider has reported no address.
-fn at_verified(mut target: ProbeTarget, verified: Option<IpAddr>) -> Option<ProbeTarget> {
+/// the provider has reported no address. Likewise the egress expected is `declared`, the
+/// addresses the provider reported the instance holds
+/// ([`egress_core::controller::Controller::declared_egress`]), never `status.egressAddress`.
+fn at_verified(
+    mut target: ProbeTarget,
+    verified: Option<IpAddr>,
+    declared: Vec<IpAddr>,
+) -> Option<ProbeTarget> {
     // finding: M22
     target.endpoint.addr.set_ip(verified?);
+    target.declared = declared;
     Some(target)
 }
 
@@ -138,6 +154,7 @@ mod tests {
                     allowed_client_cidrs: vec!["10.0.0.0/8".into()],
                     ..ProxySettings::default()
                 },
+                egress: Default::default(),
             }),
         );
         p.metadata.namespace = Some("ns".into());
@@ -145,6 +162,7 @@ mod tests {
         p.status = Some(ProxyStatus {
             phase: Phase::Running,
             ip: Some("10.0.0.1".into()),
+            egress_address: vec!["198.51.100.66".into()],
             host: Some("h1".into()),
             ..ProxyStatus::default()
         });
@@ -157,10 +175,19 @@ mod tests {
         let uid = ProxyUid::parse_strict(UID).unwrap();
         let verified: IpAddr = "192.168.122.7".parse().unwrap();
         let creds = HashMap::new();
-        let t = target_of(&proxy(), &creds, |u| (*u == uid).then_some(verified)).unwrap();
+        let declared: IpAddr = "203.0.113.7".parse().unwrap();
+        let t = target_of(&proxy(), &creds, |u| {
+            ((*u == uid).then_some(verified), vec![declared])
+        })
+        .unwrap();
         assert_eq!(t.endpoint.addr, SocketAddr::new(verified, 3128));
+        assert_eq!(
+            t.declared,
+            [declared],
+            "the egress expected is the provider's, not status.egressAddress"
+        );
         assert!(
-            target_of(&proxy(), &creds, |_| None).is_none(),
+            target_of(&proxy(), &creds, |_| (None, Vec::new())).is_none(),
             "no address from the provider: no probe, whatever the status says"
         );
     }

@@ -662,6 +662,7 @@ mod tests {
                     allowed_client_cidrs: vec!["10.0.0.0/8".into()],
                     ..ProxySettings::default()
                 },
+                egress: Default::default(),
             }),
         );
         p.metadata.namespace = Some("ns".into());

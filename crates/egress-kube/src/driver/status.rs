@@ -292,5 +292,6 @@ pub(super) fn row_of(p: &Proxy) -> ProxyStatusRow {
         conditions: st.conditions.clone(),
         port: Some(p.spec.proxy.port),
         health: st.health.clone(),
+        egress_address: st.egress_address.clone(),
     }
 }

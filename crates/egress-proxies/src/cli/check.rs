@@ -126,6 +126,46 @@ pub struct HostRow {
     pub missing: Vec<String>,
     /// The error, redacted.
     pub error: Option<String>,
+    /// Usage of the host's declared-address pool, one per family (absent without a pool).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<AddressRow>,
+}
+
+/// One family of a host's declared-address pool as printed by `--json`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AddressRow {
+    /// `IPv4` or `IPv6`.
+    pub family: &'static str,
+    /// Allocatable addresses in the pool's ranges.
+    pub size: u128,
+    /// Addresses held by instances.
+    pub held: u64,
+    /// Addresses free (`size - held`).
+    pub free: u128,
+}
+
+impl AddressRow {
+    fn of(u: &egress_provider::model::AddressUsage) -> Self {
+        Self {
+            family: u.family,
+            size: u.size,
+            held: u.held,
+            free: u.size.saturating_sub(u128::from(u.held)),
+        }
+    }
+
+    /// `IPv4 3/14 held`, with `(exhausted)` when none is free; a size of 2^20 or more that
+    /// is a power of two as `2^N`.
+    fn human(&self) -> String {
+        let size = if self.size >= 1 << 20 && self.size.is_power_of_two() {
+            format!("2^{}", self.size.trailing_zeros())
+        } else {
+            self.size.to_string()
+        };
+        let full = if self.free == 0 { " (exhausted)" } else { "" };
+        format!("{} {}/{size} held{full}", self.family, self.held)
+    }
 }
 
 /// A state's name.
@@ -310,6 +350,7 @@ fn row(h: &ProviderHandle, host: &str, report: Option<&HostReport>) -> HostRow {
             error: Some(format!(
                 "no report within {CHECK_DEADLINE:?} (the check round did not finish)"
             )),
+            addresses: Vec::new(),
         };
     };
     HostRow {
@@ -326,6 +367,7 @@ fn row(h: &ProviderHandle, host: &str, report: Option<&HostReport>) -> HostRow {
         pool_reserve_gib,
         missing: r.missing.clone(),
         error: r.error.as_deref().map(super::messages::plain),
+        addresses: r.addresses.iter().map(AddressRow::of).collect(),
     }
 }
 
@@ -352,6 +394,7 @@ pub fn render(rows: &[HostRow]) -> String {
             "VIRT",
             "UEFI",
             "POOL FREE",
+            "ADDRESSES",
             "MISSING",
             "ERROR",
         ]);
@@ -375,6 +418,15 @@ pub fn render(rows: &[HostRow]) -> String {
                     || "-".into(),
                     |b| format!("{} (reserve {} GiB)", table::bytes(b), r.pool_reserve_gib),
                 ),
+                if r.addresses.is_empty() {
+                    "-".into()
+                } else {
+                    r.addresses
+                        .iter()
+                        .map(AddressRow::human)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                },
                 dash_join(&r.missing),
                 r.error.as_deref().map_or_else(
                     || "-".into(),
@@ -459,7 +511,30 @@ mod tests {
             pool_reserve_gib: 5,
             missing: vec![],
             error: error.map(str::to_owned),
+            addresses: vec![],
         }
+    }
+
+    #[test]
+    fn each_hosts_address_pool_usage_is_printed_per_family() {
+        let usage =
+            |family, size, held| egress_provider::model::AddressUsage { family, size, held };
+        let mut h1 = r("home", "h1", "Ready", None);
+        h1.addresses = vec![
+            AddressRow::of(&usage("IPv4", 14, 3)),
+            AddressRow::of(&usage("IPv6", 1 << 64, 3)),
+        ];
+        let mut h2 = r("home", "h2", "Ready", None);
+        h2.addresses = vec![AddressRow::of(&usage("IPv4", 2, 2))];
+        let out = render(&[h1, h2, r("home", "h3", "Ready", None)]);
+        assert!(out.contains("ADDRESSES"), "{out}");
+        assert!(out.contains("IPv4 3/14 held, IPv6 3/2^64 held"), "{out}");
+        assert!(out.contains("IPv4 2/2 held (exhausted)"), "{out}");
+        let json = serde_json::to_value(AddressRow::of(&usage("IPv4", 14, 3))).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"family": "IPv4", "size": 14, "held": 3, "free": 11})
+        );
     }
 
     #[test]

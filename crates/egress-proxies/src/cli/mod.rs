@@ -283,6 +283,17 @@ pub struct HealthArgs {
     /// proxy health checks are off.
     #[arg(long, value_name = "URL", env = "EGRESS_PROXIES_HEALTH_TARGET")]
     pub health_target: Option<String>,
+    /// Probe the egress of a proxy's declared IPv6 address against this target, one the proxy
+    /// can reach only over IPv6 (an IPv6 literal such as http://[2001:db8::53]:8080/, or a
+    /// name with only AAAA records); without it IPv6 addresses are probed against
+    /// --health-target (then an IPv6 address is verified only if that target is IPv6).
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "EGRESS_PROXIES_HEALTH_TARGET_IPV6",
+        requires = "health_target"
+    )]
+    pub health_target_ipv6: Option<String>,
     /// Pause between health rounds (a random jitter of up to 10% is added).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
           default_value = "30s")]
@@ -305,6 +316,12 @@ impl HealthArgs {
             return Err(UsageError::new("--health-concurrency must be at least 1"));
         }
         let mut s = egress_core::health::HealthSettings::new(target);
+        s.target_ipv6 = self
+            .health_target_ipv6
+            .as_deref()
+            .map(egress_core::health::probe::CheckTarget::parse)
+            .transpose()
+            .map_err(|e| UsageError::new(format!("--health-target-ipv6: {e}")))?;
         s.interval = self.health_interval;
         s.jitter = self.health_interval / 10;
         s.concurrency = self.health_concurrency;

@@ -239,6 +239,7 @@ pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
         "IP",
         "HEALTHY",
         "EGRESS IP",
+        "EGRESS ADDRESS",
         "AGE",
         "LAST ERROR",
     ]);
@@ -260,8 +261,19 @@ pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
             },
             p.health
                 .as_ref()
-                .and_then(|h| h.egress_ip.clone())
+                .and_then(|h| {
+                    if h.egress_ips.is_empty() {
+                        h.egress_ip.clone()
+                    } else {
+                        Some(h.egress_ips.join(","))
+                    }
+                })
                 .unwrap_or_else(|| "-".into()),
+            if p.egress_address.is_empty() {
+                "-".into()
+            } else {
+                p.egress_address.join(",")
+            },
             age,
             p.last_error.as_deref().map_or_else(
                 || "-".into(),
@@ -317,6 +329,7 @@ mod tests {
                 conditions: vec![],
                 port: Some(3128),
                 health: None,
+                egress_address: Vec::new(),
             }],
             hosts: vec![HostRow {
                 entry: "home".into(),
@@ -331,7 +344,9 @@ mod tests {
         let out = render(&doc, now);
         let row = out.lines().nth(1).unwrap_or_default();
         assert!(
-            row.starts_with("default/p1      Provisioning  h1    -   -        -          2h   eee"),
+            row.starts_with(
+                "default/p1      Provisioning  h1    -   -        -          -               2h   eee"
+            ),
             "{out}"
         );
         assert!(!out.contains(&long), "truncated: {out}");
@@ -398,6 +413,7 @@ mod tests {
                 egress_ip: Some("203.0.113.7".into()),
                 ..HealthStatus::default()
             }),
+            egress_address: Vec::new(),
         };
         let doc = StatusDocument {
             generated_at: "2026-01-01T02:00:00Z".into(),
@@ -418,5 +434,44 @@ mod tests {
             assert!(line.contains(&format!("192.0.2.1  {want}")), "{out}");
             assert!(line.contains("203.0.113.7"), "{out}");
         }
+    }
+
+    #[test]
+    fn the_table_shows_the_declared_egress_address_next_to_the_observed_one() {
+        use egress_core::model::HealthStatus;
+        let row = ProxyStatusRow {
+            namespace: "default".into(),
+            name: "a".into(),
+            uid: "0f8fad5b-d9cb-469f-a165-70867728950e".into(),
+            phase: Phase::Running,
+            host: Some("h1".into()),
+            ip: Some("192.0.2.1".into()),
+            provider_id: None,
+            created_at: "2026-01-01T00:00:00Z".into(),
+            last_error: None,
+            conditions: vec![],
+            port: Some(3128),
+            health: Some(HealthStatus {
+                healthy: Some(false),
+                egress_ip: Some("198.51.100.9".into()),
+                egress_ips: vec!["198.51.100.9".into(), "2001:db8::7".into()],
+                ..HealthStatus::default()
+            }),
+            egress_address: vec!["203.0.113.7".into(), "2001:db8::7".into()],
+        };
+        let doc = StatusDocument {
+            generated_at: "2026-01-01T02:00:00Z".into(),
+            proxies: vec![row],
+            hosts: vec![],
+            manifest_errors: vec![],
+            pools: vec![],
+        };
+        let out = render(&doc, SystemTime::UNIX_EPOCH);
+        assert!(out.contains("EGRESS IP"), "{out}");
+        assert!(out.contains("EGRESS ADDRESS"), "{out}");
+        assert!(
+            out.contains("198.51.100.9,2001:db8::7  203.0.113.7,2001:db8::7"),
+            "observed, then declared: {out}"
+        );
     }
 }

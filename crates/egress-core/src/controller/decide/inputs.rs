@@ -65,13 +65,89 @@ pub enum OpView {
     },
 }
 
-/// Load and health of one host of the entry.
+/// Load, health and address room of one host of the entry.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HostInfo {
     /// Proxies of this entry known on it (instances and creates in flight).
     pub load: usize,
     /// Its last health report, if any.
     pub health: Option<HostState>,
+    /// Its declared-address pool as its last report showed it.
+    pub addresses: AddressRoom,
+}
+
+/// The IPv4 bit of a set of address families.
+pub const FAMILY_V4: u8 = 1;
+/// The IPv6 bit of a set of address families.
+pub const FAMILY_V6: u8 = 2;
+/// What a Proxy that pins no address needs: one address of every family its host's pool has.
+pub const EVERY_FAMILY: u8 = FAMILY_V4 | FAMILY_V6;
+
+/// The families a Proxy needs an address of: those it pins, else [`EVERY_FAMILY`].
+pub fn families_needed(pinned: &[std::net::IpAddr]) -> u8 {
+    if pinned.is_empty() {
+        return EVERY_FAMILY;
+    }
+    pinned
+        .iter()
+        .map(|ip| if ip.is_ipv4() { FAMILY_V4 } else { FAMILY_V6 })
+        .fold(0, |a, b| a | b)
+}
+
+/// A host's declared-address pool as its last check reported it (`HostReport::addresses`):
+/// the families it has and those with no free address. Empty (the default) for a host with
+/// no pool or no report yet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct AddressRoom {
+    /// Families the pool has ([`FAMILY_V4`], [`FAMILY_V6`] bits).
+    pub pool: u8,
+    /// Families whose every address is held.
+    pub full: u8,
+}
+
+impl AddressRoom {
+    /// The room a report's usage shows.
+    pub fn of(usage: &[egress_provider::model::AddressUsage]) -> Self {
+        let mut r = Self::default();
+        for u in usage {
+            let bit = match u.family {
+                "IPv4" => FAMILY_V4,
+                "IPv6" => FAMILY_V6,
+                _ => continue,
+            };
+            r.pool |= bit;
+            if u128::from(u.held) >= u.size {
+                r.full |= bit;
+            }
+        }
+        r
+    }
+
+    /// Placement's preference among hosts of equal load: 0 for a pool with free addresses in
+    /// every family, 1 without a pool, 2 for a pool with an exhausted family.
+    pub fn rank(self) -> u8 {
+        match (self.pool, self.full) {
+            (0, _) => 1,
+            (_, 0) => 0,
+            _ => 2,
+        }
+    }
+
+    /// Whether a Proxy needing addresses of `need` cannot get them here: its pool has one of
+    /// those families exhausted.
+    pub fn blocks(self, need: u8) -> bool {
+        self.full & need != 0
+    }
+
+    /// The exhausted families, as words (`IPv4`, `IPv6`, `IPv4 and IPv6`).
+    pub fn full_families(self) -> &'static str {
+        match self.full {
+            FAMILY_V4 => "IPv4",
+            FAMILY_V6 => "IPv6",
+            0 => "no",
+            _ => "IPv4 and IPv6",
+        }
+    }
 }
 
 /// What placement reads about an entry's hosts: each host's load and health, and which host
@@ -84,9 +160,11 @@ pub trait HostView: std::fmt::Debug {
     /// Load and last health of `host` (no load and no report when the view has none).
     fn info(&self, host: &str) -> HostInfo;
     /// Among `entry`'s hosts that accept placements
-    /// ([`crate::hosthealth::accepts_placements`]), the one with the least load, ties by
-    /// name; `None` when no host accepts placements.
-    fn least_loaded(&self, entry: &LibvirtEntry) -> Option<String>;
+    /// ([`crate::hosthealth::accepts_placements`]) and whose address pool is not known
+    /// exhausted for a family in `need` ([`AddressRoom::blocks`]), the one with the least
+    /// load, ties by [`AddressRoom::rank`] (free addresses first), then by name; `None` when
+    /// no host qualifies.
+    fn least_loaded(&self, entry: &LibvirtEntry, need: u8) -> Option<String>;
 }
 
 impl HostView for BTreeMap<String, HostInfo> {
@@ -94,13 +172,17 @@ impl HostView for BTreeMap<String, HostInfo> {
         self.get(host).copied().unwrap_or_default()
     }
 
-    fn least_loaded(&self, entry: &LibvirtEntry) -> Option<String> {
+    fn least_loaded(&self, entry: &LibvirtEntry, need: u8) -> Option<String> {
         entry
             .hosts
             .iter()
             .map(|h| (h.name.as_str(), self.info(&h.name)))
-            .filter(|(_, i)| crate::hosthealth::accepts_placements(i.health))
-            .min_by(|(a, x), (b, y)| x.load.cmp(&y.load).then_with(|| a.cmp(b)))
+            .filter(|(_, i)| {
+                crate::hosthealth::accepts_placements(i.health) && !i.addresses.blocks(need)
+            })
+            .min_by(|(a, x), (b, y)| {
+                (x.load, x.addresses.rank(), a).cmp(&(y.load, y.addresses.rank(), b))
+            })
             .map(|(n, _)| n.to_owned())
     }
 }

@@ -31,6 +31,7 @@ pub(super) fn found(mut cx: Ctx<'_>, entry: &EntryView<'_>, inst: Instance) -> D
     }
     cx.status.host = Some(host.clone());
     cx.status.provider_id = Some(inst.id.to_string());
+    cx.status.egress_address = inst.egress.iter().map(ToString::to_string).collect();
     cx.cond(
         condition::PROVISIONED,
         ConditionStatus::True,

@@ -50,7 +50,10 @@ pub use self::ctx::fmt_time;
 pub use self::decision::{Action, Decision};
 pub use self::executor_status::{host_busy, reconcile_timed_out, shutting_down};
 use self::finalize::finalize;
-pub use self::inputs::{EntryView, HostInfo, HostView, Inputs, Latch, Memory, Observed, OpView};
+pub use self::inputs::{
+    AddressRoom, EVERY_FAMILY, EntryView, FAMILY_V4, FAMILY_V6, HostInfo, HostView, Inputs, Latch,
+    Memory, Observed, OpView, families_needed,
+};
 use self::instance::found;
 pub use self::placement::place;
 use self::provision::{creating, start_create};

@@ -2,7 +2,9 @@
 //! and why none was chosen.
 //!
 //! Guarantees: pure; a host that is unhealthy or whose pool is at or below its reserve gets
-//! no new proxies; ties break by host name, so the choice is deterministic.
+//! no new proxies, nor does a host whose declared-address pool is known exhausted for a
+//! family the Proxy needs; among equally loaded hosts one with free addresses goes first;
+//! ties break by host name, so the choice is deterministic.
 
 use egress_provider::libvirt::config::LibvirtEntry;
 
@@ -14,12 +16,23 @@ use super::inputs::HostView;
 /// an unhealthy host, or one whose pool is at or below its reserve (reported Degraded), gets
 /// no new proxies. `None` when no host qualifies. Costs what `hosts` answers in: O(log
 /// hosts) from the executor's ordered view.
-pub fn place(entry: &LibvirtEntry, pinned: Option<&str>, hosts: &dyn HostView) -> Option<String> {
+///
+/// With declared egress addresses, `need` is the families the Proxy needs an address of
+/// ([`super::families_needed`]): a host whose address pool is known exhausted for one of them
+/// gets no new proxy of it, and among hosts of equal load one with free addresses goes first
+/// ([`HostView::least_loaded`]). A pinned host is taken whatever its pool says (the create
+/// then fails naming the host and its pool).
+pub fn place(
+    entry: &LibvirtEntry,
+    pinned: Option<&str>,
+    hosts: &dyn HostView,
+    need: u8,
+) -> Option<String> {
     if let Some(p) = pinned {
         let usable = crate::hosthealth::accepts_placements(hosts.info(p).health);
         return usable.then(|| p.to_owned());
     }
-    hosts.least_loaded(entry)
+    hosts.least_loaded(entry, need)
 }
 
 /// Why no host was chosen: each host with its last state.
@@ -29,10 +42,18 @@ pub(super) fn no_usable_host(
     hosts: &dyn HostView,
 ) -> String {
     let state = |n: &str| {
-        hosts
-            .info(n)
+        let info = hosts.info(n);
+        let health = info
             .health
-            .map_or_else(|| "unchecked".to_owned(), |s| format!("{s:?}"))
+            .map_or_else(|| "unchecked".to_owned(), |s| format!("{s:?}"));
+        if info.addresses.full == 0 {
+            health
+        } else {
+            format!(
+                "{health} with its {} address pool exhausted",
+                info.addresses.full_families()
+            )
+        }
     };
     match pinned {
         Some(p) => format!(

@@ -26,15 +26,19 @@ pub(super) fn start_create(
 ) -> Decision {
     let i = cx.i;
     let pin = i.obj.spec.host.as_deref();
+    let need = super::families_needed(&i.obj.spec.egress.pinned());
+    // A preferred (sticky) host whose address pool is known exhausted for what this Proxy
+    // needs yields at once: the last attempt there may have failed for exactly that.
+    let prefer = prefer.filter(|h| !i.hosts.info(h).addresses.blocks(need));
     let pinned = pin.or(prefer);
     if entry.config.hosts.is_empty() {
         let msg = format!("provider entry {:?} has no hosts", entry.config.name);
         return cx.latch(reason::INVALID_SPEC, &msg, Action::None);
     }
     // A preferred (sticky) host that stopped accepting placements yields to the others.
-    let chosen = place(entry.config, pinned, i.hosts).or_else(|| {
+    let chosen = place(entry.config, pinned, i.hosts, need).or_else(|| {
         pin.is_none()
-            .then(|| place(entry.config, None, i.hosts))
+            .then(|| place(entry.config, None, i.hosts, need))
             .flatten()
     });
     let Some(host) = chosen else {
@@ -55,6 +59,7 @@ pub(super) fn start_create(
     cx.status.host = Some(host.clone());
     cx.status.ip = None;
     cx.status.ip_seen_at = None;
+    cx.status.egress_address.clear();
     cx.status.provisioning_since = Some(cx.now_s.clone());
     cx.cond(
         condition::PROVISIONED,
@@ -96,6 +101,7 @@ pub(super) fn replace(
     cx.status.host = Some(host.to_owned());
     cx.status.ip = None;
     cx.status.ip_seen_at = None;
+    cx.status.egress_address.clear();
     cx.status.provisioning_since = Some(cx.now_s.clone());
     cx.cond(condition::PROVISIONED, ConditionStatus::False, reason_, msg);
     cx.cond(condition::READY, ConditionStatus::False, reason_, msg);

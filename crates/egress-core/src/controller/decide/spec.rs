@@ -144,7 +144,7 @@ pub(super) fn request(
         memory_mib,
         vcpus,
         user_data,
-        pinned_egress: Vec::new(),
+        pinned_egress: obj.spec.egress.pinned(),
     })
 }
 
@@ -182,6 +182,7 @@ mod tests {
                     allowed_client_cidrs: vec!["10.0.0.0/8".into()],
                     ..ProxySettings::default()
                 },
+                egress: Default::default(),
             },
             deleting: false,
             credentials: None,

@@ -46,6 +46,7 @@ const PROMETHEUS_SCRAPE_ACCEPT: &str = "application/openmetrics-text;version=1.0
 const NOT_FROM_START: &[&str] = &[
     "egress_proxies_host_up",
     "egress_proxies_host_check_latency_seconds",
+    "egress_proxies_host_egress_addresses",
     "egress_proxies_health_probe_latency_seconds",
     "egress_proxies_health_probes_total",
     "egress_proxies_health_proxy_up",

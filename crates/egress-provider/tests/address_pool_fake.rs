@@ -35,6 +35,7 @@ use egress_provider::{
 use image_support::{ImageServer, Route, qcow2, sha};
 use libvirt_fake::{DomainSpec, FakeLibvirt, NetworkSpec, PoolSpec};
 use libvirt_remote::Transport;
+use libvirt_remote::proto::procs;
 
 const GIB: u64 = 1 << 30;
 const POOL: &str = "images";
@@ -358,6 +359,27 @@ async fn a_pinned_address_is_given_exactly_or_refused_naming_the_holder_or_the_r
     assert_eq!(e.class, ErrorClass::Permanent, "{e}");
     assert!(s.fake.domain(&names::domain(ENTRY, &uid(2))).is_none());
     // The refusals held nothing: B then gets a fresh address.
+    let b = create(&p, uid(2), &[]).await.unwrap();
+    assert_eq!(b.egress, vec![ip("203.0.113.10")]);
+}
+
+#[tokio::test]
+async fn a_failed_create_that_left_no_domain_holds_nothing() {
+    let (s, _srv) = setup(&["203.0.113.10"]).await;
+    let p = s.provider();
+    // Start fails once: the domain was defined, and the cleanup undefines it.
+    s.fake.faults().fail_calls(
+        procs::DOMAIN_CREATE,
+        1,
+        libvirt_fake::domains::QEMU,
+        "internal error: start failed",
+        Some(1),
+    );
+    let e = create(&p, uid(1), &[]).await.unwrap_err();
+    assert!(e.message.contains("start failed"), "{e}");
+    assert!(s.fake.domain(&names::domain(ENTRY, &uid(1))).is_none());
+    // Its address is free again: the host does not look full, and another Proxy gets it.
+    assert_eq!(p.check().await[0].addresses[0].held, 0);
     let b = create(&p, uid(2), &[]).await.unwrap();
     assert_eq!(b.egress, vec![ip("203.0.113.10")]);
 }

@@ -11,9 +11,12 @@
 //!   name, unique on a host); allocation for a holder is idempotent (a retried create gets the
 //!   same addresses);
 //! - **released only when the instance is confirmed gone**: after a delete succeeded
-//!   ([`AddressBook::release_deleted`]), or when a complete listing that started after the
-//!   holder's last create ended no longer shows it ([`AddressBook::apply_listing`]); a create
-//!   in flight is never released by a listing, whatever the listing saw;
+//!   ([`AddressBook::release_deleted`]); after a failed create that left no domain (none
+//!   existed under the per-name lock and the one it defined, if any, was undefined), so the
+//!   retry's placement does not see the host full of its own allocation; or when a complete
+//!   listing that started after the holder's last create ended no longer shows it
+//!   ([`AddressBook::apply_listing`]); a create in flight is never released by a listing,
+//!   whatever the listing saw;
 //! - a failed allocation holds nothing it did not hold before; its error names the host and
 //!   the pool's family (exhaustion: QuotaExceeded) or the holder or the ranges (a pinned
 //!   address taken or outside the pool: Permanent);
@@ -296,8 +299,8 @@ impl AddressBook {
         }
     }
 
-    /// Frees `holder`'s addresses on `host`: call only once a delete confirmed its domain is
-    /// gone.
+    /// Frees `holder`'s addresses on `host`: call only once its domain is confirmed gone (a
+    /// delete succeeded, or a failed create left none).
     pub fn release_deleted(&self, host: &str, holder: &str) {
         self.with_book(host, |b| {
             let freed = b.alloc.release(holder);

@@ -606,13 +606,16 @@ async fn wait_running(c: &Client, dom: &Domain, host: &str, budget: Duration) ->
     }
 }
 
-/// Removes what a failed create made, newest first; best effort, bounded.
-async fn undo(c: &Client, made: Made, host: &str) {
+/// Removes what a failed create made, newest first; best effort, bounded. True when no
+/// domain is left of it: none was defined, or its undefine succeeded.
+async fn undo(c: &Client, made: Made, host: &str) -> bool {
     let work = async {
+        let mut gone = true;
         if let Some(dom) = made.domain {
             let _ = c.domain_destroy(&dom, 0).await;
             if let Err(e) = c.domain_undefine(&dom, undefine::ALL_METADATA).await {
                 tracing::warn!(domain = %dom.name, host, "cleanup: undefine failed: {e}");
+                gone = false;
             }
         }
         for vol in [made.seed, made.overlay].into_iter().flatten() {
@@ -620,12 +623,17 @@ async fn undo(c: &Client, made: Made, host: &str) {
                 tracing::warn!(volume = %vol.name, host, "cleanup: delete failed: {e}");
             }
         }
+        gone
     };
-    if tokio::time::timeout(CLEANUP_BUDGET, work).await.is_err() {
-        tracing::warn!(
-            host,
-            "cleanup after a failed create did not finish in {CLEANUP_BUDGET:?}"
-        );
+    match tokio::time::timeout(CLEANUP_BUDGET, work).await {
+        Ok(gone) => gone,
+        Err(_) => {
+            tracing::warn!(
+                host,
+                "cleanup after a failed create did not finish in {CLEANUP_BUDGET:?}"
+            );
+            false
+        }
     }
 }
 
@@ -672,7 +680,13 @@ impl Provider for LibvirtProvider {
         {
             Ok(inst) => Ok(inst),
             Err(e) => {
-                undo(c, made, &host_name).await;
+                if undo(c, made, &host_name).await {
+                    // No domain of this Proxy exists (it was absent under the name lock, and
+                    // none this call defined is left): nothing holds its addresses, so they
+                    // must not make the host look full to the retry's placement.
+                    drop(held);
+                    self.addresses.release_deleted(&host_name, &name);
+                }
                 if e.libvirt_code == Some(49) {
                     // The cached pool handle may be stale (pool recreated): look it up again
                     // next time.

@@ -55,15 +55,19 @@ impl StatusDocument {
             .pools
             .iter()
             .find(|p| p.namespace == namespace && p.name == name)?;
+        // NB: an index of the namespace's rows: O(proxies + members), not their product.
+        let rows: std::collections::HashMap<&str, &ProxyStatusRow> = self
+            .proxies
+            .iter()
+            .filter(|p| p.namespace == pool.namespace)
+            .map(|p| (p.name.as_str(), p))
+            .collect();
         let mut eps: Vec<String> = pool
             .members
             .iter()
             .filter(|m| m.available && m.quarantine.is_none() && !m.deleting)
             .filter_map(|m| {
-                let row = self
-                    .proxies
-                    .iter()
-                    .find(|p| p.namespace == pool.namespace && p.name == m.name)?;
+                let row = rows.get(m.name.as_str())?;
                 let ip: std::net::IpAddr = row.ip.as_deref()?.parse().ok()?;
                 Some(std::net::SocketAddr::new(ip, row.port?).to_string())
             })

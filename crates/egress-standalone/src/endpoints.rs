@@ -50,7 +50,7 @@ impl Shared {
             proxies,
             hosts: lock(&self.hosts).values().cloned().collect(),
             manifest_errors: lock(&self.manifest_errors).clone(),
-            pools: Vec::new(),
+            pools: self.pool_rows(),
         }
     }
 }

@@ -1,0 +1,632 @@
+//! Declared egress addresses end to end on the real hypervisor: the `egress-proxies` binary in
+//! standalone mode, a host whose `addressPool` holds two IPv4 addresses of an isolated libvirt
+//! network that has **no DHCP**, and the real Debian guest image. Two Proxies come up at their
+//! allocated static addresses (configured by the seed's cloud-init network-config, matched by
+//! MAC); a request through each reaches the echo server from its own declared address; the
+//! operator restarts and both keep their allocations (the marks on the host are the record);
+//! a third Proxy finds the pool exhausted: its status names the exhaustion and nothing is
+//! defined for it on the host. Every phase is timed (`eptest: timing:` lines).
+//!
+//! Network isolation: as the other real-guest tests, the test re-executes itself inside the
+//! network namespace libvirtd runs in (`.ci/setup-host`), so the isolated network's bridge,
+//! the guests' taps, sshd, the image server, the echo servers, the operator and the HTTP
+//! client all live there (the /24 is in the 198.18.0.0/15 benchmark range).
+//!
+//! Resources (finding M19): every name is printed before it exists; guards remove the
+//! operators, the echo process, the entry's domains, the pool, the network and the temp
+//! directory on every exit path; a sweep at the start removes this suite's leftovers by prefix.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use egress_provider::libvirt::{mark, names};
+use egress_standalone::manifests::uid_for;
+use ep_test_support::cleanup::{self, PoolFixture, virsh};
+use ep_test_support::e2e::{
+    EchoProcess, EntryGuard, GuestImage, ImageHost, LIBVIRT_NETNS, build_image, echo_server, env,
+    http, reexec_in_netns, run_ok, status_code, sweep, volumes,
+};
+use ep_test_support::sshd::Sshd;
+
+const IN_NETNS_ENV: &str = "EPTEST_EAP_IN_NETNS";
+const BIN_ENV: &str = "EGRESS_PROXIES_BIN";
+const IMAGE_ENV: &str = "EP_E2E_IMAGE";
+const IMAGE_SHA_ENV: &str = "EP_E2E_IMAGE_SHA256";
+/// The whole test.
+// NB: two TCG guests booting at once take ~2–4 min here; 30 min is far above and inside CI's.
+const TEST_BUDGET: Duration = Duration::from_secs(30 * 60);
+/// From manifests to both proxies Running at their declared addresses.
+const BOOT_BUDGET: Duration = Duration::from_secs(15 * 60);
+/// From Running to tinyproxy answering through the declared address, and to Healthy.
+// NB: cloud-init's final stage starts tinyproxy ~10–40 s after boot under TCG.
+const PROXY_BUDGET: Duration = Duration::from_secs(6 * 60);
+/// From the restarted operator's start to both proxies Running again.
+const RESTART_BUDGET: Duration = Duration::from_secs(3 * 60);
+/// From the third manifest to its exhaustion showing in its status.
+const EXHAUST_BUDGET: Duration = Duration::from_secs(3 * 60);
+/// Graceful stop of the operator before it is killed (its own grace is 20 s).
+const STOP_GRACE: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_secs(2);
+const PROXY_PORT: u16 = 3128;
+const IMAGE_KEY: &str = "debian-12-ep";
+const IMAGE_PATH: &str = "/debian-12-ep.qcow2";
+/// The pool's two addresses (host parts of the test's /24).
+const POOL_FIRST: u8 = 50;
+const POOL_LAST: u8 = 51;
+
+fn test_name() -> &'static str {
+    "two_proxies_egress_from_their_declared_static_addresses_keep_them_across_a_restart_and_a_third_finds_the_pool_exhausted"
+}
+
+fn binary() -> PathBuf {
+    if let Some(p) = std::env::var_os(BIN_ENV) {
+        return PathBuf::from(p);
+    }
+    if let Some(p) = option_env!("CARGO_BIN_EXE_egress-proxies") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().unwrap();
+    let p = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("egress-proxies");
+    assert!(p.exists(), "{} not built", p.display());
+    p
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// An isolated libvirt network without DHCP (bridge address `.1` of a random /24 of
+/// 198.18.0.0/15, no `<dhcp>`, no `<forward>`); destroyed when dropped.
+struct StaticNet {
+    name: String,
+    bridge: String,
+    prefix: [u8; 3],
+}
+
+impl StaticNet {
+    fn create() -> Self {
+        for _ in 0..16 {
+            let name = cleanup::unique_name("net", "eap");
+            let bridge = format!("eptbr{:08x}", cleanup::random_u32());
+            let r = cleanup::random_u32();
+            let prefix = [198, 18 + (r & 1) as u8, (r >> 8) as u8];
+            let [a, b, c] = prefix;
+            println!(
+                "eptest: creating network {name} (bridge {bridge}, {a}.{b}.{c}.0/24, no DHCP)"
+            );
+            let xml = format!(
+                "<network><name>{name}</name><bridge name='{bridge}' stp='off'/>\
+                 <ip address='{a}.{b}.{c}.1' netmask='255.255.255.0'/></network>"
+            );
+            let file = std::env::temp_dir().join(format!("{name}.xml"));
+            std::fs::write(&file, xml).unwrap();
+            let g = Self {
+                name,
+                bridge,
+                prefix,
+            };
+            let out = virsh(&["net-create", file.to_str().unwrap()]);
+            let _ = std::fs::remove_file(&file);
+            if out.status.success() {
+                return g;
+            }
+            println!(
+                "eptest: network {} not created: {}",
+                g.name,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        panic!("no isolated network could be created");
+    }
+
+    fn ip(&self, host: u8) -> Ipv4Addr {
+        let [a, b, c] = self.prefix;
+        Ipv4Addr::new(a, b, c, host)
+    }
+}
+
+impl Drop for StaticNet {
+    fn drop(&mut self) {
+        if cleanup::keep_requested() {
+            println!("eptest: keeping network {}", self.name);
+            return;
+        }
+        let _ = virsh(&["net-destroy", &self.name]);
+        let _ = std::fs::remove_file(format!("/var/lib/libvirt/dnsmasq/{}.status", self.bridge));
+    }
+}
+
+/// The operator process: SIGTERM, then SIGKILL after [`STOP_GRACE`], when dropped.
+struct Operator {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Operator {
+    fn start(
+        bin: &Path,
+        config: &Path,
+        proxies: &Path,
+        listen: SocketAddr,
+        extra: &[String],
+        log: PathBuf,
+    ) -> Self {
+        let f = std::fs::File::create(&log).unwrap();
+        println!("eptest: operator log {}", log.display());
+        let child = Command::new(bin)
+            .arg("standalone")
+            .arg("--config")
+            .arg(config)
+            .arg("--proxies")
+            .arg(proxies)
+            .args(["--listen", &listen.to_string()])
+            .args(["--check-interval", "5s", "--shutdown-grace", "20s"])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(f.try_clone().unwrap())
+            .stderr(f)
+            .spawn()
+            .unwrap();
+        println!("eptest: operator pid {}", child.id());
+        Self {
+            child: Some(child),
+            log,
+        }
+    }
+
+    fn stop(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else {
+            return true;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let t0 = Instant::now();
+        while t0.elapsed() < STOP_GRACE {
+            if let Ok(Some(s)) = c.try_wait() {
+                return s.success();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        false
+    }
+
+    fn log_tail(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            println!("eptest: operator log tail:\n{}", self.log_tail());
+        }
+        self.stop();
+    }
+}
+
+async fn status_json(addr: SocketAddr) -> Option<serde_json::Value> {
+    let r = http(
+        None,
+        addr,
+        "GET /status HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".into(),
+    )
+    .await
+    .ok()?;
+    let (_, body) = r.split_once("\r\n\r\n")?;
+    serde_json::from_str(body).ok()
+}
+
+fn proxy_row(doc: &serde_json::Value, name: &str) -> Option<serde_json::Value> {
+    doc["proxies"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == name)
+        .cloned()
+}
+
+/// The addresses `domain`'s mark records.
+fn mark_addresses(domain: &str, entry: &str) -> Vec<std::net::IpAddr> {
+    let xml = run_ok(Command::new("virsh").args(["metadata", domain, "--uri", mark::NAMESPACE]));
+    mark::parse(&xml, entry, SystemTime::now())
+        .unwrap_or_else(|| panic!("{domain}'s mark does not parse: {xml}"))
+        .addresses
+}
+
+/// Polls the status until every proxy of `names` is Running with an IP; their IPs in order.
+async fn wait_running(
+    listen: SocketAddr,
+    names: &[&str],
+    budget: Duration,
+    op: &Operator,
+) -> Vec<Ipv4Addr> {
+    let t0 = Instant::now();
+    loop {
+        let doc = status_json(listen).await;
+        let rows: Vec<Option<serde_json::Value>> = names
+            .iter()
+            .map(|n| doc.as_ref().and_then(|d| proxy_row(d, n)))
+            .collect();
+        let ips: Vec<Option<Ipv4Addr>> = rows
+            .iter()
+            .map(|r| {
+                r.as_ref()
+                    .filter(|r| r["phase"] == "Running")
+                    .and_then(|r| r["ip"].as_str())
+                    .and_then(|s| s.parse().ok())
+            })
+            .collect();
+        if ips.iter().all(Option::is_some) {
+            return ips.into_iter().flatten().collect();
+        }
+        for r in rows.iter().flatten() {
+            assert!(
+                r["phase"] != "Failed",
+                "a proxy failed: {r:#}\n{}",
+                op.log_tail()
+            );
+        }
+        assert!(
+            t0.elapsed() < budget,
+            "not all Running with an IP within {budget:?}: {rows:#?}\n{}",
+            op.log_tail()
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// A request through the proxy at `ip` to `echo`, from `client`, until it answers 200;
+/// returns the address the echo saw.
+async fn egress_through(
+    ip: Ipv4Addr,
+    client: Ipv4Addr,
+    echo: SocketAddr,
+    budget: Duration,
+) -> String {
+    let proxy = SocketAddr::V4(SocketAddrV4::new(ip, PROXY_PORT));
+    let request =
+        format!("GET http://{echo}/egress HTTP/1.1\r\nHost: {echo}\r\nConnection: close\r\n\r\n");
+    let t0 = Instant::now();
+    loop {
+        match http(Some(client), proxy, request.clone()).await {
+            Ok(r) if status_code(&r) == Some(200) => {
+                let body = r.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+                return body
+                    .trim()
+                    .strip_prefix("egress=")
+                    .unwrap_or(body)
+                    .to_owned();
+            }
+            other => {
+                assert!(
+                    t0.elapsed() < budget,
+                    "no 200 through the proxy at {ip} within {budget:?}: {other:?}"
+                );
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    }
+}
+
+#[test]
+fn two_proxies_egress_from_their_declared_static_addresses_keep_them_across_a_restart_and_a_third_finds_the_pool_exhausted()
+ {
+    if std::env::var_os(IN_NETNS_ENV).is_none() {
+        assert!(
+            Path::new("/run/netns").join(LIBVIRT_NETNS).exists(),
+            "network namespace {LIBVIRT_NETNS} missing: run .ci/setup-host (it starts libvirtd in it)"
+        );
+        let t = Instant::now();
+        let image = build_image(&repo_root());
+        println!(
+            "eptest: timing: image build (or cache hit) {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        reexec_in_netns(
+            LIBVIRT_NETNS,
+            test_name(),
+            TEST_BUDGET,
+            &[
+                env(IN_NETNS_ENV, "1"),
+                env(IMAGE_ENV, &image.path),
+                env(IMAGE_SHA_ENV, &image.sha256),
+                env(BIN_ENV, binary()),
+            ],
+        );
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(inside_the_namespace());
+}
+
+async fn inside_the_namespace() {
+    let t_all = Instant::now();
+    sweep("eap");
+    let bin = binary();
+    let image = match (std::env::var_os(IMAGE_ENV), std::env::var(IMAGE_SHA_ENV)) {
+        (Some(path), Ok(sha256)) => GuestImage {
+            path: PathBuf::from(path),
+            sha256,
+        },
+        _ => build_image(&repo_root()),
+    };
+    let entry = format!("eap{}", cleanup::now_secs());
+    let pool = PoolFixture::create("eap");
+    run_ok(Command::new("chmod").arg("755").arg(&pool.dir));
+    println!(
+        "eptest: pool {} at {}; provider entry {entry}",
+        pool.name,
+        pool.dir.display()
+    );
+    let _entry_guard = EntryGuard {
+        entry: entry.clone(),
+    };
+    let net = StaticNet::create();
+    let gateway = net.ip(1);
+    let (echo, seen) = echo_server(gateway).await;
+    println!("eptest: echo server on {echo}");
+    let work = tempfile::Builder::new()
+        .prefix(&cleanup::unique_name("dir", "eap"))
+        .tempdir()
+        .unwrap();
+    let health_echo = EchoProcess::start(&bin, gateway, &work.path().join("echo.log"));
+    let sshd = Sshd::start();
+    let server = ImageHost::start(std::fs::read(&image.path).unwrap(), IMAGE_PATH, 0).await;
+    server.unthrottle();
+
+    let proxies = work.path().join("proxies");
+    std::fs::create_dir(&proxies).unwrap();
+    let config = work.path().join("providers.yaml");
+    let (first, last) = (net.ip(POOL_FIRST), net.ip(POOL_LAST));
+    let [a, b, c] = net.prefix;
+    std::fs::write(
+        &config,
+        format!(
+            "providers:\n  - name: {entry}\n    type: libvirt\n    hosts:\n      - name: h1\n        \
+             address: 127.0.0.1:{port}\n        user: root\n        pool: {pool}\n        \
+             network: {netname}\n        virtType: qemu\n        poolReserveGiB: 0\n        \
+             sshKeyFile: {key}\n        knownHostsFile: {kh}\n        maxConcurrent: 2\n        \
+             addressPool:\n          ipv4:\n            prefix: {a}.{b}.{c}.0/24\n            \
+             gateway: {gateway}\n            ranges: [{first}-{last}]\n          dns: [{gateway}]\n    \
+             images:\n      {IMAGE_KEY}:\n        url: {url}\n        sha256: {sha}\n        \
+             format: qcow2\n        firmware: uefi\n    \
+             policy:\n      allowedInternalCidrs: [{gateway}/32]\n    \
+             defaults:\n      diskGiB: 4\n      memoryMiB: 512\n      vcpus: 1\n",
+            port = sshd.port,
+            pool = pool.name,
+            netname = net.name,
+            key = sshd.client_key_path.display(),
+            kh = sshd.known_hosts_path.display(),
+            url = server.url,
+            sha = image.sha256,
+        ),
+    )
+    .unwrap();
+    let manifest = |name: &str| {
+        let path = proxies.join(format!("{name}.yaml"));
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: egress-proxies.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n\
+                 spec:\n  provider: {entry}\n  image: {IMAGE_KEY}\n  proxy:\n    port: {PROXY_PORT}\n    \
+                 protocol: http\n    allowedClientCidrs: [{gateway}/32]\n"
+            ),
+        )
+        .unwrap();
+    };
+    let names = ["eap-one", "eap-two"];
+    let domains: Vec<String> = names
+        .iter()
+        .map(|n| names::domain(&entry, &uid_for("default", n)))
+        .collect();
+    println!("eptest: domains will be {domains:?}");
+    for n in names {
+        manifest(n);
+    }
+
+    let listen = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let flags = [
+        "--health-target".to_owned(),
+        format!("http://{}/", health_echo.addr),
+        "--health-interval".to_owned(),
+        "3s".to_owned(),
+    ];
+    let t_start = Instant::now();
+    let mut op = Operator::start(
+        &bin,
+        &config,
+        &proxies,
+        listen,
+        &flags,
+        work.path().join("operator-1.log"),
+    );
+    let ips = wait_running(listen, &names, BOOT_BUDGET, &op).await;
+    println!(
+        "eptest: timing: manifests → both Running at {ips:?} {:.1} s",
+        t_start.elapsed().as_secs_f64()
+    );
+    let pool_addrs = [first, last];
+    assert_ne!(ips[0], ips[1], "two proxies, one address");
+    for (ip, d) in ips.iter().zip(&domains) {
+        assert!(
+            pool_addrs.contains(ip),
+            "{ip} is not from the pool {first}-{last}"
+        );
+        assert_eq!(
+            mark_addresses(d, &entry),
+            vec![std::net::IpAddr::V4(*ip)],
+            "{d}'s mark"
+        );
+    }
+    // The network has no DHCP: nobody leased anything.
+    let leases = run_ok(Command::new("virsh").args(["net-dhcp-leases", &net.name]));
+    assert!(
+        !leases.contains("198."),
+        "a lease on a network without DHCP: {leases}"
+    );
+
+    // A request through each reaches the echo from its own declared address.
+    let t_proxy = Instant::now();
+    for ip in &ips {
+        let saw = egress_through(*ip, gateway, echo, PROXY_BUDGET).await;
+        assert_eq!(
+            saw,
+            ip.to_string(),
+            "the echo saw another egress through {ip}"
+        );
+    }
+    println!(
+        "eptest: timing: Running → a request through each proxy from its declared address {:.1} s",
+        t_proxy.elapsed().as_secs_f64()
+    );
+    let seen_now: Vec<String> = seen.lock().unwrap().clone();
+    for ip in &ips {
+        assert!(seen_now.contains(&ip.to_string()), "{seen_now:?}");
+    }
+    // The operator's health check (through each proxy, against the echo process) agrees.
+    let t_health = Instant::now();
+    loop {
+        let doc = status_json(listen).await;
+        let rows: Vec<_> = names
+            .iter()
+            .map(|n| doc.as_ref().and_then(|d| proxy_row(d, n)))
+            .collect();
+        let healthy = rows.iter().zip(&ips).all(|(r, ip)| {
+            r.as_ref().is_some_and(|r| {
+                r["health"]["healthy"] == true && r["health"]["egressIp"] == ip.to_string()
+            })
+        });
+        if healthy {
+            for (r, ip) in rows.iter().flatten().zip(&ips) {
+                // Where the status carries the declared address, it is the allocated one.
+                if let Some(d) = r.get("egressAddress").filter(|v| !v.is_null()) {
+                    assert!(
+                        d.to_string().contains(&ip.to_string()),
+                        "declared {d} vs {ip}: {r:#}"
+                    );
+                }
+            }
+            break;
+        }
+        assert!(
+            t_health.elapsed() < PROXY_BUDGET,
+            "not both Healthy from their declared addresses within {PROXY_BUDGET:?}: {rows:#?}\n{}",
+            op.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "eptest: timing: both Healthy with the declared address as observed egress {:.1} s",
+        t_health.elapsed().as_secs_f64()
+    );
+
+    // The operator restarts; both keep their allocations (the host's marks are the record).
+    assert!(
+        op.stop(),
+        "the operator did not stop cleanly:\n{}",
+        op.log_tail()
+    );
+    drop(op);
+    let t_restart = Instant::now();
+    let op = Operator::start(
+        &bin,
+        &config,
+        &proxies,
+        listen,
+        &flags,
+        work.path().join("operator-2.log"),
+    );
+    let again = wait_running(listen, &names, RESTART_BUDGET, &op).await;
+    assert_eq!(again, ips, "the restarted operator moved an address");
+    for (ip, d) in ips.iter().zip(&domains) {
+        assert_eq!(mark_addresses(d, &entry), vec![std::net::IpAddr::V4(*ip)]);
+        let saw = egress_through(*ip, gateway, echo, PROXY_BUDGET).await;
+        assert_eq!(saw, ip.to_string());
+    }
+    println!(
+        "eptest: timing: restart → both Running at the same addresses, requests through each {:.1} s",
+        t_restart.elapsed().as_secs_f64()
+    );
+
+    // A third Proxy: the pool is exhausted; its status says so and nothing is defined for it.
+    let third = "eap-three";
+    let uid3 = uid_for("default", third);
+    let domain3 = names::domain(&entry, &uid3);
+    println!("eptest: third proxy's domain would be {domain3}");
+    let before = cleanup::domain_names();
+    manifest(third);
+    let t3 = Instant::now();
+    let row = loop {
+        let doc = status_json(listen).await;
+        let row = doc.as_ref().and_then(|d| proxy_row(d, third));
+        if let Some(r) = &row
+            && r.to_string().contains("exhausted")
+        {
+            break r.clone();
+        }
+        assert!(
+            t3.elapsed() < EXHAUST_BUDGET,
+            "the third proxy's status never named the exhaustion: {row:#?}\n{}",
+            op.log_tail()
+        );
+        tokio::time::sleep(POLL).await;
+    };
+    let text = row.to_string();
+    assert!(
+        text.contains("h1") && text.contains("IPv4"),
+        "names host and family: {row:#}"
+    );
+    assert!(row["ip"].is_null(), "{row:#}");
+    assert!(
+        !cleanup::domain_names().contains(&domain3),
+        "a domain was defined for the third proxy"
+    );
+    assert_eq!(
+        cleanup::domain_names().len(),
+        before.len(),
+        "something new on the host"
+    );
+    let vols = volumes(&pool.name);
+    assert!(
+        !vols.contains(&names::overlay(&entry, &uid3))
+            && !vols.contains(&names::seed(&entry, &uid3)),
+        "volumes were made for the third proxy: {vols:?}"
+    );
+    println!(
+        "eptest: timing: third manifest → exhaustion in its status {:.1} s",
+        t3.elapsed().as_secs_f64()
+    );
+    // The first two are untouched.
+    assert_eq!(wait_running(listen, &names, RESTART_BUDGET, &op).await, ips);
+    println!(
+        "eptest: timing: whole test {:.1} s",
+        t_all.elapsed().as_secs_f64()
+    );
+}

@@ -25,6 +25,7 @@ mod output;
 mod progress;
 mod standalone;
 mod status;
+mod status_pools;
 mod table;
 mod version;
 

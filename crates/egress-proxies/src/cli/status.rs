@@ -286,6 +286,7 @@ pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
     } else {
         t.render()
     };
+    out.push_str(&super::status_pools::render(doc, now));
     for h in doc.hosts.iter().filter(|h| h.state != "Ready") {
         out.push_str(&format!(
             "host {}/{} is {}{}\n",

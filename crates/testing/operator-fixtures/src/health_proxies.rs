@@ -31,6 +31,10 @@ pub struct ProxyBehaviour {
     pub handshake_delay: Duration,
     /// Accept connections but never answer (a black hole).
     pub silent: bool,
+    /// HTTP CONNECT only: connect to targets from this local address (what the target sees
+    /// as the caller);
+    /// `None`: the system's choice.
+    pub source: Option<std::net::IpAddr>,
 }
 
 /// A running in-process proxy; stops when dropped.
@@ -141,6 +145,27 @@ pub fn serve(l: TcpListener, b: ProxyBehaviour, socks: bool) -> TestProxy {
     }
 }
 
+/// Connects to `target` (`host:port`), from `source` when given.
+async fn connect_from(
+    source: Option<std::net::IpAddr>,
+    target: &str,
+) -> std::io::Result<TcpStream> {
+    let Some(src) = source else {
+        return TcpStream::connect(target).await;
+    };
+    let addr = tokio::net::lookup_host(target)
+        .await?
+        .find(|a| a.is_ipv4() == src.is_ipv4())
+        .ok_or_else(|| std::io::Error::other("no address of the source's family"))?;
+    let socket = if src.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.bind(SocketAddr::new(src, 0))?;
+    socket.connect(addr).await
+}
+
 async fn relay(mut c: TcpStream, mut up: TcpStream, linger: Duration) -> std::io::Result<()> {
     let (mut cr, mut cw) = c.split();
     let (mut ur, mut uw) = up.split();
@@ -198,7 +223,7 @@ async fn http_conn(
             return Ok(());
         }
     }
-    let Ok(up) = TcpStream::connect(&target).await else {
+    let Ok(up) = connect_from(b.source, &target).await else {
         c.write_all(b"HTTP/1.1 502 Bad Gateway\r\n\r\n").await?;
         return Ok(());
     };

@@ -11,7 +11,7 @@
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write as _};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -352,10 +352,10 @@ pub async fn get_body(addr: SocketAddr, path: &str) -> Option<String> {
     r.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
 }
 
-/// The echo endpoint on `ip`: answers every request with `egress=<peer ip>` and records the
+/// The echo endpoint on `ip` (IPv4 or IPv6): answers every request with `egress=<peer ip>` and records the
 /// peers.
-pub async fn echo_server(ip: Ipv4Addr) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
-    let l = TcpListener::bind(SocketAddr::V4(SocketAddrV4::new(ip, 0)))
+pub async fn echo_server(ip: impl Into<IpAddr>) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let l = TcpListener::bind(SocketAddr::new(ip.into(), 0))
         .await
         .unwrap();
     let addr = l.local_addr().unwrap();
@@ -522,12 +522,13 @@ pub struct EchoProcess {
 }
 
 impl EchoProcess {
-    /// Starts `BIN echo` on `ip`, its log in `log`; waits for its `listening on` line.
-    pub fn start(bin: &Path, ip: Ipv4Addr, log: &Path) -> Self {
+    /// Starts `BIN echo` on `ip` (IPv4 or IPv6), its log in `log`; waits for its `listening on` line.
+    pub fn start(bin: &Path, ip: impl Into<IpAddr>, log: &Path) -> Self {
+        let ip = ip.into();
         println!("eptest: egress-proxies echo on {ip}, log {}", log.display());
         let mut child = Command::new(bin)
             .arg("echo")
-            .args(["--listen", &format!("{ip}:0")])
+            .args(["--listen", &SocketAddr::new(ip, 0).to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(log).unwrap())

@@ -328,7 +328,52 @@ fn every_field_of_the_status_document_is_documented_for_users() {
             error: Some("e".into()),
         }],
         manifest_errors: vec!["a.yaml: bad".into()],
-        pools: vec![],
+        pools: vec![egress_core::status::PoolStatusRow {
+            namespace: "default".into(),
+            name: "web".into(),
+            desired: 2,
+            status: egress_core::pool::ProxyPoolStatus {
+                conditions: vec![Condition {
+                    type_: "Available".into(),
+                    status: ConditionStatus::True,
+                    reason: "MinimumReplicasAvailable".into(),
+                    message: "m".into(),
+                    last_transition_time: "2026-01-01T00:00:00Z".into(),
+                    observed_generation: 1,
+                }],
+                template_hash: "abc".into(),
+                host_failures: vec![egress_core::pool::status::HostFailures {
+                    host: "h1".into(),
+                    count: 1,
+                    last_failure: "2026-01-01T00:00:00Z".into(),
+                    message: "m".into(),
+                }],
+                quarantined: vec!["web-b".into()],
+                selector: "egress-proxies.dev/pool=web".into(),
+                members: vec![egress_core::pool::status::PoolMemberStatus {
+                    name: "web-b".into(),
+                    host: Some("h1".into()),
+                    phase: Phase::Running,
+                    ip: Some("192.0.2.1".into()),
+                    egress_ip: Some("203.0.113.7".into()),
+                    available: true,
+                    quarantined: true,
+                }],
+                members_omitted: 1,
+                ..Default::default()
+            },
+            members: vec![egress_core::status::PoolMemberRow {
+                name: "web-b".into(),
+                host: Some("h1".into()),
+                phase: Phase::Running,
+                available: true,
+                template_hash: "abc".into(),
+                created_at: "2026-01-01T00:00:00Z".into(),
+                quarantine: Some("banned".into()),
+                deleting: true,
+            }],
+            error: Some("e".into()),
+        }],
     };
     let mut keys = std::collections::BTreeSet::new();
     json_keys(&serde_json::to_value(&doc).unwrap(), &mut keys);

@@ -1,6 +1,6 @@
 //! The custom resources of egress-proxies, generated from Rust types: [`Proxy`] (namespaced,
-//! what users create) and [`ProviderHealth`] (cluster-scoped, one per provider entry, written
-//! by the operator).
+//! what users create), [`ProxyPool`] (namespaced, fleets of member Proxies; `pool.rs`) and
+//! [`ProviderHealth`] (cluster-scoped, one per provider entry, written by the operator).
 //!
 //! Guarantees:
 //! - **One model, two drivers**: a Proxy's spec and status are the core's
@@ -12,7 +12,7 @@
 //!   making `spec.provider` immutable (re-typing a Proxy to another entry would orphan its
 //!   instance: finding M2); `credentialsRef` must be a DNS subdomain (a Secret name, never
 //!   a path or another namespace's).
-//! - **Deterministic CRDs**: [`crds_yaml`] renders both CRDs the same way every time; the
+//! - **Deterministic CRDs**: [`crds_yaml`] renders every CRD the same way every time; the
 //!   committed `deploy/crds/*.yaml` are its output, and a test fails when they drift.
 
 use egress_core::model::{Condition, ProxySpec, ProxyStatus};
@@ -22,9 +22,12 @@ use kube::{CustomResource, CustomResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// The API group of both resources.
+mod pool;
+pub use pool::{ProxyPool, ProxyPoolCrdSpec};
+
+/// The API group of every resource.
 pub const GROUP: &str = "egress-proxies.dev";
-/// The API version of both resources.
+/// The API version of every resource.
 pub const VERSION: &str = "v1alpha1";
 /// The condition type a [`ProviderHealth`] reports: True when every host is Ready.
 pub const CONDITION_READY: &str = "Ready";
@@ -242,9 +245,9 @@ impl HostHealth {
     }
 }
 
-/// Both CRDs, Proxy first.
+/// Every CRD: Proxy, ProviderHealth, ProxyPool.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![Proxy::crd(), ProviderHealth::crd()]
+    vec![Proxy::crd(), ProviderHealth::crd(), ProxyPool::crd()]
 }
 
 /// Errors rendering the CRDs.
@@ -465,7 +468,8 @@ mod tests {
             names,
             [
                 "proxies.egress-proxies.dev.yaml",
-                "providerhealths.egress-proxies.dev.yaml"
+                "providerhealths.egress-proxies.dev.yaml",
+                "proxypools.egress-proxies.dev.yaml"
             ]
         );
         for ((_, yaml), crd) in docs.iter().zip(crds()) {

@@ -7,7 +7,8 @@
 //! here would be refused by the API server in a real cluster; a verb listed here that the
 //! driver does not use is a grant to remove. Keep the table and the calls together. Each
 //! grant has the narrowest [`Scope`] the driver can work with: what it touches only in the
-//! namespaces it watches (Proxies, their Secrets, Services, EndpointSlices and Events) is a
+//! namespaces it watches (Proxies, ProxyPools, their Secrets, Services, EndpointSlices and
+//! Events) is a
 //! Role in the watched namespace when one namespace is watched, and cluster-wide only when
 //! every namespace is; only the cluster-scoped ProviderHealth is always cluster-wide.
 
@@ -39,12 +40,12 @@ pub struct ApiAccess {
 }
 
 /// Proxies: watched by the controller (list, watch), finalizer added and removed with a
-/// patch.
+/// patch; a ProxyPool's members created and deleted by the pool controller.
 pub const PROXIES: ApiAccess = ApiAccess {
     scope: Scope::WatchedNamespaces,
     group: crate::api::GROUP,
     resource: "proxies",
-    verbs: &["list", "patch", "watch"],
+    verbs: &["create", "delete", "list", "patch", "watch"],
 };
 /// Proxies of every namespace, listed (metadata only) for GC's live set: an instance on a
 /// shared host may belong to a Proxy another installation watches, so GC must see every
@@ -68,6 +69,31 @@ pub const PROXIES_FINALIZERS: ApiAccess = ApiAccess {
     scope: Scope::WatchedNamespaces,
     group: crate::api::GROUP,
     resource: "proxies/finalizers",
+    verbs: &["update"],
+};
+/// ProxyPools: watched by the pool controller (list, watch), its finalizer added and removed
+/// with a patch. (`proxypools/scale` is for `kubectl scale` and autoscalers, with their own
+/// grants: the operator reads `spec.replicas` from the pool itself.)
+pub const PROXY_POOLS: ApiAccess = ApiAccess {
+    scope: Scope::WatchedNamespaces,
+    group: crate::api::GROUP,
+    resource: "proxypools",
+    verbs: &["list", "patch", "watch"],
+};
+/// ProxyPool status: written with server-side apply.
+pub const PROXY_POOLS_STATUS: ApiAccess = ApiAccess {
+    scope: Scope::WatchedNamespaces,
+    group: crate::api::GROUP,
+    resource: "proxypools/status",
+    verbs: &["patch"],
+};
+/// ProxyPool finalizers: setting the pool's finalizer, and owner references with
+/// `blockOwnerDeletion` on its members and Secret, need `update` on this subresource where
+/// the OwnerReferencesPermissionEnforcement admission plugin is on.
+pub const PROXY_POOLS_FINALIZERS: ApiAccess = ApiAccess {
+    scope: Scope::WatchedNamespaces,
+    group: crate::api::GROUP,
+    resource: "proxypools/finalizers",
     verbs: &["update"],
 };
 /// ProviderHealth: one per provider entry, created and updated with server-side apply
@@ -96,12 +122,13 @@ pub const EVENTS: ApiAccess = ApiAccess {
 };
 /// The credentials Secret a Proxy names in `spec.proxy.credentialsRef`: read by name on
 /// every reconcile and re-read on an interval (never listed or watched, so the operator
-/// cannot read every Secret of the cluster in bulk).
+/// cannot read every Secret of the cluster in bulk); a ProxyPool's generated-credentials
+/// Secret created when missing (never updated: an existing Secret is never written).
 pub const SECRETS: ApiAccess = ApiAccess {
     scope: Scope::WatchedNamespaces,
     group: "",
     resource: "secrets",
-    verbs: &["get"],
+    verbs: &["create", "get"],
 };
 /// The selector-less Service of each Proxy group (`egress-proxies.dev/group`): read before
 /// every write (an existing Service that is not ours is never written), applied (patch;
@@ -136,6 +163,9 @@ pub const API_ACCESS: &[ApiAccess] = &[
     PROXIES_LIVE_SET,
     PROXIES_STATUS,
     PROXIES_FINALIZERS,
+    PROXY_POOLS,
+    PROXY_POOLS_STATUS,
+    PROXY_POOLS_FINALIZERS,
     PROVIDER_HEALTHS,
     PROVIDER_HEALTHS_STATUS,
     EVENTS,
@@ -165,7 +195,7 @@ mod tests {
             ["list"],
             "read-only across namespaces"
         );
-        for a in [SECRETS, SERVICES, ENDPOINT_SLICES, EVENTS, PROXIES] {
+        for a in [SECRETS, SERVICES, ENDPOINT_SLICES, EVENTS, PROXIES, PROXY_POOLS] {
             assert_eq!(a.scope, Scope::WatchedNamespaces, "{a:?}");
         }
         assert_eq!(LEASES.scope, Scope::OperatorNamespace);

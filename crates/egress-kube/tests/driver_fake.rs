@@ -19,7 +19,7 @@ use egress_core::controller::ControllerSettings;
 use egress_core::health::HealthSettings;
 use egress_core::model::{Phase, ProxySettings, ProxySpec, Resources};
 use egress_core::providers::Providers;
-use egress_kube::api::{Proxy, ProxyCrdSpec};
+use egress_kube::api::{Proxy, ProxyCrdSpec, ProxyPool};
 use egress_kube::driver::{DriverStats, KubeOptions, Reload, run_with};
 use egress_kube::leader::LeaseSettings;
 use egress_kube::observe::Observer;
@@ -93,6 +93,7 @@ impl World {
         let api = FakeApiServer::new();
         api.enable_status_subresource(GROUP, "proxies");
         api.enable_status_subresource(GROUP, "providerhealths");
+        api.enable_status_subresource(GROUP, "proxypools");
         let hosts = fake_hosts();
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("providers.yaml"), "v1").unwrap();
@@ -850,6 +851,45 @@ async fn the_driver_calls_exactly_the_apis_its_rbac_table_grants() {
         w.api.object(GROUP, "providerhealths", "", "gone").is_none()
     })
     .await;
+    // A pool: its finalizer, a member created, its credentials Secret created, its status;
+    // deleted: its member deleted and the finalizer removed.
+    let pools: Api<ProxyPool> = Api::namespaced(w.api.client("default"), "default");
+    let pool: ProxyPool = serde_json::from_value(json!({
+        "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": "tour", "namespace": "default"},
+        "spec": {"replicas": 1, "template": {"provider": ENTRY, "image": IMAGE},
+                 "credentials": {"generate": true}},
+    }))
+    .unwrap();
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    w.until("the pool's member, Secret and status", |w| {
+        w.api
+            .objects(GROUP, "proxies")
+            .iter()
+            .any(|p| p["metadata"]["labels"]["egress-proxies.dev/pool"] == "tour")
+            && w.api
+                .object("", "secrets", "default", "tour-credentials")
+                .is_some()
+            && w.api
+                .object(GROUP, "proxypools", "default", "tour")
+                .is_some_and(|p| p["status"]["replicas"] == 1)
+    })
+    .await;
+    pools
+        .delete("tour", &DeleteParams::default())
+        .await
+        .unwrap();
+    w.until("the pool and its member gone", |w| {
+        w.api
+            .object(GROUP, "proxypools", "default", "tour")
+            .is_none()
+            && !w
+                .api
+                .objects(GROUP, "proxies")
+                .iter()
+                .any(|p| p["metadata"]["labels"]["egress-proxies.dev/pool"] == "tour")
+    })
+    .await;
     create(&w, "p2", "no-such-image").await;
     w.fakes["h1"].faults().freeze();
     w.until("a repeated event became a series", |w| {
@@ -880,13 +920,26 @@ async fn the_driver_calls_exactly_the_apis_its_rbac_table_grants() {
 
     let reqs = w.api.requests();
     let mut seen: BTreeSet<(String, String, String)> = BTreeSet::new();
+    // The test's own calls during the tour: it creates the Proxies "good" and "p2" (two
+    // POSTs) and deletes them by name, creates and deletes the pool; the driver creates and
+    // deletes the pool's members.
+    let mut own_proxy_creates = 2;
     for req in &reqs[tests_requests..] {
+        let own_create =
+            req.method == "POST" && req.path.ends_with("/proxies") && own_proxy_creates > 0;
+        if own_create {
+            own_proxy_creates -= 1;
+        }
+        let own = own_create
+            || (req.method == "DELETE"
+                && ["/proxies/good", "/proxies/p2", "/proxypools/tour"]
+                    .iter()
+                    .any(|p| req.path.ends_with(p)))
+            || (req.method == "POST" && req.path.ends_with("/proxypools"));
+        if own {
+            continue;
+        }
         for (g, res, verb, ns) in access_of(req) {
-            // The test's own calls during the tour: it creates and deletes the Proxies (the
-            // driver never does either).
-            if g == GROUP && res == "proxies" && (verb == "create" || verb == "delete") {
-                continue;
-            }
             if res == "leases" {
                 assert_eq!(
                     ns.as_deref(),
@@ -896,6 +949,15 @@ async fn the_driver_calls_exactly_the_apis_its_rbac_table_grants() {
             }
             seen.insert((g, res, verb));
         }
+    }
+    // Writing the pool's finalizer, and owner references with blockOwnerDeletion to the pool,
+    // are authorized on proxypools/finalizers: implied by the pool's patch.
+    if seen.contains(&(GROUP.into(), "proxypools".into(), "patch".into())) {
+        seen.insert((
+            GROUP.into(),
+            "proxypools/finalizers".into(),
+            "update".into(),
+        ));
     }
     // Writing finalizers (a JSON patch of the Proxy) is authorized on proxies/finalizers
     // where the OwnerReferencesPermissionEnforcement plugin is on: implied by that patch.

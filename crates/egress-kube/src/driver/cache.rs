@@ -8,6 +8,7 @@
 //! sent it. The watch, its stream and its triggers are otherwise those of
 //! `Controller::new` with the default watcher configuration.
 
+use futures_util::StreamExt;
 use kube::api::Api;
 use kube::runtime::controller::Controller;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
@@ -18,12 +19,21 @@ use crate::api::Proxy;
 pub(super) const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// The controller over `api`'s Proxies, its cache fed by a watch whose objects are
-/// [`strip`]ped before they are stored.
+/// [`strip`]ped before they are stored; `observe` sees every watch event once the cache holds
+/// it (the pool controller's member index).
 // rbac: PROXIES list, watch (the controller's watch cache)
-pub(super) fn proxy_controller(api: Api<Proxy>) -> Controller<Proxy> {
+pub(super) fn proxy_controller(
+    api: Api<Proxy>,
+    observe: impl Fn(&watcher::Event<Proxy>) + Send + 'static,
+) -> Controller<Proxy> {
     let (reader, writer) = reflector::store();
     let events = watcher(api, watcher::Config::default()).modify(strip);
-    Controller::for_stream(reflector(writer, events).applied_objects(), reader)
+    let events = reflector(writer, events).inspect(move |r| {
+        if let Ok(ev) = r {
+            observe(ev);
+        }
+    });
+    Controller::for_stream(events.applied_objects(), reader)
 }
 
 /// Drops from `p` what the cache does not need: its `managedFields` (each field manager's

@@ -57,6 +57,7 @@ mod cache;
 mod credentials;
 mod events;
 mod orphans;
+pub mod pool;
 mod provider_health;
 mod proxy_health;
 pub mod publish;

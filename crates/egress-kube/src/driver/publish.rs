@@ -1,8 +1,10 @@
 //! Publishing healthy proxies to in-cluster clients: every group of Proxies sharing the label
-//! [`GROUP_LABEL`]` = NAME` gets a Service without selector named NAME in their namespace
+//! [`GROUP_LABEL`]` = NAME`, and every ProxyPool's members (label [`POOL_LABEL`]` = NAME`, which
+//! wins), gets a Service without selector named NAME in their namespace
 //! (port = the members' proxy port) and an EndpointSlice per address family listing only the
-//! members that are Running and decided Healthy, so clients use `NAME.NAMESPACE.svc:PORT` and
-//! reach only working proxies.
+//! members that are Running and decided Healthy and not quarantined
+//! ([`QUARANTINE_ANNOTATION`]), so clients use `NAME.NAMESPACE.svc:PORT` and reach only
+//! working proxies.
 //!
 //! Pipeline: [`desired`] (pure: Proxies → groups) → [`Publisher::sync`] (network: server-side
 //! apply of what changed since the last pass, delete what is no longer wanted) → a
@@ -57,6 +59,11 @@ use crate::api::Proxy;
 
 /// The label grouping Proxies behind one Service.
 pub const GROUP_LABEL: &str = "egress-proxies.dev/group";
+/// The label naming a member's ProxyPool: a pool's members publish as the group of the
+/// pool's name (this label wins over [`GROUP_LABEL`]).
+pub const POOL_LABEL: &str = egress_core::pool::member::LABEL_POOL;
+/// The annotation that quarantines a pool member: never an endpoint while it is set.
+pub const QUARANTINE_ANNOTATION: &str = egress_core::pool::member::ANNOTATION_QUARANTINE;
 /// The label marking a Service or EndpointSlice as the operator's.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Its value.
@@ -147,7 +154,12 @@ pub fn desired<'a>(
         if p.meta().deletion_timestamp.is_some() {
             continue;
         }
-        let Some(g) = p.labels().get(GROUP_LABEL) else {
+        // A pool's members publish as the group of the pool's name.
+        let Some(g) = p
+            .labels()
+            .get(POOL_LABEL)
+            .or_else(|| p.labels().get(GROUP_LABEL))
+        else {
             continue;
         };
         if !valid_service_name(g) {
@@ -173,9 +185,11 @@ pub fn desired<'a>(
         else {
             continue;
         };
+        // A quarantined member is out of publication at once, whatever its health.
         let statuses: Vec<_> = ps
             .iter()
             .filter(|p| p.spec.proxy.port == port)
+            .filter(|p| !p.annotations().contains_key(QUARANTINE_ANNOTATION))
             .filter_map(|p| p.status.as_ref())
             .collect();
         let mut endpoints: Vec<IpAddr> = healthy_endpoints(statuses.iter().map(|s| (*s, port)))
@@ -697,6 +711,29 @@ mod tests {
         assert_eq!(web.port, 3128);
         assert_eq!(web.members, 4);
         assert_eq!(web.endpoints, vec!["10.1.0.1".parse::<IpAddr>().unwrap()]);
+    }
+
+    #[test]
+    fn a_pools_members_publish_under_the_pools_name_without_quarantined_ones() {
+        let member = |name: &str, ip: &str, quarantine: bool| {
+            let mut p = proxy(name, None, 3128, ip, Some(true));
+            p.metadata.labels = Some([(POOL_LABEL.to_owned(), "fleet".to_owned())].into());
+            if quarantine {
+                p.metadata.annotations =
+                    Some([(QUARANTINE_ANNOTATION.to_owned(), "banned".to_owned())].into());
+            }
+            p
+        };
+        let ps = [
+            member("fleet-a", "10.1.0.1", false),
+            member("fleet-b", "10.1.0.2", true),
+            member("fleet-c", "10.1.0.3", false),
+        ];
+        let g = desired(ps.iter());
+        let fleet = &g[&("ns".to_owned(), "fleet".to_owned())];
+        assert_eq!(fleet.members, 3);
+        let ips: Vec<String> = fleet.endpoints.iter().map(ToString::to_string).collect();
+        assert_eq!(ips, ["10.1.0.1", "10.1.0.3"]);
     }
 
     #[test]

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::cache;
 use super::credentials::credentials_loop;
 use super::orphans::ClusterGc;
+use super::pool;
 use super::provider_health::{ProviderHealthWriter, host_check_settings};
 use super::proxy_health;
 use super::reconcile::{error_policy, reconcile};
@@ -29,7 +30,7 @@ use super::{
     ADOPT_DEADLINE, API_SLACK, Ctx, DriverStats, FIELD_MANAGER, KubeOptions, STORE_SYNC_POLL,
     publish,
 };
-use crate::api::Proxy;
+use crate::api::{Proxy, ProxyPool};
 use crate::observe::Observer;
 
 /// One leadership term: adopt, then run the controller and the leader-only loops until the
@@ -124,9 +125,47 @@ pub(super) async fn run_term(
         rx.recv().await.map(|()| ((), rx))
     });
     let graceful = stop.clone().cancelled_owned();
-    // The watch cache holds every Proxy without its managedFields (see `cache`).
-    let controller = cache::proxy_controller(proxies);
+    // The watch cache holds every Proxy without its managedFields (see `cache`); every event
+    // also feeds the pool controller's member index and wakes the pools it touched.
+    let index = Arc::new(pool::index::MemberIndex::default());
+    let (pool_tx, pool_rx) = mpsc::unbounded_channel();
+    let controller = {
+        let index = index.clone();
+        cache::proxy_controller(proxies, move |ev| {
+            for k in index.observe(ev) {
+                // NB: the receiver is gone only when the pool controller stopped (end of term).
+                let _ = pool_tx.send(k);
+            }
+        })
+    };
     let store = controller.store();
+    let pools: Api<ProxyPool> = match &opts.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    loops.spawn(
+        "pools",
+        pool::run(
+            pools,
+            Arc::new(pool::PoolCtx {
+                client: client.clone(),
+                core: core.clone(),
+                recorder: super::events::Recorder::new(
+                    client.clone(),
+                    FIELD_MANAGER.into(),
+                    opts.lease.identity.clone(),
+                ),
+                proxies: store.clone(),
+                index,
+                observer: observer.clone(),
+                expectations: Mutex::new(pool::Expectations::default()),
+                failures: Mutex::new(HashMap::new()),
+                secret_poll: opts.secret_poll_interval,
+            }),
+            pool_rx,
+            stop.clone(),
+        ),
+    );
     let wake = Arc::new(Notify::new());
     // NB: one waiter on the store's readiness, fanned out, and re-polled: kube-runtime's
     // `wait_until_ready` keeps a single waker (a oneshot receiver shared by every clone of

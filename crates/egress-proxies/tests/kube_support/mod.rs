@@ -195,8 +195,8 @@ impl ApiServer {
             }
         }
         assert_eq!(
-            n, 2,
-            "deploy/crds must hold the Proxy and ProviderHealth CRDs"
+            n, 3,
+            "deploy/crds must hold the Proxy, ProviderHealth and ProxyPool CRDs"
         );
     }
 

@@ -1,0 +1,130 @@
+//! The ProxyPool controller: a kube-runtime `Controller` on ProxyPools, woken by its own
+//! watch and by every change of a member Proxy (through the [`index::MemberIndex`] the Proxy
+//! watch feeds), running the core's pure pool decision ([`egress_core::pool::decide`]) and
+//! carrying it out: member Proxies created (owned by the pool, labelled) and deleted, the
+//! generated-credentials Secret made once, Events, and the pool's status.
+//!
+//! Pipeline of one reconcile (`reconcile.rs`): the pool from the watch cache → deletion
+//! (delete every member, then drop the finalizer: network) or the finalizer ensured (network)
+//! → spec validated (pure) → credentials Secret read or created (network) → members read from
+//! the Proxy cache by the index, plus the creates not seen yet (pure) → decide (pure) →
+//! creates, deletes, Events (network) → status written when it changed (network).
+//!
+//! Guarantees:
+//! - Per-event cost independent of the number of pools and members: an event wakes only the
+//!   pools it touched, and a reconcile reads only its pool's members, by name.
+//! - Members carry `ownerReferences` to the pool (controller, blockOwnerDeletion) and the
+//!   labels `egress-proxies.dev/pool` and `egress-proxies.dev/template-hash`; they are
+//!   reconciled by the Proxy controller like any Proxy.
+//! - Deleting a pool deletes its members explicitly and waits for them to be gone (the
+//!   finalizer [`POOL_FINALIZER`]): the members' VMs are removed even where no garbage
+//!   collector runs, and the pool disappears last.
+//! - A member the pool created is counted until the watch shows it (expectations), so a
+//!   reconcile that runs before the watch caught up never creates it twice.
+//! - Runs only on the leader (it is part of a leadership term); every call is bounded by
+//!   [`super::API_SLACK`].
+
+pub(in crate::driver) mod index;
+mod reconcile;
+pub(in crate::driver) mod secret;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use egress_core::controller::Controller as Core;
+use egress_core::pool::CreateMember;
+use futures_util::StreamExt;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::events::Recorder;
+use crate::api::{Proxy, ProxyPool};
+use crate::observe::Observer;
+use index::{MemberIndex, PoolKey};
+
+/// The finalizer on every ProxyPool: its members are deleted before it goes.
+pub const POOL_FINALIZER: &str = "egress-proxies.dev/members";
+
+/// How long a member the pool created counts before the watch shows it.
+// NB: the watch delivers a create within milliseconds; a minute covers a slow API server
+// and a relist, after which a create the API server lost is made again.
+pub(in crate::driver) const EXPECTATION_TTL: Duration = Duration::from_secs(60);
+
+/// Reconciles of pools at once.
+// NB: a pool reconcile makes a handful of calls per member it changes; 4 keeps many pools
+// moving without crowding the Proxy controller's own API calls.
+pub(in crate::driver) const POOL_CONCURRENCY: u16 = 4;
+
+/// Re-decide a pool at least this often, even without events (the clock moves ages and
+/// health periods on; the credentials Secret is polled, never watched).
+pub(in crate::driver) const POOL_RESYNC: Duration = Duration::from_secs(60);
+
+/// Creates and deletes a pool made whose results the watch has not shown yet.
+#[derive(Debug, Default)]
+pub(in crate::driver) struct Expectations {
+    /// Members created, by pool: name → (what was created, when).
+    created: HashMap<PoolKey, HashMap<String, (CreateMember, SystemTime)>>,
+    /// Members whose delete was sent, by pool: name → when.
+    deleted: HashMap<PoolKey, HashMap<String, SystemTime>>,
+}
+
+/// Everything a pool reconcile needs.
+pub(in crate::driver) struct PoolCtx {
+    pub(in crate::driver) client: Client,
+    pub(in crate::driver) core: Arc<Core>,
+    pub(in crate::driver) recorder: Recorder,
+    pub(in crate::driver) proxies: Store<Proxy>,
+    pub(in crate::driver) index: Arc<MemberIndex>,
+    pub(in crate::driver) observer: Arc<Observer>,
+    pub(in crate::driver) expectations: Mutex<Expectations>,
+    pub(in crate::driver) failures: Mutex<HashMap<PoolKey, u32>>,
+    /// Interval between re-reads of a generated-credentials Secret.
+    pub(in crate::driver) secret_poll: Duration,
+}
+
+/// Runs the pool controller until `stop`: its own watch of `pools`, woken also by `triggers`
+/// (pools whose members changed).
+pub(in crate::driver) async fn run(
+    pools: Api<ProxyPool>,
+    ctx: Arc<PoolCtx>,
+    triggers: mpsc::UnboundedReceiver<PoolKey>,
+    stop: CancellationToken,
+) {
+    let triggers = futures_util::stream::unfold(triggers, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|(ns, name)| (ObjectRef::<ProxyPool>::new(&name).within(&ns), rx))
+    });
+    // rbac: PROXYPOOLS list, watch (the pool controller's watch cache)
+    Controller::new(pools, watcher::Config::default())
+        .with_config(ControllerConfig::default().concurrency(POOL_CONCURRENCY))
+        .reconcile_on(triggers)
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "pool controller");
+            }
+        })
+        .await;
+}
+
+/// Why one pool reconcile failed (retried with backoff).
+#[derive(Debug, thiserror::Error)]
+pub(in crate::driver) enum PoolError {
+    /// A Kubernetes API call failed.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// A call did not answer in time.
+    #[error("a Kubernetes API call took longer than {0:?}")]
+    Timeout(Duration),
+    /// The credentials Secret could not be read or made.
+    #[error("credentials Secret: {0}")]
+    Secret(#[from] secret::SecretError),
+}

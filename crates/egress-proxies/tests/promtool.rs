@@ -52,6 +52,9 @@ const NOT_FROM_START: &[&str] = &[
     "egress_proxies_health_proxy_up",
     "egress_proxies_pool_replicas",
     "egress_proxies_pool_available_replicas",
+    "egress_proxies_pool_members",
+    "egress_proxies_pool_replacements_total",
+    "egress_proxies_pool_member_ready_seconds",
 ];
 
 fn repo() -> PathBuf {
@@ -474,6 +477,9 @@ async fn kubernetes_metrics_pass_promtool_and_the_alerts_and_dashboard_query_onl
             "egress_proxies_health_proxy_up",
             "egress_proxies_pool_replicas",
             "egress_proxies_pool_available_replicas",
+            "egress_proxies_pool_members",
+            "egress_proxies_pool_replacements_total",
+            "egress_proxies_pool_member_ready_seconds",
         ],
     );
     let (ok, out) = run_promtool(&["check", "metrics"], &text);

@@ -87,6 +87,9 @@ pub(crate) struct MemberRec {
     pub(crate) created: String,
     #[serde(default)]
     pub(crate) deleting: bool,
+    /// It was available once (its create-to-available time is recorded then).
+    #[serde(default)]
+    pub(crate) was_available: bool,
 }
 
 /// The member file.
@@ -428,18 +431,48 @@ impl Shared {
                 template_hash: c.template_hash.clone(),
                 created: now_text(now),
                 deleting: false,
+                was_available: false,
             };
             let uid = member_uid(&namespace, &name, &c.name);
             new_objects.push((uid, member_object(&p, &rec, uid, creds.as_ref())));
             recs.insert(c.name.clone(), rec);
             changed = true;
         }
+        let mut counts = [0u64; 4];
+        for m in &members {
+            let i = if m.deleting {
+                3
+            } else if m.quarantine.is_some() {
+                2
+            } else if m.available {
+                0
+            } else {
+                1
+            };
+            if let Some(c) = counts.get_mut(i) {
+                *c += 1;
+            }
+            if m.available
+                && let Some(r) = recs.get_mut(&m.name)
+                && !r.was_available
+            {
+                r.was_available = true;
+                changed = true;
+                let secs = now
+                    .duration_since(parse_time(&r.created))
+                    .unwrap_or_default()
+                    .as_secs_f64();
+                self.metrics.pool_member_ready(key, secs);
+            }
+        }
+        self.metrics.set_pool_members(key, counts);
         let mut deleted = Vec::new();
         for del in &d.deletes {
             if let Some(r) = recs.get_mut(&del.name)
                 && !r.deleting
             {
                 r.deleting = true;
+                self.metrics.pool_member_replaced(key, del.cause.as_str());
                 deleted.push(member_uid(&namespace, &name, &del.name));
                 changed = true;
             }

@@ -189,6 +189,16 @@ async fn a_pool_runs_its_replicas_publishes_them_scales_rolls_and_its_removal_de
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
+    let (_, metrics) = get(r.addr, "/metrics").await;
+    for series in [
+        "egress_proxies_pool_members{pool=\"default/web\",state=\"available\"} 2",
+        "egress_proxies_pool_replacements_total{pool=\"default/web\",cause=\"scale-in\"} 3",
+        "egress_proxies_pool_replacements_total{pool=\"default/web\",cause=\"template\"} 2",
+        "egress_proxies_pool_member_ready_seconds_count{pool=\"default/web\"} 7",
+    ] {
+        assert!(metrics.contains(series), "{series} in\n{metrics}");
+    }
+
     // Removing the manifest deletes every member, then the pool.
     std::fs::remove_file(w.dir.path().join("web.yaml")).unwrap();
     wait_status(r.addr, "the pool gone", WAIT, |d| {
@@ -201,6 +211,8 @@ async fn a_pool_runs_its_replicas_publishes_them_scales_rolls_and_its_removal_de
         !w.dir.path().join(".default.web.pool-members.json").exists(),
         "the member file goes with the pool"
     );
+    let (_, metrics) = get(r.addr, "/metrics").await;
+    assert!(!metrics.contains("pool=\"default/web\""), "{metrics}");
     r.stop(WAIT).await;
 }
 

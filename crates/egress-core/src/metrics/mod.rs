@@ -17,6 +17,7 @@
 
 mod collect;
 mod format;
+mod pool;
 #[cfg(test)]
 mod tests;
 
@@ -126,6 +127,7 @@ pub struct Metrics {
     registry: Arc<Registry>,
     controller: Arc<ControllerCollector>,
     pools: Arc<PoolCollector>,
+    pool_members: pool::PoolMetrics,
     health: HealthMetrics,
     leader: Gauge,
     proxies: Family<PhaseLabel, Gauge>,
@@ -255,6 +257,7 @@ impl Metrics {
         reg.register_collector(Box::new(Arc::clone(&controller)));
         let pools = Arc::new(PoolCollector::default());
         reg.register_collector(Box::new(Arc::clone(&pools)));
+        let pool_members = pool::PoolMetrics::register(reg);
         let health = HealthMetrics::register(reg.sub_registry_with_prefix("health"));
         for p in PHASES {
             proxies
@@ -282,6 +285,7 @@ impl Metrics {
             registry: Arc::new(root),
             controller,
             pools,
+            pool_members,
             health,
             leader,
             proxies,
@@ -466,9 +470,25 @@ impl Metrics {
         self.pools.set(key, replicas);
     }
 
-    /// Drops a deleted pool's series.
+    /// Drops a deleted pool's series (its member, replacement and readiness series too).
     pub fn forget_pool(&self, key: &str) {
         self.pools.forget(key);
+        self.pool_members.forget(key);
+    }
+
+    /// Sets pool `key`'s members by state: available, unavailable, quarantined, deleting.
+    pub fn set_pool_members(&self, key: &str, counts: [u64; 4]) {
+        self.pool_members.set_members(key, counts);
+    }
+
+    /// Counts a member pool `key` deleted, by `cause` ([`crate::pool::DeleteCause::as_str`]).
+    pub fn pool_member_replaced(&self, key: &str, cause: &str) {
+        self.pool_members.replaced(key, cause);
+    }
+
+    /// Records that a member of pool `key` became available `seconds` after its create.
+    pub fn pool_member_ready(&self, key: &str, seconds: f64) {
+        self.pool_members.member_ready(key, seconds);
     }
 
     /// Keeps `c` as the controller snapshot exported on the next [`encode`](Self::encode).

@@ -139,7 +139,13 @@ impl AddressBook {
 
     /// Records one complete listing of `host` unless one has been recorded already; the first
     /// caller lists, concurrent ones wait for it. A host without a pool needs none.
-    pub async fn ensure_rebuilt(&self, client: &Client, entry: &str, host: &str) -> Result<()> {
+    pub async fn ensure_rebuilt(
+        &self,
+        client: &Client,
+        entry: &str,
+        installation: Option<&str>,
+        host: &str,
+    ) -> Result<()> {
         if !self.pools.contains_key(host) || self.is_rebuilt(host) {
             return Ok(());
         }
@@ -152,8 +158,9 @@ impl AddressBook {
             return Ok(());
         }
         let started = self.listing_started(host);
-        // NB: the installation does not matter here: claims come from every mark.
-        let listing = list::list_host(client, entry, None, host).await?;
+        // NB: claims come from every mark; the installation is this one's, so the listing
+        // treats the marks it reads exactly as the entry's own listings do.
+        let listing = list::list_host(client, entry, installation, host).await?;
         self.apply_listing(host, started, &listing.claims);
         Ok(())
     }
@@ -310,7 +317,7 @@ impl AddressBook {
                     host,
                     holder,
                     ?freed,
-                    "released the addresses of a deleted instance"
+                    "released the addresses of an instance confirmed gone"
                 );
             }
         });
@@ -348,6 +355,7 @@ impl AddressBook {
         &self,
         hosts: &HostPool,
         entry: &str,
+        installation: Option<&str>,
         budget: Duration,
         reports: &mut [HostReport],
     ) {
@@ -359,7 +367,8 @@ impl AddressBook {
             }
             let read = async {
                 let lease = hosts.acquire(&r.host).await?;
-                self.ensure_rebuilt(lease.client(), entry, &r.host).await
+                self.ensure_rebuilt(lease.client(), entry, installation, &r.host)
+                    .await
             };
             match tokio::time::timeout(budget, read).await {
                 Ok(Ok(())) => {}

@@ -4,9 +4,9 @@
 //! Create, in order: per-name lock with a deadline → host slot → adopt an
 //! existing domain only if its mark is ours, its seed exists and its overlay is backed by the
 //! image's base at the requested size (L4; otherwise it is deleted and recreated) → capabilities (cached
-//! per host) → base ensured (verified, published) → disk size vs the base (M5) → seed built in
-//! memory (M8) → pool refreshed and space checked with the reserve (M4) → overlay (verified if
-//! it exists) → seed volume → define with the mark → start → wait running. Anything this call
+//! per host) → base ensured (verified, published) → disk size vs the base (M5) → seed input
+//! checked (M8) → pool refreshed and space checked with the reserve (M4) → overlay (verified if
+//! it exists) → seed built in memory and its volume created and uploaded → define with the mark → start → wait running. Anything this call
 //! created is removed when a later step fails; nothing else ever is.
 //!
 //! One piece: it is the wiring of the `Provider` trait, each method one ordered sequence over the
@@ -52,6 +52,7 @@ const START_POLL: Duration = Duration::from_millis(250);
 // NB: the overlay grows with the guest; the reserve (poolReserveGiB) is what protects the
 // pool from that growth, so only the immediate need is checked here.
 const CREATE_SPACE: u64 = 64 << 20;
+const _: () = assert!(seed::MAX_SEED_BYTES as u64 <= CREATE_SPACE);
 /// Deadline for uploading a seed (at most 2 MiB) on the control connection.
 const SEED_UPLOAD_BUDGET: Duration = Duration::from_secs(30);
 /// Deadline for removing what a failed create made.
@@ -356,14 +357,19 @@ impl LibvirtProvider {
             .unwrap_or_default();
         let net = addr_pool.and_then(|p| network_config::render(&mac, &statics, &p.dns));
         let declared = statics.first().map(|s| s.address);
-        let seed = seed::build(&SeedInput {
+        let seed_input = SeedInput {
             instance_id: &req.uid,
             hostname: &name,
             user_data: &req.user_data,
             network_config: net.as_deref(),
             guest: &cfg.guest,
-        })?;
-        volumes::check_space(c, &host.name, &pool, CREATE_SPACE.max(seed.len()), reserve).await?;
+        };
+        // NB: checked here, built just before its upload (below): the image (~50 KiB) is then
+        // held only while its volume is created and uploaded, not through the space check and
+        // the overlay's round trips, by each of the hundreds of creates a large fleet runs.
+        seed::check(&seed_input)?;
+        // NB: a seed is at most MAX_SEED_BYTES, below CREATE_SPACE (asserted at compile time).
+        volumes::check_space(c, &host.name, &pool, CREATE_SPACE, reserve).await?;
 
         let overlay_name = names::overlay(entry, &req.uid);
         let (overlay, created) =
@@ -372,8 +378,9 @@ impl LibvirtProvider {
             made.overlay = Some(overlay.clone());
         }
 
+        let seed = seed::build(&seed_input)?.image;
         let seed_name = names::seed(entry, &req.uid);
-        let seed_xml = volumes::seed_xml(&seed_name, seed.len());
+        let seed_xml = volumes::seed_xml(&seed_name, seed.len() as u64);
         let what = format!("creating seed {seed_name} on host {}", host.name);
         // NB: create first (one round trip on the usual path); an existing seed is ours by
         // name and rebuilt every time, so it is replaced.
@@ -395,7 +402,7 @@ impl LibvirtProvider {
             Err(e) => return Err(classify(&e, &what)),
         };
         made.seed = Some(seed_vol.clone());
-        upload_seed(c, &seed_vol, &seed.image, &host.name).await?;
+        upload_seed(c, &seed_vol, &seed, &host.name).await?;
         // NB: the image (~50 KiB) is not needed past its upload; hundreds of creates may be
         // between here and running at once on a large fleet.
         drop(seed);
@@ -667,7 +674,12 @@ impl Provider for LibvirtProvider {
         // The domain is absent now (looked up under the name lock): allocate its addresses,
         // after the host's allocations were read; refused allocations define nothing.
         self.addresses
-            .ensure_rebuilt(c, &self.entry_cfg().name, &host_name)
+            .ensure_rebuilt(
+                c,
+                &self.entry_cfg().name,
+                self.installation.as_deref(),
+                &host_name,
+            )
             .await?;
         let held = self
             .addresses
@@ -760,7 +772,13 @@ impl Provider for LibvirtProvider {
             Ok(mut r) => {
                 let (entry, budget) = (&self.entry_cfg().name, self.entry_cfg().timeouts.call);
                 self.addresses
-                    .fill_usage(&self.pool, entry, budget, &mut r)
+                    .fill_usage(
+                        &self.pool,
+                        entry,
+                        self.installation.as_deref(),
+                        budget,
+                        &mut r,
+                    )
                     .await;
                 r
             }

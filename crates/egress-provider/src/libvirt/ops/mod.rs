@@ -4,7 +4,8 @@
 //!
 //! - [`get::get`]: observe one instance — verified mark, state and reason, our NIC's address;
 //! - [`delete::delete`]: remove one instance and its overlay and seed by derived name;
-//! - [`list::list_owned`]: every domain on a host carrying a valid mark of the entry;
+//! - [`list::list_owned`]: every domain on a host carrying a valid mark of the entry
+//!   ([`list::list_host`]: and every mark's declared egress addresses, from the same reads);
 //! - [`state`]: libvirt state + reason → [`InstanceState`](crate::model::InstanceState) (pure);
 //! - [`mac::mac_user`]: the other domain on a host already using a MAC (checked before a
 //!   create defines its domain);

@@ -1,8 +1,10 @@
 //! Declared egress addresses end to end on the real hypervisor: the `egress-proxies` binary in
-//! standalone mode, a host whose `addressPool` holds two IPv4 addresses of an isolated libvirt
-//! network that has **no DHCP**, and the real Debian guest image. Two Proxies come up at their
-//! allocated static addresses (configured by the seed's cloud-init network-config, matched by
-//! MAC); a request through each reaches the echo server from its own declared address; the
+//! standalone mode, a host whose `addressPool` holds two IPv4 and two IPv6 addresses of an
+//! isolated libvirt network that has **no DHCP** (and no router advertisements), and the real
+//! Debian guest image. Two dual-stack Proxies come up at their allocated static addresses
+//! (configured by the seed's cloud-init network-config, matched by MAC); a request through each
+//! reaches the echo servers from its own declared addresses, IPv4 and IPv6; the health check
+//! probes each family and sees the declared address; the
 //! operator restarts and both keep their allocations (the marks on the host are the record);
 //! a third Proxy finds the pool exhausted: its status names the exhaustion and nothing is
 //! defined for it on the host. Every phase is timed (`eptest: timing:` lines).
@@ -22,7 +24,7 @@
     clippy::indexing_slicing
 )]
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
@@ -91,11 +93,14 @@ fn repo_root() -> PathBuf {
 }
 
 /// An isolated libvirt network without DHCP (bridge address `.1` of a random /24 of
-/// 198.18.0.0/15, no `<dhcp>`, no `<forward>`); destroyed when dropped.
+/// 198.18.0.0/15, no `<dhcp>`, no `<forward>`), plus `::1` of a random ULA /64 added to the
+/// bridge by hand (a libvirt network with IPv6 would send router advertisements, and the
+/// guests would add addresses of their own); destroyed when dropped.
 struct StaticNet {
     name: String,
     bridge: String,
     prefix: [u8; 3],
+    prefix6: [u16; 3],
 }
 
 impl StaticNet {
@@ -115,14 +120,31 @@ impl StaticNet {
             );
             let file = std::env::temp_dir().join(format!("{name}.xml"));
             std::fs::write(&file, xml).unwrap();
+            let r6 = cleanup::random_u32();
             let g = Self {
                 name,
                 bridge,
                 prefix,
+                prefix6: [0xfd00 | (r6 >> 24) as u16, r6 as u16, (r >> 16) as u16],
             };
             let out = virsh(&["net-create", file.to_str().unwrap()]);
             let _ = std::fs::remove_file(&file);
             if out.status.success() {
+                // NB: libvirt turns IPv6 off on the bridge of a network without IPv6.
+                run_ok(
+                    Command::new("sysctl")
+                        .args(["-qw", &format!("net.ipv6.conf.{}.disable_ipv6=0", g.bridge)]),
+                );
+                run_ok(Command::new("ip").args([
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{}/64", g.ip6(1)),
+                    "dev",
+                    &g.bridge,
+                    "nodad",
+                ]));
+                println!("eptest: bridge {} also holds {}/64", g.bridge, g.ip6(1));
                 return g;
             }
             println!(
@@ -137,6 +159,11 @@ impl StaticNet {
     fn ip(&self, host: u8) -> Ipv4Addr {
         let [a, b, c] = self.prefix;
         Ipv4Addr::new(a, b, c, host)
+    }
+
+    fn ip6(&self, host: u16) -> Ipv6Addr {
+        let [a, b, c] = self.prefix6;
+        Ipv6Addr::new(a, b, c, 0, 0, 0, 0, host)
     }
 }
 
@@ -246,7 +273,7 @@ fn proxy_row(doc: &serde_json::Value, name: &str) -> Option<serde_json::Value> {
 }
 
 /// The addresses `domain`'s mark records.
-fn mark_addresses(domain: &str, entry: &str) -> Vec<std::net::IpAddr> {
+fn mark_addresses(domain: &str, entry: &str) -> Vec<IpAddr> {
     let xml = run_ok(Command::new("virsh").args(["metadata", domain, "--uri", mark::NAMESPACE]));
     mark::parse(&xml, entry, SystemTime::now())
         .unwrap_or_else(|| panic!("{domain}'s mark does not parse: {xml}"))
@@ -387,13 +414,16 @@ async fn inside_the_namespace() {
     };
     let net = StaticNet::create();
     let gateway = net.ip(1);
+    let gateway6 = net.ip6(1);
     let (echo, seen) = echo_server(gateway).await;
-    println!("eptest: echo server on {echo}");
+    let (echo6, seen6) = echo_server(gateway6).await;
+    println!("eptest: echo servers on {echo} and {echo6}");
     let work = tempfile::Builder::new()
         .prefix(&cleanup::unique_name("dir", "eap"))
         .tempdir()
         .unwrap();
     let health_echo = EchoProcess::start(&bin, gateway, &work.path().join("echo.log"));
+    let health_echo6 = EchoProcess::start(&bin, gateway6, &work.path().join("echo6.log"));
     let sshd = Sshd::start();
     let server = ImageHost::start(std::fs::read(&image.path).unwrap(), IMAGE_PATH, 0).await;
     server.unthrottle();
@@ -402,7 +432,12 @@ async fn inside_the_namespace() {
     std::fs::create_dir(&proxies).unwrap();
     let config = work.path().join("providers.yaml");
     let (first, last) = (net.ip(POOL_FIRST), net.ip(POOL_LAST));
+    let (first6, last6) = (
+        net.ip6(u16::from(POOL_FIRST)),
+        net.ip6(u16::from(POOL_LAST)),
+    );
     let [a, b, c] = net.prefix;
+    let prefix6 = format!("{}/64", net.ip6(0));
     std::fs::write(
         &config,
         format!(
@@ -411,10 +446,12 @@ async fn inside_the_namespace() {
              network: {netname}\n        virtType: qemu\n        poolReserveGiB: 0\n        \
              sshKeyFile: {key}\n        knownHostsFile: {kh}\n        maxConcurrent: 2\n        \
              addressPool:\n          ipv4:\n            prefix: {a}.{b}.{c}.0/24\n            \
-             gateway: {gateway}\n            ranges: [{first}-{last}]\n          dns: [{gateway}]\n    \
+             gateway: {gateway}\n            ranges: [{first}-{last}]\n          ipv6:\n            \
+             prefix: \"{prefix6}\"\n            gateway: \"{gateway6}\"\n            \
+             ranges: [\"{first6}-{last6}\"]\n          dns: [{gateway}]\n    \
              images:\n      {IMAGE_KEY}:\n        url: {url}\n        sha256: {sha}\n        \
              format: qcow2\n        firmware: uefi\n    \
-             policy:\n      allowedInternalCidrs: [{gateway}/32]\n    \
+             policy:\n      allowedInternalCidrs: [{gateway}/32, \"{gateway6}/128\"]\n    \
              defaults:\n      diskGiB: 4\n      memoryMiB: 512\n      vcpus: 1\n",
             port = sshd.port,
             pool = pool.name,
@@ -455,6 +492,8 @@ async fn inside_the_namespace() {
     let flags = [
         "--health-target".to_owned(),
         format!("http://{}/", health_echo.addr),
+        "--health-target-ipv6".to_owned(),
+        format!("http://{}/", health_echo6.addr),
         "--health-interval".to_owned(),
         "3s".to_owned(),
     ];
@@ -474,17 +513,22 @@ async fn inside_the_namespace() {
     );
     let pool_addrs = [first, last];
     assert_ne!(ips[0], ips[1], "two proxies, one address");
+    // Each holds one address of each family, recorded in its mark (IPv4 first).
+    let mut ips6: Vec<Ipv6Addr> = Vec::new();
     for (ip, d) in ips.iter().zip(&domains) {
         assert!(
             pool_addrs.contains(ip),
             "{ip} is not from the pool {first}-{last}"
         );
-        assert_eq!(
-            mark_addresses(d, &entry),
-            vec![std::net::IpAddr::V4(*ip)],
-            "{d}'s mark"
-        );
+        let m = mark_addresses(d, &entry);
+        let [IpAddr::V4(v4), IpAddr::V6(v6)] = m[..] else {
+            panic!("{d}'s mark holds {m:?}, not one IPv4 and one IPv6 address");
+        };
+        assert_eq!(v4, *ip, "{d}'s mark");
+        assert!([first6, last6].contains(&v6), "{v6} is not from the pool");
+        ips6.push(v6);
     }
+    assert_ne!(ips6[0], ips6[1], "two proxies, one IPv6 address");
     // The network has no DHCP: nobody leased anything.
     let leases = run_ok(Command::new("virsh").args(["net-dhcp-leases", &net.name]));
     assert!(
@@ -494,12 +538,18 @@ async fn inside_the_namespace() {
 
     // A request through each reaches the echo from its own declared address.
     let t_proxy = Instant::now();
-    for ip in &ips {
+    for (ip, ip6) in ips.iter().zip(&ips6) {
         let saw = egress_through(*ip, gateway, echo, PROXY_BUDGET).await;
         assert_eq!(
             saw,
             ip.to_string(),
             "the echo saw another egress through {ip}"
+        );
+        let saw = egress_through(*ip, gateway, echo6, PROXY_BUDGET).await;
+        assert_eq!(
+            saw,
+            ip6.to_string(),
+            "the IPv6 echo saw another egress through {ip}"
         );
     }
     println!(
@@ -510,6 +560,10 @@ async fn inside_the_namespace() {
     for ip in &ips {
         assert!(seen_now.contains(&ip.to_string()), "{seen_now:?}");
     }
+    let seen6_now: Vec<String> = seen6.lock().unwrap().clone();
+    for ip6 in &ips6 {
+        assert!(seen6_now.contains(&ip6.to_string()), "{seen6_now:?}");
+    }
     // The operator's health check (through each proxy, against the echo process) agrees.
     let t_health = Instant::now();
     loop {
@@ -518,20 +572,15 @@ async fn inside_the_namespace() {
             .iter()
             .map(|n| doc.as_ref().and_then(|d| proxy_row(d, n)))
             .collect();
-        let healthy = rows.iter().zip(&ips).all(|(r, ip)| {
-            r.as_ref().is_some_and(|r| {
-                r["health"]["healthy"] == true && r["health"]["egressIp"] == ip.to_string()
-            })
-        });
+        let healthy = rows
+            .iter()
+            .all(|r| r.as_ref().is_some_and(|r| r["health"]["healthy"] == true));
         if healthy {
-            for (r, ip) in rows.iter().flatten().zip(&ips) {
-                // Where the status carries the declared address, it is the allocated one.
-                if let Some(d) = r.get("egressAddress").filter(|v| !v.is_null()) {
-                    assert!(
-                        d.to_string().contains(&ip.to_string()),
-                        "declared {d} vs {ip}: {r:#}"
-                    );
-                }
+            for ((r, ip), ip6) in rows.iter().flatten().zip(&ips).zip(&ips6) {
+                let both = serde_json::json!([ip.to_string(), ip6.to_string()]);
+                // Declared, and seen by each family's probe.
+                assert_eq!(r["egressAddress"], both, "{r:#}");
+                assert_eq!(r["health"]["egressIps"], both, "{r:#}");
             }
             break;
         }
@@ -543,7 +592,7 @@ async fn inside_the_namespace() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     println!(
-        "eptest: timing: both Healthy with the declared address as observed egress {:.1} s",
+        "eptest: timing: both Healthy, each family's probe seeing the declared address {:.1} s",
         t_health.elapsed().as_secs_f64()
     );
 
@@ -565,10 +614,15 @@ async fn inside_the_namespace() {
     );
     let again = wait_running(listen, &names, RESTART_BUDGET, &op).await;
     assert_eq!(again, ips, "the restarted operator moved an address");
-    for (ip, d) in ips.iter().zip(&domains) {
-        assert_eq!(mark_addresses(d, &entry), vec![std::net::IpAddr::V4(*ip)]);
+    for ((ip, ip6), d) in ips.iter().zip(&ips6).zip(&domains) {
+        assert_eq!(
+            mark_addresses(d, &entry),
+            vec![IpAddr::V4(*ip), IpAddr::V6(*ip6)]
+        );
         let saw = egress_through(*ip, gateway, echo, PROXY_BUDGET).await;
         assert_eq!(saw, ip.to_string());
+        let saw = egress_through(*ip, gateway, echo6, PROXY_BUDGET).await;
+        assert_eq!(saw, ip6.to_string());
     }
     println!(
         "eptest: timing: restart → both Running at the same addresses, requests through each {:.1} s",

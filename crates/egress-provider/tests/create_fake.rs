@@ -254,6 +254,32 @@ async fn a_disk_smaller_than_the_image_is_refused_before_any_instance_volume_exi
     assert!(s.fake.domain(&names::domain("home", &u)).is_none());
 }
 
+#[tokio::test]
+async fn user_data_cloud_init_would_not_read_is_refused_before_any_instance_volume_exists() {
+    // finding: M8 — the seed's input is checked before the overlay, though the seed image is
+    // built only just before its upload.
+    let s = setup().await;
+    // A first Proxy caches the base, so the refused create below has no import to make.
+    s.provider
+        .create(&request(uid(5), 2), &NoProgress)
+        .await
+        .unwrap();
+    let u = uid(4);
+    let mut req = request(u, 2);
+    req.user_data = "no cloud-init header\n".into();
+    let created = s.fake.calls(procs::STORAGE_VOL_CREATE_XML);
+    let e = s.provider.create(&req, &NoProgress).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::Permanent, "{e}");
+    assert!(e.message.contains("user-data"), "{}", e.message);
+    assert_eq!(
+        s.fake.calls(procs::STORAGE_VOL_CREATE_XML),
+        created,
+        "no volume was created (and removed again)"
+    );
+    assert!(instance_vols(&s.fake, &u).is_empty(), "{:?}", vols(&s.fake));
+    assert!(s.fake.domain(&names::domain("home", &u)).is_none());
+}
+
 /// A real qcow2 image made by `qemu-img create` with a virtual size of `size`.
 fn qemu_img_qcow2(size: &str) -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();

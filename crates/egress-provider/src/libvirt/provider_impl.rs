@@ -6,8 +6,9 @@
 //! image's base at the requested size (L4; otherwise it is deleted and recreated) → capabilities (cached
 //! per host) → base ensured (verified, published) → disk size vs the base (M5) → seed input
 //! checked (M8) → pool refreshed and space checked with the reserve (M4) → overlay (verified if
-//! it exists) → seed built in memory and its volume created and uploaded → define with the mark → start → wait running. Anything this call
-//! created is removed when a later step fails; nothing else ever is.
+//! it exists) → seed built in memory, its volume created and uploaded → define with the
+//! mark → start → wait running. Anything this call created is removed when a later step
+//! fails; nothing else ever is.
 //!
 //! One piece: it is the wiring of the `Provider` trait, each method one ordered sequence over the
 //! sibling modules, and a create's undo record must be visible to every step that adds to it.

@@ -142,8 +142,16 @@ impl Seed {
     }
 }
 
-/// Builds the seed image in memory. Invalid input is Permanent and names the setting.
-pub fn build(input: &SeedInput<'_>) -> Result<Seed> {
+/// Checks `input` as [`build`] does, without building the image: every refusal of `build`
+/// but the image's own size bound (which a payload within [`MAX_PAYLOAD_BYTES`] stays far
+/// below). A create checks first and builds just before the upload, so the image is held
+/// only between those two.
+pub fn check(input: &SeedInput<'_>) -> Result<()> {
+    checked_vendor_data(input).map(|_| ())
+}
+
+/// The checks of [`check`], and the vendor-data they render.
+fn checked_vendor_data(input: &SeedInput<'_>) -> Result<Option<String>> {
     validate_hostname(input.hostname)?;
     payload_type("user-data", input.user_data)?;
     if let Some(nc) = input.network_config
@@ -163,6 +171,12 @@ pub fn build(input: &SeedInput<'_>) -> Result<Seed> {
              at most {MAX_PAYLOAD_BYTES} are accepted: shrink the user data or guest.vendorData"
         )));
     }
+    Ok(vendor)
+}
+
+/// Builds the seed image in memory. Invalid input is Permanent and names the setting.
+pub fn build(input: &SeedInput<'_>) -> Result<Seed> {
+    let vendor = checked_vendor_data(input)?;
     let mut files: Vec<(&'static str, String)> = vec![
         ("meta-data", meta_data(input.instance_id, input.hostname)),
         ("user-data", input.user_data.to_owned()),

@@ -80,6 +80,21 @@ def cpu_secs(pid):
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def metrics_running(listen):
+    """The operator's own count of Running Proxies (`/metrics`), 0 when not answered."""
+    try:
+        conn = http.client.HTTPConnection(listen, timeout=HTTP_TIMEOUT)
+        conn.request("GET", "/metrics")
+        body = conn.getresponse().read().decode()
+        conn.close()
+    except OSError:
+        return 0
+    for line in body.splitlines():
+        if line.startswith('egress_proxies_proxies{phase="Running"} '):
+            return int(float(line.split()[-1]))
+    return 0
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -93,7 +108,11 @@ def one_run(a, root):
     procs = []
     try:
         api_dir = os.path.join(work, "api")
-        fake = subprocess.Popen([a.fake_server, "--dir", api_dir, "--token", TOKEN],
+        # A real API server keeps a bounded window of changes for watches to resume from
+        # (its watch cache, etcd compaction); keeping every write made the fake ~2 GB at
+        # 20,000 Proxies. A watcher older than the window gets 410 and re-lists.
+        fake = subprocess.Popen([a.fake_server, "--dir", api_dir, "--token", TOKEN,
+                                 "--watch-history", str(a.watch_history)],
                                 stdout=subprocess.PIPE)
         procs.append(fake)
         line = read_line(fake, READY_DEADLINE)
@@ -158,6 +177,15 @@ def one_run(a, root):
                 raise RuntimeError(f"not all Running within {RUN_DEADLINE} s:\n" + "\n".join(tail))
             if op.poll() is not None:
                 raise RuntimeError(f"the operator exited early ({op.returncode})")
+            # NB: a list of every Proxy is ~2 KB per Proxy to serialize under the fake's lock
+            # and to parse here: listed every 0.25 s at 20,000 it was a large share of the
+            # machine. So lists start once the operator's own count (cheap, but up to one
+            # publishing interval late) passes half the fleet, and are spaced to take at most
+            # a third of the time; the list stays the measure.
+            if metrics_running(listen) < a.proxies // 2:
+                time.sleep(POLL)
+                continue
+            t_list = time.monotonic()
             items = api.call("GET", base)["items"]
             running = sum(1 for p in items
                           if (p.get("status") or {}).get("phase") == "Running"
@@ -165,7 +193,7 @@ def one_run(a, root):
             if running == a.proxies:
                 wall = time.monotonic() - t0
                 break
-            time.sleep(POLL)
+            time.sleep(max(POLL, 2 * (time.monotonic() - t_list)))
         if a.health_interval:
             while True:
                 if time.monotonic() - t0 > RUN_DEADLINE:
@@ -230,6 +258,8 @@ def main():
     ap.add_argument("--hosts", type=int, default=10)
     ap.add_argument("--proxies", type=int, default=1000)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--watch-history", type=int, default=50000,
+                    help="writes the fake API server keeps for watches to resume from")
     ap.add_argument("--health-interval", type=int, default=0,
                     help="health checks ON, probes every N s (run inside the bench's network namespace)")
     ap.add_argument("--steady", type=int, default=60, help="seconds of steady-state RSS sampling")

@@ -57,7 +57,8 @@ impl Provider for Scripted {
             state: InstanceState::Running,
             ip: Some("192.0.2.7".parse().unwrap()),
             mac: "52:54:00:00:00:07".into(),
-            egress: Vec::new(),
+            // What a host's address pool gives: the pinned addresses (none without a pin).
+            egress: req.pinned_egress.clone(),
         };
         self.made.lock().unwrap().insert(req.uid, inst.clone());
         Ok(inst)
@@ -212,6 +213,50 @@ async fn shutdown_starts_no_new_work_and_aborts_what_outlives_the_grace() {
     assert_eq!(p.creates.load(Ordering::SeqCst), 1);
     tokio::task::yield_now().await;
     assert_eq!(c.metrics().creates_in_flight, 0, "aborted after the grace");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_controller_remembers_the_egress_the_provider_reported_until_the_instance_is_gone() {
+    let p = Arc::new(Scripted::default());
+    let c = controller(p.clone(), 2);
+    let mut o = obj(1, None);
+    o.spec.egress.address = vec!["203.0.113.7".into(), "2001:db8::7".into()];
+    let want: Vec<std::net::IpAddr> = vec![
+        "203.0.113.7".parse().unwrap(),
+        "2001:db8::7".parse().unwrap(),
+    ];
+    assert!(
+        c.declared_egress(&o.uid).is_empty(),
+        "nothing before a report"
+    );
+    let first = c.reconcile(&o, &ProxyStatus::default(), now()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await; // the create finishes
+    let st = c.reconcile(&o, &first.status, now()).await.status;
+    assert_eq!(st.phase, Phase::Running);
+    assert_eq!(c.declared_egress(&o.uid), want, "from the create's result");
+    assert_eq!(st.egress_address, ["203.0.113.7", "2001:db8::7"]);
+    // A status claiming other addresses changes nothing the controller remembers.
+    let mut forged = st.clone();
+    forged.egress_address = vec!["198.51.100.66".into()];
+    let st = c.reconcile(&o, &forged, now()).await.status;
+    assert_eq!(c.declared_egress(&o.uid), want, "from the provider's get");
+    assert_eq!(st.egress_address, ["203.0.113.7", "2001:db8::7"]);
+    // The instance vanishes: the next get forgets its addresses.
+    p.made.lock().unwrap().clear();
+    let _ = c.reconcile(&o, &st, now()).await;
+    assert!(c.declared_egress(&o.uid).is_empty());
+    // And forgetting the Proxy drops them too.
+    let o2 = {
+        let mut o2 = obj(2, None);
+        o2.spec.egress.address = vec!["203.0.113.8".into()];
+        o2
+    };
+    let first = c.reconcile(&o2, &ProxyStatus::default(), now()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let _ = c.reconcile(&o2, &first.status, now()).await;
+    assert_eq!(c.declared_egress(&o2.uid).len(), 1);
+    c.forget(&o2.uid);
+    assert!(c.declared_egress(&o2.uid).is_empty());
 }
 
 #[tokio::test(start_paused = true)]

@@ -6,7 +6,8 @@
 //! changes nothing on a host) → build the providers (no I/O) → serve HTTP → read the manifests
 //! → adopt each entry's instances from the hosts' marks (`list_owned`; a restart loses
 //! nothing) → run: `workers` reconcile tasks fed by a de-duplicating work queue, per-object
-//! requeue timers, a manifest poller, a host checker, a GC pass and a config reloader.
+//! requeue timers (all in one task: `timers.rs`), a manifest poller, a host checker, a GC
+//! pass and a config reloader.
 //!
 //! Guarantees:
 //! - An object is reconciled by at most one worker at a time; a change that arrives while it
@@ -51,9 +52,10 @@ pub mod pool_manifests;
 pub mod pools;
 mod queue;
 mod shared;
+mod timers;
 mod workers;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -282,7 +284,7 @@ pub async fn run_with_providers(
         exposition: Exposition::new(),
         host_health: Mutex::new(BTreeMap::new()),
         queue: WorkQueue::default(),
-        timers: Mutex::new(HashMap::new()),
+        timers: timers::Timers::default(),
         manifest_dir: opts.proxies_dir.clone(),
         pools: Mutex::new(pools::Pools::default()),
         pool_queue: pools::PoolQueue::default(),
@@ -349,6 +351,7 @@ pub async fn run_with_providers(
         ),
     );
     tasks.spawn("pools", pools::run(Arc::clone(&shared), stop.clone()));
+    tasks.spawn("timers", timers::run(Arc::clone(&shared), stop.clone()));
     tasks.spawn(
         "resync",
         loops::resync_loop(Arc::clone(&shared), stop.clone()),

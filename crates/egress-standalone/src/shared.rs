@@ -26,7 +26,6 @@ use egress_core::model::{Phase, ProxyStatus};
 use egress_core::providers::Providers;
 use egress_core::status::HostRow;
 use egress_provider::ProxyUid;
-use tokio::task::AbortHandle;
 
 use crate::lock;
 use crate::manifests::{Desired, LoadedProxy};
@@ -171,7 +170,8 @@ pub(crate) struct Shared {
     /// Full host rows (`/hosts`), from the host check loop.
     pub(crate) host_health: Mutex<BTreeMap<(String, String), HostHealth>>,
     pub(crate) queue: WorkQueue,
-    pub(crate) timers: Mutex<HashMap<ProxyUid, AbortHandle>>,
+    /// Requeue times ([`crate::timers`]).
+    pub(crate) timers: crate::timers::Timers,
     /// The manifest directory (pools keep their files beside their manifests).
     pub(crate) manifest_dir: std::path::PathBuf,
     /// Every ProxyPool and its members ([`crate::pools`]).
@@ -292,21 +292,11 @@ impl Shared {
         if self.stopping.load(Ordering::SeqCst) {
             return;
         }
-        let me = Arc::clone(self);
-        let task = tokio::spawn(async move {
-            tokio::time::sleep(after).await;
-            lock(&me.timers).remove(&uid);
-            me.queue.add(uid);
-        });
-        if let Some(old) = lock(&self.timers).insert(uid, task.abort_handle()) {
-            old.abort();
-        }
+        self.timers.schedule(uid, after);
     }
 
     pub(crate) fn abort_timers(&self) {
-        for (_, t) in lock(&self.timers).drain() {
-            t.abort();
-        }
+        self.timers.clear();
     }
 
     /// Writes a reconcile's outcome (of a reconcile that took `elapsed`) back; forgets the
@@ -375,9 +365,7 @@ impl Shared {
                 engine.forget(&uid, &key);
             }
             tracing::info!(proxy = %key, "deleted: nothing left on any host");
-            if let Some(t) = lock(&self.timers).remove(&uid) {
-                t.abort();
-            }
+            self.timers.cancel(&uid);
         } else if let Some(d) = out.requeue_after {
             self.schedule(uid, d);
         }

@@ -32,6 +32,7 @@ const SHARED_FLAGS: &[&str] = &[
     "--provisioning-deadline",
     "--shutdown-grace",
     "--health-target",
+    "--health-target-ipv6",
     "--health-interval",
     "--health-concurrency",
     "--log-format",
@@ -60,6 +61,36 @@ fn standalone_and_kubernetes_take_the_same_gc_deadline_shutdown_and_health_flags
     for f in SHARED_FLAGS {
         assert!(s.iter().any(|x| x == f), "standalone lacks {f}");
         assert!(k.iter().any(|x| x == f), "kubernetes lacks {f}");
+    }
+}
+
+#[test]
+fn a_bad_ipv6_health_target_is_a_usage_error_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, kubeconfig) = fixtures(dir.path());
+    let cfg = cfg.display().to_string();
+    for (extra, want) in [
+        (
+            vec![
+                "--health-target",
+                "http://127.0.0.1:9/",
+                "--health-target-ipv6",
+                "https://[2001:db8::53]/",
+            ],
+            "--health-target-ipv6",
+        ),
+        // Without --health-target there is nothing to add an IPv6 target to.
+        (
+            vec!["--health-target-ipv6", "http://[2001:db8::53]/"],
+            "--health-target",
+        ),
+    ] {
+        let mut args = vec!["standalone", "--config", cfg.as_str()];
+        args.extend(extra);
+        let o = command(&args, &kubeconfig).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
     }
 }
 

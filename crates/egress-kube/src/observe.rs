@@ -255,4 +255,40 @@ mod tests {
         let t = Endpoints::metrics(&o, MetricsFormat::Prometheus);
         assert!(t.contains("egress_proxies_leader 1"), "{t}");
     }
+
+    #[test]
+    fn a_hosts_address_pool_usage_is_exported_and_goes_with_the_host() {
+        use egress_provider::model::{AddressUsage, HostState};
+        let o = Observer::new(None);
+        let report = |host: &str| HostReport {
+            host: host.into(),
+            state: HostState::Ready,
+            latency: None,
+            hostname: None,
+            libvirt_version: None,
+            virt_types: vec![],
+            uefi: false,
+            pool_free_bytes: None,
+            missing: vec![],
+            error: None,
+            addresses: vec![AddressUsage {
+                family: "IPv4",
+                size: 14,
+                held: 5,
+            }],
+        };
+        let now = SystemTime::now();
+        o.record_hosts("home", &[report("h1"), report("h2")], now);
+        let t = Endpoints::metrics(&o, MetricsFormat::Prometheus);
+        let free = |h: &str| {
+            format!(
+                "egress_proxies_host_egress_addresses{{entry=\"home\",host=\"{h}\",family=\"IPv4\",state=\"free\"}} 9"
+            )
+        };
+        assert!(t.contains(&free("h1")) && t.contains(&free("h2")), "{t}");
+        // h2 leaves the config: its series go.
+        o.record_hosts("home", &[report("h1")], now);
+        let t = Endpoints::metrics(&o, MetricsFormat::Prometheus);
+        assert!(t.contains(&free("h1")) && !t.contains("host=\"h2\""), "{t}");
+    }
 }

@@ -345,3 +345,44 @@ pub(crate) fn load_config(
         Err(errs) => Err(UsageError::new(errs.to_string()).into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn args(v6: Option<&str>) -> HealthArgs {
+        HealthArgs {
+            health_target: Some("http://192.0.2.1:8080/".into()),
+            health_target_ipv6: v6.map(str::to_owned),
+            health_interval: std::time::Duration::from_secs(30),
+            health_concurrency: 4,
+        }
+    }
+
+    #[test]
+    fn the_ipv6_health_target_reaches_the_engine_settings() {
+        let s = args(Some("http://[2001:db8::53]:8080/ip"))
+            .settings()
+            .unwrap()
+            .unwrap();
+        let v6 = s.target_ipv6.unwrap();
+        assert_eq!(
+            (v6.host.as_str(), v6.port, v6.path.as_str()),
+            ("[2001:db8::53]", 8080, "/ip")
+        );
+        assert_eq!(s.target.host, "192.0.2.1");
+        assert!(
+            args(None)
+                .settings()
+                .unwrap()
+                .unwrap()
+                .target_ipv6
+                .is_none()
+        );
+        let e = args(Some("https://[2001:db8::53]/"))
+            .settings()
+            .unwrap_err();
+        assert!(e.to_string().contains("--health-target-ipv6"), "{e}");
+    }
+}

@@ -7,8 +7,8 @@
 //! Pipeline of one reconcile (`reconcile.rs`): the pool from the watch cache → deletion
 //! (delete every member, then drop the finalizer: network) or the finalizer ensured (network)
 //! → spec validated (pure) → credentials Secret read or created (network) → members read from
-//! the Proxy cache by the index, plus the creates not seen yet (pure) → decide (pure) →
-//! creates, deletes, Events (network) → status written when it changed (network).
+//! the Proxy cache by the index, plus the creates not seen yet (pure, `members.rs`) → decide
+//! (pure) → creates, deletes, Events (network) → status written when it changed (network).
 //!
 //! Guarantees:
 //! - Per-event cost independent of the number of pools and members: an event wakes only the
@@ -25,15 +25,15 @@
 //!   [`super::API_SLACK`].
 
 pub(in crate::driver) mod index;
+mod members;
 mod reconcile;
 pub(in crate::driver) mod secret;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use egress_core::controller::Controller as Core;
-use egress_core::pool::CreateMember;
 use futures_util::StreamExt;
 use kube::Client;
 use kube::api::Api;
@@ -65,13 +65,11 @@ pub(in crate::driver) const POOL_CONCURRENCY: u16 = 4;
 /// health periods on; the credentials Secret is polled, never watched).
 pub(in crate::driver) const POOL_RESYNC: Duration = Duration::from_secs(60);
 
-/// Creates and deletes a pool made whose results the watch has not shown yet.
+/// Creates and deletes pools made whose results the watch has not shown yet.
 #[derive(Debug, Default)]
 pub(in crate::driver) struct Expectations {
-    /// Members created, by pool: name → (what was created, when).
-    created: HashMap<PoolKey, HashMap<String, (CreateMember, SystemTime)>>,
-    /// Members whose delete was sent, by pool: name → when.
-    deleted: HashMap<PoolKey, HashMap<String, SystemTime>>,
+    /// By pool.
+    pub(in crate::driver) pools: HashMap<PoolKey, members::PoolExpectations>,
 }
 
 /// Everything a pool reconcile needs.

@@ -8,11 +8,10 @@ use std::time::{Duration, SystemTime};
 use egress_core::controller::backoff::backoff;
 use egress_core::controller::{EventKind, decide::fmt_time};
 use egress_core::metrics::PoolReplicas;
-use egress_core::model::{Condition, ConditionStatus, Phase};
+use egress_core::model::{Condition, ConditionStatus};
 use egress_core::pool::credentials;
 use egress_core::pool::member::{
-    ANNOTATION_QUARANTINE, LABEL_POOL, LABEL_TEMPLATE_HASH, Member, MemberMeta, member_spec,
-    template_hash,
+    ANNOTATION_QUARANTINE, LABEL_POOL, LABEL_TEMPLATE_HASH, member_spec, template_hash,
 };
 use egress_core::pool::status::{MAX_STATUS_MEMBERS, PoolMemberStatus, condition, reason};
 use egress_core::pool::validate::validate_pool_name;
@@ -24,8 +23,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
+use super::members;
 use super::secret::{self, PoolSecret};
-use super::{EXPECTATION_TTL, POOL_FINALIZER, POOL_RESYNC, PoolCtx, PoolError};
+use super::{POOL_FINALIZER, POOL_RESYNC, PoolCtx, PoolError};
 use crate::api::{Proxy, ProxyCrdSpec, ProxyPool};
 use crate::driver::{
     API_BACKOFF_BASE, API_BACKOFF_MAX, API_SLACK, FIELD_MANAGER, api_version, lock,
@@ -80,10 +80,6 @@ pub(super) fn error_policy(pool: Arc<ProxyPool>, e: &PoolError, ctx: Arc<PoolCtx
     Action::requeue(backoff(API_BACKOFF_BASE, API_BACKOFF_MAX, n))
 }
 
-fn to_system_time(t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> SystemTime {
-    t.map_or(SystemTime::UNIX_EPOCH, |t| SystemTime::from(t.0))
-}
-
 async fn reconcile_inner(
     pool: &ProxyPool,
     ctx: &PoolCtx,
@@ -120,9 +116,7 @@ async fn reconcile_inner(
                 .collect();
             set_finalizers(&pools, pool, keep).await?;
             ctx.observer.metrics().forget_pool(&format!("{ns}/{name}"));
-            let mut e = lock(&ctx.expectations);
-            e.created.remove(key);
-            e.deleted.remove(key);
+            lock(&ctx.expectations).pools.remove(key);
             return Ok(Action::await_change());
         }
         return Ok(Action::requeue(DELETION_RECHECK));
@@ -193,56 +187,15 @@ async fn reconcile_inner(
     let health_checks = ctx.observer.health().is_some();
 
     // Members: the pool's Proxies from the cache, and the creates the watch has not shown.
-    let seen: HashSet<&str> = objects
-        .iter()
-        .map(|p| p.meta().name.as_deref().unwrap_or(""))
-        .collect();
-    let mut members: Vec<Member> = Vec::with_capacity(objects.len());
-    {
+    let members = {
         let mut e = lock(&ctx.expectations);
-        let deleted = e.deleted.entry(key.clone()).or_default();
-        deleted.retain(|n, t| {
-            seen.contains(n.as_str())
-                && now.duration_since(*t).unwrap_or_default() < EXPECTATION_TTL
-        });
-        for p in &objects {
-            let pname = p.name_any();
-            let meta = MemberMeta {
-                name: pname.clone(),
-                host: p.spec.host.clone(),
-                template_hash: p
-                    .labels()
-                    .get(LABEL_TEMPLATE_HASH)
-                    .cloned()
-                    .unwrap_or_default(),
-                created: to_system_time(p.meta().creation_timestamp.as_ref()),
-                quarantine: p.annotations().get(ANNOTATION_QUARANTINE).cloned(),
-                deleting: p.meta().deletion_timestamp.is_some() || deleted.contains_key(&pname),
-            };
-            let status = p.status.clone().unwrap_or_default();
-            members.push(Member::observe(meta, &status, health_checks));
-        }
-        let created = e.created.entry(key.clone()).or_default();
-        created.retain(|n, (_, t)| {
-            !seen.contains(n.as_str())
-                && now.duration_since(*t).unwrap_or_default() < EXPECTATION_TTL
-        });
-        for (n, (c, t)) in created.iter() {
-            members.push(Member {
-                name: n.clone(),
-                host: Some(c.host.clone()),
-                template_hash: c.template_hash.clone(),
-                created: *t,
-                phase: Phase::Pending,
-                ready: false,
-                available: false,
-                unhealthy_since: None,
-                failure: None,
-                quarantine: None,
-                deleting: false,
-            });
-        }
-    }
+        members::observe(
+            &objects,
+            e.pools.entry(key.clone()).or_default(),
+            now,
+            health_checks,
+        )
+    };
 
     let d = decide(&PoolInputs {
         name,
@@ -263,9 +216,10 @@ async fn reconcile_inner(
         match bounded(proxies.create(&PostParams::default(), &body)).await {
             Ok(_) => {
                 lock(&ctx.expectations)
-                    .created
+                    .pools
                     .entry(key.clone())
                     .or_default()
+                    .created
                     .insert(c.name.clone(), (c.clone(), now));
             }
             Err(e) if code(&e) == Some(409) => {}
@@ -281,9 +235,10 @@ async fn reconcile_inner(
         match delete_member(&proxies, p).await {
             Ok(()) => {
                 lock(&ctx.expectations)
-                    .deleted
+                    .pools
                     .entry(key.clone())
                     .or_default()
+                    .deleted
                     .insert(del.name.clone(), now);
             }
             Err(e) => {

@@ -1,0 +1,187 @@
+//! A pool's members as its decision sees them: the member Proxies in the watch cache, plus
+//! the pool's own creates and deletes the watch has not shown yet ([`PoolExpectations`]).
+//!
+//! Guarantees: pure (the clock is an input); a member the pool created counts (as Pending,
+//! on its host, with its template hash) until the cache holds it or [`EXPECTATION_TTL`]
+//! passed, so a decision made before the watch caught up never creates it again; a member
+//! whose delete was sent counts as being deleted until the cache shows it so or gone (the
+//! same bound), so it is not chosen for removal twice.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use egress_core::model::Phase;
+use egress_core::pool::CreateMember;
+use egress_core::pool::member::{ANNOTATION_QUARANTINE, LABEL_TEMPLATE_HASH, Member, MemberMeta};
+use kube::{Resource, ResourceExt};
+
+use super::EXPECTATION_TTL;
+use crate::api::Proxy;
+
+/// One pool's creates and deletes not seen in the cache yet.
+#[derive(Debug, Default)]
+pub(in crate::driver) struct PoolExpectations {
+    /// Members created: name → (what was created, when).
+    pub(in crate::driver) created: HashMap<String, (CreateMember, SystemTime)>,
+    /// Members whose delete was sent: name → when.
+    pub(in crate::driver) deleted: HashMap<String, SystemTime>,
+}
+
+fn fresh(t: SystemTime, now: SystemTime) -> bool {
+    now.duration_since(t).unwrap_or_default() < EXPECTATION_TTL
+}
+
+fn to_system_time(t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> SystemTime {
+    t.map_or(SystemTime::UNIX_EPOCH, |t| SystemTime::from(t.0))
+}
+
+/// The members of a pool whose member Proxies in the cache are `objects`, with `exp` applied
+/// (and pruned of what the cache now shows or what expired).
+pub(in crate::driver) fn observe(
+    objects: &[Arc<Proxy>],
+    exp: &mut PoolExpectations,
+    now: SystemTime,
+    health_checks: bool,
+) -> Vec<Member> {
+    let seen: HashSet<String> = objects.iter().map(|p| p.name_any()).collect();
+    let deleting_in_cache: HashSet<String> = objects
+        .iter()
+        .filter(|p| p.meta().deletion_timestamp.is_some())
+        .map(|p| p.name_any())
+        .collect();
+    exp.deleted
+        .retain(|n, t| seen.contains(n) && !deleting_in_cache.contains(n) && fresh(*t, now));
+    exp.created
+        .retain(|n, (_, t)| !seen.contains(n) && fresh(*t, now));
+    let mut members = Vec::with_capacity(objects.len() + exp.created.len());
+    for p in objects {
+        let name = p.name_any();
+        let meta = MemberMeta {
+            host: p.spec.host.clone(),
+            template_hash: p
+                .labels()
+                .get(LABEL_TEMPLATE_HASH)
+                .cloned()
+                .unwrap_or_default(),
+            created: to_system_time(p.meta().creation_timestamp.as_ref()),
+            quarantine: p.annotations().get(ANNOTATION_QUARANTINE).cloned(),
+            deleting: deleting_in_cache.contains(&name) || exp.deleted.contains_key(&name),
+            name,
+        };
+        let status = p.status.clone().unwrap_or_default();
+        members.push(Member::observe(meta, &status, health_checks));
+    }
+    for (name, (c, t)) in &exp.created {
+        members.push(Member {
+            name: name.clone(),
+            host: Some(c.host.clone()),
+            template_hash: c.template_hash.clone(),
+            created: *t,
+            phase: Phase::Pending,
+            ready: false,
+            available: false,
+            unhealthy_since: None,
+            failure: None,
+            quarantine: None,
+            deleting: false,
+        });
+    }
+    members
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+    use std::time::Duration;
+
+    use egress_core::pool::{PoolInputs, ProxyPoolSpec, ProxyPoolStatus, decide};
+
+    use super::*;
+
+    fn member(name: &str, deleting: bool) -> Arc<Proxy> {
+        let mut v = serde_json::json!({
+            "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "Proxy",
+            "metadata": {"name": name, "namespace": "ns",
+                         "creationTimestamp": "2026-01-01T00:00:00Z",
+                         "labels": {LABEL_TEMPLATE_HASH: "h1"}},
+            "spec": {"provider": "home", "image": "tiny", "host": "a"},
+        });
+        if deleting {
+            v["metadata"]["deletionTimestamp"] = "2026-01-01T00:01:00Z".into();
+        }
+        Arc::new(serde_json::from_value(v).unwrap())
+    }
+
+    fn creates(members: &[Member], replicas: u32, now: SystemTime) -> usize {
+        let spec: ProxyPoolSpec = serde_saphyr::from_str(&format!(
+            "replicas: {replicas}\ntemplate:\n  provider: home\n  image: tiny\n  proxy:\n    \
+             allowedClientCidrs: [10.0.0.0/8]\n"
+        ))
+        .unwrap();
+        let policy = spec.validate().unwrap();
+        let hosts = [egress_core::pool::PoolHost {
+            name: "a".into(),
+            state: Some(egress_provider::model::HostState::Ready),
+        }];
+        decide(&PoolInputs {
+            name: "web",
+            generation: 1,
+            policy: &policy,
+            template_hash: "h1",
+            members,
+            hosts: &hosts,
+            status: &ProxyPoolStatus::default(),
+            credentials_present: true,
+            now,
+        })
+        .creates
+        .len()
+    }
+
+    #[test]
+    fn a_create_the_watch_has_not_shown_counts_until_it_is_seen_or_expires() {
+        let now = SystemTime::now();
+        let mut exp = PoolExpectations::default();
+        let c = CreateMember {
+            name: "web-bcdfgh".into(),
+            host: "a".into(),
+            template_hash: "h1".into(),
+        };
+        exp.created.insert(c.name.clone(), (c, now));
+        // Not in the cache yet: counted, so the next round creates nothing more.
+        let m = observe(&[], &mut exp, now, false);
+        assert_eq!(m.len(), 1);
+        assert_eq!(
+            (m[0].phase, m[0].host.as_deref()),
+            (Phase::Pending, Some("a"))
+        );
+        assert_eq!(creates(&m, 1, now), 0, "created again: {m:?}");
+        // Seen: the cache's object alone.
+        let m = observe(&[member("web-bcdfgh", false)], &mut exp, now, false);
+        assert_eq!(m.len(), 1);
+        assert!(exp.created.is_empty());
+        // Never seen: forgotten after the TTL (the pool creates it again).
+        let c = CreateMember {
+            name: "web-lost".into(),
+            host: "a".into(),
+            template_hash: "h1".into(),
+        };
+        exp.created.insert(c.name.clone(), (c, now));
+        let later = now + EXPECTATION_TTL + Duration::from_secs(1);
+        assert!(observe(&[], &mut exp, later, false).is_empty());
+        assert!(exp.created.is_empty());
+    }
+
+    #[test]
+    fn a_delete_the_watch_has_not_shown_counts_as_deleting() {
+        let now = SystemTime::now();
+        let mut exp = PoolExpectations::default();
+        exp.deleted.insert("web-a".into(), now);
+        let m = observe(&[member("web-a", false)], &mut exp, now, false);
+        assert!(m[0].deleting);
+        // The cache shows the deletion: the expectation goes, the member is still deleting.
+        let m = observe(&[member("web-a", true)], &mut exp, now, false);
+        assert!(m[0].deleting && exp.deleted.is_empty());
+    }
+}

@@ -152,7 +152,10 @@ mod tests {
         assert_eq!(i.members(&key("web")), ["a"]);
         // Its label removed: it leaves the pool, which hears of it.
         i.observe(&Event::Apply(proxy("z", Some("web"))));
-        assert_eq!(i.observe(&Event::Apply(proxy("z", None))), [key("web")].into());
+        assert_eq!(
+            i.observe(&Event::Apply(proxy("z", None))),
+            [key("web")].into()
+        );
         assert_eq!(i.members(&key("web")), ["a"]);
         assert_eq!(
             i.observe(&Event::Delete(proxy("a", Some("web")))),

@@ -51,10 +51,10 @@ fn to_loopback(a: SocketAddr) -> SocketAddr {
     }
 }
 
-/// An echo that answers what the world would see behind 1:1 NAT: a caller 127.0.0.N is
-/// answered as 192.0.2.N.
-async fn nat_echo() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+/// An echo on `bind` that answers what the world would see behind 1:1 NAT: a caller
+/// 127.0.0.N is answered as 192.0.2.N, the IPv6 caller ::1 as 2001:db8:5::10.
+async fn nat_echo(bind: &str) -> SocketAddr {
+    let l = TcpListener::bind(bind).await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
@@ -72,6 +72,7 @@ async fn nat_echo() -> SocketAddr {
                 }
                 let seen = match peer.ip() {
                     IpAddr::V4(v4) => format!("192.0.2.{}", v4.octets()[3]),
+                    IpAddr::V6(v6) if v6.is_loopback() => "2001:db8:5::10".to_owned(),
                     IpAddr::V6(v6) => v6.to_string(),
                 };
                 let body = format!("{seen}\n");
@@ -108,7 +109,7 @@ fn row<'a>(d: &'a StatusDocument, name: &str) -> &'a ProxyStatusRow {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_proxy_gets_its_own_declared_address_verified_from_outside() {
-    let echo = nat_echo().await;
+    let echo = nat_echo("127.0.0.1:0").await;
     // The guest holding 192.0.2.2 sends from 127.0.0.2 (seen as 192.0.2.2: its own); the
     // one holding 192.0.2.3 sends from 127.0.0.9 (seen as 192.0.2.9: not its own).
     let at2 = http_proxy(
@@ -251,5 +252,72 @@ async fn each_proxy_gets_its_own_declared_address_verified_from_outside() {
     let d = status(addr).await;
     assert!(row(&d, "c").egress_address.is_empty());
 
+    running.stop(WAIT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dual_stack_proxy_is_probed_per_family_against_each_familys_target() {
+    // IPv4 probes go to the echo on 127.0.0.1 (the proxy connects from 127.0.0.2: seen as
+    // 192.0.2.2), IPv6 probes to the one on [::1] (seen as 2001:db8:5::10).
+    let echo4 = nat_echo("127.0.0.1:0").await;
+    let echo6 = nat_echo("[::1]:0").await;
+    let at2 = http_proxy(
+        "127.0.0.2:0",
+        ProxyBehaviour {
+            source: Some("127.0.0.2".parse().unwrap()),
+            ..ProxyBehaviour::default()
+        },
+    )
+    .await;
+    let port = at2.addr.port();
+    let dir = tempfile::tempdir().unwrap();
+    manifest(dir.path(), "dual", port);
+    let hosts = FakeHosts::new(ENTRY, &["h1"])
+        .max_concurrent(4)
+        .published_image(IMAGE, &digest());
+    hosts
+        .fake("h1")
+        .add_network(NetworkSpec::new("default"))
+        .unwrap();
+    let mut entry = hosts.entry().clone();
+    entry.hosts[0].network = Some("default".into());
+    entry.hosts[0].address_pool = Some(AddressPool {
+        ipv4: Some(FamilyPool {
+            prefix: "192.0.2.0/24".into(),
+            gateway: "192.0.2.1".into(),
+            ranges: vec!["192.0.2.2".into()],
+        }),
+        ipv6: Some(FamilyPool {
+            prefix: "2001:db8:5::/64".into(),
+            gateway: "2001:db8:5::1".into(),
+            ranges: vec!["2001:db8:5::10".into()],
+        }),
+        dns: vec![],
+    });
+    let providers = hosts.providers_for(entry);
+    let mut opts = standalone_options(dir.path());
+    let mut h = HealthSettings::new(CheckTarget::parse(&format!("http://{echo4}/")).unwrap());
+    h.target_ipv6 = Some(CheckTarget::parse(&format!("http://{echo6}/")).unwrap());
+    h.interval = Duration::from_millis(200);
+    h.jitter = Duration::from_millis(50);
+    h.probe_timeout = Duration::from_secs(2);
+    h.dial_map = Some(to_loopback);
+    opts.health = Some(h);
+    let running = start_standalone(opts, providers).await;
+    let t0 = Instant::now();
+    let r = loop {
+        let d = status(running.addr).await;
+        if let Some(r) = d.proxies.first()
+            && r.health.as_ref().and_then(|h| h.healthy).is_some()
+        {
+            break r.clone();
+        }
+        assert!(t0.elapsed() < WAIT, "not decided in time: {d:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(r.egress_address, ["192.0.2.2", "2001:db8:5::10"], "{r:#?}");
+    let h = r.health.clone().unwrap();
+    assert_eq!(h.healthy, Some(true), "{r:#?}");
+    assert_eq!(h.egress_ips, ["192.0.2.2", "2001:db8:5::10"], "{r:#?}");
     running.stop(WAIT).await;
 }

@@ -31,9 +31,9 @@ pub struct ProxyBehaviour {
     pub handshake_delay: Duration,
     /// Accept connections but never answer (a black hole).
     pub silent: bool,
-    /// HTTP CONNECT only: connect to targets from this local address (what the target sees
-    /// as the caller);
-    /// `None`: the system's choice.
+    /// HTTP CONNECT only: connect to targets of its family from this local address (what the
+    /// target sees as the caller); `None`, and for targets of the other family: the system's
+    /// choice.
     pub source: Option<std::net::IpAddr>,
 }
 
@@ -153,10 +153,13 @@ async fn connect_from(
     let Some(src) = source else {
         return TcpStream::connect(target).await;
     };
-    let addr = tokio::net::lookup_host(target)
+    let Some(addr) = tokio::net::lookup_host(target)
         .await?
         .find(|a| a.is_ipv4() == src.is_ipv4())
-        .ok_or_else(|| std::io::Error::other("no address of the source's family"))?;
+    else {
+        // A target of the other family: the system's choice.
+        return TcpStream::connect(target).await;
+    };
     let socket = if src.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {

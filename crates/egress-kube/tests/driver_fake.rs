@@ -994,6 +994,85 @@ async fn the_driver_calls_exactly_the_apis_its_rbac_table_grants() {
     drop(good);
 }
 
+// ---- ProxyPool publishing through the running driver ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pools_healthy_members_are_its_service_and_a_quarantined_one_leaves_it_at_once() {
+    let w = World::new();
+    let (echo, _echo) = health_support::start_echo().await;
+    let a = health_support::http_proxy("127.0.0.2:0", Default::default()).await;
+    let port = a.addr.port();
+    let b = health_support::http_proxy(&format!("127.0.0.3:{port}"), Default::default()).await;
+    let r = w.start_with("a", Some(health(echo)), |o| {
+        o.publish_interval = Duration::from_millis(100);
+    });
+    let pools: Api<ProxyPool> = Api::namespaced(w.api.client("default"), "default");
+    let pool: ProxyPool = serde_json::from_value(json!({
+        "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": "fleet", "namespace": "default"},
+        "spec": {"replicas": 2, "template": {"provider": ENTRY, "image": IMAGE,
+                 "proxy": {"port": port, "allowedClientCidrs": ["10.0.0.0/8"]}}},
+    }))
+    .unwrap();
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    // The first two members' guests answer as the two test proxies; any later one as nothing.
+    let members = |w: &World| -> Vec<String> {
+        w.api
+            .objects(GROUP, "proxies")
+            .iter()
+            .filter(|p| p["metadata"]["labels"]["egress-proxies.dev/pool"] == "fleet")
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let assign = |w: &World| {
+        let mut addrs = w.addrs.lock().unwrap();
+        for m in members(w) {
+            if !addrs.contains_key(&m) {
+                let ip = ["192.0.2.2", "192.0.2.3"]
+                    .into_iter()
+                    .find(|ip| !addrs.values().any(|v| v == ip))
+                    .unwrap_or("192.168.122.10");
+                addrs.insert(m, ip.to_owned());
+            }
+        }
+    };
+    w.until("both members published in the pool's Service", |w| {
+        assign(w);
+        slice_ips(w, "fleet") == Some(vec!["192.0.2.2".to_owned(), "192.0.2.3".to_owned()])
+    })
+    .await;
+    assert!(w.api.object("", "services", "default", "fleet").is_some());
+    let quarantined = w
+        .addrs
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(_, ip)| *ip == "192.0.2.2")
+        .map(|(n, _)| n.clone())
+        .unwrap();
+    w.proxies()
+        .patch(
+            &quarantined,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "egress-proxies.dev/quarantine": "banned"}}})),
+        )
+        .await
+        .unwrap();
+    w.until(
+        "the quarantined member out of the Service, kept, replaced",
+        |w| {
+            assign(w);
+            slice_ips(w, "fleet") == Some(vec!["192.0.2.3".to_owned()])
+                && w.proxy_json(&quarantined).is_some()
+                && members(w).len() == 3
+        },
+    )
+    .await;
+    stop(r).await;
+    drop((a, b));
+}
+
 // ---- tenant-safe publishing through the running driver ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

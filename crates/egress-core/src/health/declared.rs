@@ -16,8 +16,10 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, SystemTime};
 
-use super::probe::CheckTarget;
-use super::{HealthSettings, Outcome, ProbeResult, ProxyHealth, egress_matches, reason};
+use super::probe::{self, CheckTarget};
+use super::{
+    HealthSettings, Outcome, ProbeResult, ProbeTarget, ProxyHealth, egress_matches, reason,
+};
 
 /// One probe made for one declared address.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +28,79 @@ pub struct DeclaredProbe {
     pub declared: IpAddr,
     /// What the probe found.
     pub result: ProbeResult,
+}
+
+/// One probe of a round: the declared address it checks (`None`: the single probe of a
+/// proxy without declared addresses) and what it found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probed {
+    /// The declared address checked, if any.
+    pub declared: Option<IpAddr>,
+    /// What the probe found.
+    pub result: ProbeResult,
+}
+
+/// Probes `t` (through `settings.dial_map` when set): once against
+/// [`HealthSettings::target`] when it has no declared addresses, else once per declared
+/// address against its family's target ([`HealthSettings::target_for`]), one after the
+/// other (each under the probe deadline).
+pub async fn probe_target(t: &ProbeTarget, settings: &HealthSettings) -> Vec<Probed> {
+    let mut ep = t.endpoint.clone();
+    if let Some(f) = settings.dial_map {
+        ep.addr = f(ep.addr);
+    }
+    let result = |r: Result<_, _>| match r {
+        Ok(s) => ProbeResult::Ok(s),
+        Err(e) => ProbeResult::Failed(e),
+    };
+    if t.declared.is_empty() {
+        let r = probe::probe(&ep, &settings.target, settings.probe_timeout).await;
+        return vec![Probed {
+            declared: None,
+            result: result(r),
+        }];
+    }
+    let mut out = Vec::with_capacity(t.declared.len());
+    for d in &t.declared {
+        let r = probe::probe(&ep, settings.target_for(*d), settings.probe_timeout).await;
+        out.push(Probed {
+            declared: Some(*d),
+            result: result(r),
+        });
+    }
+    out
+}
+
+/// Records the probes of `t` in its state `h`: a single probe as [`ProxyHealth::record`]
+/// does, probes of declared addresses as [`ProxyHealth::record_declared`] does.
+pub fn record_target(
+    h: &mut ProxyHealth,
+    t: &ProbeTarget,
+    probes: &[Probed],
+    settings: &HealthSettings,
+    now: SystemTime,
+) {
+    let expected = t.expected_egress.as_deref();
+    match probes {
+        [
+            Probed {
+                declared: None,
+                result,
+            },
+        ] => h.record(t.endpoint.addr, result, expected, settings, now),
+        _ => {
+            let declared: Vec<DeclaredProbe> = probes
+                .iter()
+                .filter_map(|p| {
+                    p.declared.map(|declared| DeclaredProbe {
+                        declared,
+                        result: p.result.clone(),
+                    })
+                })
+                .collect();
+            h.record_declared(t.endpoint.addr, &declared, expected, settings, now);
+        }
+    }
 }
 
 impl HealthSettings {

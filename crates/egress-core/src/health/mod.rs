@@ -16,6 +16,9 @@
 //! - **Egress verification**: when the spec sets `expectedEgress` (IP or CIDR), an answer from
 //!   another address makes the proxy Unhealthy at once with reason `EgressMismatch` naming
 //!   both (the traffic would leave from the wrong address: not a blip to ride out).
+//!   When the instance holds declared egress addresses ([`ProbeTarget::declared`]), each is
+//!   probed against its family's target and must be exactly what the target sees
+//!   ([`declared`]).
 //! - **State survives address gaps** (finding H3): a proxy's state is kept while it is not
 //!   probed (its address read failed transiently, it is briefly Provisioning); it is reset
 //!   only when the proxy's address changes (a new instance) and dropped only by
@@ -27,9 +30,10 @@
 //! - [`apply_to_status`] is pure: it writes the `health` block and the `Healthy` condition,
 //!   and makes `Ready` = Running ∧ Healthy, keeping transition times while values hold.
 //!
-//! One piece (about 615 lines of product code): the engine's round loop, its state per proxy
+//! One piece (about 650 lines with its docs): the engine's round loop, its state per proxy
 //! and the hysteresis that decides from it share one lock and one set of invariants; the
-//! probe itself, the echo target and the metrics already live in submodules.
+//! probe itself, the echo target, the probes of declared addresses ([`declared`]) and the
+//! metrics already live in submodules.
 
 pub mod declared;
 pub mod echo;
@@ -443,58 +447,23 @@ impl HealthEngine {
         let probed = targets.len();
         let mut results = futures_util::stream::iter(targets)
             .map(|t| async move {
-                let mut ep = t.endpoint.clone();
-                if let Some(f) = settings.dial_map {
-                    ep.addr = f(ep.addr);
-                }
-                let mut probes = Vec::with_capacity(t.declared.len().max(1));
-                if t.declared.is_empty() {
-                    let r = probe::probe(&ep, &settings.target, settings.probe_timeout).await;
-                    probes.push((None, r));
-                }
-                for d in &t.declared {
-                    let target = settings.target_for(*d);
-                    let r = probe::probe(&ep, target, settings.probe_timeout).await;
-                    probes.push((Some(*d), r));
-                }
+                let probes = declared::probe_target(&t, settings).await;
                 (t, probes)
             })
             .buffer_unordered(settings.concurrency.max(1));
         let mut succeeded = 0;
         while let Some((t, probes)) = results.next().await {
-            let probes: Vec<(Option<IpAddr>, ProbeResult)> = probes
-                .into_iter()
-                .map(|(d, r)| match r {
-                    Ok(s) => (d, ProbeResult::Ok(s)),
-                    Err(e) => (d, ProbeResult::Failed(e)),
-                })
-                .collect();
             let now = SystemTime::now();
             let health = {
                 let mut states = lock(&self.states);
                 let h = states.entry(t.uid).or_default();
-                let expected = t.expected_egress.as_deref();
-                match probes.as_slice() {
-                    [(None, result)] => h.record(t.endpoint.addr, result, expected, settings, now),
-                    _ => {
-                        let declared: Vec<declared::DeclaredProbe> = probes
-                            .iter()
-                            .filter_map(|(d, r)| {
-                                d.map(|declared| declared::DeclaredProbe {
-                                    declared,
-                                    result: r.clone(),
-                                })
-                            })
-                            .collect();
-                        h.record_declared(t.endpoint.addr, &declared, expected, settings, now);
-                    }
-                }
+                declared::record_target(h, &t, &probes, settings, now);
                 h.clone()
             };
             if health.consecutive_failures == 0 {
                 succeeded += 1;
             }
-            for (_, result) in &probes {
+            for declared::Probed { result, .. } in &probes {
                 self.metrics
                     .observe(&t.key, &t.entry, &t.host, result, health.state);
             }

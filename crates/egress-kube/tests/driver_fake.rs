@@ -1073,6 +1073,50 @@ async fn a_pools_healthy_members_are_its_service_and_a_quarantined_one_leaves_it
     drop((a, b));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_named_like_an_unowned_service_leaves_it_alone_and_marks_its_members() {
+    use k8s_openapi::api::core::v1::Service;
+    let w = World::new();
+    let admin: Service = serde_json::from_value(json!({
+        "metadata": {"name": "db"},
+        "spec": {"clusterIP": "10.96.0.9", "ports": [{"name": "pg", "port": 5432}]},
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(w.api.client("default"), "default")
+        .create(&PostParams::default(), &admin)
+        .await
+        .unwrap();
+    let before = w.api.object("", "services", "default", "db").unwrap();
+    let r = w.start_with("a", None, |o| {
+        o.publish_interval = Duration::from_millis(100);
+    });
+    let pool: ProxyPool = serde_json::from_value(json!({
+        "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": "db", "namespace": "default"},
+        "spec": {"replicas": 1, "template": {"provider": ENTRY, "image": IMAGE,
+                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}},
+    }))
+    .unwrap();
+    Api::<ProxyPool>::namespaced(w.api.client("default"), "default")
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap();
+    w.until("the pool's member marked Published=False", |w| {
+        w.api.objects(GROUP, "proxies").iter().any(|p| {
+            p["metadata"]["labels"]["egress-proxies.dev/pool"] == "db"
+                && condition(&Some(p.clone()), "Published")
+                    == Some(("False".into(), "ServiceNameClash".into()))
+        })
+    })
+    .await;
+    assert_eq!(
+        w.api.object("", "services", "default", "db").unwrap(),
+        before,
+        "the admin's Service is untouched"
+    );
+    stop(r).await;
+}
+
 // ---- tenant-safe publishing through the running driver ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

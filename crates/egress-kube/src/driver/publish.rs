@@ -144,6 +144,14 @@ pub fn valid_service_name(s: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
 }
 
+/// The group `p` publishes in: its pool's name (label [`POOL_LABEL`]) when it is a pool's
+/// member, else its [`GROUP_LABEL`].
+pub fn group_of(p: &Proxy) -> Option<&String> {
+    p.labels()
+        .get(POOL_LABEL)
+        .or_else(|| p.labels().get(GROUP_LABEL))
+}
+
 /// The groups `proxies` form (pure). Proxies being deleted are not members; a member's
 /// endpoint counts only when it is Running, decided Healthy and uses the group's port.
 pub fn desired<'a>(
@@ -154,12 +162,7 @@ pub fn desired<'a>(
         if p.meta().deletion_timestamp.is_some() {
             continue;
         }
-        // A pool's members publish as the group of the pool's name.
-        let Some(g) = p
-            .labels()
-            .get(POOL_LABEL)
-            .or_else(|| p.labels().get(GROUP_LABEL))
-        else {
+        let Some(g) = group_of(p) else {
             continue;
         };
         if !valid_service_name(g) {
@@ -729,6 +732,18 @@ mod tests {
             member("fleet-b", "10.1.0.2", true),
             member("fleet-c", "10.1.0.3", false),
         ];
+        assert_eq!(group_of(&ps[0]).map(String::as_str), Some("fleet"));
+        let mut both = ps[0].clone();
+        both.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(GROUP_LABEL.to_owned(), "web".to_owned());
+        assert_eq!(
+            group_of(&both).map(String::as_str),
+            Some("fleet"),
+            "the pool wins"
+        );
         let g = desired(ps.iter());
         let fleet = &g[&("ns".to_owned(), "fleet".to_owned())];
         assert_eq!(fleet.members, 3);

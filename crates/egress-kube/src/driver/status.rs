@@ -179,7 +179,7 @@ async fn mark_refused_groups(
             continue;
         };
         let ns = p.namespace().unwrap_or_default();
-        let key = publish::group_of(&p).map(|g| (ns.clone(), g.clone()));
+        let key = publish::group_of(p).map(|g| (ns.clone(), g.clone()));
         let refusal = key.as_ref().and_then(|k| report.refused.get(k));
         let mut next = current.clone();
         match refusal {

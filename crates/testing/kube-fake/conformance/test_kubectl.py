@@ -115,9 +115,35 @@ def test_kubectl_scale_of_a_proxy_fails_because_the_crd_declares_no_scale_subres
     co.create_namespaced_custom_object(*P, ns, "proxies", proxy("noscale"))
     proc = kubectl("scale", "proxy", "noscale", "-n", ns, "--replicas=2", check=False)
     # CRD task page › Subresources › Scale subresource: only a CRD that declares it serves
-    # /scale; the committed CRDs do not, so the server answers 404 and kubectl fails.
+    # /scale; the Proxy CRD does not, so the server answers 404 and kubectl fails.
     assert proc.returncode != 0
     assert "NotFound" in proc.stderr or "could not find the requested resource" in proc.stderr
+
+
+def test_kubectl_scale_of_a_proxypool_writes_its_replicas_through_the_scale_subresource(
+        kubectl, co, ns):
+    pool = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProxyPool",
+            "metadata": {"name": "fleet"},
+            "spec": {"replicas": 2, "template": {"provider": "home", "image": "debian-12",
+                                                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}}}
+    co.create_namespaced_custom_object(*P, ns, "proxypools", pool)
+    co.patch_namespaced_custom_object_status(
+        *P, ns, "proxypools", "fleet",
+        {"status": {"replicas": 2, "readyReplicas": 1, "availableReplicas": 1,
+                    "selector": "egress-proxies.dev/pool=fleet"}},
+        _content_type="application/merge-patch+json")
+    # kubectl scale (CRD task page › Scale subresource): the committed ProxyPool CRD declares
+    # one, so kubectl writes spec.replicas through /scale.
+    out = kubectl("scale", "proxypool", "fleet", "-n", ns, "--replicas=5").stdout
+    assert "scaled" in out
+    got = co.get_namespaced_custom_object(*P, ns, "proxypools", "fleet")
+    assert got["spec"]["replicas"] == 5 and got["metadata"]["generation"] == 2
+    sc = co.get_namespaced_custom_object_scale(*P, ns, "proxypools", "fleet")
+    assert sc["status"] == {"replicas": 2, "selector": "egress-proxies.dev/pool=fleet"}
+    # kubectl get by short name prints the CRD's printer columns.
+    lines = kubectl("get", "eppool", "-n", ns).stdout.splitlines()
+    assert lines[0].split() == ["NAME"] + columns_of("proxypools.egress-proxies.dev.yaml")
+    assert lines[1].split()[:4] == ["fleet", "5", "1", "1"]
 
 
 def test_kubectl_finds_proxies_by_short_name_and_category_and_filters_by_label(kubectl, co, ns):

@@ -1,5 +1,6 @@
-"""The scale subresource, on a CRD that declares it (widgets.crd.yaml; the committed CRDs
-declare none — their /scale is a 404, see test_objects.py and test_kubectl.py).
+"""The scale subresource, on a CRD that declares it (widgets.crd.yaml; of the committed CRDs
+only ProxyPool declares one — see test_kubectl.py; the Proxy's /scale is a 404, see
+test_objects.py).
 
 Source: Extend the Kubernetes API with CustomResourceDefinitions › Advanced topics ›
 Subresources › Scale subresource (specReplicasPath, statusReplicasPath, labelSelectorPath; the

@@ -253,9 +253,10 @@ impl Controller {
     }
 
     /// `status` with its `ip` replaced by [`Controller::verified_address`] when they differ
-    /// (and its `ipSeenAt` dropped when there is none): a status handed in may have been
-    /// written by someone else (Kubernetes), and the last IP it carries is kept through an
-    /// address gap and published, so only an address the provider reported may stay in it.
+    /// (and its `ipSeenAt` dropped when there is none), and its `egressAddress` by
+    /// [`Controller::declared_egress`] likewise: a status handed in may have been written by
+    /// someone else (Kubernetes), and the last IP it carries is kept through an address gap
+    /// and published, so only what the provider reported may stay in it.
     pub(super) fn trusted_status<'a>(
         &self,
         uid: &ProxyUid,
@@ -263,13 +264,29 @@ impl Controller {
     ) -> Cow<'a, ProxyStatus> {
         let verified = self.verified_address(uid);
         let stated = status.ip.as_deref().and_then(|s| s.parse::<IpAddr>().ok());
-        if status.ip.is_none() || (stated.is_some() && stated == verified) {
+        let ip_ok = status.ip.is_none() || (stated.is_some() && stated == verified);
+        let declared = if status.egress_address.is_empty() {
+            None
+        } else {
+            let d: Vec<String> = self
+                .declared_egress(uid)
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            (d != status.egress_address).then_some(d)
+        };
+        if ip_ok && declared.is_none() {
             return Cow::Borrowed(status);
         }
         let mut s = status.clone();
-        s.ip = verified.map(|ip| ip.to_string());
-        if verified.is_none() {
-            s.ip_seen_at = None;
+        if !ip_ok {
+            s.ip = verified.map(|ip| ip.to_string());
+            if verified.is_none() {
+                s.ip_seen_at = None;
+            }
+        }
+        if let Some(d) = declared {
+            s.egress_address = d;
         }
         Cow::Owned(s)
     }

@@ -241,6 +241,16 @@ async fn the_controller_remembers_the_egress_the_provider_reported_until_the_ins
     let st = c.reconcile(&o, &forged, now()).await.status;
     assert_eq!(c.declared_egress(&o.uid), want, "from the provider's get");
     assert_eq!(st.egress_address, ["203.0.113.7", "2001:db8::7"]);
+    // While the host does not answer, a forged status keeps only what the provider said.
+    p.hang_get.store(true, Ordering::SeqCst);
+    let out = c.reconcile(&o, &forged, now()).await;
+    assert_eq!(
+        out.status.egress_address,
+        ["203.0.113.7", "2001:db8::7"],
+        "{:?}",
+        out.status
+    );
+    p.hang_get.store(false, Ordering::SeqCst);
     // The instance vanishes: the next get forgets its addresses.
     p.made.lock().unwrap().clear();
     let _ = c.reconcile(&o, &st, now()).await;

@@ -27,7 +27,7 @@ use egress_core::health::{HealthEngine, HealthSettings};
 use egress_core::hosthealth::HostHealth;
 use egress_core::metrics::{Metrics, MetricsFormat};
 use egress_core::model::Phase;
-use egress_core::status::{HostRow, ProxyStatusRow, StatusDocument};
+use egress_core::status::{HostRow, PoolStatusRow, ProxyStatusRow, StatusDocument};
 use egress_core::web::Endpoints;
 use egress_provider::model::HostReport;
 
@@ -44,6 +44,7 @@ pub struct Observer {
     exposition: Exposition,
     rows: Mutex<Vec<ProxyStatusRow>>,
     hosts: Mutex<BTreeMap<(String, String), HostHealth>>,
+    pools: Mutex<BTreeMap<(String, String), PoolStatusRow>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -64,6 +65,7 @@ impl Observer {
             exposition: Exposition::new(),
             rows: Mutex::new(Vec::new()),
             hosts: Mutex::new(BTreeMap::new()),
+            pools: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -105,6 +107,17 @@ impl Observer {
     /// The core of the current leadership term (its counters are exported), or `None`.
     pub fn set_core(&self, core: Option<Arc<Core>>) {
         *lock(&self.core) = core;
+    }
+
+    /// Sets a pool's row (`/status` under `pools`, `/pools/NAME/healthy.txt`), as its last
+    /// reconcile saw it.
+    pub fn set_pool(&self, row: PoolStatusRow) {
+        lock(&self.pools).insert((row.namespace.clone(), row.name.clone()), row);
+    }
+
+    /// Drops a deleted pool's row.
+    pub fn forget_pool(&self, namespace: &str, name: &str) {
+        lock(&self.pools).remove(&(namespace.to_owned(), name.to_owned()));
     }
 
     /// Replaces the proxy rows (`/status`, `/proxies`, `/healthy.txt`) and the per-phase
@@ -164,7 +177,7 @@ impl Endpoints for Observer {
                 })
                 .collect(),
             manifest_errors: Vec::new(),
-            pools: Vec::new(),
+            pools: lock(&self.pools).values().cloned().collect(),
         }
     }
 

@@ -1069,6 +1069,22 @@ async fn a_pools_healthy_members_are_its_service_and_a_quarantined_one_leaves_it
         },
     )
     .await;
+    // The operator's status views list the pool with its members.
+    use egress_core::web::Endpoints;
+    w.until("the pool in the status document", |_| {
+        r.observer.status().pools.iter().any(|p| {
+            p.name == "fleet"
+                && p.desired == 2
+                && p.members.len() == 3
+                && p.members.iter().any(|m| {
+                    m.name == quarantined
+                        && m.quarantine.as_deref() == Some("banned")
+                        && !m.available
+                })
+                && p.status.quarantined == [quarantined.clone()]
+        })
+    })
+    .await;
     stop(r).await;
     drop((a, b));
 }

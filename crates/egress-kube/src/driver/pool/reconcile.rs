@@ -16,6 +16,7 @@ use egress_core::pool::member::{
 use egress_core::pool::status::{MAX_STATUS_MEMBERS, PoolMemberStatus, condition, reason};
 use egress_core::pool::validate::validate_pool_name;
 use egress_core::pool::{PoolInputs, ProxyPoolStatus, decide};
+use egress_core::status::{PoolMemberRow, PoolStatusRow};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType};
@@ -116,6 +117,7 @@ async fn reconcile_inner(
                 .collect();
             set_finalizers(&pools, pool, keep).await?;
             ctx.observer.metrics().forget_pool(&format!("{ns}/{name}"));
+            ctx.observer.forget_pool(ns, name);
             lock(&ctx.expectations).pools.remove(key);
             return Ok(Action::await_change());
         }
@@ -280,6 +282,14 @@ async fn reconcile_inner(
     if status != current {
         write_status(&pools, name, &status).await?;
     }
+    ctx.observer.set_pool(PoolStatusRow {
+        namespace: ns.to_owned(),
+        name: name.to_owned(),
+        desired: policy.replicas,
+        status: status.clone(),
+        members: status_rows(&members),
+        error: None,
+    });
     ctx.observer.metrics().set_pool(
         &format!("{ns}/{name}"),
         PoolReplicas {
@@ -430,4 +440,24 @@ async fn set_finalizers(
     ))
     .await?;
     Ok(())
+}
+
+/// The members as `/status` lists them, by name (the pool's creates the watch has not shown
+/// included: they exist in the API).
+fn status_rows(members: &[egress_core::pool::Member]) -> Vec<PoolMemberRow> {
+    let mut rows: Vec<PoolMemberRow> = members
+        .iter()
+        .map(|m| PoolMemberRow {
+            name: m.name.clone(),
+            host: m.host.clone(),
+            phase: m.phase,
+            available: m.available && m.quarantine.is_none() && !m.deleting,
+            template_hash: m.template_hash.clone(),
+            created_at: fmt_time(m.created),
+            quarantine: m.quarantine.clone(),
+            deleting: m.deleting,
+        })
+        .collect();
+    rows.sort_by(|a, b| a.name.cmp(&b.name));
+    rows
 }

@@ -469,12 +469,14 @@ async fn kubernetes_metrics_pass_promtool_and_the_alerts_and_dashboard_query_onl
     )
     .await;
     // Health checks are off here (a probe would leave loopback): no per-proxy `up`.
-    // Per object: no pool exists (its families are listed without series).
+    // Per object: no pool exists (its families are listed without series). The host has no
+    // address pool: no series of its usage.
     check_families(
         "kubernetes",
         &text,
         &[
             "egress_proxies_health_proxy_up",
+            "egress_proxies_host_egress_addresses",
             "egress_proxies_pool_replicas",
             "egress_proxies_pool_available_replicas",
             "egress_proxies_pool_members",

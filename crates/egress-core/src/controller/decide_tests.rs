@@ -383,6 +383,52 @@ fn placement_prefers_free_addresses_among_equal_hosts_and_never_an_exhausted_poo
 }
 
 #[test]
+fn a_pinned_address_places_the_proxy_on_the_host_whose_pool_holds_it() {
+    use egress_provider::libvirt::address_pool::{AddressPool, FamilyPool};
+    let mut e = entry();
+    e.hosts[1].address_pool = Some(AddressPool {
+        ipv4: Some(FamilyPool {
+            prefix: "203.0.113.0/24".into(),
+            gateway: "203.0.113.1".into(),
+            ranges: vec!["203.0.113.2-203.0.113.14".into()],
+        }),
+        ipv6: None,
+        dns: vec![],
+    });
+    let with = |p: P| {
+        let mut c = case(p).load("h1", 0, None).load("h2", 5, None);
+        c.entry = Some(e.clone());
+        c
+    };
+    // h2's pool holds it: h2, though h1 is less loaded.
+    assert_eq!(
+        created_host(&with(proxy().egress(&["203.0.113.7"])).run()).0,
+        "h2"
+    );
+    // No pool holds it: placed by load (the create fails naming the pools).
+    assert_eq!(
+        created_host(&with(proxy().egress(&["198.51.100.7"])).run()).0,
+        "h1"
+    );
+    // spec.host wins.
+    assert_eq!(
+        created_host(&with(proxy().egress(&["203.0.113.7"]).on_host("h1")).run()).0,
+        "h1"
+    );
+    // The holder not Ready: the Proxy waits for it, saying why.
+    let mut c = with(proxy().egress(&["203.0.113.7"])).load("h2", 5, Some(HostState::Unreachable));
+    c.entry = Some(e.clone());
+    let d = c.run();
+    assert_eq!(d.action, Action::None);
+    let (_, why, msg) = ready(&d);
+    assert_eq!(why, "NoUsableHost");
+    assert!(
+        msg.contains("host h2 (its address pool holds spec.egress.address)"),
+        "{msg}"
+    );
+}
+
+#[test]
 fn every_pool_exhausted_places_nothing_and_says_which_pools() {
     let d = case(proxy())
         .room("h1", FAMILY_V4, FAMILY_V4)

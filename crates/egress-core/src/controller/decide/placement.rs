@@ -1,7 +1,8 @@
 //! Where a new instance goes: the pin, else the least loaded host that accepts placements;
 //! and why none was chosen.
 //!
-//! Guarantees: pure; a host that is unhealthy or whose pool is at or below its reserve gets
+//! Guarantees: pure; a Proxy pinning egress addresses goes to the host whose address pool
+//! holds them (unless `spec.host` says otherwise); a host that is unhealthy or whose pool is at or below its reserve gets
 //! no new proxies, nor does a host whose declared-address pool is known exhausted for a
 //! family the Proxy needs; among equally loaded hosts one with free addresses goes first;
 //! ties break by host name, so the choice is deterministic.
@@ -73,4 +74,28 @@ pub(super) fn no_usable_host(
             )
         }
     }
+}
+
+/// The first host of `entry` (in config order) whose address pool holds every address of
+/// `pinned` among its allocatable ranges; `None` without pins or when no host's pool holds
+/// them all (the create then fails naming the pools). Reads each host's pool: O(hosts), paid
+/// only when a Proxy that pins addresses is placed.
+pub(super) fn host_holding(entry: &LibvirtEntry, pinned: &[std::net::IpAddr]) -> Option<String> {
+    if pinned.is_empty() {
+        return None;
+    }
+    entry
+        .hosts
+        .iter()
+        .find(|h| {
+            h.address_pool
+                .as_ref()
+                .and_then(|p| p.parse().ok())
+                .is_some_and(|pool| {
+                    pinned
+                        .iter()
+                        .all(|ip| pool.family(*ip).is_some_and(|f| f.contains(*ip)))
+                })
+        })
+        .map(|h| h.name.clone())
 }

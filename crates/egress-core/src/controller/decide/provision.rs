@@ -13,7 +13,7 @@ use crate::model::{ConditionStatus, Phase, condition};
 use super::ctx::{Ctx, fmt_time, human, parse_time};
 use super::decision::{Action, Decision};
 use super::inputs::EntryView;
-use super::placement::{no_usable_host, place};
+use super::placement::{host_holding, no_usable_host, place};
 use super::spec::{MIB, request};
 use super::{cancel_if_creating, reason};
 
@@ -25,8 +25,17 @@ pub(super) fn start_create(
     why: &str,
 ) -> Decision {
     let i = cx.i;
-    let pin = i.obj.spec.host.as_deref();
-    let need = super::families_needed(&i.obj.spec.egress.pinned());
+    let pinned_egress = i.obj.spec.egress.pinned();
+    // Pinned addresses come from one host's pool: that host, as if `spec.host` named it.
+    let holder = i
+        .obj
+        .spec
+        .host
+        .is_none()
+        .then(|| host_holding(entry.config, &pinned_egress))
+        .flatten();
+    let pin = i.obj.spec.host.as_deref().or(holder.as_deref());
+    let need = super::families_needed(&pinned_egress);
     // A preferred (sticky) host whose address pool is known exhausted for what this Proxy
     // needs yields at once: the last attempt there may have failed for exactly that.
     let prefer = prefer.filter(|h| !i.hosts.info(h).addresses.blocks(need));
@@ -42,7 +51,14 @@ pub(super) fn start_create(
             .flatten()
     });
     let Some(host) = chosen else {
-        let msg = no_usable_host(entry.config, pin, i.hosts);
+        let mut msg = no_usable_host(entry.config, pin, i.hosts);
+        if i.obj.spec.host.is_none() && holder.is_some() {
+            msg = msg.replacen(
+                "(spec.host)",
+                "(its address pool holds spec.egress.address)",
+                1,
+            );
+        }
         return cx.retry(reason::NO_USABLE_HOST, &msg, Action::None);
     };
     let req = match request(i.obj, entry.config, &host) {

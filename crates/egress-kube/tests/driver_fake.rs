@@ -1090,6 +1090,61 @@ async fn a_pools_healthy_members_are_its_service_and_a_quarantined_one_leaves_it
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_pool_is_reported_with_every_field_at_fault_and_gets_no_member() {
+    let w = World::new();
+    let r = w.start("a");
+    let pool: ProxyPool = serde_json::from_value(json!({
+        "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": "bad", "namespace": "default"},
+        "spec": {"replicas": 2, "template": {"provider": ENTRY, "image": IMAGE,
+                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}},
+                 "update": {"maxSurge": 0, "maxUnavailable": 0},
+                 "rotation": {"maxAge": "10s"}},
+    }))
+    .unwrap();
+    Api::<ProxyPool>::namespaced(w.api.client("default"), "default")
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap();
+    w.until("the pool reports InvalidSpec", |w| {
+        w.api
+            .object(GROUP, "proxypools", "default", "bad")
+            .is_some_and(|p| {
+                condition(&Some(p.clone()), "Progressing")
+                    == Some(("False".into(), "InvalidSpec".into()))
+                    && p["status"]["observedGeneration"] == 1
+            })
+    })
+    .await;
+    let p = w.api.object(GROUP, "proxypools", "default", "bad").unwrap();
+    let msg = p["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "ReplicaFailure")
+        .unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        msg.contains("spec.update") && msg.contains("spec.rotation.maxAge"),
+        "{msg}"
+    );
+    assert!(
+        w.events()
+            .contains(&("Warning".into(), "InvalidSpec".into()))
+    );
+    assert!(
+        !w.api
+            .objects(GROUP, "proxies")
+            .iter()
+            .any(|p| p["metadata"]["labels"]["egress-proxies.dev/pool"] == "bad"),
+        "no member of an invalid pool"
+    );
+    stop(r).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_named_like_an_unowned_service_leaves_it_alone_and_marks_its_members() {
     use k8s_openapi::api::core::v1::Service;
     let w = World::new();

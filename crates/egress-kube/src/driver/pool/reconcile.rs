@@ -133,12 +133,13 @@ async fn reconcile_inner(
     let generation = pool.meta().generation.unwrap_or(0);
     let current = pool.status.clone().unwrap_or_default();
     let spec = &pool.spec.0;
+    let validated = spec.validate();
     let errors: Vec<String> = validate_pool_name(name)
         .into_iter()
-        .chain(spec.validate().err().unwrap_or_default())
+        .chain(validated.clone().err().unwrap_or_default())
         .map(|e| format!("{}: {}", e.path, e.message))
         .collect();
-    let policy = match spec.validate() {
+    let policy = match validated {
         Ok(p) if errors.is_empty() => p,
         _ => {
             let msg = errors.join("; ");

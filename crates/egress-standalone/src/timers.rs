@@ -153,8 +153,7 @@ mod tests {
         tokio::time::sleep(for_).await;
         stop.cancel();
         task.await.unwrap();
-        let v = lock(&out).clone();
-        v
+        lock(&out).clone()
     }
 
     #[tokio::test(start_paused = true)]

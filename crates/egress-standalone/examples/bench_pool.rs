@@ -9,11 +9,12 @@
 //!    to the manifest, so every member is past its age at once (a full age rotation through
 //!    the update budget); wall time until no original member is left and N new ones are
 //!    available. Throughout, `/pools/bench/healthy.txt` (the published, available members) is
-//!    read every [`SAMPLE`]: the fewest lines seen is the minimum available during rotation;
+//!    read every `--sample-ms` (100 ms): the fewest lines seen is the minimum available during rotation;
 //! 3. the operator's peak RSS (`VmHWM`) and CPU time.
 //!
 //! `bench_pool --bin target/release/egress-proxies --hosts-bin
-//! target/release/examples/bench_standalone [--hosts 10] [--replicas 1000] [--runs 1]`.
+//! target/release/examples/bench_standalone [--hosts 10] [--replicas 1000] [--runs 1]
+//! [--sample-ms 100]`.
 //! Used by `scripts/bench pool`; figures in `docs/benchmarks.md`.
 
 use std::collections::BTreeSet;
@@ -32,10 +33,10 @@ const NETWORK: &str = "default";
 const IMAGE: &str = "tiny";
 /// `timeouts.dial` of the bench entry, seconds (see `bench_standalone`).
 const BENCH_DIAL_SECS: u64 = 3;
-/// Between reads of healthy.txt (and of `/status` for progress).
+/// Default between reads of healthy.txt (`--sample-ms`).
 // NB: 100 ms resolution for the fewest-available figure; each read costs the operator one
 // status snapshot (milliseconds at 1,000 members).
-const SAMPLE: Duration = Duration::from_millis(100);
+const SAMPLE_MS: usize = 100;
 /// How long one phase may take before the run fails (a hang guard, not a goal).
 const PHASE_BUDGET: Duration = Duration::from_secs(600);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -74,6 +75,7 @@ fn main() -> Result<()> {
     let hosts = num(&args, "hosts", 10)?;
     let replicas = num(&args, "replicas", 1000)?;
     let runs = num(&args, "runs", 1)?;
+    let sample = Duration::from_millis(u64::try_from(num(&args, "sample-ms", SAMPLE_MS)?)?);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -84,7 +86,7 @@ fn main() -> Result<()> {
     );
     for r in 1..=runs {
         let res = rt
-            .block_on(one_run(&bin, &hosts_bin, hosts, replicas))
+            .block_on(one_run(&bin, &hosts_bin, hosts, replicas, sample))
             .with_context(|| format!("run {r}"))?;
         println!(
             "run {r}: fill {:.2} s to {replicas} Running and available; rotation {:.2} s \
@@ -140,7 +142,13 @@ fn manifest(replicas: usize, max_age: Option<Duration>) -> String {
     )
 }
 
-async fn one_run(bin: &Path, hosts_bin: &Path, hosts: usize, replicas: usize) -> Result<RunResult> {
+async fn one_run(
+    bin: &Path,
+    hosts_bin: &Path,
+    hosts: usize,
+    replicas: usize,
+    sample: Duration,
+) -> Result<RunResult> {
     let dir = tempfile::Builder::new().prefix("epbench-pool").tempdir()?;
     let sockets = dir.path().join("sockets");
     let manifests = dir.path().join("manifests");
@@ -243,7 +251,7 @@ async fn one_run(bin: &Path, hosts_bin: &Path, hosts: usize, replicas: usize) ->
         if healthy(client.clone(), healthy_url.clone()).await == Some(replicas) {
             break start.elapsed();
         }
-        tokio::time::sleep(SAMPLE).await;
+        tokio::time::sleep(sample).await;
     };
     let status = |c: reqwest::Client, u: String| async move {
         let b = c.get(&u).send().await?.bytes().await?;
@@ -292,7 +300,7 @@ async fn one_run(bin: &Path, hosts_bin: &Path, hosts: usize, replicas: usize) ->
                 break t.elapsed();
             }
         }
-        tokio::time::sleep(SAMPLE).await;
+        tokio::time::sleep(sample).await;
     };
     let hwm_kib = read_proc(pid, "VmHWM:")?;
     let cpu = cpu_time(pid)?;

@@ -72,4 +72,8 @@ impl egress_core::web::Endpoints for Shared {
     fn hosts(&self) -> Vec<HostHealth> {
         lock(&self.host_health).values().cloned().collect()
     }
+
+    fn pool_healthy(&self, namespace: &str, name: &str) -> Option<String> {
+        self.pool_healthy_list(namespace, name)
+    }
 }

@@ -609,6 +609,56 @@ impl Shared {
         self.store_pool(key, recs, None, q, changed);
     }
 
+    /// The `/pools/NAME/healthy.txt` body of pool `namespace/name` from its own members
+    /// (O(members), not the whole status document): `ip:port` of each available member that
+    /// is neither quarantined nor being deleted, sorted; `None` for an unknown pool.
+    pub(crate) fn pool_healthy_list(&self, namespace: &str, name: &str) -> Option<String> {
+        let (recs, quarantine) = {
+            let all = lock(&self.pools);
+            let rt = all.by_key.get(&format!("{namespace}/{name}"))?;
+            (
+                rt.members.values().cloned().collect::<Vec<_>>(),
+                rt.quarantine.clone(),
+            )
+        };
+        let health_checks = self.health.is_some();
+        let mut eps: Vec<String> = {
+            let objects = lock(&self.objects);
+            recs.into_iter()
+                .filter(|r| !r.deleting && !quarantine.contains_key(&r.name))
+                .filter_map(|r| {
+                    let o = objects.get(&member_uid(namespace, name, &r.name))?;
+                    if o.object.deleting {
+                        return None;
+                    }
+                    let m = Member::observe(
+                        MemberMeta {
+                            name: r.name.clone(),
+                            host: Some(r.host.clone()),
+                            template_hash: r.template_hash.clone(),
+                            created: parse_time(&r.created),
+                            quarantine: None,
+                            deleting: false,
+                        },
+                        &o.status,
+                        health_checks,
+                    );
+                    let ip: std::net::IpAddr = o.status.ip.as_deref()?.parse().ok()?;
+                    m.available.then(|| {
+                        std::net::SocketAddr::new(ip, o.object.spec.proxy.port).to_string()
+                    })
+                })
+                .collect()
+        };
+        eps.sort();
+        let mut out = String::with_capacity(eps.len() * 22);
+        for e in eps {
+            out.push_str(&e);
+            out.push('\n');
+        }
+        Some(out)
+    }
+
     /// Every pool's row for `/status`.
     pub(crate) fn pool_rows(&self) -> Vec<PoolStatusRow> {
         let pools: Vec<PoolSnapshot> = lock(&self.pools)

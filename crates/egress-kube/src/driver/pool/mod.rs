@@ -21,6 +21,11 @@
 //!   collector runs, and the pool disappears last.
 //! - A member the pool created is counted until the watch shows it (expectations), so a
 //!   reconcile that runs before the watch caught up never creates it twice.
+//! - Metrics as in standalone mode: members by state on every reconcile; a replacement counted
+//!   by cause once per member delete the API server took (a delete sent again before the watch
+//!   shows it, or one the cache already shows, is not counted again); create-to-available
+//!   observed once per member, remembered only while the member exists; a pool's series go
+//!   with the pool.
 //! - Runs only on the leader (it is part of a leadership term); every call is bounded by
 //!   [`super::API_SLACK`].
 

@@ -212,6 +212,17 @@ async fn reconcile_inner(
         now,
     });
 
+    let metrics = ctx.observer.metrics();
+    let pool_key = format!("{ns}/{name}");
+    metrics.set_pool_members(&pool_key, members::state_counts(&members));
+    let ready = {
+        let mut e = lock(&ctx.expectations);
+        members::newly_available(&members, e.pools.entry(key.clone()).or_default(), now)
+    };
+    for secs in ready {
+        metrics.pool_member_ready(&pool_key, secs);
+    }
+
     let mut first_error: Option<PoolError> = None;
     for c in &d.creates {
         let body = member_body(pool, c, &spec.template, credentials_ref.as_deref());
@@ -236,13 +247,19 @@ async fn reconcile_inner(
             continue;
         };
         match delete_member(&proxies, p).await {
-            Ok(()) => {
-                lock(&ctx.expectations)
-                    .pools
-                    .entry(key.clone())
-                    .or_default()
-                    .deleted
-                    .insert(del.name.clone(), now);
+            Ok(accepted) => {
+                let first = members::note_delete(
+                    lock(&ctx.expectations)
+                        .pools
+                        .entry(key.clone())
+                        .or_default(),
+                    p,
+                    accepted,
+                    now,
+                );
+                if first {
+                    metrics.pool_member_replaced(&pool_key, del.cause.as_str());
+                }
             }
             Err(e) => {
                 first_error.get_or_insert(e);
@@ -291,8 +308,8 @@ async fn reconcile_inner(
         members: status_rows(&members),
         error: None,
     });
-    ctx.observer.metrics().set_pool(
-        &format!("{ns}/{name}"),
+    metrics.set_pool(
+        &pool_key,
         PoolReplicas {
             desired: u64::from(policy.replicas),
             available: u64::from(status.available_replicas),
@@ -332,8 +349,8 @@ pub(crate) fn member_body(
 }
 
 /// Deletes member `p` if it is still the object read (UID precondition); gone or replaced
-/// is not an error.
-async fn delete_member(api: &Api<Proxy>, p: &Proxy) -> Result<(), PoolError> {
+/// is not an error. True when the API server took the delete (false: gone or replaced).
+async fn delete_member(api: &Api<Proxy>, p: &Proxy) -> Result<bool, PoolError> {
     let dp = DeleteParams {
         preconditions: Some(Preconditions {
             uid: p.meta().uid.clone(),
@@ -343,8 +360,8 @@ async fn delete_member(api: &Api<Proxy>, p: &Proxy) -> Result<(), PoolError> {
     };
     // rbac: PROXIES delete
     match bounded(api.delete(&p.name_any(), &dp)).await {
-        Ok(_) => Ok(()),
-        Err(e) if matches!(code(&e), Some(404 | 409)) => Ok(()),
+        Ok(_) => Ok(true),
+        Err(e) if matches!(code(&e), Some(404 | 409)) => Ok(false),
         Err(e) => Err(e),
     }
 }

@@ -128,6 +128,32 @@ async fn pool_settled(
     }
 }
 
+/// Waits until the operator's `/metrics` holds every line of `want` (and none of `absent`);
+/// on timeout shows its pool series.
+async fn metrics_show(op: &Operator, want: &[String], absent: &str, what: &str) {
+    let start = std::time::Instant::now();
+    loop {
+        let text = op.get("/metrics").await.map(|(_, t)| t).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        if want.iter().all(|w| lines.contains(&w.as_str()))
+            && (absent.is_empty() || !text.contains(absent))
+        {
+            return;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "timed out after {DEADLINE:?} waiting for {what} in /metrics; its pool series:\n{}",
+            lines
+                .iter()
+                .filter(|l| l.contains("pool"))
+                .copied()
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tokio::time::sleep(kube_support::POLL).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_owns_its_members_scales_through_the_scale_subresource_quarantines_rolls_new_credentials_and_takes_its_members_when_deleted()
  {
@@ -246,6 +272,22 @@ async fn a_pool_owns_its_members_scales_through_the_scale_subresource_quarantine
         .await
         .unwrap();
     pool_settled(&srv, ns, 1, &[], "1 member after scaling to 1").await;
+    // Three members made, each available once; two deleted by the scale-in, each counted once.
+    let series = |family: &str, labels: &str, v: u64| {
+        format!("egress_proxies_{family}{{pool=\"{ns}/{POOL}\"{labels}}} {v}")
+    };
+    metrics_show(
+        &op,
+        &[
+            series("pool_replacements_total", ",cause=\"scale-in\"", 2),
+            series("pool_member_ready_seconds_count", "", 3),
+            series("pool_members", ",state=\"available\"", 1),
+            series("pool_members", ",state=\"deleting\"", 0),
+        ],
+        "",
+        "the scale-in's replacements and the members' ready times",
+    )
+    .await;
     let domains: usize = hosts.fakes.values().map(|f| f.domains().len()).sum();
     assert_eq!(domains, 1, "the removed members' VMs are gone");
 
@@ -345,6 +387,14 @@ async fn a_pool_owns_its_members_scales_through_the_scale_subresource_quarantine
     .await;
     let domains: usize = hosts.fakes.values().map(|f| f.domains().len()).sum();
     assert_eq!(domains, 0, "every member's VM is deleted");
+    // The pool's series went with it.
+    metrics_show(
+        &op,
+        &[],
+        &format!("pool=\"{ns}/{POOL}\""),
+        "the pool's series gone",
+    )
+    .await;
 
     op.sigterm();
     let status = op.wait_exit(kube_support::EXIT_DEADLINE).await;

@@ -195,7 +195,14 @@ mod tests {
             ["list"],
             "read-only across namespaces"
         );
-        for a in [SECRETS, SERVICES, ENDPOINT_SLICES, EVENTS, PROXIES, PROXY_POOLS] {
+        for a in [
+            SECRETS,
+            SERVICES,
+            ENDPOINT_SLICES,
+            EVENTS,
+            PROXIES,
+            PROXY_POOLS,
+        ] {
             assert_eq!(a.scope, Scope::WatchedNamespaces, "{a:?}");
         }
         assert_eq!(LEASES.scope, Scope::OperatorNamespace);

@@ -88,7 +88,7 @@ fn proxy(n: u8, pin: Option<&str>) -> ProxyObject {
         name: format!("p{n}"),
         uid: uid(n),
         generation: 1,
-        spec: ProxySpec {
+        spec: std::sync::Arc::new(ProxySpec {
             provider: ENTRY.into(),
             host: pin.map(str::to_owned),
             image: IMAGE.into(),
@@ -98,7 +98,7 @@ fn proxy(n: u8, pin: Option<&str>) -> ProxyObject {
                 ..ProxySettings::default()
             },
             egress: Default::default(),
-        },
+        }),
         deleting: false,
         credentials: None,
     }
@@ -426,7 +426,7 @@ async fn a_create_the_provider_refuses_shows_its_cause_in_last_error_and_no_cond
     let s = setup();
     // The published base is 2 GiB; a 1 GiB disk cannot hold it: the provider refuses.
     let mut o = proxy(40, Some("h1"));
-    o.spec.resources.disk_gib = Some(1);
+    std::sync::Arc::make_mut(&mut o.spec).resources.disk_gib = Some(1);
     let mut statuses = BTreeMap::new();
     let start = Instant::now();
     while phase(&statuses, &o.uid) != Phase::Failed {

@@ -65,7 +65,7 @@ fn proxy(n: u8) -> ProxyObject {
         name: format!("p{n}"),
         uid: ProxyUid::parse_strict(&format!("5c1d2f4e-0000-4000-8000-0000000000{n:02x}")).unwrap(),
         generation: 1,
-        spec: ProxySpec {
+        spec: std::sync::Arc::new(ProxySpec {
             provider: ENTRY.into(),
             host: None,
             image: IMAGE.into(),
@@ -75,7 +75,7 @@ fn proxy(n: u8) -> ProxyObject {
                 ..ProxySettings::default()
             },
             egress: Default::default(),
-        },
+        }),
         deleting: false,
         credentials: None,
     }

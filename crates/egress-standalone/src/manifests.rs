@@ -124,8 +124,8 @@ pub struct LoadedProxy {
     pub name: String,
     /// [`uid_for`]`(namespace, name)`.
     pub uid: ProxyUid,
-    /// The validated spec.
-    pub spec: ProxySpec,
+    /// The validated spec (shared with the object the controller sees).
+    pub spec: Arc<ProxySpec>,
     /// Credentials read from `spec.proxy.credentialsRef`, when set.
     pub credentials: Option<Credentials>,
     /// The file it came from.
@@ -438,7 +438,7 @@ pub fn parse_file_with_pools(
             uid: uid_for(&m.metadata.namespace, &m.metadata.name),
             namespace: m.metadata.namespace,
             name: m.metadata.name,
-            spec: m.spec,
+            spec: Arc::new(m.spec),
             credentials,
             file: file.to_path_buf(),
             spec_hash,

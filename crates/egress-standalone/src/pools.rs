@@ -747,7 +747,11 @@ fn member_object(
         name: rec.name.clone(),
         uid,
         generation: 1,
-        spec: member_spec(&p.spec.template, &rec.host, reference.as_deref()),
+        spec: std::sync::Arc::new(member_spec(
+            &p.spec.template,
+            &rec.host,
+            reference.as_deref(),
+        )),
         deleting: false,
         credentials: creds.cloned(),
     }

@@ -47,7 +47,7 @@ fn proxy() -> P {
         name: "p1".into(),
         uid: uid(1),
         generation: 1,
-        spec: ProxySpec {
+        spec: std::sync::Arc::new(ProxySpec {
             provider: "home".into(),
             host: None,
             image: "debian-12".into(),
@@ -57,7 +57,7 @@ fn proxy() -> P {
                 ..ProxySettings::default()
             },
             egress: Default::default(),
-        },
+        }),
         deleting: false,
         credentials: None,
     })
@@ -65,23 +65,25 @@ fn proxy() -> P {
 
 impl P {
     fn on_host(mut self, h: &str) -> Self {
-        self.0.spec.host = Some(h.into());
+        std::sync::Arc::make_mut(&mut self.0.spec).host = Some(h.into());
         self
     }
     fn with_image(mut self, i: &str) -> Self {
-        self.0.spec.image = i.into();
+        std::sync::Arc::make_mut(&mut self.0.spec).image = i.into();
         self
     }
     fn with_provider(mut self, p: &str) -> Self {
-        self.0.spec.provider = p.into();
+        std::sync::Arc::make_mut(&mut self.0.spec).provider = p.into();
         self
     }
     fn with_disk(mut self, gib: u64) -> Self {
-        self.0.spec.resources.disk_gib = Some(gib);
+        std::sync::Arc::make_mut(&mut self.0.spec)
+            .resources
+            .disk_gib = Some(gib);
         self
     }
     fn with_vcpus(mut self, n: u32) -> Self {
-        self.0.spec.resources.vcpus = Some(n);
+        std::sync::Arc::make_mut(&mut self.0.spec).resources.vcpus = Some(n);
         self
     }
     fn generation(mut self, g: i64) -> Self {
@@ -93,11 +95,14 @@ impl P {
         self
     }
     fn credentials_ref(mut self, r: &str) -> Self {
-        self.0.spec.proxy.credentials_ref = Some(r.into());
+        std::sync::Arc::make_mut(&mut self.0.spec)
+            .proxy
+            .credentials_ref = Some(r.into());
         self
     }
     fn egress(mut self, a: &[&str]) -> Self {
-        self.0.spec.egress.address = a.iter().map(|s| (*s).to_owned()).collect();
+        std::sync::Arc::make_mut(&mut self.0.spec).egress.address =
+            a.iter().map(|s| (*s).to_owned()).collect();
         self
     }
     fn credentials(mut self) -> Self {
@@ -516,7 +521,9 @@ fn the_pinned_egress_goes_into_the_create_request_and_the_held_one_into_status()
 #[test]
 fn a_pin_contradicting_expected_egress_is_an_invalid_spec() {
     let mut p = proxy().egress(&["203.0.113.7"]);
-    p.0.spec.proxy.expected_egress = Some("198.51.100.0/24".into());
+    std::sync::Arc::make_mut(&mut p.0.spec)
+        .proxy
+        .expected_egress = Some("198.51.100.0/24".into());
     let d = case(p).run();
     assert_eq!(d.action, Action::None);
     let (_, why, msg) = ready(&d);

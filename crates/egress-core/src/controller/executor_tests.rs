@@ -101,7 +101,7 @@ fn obj(n: u8, host: Option<&str>) -> ProxyObject {
         name: format!("p{n}"),
         uid: uid(n),
         generation: 1,
-        spec: ProxySpec {
+        spec: std::sync::Arc::new(ProxySpec {
             provider: "home".into(),
             host: host.map(str::to_owned),
             image: "debian-12".into(),
@@ -111,7 +111,7 @@ fn obj(n: u8, host: Option<&str>) -> ProxyObject {
                 ..ProxySettings::default()
             },
             egress: Default::default(),
-        },
+        }),
         deleting: false,
         credentials: None,
     }
@@ -220,7 +220,8 @@ async fn the_controller_remembers_the_egress_the_provider_reported_until_the_ins
     let p = Arc::new(Scripted::default());
     let c = controller(p.clone(), 2);
     let mut o = obj(1, None);
-    o.spec.egress.address = vec!["203.0.113.7".into(), "2001:db8::7".into()];
+    std::sync::Arc::make_mut(&mut o.spec).egress.address =
+        vec!["203.0.113.7".into(), "2001:db8::7".into()];
     let want: Vec<std::net::IpAddr> = vec![
         "203.0.113.7".parse().unwrap(),
         "2001:db8::7".parse().unwrap(),
@@ -258,7 +259,7 @@ async fn the_controller_remembers_the_egress_the_provider_reported_until_the_ins
     // And forgetting the Proxy drops them too.
     let o2 = {
         let mut o2 = obj(2, None);
-        o2.spec.egress.address = vec!["203.0.113.8".into()];
+        std::sync::Arc::make_mut(&mut o2.spec).egress.address = vec!["203.0.113.8".into()];
         o2
     };
     let first = c.reconcile(&o2, &ProxyStatus::default(), now()).await;
@@ -315,7 +316,7 @@ async fn a_proxy_whose_provider_was_edited_is_refused_and_then_deleted_where_it_
         }],
     );
     let mut o = obj(1, None);
-    o.spec.provider = "away".into();
+    std::sync::Arc::make_mut(&mut o.spec).provider = "away".into();
     o.generation = 2;
     let out = c.reconcile(&o, &ProxyStatus::default(), now()).await;
     assert_eq!(out.status.phase, Phase::Failed);

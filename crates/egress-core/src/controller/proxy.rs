@@ -4,6 +4,7 @@
 //! Guarantees: the credentials' `Debug` never prints the password; no I/O.
 
 use std::fmt;
+use std::sync::Arc;
 
 use egress_provider::model::ProxyUid;
 
@@ -20,8 +21,8 @@ pub struct ProxyObject {
     pub uid: ProxyUid,
     /// The spec generation (a change releases a latched Permanent failure).
     pub generation: i64,
-    /// What the user wants.
-    pub spec: ProxySpec,
+    /// What the user wants (shared: a driver that keeps the spec hands out the same copy).
+    pub spec: Arc<ProxySpec>,
     /// The user removed it; finalize (delete the instance, then report `finalized`).
     pub deleting: bool,
     /// The credentials `spec.proxy.credentialsRef` resolves to, when it names any.

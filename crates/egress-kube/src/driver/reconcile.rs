@@ -69,7 +69,7 @@ pub(super) async fn reconcile_inner(p: &Proxy, ctx: &Ctx) -> Result<Action, Reco
         name: name.clone(),
         uid,
         generation: p.meta().generation.unwrap_or(0),
-        spec: p.spec.0.clone(),
+        spec: std::sync::Arc::new(p.spec.0.clone()),
         deleting,
         credentials,
     };

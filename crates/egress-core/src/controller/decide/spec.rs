@@ -173,7 +173,7 @@ mod tests {
             name: "p1".into(),
             uid: uid(1),
             generation: 1,
-            spec: ProxySpec {
+            spec: std::sync::Arc::new(ProxySpec {
                 provider: "home".into(),
                 host: None,
                 image: "debian-12".into(),
@@ -183,7 +183,7 @@ mod tests {
                     ..ProxySettings::default()
                 },
                 egress: Default::default(),
-            },
+            }),
             deleting: false,
             credentials: None,
         }
@@ -219,7 +219,10 @@ mod tests {
             "only the placed host"
         );
         let mut o = obj();
-        o.spec.proxy.allowed_destinations.cidrs = vec!["10.1.0.0/16".into()];
+        std::sync::Arc::make_mut(&mut o.spec)
+            .proxy
+            .allowed_destinations
+            .cidrs = vec!["10.1.0.0/16".into()];
         let (permanent, msg) = request(&o, &e, "h1").unwrap_err();
         assert!(permanent, "{msg}");
         assert!(

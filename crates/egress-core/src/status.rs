@@ -146,6 +146,10 @@ pub struct PoolMemberRow {
     /// The pool is deleting it.
     #[serde(default)]
     pub deleting: bool,
+    /// The declared egress address(es) it holds from its host's address pool (its
+    /// `status.egressAddress`; absent when it holds none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress_address: Vec<String>,
 }
 
 /// One Proxy.
@@ -407,6 +411,7 @@ mod tests {
             created_at: String::new(),
             quarantine: None,
             deleting: false,
+            egress_address: Vec::new(),
         };
         let mut doc = fleet();
         for (p, ip) in doc.proxies.iter_mut().zip(1..) {

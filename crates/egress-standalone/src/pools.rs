@@ -709,6 +709,7 @@ impl Shared {
                                 created_at: r.created,
                                 quarantine,
                                 deleting: r.deleting || o.is_some_and(|o| o.object.deleting),
+                                egress_address: m.egress_address,
                             }
                         })
                         .collect();

@@ -305,3 +305,50 @@ async fn a_quarantined_member_leaves_publication_is_replaced_kept_and_deleted_wh
     wait_status(r.addr, "2 members", WAIT, settled("web", 2)).await;
     r.stop(WAIT).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_member_row_lists_the_declared_egress_address_its_vm_holds() {
+    use egress_provider::libvirt::address_pool::{AddressPool, FamilyPool};
+    let server = ImageServer::start().await;
+    let image = qcow2(2 * GIB, 4096);
+    let url = server.route("/tiny.qcow2", Route::new(image.clone()));
+    let hosts = FakeHosts::new(ENTRY, &["h1"])
+        .image("tiny", qcow2_image(url, sha(&image)))
+        .address_pool(AddressPool {
+            ipv4: Some(FamilyPool {
+                prefix: "203.0.113.0/24".into(),
+                gateway: "203.0.113.1".into(),
+                ranges: vec!["203.0.113.10-203.0.113.19".into()],
+            }),
+            ipv6: None,
+            dns: vec!["203.0.113.53".into()],
+        });
+    let _dhcp = hosts.start_dhcp(Duration::from_millis(50));
+    let dir = tempfile::tempdir().unwrap();
+    write_pool(dir.path(), "web", 2, 256, "");
+    let r = start_standalone(standalone_options(dir.path()), hosts.providers()).await;
+    wait_status(
+        r.addr,
+        "2 members Running, each with its address",
+        WAIT,
+        |d| {
+            settled("web", 2)(d)
+                && pool(d, "web")
+                    .is_some_and(|p| p.members.iter().all(|m| !m.egress_address.is_empty()))
+        },
+    )
+    .await;
+    let d = status(r.addr).await;
+    let p = pool(&d, "web").unwrap();
+    let mut held = BTreeSet::new();
+    for m in &p.members {
+        // The member row says what the member Proxy's own row (its status) says.
+        let row = d.proxies.iter().find(|x| x.name == m.name).unwrap();
+        assert_eq!(m.egress_address, row.egress_address, "{p:#?}");
+        assert_eq!(m.egress_address.len(), 1, "{p:#?}");
+        assert!(m.egress_address[0].starts_with("203.0.113.1"), "{p:#?}");
+        held.insert(m.egress_address[0].clone());
+    }
+    assert_eq!(held.len(), 2, "one address per member: {p:#?}");
+    r.stop(WAIT).await;
+}

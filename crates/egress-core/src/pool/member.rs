@@ -52,6 +52,8 @@ pub struct Member {
     pub quarantine: Option<String>,
     /// It is being deleted.
     pub deleting: bool,
+    /// The declared egress addresses it holds (its `status.egressAddress`; empty when none).
+    pub egress_address: Vec<String>,
 }
 
 /// What a driver knows of a member Proxy besides its status.
@@ -103,6 +105,7 @@ impl Member {
             failure,
             quarantine: meta.quarantine,
             deleting: meta.deleting,
+            egress_address: status.egress_address.clone(),
         }
     }
 }

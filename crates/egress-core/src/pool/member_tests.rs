@@ -124,3 +124,25 @@ fn member_names_are_derived_distinct_and_valid_and_a_member_is_pinned_with_the_p
         None
     );
 }
+
+#[test]
+fn a_member_and_its_status_row_carry_its_declared_egress_addresses() {
+    let mut st = status(Phase::Running, ConditionStatus::True, 10, Some(true));
+    assert!(Member::observe(meta(), &st, true).egress_address.is_empty());
+    st.egress_address = vec!["203.0.113.7".into(), "2001:db8::7".into()];
+    let m = Member::observe(meta(), &st, true);
+    assert_eq!(m.egress_address, ["203.0.113.7", "2001:db8::7"]);
+    let row = super::status::PoolMemberStatus::of(&m.name, Some("h1"), &st, true, false);
+    assert_eq!(row.egress_address, ["203.0.113.7", "2001:db8::7"]);
+    // In the pool's status as `egressAddress`, left out when it holds none.
+    let json = serde_json::to_value(&row).unwrap();
+    assert_eq!(json["egressAddress"][1], "2001:db8::7");
+    st.egress_address.clear();
+    let row = super::status::PoolMemberStatus::of(&m.name, Some("h1"), &st, true, false);
+    assert!(
+        serde_json::to_value(&row)
+            .unwrap()
+            .get("egressAddress")
+            .is_none()
+    );
+}

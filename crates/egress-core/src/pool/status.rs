@@ -145,6 +145,10 @@ pub struct PoolMemberStatus {
     /// The address the world sees its traffic from (the health check's echo target saw it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_ip: Option<String>,
+    /// The declared egress address(es) it holds from its host's address pool (its
+    /// `status.egressAddress`; absent when it holds none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress_address: Vec<String>,
     /// It counts towards `availableReplicas` (healthy through itself).
     #[serde(default)]
     pub available: bool,
@@ -168,6 +172,7 @@ impl PoolMemberStatus {
             phase: status.phase,
             ip: status.ip.clone(),
             egress_ip: status.health.as_ref().and_then(|h| h.egress_ip.clone()),
+            egress_address: status.egress_address.clone(),
             available,
             quarantined,
         }

@@ -1,6 +1,6 @@
 //! The pools part of `egress-proxies status`: one line per ProxyPool (available of desired,
 //! its Progressing reason, quarantined members, its error) followed by its members (host,
-//! phase, available, quarantine or deletion, age).
+//! phase, declared egress addresses, available, quarantine or deletion, age).
 //!
 //! Guarantees: pure (the document and the clock in, text out); a document without pools
 //! renders nothing.
@@ -41,7 +41,15 @@ pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
         if p.members.is_empty() {
             continue;
         }
-        let mut t = Table::new(&["  MEMBER", "HOST", "PHASE", "AVAILABLE", "STATE", "AGE"]);
+        let mut t = Table::new(&[
+            "  MEMBER",
+            "HOST",
+            "PHASE",
+            "EGRESS",
+            "AVAILABLE",
+            "STATE",
+            "AGE",
+        ]);
         for m in &p.members {
             let age = humantime::parse_rfc3339_weak(&m.created_at)
                 .ok()
@@ -56,6 +64,11 @@ pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
                 format!("  {}", m.name),
                 m.host.clone().unwrap_or_else(|| "-".into()),
                 m.phase.as_str().to_owned(),
+                if m.egress_address.is_empty() {
+                    "-".to_owned()
+                } else {
+                    m.egress_address.join(",")
+                },
                 if m.available { "yes" } else { "no" }.to_owned(),
                 state,
                 age,
@@ -83,7 +96,10 @@ mod tests {
             created_at: "2026-01-01T00:00:00Z".into(),
             quarantine: None,
             deleting: false,
+            egress_address: Vec::new(),
         };
+        let mut pinned = member("web-1", true);
+        pinned.egress_address = vec!["203.0.113.7".into(), "2001:db8::7".into()];
         let mut q = member("web-2", true);
         q.quarantine = Some("banned".into());
         let mut d = member("web-3", false);
@@ -102,7 +118,7 @@ mod tests {
                     quarantined: vec!["web-2".into()],
                     ..Default::default()
                 },
-                members: vec![member("web-1", true), q, d],
+                members: vec![pinned, q, d],
                 error: None,
             }],
         };
@@ -116,6 +132,18 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("quarantined: banned"), "{text}");
+        // Each member's declared egress addresses, under EGRESS; "-" when it holds none.
+        assert!(text.contains("EGRESS"), "{text}");
+        let web1 = text
+            .lines()
+            .find(|l| l.contains("web-1"))
+            .unwrap_or_default();
+        assert!(web1.contains(" 203.0.113.7,2001:db8::7 "), "{text}");
+        let web2 = text
+            .lines()
+            .find(|l| l.contains("web-2 "))
+            .unwrap_or_default();
+        assert!(web2.contains(" Running  - "), "{text}");
         assert!(text.contains("deleting"), "{text}");
         assert!(text.contains("2h"), "{text}");
         let empty = StatusDocument {

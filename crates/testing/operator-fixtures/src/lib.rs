@@ -223,6 +223,18 @@ impl FakeHosts {
         self
     }
 
+    /// Gives every host the declared egress address pool `pool` (each host its own copy of
+    /// the same ranges: an address is unique per host, as the provider allocates it).
+    pub fn address_pool(
+        mut self,
+        pool: egress_provider::libvirt::address_pool::AddressPool,
+    ) -> Self {
+        for h in &mut self.entry.hosts {
+            h.address_pool = Some(pool.clone());
+        }
+        self
+    }
+
     /// Uses [`SHORT_TIMEOUTS`], so work stuck on a frozen fake gives up within a test.
     pub fn short_timeouts(mut self) -> Self {
         self.entry.timeouts = SHORT_TIMEOUTS;

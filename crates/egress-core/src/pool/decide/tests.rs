@@ -54,6 +54,7 @@ pub(super) fn member(name: &str, host: &str, created: u64) -> Member {
         failure: None,
         quarantine: None,
         deleting: false,
+        egress_address: Vec::new(),
     }
 }
 

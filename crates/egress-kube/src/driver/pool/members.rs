@@ -90,6 +90,7 @@ pub(in crate::driver) fn observe(
             failure: None,
             quarantine: None,
             deleting: false,
+            egress_address: Vec::new(),
         });
     }
     members
@@ -266,6 +267,7 @@ mod tests {
             failure: None,
             quarantine: None,
             deleting: false,
+            egress_address: Vec::new(),
         }
     }
 

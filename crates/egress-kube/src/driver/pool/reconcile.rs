@@ -474,8 +474,41 @@ fn status_rows(members: &[egress_core::pool::Member]) -> Vec<PoolMemberRow> {
             created_at: fmt_time(m.created),
             quarantine: m.quarantine.clone(),
             deleting: m.deleting,
+            egress_address: m.egress_address.clone(),
         })
         .collect();
     rows.sort_by(|a, b| a.name.cmp(&b.name));
     rows
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::indexing_slicing)]
+
+    use super::*;
+    use egress_core::model::ProxyStatus;
+    use egress_core::pool::member::{Member, MemberMeta};
+
+    #[test]
+    fn a_member_row_lists_the_declared_egress_addresses_of_the_member_proxy() {
+        let meta = |name: &str| MemberMeta {
+            name: name.into(),
+            host: Some("h1".into()),
+            template_hash: "t".into(),
+            created: std::time::SystemTime::UNIX_EPOCH,
+            quarantine: None,
+            deleting: false,
+        };
+        let pinned = ProxyStatus {
+            egress_address: vec!["203.0.113.7".into(), "2001:db8::7".into()],
+            ..ProxyStatus::default()
+        };
+        let rows = status_rows(&[
+            Member::observe(meta("web-b"), &ProxyStatus::default(), false),
+            Member::observe(meta("web-a"), &pinned, false),
+        ]);
+        assert_eq!(rows[0].name, "web-a");
+        assert_eq!(rows[0].egress_address, ["203.0.113.7", "2001:db8::7"]);
+        assert!(rows[1].egress_address.is_empty());
+    }
 }

@@ -417,6 +417,19 @@ mod tests {
     }
 
     #[test]
+    fn an_objects_spec_is_the_manifest_stores_copy_not_a_clone() {
+        let text = "apiVersion: egress-proxies.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: p\n\
+                    spec:\n  provider: local\n  image: tiny\n  proxy:\n    allowedClientCidrs: [10.0.0.0/8]\n";
+        let (loaded, errs) = parse_file(Path::new("/m/p.yaml"), text, Path::new("/m"));
+        assert!(errs.is_empty(), "{errs:?}");
+        let o = object_of(&loaded[0], 1);
+        assert!(
+            std::sync::Arc::ptr_eq(&o.spec, &loaded[0].spec),
+            "the object table must share the parsed spec, not hold a copy of it"
+        );
+    }
+
+    #[test]
     fn phase_counts_kept_on_every_change_equal_a_full_recount_after_random_changes() {
         let text = "apiVersion: egress-proxies.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: p\n\
                     spec:\n  provider: local\n  image: tiny\n  proxy:\n    allowedClientCidrs: [10.0.0.0/8]\n";

@@ -19,9 +19,9 @@
 //!   complete listing, nor while one of its live members was never reconciled (a restarted
 //!   process must not mistake a healthy member it has not looked at yet for an unavailable
 //!   one).
-//! - **Quarantine**: a line `MEMBER REASON` in `NAME.quarantine` beside the manifest holds the
+//! - **Quarantine**: a line `MEMBER REASON` in `NAMESPACE.NAME.quarantine` beside the manifest holds the
 //!   member out of the pool (not published, replaced, its VM kept); removing the line deletes it.
-//! - **Generated credentials**: `NAME.credentials` beside the manifest
+//! - **Generated credentials**: `NAMESPACE.NAME.credentials` beside the manifest
 //!   ([`credentials_file`]), created once (0600), never overwritten; deleting or editing it
 //!   rolls the members.
 //! - **Removal**: a pool whose manifest is gone deletes every member, then forgets itself
@@ -53,7 +53,8 @@ use crate::manifests::{LoadedPool, UID_NAMESPACE};
 use crate::shared::{Obj, Shared};
 use crate::{POLL_INTERVAL, lock};
 
-/// The suffix of a pool's quarantine file beside its manifest: `NAME.quarantine`.
+/// The suffix of a pool's quarantine file beside its manifest: `NAMESPACE.NAME.quarantine`
+/// (namespaced like the credentials file: two pools of one name never share it).
 pub const QUARANTINE_SUFFIX: &str = ".quarantine";
 /// Largest quarantine file read.
 const MAX_QUARANTINE_BYTES: u64 = 1 << 20;
@@ -69,6 +70,11 @@ pub fn member_uid(namespace: &str, pool: &str, member: &str) -> ProxyUid {
         &UID_NAMESPACE,
         format!("pool:{namespace}/{pool}/{member}").as_bytes(),
     ))
+}
+
+/// Where pool `namespace/name`'s quarantine file is read from in manifest directory `dir`.
+pub fn quarantine_path(dir: &Path, namespace: &str, name: &str) -> PathBuf {
+    dir.join(format!("{namespace}.{name}{QUARANTINE_SUFFIX}"))
 }
 
 /// Where pool `namespace/name`'s member list is kept in manifest directory `dir`.
@@ -302,7 +308,7 @@ impl Shared {
         p: &LoadedPool,
     ) -> Result<Option<ProxyCredentials>, credentials_file::CredentialsFileError> {
         if p.policy.generate_credentials {
-            let path = credentials_file::credentials_path(self.dir(), &p.name);
+            let path = credentials_file::credentials_path(self.dir(), &p.namespace, &p.name);
             let (c, created) = credentials_file::ensure(&path, &p.name)?;
             if created {
                 tracing::info!(pool = %p.key(), file = %path.display(), "pool credentials generated");
@@ -344,7 +350,7 @@ impl Shared {
         if !self.is_adopted(&p.spec.template.provider) {
             return;
         }
-        let quarantine = read_quarantine(&self.dir().join(format!("{name}{QUARANTINE_SUFFIX}")));
+        let quarantine = read_quarantine(&quarantine_path(self.dir(), &namespace, &name));
         let creds = match self.pool_credentials(&p) {
             Ok(c) => c,
             Err(e) => {

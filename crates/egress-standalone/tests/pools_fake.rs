@@ -152,7 +152,7 @@ async fn a_pool_runs_its_replicas_publishes_them_scales_rolls_and_its_removal_de
     assert_eq!(body.lines().collect::<Vec<_>>(), want);
     assert_eq!(get(r.addr, "/pools/nope/healthy.txt").await.0, 404);
     // The generated credentials: a 0600 file beside the manifest.
-    let creds = w.dir.path().join("web.credentials");
+    let creds = w.dir.path().join("default.web.credentials");
     let mode = std::fs::metadata(&creds).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
     assert!(
@@ -225,7 +225,7 @@ async fn a_restart_adopts_the_members_vms_and_reuses_the_generated_credentials()
     let before = live(&status(r.addr).await, "web");
     let doms = domains(&w);
     assert_eq!(doms, member_domains(&before));
-    let creds = std::fs::read_to_string(w.dir.path().join("web.credentials")).unwrap();
+    let creds = std::fs::read_to_string(w.dir.path().join("default.web.credentials")).unwrap();
     r.stop(WAIT).await;
 
     let r = start_standalone(standalone_options(w.dir.path()), w.hosts.providers()).await;
@@ -245,10 +245,70 @@ async fn a_restart_adopts_the_members_vms_and_reuses_the_generated_credentials()
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(domains(&w), doms);
     assert_eq!(
-        std::fs::read_to_string(w.dir.path().join("web.credentials")).unwrap(),
+        std::fs::read_to_string(w.dir.path().join("default.web.credentials")).unwrap(),
         creds,
         "the credentials file is reused, never rewritten"
     );
+    r.stop(WAIT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editing_the_generated_credentials_rolls_the_members_and_each_namespace_has_its_own_file() {
+    let w = world(&["h1", "h2"]).await;
+    write_pool(w.dir.path(), "web", 2, 256, "");
+    // A pool of the same name in another namespace: its own credentials file.
+    std::fs::write(
+        w.dir.path().join("team-web.yaml"),
+        format!(
+            "apiVersion: egress-proxies.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: web\n  \
+             namespace: team\nspec:\n  replicas: 1\n  template:\n    provider: {ENTRY}\n    \
+             image: tiny\n    resources: {{diskGiB: 4, memoryMiB: 256}}\n  credentials: {{generate: true}}\n"
+        ),
+    )
+    .unwrap();
+    let r = start_standalone(standalone_options(w.dir.path()), w.hosts.providers()).await;
+    let team_settled = |d: &StatusDocument| {
+        d.pools.iter().any(|p| {
+            p.namespace == "team"
+                && p.members.len() == 1
+                && p.members.iter().all(|m| m.available && !m.deleting)
+        })
+    };
+    wait_status(r.addr, "both pools Running", WAIT, |d| {
+        settled("web", 2)(d) && team_settled(d)
+    })
+    .await;
+    let ours = w.dir.path().join("default.web.credentials");
+    let theirs = w.dir.path().join("team.web.credentials");
+    let (a, b) = (
+        std::fs::read_to_string(&ours).unwrap(),
+        std::fs::read_to_string(&theirs).unwrap(),
+    );
+    assert_ne!(
+        a, b,
+        "two namespaces' pools of one name never share credentials"
+    );
+    let before = live(&status(r.addr).await, "web");
+
+    // New credentials written by the user: every member of that pool is replaced (through
+    // the update budget), the other namespace's pool is left alone.
+    std::fs::write(&ours, "pool-web:an-entirely-new-password-0123456789\n").unwrap();
+    let t0 = Instant::now();
+    loop {
+        let d = status(r.addr).await;
+        let now = live(&d, "web");
+        if settled("web", 2)(&d) && now.iter().all(|m| !before.contains(m)) {
+            break;
+        }
+        assert!(t0.elapsed() < WAIT, "no roll: {:#?}", pool(&d, "web"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        std::fs::read_to_string(&ours).unwrap(),
+        "pool-web:an-entirely-new-password-0123456789\n",
+        "the user's file is never rewritten"
+    );
+    assert_eq!(std::fs::read_to_string(&theirs).unwrap(), b);
     r.stop(WAIT).await;
 }
 
@@ -271,7 +331,7 @@ async fn a_quarantined_member_leaves_publication_is_replaced_kept_and_deleted_wh
         .unwrap();
     let victim_domain = names::domain(ENTRY, &member_uid("default", "web", &victim));
     std::fs::write(
-        w.dir.path().join("web.quarantine"),
+        w.dir.path().join("default.web.quarantine"),
         format!("# held for inspection\n{victim} banned by example.com\n"),
     )
     .unwrap();
@@ -296,7 +356,7 @@ async fn a_quarantined_member_leaves_publication_is_replaced_kept_and_deleted_wh
     assert_eq!(body.lines().count(), 2, "{body}");
     assert!(domains(&w).contains(&victim_domain), "its VM is kept");
     // Released: deleted.
-    std::fs::write(w.dir.path().join("web.quarantine"), "").unwrap();
+    std::fs::write(w.dir.path().join("default.web.quarantine"), "").unwrap();
     let t0 = Instant::now();
     while domains(&w).contains(&victim_domain) {
         assert!(t0.elapsed() < WAIT, "the released member was not deleted");

@@ -1,5 +1,6 @@
-//! A pool's generated credentials kept as a file (standalone mode): `POOL.credentials`
-//! beside the manifest, one line `username:password`, created once with mode 0600 and
+//! A pool's generated credentials kept as a file (standalone mode): `NAMESPACE.POOL.credentials`
+//! beside the manifest (the namespace first, so two pools of one name in different namespaces
+//! never share a file: a namespace has no dot, so the name cannot be read two ways), one line `username:password`, created once with mode 0600 and
 //! never overwritten, so a restart reuses them and members keep their credentials.
 //!
 //! Guarantees: the file is created with `create_new` (two processes racing: the first one's
@@ -15,7 +16,7 @@ use std::path::{Path, PathBuf};
 use super::credentials::{generate, to_file_line};
 use crate::controller::ProxyCredentials;
 
-/// The file name suffix: `POOL.credentials`.
+/// The file name suffix: `NAMESPACE.POOL.credentials`.
 pub const CREDENTIALS_SUFFIX: &str = ".credentials";
 /// Largest credentials file read.
 // NB: a user name of 32 and a password of 128 characters (the guest's limits) and a colon.
@@ -44,9 +45,9 @@ pub enum CredentialsFileError {
     },
 }
 
-/// Where pool `pool`'s credentials live in manifest directory `dir`.
-pub fn credentials_path(dir: &Path, pool: &str) -> PathBuf {
-    dir.join(format!("{pool}{CREDENTIALS_SUFFIX}"))
+/// Where pool `namespace/pool`'s credentials live in manifest directory `dir`.
+pub fn credentials_path(dir: &Path, namespace: &str, pool: &str) -> PathBuf {
+    dir.join(format!("{namespace}.{pool}{CREDENTIALS_SUFFIX}"))
 }
 
 /// The credentials in `path`; `None` when the file does not exist.
@@ -133,8 +134,13 @@ mod tests {
     #[test]
     fn credentials_are_generated_once_with_mode_0600_and_reused_never_overwritten() {
         let dir = tempfile::tempdir().unwrap();
-        let path = credentials_path(dir.path(), "web");
-        assert_eq!(path.file_name().unwrap(), "web.credentials");
+        let path = credentials_path(dir.path(), "default", "web");
+        assert_eq!(path.file_name().unwrap(), "default.web.credentials");
+        assert_ne!(
+            credentials_path(dir.path(), "team", "web"),
+            credentials_path(dir.path(), "default", "web"),
+            "one pool name in two namespaces shares no file"
+        );
         assert!(read(&path).unwrap().is_none());
         let (c, created) = ensure(&path, "web").unwrap();
         assert!(created);
@@ -155,20 +161,20 @@ mod tests {
             ("alice", "s3cr3t")
         );
         // Two pools get different passwords.
-        let (other, _) = ensure(&credentials_path(dir.path(), "api"), "api").unwrap();
+        let (other, _) = ensure(&credentials_path(dir.path(), "default", "api"), "api").unwrap();
         assert_ne!(other.password, c.password);
     }
 
     #[test]
     fn a_file_without_valid_credentials_is_an_error_naming_it_and_is_left_alone() {
         let dir = tempfile::tempdir().unwrap();
-        let path = credentials_path(dir.path(), "web");
+        let path = credentials_path(dir.path(), "default", "web");
         let long = format!("u:{}\n", "p".repeat(300));
         for bad in ["", "nocolon\n", ":pw\n", "user:\n", "a:b\nc:d\n", &long] {
             std::fs::write(&path, bad).unwrap();
             let e = ensure(&path, "web").unwrap_err();
             assert!(matches!(e, CredentialsFileError::Invalid { .. }), "{bad:?}");
-            assert!(e.to_string().contains("web.credentials"));
+            assert!(e.to_string().contains("default.web.credentials"));
             assert_eq!(std::fs::read_to_string(&path).unwrap(), bad, "left alone");
         }
     }

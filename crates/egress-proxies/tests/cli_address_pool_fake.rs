@@ -152,13 +152,16 @@ async fn check_status_and_metrics_show_each_hosts_pool_and_each_proxys_addresses
         "{human}"
     );
 
-    // standalone: one Proxy pins an address of each family, the other gets the rest.
+    // standalone: one Proxy pins an address of each family, the other gets the rest. The pins
+    // are each range's highest address: a fresh allocation takes the lowest free one, so the
+    // outcome does not depend on which Proxy is created first (a pin taken by an earlier
+    // unpinned Proxy is refused, naming the holder, as documented).
     let proxies = dir.path().join("proxies");
     std::fs::create_dir(&proxies).unwrap();
     manifest(
         &proxies,
         "pinned",
-        "  egress:\n    address: [192.0.2.3, \"2001:db8:5::10\"]\n",
+        "  egress:\n    address: [192.0.2.3, \"2001:db8:5::11\"]\n",
     );
     manifest(&proxies, "pooled", "");
     let port = {
@@ -218,12 +221,12 @@ async fn check_status_and_metrics_show_each_hosts_pool_and_each_proxys_addresses
     };
     assert_eq!(
         by("pinned")["egressAddress"],
-        serde_json::json!(["192.0.2.3", "2001:db8:5::10"]),
+        serde_json::json!(["192.0.2.3", "2001:db8:5::11"]),
         "{doc:#}"
     );
     assert_eq!(
         by("pooled")["egressAddress"],
-        serde_json::json!(["192.0.2.2", "2001:db8:5::11"]),
+        serde_json::json!(["192.0.2.2", "2001:db8:5::10"]),
         "{doc:#}"
     );
     assert_eq!(
@@ -262,7 +265,7 @@ async fn check_status_and_metrics_show_each_hosts_pool_and_each_proxys_addresses
     .await;
     let table = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(table.contains("EGRESS ADDRESS"), "{table}");
-    assert!(table.contains("192.0.2.3,2001:db8:5::10"), "{table}");
-    assert!(table.contains("192.0.2.2,2001:db8:5::11"), "{table}");
+    assert!(table.contains("192.0.2.3,2001:db8:5::11"), "{table}");
+    assert!(table.contains("192.0.2.2,2001:db8:5::10"), "{table}");
     drop(op);
 }

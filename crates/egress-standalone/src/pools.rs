@@ -96,6 +96,9 @@ pub(crate) struct MemberRec {
     /// It was available once (its create-to-available time is recorded then).
     #[serde(default)]
     pub(crate) was_available: bool,
+    /// Egress addresses it pins (its predecessor's, under `rotation.egressAddress: Keep`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) pin: Vec<std::net::IpAddr>,
 }
 
 /// The member file.
@@ -438,6 +441,7 @@ impl Shared {
                 created: now_text(now),
                 deleting: false,
                 was_available: false,
+                pin: c.pin.clone(),
             };
             let uid = member_uid(&namespace, &name, &c.name);
             new_objects.push((uid, member_object(&p, &rec, uid, creds.as_ref())));
@@ -757,6 +761,7 @@ fn member_object(
         spec: std::sync::Arc::new(member_spec(
             &p.spec.template,
             &rec.host,
+            &rec.pin,
             reference.as_deref(),
         )),
         deleting: false,
@@ -785,3 +790,7 @@ pub(crate) async fn run(sh: Arc<Shared>, stop: CancellationToken) {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "pools_tests.rs"]
+mod tests;

@@ -158,11 +158,20 @@ pub fn member_name(pool: &str, template_hash: &str, now: SystemTime, attempt: u3
     name
 }
 
-/// The spec of a member placed on `host`: the template, pinned to `host`, with the pool's
-/// generated credentials when it has them.
-pub fn member_spec(template: &ProxySpec, host: &str, credentials_ref: Option<&str>) -> ProxySpec {
+/// The spec of a member placed on `host`: the template, pinned to `host` and to the egress
+/// addresses `pin` (a replaced member's, under `rotation.egressAddress: Keep`; none
+/// otherwise), with the pool's generated credentials when it has them.
+pub fn member_spec(
+    template: &ProxySpec,
+    host: &str,
+    pin: &[std::net::IpAddr],
+    credentials_ref: Option<&str>,
+) -> ProxySpec {
     let mut spec = template.clone();
     spec.host = Some(host.to_owned());
+    if !pin.is_empty() {
+        spec.egress.address = pin.iter().map(ToString::to_string).collect();
+    }
     if let Some(r) = credentials_ref {
         spec.proxy.credentials_ref = Some(r.to_owned());
     }

@@ -115,12 +115,20 @@ fn member_names_are_derived_distinct_and_valid_and_a_member_is_pinned_with_the_p
     let n = member_name(&long, "x", at(0), 7);
     assert_eq!(n.len(), 63);
     assert!(crate::model::is_dns_subdomain(&n), "{n}");
-    let s = member_spec(&template(), "h2", Some("web-credentials"));
+    let s = member_spec(&template(), "h2", &[], Some("web-credentials"));
     assert_eq!(s.host.as_deref(), Some("h2"));
     assert_eq!(s.proxy.credentials_ref.as_deref(), Some("web-credentials"));
     assert!(s.validate().is_empty());
+    assert!(s.egress.address.is_empty());
+    // A replacement under `rotation.egressAddress: Keep` pins its predecessor's addresses.
+    let pin = ["192.0.2.7".parse().unwrap(), "2001:db8::7".parse().unwrap()];
+    let s = member_spec(&template(), "h2", &pin, None);
+    assert_eq!(s.egress.address, vec!["192.0.2.7", "2001:db8::7"]);
+    assert!(s.validate().is_empty(), "{:?}", s.validate());
     assert_eq!(
-        member_spec(&template(), "h2", None).proxy.credentials_ref,
+        member_spec(&template(), "h2", &[], None)
+            .proxy
+            .credentials_ref,
         None
     );
 }

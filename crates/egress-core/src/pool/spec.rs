@@ -119,6 +119,30 @@ pub struct Rotation {
     /// Unset: members are never replaced for their age.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_age: Option<String>,
+    /// What a member replaced for its age or a template change does with its egress
+    /// addresses: `Fresh` (default) gives the replacement new ones; `Keep` deletes the old
+    /// member first (within `update.maxUnavailable`, no surge) and creates the replacement
+    /// on the same host with the same addresses.
+    #[serde(default, skip_serializing_if = "EgressAddressPolicy::is_fresh")]
+    pub egress_address: EgressAddressPolicy,
+}
+
+/// The egress addresses of a member's replacement (`rotation.egressAddress`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub enum EgressAddressPolicy {
+    /// New addresses from the host's address pool; the old member serves until its
+    /// replacement is available.
+    #[default]
+    Fresh,
+    /// The old member's addresses, on its host; the old member is deleted first.
+    Keep,
+}
+
+impl EgressAddressPolicy {
+    fn is_fresh(&self) -> bool {
+        *self == Self::Fresh
+    }
 }
 
 impl Rotation {

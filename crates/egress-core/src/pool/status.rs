@@ -58,6 +58,19 @@ pub mod reason {
     pub const MEMBER_QUARANTINED: &str = "MemberQuarantined";
 }
 
+/// A replaced member's egress addresses, waiting for the member to be gone.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct PendingAddress {
+    /// The deleted member's name.
+    pub member: String,
+    /// Its host: the replacement goes there.
+    pub host: String,
+    /// Its egress addresses: the replacement pins them.
+    pub addresses: Vec<String>,
+}
+
 /// What the operator reports about a ProxyPool.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -100,6 +113,11 @@ pub struct ProxyPoolStatus {
     /// because its annotation was removed is deleted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quarantined: Vec<String>,
+    /// Egress addresses kept for replacements (`rotation.egressAddress: Keep`): a member
+    /// deleted for its age or a template change, its host and addresses; its replacement is
+    /// created there with them once it is gone. At most `replicas` entries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_addresses: Vec<PendingAddress>,
     /// The label selector of the pool's members (`egress-proxies.dev/pool=NAME`), as the
     /// `scale` subresource reports it to `kubectl scale` and autoscalers.
     #[serde(default, skip_serializing_if = "String::is_empty")]

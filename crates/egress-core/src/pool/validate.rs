@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::duration::parse_duration;
 use super::quantity::Rounding;
-use super::spec::{ProxyPoolSpec, ScaleInOrder};
+use super::spec::{EgressAddressPolicy, ProxyPoolSpec, ScaleInOrder};
 use crate::model::{SpecError, is_dns_subdomain};
 
 /// Most members one pool may ask for.
@@ -59,6 +59,8 @@ pub struct PoolPolicy {
     pub scale_in: ScaleInOrder,
     /// Whether the operator generates the members' credentials.
     pub generate_credentials: bool,
+    /// Replacements for age or a template change keep the old member's addresses.
+    pub keep_addresses: bool,
 }
 
 impl PoolPolicy {
@@ -236,6 +238,20 @@ impl ProxyPoolSpec {
                 ),
             );
         }
+        if self.rotation.egress_address == EgressAddressPolicy::Keep
+            && u.max_unavailable
+                .resolve(self.replicas.max(1), Rounding::Down)
+                == 0
+        {
+            err(
+                "spec.rotation.egressAddress",
+                format!(
+                    "Keep needs spec.update.maxUnavailable of at least 1 (it is {}): the old \
+                     member is deleted before its replacement takes its addresses",
+                    u.max_unavailable
+                ),
+            );
+        }
         if !errs.is_empty() {
             return Err(errs);
         }
@@ -262,6 +278,7 @@ impl ProxyPoolSpec {
             backoff_max,
             scale_in: self.scale_in.order,
             generate_credentials: self.credentials.generate,
+            keep_addresses: self.rotation.egress_address == EgressAddressPolicy::Keep,
         })
     }
 }

@@ -47,6 +47,7 @@ fn a_minimal_manifest_gets_the_documented_defaults() {
             backoff_max: Duration::from_secs(600),
             scale_in: ScaleInOrder::OldestFirst,
             generate_credentials: false,
+            keep_addresses: false,
         }
     );
     assert!(validate_pool_name(&m.metadata.name).is_none());
@@ -244,4 +245,26 @@ fn the_users_page_documents_every_spec_field_with_its_default() {
             "docs/pools.md does not document spec.{k}"
         );
     }
+}
+
+#[test]
+fn keeping_egress_addresses_needs_max_unavailable() {
+    let errs = errors("rotation:\n  egressAddress: Keep\n");
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].0, "spec.rotation.egressAddress");
+    assert!(errs[0].1.contains("spec.update.maxUnavailable"), "{errs:?}");
+    let errs =
+        errors("replicas: 3\nrotation:\n  egressAddress: Keep\nupdate:\n  maxUnavailable: 10%\n");
+    assert_eq!(errs[0].0, "spec.rotation.egressAddress", "{errs:?}");
+    let p = spec("rotation:\n  egressAddress: Keep\nupdate:\n  maxUnavailable: 1\n")
+        .validate()
+        .unwrap();
+    assert!(p.keep_addresses);
+    assert!(!spec("").validate().unwrap().keep_addresses);
+    assert!(
+        serde_saphyr::from_str::<ProxyPoolSpec>(&format!(
+            "{TEMPLATE}rotation:\n  egressAddress: Sticky\n"
+        ))
+        .is_err()
+    );
 }

@@ -242,6 +242,15 @@ mod tests {
         let member = egress_core::pool::member::member_spec(
             &spec(&[], true, None).template,
             "h1",
+            &[],
+            Some("web-credentials"),
+        );
+        validate_cel(&crate::api::Proxy::new("web-bcdfgh", member.into())).unwrap();
+        // A replacement keeping its predecessor's address pins it: the Proxy's rule allows it.
+        let member = egress_core::pool::member::member_spec(
+            &spec(&[], true, None).template,
+            "h1",
+            &["192.0.2.7".parse().unwrap()],
             Some("web-credentials"),
         );
         validate_cel(&crate::api::Proxy::new("web-bcdfgh", member.into())).unwrap();

@@ -53,6 +53,9 @@ pub struct CreateMember {
     pub host: String,
     /// The template hash to label it with.
     pub template_hash: String,
+    /// Egress addresses to pin (its `spec.egress.address`): the replaced member's, under
+    /// `rotation.egressAddress: Keep`; empty otherwise.
+    pub pin: Vec<std::net::IpAddr>,
 }
 
 /// Why a member is deleted (a metrics label and part of the event message).

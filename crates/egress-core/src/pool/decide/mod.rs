@@ -25,11 +25,14 @@
 
 mod conditions;
 mod io;
+mod keep;
 mod place;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_budget;
+#[cfg(test)]
+mod tests_keep;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
@@ -208,9 +211,23 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
     }
     let replicas = usize::try_from(p.replicas).unwrap_or(usize::MAX);
     let max_total = usize::try_from(p.max_total()).unwrap_or(usize::MAX);
+    // Keep: a replaced member's addresses wait in the status until it is gone, then its
+    // replacement takes them on its host (elsewhere, fresh, when that host is unusable).
+    let (pinned, held) = if p.keep_addresses {
+        keep::take(&mut d.status.pending_addresses, i, &mut counts)
+    } else {
+        d.status.pending_addresses.clear();
+        (Vec::new(), 0)
+    };
+    // Keep: no surge for a stale member; it leaves first and its replacement takes its slot.
+    let occupied = if p.keep_addresses {
+        fresh.len() + stale.len() + held + pinned.len()
+    } else {
+        fresh.len()
+    };
     let wanted = replicas
-        .saturating_sub(fresh.len())
-        .min(max_total.saturating_sub(remaining.len()));
+        .saturating_sub(occupied)
+        .min(max_total.saturating_sub(remaining.len() + held + pinned.len()));
     let placed = place::place(
         wanted,
         p,
@@ -227,7 +244,10 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
     }
     let taken: BTreeSet<&str> = i.members.iter().map(|m| m.name.as_str()).collect();
     let mut attempt = 0u32;
-    for host in placed.hosts {
+    let planned = pinned
+        .into_iter()
+        .chain(placed.hosts.into_iter().map(|h| (h, Vec::new())));
+    for (host, pin) in planned {
         let name = loop {
             let n = member_name(i.name, i.template_hash, now, attempt);
             attempt = attempt.saturating_add(1);
@@ -244,6 +264,7 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
             name,
             host,
             template_hash: i.template_hash.to_owned(),
+            pin,
         });
     }
 
@@ -281,6 +302,9 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
             available_budget -= 1;
         }
         delete(&mut d, m, cause);
+        if p.keep_addresses {
+            keep::remember(&mut d.status.pending_addresses, m, cause, replicas);
+        }
     }
 
     d.status.observed_generation = i.generation;

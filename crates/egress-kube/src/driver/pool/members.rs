@@ -216,6 +216,7 @@ mod tests {
             name: "web-bcdfgh".into(),
             host: "a".into(),
             template_hash: "h1".into(),
+            pin: Vec::new(),
         };
         exp.created.insert(c.name.clone(), (c, now));
         // Not in the cache yet: counted, so the next round creates nothing more.
@@ -235,6 +236,7 @@ mod tests {
             name: "web-lost".into(),
             host: "a".into(),
             template_hash: "h1".into(),
+            pin: Vec::new(),
         };
         exp.created.insert(c.name.clone(), (c, now));
         let later = now + EXPECTATION_TTL + Duration::from_secs(1);

@@ -334,7 +334,7 @@ pub(crate) fn member_body(
 ) -> Proxy {
     let mut p = Proxy::new(
         &c.name,
-        ProxyCrdSpec(member_spec(template, &c.host, credentials_ref)),
+        ProxyCrdSpec(member_spec(template, &c.host, &c.pin, credentials_ref)),
     );
     p.metadata.namespace = pool.namespace();
     p.metadata.labels = Some(
@@ -510,5 +510,28 @@ mod tests {
         assert_eq!(rows[0].name, "web-a");
         assert_eq!(rows[0].egress_address, ["203.0.113.7", "2001:db8::7"]);
         assert!(rows[1].egress_address.is_empty());
+    }
+
+    #[test]
+    fn a_member_body_pins_the_kept_egress_addresses_of_its_create() {
+        #![allow(clippy::unwrap_used)]
+        let spec: egress_core::pool::spec::ProxyPoolSpec = serde_saphyr::from_str(
+            "replicas: 1\ntemplate:\n  provider: home\n  image: tiny\n  proxy:\n    \
+             allowedClientCidrs: [10.0.0.0/8]\n",
+        )
+        .unwrap();
+        let pool = ProxyPool::new("web", spec.clone().into());
+        let mut c = egress_core::pool::CreateMember {
+            name: "web-bcdfgh".into(),
+            host: "h1".into(),
+            template_hash: "t".into(),
+            pin: vec!["203.0.113.7".parse().unwrap()],
+        };
+        let p = member_body(&pool, &c, &spec.template, None);
+        assert_eq!(p.spec.0.host.as_deref(), Some("h1"));
+        assert_eq!(p.spec.0.egress.address, ["203.0.113.7"]);
+        c.pin.clear();
+        let p = member_body(&pool, &c, &spec.template, None);
+        assert!(p.spec.0.egress.address.is_empty());
     }
 }

@@ -412,3 +412,66 @@ async fn each_member_row_lists_the_declared_egress_address_its_vm_holds() {
     assert_eq!(held.len(), 2, "one address per member: {p:#?}");
     r.stop(WAIT).await;
 }
+
+/// `rotation.egressAddress: Keep`: a template change replaces every member one at a time and
+/// each replacement comes back at the address of the member it replaced (with the default,
+/// `Fresh`, the allocator would hand out never-used addresses first: .12 and .13).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_brings_each_replacement_back_at_the_address_of_the_member_it_replaced() {
+    use egress_provider::libvirt::address_pool::{AddressPool, FamilyPool};
+    let server = ImageServer::start().await;
+    let image = qcow2(2 * GIB, 4096);
+    let url = server.route("/tiny.qcow2", Route::new(image.clone()));
+    let hosts = FakeHosts::new(ENTRY, &["h1"])
+        .image("tiny", qcow2_image(url, sha(&image)))
+        .address_pool(AddressPool {
+            ipv4: Some(FamilyPool {
+                prefix: "203.0.113.0/24".into(),
+                gateway: "203.0.113.1".into(),
+                ranges: vec!["203.0.113.10-203.0.113.19".into()],
+            }),
+            ipv6: None,
+            dns: vec!["203.0.113.53".into()],
+        });
+    let _dhcp = hosts.start_dhcp(Duration::from_millis(50));
+    let dir = tempfile::tempdir().unwrap();
+    let keep =
+        "  rotation:\n    egressAddress: Keep\n  update:\n    maxSurge: 0\n    maxUnavailable: 1\n";
+    write_pool(dir.path(), "web", 2, 256, keep);
+    let r = start_standalone(standalone_options(dir.path()), hosts.providers()).await;
+    let with_addresses = |d: &StatusDocument| {
+        settled("web", 2)(d)
+            && pool(d, "web")
+                .is_some_and(|p| p.members.iter().all(|m| !m.egress_address.is_empty()))
+    };
+    wait_status(r.addr, "2 members with addresses", WAIT, with_addresses).await;
+    let d = status(r.addr).await;
+    let before: BTreeMap<String, Vec<String>> = pool(&d, "web")
+        .unwrap()
+        .members
+        .iter()
+        .map(|m| (m.name.clone(), m.egress_address.clone()))
+        .collect();
+    let held: BTreeSet<Vec<String>> = before.values().cloned().collect();
+    assert_eq!(held.len(), 2, "{before:?}");
+
+    // A template change: both members are replaced, and the addresses stay with the pool.
+    write_pool(dir.path(), "web", 2, 384, keep);
+    let t0 = Instant::now();
+    loop {
+        let d = status(r.addr).await;
+        let p = pool(&d, "web").unwrap();
+        // Never more than `replicas` members at once (the one being deleted included): Keep
+        // does not surge.
+        assert!(p.members.len() <= 2, "Keep never surges: {p:#?}");
+        if with_addresses(&d) && p.members.iter().all(|m| !before.contains_key(&m.name)) {
+            let after: BTreeSet<Vec<String>> =
+                p.members.iter().map(|m| m.egress_address.clone()).collect();
+            assert_eq!(after, held, "replacements keep the addresses: {p:#?}");
+            break;
+        }
+        assert!(t0.elapsed() < WAIT, "no roll: {p:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    r.stop(WAIT).await;
+}

@@ -1130,10 +1130,12 @@ async fn an_invalid_pool_is_reported_with_every_field_at_fault_and_gets_no_membe
         msg.contains("spec.update") && msg.contains("spec.rotation.maxAge"),
         "{msg}"
     );
-    assert!(
+    // The Event is written after the status: wait for it (with the same deadline).
+    w.until("a Warning InvalidSpec Event", |w| {
         w.events()
             .contains(&("Warning".into(), "InvalidSpec".into()))
-    );
+    })
+    .await;
     assert!(
         !w.api
             .objects(GROUP, "proxies")

@@ -18,12 +18,15 @@ use super::state::lock;
 
 impl Controller {
     /// Performs the decision's action (no network here: work is spawned) and builds the
-    /// outcome.
+    /// outcome. `found_at_location`: this reconcile's `get` found the instance running or
+    /// provisioning at its location with no work in flight, so second copies elsewhere may be
+    /// swept (see [`strays`](super::strays)).
     pub(super) fn act(
         &self,
         obj: &ProxyObject,
         handle: Option<&crate::providers::ProviderHandle>,
         d: Decision,
+        found_at_location: bool,
         now: SystemTime,
     ) -> Outcome {
         let Decision {
@@ -45,6 +48,7 @@ impl Controller {
             st.clear_location(&obj.uid);
             st.created.remove(&obj.uid);
             st.forget_waiter(&obj.uid);
+            st.strays.remove(&obj.uid);
             return Outcome {
                 status,
                 requeue_after,
@@ -52,6 +56,10 @@ impl Controller {
                 finalized,
             };
         }
+        // A sweep of this UID's second copies is running: no create may start until it is
+        // done (it wakes the UID when it ends), so it never removes a copy being made.
+        let sweeping = st.sweeping(&obj.uid);
+        let mut created_on: Option<(String, String)> = None;
         let o = st.objects.entry(obj.uid).or_default();
         o.memory = memory;
         let stopping = self.inner.stopping.load(Ordering::SeqCst);
@@ -70,6 +78,8 @@ impl Controller {
                 if let Some(h) = handle {
                     if stopping {
                         status = decide::shutting_down(status, obj, now);
+                        requeue_after = Some(settings.poll_provisioning);
+                    } else if sweeping {
                         requeue_after = Some(settings.poll_provisioning);
                     } else {
                         let max = h.host(&req.host).map_or(1, |c| c.max_concurrent);
@@ -93,6 +103,8 @@ impl Controller {
                                     old.abort.abort();
                                 }
                                 let deadline = create_deadline(&h.config.timeouts);
+                                // Until it succeeds there, a copy may be left on this host.
+                                created_on = Some((h.config.name.clone(), req.host.clone()));
                                 o.op = Some(self.spawn_create(
                                     h.provider.clone(),
                                     h.config.name.clone(),
@@ -150,8 +162,20 @@ impl Controller {
                 }
             }
         }
+        let idle = o.op.is_none();
         if let Some((entry, host, pinned)) = wait_on {
             st.wait_for_slot(&entry, &host, obj.uid, pinned);
+        }
+        if let Some((entry, host)) = created_on {
+            st.note_stray(obj.uid, &entry, &host);
+        }
+        if found_at_location
+            && idle
+            && !stopping
+            && !obj.deleting
+            && let Some(h) = handle
+        {
+            self.start_sweep(&mut st, h, obj.uid, now);
         }
         // The work in flight may have changed: the host loads follow.
         st.refresh_load(&obj.uid);

@@ -172,6 +172,7 @@ struct Case {
     entry: Option<LibvirtEntry>,
     digest: String,
     location: Option<ProviderId>,
+    strays: Vec<String>,
     observed: Observed,
     op: OpView,
     hosts: BTreeMap<String, HostInfo>,
@@ -193,6 +194,7 @@ fn case(p: P) -> Case {
         entry: Some(e),
         digest: DIGEST.into(),
         location: None,
+        strays: Vec::new(),
         observed: Observed::Unknown,
         op: OpView::Idle,
         memory: Memory::default(),
@@ -208,6 +210,11 @@ impl Case {
     }
     fn at(mut self, h: &str) -> Self {
         self.location = Some(id(h));
+        self
+    }
+    /// Hosts where a second copy of the instance may remain.
+    fn strays(mut self, hosts: &[&str]) -> Self {
+        self.strays = hosts.iter().map(|h| (*h).to_owned()).collect();
         self
     }
     fn observed(mut self, o: Observed) -> Self {
@@ -260,6 +267,7 @@ impl Case {
             status: &self.status,
             entry: ev.as_ref(),
             location: self.location.as_ref(),
+            strays: &self.strays,
             observed: &self.observed,
             op: &self.op,
             hosts: &self.hosts,
@@ -1050,6 +1058,29 @@ fn deleting_a_placed_proxy_deletes_on_its_host_and_aborts_a_create_in_flight() {
         d.action,
         Action::Delete {
             hosts: vec!["h1".into()]
+        }
+    );
+}
+
+#[test]
+fn deleting_a_placed_proxy_also_deletes_where_a_second_copy_may_remain() {
+    let d = case(proxy().deleting())
+        .at("h2")
+        .strays(&["h1", "gone"])
+        .run();
+    assert_eq!(
+        d.action,
+        Action::Delete {
+            hosts: vec!["h2".into(), "h1".into()]
+        },
+        "a host the entry no longer has is not addressed"
+    );
+    // Unplaced: every host anyway.
+    let d = case(proxy().deleting()).strays(&["h2"]).run();
+    assert_eq!(
+        d.action,
+        Action::Delete {
+            hosts: vec!["h1".into(), "h2".into()]
         }
     );
 }

@@ -167,12 +167,41 @@ impl Controller {
     /// it at start and after each listing), so a restart finds each Proxy's instance from the
     /// hosts' marks. Only instances whose domain name matches their mark's UID are adopted;
     /// their marks' creation times become [`Controller::created_at`].
+    ///
+    /// A listing never moves a location this process already knows (a listing may be older
+    /// than the create or get that set it): an instance listed on another host than its UID's
+    /// location, or than the host its create in flight addresses, is noted as a second copy
+    /// to remove once the Proxy is found at its location (see `strays`). When the UID has no
+    /// location, the first listed copy becomes it and any other is such a copy.
     pub fn adopt(&self, entry: &str, owned: &[OwnedInstance]) {
         let mut st = lock(&self.inner.state);
         for o in owned {
-            if o.name_matches_uid && o.id.entry == entry {
-                st.set_location(o.uid, o.id.clone());
-                st.created.insert(o.uid, o.created_at);
+            if !o.name_matches_uid || o.id.entry != entry {
+                continue;
+            }
+            let creating_on = st.objects.get(&o.uid).and_then(|s| match &s.op {
+                Some(op) => match &op.kind {
+                    OpKind::Create { entry, host, .. } => Some((entry.clone(), host.clone())),
+                    OpKind::Delete { .. } => None,
+                },
+                None => None,
+            });
+            let here = (o.id.entry.as_str(), o.id.host.as_str());
+            match st.locations.get(&o.uid) {
+                Some(l) if (l.entry.as_str(), l.host.as_str()) == here => {
+                    st.created.insert(o.uid, o.created_at);
+                }
+                Some(_) => st.note_stray(o.uid, entry, &o.id.host),
+                None => match creating_on {
+                    // The create's own result sets the location.
+                    Some((e, h)) if (e.as_str(), h.as_str()) == here => {}
+                    Some(_) => st.note_stray(o.uid, entry, &o.id.host),
+                    None if st.sweeping_host(&o.uid, entry, &o.id.host) => {}
+                    None => {
+                        st.set_location(o.uid, o.id.clone());
+                        st.created.insert(o.uid, o.created_at);
+                    }
+                },
             }
         }
     }
@@ -309,6 +338,7 @@ impl Controller {
         st.clear_location(uid);
         st.created.remove(uid);
         st.forget_waiter(uid);
+        st.strays.remove(uid);
         drop(st);
         lock(&self.inner.verified).remove(uid);
         lock(&self.inner.declared).remove(uid);

@@ -38,6 +38,11 @@ pub struct ControllerCounters {
     pub creates_in_flight: u64,
     /// Deletes running now.
     pub deletes_in_flight: u64,
+    /// Deletes of a possible second copy of an instance on a host other than its own that
+    /// succeeded (nothing of it is left there).
+    pub duplicate_deletes_ok: u64,
+    /// Deletes of a possible second copy that failed (retried with backoff).
+    pub duplicate_deletes_failed: u64,
 }
 
 /// The live counters.
@@ -55,6 +60,8 @@ pub(crate) struct Counters {
     pub replacements: AtomicU64,
     pub deletes_started: AtomicU64,
     pub host_busy: AtomicU64,
+    pub duplicate_deletes_ok: AtomicU64,
+    pub duplicate_deletes_failed: AtomicU64,
 }
 
 impl Counters {
@@ -87,6 +94,8 @@ impl Counters {
             host_busy: r(&self.host_busy),
             creates_in_flight,
             deletes_in_flight,
+            duplicate_deletes_ok: r(&self.duplicate_deletes_ok),
+            duplicate_deletes_failed: r(&self.duplicate_deletes_failed),
         }
     }
 }

@@ -20,10 +20,14 @@
 //!   it; finding D5).
 //! - Image bytes a create transfers are counted as its progress arrives
 //!   ([`Controller::image_bytes`], a monotonic total a driver exports as a metric), so a long
+//!   import shows as progress.
+//! - A Proxy never keeps a second copy of its instance on another host: a create with no
+//!   known outcome, or a listing showing the UID elsewhere, notes that host, and once the
+//!   instance is found at its location the copy there is deleted (`strays`).
 //!
 //! Where each step lives: `reconcile` (the pipeline: read → observe → decide → act),
 //! [`decide`] (pure decisions), `act` (acting in one place), `ops` (spawned work and its
-//! results), `state`, `host_order` and `host_view` (what the executor knows), `executor` (the
+//! results), `state`, `host_order` and `host_view` (what the executor knows), `strays` (second copies), `executor` (the
 //! [`Controller`] handle and its non-reconcile calls), `settings`, `proxy` and `outcome`
 //! (the types a driver exchanges with it; all re-exported here).
 
@@ -45,6 +49,9 @@ mod proxy;
 mod reconcile;
 mod settings;
 mod state;
+mod strays;
+#[cfg(test)]
+mod strays_tests;
 #[cfg(test)]
 mod test_fixtures;
 pub mod userdata;

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
 use egress_provider::error::ProviderError;
-use egress_provider::model::{ProviderId, ProxyUid};
+use egress_provider::model::{InstanceState, ProviderId, ProxyUid};
 use egress_provider::provider::Provider;
 
 use crate::model::ProxyStatus;
@@ -94,7 +94,7 @@ impl Controller {
             .or_else(|| providers.get(&obj.spec.provider).cloned());
 
         // Read what is known (no network).
-        let (memory, op_view, location) = {
+        let (memory, op_view, location, strays) = {
             let mut st = lock(&self.inner.state);
             let location = st.locations.get(&obj.uid).cloned().or_else(|| {
                 status
@@ -107,7 +107,8 @@ impl Controller {
             let memory = o.memory.clone();
             // A finished op's result was just taken: the UID's load moves to its location.
             st.refresh_load(&obj.uid);
-            (memory, op_view, location)
+            let strays = st.stray_hosts(&obj.uid);
+            (memory, op_view, location, strays)
         };
 
         // Observe (network: one bounded get), only when nothing is in flight.
@@ -145,6 +146,7 @@ impl Controller {
             status,
             entry: entry.as_ref(),
             location: location.as_ref(),
+            strays: &strays,
             observed: &observed,
             op: &op_view,
             hosts,
@@ -152,7 +154,13 @@ impl Controller {
             now,
             settings,
         });
-        self.act(obj, handle.as_ref(), d, now)
+        let found_at_location = matches!(op_view, OpView::Idle)
+            && matches!(
+                &observed,
+                Observed::Found(i)
+                    if matches!(i.state, InstanceState::Running | InstanceState::Provisioning)
+            );
+        self.act(obj, handle.as_ref(), d, found_at_location, now)
     }
 
     async fn observe(

@@ -23,6 +23,7 @@ use egress_provider::model::{HostState, ProviderId, ProxyUid};
 use super::decide::{AddressRoom, Memory};
 use super::host_order::HostOrders;
 use super::ops::{OpKind, RunningOp};
+use super::strays::Strays;
 
 #[derive(Default)]
 pub(super) struct ObjState {
@@ -54,13 +55,26 @@ pub(super) struct State {
     /// Per entry, per host: its declared-address pool as its last report showed it (hosts
     /// without a pool have no entry).
     addresses: HashMap<String, HashMap<String, AddressRoom>>,
+    /// Hosts other than its location where a copy of a UID's instance may remain (see
+    /// [`strays`](super::strays)); no entry for a UID without any.
+    pub(super) strays: HashMap<ProxyUid, Strays>,
 }
 
 impl State {
     /// Where `uid`'s instance is now (from adoption, a create or a get); its host's load
-    /// follows.
+    /// follows. A location on another host than before leaves the old host noted as a place
+    /// where a copy may remain (see [`strays`](super::strays)); the new host is no longer one.
     pub(super) fn set_location(&mut self, uid: ProxyUid, id: ProviderId) {
+        let moved_from = self
+            .locations
+            .get(&uid)
+            .filter(|old| (&old.entry, &old.host) != (&id.entry, &id.host))
+            .map(|old| (old.entry.clone(), old.host.clone()));
+        self.unnote_stray(&uid, &id.entry, &id.host);
         self.locations.insert(uid, id);
+        if let Some((entry, host)) = moved_from {
+            self.note_stray(uid, &entry, &host);
+        }
         self.refresh_load(&uid);
     }
 

@@ -137,6 +137,17 @@ impl Collector for ControllerCollector {
             "Instances replaced (a delete, then a create)",
             c.replacements,
         )?;
+        counter_family(
+            &mut encoder,
+            "instance_duplicate_deletes",
+            "Deletes of a possible second copy of a Proxy's instance on a host other than its \
+             own (left by a create there whose outcome was not known), by result",
+            "result",
+            &[
+                ("ok", c.duplicate_deletes_ok),
+                ("failed", c.duplicate_deletes_failed),
+            ],
+        )?;
         counter(
             &mut encoder,
             "host_busy_refusals",

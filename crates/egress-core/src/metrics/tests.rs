@@ -105,6 +105,7 @@ fn every_family_without_per_host_or_per_object_labels_is_present_from_start() {
         "egress_proxies_instance_deletes_total",
         "egress_proxies_instance_deletes_in_flight",
         "egress_proxies_instance_replacements_total",
+        "egress_proxies_instance_duplicate_deletes_total",
         "egress_proxies_host_busy_refusals_total",
         "egress_proxies_gc_runs_total",
         "egress_proxies_gc_deleted_instances_total",

@@ -86,9 +86,16 @@ pub(super) fn finalize(mut cx: Ctx<'_>) -> Decision {
     cx.done(Action::Delete { hosts }, Some(i.settings.poll_provisioning))
 }
 
-/// Hosts a delete must cover: where the instance is or is being created, else every host.
+/// Hosts a delete must cover: where the instance is or is being created, and every other
+/// host where a copy may remain; else every host.
 pub(super) fn delete_hosts(cx: &Ctx<'_>) -> Vec<String> {
     let i = cx.i;
+    let placed = i.location.is_some()
+        || i.status.host.is_some()
+        || matches!(
+            i.op,
+            OpView::Creating { .. } | OpView::CreateFinished { .. }
+        );
     let mut hosts: Vec<String> = Vec::new();
     let mut add = |h: &str| {
         if !hosts.iter().any(|x| x == h) {
@@ -103,6 +110,12 @@ pub(super) fn delete_hosts(cx: &Ctx<'_>) -> Vec<String> {
     }
     if let Some(h) = &i.status.host {
         add(h);
+    }
+    // NB: only besides a known place: with none, every host is addressed below anyway.
+    if placed {
+        for h in i.strays {
+            add(h);
+        }
     }
     if hosts.is_empty()
         && let Some(e) = i.entry

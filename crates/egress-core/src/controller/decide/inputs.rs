@@ -225,6 +225,9 @@ pub struct Inputs<'a> {
     pub entry: Option<&'a EntryView<'a>>,
     /// Where its instance is, when known (adopted, created, or from status).
     pub location: Option<&'a ProviderId>,
+    /// Other hosts of its entry where a copy of its instance may remain (a create there had
+    /// no known outcome, or a listing showed it there); a delete covers them too.
+    pub strays: &'a [String],
     /// What the provider said this time.
     pub observed: &'a Observed,
     /// Work in flight.

@@ -87,9 +87,7 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
         .ok()?;
         let mut buf = String::new();
         s.read_to_string(&mut buf).await.ok()?;
-        let code = buf.get(9..12)?.parse().ok()?;
-        let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-        Some((code, body))
+        ep_test_support::http::response(&buf)
     };
     tokio::time::timeout(Duration::from_secs(5), exchange)
         .await

@@ -261,8 +261,8 @@ async fn status_json(addr: SocketAddr) -> Option<serde_json::Value> {
     )
     .await
     .ok()?;
-    let (_, body) = r.split_once("\r\n\r\n")?;
-    serde_json::from_str(body).ok()
+    let body = ep_test_support::http::body(&r)?;
+    serde_json::from_str(&body).ok()
 }
 
 fn proxy_row(doc: &serde_json::Value, name: &str) -> Option<serde_json::Value> {

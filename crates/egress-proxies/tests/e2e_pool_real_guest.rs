@@ -160,8 +160,10 @@ async fn get(addr: SocketAddr, path: &str) -> Option<String> {
     )
     .await
     .ok()?;
-    let (head, body) = r.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+    match ep_test_support::http::response(&r)? {
+        (200, body) => Some(body),
+        _ => None,
+    }
 }
 
 /// The pool's members from `/status`: name → (available, deleting).

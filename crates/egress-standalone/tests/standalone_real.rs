@@ -59,12 +59,7 @@ async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
         .await
         .unwrap()
         .unwrap();
-    let code = buf[9..12].parse().unwrap();
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
+    ep_test_support::http::response(&buf).unwrap_or_else(|| panic!("not a whole response: {buf}"))
 }
 
 /// Polls `/status` (the endpoint may not be up yet) until `ok` holds.

@@ -346,10 +346,10 @@ pub async fn get_body(addr: SocketAddr, path: &str) -> Option<String> {
     )
     .await
     .ok()?;
-    if status_code(&r) != Some(200) {
-        return None;
+    match crate::http::response(&r)? {
+        (200, body) => Some(body),
+        _ => None,
     }
-    r.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
 }
 
 /// The echo endpoint on `ip` (IPv4 or IPv6): answers every request with `egress=<peer ip>` and records the

@@ -1,7 +1,8 @@
 //! Test support shared by the workspace's integration tests: a real OpenSSH `sshd` on
 //! 127.0.0.1 ([`sshd`]), a TCP relay that can freeze ([`relay`]), and unique names, Drop
 //! guards and the leftover sweep for resources made on the real libvirtd ([`cleanup`]), and the
-//! building blocks of the real-guest end-to-end tests ([`e2e`]), and running one test in a
+//! building blocks of the real-guest end-to-end tests ([`e2e`]), raw HTTP responses read back
+//! ([`http`]), and running one test in a
 //! process of its own, checked to have run ([`isolate`]).
 //!
 //! Everything cleans up on Drop: sshd is killed and its temporary directory removed; relay
@@ -15,6 +16,7 @@
 
 pub mod cleanup;
 pub mod e2e;
+pub mod http;
 pub mod isolate;
 pub mod relay;
 pub mod sshd;

@@ -16,6 +16,11 @@
 //! /proxies/{namespace}/{name}` (one Proxy's row, JSON). A listener that serves `/` samples
 //! its [`history`] every [`history::SAMPLE_INTERVAL`] for as long as it runs.
 //!
+//! `/status` and `/proxies` (with or without filters) are streamed ([`stream`]): their rows
+//! are built and serialized a chunk at a time as the body is sent, so a request's memory is
+//! the rows' UIDs plus one chunk, not the whole fleet's document and its JSON (the JSON is
+//! the same, byte for byte). The other answers are built whole.
+//!
 //! Guarantees: request handling is bounded — at most [`MAX_CONNECTIONS`] connections at a
 //! time (others wait in the kernel backlog), headers must arrive within
 //! [`HEADER_READ_TIMEOUT`], a connection lives at most [`CONNECTION_DEADLINE`], request
@@ -30,6 +35,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use egress_provider::model::ProxyUid;
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::server::conn::http1;
@@ -42,7 +48,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::hosthealth::HostHealth;
 use crate::metrics::MetricsFormat;
-use crate::status::StatusDocument;
+use crate::status::{ProxyStatusRow, StatusDocument};
 
 mod filters;
 mod fleet;
@@ -51,8 +57,10 @@ pub mod page;
 #[cfg(test)]
 mod page_tests;
 mod sparkline;
+pub mod stream;
 
 use self::history::History;
+use self::stream::{Body, StatusBody, View};
 
 /// Most connections served at once.
 // NB: the endpoint serves a Prometheus scraper, a health checker and an occasional `status`
@@ -83,6 +91,20 @@ pub trait Endpoints: Send + Sync + 'static {
     /// default from the status document ([`StatusDocument::pool_healthy_list`]).
     fn pool_healthy(&self, namespace: &str, name: &str) -> Option<String> {
         self.status().pool_healthy_list(namespace, name)
+    }
+    /// The status document without its proxy rows, and the UIDs of those rows in the
+    /// document's order (namespace/name), for `/status` and `/proxies` to build the rows a
+    /// chunk at a time ([`Endpoints::status_rows`], [`stream::StatusBody::live`]). `None`
+    /// (the default): the whole document ([`Endpoints::status`]) is built per request and
+    /// only its serialization is chunked.
+    fn status_outline(&self) -> Option<(StatusDocument, Vec<ProxyUid>)> {
+        None
+    }
+    /// The rows of `uids` (from [`Endpoints::status_outline`]) that still exist, in the
+    /// order of `uids`; a Proxy gone meanwhile is left out. O(`uids`).
+    fn status_rows(&self, uids: &[ProxyUid]) -> Vec<ProxyStatusRow> {
+        let _ = uids;
+        Vec::new()
     }
     /// Every host's last check (`/hosts`); by default built from the status document's rows.
     fn hosts(&self) -> Vec<HostHealth> {
@@ -138,6 +160,14 @@ fn respond(code: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Resp
     r
 }
 
+/// A whole body as the endpoint's [`Body`].
+fn boxed(body: Full<Bytes>) -> Body {
+    http_body_util::BodyExt::boxed(http_body_util::BodyExt::map_err(
+        body,
+        |never| match never {},
+    ))
+}
+
 /// Which routes a listener answers; the others are 404.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Routes {
@@ -164,14 +194,16 @@ impl Routes {
 }
 
 /// Answers one request (pure with respect to the network: no I/O besides `ep`).
-pub fn handle(ep: &dyn Endpoints, method: &Method, path: &str) -> Response<Full<Bytes>> {
+pub fn handle(ep: &dyn Endpoints, method: &Method, path: &str) -> Response<Body> {
     handle_request(ep, None, Routes::All, method, path, None)
 }
 
-/// Answers one request the way [`serve_routes`] does: the fleet page's routes (with
-/// `history`, empty when `None`, and the filters of `query`), `/status` and `/proxies`
-/// restricted to the rows the filters of `query` keep ([`page::Filters`]), then
-/// [`handle_routes`].
+/// Answers one request the way [`serve_routes`] does, except that `/status` and `/proxies`
+/// are serialized a chunk at a time from one whole [`Endpoints::status`] document
+/// ([`StatusBody::from_document`]; the server builds their rows a chunk at a time too,
+/// [`handle_shared`]): the fleet page's routes (with `history`, empty when `None`, and the
+/// filters of `query`), `/status` and `/proxies` restricted to the rows the filters of
+/// `query` keep ([`page::Filters`]), then [`handle_routes`].
 pub fn handle_request(
     ep: &dyn Endpoints,
     history: Option<&History>,
@@ -179,34 +211,87 @@ pub fn handle_request(
     method: &Method,
     path: &str,
     query: Option<&str>,
-) -> Response<Full<Bytes>> {
+) -> Response<Body> {
     if (method == Method::GET || method == Method::HEAD)
         && routes.serves(path)
         && let Some(r) = fleet::answer(ep, history, path, query)
     {
-        return r;
+        return r.map(boxed);
     }
-    // `/status` and `/proxies` with filters (`?phase=Running&host=h1`...): the rows they keep.
-    if (method == Method::GET || method == Method::HEAD)
-        && routes.serves(path)
-        && matches!(path, "/status" | "/proxies")
-    {
+    // `/status` and `/proxies`, with filters (`?phase=Running&host=h1`...) or without.
+    if let Some(view) = status_view(routes, method, path) {
         let f = page::Filters::from_query(query);
-        if !f.is_empty() {
-            let doc = ep.status().filtered(&f);
-            return if path == "/status" {
-                json(&doc)
-            } else {
-                json(&doc.proxies)
-            };
-        }
+        return streamed(StatusBody::from_document(ep.status(), view, &f));
     }
     handle_routes(ep, routes, method, path)
+}
+
+/// [`handle_request`] as the server answers it: `/status` and `/proxies` build their rows a
+/// chunk at a time from the driver's state as the body is sent ([`StatusBody::live`]).
+pub fn handle_shared(
+    ep: &Arc<dyn Endpoints>,
+    history: Option<&History>,
+    routes: Routes,
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+) -> Response<Body> {
+    if let Some(view) = status_view(routes, method, path) {
+        let f = page::Filters::from_query(query);
+        return streamed(StatusBody::live(Arc::clone(ep), view, &f));
+    }
+    handle_request(ep.as_ref(), history, routes, method, path, query)
+}
+
+/// Which streamed view answers `method path` on a listener serving `routes`, if any.
+fn status_view(routes: Routes, method: &Method, path: &str) -> Option<View> {
+    if (method != Method::GET && method != Method::HEAD) || !routes.serves(path) {
+        return None;
+    }
+    match path {
+        "/status" => Some(View::Status),
+        "/proxies" => Some(View::Proxies),
+        _ => None,
+    }
+}
+
+/// A streamed JSON answer, or a 500 when even its outline cannot be encoded.
+fn streamed(body: Result<StatusBody, serde_json::Error>) -> Response<Body> {
+    match body {
+        Ok(b) => {
+            let mut r = Response::new(http_body_util::BodyExt::boxed(b));
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("application/json"),
+            );
+            r
+        }
+        Err(e) => respond(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain",
+            format!("cannot encode status: {e}\n"),
+        )
+        .map(boxed),
+    }
 }
 
 /// The JSON and text routes (every route but the fleet page's) restricted to `routes`: any
 /// other path is 404 whatever it would have answered.
 pub fn handle_routes(
+    ep: &dyn Endpoints,
+    routes: Routes,
+    method: &Method,
+    path: &str,
+) -> Response<Body> {
+    if let Some(view) = status_view(routes, method, path) {
+        let f = page::Filters::default();
+        return streamed(StatusBody::from_document(ep.status(), view, &f));
+    }
+    fixed_routes(ep, routes, method, path).map(boxed)
+}
+
+/// Every route of [`handle_routes`] but the streamed ones.
+fn fixed_routes(
     ep: &dyn Endpoints,
     routes: Routes,
     method: &Method,
@@ -223,16 +308,7 @@ pub fn handle_routes(
         return respond(StatusCode::NOT_FOUND, "text/plain", "not found\n");
     }
     match path {
-        "/status" => match serde_json::to_vec(&ep.status()) {
-            Ok(j) => respond(StatusCode::OK, "application/json", j),
-            Err(e) => respond(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "text/plain",
-                format!("cannot encode status: {e}\n"),
-            ),
-        },
-        "/metrics" => metrics(ep, None),
-        "/proxies" => json(&ep.status().proxies),
+        "/metrics" => metrics_full(ep, None),
         "/hosts" => json(&ep.hosts()),
         "/healthy.txt" => respond(
             StatusCode::OK,
@@ -269,7 +345,11 @@ pub fn handle_routes(
 }
 
 /// `/metrics` in the format the `Accept` header negotiates ([`MetricsFormat::negotiate`]).
-pub fn metrics(ep: &dyn Endpoints, accept: Option<&str>) -> Response<Full<Bytes>> {
+pub fn metrics(ep: &dyn Endpoints, accept: Option<&str>) -> Response<Body> {
+    metrics_full(ep, accept).map(boxed)
+}
+
+fn metrics_full(ep: &dyn Endpoints, accept: Option<&str>) -> Response<Full<Bytes>> {
     let format = MetricsFormat::negotiate(accept);
     respond(StatusCode::OK, format.content_type(), ep.metrics(format))
 }
@@ -335,8 +415,8 @@ pub async fn serve_routes(
                     let accept = req.headers().get(hyper::header::ACCEPT);
                     metrics(ep.as_ref(), accept.and_then(|v| v.to_str().ok()))
                 } else {
-                    handle_request(
-                        ep.as_ref(),
+                    handle_shared(
+                        &ep,
                         Some(&history),
                         routes,
                         req.method(),

@@ -454,7 +454,7 @@ impl Endpoints for Fixed {
     }
 }
 
-fn body(r: hyper::Response<http_body_util::Full<hyper::body::Bytes>>) -> String {
+fn body(r: hyper::Response<crate::web::stream::Body>) -> String {
     use http_body_util::BodyExt as _;
     let b = futures_util::FutureExt::now_or_never(r.into_body().collect())
         .unwrap()

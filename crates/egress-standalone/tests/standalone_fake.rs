@@ -391,6 +391,75 @@ async fn gc_refuses_padded_case_changed_and_mismatched_marks_and_takes_a_true_or
     r.stop(WAIT).await;
 }
 
+/// Where `name`'s instance is, per the fakes: every host holding a domain named for its UID.
+fn hosts_holding(w: &World, uid: &ProxyUid) -> Vec<String> {
+    let dom = names::domain(ENTRY, uid);
+    w.fakes
+        .iter()
+        .filter(|(_, f)| f.domain(&dom).is_some())
+        .map(|(h, _)| h.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_copy_of_a_live_proxys_instance_on_another_host_is_deleted_after_a_restart() {
+    // A copy of the Proxy's instance on the other host, as a create whose answer was lost
+    // there leaves it: its mark names the live UID, so GC must keep it; the controller does
+    // not, and the copy the Proxy runs on stays.
+    let w = world(&["h1", "h2"], true).await;
+    w.write_manifest("twice", None);
+    let uid = uid_for("default", "twice");
+    let r = start_standalone(w.options(), w.providers()).await;
+    wait_status(r.addr, "Running", WAIT, all_running(&["twice".into()])).await;
+    r.stop(WAIT).await;
+    let first = hosts_holding(&w, &uid);
+    assert_eq!(first.len(), 1, "{first:?}");
+    let other = if first[0] == "h1" { "h2" } else { "h1" };
+    w.fakes[other]
+        .add_domain(
+            DomainSpec::new(names::domain(ENTRY, &uid))
+                .metadata(mark::NAMESPACE, mark_xml(&uid.canonical())),
+        )
+        .unwrap();
+    assert_eq!(hosts_holding(&w, &uid).len(), 2);
+
+    // GC runs often and takes anything old: it must not be what removes the copy.
+    let mut o = w.options();
+    o.gc_interval = Duration::from_millis(500);
+    o.gc = GcSettings {
+        min_age: Duration::ZERO,
+        dry_run: false,
+    };
+    let r = start_standalone(o, w.providers()).await;
+    let t0 = Instant::now();
+    loop {
+        let d = status(r.addr).await;
+        let held = hosts_holding(&w, &uid);
+        if held.len() == 1 && all_running(&["twice".into()])(&d) {
+            let row = d.proxies.iter().find(|p| p.name == "twice").unwrap();
+            assert_eq!(row.host.as_deref(), Some(held[0].as_str()), "{row:?}");
+            break;
+        }
+        assert!(
+            t0.elapsed() < WAIT,
+            "the second copy was never deleted: on {held:?}; {:?}",
+            d.proxies
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // It stays that way: nothing is created again or deleted further.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(hosts_holding(&w, &uid).len(), 1);
+    let (_, m) = get(r.addr, "/metrics").await;
+    assert!(
+        m.lines().any(|l| l
+            .starts_with("egress_proxies_instance_duplicate_deletes_total{result=\"ok\"}")
+            && !l.ends_with(" 0")),
+        "{m}"
+    );
+    r.stop(WAIT).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_provisioning_deadline_fails_a_proxy_that_never_reports_an_address() {
     // finding: APX-1

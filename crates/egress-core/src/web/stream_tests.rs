@@ -192,6 +192,11 @@ where
     out
 }
 
+/// Rows in a frame (each has one `uid`).
+fn rows_in(frame: &Bytes) -> usize {
+    frame.windows(6).filter(|w| w == b"\"uid\":").count()
+}
+
 fn joined(frames: &[Bytes]) -> Vec<u8> {
     frames.iter().flat_map(|f| f.iter().copied()).collect()
 }
@@ -240,7 +245,7 @@ fn the_streamed_json_is_the_whole_documents_json_for_any_chunk_size_and_filter()
                     );
                     assert!(live.most_asked.load(Ordering::SeqCst) <= chunk, "{ctx}");
                     for frame in &got {
-                        let rows = frame.windows(6).filter(|w| w == b"\"uid\":").count();
+                        let rows = rows_in(frame);
                         assert!(rows <= chunk, "{ctx}: a frame of {rows} rows");
                     }
                     if f.is_empty() {
@@ -251,7 +256,12 @@ fn the_streamed_json_is_the_whole_documents_json_for_any_chunk_size_and_filter()
                     let whole = StatusBody::from_document(doc.clone(), view, &f)
                         .unwrap()
                         .with_chunk_rows(chunk);
-                    assert_eq!(joined(&frames(whole)), want, "{ctx}, whole document");
+                    let whole = frames(whole);
+                    assert_eq!(joined(&whole), want, "{ctx}, whole document");
+                    assert!(
+                        whole.iter().all(|f| rows_in(f) <= chunk),
+                        "{ctx}, whole document"
+                    );
                 }
             }
         }

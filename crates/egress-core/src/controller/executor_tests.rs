@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use egress_provider::error::{ProviderError, Result};
@@ -21,9 +21,9 @@ use egress_provider::model::{
 use egress_provider::provider::Provider;
 
 use super::decide::reason;
-use super::test_fixtures::{entry, uid};
-use super::{Controller, ControllerSettings, ProxyObject};
-use crate::model::{Phase, ProxySettings, ProxySpec, ProxyStatus, Resources, condition};
+use super::test_fixtures::{entry, now, obj, report, uid};
+use super::{Controller, ControllerSettings};
+use crate::model::{Phase, ProxyStatus, condition};
 use crate::providers::{ProviderHandle, Providers};
 
 /// A provider whose calls hang while `hang` is set, and whose creates report progress.
@@ -93,32 +93,6 @@ fn controller(p: Arc<Scripted>, max_concurrent: u32) -> Controller {
         Arc::new(Providers::from_handles([h])),
         ControllerSettings::default(),
     )
-}
-
-fn obj(n: u8, host: Option<&str>) -> ProxyObject {
-    ProxyObject {
-        namespace: "default".into(),
-        name: format!("p{n}"),
-        uid: uid(n),
-        generation: 1,
-        spec: std::sync::Arc::new(ProxySpec {
-            provider: "home".into(),
-            host: host.map(str::to_owned),
-            image: "debian-12".into(),
-            resources: Resources::default(),
-            proxy: ProxySettings {
-                allowed_client_cidrs: vec!["10.0.0.0/8".into()],
-                ..ProxySettings::default()
-            },
-            egress: Default::default(),
-        }),
-        deleting: false,
-        credentials: None,
-    }
-}
-
-fn now() -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
 }
 
 fn ready_reason(s: &ProxyStatus) -> String {
@@ -373,19 +347,6 @@ async fn a_host_last_reported_unreachable_gets_no_new_proxy_even_when_least_load
     let p = Arc::new(Scripted::default());
     p.hang_create.store(true, Ordering::SeqCst);
     let c = controller(p.clone(), 4);
-    let report = |host: &str, state| HostReport {
-        host: host.into(),
-        state,
-        latency: None,
-        hostname: None,
-        libvirt_version: None,
-        virt_types: vec![],
-        uefi: false,
-        pool_free_bytes: None,
-        missing: vec![],
-        error: None,
-        addresses: Vec::new(),
-    };
     c.record_host_reports(
         "home",
         &[

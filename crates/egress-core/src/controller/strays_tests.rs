@@ -22,9 +22,9 @@ use egress_provider::model::{
 };
 use egress_provider::provider::Provider;
 
-use super::test_fixtures::{entry, uid};
+use super::test_fixtures::{entry, now, obj as pinned_obj, report, uid};
 use super::{Controller, ControllerSettings, Outcome, ProxyObject};
-use crate::model::{Phase, ProxySettings, ProxySpec, ProxyStatus, Resources};
+use crate::model::{Phase, ProxyStatus};
 use crate::providers::{ProviderHandle, Providers};
 
 /// Instances per host. A create on a host in `lose_answer` defines the instance and then
@@ -116,46 +116,9 @@ fn controller(p: Arc<Hosts>) -> Controller {
     )
 }
 
+/// Proxy `p{n}`, placed by the controller.
 fn obj(n: u8) -> ProxyObject {
-    ProxyObject {
-        namespace: "default".into(),
-        name: format!("p{n}"),
-        uid: uid(n),
-        generation: 1,
-        spec: Arc::new(ProxySpec {
-            provider: "home".into(),
-            host: None,
-            image: "debian-12".into(),
-            resources: Resources::default(),
-            proxy: ProxySettings {
-                allowed_client_cidrs: vec!["10.0.0.0/8".into()],
-                ..ProxySettings::default()
-            },
-            egress: Default::default(),
-        }),
-        deleting: false,
-        credentials: None,
-    }
-}
-
-fn now() -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
-}
-
-fn report(host: &str, state: HostState) -> HostReport {
-    HostReport {
-        host: host.into(),
-        state,
-        latency: None,
-        hostname: None,
-        libvirt_version: None,
-        virt_types: vec![],
-        uefi: false,
-        pool_free_bytes: None,
-        missing: vec![],
-        error: None,
-        addresses: Vec::new(),
-    }
+    pinned_obj(n, None)
 }
 
 fn owned(host: &str, n: u8) -> OwnedInstance {

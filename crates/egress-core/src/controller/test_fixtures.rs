@@ -1,13 +1,19 @@
 //! Fixtures shared by the controller's unit tests: one entry "home" with hosts h1 and h2 and
-//! the catalogue image `debian-12`, and canonical test UIDs.
+//! the catalogue image `debian-12`, canonical test UIDs, a Proxy of that entry, a fixed clock
+//! and host reports.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use egress_provider::libvirt::config::{
     HostConfig, ImageFormat, ImageSpec, LibvirtEntry, VirtType,
 };
-use egress_provider::model::ProxyUid;
+use egress_provider::model::{HostReport, HostState, ProxyUid};
+
+use super::ProxyObject;
+use crate::model::{ProxySettings, ProxySpec, Resources};
 
 /// The canonical UID numbered `n`.
 pub(super) fn uid(n: u8) -> ProxyUid {
@@ -58,5 +64,50 @@ pub(super) fn entry(max_concurrent: u32) -> LibvirtEntry {
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+    }
+}
+
+/// Proxy `p{n}` (UID [`uid`]`(n)`) of entry "home", pinned to `host` when given.
+pub(super) fn obj(n: u8, host: Option<&str>) -> ProxyObject {
+    ProxyObject {
+        namespace: "default".into(),
+        name: format!("p{n}"),
+        uid: uid(n),
+        generation: 1,
+        spec: Arc::new(ProxySpec {
+            provider: "home".into(),
+            host: host.map(str::to_owned),
+            image: "debian-12".into(),
+            resources: Resources::default(),
+            proxy: ProxySettings {
+                allowed_client_cidrs: vec!["10.0.0.0/8".into()],
+                ..ProxySettings::default()
+            },
+            egress: Default::default(),
+        }),
+        deleting: false,
+        credentials: None,
+    }
+}
+
+/// The tests' fixed wall clock.
+pub(super) fn now() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+/// A check report of `host` in `state`, nothing else known.
+pub(super) fn report(host: &str, state: HostState) -> HostReport {
+    HostReport {
+        host: host.into(),
+        state,
+        latency: None,
+        hostname: None,
+        libvirt_version: None,
+        virt_types: vec![],
+        uefi: false,
+        pool_free_bytes: None,
+        missing: vec![],
+        error: None,
+        addresses: Vec::new(),
     }
 }

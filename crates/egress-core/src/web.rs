@@ -4,7 +4,8 @@
 //! loaded and first adoption done), `GET /proxies` (JSON: every Proxy's row with its health
 //! and egress IP), `GET /hosts` (JSON: every host's last check, [`HostHealth`]) and
 //! `GET /healthy.txt` (one `ip:port` per line of every Running proxy the health engine
-//! decided healthy, sorted; empty when none is or health checks are off),
+//! decided healthy, sorted; empty when none is or health checks are off; built from the rows a
+//! chunk at a time like `/status`),
 //! `GET /pools/NAME/healthy.txt` (or `/pools/NAMESPACE/NAME/healthy.txt`: `ip:port` of each
 //! member the pool counts as available, sorted; 404 for an unknown pool). A listener may
 //! answer only a subset ([`Routes`]): Kubernetes mode serves the probes on its main port and
@@ -124,12 +125,35 @@ pub trait Endpoints: Send + Sync + 'static {
 
 /// The `/healthy.txt` body: `ip:port` of every healthy Running proxy, one per line, sorted.
 pub fn healthy_list(doc: &StatusDocument) -> String {
-    let mut eps: Vec<String> = doc
-        .proxies
-        .iter()
-        .filter_map(|p| p.healthy_endpoint())
-        .map(|a| a.to_string())
-        .collect();
+    sorted_lines(
+        doc.proxies
+            .iter()
+            .filter_map(|p| p.healthy_endpoint())
+            .map(|a| a.to_string())
+            .collect(),
+    )
+}
+
+/// [`healthy_list`] of `ep`'s rows, built a chunk at a time ([`Endpoints::status_rows`]) when
+/// the driver has an outline, so only the healthy endpoints are held, not every row.
+pub fn healthy_list_of(ep: &dyn Endpoints) -> String {
+    let Some((_, uids)) = ep.status_outline() else {
+        return healthy_list(&ep.status());
+    };
+    let mut eps = Vec::new();
+    for chunk in uids.chunks(stream::CHUNK_ROWS) {
+        eps.extend(
+            ep.status_rows(chunk)
+                .iter()
+                .filter_map(|p| p.healthy_endpoint())
+                .map(|a| a.to_string()),
+        );
+    }
+    sorted_lines(eps)
+}
+
+/// `eps` sorted, without duplicates, one per line.
+fn sorted_lines(mut eps: Vec<String>) -> String {
     eps.sort();
     eps.dedup();
     let mut out = String::with_capacity(eps.len() * 22);
@@ -313,7 +337,7 @@ fn fixed_routes(
         "/healthy.txt" => respond(
             StatusCode::OK,
             "text/plain; charset=utf-8",
-            healthy_list(&ep.status()),
+            healthy_list_of(ep),
         ),
         "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
         p if p.starts_with("/pools/") && p.ends_with("/healthy.txt") => {

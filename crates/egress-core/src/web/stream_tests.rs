@@ -34,7 +34,8 @@ fn fleet(n: usize, pools: bool) -> StatusDocument {
                 Phase::Running
             },
             host: (i % 5 != 0).then(|| format!("h{}", i % 2 + 1)),
-            ip: (i % 4 != 0).then(|| format!("192.0.2.{}", i % 250)),
+            // NB: unique, so a lost row is a lost `/healthy.txt` line.
+            ip: (i % 4 != 0).then(|| format!("10.0.{}.{}", i / 250, i % 250)),
             egress_address: if i % 11 == 0 {
                 vec!["198.51.100.1".into()]
             } else {
@@ -46,7 +47,7 @@ fn fleet(n: usize, pools: bool) -> StatusDocument {
             conditions: vec![],
             port: (i % 17 != 0).then_some(3128),
             health: (i % 2 == 0).then(|| HealthStatus {
-                healthy: Some(i % 6 == 0),
+                healthy: Some(i % 8 == 2),
                 ..HealthStatus::default()
             }),
         })
@@ -405,4 +406,24 @@ async fn the_server_sends_the_streamed_status_over_loopback() {
         .await
         .unwrap()
         .unwrap();
+}
+
+#[test]
+fn healthy_txt_built_a_chunk_at_a_time_is_the_whole_documents_list() {
+    let doc = fleet(700, true);
+    let want = crate::web::healthy_list(&doc);
+    assert!(want.lines().count() > 50, "{want}");
+    let live = Live::new(doc.clone());
+    assert_eq!(crate::web::healthy_list_of(live.as_ref()), want);
+    assert!(live.most_asked.load(Ordering::SeqCst) <= CHUNK_ROWS);
+    assert_eq!(crate::web::healthy_list_of(&Whole(doc)), want);
+    let r = handle_shared(
+        &(live as Arc<dyn Endpoints>),
+        None,
+        Routes::All,
+        &Method::GET,
+        "/healthy.txt",
+        None,
+    );
+    assert_eq!(joined(&frames(r.into_body())), want.as_bytes());
 }

@@ -7,9 +7,11 @@
 //!   the next sample. Memory is O(hosts × [`HISTORY_SAMPLES`]) whatever the number of proxies
 //!   or of events.
 //! - **Sampled, not event-driven**: [`run_sampler`] takes one sample every
-//!   [`SAMPLE_INTERVAL`] from the same [`StatusDocument`] `/status` serves. A sample is one pass
-//!   over the document's rows to count ready proxies per host, then O(hosts) ring writes;
-//!   nothing is done per reconcile or per health event.
+//!   [`SAMPLE_INTERVAL`] from the same rows `/status` serves. A sample is one pass over the
+//!   rows to count ready proxies per host, then O(hosts) ring writes; nothing is done per
+//!   reconcile or per health event. When the driver hands out the rows a chunk at a time
+//!   ([`Endpoints::status_outline`]), the pass reads them that way and holds only the counts
+//!   (O(hosts)), not the fleet's rows ([`sample`]).
 //! - **Pure reads**: [`History::snapshot`] copies the rings out under a short lock; the page is
 //!   rendered from the copy, never while holding the lock.
 //!
@@ -24,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Endpoints;
 use crate::model::Phase;
-use crate::status::{ProxyStatusRow, StatusDocument};
+use crate::status::{HostRow, ProxyStatusRow, StatusDocument};
 
 /// Time between two samples.
 // NB: the page shows "the last hour"; one sample a minute gives a readable 60-point
@@ -97,39 +99,84 @@ pub fn entry_of(p: &ProxyStatusRow) -> Option<&str> {
 /// rows. A proxy counts for its entry's host (from its provider ID); one without a provider ID
 /// yet counts for every entry's host of that name.
 pub fn proxy_counts(doc: &StatusDocument) -> BTreeMap<(String, String), (u32, u32)> {
-    let mut by: BTreeMap<(Option<&str>, &str), (u32, u32)> = BTreeMap::new();
-    for p in &doc.proxies {
-        if let Some(h) = p.host.as_deref() {
-            let c = by.entry((entry_of(p), h)).or_insert((0, 0));
-            c.1 = c.1.saturating_add(1);
-            if is_ready(p.phase, p.health.as_ref().and_then(|h| h.healthy)) {
-                c.0 = c.0.saturating_add(1);
+    let mut counter = ProxyCounter::default();
+    counter.add(&doc.proxies);
+    counter.per_host(&doc.hosts)
+}
+
+/// [`proxy_counts`] fed a chunk of rows at a time: O(distinct (entry, host)) memory.
+#[derive(Debug, Default)]
+pub struct ProxyCounter {
+    by: BTreeMap<(Option<String>, String), (u32, u32)>,
+}
+
+impl ProxyCounter {
+    /// Counts `rows`. O(rows × log hosts).
+    pub fn add(&mut self, rows: &[ProxyStatusRow]) {
+        for p in rows {
+            if let Some(h) = p.host.as_deref() {
+                let key = (entry_of(p).map(str::to_owned), h.to_owned());
+                let c = self.by.entry(key).or_insert((0, 0));
+                c.1 = c.1.saturating_add(1);
+                if is_ready(p.phase, p.health.as_ref().and_then(|h| h.healthy)) {
+                    c.0 = c.0.saturating_add(1);
+                }
             }
         }
     }
-    doc.hosts
-        .iter()
-        .map(|h| {
-            let own = by
-                .get(&(Some(h.entry.as_str()), h.host.as_str()))
-                .copied()
-                .unwrap_or((0, 0));
-            let any = by.get(&(None, h.host.as_str())).copied().unwrap_or((0, 0));
-            (
-                (h.entry.clone(), h.host.clone()),
-                (own.0.saturating_add(any.0), own.1.saturating_add(any.1)),
-            )
-        })
-        .collect()
+
+    /// `(ready, total)` per host row of `hosts`, keyed by `(entry, host)`.
+    pub fn per_host(&self, hosts: &[HostRow]) -> BTreeMap<(String, String), (u32, u32)> {
+        hosts
+            .iter()
+            .map(|h| {
+                let own = self
+                    .by
+                    .get(&(Some(h.entry.clone()), h.host.clone()))
+                    .copied()
+                    .unwrap_or((0, 0));
+                let any = self
+                    .by
+                    .get(&(None, h.host.clone()))
+                    .copied()
+                    .unwrap_or((0, 0));
+                (
+                    (h.entry.clone(), h.host.clone()),
+                    (own.0.saturating_add(any.0), own.1.saturating_add(any.1)),
+                )
+            })
+            .collect()
+    }
 }
 
 /// The samples `doc` gives, one per host row (hosts beyond [`MAX_SERIES`] are left out).
 pub fn samples_of(doc: &StatusDocument, at: SystemTime) -> BTreeMap<SeriesKey, Sample> {
+    samples_from(&doc.hosts, &proxy_counts(doc), at)
+}
+
+/// [`samples_of`] `ep`'s status: its rows read a chunk at a time when the driver has an
+/// outline ([`Endpoints::status_outline`]), so only the counts are held, else its whole
+/// document.
+pub fn sample(ep: &dyn Endpoints, at: SystemTime) -> BTreeMap<SeriesKey, Sample> {
+    let Some((outline, uids)) = ep.status_outline() else {
+        return samples_of(&ep.status(), at);
+    };
+    let mut counter = ProxyCounter::default();
+    for chunk in uids.chunks(super::stream::CHUNK_ROWS) {
+        counter.add(&ep.status_rows(chunk));
+    }
+    samples_from(&outline.hosts, &counter.per_host(&outline.hosts), at)
+}
+
+fn samples_from(
+    hosts: &[HostRow],
+    counts: &BTreeMap<(String, String), (u32, u32)>,
+    at: SystemTime,
+) -> BTreeMap<SeriesKey, Sample> {
     let at_unix = at
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let counts = proxy_counts(doc);
-    doc.hosts
+    hosts
         .iter()
         .take(MAX_SERIES)
         .map(|h| {
@@ -159,7 +206,11 @@ impl History {
     /// Appends one sample per host of `doc`; drops the oldest sample of a full ring and every
     /// series whose host is no longer in `doc`.
     pub fn record(&self, doc: &StatusDocument, at: SystemTime) {
-        let samples = samples_of(doc, at);
+        self.record_samples(samples_of(doc, at));
+    }
+
+    /// Appends `samples` (one per host, [`sample`]) as [`History::record`] does.
+    pub fn record_samples(&self, samples: BTreeMap<SeriesKey, Sample>) {
         let mut series = self.series.lock().unwrap_or_else(PoisonError::into_inner);
         series.retain(|k, _| samples.contains_key(k));
         for (k, s) in samples {
@@ -200,10 +251,9 @@ pub async fn run_sampler(
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        // NB: building the document is synchronous and short (a snapshot under the driver's
-        // locks); it runs on this task like a page request would.
-        let doc = ep.status();
-        history.record(&doc, SystemTime::now());
+        // NB: reading the rows is synchronous and short (snapshots under the driver's locks);
+        // it runs on this task like a page request would.
+        history.record_samples(sample(ep.as_ref(), SystemTime::now()));
     }
 }
 

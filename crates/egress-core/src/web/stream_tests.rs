@@ -427,3 +427,20 @@ fn healthy_txt_built_a_chunk_at_a_time_is_the_whole_documents_list() {
     );
     assert_eq!(joined(&frames(r.into_body())), want.as_bytes());
 }
+
+#[test]
+fn the_history_sample_read_a_chunk_at_a_time_is_the_whole_documents() {
+    use crate::web::history::{sample, samples_of};
+    let doc = fleet(700, true);
+    let at = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(600);
+    let want = samples_of(&doc, at);
+    assert_eq!(want.len(), 2);
+    assert!(
+        want.values().all(|s| s.total > 200 && s.ready > 50),
+        "{want:?}"
+    );
+    let live = Live::new(doc.clone());
+    assert_eq!(sample(live.as_ref(), at), want);
+    assert!(live.most_asked.load(Ordering::SeqCst) <= CHUNK_ROWS);
+    assert_eq!(sample(&Whole(doc), at), want);
+}

@@ -438,6 +438,8 @@ async fn a_second_copy_of_a_live_proxys_instance_on_another_host_is_deleted_afte
         if held.len() == 1 && all_running(&["twice".into()])(&d) {
             let row = d.proxies.iter().find(|p| p.name == "twice").unwrap();
             assert_eq!(row.host.as_deref(), Some(held[0].as_str()), "{row:?}");
+            // The copy in use (the newer mark) is the one kept.
+            assert_eq!(held, first, "the Proxy moved to the older copy");
             break;
         }
         assert!(

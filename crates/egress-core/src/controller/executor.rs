@@ -172,10 +172,16 @@ impl Controller {
     /// than the create or get that set it): an instance listed on another host than its UID's
     /// location, or than the host its create in flight addresses, is noted as a second copy
     /// to remove once the Proxy is found at its location (see `strays`). When the UID has no
-    /// location, the first listed copy becomes it and any other is such a copy.
+    /// location, its newest listed copy (by its mark's creation time; the first listed of
+    /// equals) becomes it and any other is such a copy: a second copy is mostly what an
+    /// earlier create left before the one in use was made elsewhere.
     pub fn adopt(&self, entry: &str, owned: &[OwnedInstance]) {
+        // NB: newest first (stable: the listing's order among equals), so the first copy of a
+        // UID met below is the one adopted. O(listed · log listed), once per listing.
+        let mut newest_first: Vec<&OwnedInstance> = owned.iter().collect();
+        newest_first.sort_by(|a, b| b.created_at.cmp(&a.created_at));
         let mut st = lock(&self.inner.state);
-        for o in owned {
+        for o in newest_first {
             if !o.name_matches_uid || o.id.entry != entry {
                 continue;
             }

@@ -225,6 +225,33 @@ async fn a_listing_showing_one_uid_on_two_hosts_adopts_one_and_deletes_the_other
 }
 
 #[tokio::test(start_paused = true)]
+async fn of_two_listed_copies_the_newest_is_adopted_whatever_the_listing_order() {
+    for order in [["h1", "h2"], ["h2", "h1"]] {
+        let p = Arc::new(Hosts::default());
+        p.put("h1", uid(1));
+        p.put("h2", uid(1));
+        let c = controller(p.clone());
+        // h2's copy is the newer one: the Proxy was made there after a create on h1 was lost.
+        let listed: Vec<OwnedInstance> = order
+            .iter()
+            .map(|h| OwnedInstance {
+                created_at: if *h == "h2" {
+                    now() + Duration::from_secs(60)
+                } else {
+                    now()
+                },
+                ..owned(h, 1)
+            })
+            .collect();
+        c.adopt("home", &listed);
+        let out = rounds(&c, &obj(1), ProxyStatus::default(), 3).await;
+        assert_eq!(out.status.host.as_deref(), Some("h2"), "listed {order:?}");
+        assert_eq!(p.on("h2"), BTreeSet::from([uid(1)]));
+        assert!(p.on("h1").is_empty(), "the older copy was deleted");
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_listing_older_than_a_create_never_moves_the_proxy_back() {
     let p = Arc::new(Hosts::default());
     let c = controller(p.clone());

@@ -179,7 +179,7 @@ impl Controller {
         // NB: newest first (stable: the listing's order among equals), so the first copy of a
         // UID met below is the one adopted. O(listed · log listed), once per listing.
         let mut newest_first: Vec<&OwnedInstance> = owned.iter().collect();
-        newest_first.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        newest_first.sort_by_key(|o| std::cmp::Reverse(o.created_at));
         let mut st = lock(&self.inner.state);
         for o in newest_first {
             if !o.name_matches_uid || o.id.entry != entry {

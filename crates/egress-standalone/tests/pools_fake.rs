@@ -366,13 +366,13 @@ async fn a_quarantined_member_leaves_publication_is_replaced_kept_and_deleted_wh
     r.stop(WAIT).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_member_row_lists_the_declared_egress_address_its_vm_holds() {
+/// One fake host `h1` with the `tiny` image (served by `server`) and an IPv4 address pool of
+/// ten addresses, 203.0.113.10–19.
+fn one_host_with_an_address_pool(server: &ImageServer) -> FakeHosts {
     use egress_provider::libvirt::address_pool::{AddressPool, FamilyPool};
-    let server = ImageServer::start().await;
     let image = qcow2(2 * GIB, 4096);
     let url = server.route("/tiny.qcow2", Route::new(image.clone()));
-    let hosts = FakeHosts::new(ENTRY, &["h1"])
+    FakeHosts::new(ENTRY, &["h1"])
         .image("tiny", qcow2_image(url, sha(&image)))
         .address_pool(AddressPool {
             ipv4: Some(FamilyPool {
@@ -382,7 +382,13 @@ async fn each_member_row_lists_the_declared_egress_address_its_vm_holds() {
             }),
             ipv6: None,
             dns: vec!["203.0.113.53".into()],
-        });
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_member_row_lists_the_declared_egress_address_its_vm_holds() {
+    let server = ImageServer::start().await;
+    let hosts = one_host_with_an_address_pool(&server);
     let _dhcp = hosts.start_dhcp(Duration::from_millis(50));
     let dir = tempfile::tempdir().unwrap();
     write_pool(dir.path(), "web", 2, 256, "");
@@ -418,21 +424,8 @@ async fn each_member_row_lists_the_declared_egress_address_its_vm_holds() {
 /// `Fresh`, the allocator would hand out never-used addresses first: .12 and .13).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_brings_each_replacement_back_at_the_address_of_the_member_it_replaced() {
-    use egress_provider::libvirt::address_pool::{AddressPool, FamilyPool};
     let server = ImageServer::start().await;
-    let image = qcow2(2 * GIB, 4096);
-    let url = server.route("/tiny.qcow2", Route::new(image.clone()));
-    let hosts = FakeHosts::new(ENTRY, &["h1"])
-        .image("tiny", qcow2_image(url, sha(&image)))
-        .address_pool(AddressPool {
-            ipv4: Some(FamilyPool {
-                prefix: "203.0.113.0/24".into(),
-                gateway: "203.0.113.1".into(),
-                ranges: vec!["203.0.113.10-203.0.113.19".into()],
-            }),
-            ipv6: None,
-            dns: vec!["203.0.113.53".into()],
-        });
+    let hosts = one_host_with_an_address_pool(&server);
     let _dhcp = hosts.start_dhcp(Duration::from_millis(50));
     let dir = tempfile::tempdir().unwrap();
     let keep =

@@ -559,3 +559,133 @@ fn crd_upgrades_are_documented_where_users_install_the_chart() {
     assert!(script.contains("crds --dir deploy/crds"));
     assert!(script.contains("deploy/helm/egress-proxies/crds/"));
 }
+
+// ---------------------------------------------------------------- the Helm SDK cache
+
+/// The shared Helm SDK cache `.ci/setup-host` fills (`EGRESS_PROXIES_HELM_CACHE` or the
+/// default of `scripts/render-chart`).
+fn shared_helm_cache() -> PathBuf {
+    std::env::var_os("EGRESS_PROXIES_HELM_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/egress-proxies/helm-sdk"))
+}
+
+/// The pinned wheel in the shared cache; fails naming the setup step when it is not there.
+fn shared_helm_wheel() -> PathBuf {
+    let cache = shared_helm_cache();
+    let wheels: Vec<PathBuf> = std::fs::read_dir(&cache)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("helm_python_sdk-") && n.ends_with(".whl"))
+        })
+        .collect();
+    assert_eq!(
+        wheels.len(),
+        1,
+        "the Helm SDK wheel is not in {} (found {wheels:?}): run .ci/setup-host",
+        cache.display()
+    );
+    wheels[0].clone()
+}
+
+/// Longest one render may take while several unpack the SDK at once.
+// NB: a render takes ~1 s with the SDK unpacked; unpacking the ~60 MiB wheel a few seconds on
+// a loaded machine. Two minutes catch a hang, never a slow machine.
+const RENDER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Waits for `child` within [`RENDER_DEADLINE`], killing it and failing otherwise.
+fn finish_render(mut child: std::process::Child) -> std::process::Output {
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > RENDER_DEADLINE {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "a render did not finish within {RENDER_DEADLINE:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A render with `cache` as its Helm SDK cache (and `wheel`, if given, as the wheel to unpack).
+fn render_with_cache(cache: &Path, wheel: Option<&Path>) -> std::process::Child {
+    let mut cmd = Command::new(repo().join("scripts/render-chart"));
+    cmd.args(["--print", "{}"])
+        .env("EGRESS_PROXIES_HELM_CACHE", cache)
+        .env_remove("EGRESS_PROXIES_HELM_WHEEL")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    if let Some(w) = wheel {
+        cmd.env("EGRESS_PROXIES_HELM_WHEEL", w);
+    }
+    cmd.spawn().unwrap()
+}
+
+#[test]
+fn renders_started_at_once_on_an_empty_cache_all_succeed_and_publish_one_complete_sdk() {
+    // Several first users of an empty cache at once, as the chart tests are on a fresh
+    // machine: each unpacks the SDK and publishes it; every one must succeed.
+    const RENDERS: usize = 6;
+    let wheel = shared_helm_wheel();
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("helm-sdk");
+    let children: Vec<_> = (0..RENDERS)
+        .map(|_| render_with_cache(&cache, Some(&wheel)))
+        .collect();
+    let outs: Vec<_> = children.into_iter().map(finish_render).collect();
+    for (i, out) in outs.iter().enumerate() {
+        assert!(
+            out.status.success(),
+            "render {i} of {RENDERS} on an empty cache failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(
+        outs.iter().all(|o| o.stdout == outs[0].stdout && !o.stdout.is_empty()),
+        "the renders printed different charts"
+    );
+    // One SDK published whole, and no render's private copy left behind.
+    let mut names: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 1, "the cache holds more than the SDK: {names:?}");
+    assert!(
+        cache.join(&names[0]).join("helm_python/__init__.py").is_file(),
+        "the published SDK is incomplete: {names:?}"
+    );
+    // A render on the now-filled cache needs no wheel at all.
+    let out = finish_render(render_with_cache(&cache, None));
+    assert!(
+        out.status.success() && out.stdout == outs[0].stdout,
+        "a render on the filled cache: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_render_with_no_sdk_in_its_cache_fails_naming_the_setup_step_and_downloads_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("helm-sdk");
+    let out = finish_render(render_with_cache(&cache, None));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a render with no SDK succeeded");
+    assert!(
+        err.contains(".ci/setup-host") && err.contains(&cache.display().to_string()),
+        "the error names neither the setup step nor the cache: {err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&cache)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "something was fetched into the cache: {left:?}");
+}

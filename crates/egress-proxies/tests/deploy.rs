@@ -1,8 +1,8 @@
 //! The committed deployment artifacts against the code: the CRDs under `deploy/crds/` (and the
 //! chart's copy) are exactly what `egress-proxies crds` prints, so CI fails when the types
 //! change without regenerating them; the manifests under `deploy/manifests/` are the Helm
-//! chart rendered by real Helm (`scripts/render-chart --check`, which fetches Helm once from
-//! PyPI) and have the expected objects, a locked-down pod, probes on the served paths, flags
+//! chart rendered by real Helm (`scripts/render-chart --check`, with the Helm SDK
+//! `.ci/setup-host` put in its cache) and have the expected objects, a locked-down pod, probes on the served paths, flags
 //! the binary accepts, and RBAC that grants exactly the table in `egress_kube::rbac`. No
 //! cluster.
 #![allow(

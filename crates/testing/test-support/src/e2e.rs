@@ -136,9 +136,13 @@ pub struct GuestImage {
     pub sha256: String,
 }
 
-/// Runs `REPO/scripts/build-guest-image` (cached by content) and reads its `key=value` output.
+/// The image `.ci/setup-host` built (`REPO/scripts/build-guest-image --cached-only`, cached by
+/// content), from its `key=value` output. Never builds: when the image is missing the script
+/// fails naming `.ci/setup-host`, and so does this.
 pub fn build_image(repo: &Path) -> GuestImage {
-    let out = run_ok(Command::new(repo.join("scripts/build-guest-image")).stderr(Stdio::inherit()));
+    let out = run_ok(
+        Command::new(repo.join("scripts/build-guest-image")).arg("--cached-only"),
+    );
     let get = |k: &str| {
         out.lines()
             .find_map(|l| l.strip_prefix(&format!("{k}=")))

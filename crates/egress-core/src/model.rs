@@ -144,7 +144,11 @@ pub struct ProxySettings {
     /// `http` (an HTTP forward proxy with CONNECT) or `socks5`.
     #[serde(default)]
     pub protocol: ProxyProtocol,
-    /// Client networks allowed to use the proxy (CIDR notation).
+    /// Client networks allowed to use the proxy (CIDR notation). Judged together by the
+    /// addresses they admit: at most as many IPv4 addresses as one /8 and IPv6 networks as
+    /// one /32 in total (the provider entry may allow less); IPv4-mapped (`::ffff:0:0/96`)
+    /// and -compatible (`::/96`) forms count as IPv4, so an IPv6 network containing them
+    /// (such as `::/32`) admits every IPv4 client and is refused.
     // NB: the item bound keeps the CEL rule's cost estimate within the API server's budget;
     // 256 networks is far more than an allowlist of client networks needs.
     #[serde(default)]
@@ -153,6 +157,12 @@ pub struct ProxySettings {
         "x-kubernetes-validations" = [{
             "rule": "self.all(c, isCIDR(c))",
             "message": "every allowedClientCidrs entry must be a CIDR, e.g. 10.0.0.0/8 or 2001:db8::/32"
+        }, {
+            "rule": crate::client_span::cel_v4_rule(),
+            "message": crate::client_span::CEL_V4_MESSAGE
+        }, {
+            "rule": crate::client_span::cel_v6_rule(),
+            "message": crate::client_span::CEL_V6_MESSAGE
         }]
     )))]
     pub allowed_client_cidrs: Vec<String>,
@@ -291,19 +301,16 @@ impl ProxySpec {
         if self.resources.vcpus == Some(0) {
             err("spec.resources.vcpus".into(), "must be at least 1".into());
         }
-        for (i, c) in self.proxy.allowed_client_cidrs.iter().enumerate() {
-            match parse_cidr(c) {
-                None => err(
-                    format!("spec.proxy.allowedClientCidrs[{i}]"),
-                    format!("{c:?} is not a CIDR (e.g. 10.0.0.0/8 or 2001:db8::/32)"),
-                ),
-                Some((_, 0)) => err(
-                    format!("spec.proxy.allowedClientCidrs[{i}]"),
-                    format!(
-                        "{c:?} allows every address: a proxy open to everyone is an open relay"
-                    ),
-                ),
-                Some(_) => {}
+        // The whole list, judged by what it admits, within the widest caps any entry may
+        // set (the provider entry's own caps are applied when the Proxy is rendered).
+        if let Err(e) = crate::client_span::check(
+            "spec.proxy.allowedClientCidrs",
+            &self.proxy.allowed_client_cidrs,
+            crate::client_span::CEILING_SPAN_V4,
+            crate::client_span::CEILING_SPAN_V6,
+        ) {
+            for (path, message) in e {
+                err(path, message);
             }
         }
         for (path, message) in crate::proxy_policy::check_list(
@@ -677,6 +684,25 @@ mod tests {
         let mut open = spec();
         open.proxy.allowed_client_cidrs.clear();
         assert_eq!(open.validate()[0].path, "spec.proxy");
+    }
+
+    #[test]
+    fn client_networks_admitting_every_ipv4_client_are_refused_whatever_their_prefixes() {
+        // `::/32` passes a prefix check, yet holds ::ffff:0:0/96: every IPv4 client.
+        for cidrs in [
+            vec!["::/32".to_owned()],
+            (0..=255).map(|a| format!("{a}.0.0.0/8")).collect(),
+        ] {
+            for creds in [None, Some("users".to_owned())] {
+                let mut s = spec();
+                s.proxy.allowed_client_cidrs = cidrs.clone();
+                s.proxy.credentials_ref = creds.clone();
+                let errs = s.validate();
+                assert_eq!(errs.len(), 1, "{errs:?}");
+                assert_eq!(errs[0].path, "spec.proxy.allowedClientCidrs");
+                assert!(errs[0].message.contains("IPv4"), "{}", errs[0]);
+            }
+        }
     }
 
     #[test]

@@ -352,6 +352,75 @@ mod tests {
     }
 
     #[test]
+    fn client_networks_admitting_every_ipv4_client_are_refused_by_cel_rules() {
+        let with = |cidrs: Vec<String>| {
+            let mut s = spec();
+            s.proxy.allowed_client_cidrs = cidrs;
+            validate_cel(&proxy(s))
+        };
+        let every_slash_8: Vec<String> = (0..=255).map(|a| format!("{a}.0.0.0/8")).collect();
+        let bad = [
+            vec!["::/32".to_owned()],
+            vec!["::/80".to_owned()],
+            vec!["::ff00:0:0/88".to_owned()],
+            vec!["::/96".to_owned()],
+            every_slash_8,
+            vec!["10.0.0.0/8".into(), "11.0.0.0/24".into()],
+            vec!["2001:db8::/32".into(), "2001:db9::/64".into()],
+            vec!["2000::/3".into()],
+            // The Kubernetes CIDR library refuses the IPv4-mapped notation outright.
+            vec!["::ffff:10.0.0.0/104".into()],
+        ];
+        for cidrs in bad {
+            let errs = with(cidrs.clone()).unwrap_err();
+            assert!(
+                format!("{errs:?}").contains("allowedClientCidrs"),
+                "{:?}: {errs:?}",
+                cidrs.first()
+            );
+        }
+        for ok in [
+            vec!["10.0.0.0/8".to_owned()],
+            vec!["10.0.0.0/9".into(), "11.0.0.0/9".into()],
+            vec!["2001:db8::/32".into()],
+            vec!["::1:0:0:0/80".into(), "::10.1.0.0/112".into()],
+            vec!["2001:db8::1/128".into(), "192.0.2.7/32".into()],
+        ] {
+            with(ok.clone()).unwrap_or_else(|e| panic!("{ok:?}: {e:?}"));
+        }
+    }
+
+    #[test]
+    fn the_cel_span_rules_count_what_the_product_rule_counts() {
+        use egress_core::client_span::{CEILING_SPAN_V4, CEILING_SPAN_V6, check};
+        // Every list: CEL refuses it exactly when the product's rule does (at the ceilings),
+        // for lists the Kubernetes CIDR library parses.
+        let lists: Vec<Vec<&str>> = vec![
+            vec!["::/32"],
+            vec!["::/95"],
+            vec!["::/97"],
+            vec!["::10.0.0.0/104"],
+            vec!["::10.0.0.0/103"],
+            vec!["::fffe:0:0/95"],
+            vec!["::fffe:0:0/96"],
+            vec!["10.0.0.0/8"],
+            vec!["10.0.0.0/7"],
+            vec!["10.0.0.0/9", "12.0.0.0/9", "14.0.0.0/32"],
+            vec!["2001:db8::/33", "2001:db9::/33"],
+            vec!["2001:db8::/33", "2001:db9::/33", "2001:dba::/128"],
+            vec!["2001:db8::/31"],
+        ];
+        for l in lists {
+            let cidrs: Vec<String> = l.iter().map(|c| (*c).to_owned()).collect();
+            let mut s = spec();
+            s.proxy.allowed_client_cidrs = cidrs.clone();
+            let cel = validate_cel(&proxy(s)).is_ok();
+            let rust = check("p", &cidrs, CEILING_SPAN_V4, CEILING_SPAN_V6).is_ok();
+            assert_eq!(cel, rust, "{l:?}");
+        }
+    }
+
+    #[test]
     fn a_pinned_egress_address_must_be_an_ip_one_per_family_by_cel_rules() {
         for ok in [
             &["203.0.113.7"][..],

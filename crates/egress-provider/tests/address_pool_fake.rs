@@ -82,7 +82,11 @@ fn host(ranges: &[String]) -> HostConfig {
             }),
             ipv6: None,
             dns: vec!["203.0.113.53".into()],
+            access: None,
+            hold_released: egress_provider::libvirt::address_pool::DEFAULT_HOLD_RELEASED,
         }),
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
     }
 }
 
@@ -131,6 +135,8 @@ impl Setup {
             defaults: Default::default(),
             limits: Default::default(),
             policy: Default::default(),
+            access: None,
+            quotas: Default::default(),
         };
         let pool = HostPool::new(
             entry,
@@ -167,6 +173,8 @@ fn request(u: ProxyUid, pinned: &[&str]) -> CreateRequest {
         vcpus: 1,
         user_data: "#cloud-config\n{}\n".into(),
         pinned_egress: pinned.iter().map(|s| s.parse().unwrap()).collect(),
+        reserved: Vec::new(),
+        lift_internal: true,
     }
 }
 

@@ -44,6 +44,9 @@ fn host(name: &str, max_concurrent: u32) -> HostConfig {
         max_concurrent,
         guest_cidr: Vec::new(),
         address_pool: None,
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     }
 }
 
@@ -63,6 +66,7 @@ fn entry(hosts: Vec<HostConfig>, dial: Duration, call: Duration) -> LibvirtEntry
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        quotas: Default::default(),
     }
 }
 
@@ -470,6 +474,9 @@ fn real_host(sshd: &Sshd, name: &str) -> HostConfig {
         ssh_key_file: Some(sshd.client_key_path.clone()),
         known_hosts_file: Some(sshd.known_hosts_path.clone()),
         ..host(name, 2)
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     }
 }
 

@@ -766,6 +766,7 @@ fn member_object(
         )),
         deleting: false,
         credentials: creds.cloned(),
+        namespace_labels: None,
     }
 }
 

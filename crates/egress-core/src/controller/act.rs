@@ -39,6 +39,53 @@ impl Controller {
         } = d;
         let settings = &self.inner.settings;
         let mut st = lock(&self.inner.state);
+        let mut action = action;
+        if let Some(h) = handle {
+            let entry = h.config.name.as_str();
+            if finalized {
+                // Its instance is gone: its addresses are held for its namespace a while.
+                st.reservations.forget(&obj.uid);
+                let hold = status
+                    .host
+                    .as_deref()
+                    .and_then(|host| h.host(host))
+                    .and_then(|c| c.address_pool.as_ref())
+                    .map(|p| p.hold_released);
+                let addrs: Vec<std::net::IpAddr> = status
+                    .egress_address
+                    .iter()
+                    .filter_map(|a| a.parse().ok())
+                    .collect();
+                if let Some(hold) = hold {
+                    st.reservations
+                        .hold(entry, &obj.namespace, &addrs, now + hold);
+                }
+            } else {
+                let pins = obj.spec.egress.pinned();
+                st.reservations
+                    .register(entry, obj.uid, &obj.namespace, &pins);
+                if let Action::Create { req, .. } = &mut action {
+                    if let Some(msg) = st.reservations.conflict(
+                        entry,
+                        &obj.uid,
+                        &obj.namespace,
+                        &req.pinned_egress,
+                        now,
+                    ) {
+                        status = decide::address_reserved(status, obj, &msg, now);
+                        requeue_after = Some(settings.poll_provisioning);
+                        events.retain(|e| e.kind == EventKind::Warning);
+                        action = Action::None;
+                    } else if req.pinned_egress.is_empty() {
+                        req.reserved =
+                            st.reservations
+                                .reserved_for(entry, &obj.uid, &obj.namespace, now);
+                    }
+                }
+            }
+        } else if finalized {
+            st.reservations.forget(&obj.uid);
+        }
         if finalized {
             if let Some(o) = st.objects.remove(&obj.uid)
                 && let Some(op) = o.op

@@ -60,6 +60,7 @@ fn proxy() -> P {
         }),
         deleting: false,
         credentials: None,
+        namespace_labels: None,
     })
 }
 
@@ -108,7 +109,7 @@ impl P {
     fn credentials(mut self) -> Self {
         self.0.credentials = Some(ProxyCredentials {
             username: "alice".into(),
-            password: "pw".into(),
+            password: "pw-of-sixteen-chars".into(),
         });
         self
     }
@@ -407,6 +408,8 @@ fn a_pinned_address_places_the_proxy_on_the_host_whose_pool_holds_it() {
         }),
         ipv6: None,
         dns: vec![],
+        access: None,
+        hold_released: egress_provider::libvirt::address_pool::DEFAULT_HOLD_RELEASED,
     });
     let with = |p: P| {
         let mut c = case(p).load("h1", 0, None).load("h2", 5, None);
@@ -1003,7 +1006,10 @@ fn missing_credentials_wait_with_backoff_instead_of_latching() {
     let Action::Create { req, .. } = d.action else {
         panic!()
     };
-    assert!(req.user_data.contains("BasicAuth alice pw"));
+    assert!(
+        req.user_data
+            .contains("BasicAuth alice pw-of-sixteen-chars")
+    );
 }
 
 #[test]

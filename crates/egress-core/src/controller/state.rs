@@ -58,6 +58,9 @@ pub(super) struct State {
     /// Hosts other than its location where a copy of a UID's instance may remain (see
     /// [`strays`](super::strays)); no entry for a UID without any.
     pub(super) strays: HashMap<ProxyUid, Strays>,
+    /// Pinned egress addresses and addresses held for a namespace (see
+    /// [`reservations`](super::reservations)).
+    pub(super) reservations: super::reservations::Reservations,
 }
 
 impl State {
@@ -180,7 +183,8 @@ impl State {
     /// ([`crate::hosthealth::accepts_placements`]) and whose declared-address pool is not
     /// known exhausted for a family in `need`, the least loaded one (ties: free addresses
     /// first, see [`AddressRoom::rank`]) for which
-    /// `has_slot(host, maxConcurrent)` says a work slot is free, else the least loaded one;
+    /// `has_slot(host, maxConcurrent)` says a work slot is free, else the least loaded one,
+    /// among the hosts `eligible` admits (the Proxy's namespace's, with room for its size);
     /// ties by name. The same choice as a scan of every host with a full host's load raised by
     /// [`FULL_HOST_LOAD`](super::host_view::FULL_HOST_LOAD), in O(log hosts) plus the hosts
     /// skipped.
@@ -190,6 +194,7 @@ impl State {
         digest: &str,
         need: u8,
         has_slot: impl Fn(&str, u32) -> bool,
+        eligible: &dyn Fn(&str) -> bool,
     ) -> Option<String> {
         let loads = self.loads.get(&entry.name);
         let rooms = self.addresses.get(&entry.name);
@@ -204,7 +209,10 @@ impl State {
         let mut fallback = None;
         for (_, _, host) in &order.by_load {
             let state = health.and_then(|m| m.get(host)).copied();
-            if !crate::hosthealth::accepts_placements(state) || room(host).blocks(need) {
+            if !crate::hosthealth::accepts_placements(state)
+                || room(host).blocks(need)
+                || !eligible(host)
+            {
                 continue;
             }
             if has_slot(host, order.max.get(host).copied().unwrap_or(1)) {

@@ -10,8 +10,11 @@
 //! - Works on systemd and OpenRC images (finding L10): the start script uses `systemctl` when
 //!   systemd runs, else `rc-update`/`rc-service`, and knows both images' service names.
 //! - Client policy: no client CIDR of prefix 0 or shorter than the entry's minimum
-//!   (`policy.minClientPrefixV4`/`V6`); with credentials only, a password of at least
-//!   `policy.minPasswordLength` characters.
+//!   (`policy.minClientPrefixV4`/`V6`), and the whole list within the entry's span caps
+//!   (`policy.maxClientSpanV4`/`V6`, [`crate::client_span`]: IPv4-mapped and -compatible
+//!   IPv6 entries count, and are written, as IPv4; an IPv6 network holding those ranges
+//!   admits every IPv4 client and is refused); with credentials, a password of at least
+//!   `policy.minPasswordLength` characters, whether client CIDRs are set or not.
 //! - Injection-safe: CIDRs are re-parsed, user names and passwords are restricted to
 //!   characters that need no quoting in YAML, shell single quotes or the proxies' configs,
 //!   and that tinyproxy's `BasicAuth` parser accepts (letters, digits, `-`, `.`, `_`).
@@ -159,10 +162,19 @@ pub enum UserDataError {
         /// The shortest prefix allowed for its family.
         min: u8,
     },
-    /// Credentials only and a password shorter than the entry's minimum.
+    /// A list of client networks admitting more than the entry's caps (see
+    /// [`crate::client_span`]).
+    #[error("{path}: {message}")]
+    WideSpan {
+        /// The field path.
+        path: String,
+        /// What the list admits and the cap.
+        message: String,
+    },
+    /// A password shorter than the entry's minimum.
     #[error(
-        "credentials password: with no allowedClientCidrs, any client may try it; use at \
-         least {min} characters (the provider entry's policy.minPasswordLength)"
+        "credentials password: use at least {min} characters (the provider entry's \
+         policy.minPasswordLength)"
     )]
     ShortPassword {
         /// The minimum length.
@@ -231,27 +243,42 @@ pub fn render(
     credentials: Option<&ProxyCredentials>,
     policy: &GuestPolicy,
 ) -> Result<String, UserDataError> {
-    let mut cidrs = Vec::new();
+    // The client networks: each entry within the entry's minimum prefix, and all of them
+    // together within its span caps (IPv4-mapped and -compatible forms counted, and
+    // rendered, as IPv4).
     for (index, c) in settings.allowed_client_cidrs.iter().enumerate() {
         let (ip, len) = parse_cidr(c).ok_or_else(|| UserDataError::BadCidr {
             index,
             value: c.clone(),
         })?;
-        let min = if ip.is_ipv4() {
+        let n = crate::client_span::normalised(&Net::new(ip, len));
+        let min = if n.addr.is_ipv4() {
             policy.min_client_prefix_v4
         } else {
             policy.min_client_prefix_v6
         }
         .max(1);
-        if len < min {
+        if n.len < min {
             return Err(UserDataError::WideCidr {
                 index,
                 value: c.clone(),
                 min,
             });
         }
-        cidrs.push(format!("{ip}/{len}"));
     }
+    let cidrs: Vec<String> = crate::client_span::check(
+        "spec.proxy.allowedClientCidrs",
+        &settings.allowed_client_cidrs,
+        policy.max_client_span_v4,
+        policy.max_client_span_v6,
+    )
+    .map_err(|e| {
+        let (path, message) = e.into_iter().next().unwrap_or_default();
+        UserDataError::WideSpan { path, message }
+    })?
+    .iter()
+    .map(ToString::to_string)
+    .collect();
     if cidrs.is_empty() && credentials.is_none() {
         return Err(UserDataError::OpenRelay);
     }
@@ -259,8 +286,9 @@ pub fn render(
         return Err(UserDataError::BadDomain(d.clone()));
     }
     if let Some(c) = credentials {
-        let min = cidrs.is_empty().then_some(policy.min_password_length);
-        check_credentials(c, settings.protocol, min)?;
+        // Whoever is inside the client networks may try the password too: the minimum
+        // holds whenever credentials are set.
+        check_credentials(c, settings.protocol, Some(policy.min_password_length))?;
     }
     let (mut files, script) = match settings.protocol {
         ProxyProtocol::Http => http(settings.port, &cidrs, credentials, policy),
@@ -764,7 +792,7 @@ mod tests {
     }
 
     #[test]
-    fn a_credentials_only_proxy_needs_a_password_of_the_entry_minimum_length() {
+    fn every_proxy_with_credentials_needs_a_password_of_the_entry_minimum_length() {
         let short = ProxyCredentials {
             username: "alice".into(),
             password: "a".repeat(15),
@@ -778,8 +806,10 @@ mod tests {
             assert_eq!(e, UserDataError::ShortPassword { min: 16 });
             assert!(!e.to_string().contains(&short.password), "never shown: {e}");
             assert!(render(&settings(proto, &[]), Some(&long), &pol()).is_ok());
-            // With client networks too, the networks are the gate.
-            assert!(render(&settings(proto, &["10.0.0.0/8"]), Some(&short), &pol()).is_ok());
+            // With client networks too: whoever is in them may try the password.
+            let e = render(&settings(proto, &["10.0.0.0/8"]), Some(&short), &pol()).unwrap_err();
+            assert_eq!(e, UserDataError::ShortPassword { min: 16 });
+            assert!(render(&settings(proto, &["10.0.0.0/8"]), Some(&long), &pol()).is_ok());
         }
     }
 
@@ -799,7 +829,7 @@ mod tests {
         }
         let c = ProxyCredentials {
             username: "alice".into(),
-            password: "Ab0-._".into(),
+            password: "Ab0-._".repeat(3),
         };
         assert!(render(&s, Some(&c), &pol()).is_ok());
     }

@@ -72,6 +72,7 @@ pub(super) async fn reconcile_inner(p: &Proxy, ctx: &Ctx) -> Result<Action, Reco
         spec: std::sync::Arc::new(p.spec.0.clone()),
         deleting,
         credentials,
+        namespace_labels: None,
     };
     let current = p.status.clone().unwrap_or_default();
     let started = std::time::Instant::now();

@@ -17,6 +17,8 @@ fn pool(v4_ranges: &[&str], v6_ranges: &[&str]) -> ParsedPool {
         ipv4: fam("203.0.113.0/28", "203.0.113.1", v4_ranges),
         ipv6: fam("2001:db8:1::/64", "2001:db8:1::1", v6_ranges),
         dns: vec![],
+        access: None,
+        hold_released: crate::libvirt::address_pool::DEFAULT_HOLD_RELEASED,
     }
     .parse()
     .unwrap()

@@ -95,7 +95,8 @@ impl Report {
 /// - `urlImages.allowedHosts` is non-empty when URL images are enabled, and each is a host
 ///   (DNS name, IPv4, `[IPv6]`) with an optional `:port` 1–65535 (no scheme or path);
 /// - `maxImageBytes` > 0;
-/// - `policy`: `minClientPrefixV4` 1–32, `minClientPrefixV6` 1–128, `minPasswordLength`
+/// - `policy`: `minClientPrefixV4` 1–32, `minClientPrefixV6` 1–128, `maxClientSpanV4` 8–32,
+///   `maxClientSpanV6` 32–64, `minPasswordLength`
 ///   8–128; `allowedDestinations` domains are `example.com` or `*.example.com`, CIDRs parse,
 ///   ports are not 0, at most 64 of each; `allowedInternalCidrs` parse (a `/0` warns);
 /// - `guest.vendorData` is a payload cloud-init recognises (L13);

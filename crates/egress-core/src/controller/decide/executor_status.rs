@@ -56,6 +56,35 @@ pub fn host_busy(
     status
 }
 
+/// Status while a pinned egress address is reserved (pinned by another Proxy, or held for
+/// another namespace after its instance went away; called by the executor, which knows the
+/// reservations): Ready/Provisioned False with reason AddressReserved and `msg`, which names
+/// no other Proxy or namespace; nothing is started.
+pub fn address_reserved(
+    mut status: ProxyStatus,
+    obj: &ProxyObject,
+    msg: &str,
+    now: SystemTime,
+) -> ProxyStatus {
+    let now_s = fmt_time(now);
+    for c in [condition::PROVISIONED, condition::READY] {
+        status.set_condition(Condition::new(
+            c,
+            ConditionStatus::False,
+            reason::ADDRESS_RESERVED,
+            msg,
+            &now_s,
+            obj.generation,
+        ));
+    }
+    if status.phase == Phase::Provisioning && status.provider_id.is_none() {
+        status.phase = Phase::Pending;
+        status.provisioning_since = None;
+        status.host = None;
+    }
+    status
+}
+
 /// Status when the controller is shutting down and started nothing.
 pub fn shutting_down(mut status: ProxyStatus, obj: &ProxyObject, now: SystemTime) -> ProxyStatus {
     status.set_condition(Condition::new(

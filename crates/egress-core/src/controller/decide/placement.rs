@@ -22,18 +22,20 @@ use super::inputs::HostView;
 /// ([`super::families_needed`]): a host whose address pool is known exhausted for one of them
 /// gets no new proxy of it, and among hosts of equal load one with free addresses goes first
 /// ([`HostView::least_loaded`]). A pinned host is taken whatever its pool says (the create
-/// then fails naming the host and its pool).
+/// then fails naming the host and its pool). Only hosts `eligible` says yes to are taken
+/// (the hosts the Proxy's namespace may use, with room for its size).
 pub fn place(
     entry: &LibvirtEntry,
     pinned: Option<&str>,
     hosts: &dyn HostView,
     need: u8,
+    eligible: &dyn Fn(&str) -> bool,
 ) -> Option<String> {
     if let Some(p) = pinned {
-        let usable = crate::hosthealth::accepts_placements(hosts.info(p).health);
+        let usable = crate::hosthealth::accepts_placements(hosts.info(p).health) && eligible(p);
         return usable.then(|| p.to_owned());
     }
-    hosts.least_loaded(entry, need)
+    hosts.least_loaded(entry, need, eligible)
 }
 
 /// Why no host was chosen: each host with its last state.
@@ -80,13 +82,18 @@ pub(super) fn no_usable_host(
 /// `pinned` among its allocatable ranges; `None` without pins or when no host's pool holds
 /// them all (the create then fails naming the pools). Reads each host's pool: O(hosts), paid
 /// only when a Proxy that pins addresses is placed.
-pub(super) fn host_holding(entry: &LibvirtEntry, pinned: &[std::net::IpAddr]) -> Option<String> {
+pub(super) fn host_holding(
+    entry: &LibvirtEntry,
+    pinned: &[std::net::IpAddr],
+    eligible: &dyn Fn(&str) -> bool,
+) -> Option<String> {
     if pinned.is_empty() {
         return None;
     }
     entry
         .hosts
         .iter()
+        .filter(|h| eligible(&h.name))
         .find(|h| {
             h.address_pool
                 .as_ref()

@@ -26,13 +26,26 @@ pub(super) fn start_create(
 ) -> Decision {
     let i = cx.i;
     let pinned_egress = i.obj.spec.egress.pinned();
+    // Only hosts the Proxy's namespace may use (the entry's and the hosts' access).
+    let open = entry.config.access.is_none()
+        && entry.config.hosts.iter().all(|h| {
+            h.access.is_none() && h.address_pool.as_ref().is_none_or(|p| p.access.is_none())
+        });
+    let eligible = |h: &str| {
+        open || entry
+            .config
+            .hosts
+            .iter()
+            .find(|c| c.name == h)
+            .is_some_and(|c| super::eligible(i.obj, entry.config, c))
+    };
     // Pinned addresses come from one host's pool: that host, as if `spec.host` named it.
     let holder = i
         .obj
         .spec
         .host
         .is_none()
-        .then(|| host_holding(entry.config, &pinned_egress))
+        .then(|| host_holding(entry.config, &pinned_egress, &eligible))
         .flatten();
     let pin = i.obj.spec.host.as_deref().or(holder.as_deref());
     let need = super::families_needed(&pinned_egress);
@@ -45,9 +58,9 @@ pub(super) fn start_create(
         return cx.latch(reason::INVALID_SPEC, &msg, Action::None);
     }
     // A preferred (sticky) host that stopped accepting placements yields to the others.
-    let chosen = place(entry.config, pinned, i.hosts, need).or_else(|| {
+    let chosen = place(entry.config, pinned, i.hosts, need, &eligible).or_else(|| {
         pin.is_none()
-            .then(|| place(entry.config, None, i.hosts, need))
+            .then(|| place(entry.config, None, i.hosts, need, &eligible))
             .flatten()
     });
     let Some(host) = chosen else {

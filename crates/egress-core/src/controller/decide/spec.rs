@@ -7,6 +7,7 @@
 
 use egress_provider::libvirt::config::LibvirtEntry;
 use egress_provider::libvirt::image::source::is_url;
+use egress_provider::libvirt::nwfilter::host_ip;
 use egress_provider::model::CreateRequest;
 
 use crate::controller::{ProxyObject, userdata};
@@ -112,7 +113,9 @@ pub(super) fn request(
         return Err((
             false,
             format!(
-                "spec.proxy.credentialsRef: {:?} could not be read yet",
+                "spec.proxy.credentialsRef: {:?} could not be read yet (missing, without \
+                 both keys username and password, not marked for egress-proxies, or in a \
+                 namespace whose Secrets the operator is not granted)",
                 obj.spec
                     .proxy
                     .credentials_ref
@@ -121,14 +124,34 @@ pub(super) fn request(
             ),
         ));
     }
+    // The host's own addresses the guest firewall denies: the IP in its address and its
+    // `hostAddresses` (the host's network filter also denies what its name resolves to).
     let host_addrs: Vec<std::net::IpAddr> = entry
         .hosts
         .iter()
         .filter(|h| h.name == host)
-        .filter_map(|h| host_ip(&h.address))
+        .flat_map(|h| {
+            host_ip(&h.address).into_iter().chain(
+                h.host_addresses
+                    .iter()
+                    .filter_map(|a| a.trim().parse::<std::net::IpAddr>().ok()),
+            )
+        })
         .collect();
+    // The entry's internal networks are lifted only for namespaces granted them.
+    let lift_internal = super::lifts_internal(obj, entry);
+    let strict;
+    let entry_policy = if lift_internal {
+        &entry.policy
+    } else {
+        strict = egress_provider::libvirt::config::ProxyPolicy {
+            allowed_internal_cidrs: Vec::new(),
+            ..entry.policy.clone()
+        };
+        &strict
+    };
     let policy = GuestPolicy::for_proxy(
-        &entry.policy,
+        entry_policy,
         &obj.spec.proxy.allowed_destinations,
         &host_addrs,
     )
@@ -145,19 +168,10 @@ pub(super) fn request(
         vcpus,
         user_data,
         pinned_egress: obj.spec.egress.pinned(),
+        // Filled by the executor, which knows every Proxy's pins and the holds.
+        reserved: Vec::new(),
+        lift_internal,
     })
-}
-
-/// The IP address of a host's `address` (`ip`, `ip:port`, `[v6]:port`), when it is one;
-/// a DNS name or `local` gives `None`.
-fn host_ip(address: &str) -> Option<std::net::IpAddr> {
-    if let Ok(ip) = address.parse() {
-        return Some(ip);
-    }
-    if let Some(rest) = address.strip_prefix('[') {
-        return rest.split_once(']').and_then(|(ip, _)| ip.parse().ok());
-    }
-    address.split_once(':').and_then(|(ip, _)| ip.parse().ok())
 }
 
 #[cfg(test)]
@@ -186,6 +200,7 @@ mod tests {
             }),
             deleting: false,
             credentials: None,
+            namespace_labels: None,
         }
     }
 

@@ -474,9 +474,6 @@ fn real_host(sshd: &Sshd, name: &str) -> HostConfig {
         ssh_key_file: Some(sshd.client_key_path.clone()),
         known_hosts_file: Some(sshd.known_hosts_path.clone()),
         ..host(name, 2)
-        host_addresses: Vec::new(),
-        capacity: Default::default(),
-        access: None,
     }
 }
 

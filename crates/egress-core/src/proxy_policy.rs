@@ -195,7 +195,16 @@ pub struct GuestPolicy {
     /// Denied destination networks: the default classes and the host's own addresses,
     /// minus nothing (lifting happens by accepting `lifted` first).
     pub denied: Vec<Net>,
+    /// The ports HTTP CONNECT may reach when `ports` is empty: [`DEFAULT_CONNECT_PORTS`], and
+    /// the operator adds its health check targets' ports (its probes CONNECT through the
+    /// proxy).
+    pub connect_default: Vec<u16>,
 }
+
+/// The ports HTTP CONNECT may reach when neither the Proxy nor its entry lists ports: HTTPS
+/// and HTTP. (A plain HTTP request through tinyproxy names its own port; the guest firewall
+/// bounds ports only when a list is set.)
+pub const DEFAULT_CONNECT_PORTS: [u16; 2] = [443, 80];
 
 impl GuestPolicy {
     /// The entry's policy with its defaults and no Proxy allowlist (for tests and callers
@@ -212,6 +221,7 @@ impl GuestPolicy {
             ports: Vec::new(),
             lifted: Vec::new(),
             denied: denied_networks(),
+            connect_default: DEFAULT_CONNECT_PORTS.to_vec(),
         })
     }
 
@@ -302,6 +312,7 @@ impl GuestPolicy {
             },
             lifted,
             denied,
+            connect_default: DEFAULT_CONNECT_PORTS.to_vec(),
         })
     }
 }

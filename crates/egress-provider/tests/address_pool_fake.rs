@@ -87,6 +87,7 @@ fn host(ranges: &[String]) -> HostConfig {
         }),
         host_addresses: Vec::new(),
         capacity: Default::default(),
+        access: None,
     }
 }
 

@@ -69,6 +69,7 @@ fn entry(hosts: Vec<HostConfig>, dial: Duration) -> LibvirtEntry {
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        access: None,
         quotas: Default::default(),
     }
 }

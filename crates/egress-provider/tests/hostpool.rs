@@ -66,6 +66,7 @@ fn entry(hosts: Vec<HostConfig>, dial: Duration, call: Duration) -> LibvirtEntry
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        access: None,
         quotas: Default::default(),
     }
 }

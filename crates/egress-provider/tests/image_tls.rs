@@ -314,6 +314,7 @@ fn entry_with(name: &str, host: HostConfig, images: BTreeMap<String, ImageSpec>)
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        access: None,
         quotas: Default::default(),
     }
 }

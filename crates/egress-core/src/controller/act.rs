@@ -14,7 +14,7 @@ use super::executor::Controller;
 use super::outcome::{EventKind, Outcome};
 use super::proxy::ProxyObject;
 use super::settings::create_deadline;
-use super::state::lock;
+use super::state::{Size, lock};
 
 impl Controller {
     /// Performs the decision's action (no network here: work is spawned) and builds the
@@ -64,6 +64,29 @@ impl Controller {
                 let pins = obj.spec.egress.pinned();
                 st.reservations
                     .register(entry, obj.uid, &obj.namespace, &pins);
+                // Its size counts on its host's usage, and it counts in its namespace.
+                let size = decide::sizes(obj, &h.config).ok().map(|(_, m, v)| Size {
+                    memory_mib: m,
+                    vcpus: u64::from(v),
+                    namespace: obj.namespace.clone(),
+                });
+                st.set_size(obj.uid, size);
+                // A new instance (not a replacement) beyond the namespace's quota waits.
+                if let Action::Create { .. } = &action
+                    && let Some(max) = h.config.quotas.max_proxies_per_namespace
+                    && !st.counts_on(&obj.uid, entry)
+                    && st.namespace_count(entry, &obj.namespace) >= max as usize
+                {
+                    let msg = format!(
+                        "namespace {:?} has {max} Proxies on provider entry {entry:?}, its \
+                         quota (quotas.maxProxiesPerNamespace); waiting for one to go",
+                        obj.namespace
+                    );
+                    status = decide::quota_exceeded(status, obj, &msg, now);
+                    requeue_after = Some(settings.poll_provisioning);
+                    events.retain(|e| e.kind == EventKind::Warning);
+                    action = Action::None;
+                }
                 if let Action::Create { req, .. } = &mut action {
                     if let Some(msg) = st.reservations.conflict(
                         entry,
@@ -85,6 +108,9 @@ impl Controller {
             }
         } else if finalized {
             st.reservations.forget(&obj.uid);
+        }
+        if finalized {
+            st.set_size(obj.uid, None);
         }
         if finalized {
             if let Some(o) = st.objects.remove(&obj.uid)

@@ -342,6 +342,8 @@ impl Controller {
             op.abort.abort();
         }
         st.clear_location(uid);
+        st.set_size(*uid, None);
+        st.reservations.forget(uid);
         st.created.remove(uid);
         st.forget_waiter(uid);
         st.strays.remove(uid);

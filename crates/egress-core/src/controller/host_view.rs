@@ -54,6 +54,7 @@ impl HostView for LiveHosts<'_> {
         let mut load = st.load(name, host);
         let health = st.health.get(name).and_then(|m| m.get(host)).copied();
         let addresses = st.address_room(name, host);
+        let (used_memory_mib, used_vcpus) = st.usage(name, host);
         drop(st);
         if self.inner.limits.work_available(name, host, max) == 0 {
             load = load.saturating_add(FULL_HOST_LOAD);
@@ -62,6 +63,8 @@ impl HostView for LiveHosts<'_> {
             load,
             health,
             addresses,
+            used_memory_mib,
+            used_vcpus,
         }
     }
 
@@ -99,6 +102,8 @@ pub(super) fn host_view<'a>(
                     load: st.load(entry, h),
                     health: health.and_then(|m| m.get(h)).copied(),
                     addresses: st.address_room(entry, h),
+                    used_memory_mib: st.usage(entry, h).0,
+                    used_vcpus: st.usage(entry, h).1,
                 },
             )
         })

@@ -27,7 +27,7 @@
 //!   host's addresses (the default gateway added at boot) unless the entry lifted them
 //!   (`policy.allowedInternalCidrs`), and outside the allowed CIDRs and ports; DNS to the resolvers of `/etc/resolv.conf` stays open. tinyproxy enforces
 //!   the domain allowlist (`Filter`, `FilterDefaultDeny`) and the ports for CONNECT
-//!   (`ConnectPort`); dante blocks denied networks (also for names, which it resolves) and
+//!   (`ConnectPort`: the allowed ports, else 443, 80 and the operator's health targets'); dante blocks denied networks (also for names, which it resolves) and
 //!   passes only allowed domains and CIDRs. If the rules cannot be applied, the proxy is not
 //!   started (fail closed).
 //! - The proxy package is installed by the start script only when its binary is missing (no
@@ -384,7 +384,14 @@ fn http(
         let _ = writeln!(conf, "BasicAuth {} {}", c.username, c.password);
     }
     // Ports: tinyproxy checks them for CONNECT only; the firewall checks every request.
-    for p in &policy.ports {
+    // Without a list, CONNECT reaches HTTPS and HTTP (and the operator's health targets)
+    // only: tinyproxy without any `ConnectPort` would tunnel to every port.
+    let connect = if policy.ports.is_empty() {
+        &policy.connect_default
+    } else {
+        &policy.ports
+    };
+    for p in connect {
         let _ = writeln!(conf, "ConnectPort {p}");
     }
     let mut files = Vec::new();
@@ -620,6 +627,39 @@ mod tests {
         );
         assert!(conf.contains("DisableViaHeader Yes\n"), "{conf}");
         assert!(!conf.contains("BasicAuth"), "{conf}");
+    }
+
+    #[test]
+    fn connect_defaults_to_ports_443_and_80() {
+        let ud = render(
+            &settings(ProxyProtocol::Http, &["10.0.0.0/8"]),
+            None,
+            &pol(),
+        )
+        .unwrap();
+        let conf = file(&ud, "tinyproxy.conf");
+        let ports: Vec<&str> = conf
+            .lines()
+            .filter_map(|l| l.strip_prefix("ConnectPort "))
+            .collect();
+        assert_eq!(ports, ["443", "80"], "{conf}");
+        // The operator's health targets are added; an allowlist replaces the default.
+        let mut p = pol();
+        p.connect_default.push(8080);
+        let conf = file(
+            &render(&settings(ProxyProtocol::Http, &["10.0.0.0/8"]), None, &p).unwrap(),
+            "tinyproxy.conf",
+        );
+        assert!(
+            conf.contains("ConnectPort 443\nConnectPort 80\nConnectPort 8080\n"),
+            "{conf}"
+        );
+        p.ports = vec![8443];
+        let conf = file(
+            &render(&settings(ProxyProtocol::Http, &["10.0.0.0/8"]), None, &p).unwrap(),
+            "tinyproxy.conf",
+        );
+        assert!(conf.contains("ConnectPort 8443\n") && !conf.contains("ConnectPort 443\n"));
     }
 
     #[test]

@@ -85,6 +85,24 @@ pub fn address_reserved(
     status
 }
 
+/// Status while a new instance would take its namespace past the entry's quota (called by
+/// the executor, which counts the namespace's instances): Ready/Provisioned False with
+/// reason QuotaExceeded and `msg`; nothing is started.
+pub fn quota_exceeded(
+    status: ProxyStatus,
+    obj: &ProxyObject,
+    msg: &str,
+    now: SystemTime,
+) -> ProxyStatus {
+    let mut status = address_reserved(status, obj, msg, now);
+    for c in &mut status.conditions {
+        if c.reason == reason::ADDRESS_RESERVED {
+            c.reason = reason::QUOTA_EXCEEDED.into();
+        }
+    }
+    status
+}
+
 /// Status when the controller is shutting down and started nothing.
 pub fn shutting_down(mut status: ProxyStatus, obj: &ProxyObject, now: SystemTime) -> ProxyStatus {
     status.set_condition(Condition::new(

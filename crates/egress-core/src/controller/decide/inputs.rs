@@ -74,6 +74,10 @@ pub struct HostInfo {
     pub health: Option<HostState>,
     /// Its declared-address pool as its last report showed it.
     pub addresses: AddressRoom,
+    /// Memory (MiB) of the entry's proxies counted on it (instances and creates in flight).
+    pub used_memory_mib: u64,
+    /// vCPUs of the entry's proxies counted on it.
+    pub used_vcpus: u64,
 }
 
 /// The IPv4 bit of a set of address families.

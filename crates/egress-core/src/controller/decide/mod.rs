@@ -50,7 +50,9 @@ use self::ctx::Ctx;
 pub use self::ctx::fmt_time;
 pub use self::decision::{Action, Decision};
 pub use self::entitlement::{eligible, entitlement_errors, lifts_internal};
-pub use self::executor_status::{address_reserved, host_busy, reconcile_timed_out, shutting_down};
+pub use self::executor_status::{
+    address_reserved, host_busy, quota_exceeded, reconcile_timed_out, shutting_down,
+};
 use self::finalize::finalize;
 pub use self::inputs::{
     AddressRoom, EVERY_FAMILY, EntryView, FAMILY_V4, FAMILY_V6, HostInfo, HostView, Inputs, Latch,

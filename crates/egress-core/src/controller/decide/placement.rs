@@ -38,29 +38,67 @@ pub fn place(
     hosts.least_loaded(entry, need, eligible)
 }
 
-/// Why no host was chosen: each host with its last state.
+/// Why `host` cannot take `need` by its `capacity` (configured memory or vCPUs), if so.
+pub(super) fn capacity_short(
+    entry: &LibvirtEntry,
+    host: &str,
+    info: &super::inputs::HostInfo,
+    need: (u64, u64),
+    own: (u64, u64),
+) -> Option<String> {
+    let cap = entry.hosts.iter().find(|h| h.name == host)?.capacity;
+    let mem = info.used_memory_mib.saturating_sub(own.0);
+    let cpu = info.used_vcpus.saturating_sub(own.1);
+    if let Some(c) = cap.memory_mib
+        && mem.saturating_add(need.0) > c
+    {
+        return Some(format!(
+            "full by memory ({mem} of {c} MiB placed, {} MiB needed)",
+            need.0
+        ));
+    }
+    if let Some(c) = cap.vcpus
+        && cpu.saturating_add(need.1) > u64::from(c)
+    {
+        return Some(format!(
+            "full by vCPUs ({cpu} of {c} placed, {} needed)",
+            need.1
+        ));
+    }
+    None
+}
+
+/// Why no host was chosen: each host with its last state (and, for a host without room
+/// for `need` (memory MiB, vCPUs), what it lacks).
 pub(super) fn no_usable_host(
     entry: &LibvirtEntry,
     pinned: Option<&str>,
     hosts: &dyn HostView,
+    need: (u64, u64),
+    own: &dyn Fn(&str) -> (u64, u64),
 ) -> String {
     let state = |n: &str| {
         let info = hosts.info(n);
         let health = info
             .health
             .map_or_else(|| "unchecked".to_owned(), |s| format!("{s:?}"));
-        if info.addresses.full == 0 {
+        let mut s = if info.addresses.full == 0 {
             health
         } else {
             format!(
                 "{health} with its {} address pool exhausted",
                 info.addresses.full_families()
             )
+        };
+        if let Some(why) = capacity_short(entry, n, &info, need, own(n)) {
+            s = format!("{s}, {why}");
         }
+        s
     };
     match pinned {
         Some(p) => format!(
-            "host {p} (spec.host) is {}: no new proxies on a host that is not Ready; waiting",
+            "host {p} (spec.host) is {}: no new proxies on a host that is not Ready or has no \
+             room; waiting",
             state(p)
         ),
         None => {

@@ -107,6 +107,7 @@ pub(super) fn request(
     obj: &ProxyObject,
     entry: &LibvirtEntry,
     host: &str,
+    connect_ports: &[u16],
 ) -> Result<CreateRequest, (bool, String)> {
     let (disk_gib, memory_mib, vcpus) = sizes(obj, entry).map_err(|e| (true, e.join("; ")))?;
     if obj.spec.proxy.credentials_ref.is_some() && obj.credentials.is_none() {
@@ -156,6 +157,8 @@ pub(super) fn request(
         &host_addrs,
     )
     .map_err(|e| (true, e.join("; ")))?;
+    let mut policy = policy;
+    policy.connect_default = connect_ports.to_vec();
     let user_data = userdata::render(&obj.spec.proxy, obj.credentials.as_ref(), &policy)
         .map_err(|e| (true, e.to_string()))?;
     Ok(CreateRequest {
@@ -223,7 +226,7 @@ mod tests {
         let mut e = entry(2);
         e.hosts[0].address = "198.51.100.9:22".into();
         e.hosts[1].address = "198.51.100.10".into();
-        let r = request(&obj(), &e, "h1").unwrap();
+        let r = request(&obj(), &e, "h1", &[443, 80]).unwrap();
         assert!(
             r.user_data.contains("elements = { 198.51.100.9/32 }"),
             "{}",
@@ -238,7 +241,7 @@ mod tests {
             .proxy
             .allowed_destinations
             .cidrs = vec!["10.1.0.0/16".into()];
-        let (permanent, msg) = request(&o, &e, "h1").unwrap_err();
+        let (permanent, msg) = request(&o, &e, "h1", &[443, 80]).unwrap_err();
         assert!(permanent, "{msg}");
         assert!(
             msg.starts_with("spec.proxy.allowedDestinations.cidrs[0]"),

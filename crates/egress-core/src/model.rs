@@ -26,6 +26,11 @@ pub const KIND: &str = "Proxy";
 // NB: enough for a classified provider error with its host, setting and both sizes; status
 // objects stay small when hundreds of proxies fail the same way.
 pub const MAX_MESSAGE_CHARS: usize = 1024;
+/// Longest `spec.provider` and `spec.host` (entry and host names are identifiers of at most
+/// 32 characters in the provider config).
+pub const MAX_NAME_CHARS: usize = 32;
+/// Longest `spec.image` (a catalogue key, or a URL with its digest fragment).
+pub const MAX_IMAGE_CHARS: usize = 2048;
 /// Default proxy listen port (tinyproxy/squid convention).
 pub const DEFAULT_PROXY_PORT: u16 = 3128;
 
@@ -74,7 +79,7 @@ pub struct ProxySpec {
     /// move a Proxy to another entry, delete it and create a new one.
     // NB: a CEL transition rule, because re-typing a Proxy to another entry would orphan its
     // instance on the old entry's hosts (finding M2).
-    #[cfg_attr(feature = "schema", schemars(length(min = 1), extend("x-kubernetes-validations" = [{
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 32), extend("x-kubernetes-validations" = [{
         "rule": "self == oldSelf",
         "message": "spec.provider is immutable: delete the Proxy and create a new one"
     }])))]
@@ -82,12 +87,12 @@ pub struct ProxySpec {
     /// Pin to one host of the entry (its name in the provider config); otherwise the operator
     /// places it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 32)))]
     pub host: Option<String>,
     /// The image to boot: a key of the entry's image catalogue or, when the entry allows URL
     /// images, a URL with its digest as a fragment (`https://host/image.qcow2#sha256=HEX`; the
     /// fragment is required for plain http).
-    #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 2048)))]
     pub image: String,
     /// Size overrides; the entry's `defaults` fill what is omitted.
     #[serde(default)]
@@ -277,6 +282,22 @@ impl ProxySpec {
         };
         if self.provider.trim().is_empty() {
             err("spec.provider".into(), "must name a provider entry".into());
+        }
+        // The same bounds as the Proxy resource's schema (entry and host names are at most
+        // 32 characters; an image URL at most 2048).
+        for (path, value, max) in [
+            ("spec.provider", Some(self.provider.as_str()), MAX_NAME_CHARS),
+            ("spec.host", self.host.as_deref(), MAX_NAME_CHARS),
+            ("spec.image", Some(self.image.as_str()), MAX_IMAGE_CHARS),
+        ] {
+            if let Some(v) = value
+                && v.chars().count() > max
+            {
+                err(
+                    path.into(),
+                    format!("{} characters; at most {max} are allowed", v.chars().count()),
+                );
+            }
         }
         if self.image.trim().is_empty() {
             err("spec.image".into(), "must name an image".into());

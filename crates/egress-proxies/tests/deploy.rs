@@ -109,7 +109,9 @@ fn the_rendered_manifests_hold_the_operator_objects_in_its_namespace() {
             "Role",
             "RoleBinding",
             "Service",
-            "ServiceAccount"
+            "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding"
         ])
     );
     for o in &objs {
@@ -119,7 +121,12 @@ fn the_rendered_manifests_hold_the_operator_objects_in_its_namespace() {
         );
         let cluster_scoped = matches!(
             o["kind"].as_str(),
-            Some("ClusterRole" | "ClusterRoleBinding")
+            Some(
+                "ClusterRole"
+                    | "ClusterRoleBinding"
+                    | "ValidatingAdmissionPolicy"
+                    | "ValidatingAdmissionPolicyBinding"
+            )
         );
         assert_eq!(
             o["metadata"]["namespace"].as_str(),

@@ -44,26 +44,27 @@ impl Controller {
             let entry = h.config.name.as_str();
             if finalized {
                 // Its instance is gone: its addresses are held for its namespace a while.
-                st.reservations.forget(&obj.uid);
+                st.reservations.release(&obj.uid, now);
+            } else {
+                let pins = obj.spec.egress.pinned();
+                st.reservations
+                    .register(entry, obj.uid, &obj.namespace, &pins);
+                // What its instance holds, for the hold after it goes.
                 let hold = status
                     .host
                     .as_deref()
                     .and_then(|host| h.host(host))
                     .and_then(|c| c.address_pool.as_ref())
                     .map(|p| p.hold_released);
-                let addrs: Vec<std::net::IpAddr> = status
+                let holds: Vec<std::net::IpAddr> = status
                     .egress_address
                     .iter()
                     .filter_map(|a| a.parse().ok())
                     .collect();
                 if let Some(hold) = hold {
                     st.reservations
-                        .hold(entry, &obj.namespace, &addrs, now + hold);
+                        .note_held(entry, obj.uid, &obj.namespace, &holds, hold);
                 }
-            } else {
-                let pins = obj.spec.egress.pinned();
-                st.reservations
-                    .register(entry, obj.uid, &obj.namespace, &pins);
                 // Its size counts on its host's usage, and it counts in its namespace.
                 let size = decide::sizes(obj, &h.config).ok().map(|(_, m, v)| Size {
                     memory_mib: m,
@@ -107,7 +108,7 @@ impl Controller {
                 }
             }
         } else if finalized {
-            st.reservations.forget(&obj.uid);
+            st.reservations.forget_all(&obj.uid);
         }
         if finalized {
             st.set_size(obj.uid, None);

@@ -343,7 +343,7 @@ impl Controller {
         }
         st.clear_location(uid);
         st.set_size(*uid, None);
-        st.reservations.forget(uid);
+        st.reservations.forget_all(uid);
         st.created.remove(uid);
         st.forget_waiter(uid);
         st.strays.remove(uid);

@@ -39,6 +39,18 @@ pub(super) struct Reservations {
     entries: HashMap<String, EntryBook>,
     /// Each pinning Proxy's (entry, addresses), to drop them when they change.
     by_uid: HashMap<ProxyUid, (String, Vec<IpAddr>)>,
+    /// The addresses each Proxy's instance holds as last reported, with its entry,
+    /// namespace and the hold its pool gives them when the instance goes.
+    held: HashMap<ProxyUid, Held>,
+}
+
+/// What a Proxy's instance holds (see [`Reservations::note_held`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held {
+    entry: String,
+    namespace: String,
+    addresses: Vec<IpAddr>,
+    hold: std::time::Duration,
 }
 
 impl Reservations {
@@ -52,7 +64,7 @@ impl Reservations {
         {
             return;
         }
-        self.forget(&uid);
+        self.forget_pins(&uid);
         if addrs.is_empty() {
             return;
         }
@@ -65,6 +77,17 @@ impl Reservations {
 
     /// Drops `uid`'s pins (its Proxy is gone or pins nothing now).
     pub(super) fn forget(&mut self, uid: &ProxyUid) {
+        self.forget_pins(uid);
+    }
+
+    /// Drops `uid`'s pins and what it holds, holding nothing (a Proxy the driver no longer
+    /// tracks, whose instance is left for GC).
+    pub(super) fn forget_all(&mut self, uid: &ProxyUid) {
+        self.forget_pins(uid);
+        self.held.remove(uid);
+    }
+
+    fn forget_pins(&mut self, uid: &ProxyUid) {
         let Some((entry, addrs)) = self.by_uid.remove(uid) else {
             return;
         };
@@ -74,6 +97,40 @@ impl Reservations {
                     book.pins.remove(&a);
                 }
             }
+        }
+    }
+
+    /// `uid`'s instance (namespace `ns`, entry `entry`) holds `addrs` now; when it goes
+    /// ([`Self::release`]) they are held for `ns` for `hold`. Empty `addrs` forgets it.
+    pub(super) fn note_held(
+        &mut self,
+        entry: &str,
+        uid: ProxyUid,
+        ns: &str,
+        addrs: &[IpAddr],
+        hold: std::time::Duration,
+    ) {
+        if addrs.is_empty() {
+            self.held.remove(&uid);
+            return;
+        }
+        let h = Held {
+            entry: entry.to_owned(),
+            namespace: ns.to_owned(),
+            addresses: addrs.to_vec(),
+            hold,
+        };
+        if self.held.get(&uid) != Some(&h) {
+            self.held.insert(uid, h);
+        }
+    }
+
+    /// `uid`'s Proxy is gone (its instance deleted): its pins are dropped and the addresses
+    /// its instance held are held for its namespace for its pool's hold, from `now`.
+    pub(super) fn release(&mut self, uid: &ProxyUid, now: SystemTime) {
+        self.forget(uid);
+        if let Some(h) = self.held.remove(uid) {
+            self.hold(&h.entry, &h.namespace, &h.addresses, now + h.hold);
         }
     }
 

@@ -235,3 +235,27 @@ fn random_sequences_never_double_allocate_and_keep_counts() {
         }
     }
 }
+
+#[test]
+fn an_allocation_skips_reserved_addresses_and_they_stay_free_for_their_owners() {
+    let mut a = HostAddresses::new(&pool(&["203.0.113.2-203.0.113.4"], &[]));
+    let reserved = [ip("203.0.113.2"), ip("203.0.113.3")];
+    assert_eq!(
+        a.allocate_avoiding("p1", true, None, &reserved),
+        Ok(ip("203.0.113.4"))
+    );
+    assert_eq!(
+        a.allocate_avoiding("p2", true, None, &reserved),
+        Err(AllocError::Exhausted {
+            family: "IPv4",
+            size: 3
+        }),
+        "only reserved ones left"
+    );
+    // The owners (pinning them) still get them.
+    assert_eq!(
+        a.allocate_avoiding("owner", true, Some(ip("203.0.113.3")), &reserved),
+        Ok(ip("203.0.113.3"))
+    );
+    assert_eq!(a.allocate("p3", true, None), Ok(ip("203.0.113.2")));
+}

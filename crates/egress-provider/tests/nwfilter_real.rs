@@ -277,13 +277,12 @@ async fn a_started_domain_gets_the_filter_on_its_tap_and_the_filter_is_then_in_u
         // Anti-spoofing on the tap (ebtables): only its MAC, only its address.
         let l2 = in_netns(&["ebtables", "-t", "nat", "-L", "--Lc"]);
         println!("{l2}");
-        // NB: ebtables prints each MAC octet without its leading zero.
-        let short: Vec<String> = mac
-            .split(':')
-            .map(|o| format!("{:x}", u8::from_str_radix(o, 16).unwrap()))
-            .collect();
+        let ll = nwfilter::spoof::link_local(&mac).unwrap();
         for want in [
-            format!("-s {}", short.join(":")),
+            format!("-s {mac} -j RETURN"),
+            format!("--ip6-src {ll} -j RETURN"),
+            "--ip6-icmp-type router-advertisement -j DROP".to_owned(),
+            "--ip-proto udp --ip-sport 67 -j DROP".to_owned(),
             format!("--ip-src {declared}"),
             format!("--arp-ip-src {declared}"),
         ] {

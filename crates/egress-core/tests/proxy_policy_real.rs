@@ -982,3 +982,63 @@ fn mapped_client_networks_are_rendered_as_ipv4_and_admit_only_their_clients() {
         );
     }
 }
+
+/// IPv6 destinations in the translation and tunnel ranges of the shared deny list, each
+/// reaching the stand-in public address on a NAT64 or 6to4 segment, and a control.
+const NAT64: &str = "64:ff9b::c633:6401";
+const SIXTOFOUR: &str = "2002:c633:6401::1";
+const V6_CONTROL: &str = "2001:db8::1";
+const V6_PORT: u16 = 8082;
+
+impl Netns {
+    /// Puts [`NAT64`], [`SIXTOFOUR`] and [`V6_CONTROL`] on loopback with an HTTP server on
+    /// [`V6_PORT`] answering on all of them.
+    fn add_translated(&mut self) {
+        for a in [NAT64, SIXTOFOUR, V6_CONTROL] {
+            run(&["ip", "-n", &self.name, "-6", "addr", "add", &format!("{a}/128"), "dev", "lo"]);
+        }
+        let dir = self.dir.path().to_owned();
+        let p = V6_PORT.to_string();
+        self.spawn(
+            &["python3", "-m", "http.server", &p, "--bind", "::"],
+            &dir,
+        );
+        self.wait_http(&format!("http://[{V6_CONTROL}]:{V6_PORT}/"));
+    }
+}
+
+#[test]
+fn nat64_and_6to4_destinations_are_refused_by_the_real_proxies() {
+    require("/usr/bin/tinyproxy");
+    require("/usr/sbin/danted");
+    for protocol in [ProxyProtocol::Http, ProxyProtocol::Socks5] {
+        let ud = render(
+            &settings(protocol, &["127.0.0.0/8"]),
+            None,
+            &policy(&[], Destinations::default()),
+        )
+        .unwrap();
+        let mut ns = Netns::new();
+        ns.add_translated();
+        ns.firewall(&ud);
+        let how = match protocol {
+            ProxyProtocol::Http => {
+                ns.tinyproxy(&ud);
+                HTTP
+            }
+            ProxyProtocol::Socks5 => {
+                ns.danted(&staged(&ud, "danted.conf"));
+                SOCKS
+            }
+        };
+        let at = |a: &str| format!("http://[{a}]:{V6_PORT}/");
+        ns.fetch(how, &at(V6_CONTROL))
+            .unwrap_or_else(|e| panic!("{protocol:?}: the IPv6 control passes: {e}"));
+        for denied in [NAT64, SIXTOFOUR] {
+            assert!(
+                ns.fetch(how, &at(denied)).is_err(),
+                "{protocol:?}: {denied} must be refused"
+            );
+        }
+    }
+}

@@ -329,7 +329,7 @@ pub async fn ensure(c: &Client, host: &str, name: &str, xml: &str) -> Result<Ens
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
 
     #[test]
@@ -379,6 +379,60 @@ mod tests {
         // Deterministic: the same policy renders the same document.
         assert_eq!(x, render("ep-e-filter", &f));
         assert_ne!(uuid("ep-e-filter"), uuid("ep-f-filter"));
+    }
+
+    #[tokio::test]
+    async fn a_host_named_by_dns_is_denied_what_its_name_resolves_to() {
+        let host: HostConfig = serde_json::from_str(
+            r#"{"name": "h1", "address": "localhost:22", "hostAddresses": ["203.0.113.9"]}"#,
+        )
+        .unwrap();
+        let own = host_addresses(&host, std::time::Duration::from_secs(10)).await;
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let public: IpAddr = "203.0.113.9".parse().unwrap();
+        assert!(own.contains(&lo) && own.contains(&public), "{own:?}");
+        let x = render(
+            "f",
+            &HostFilter {
+                policy: &ProxyPolicy::default(),
+                host_addresses: &own,
+                resolvers: &[],
+            },
+        );
+        assert!(
+            x.contains("<all dstipaddr='203.0.113.9' dstipmask='32' state='NEW,INVALID'/>"),
+            "{x}"
+        );
+        // An IP address is taken as it is; `local` is nothing to resolve.
+        let by_ip: HostConfig =
+            serde_json::from_str(r#"{"name": "h1", "address": "198.51.100.4:2222"}"#).unwrap();
+        assert_eq!(
+            host_addresses(&by_ip, std::time::Duration::from_secs(10)).await,
+            ["198.51.100.4".parse::<IpAddr>().unwrap()]
+        );
+        let local: HostConfig =
+            serde_json::from_str(r#"{"name": "h1", "address": "local"}"#).unwrap();
+        assert!(host_addresses(&local, std::time::Duration::from_secs(10)).await.is_empty());
+    }
+
+    #[test]
+    fn the_strict_root_lifts_nothing_and_shares_the_children() {
+        let policy = ProxyPolicy {
+            allowed_internal_cidrs: vec!["10.5.0.0/16".into()],
+            ..ProxyPolicy::default()
+        };
+        let f = HostFilter {
+            policy: &policy,
+            host_addresses: &[],
+            resolvers: &[],
+        };
+        let set = render_set("r", &f);
+        let names: Vec<&str> = set.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["r-mac", "r-ipv4", "r-ipv6", "r-arp", "r", "r-strict"]);
+        let (root, strict) = (&set[4].1, &set[5].1);
+        assert!(root.contains("dstipaddr='10.5.0.0'"));
+        assert!(!strict.contains("dstipaddr='10.5.0.0'"), "{strict}");
+        assert!(strict.contains("<filterref filter='r-mac'/>"));
     }
 
     #[test]

@@ -222,7 +222,7 @@ mod tests {
     }
 
     #[test]
-    fn the_guest_firewall_denies_the_placed_hosts_address_and_a_bad_allowlist_is_permanent() {
+    fn the_guest_firewall_denies_the_hosts_address_and_host_addresses() {
         let mut e = entry(2);
         e.hosts[0].address = "198.51.100.9:22".into();
         e.hosts[1].address = "198.51.100.10".into();
@@ -235,6 +235,14 @@ mod tests {
         assert!(
             !r.user_data.contains("198.51.100.10"),
             "only the placed host"
+        );
+        // Its hostAddresses too (e.g. its public address, or a host reached by name).
+        e.hosts[0].host_addresses = vec!["203.0.113.44".into()];
+        let r = request(&obj(), &e, "h1", &[443, 80]).unwrap();
+        assert!(
+            r.user_data.contains("elements = { 198.51.100.9/32, 203.0.113.44/32 }"),
+            "{}",
+            r.user_data
         );
         let mut o = obj();
         std::sync::Arc::make_mut(&mut o.spec)

@@ -1042,3 +1042,62 @@ fn nat64_and_6to4_destinations_are_refused_by_the_real_proxies() {
         }
     }
 }
+
+#[test]
+fn the_sshd_drop_in_for_socks_users_is_accepted_by_the_real_sshd_and_denies_them() {
+    require("/usr/sbin/sshd");
+    let creds = ProxyCredentials {
+        username: "alice".into(),
+        password: "a-long-enough-password".into(),
+    };
+    let ud = render(
+        &settings(ProxyProtocol::Socks5, &["10.0.0.0/8"]),
+        Some(&creds),
+        &policy(&[], Destinations::default()),
+    )
+    .unwrap();
+    let script = staged(&ud, "start.sh");
+    // The drop-in as the start script writes it (its printf run as is).
+    let line = script
+        .lines()
+        .find(|l| l.trim_start().starts_with("printf 'DenyUsers"))
+        .unwrap_or_else(|| panic!("{script}"));
+    let printf = line
+        .trim()
+        .split(" > ")
+        .next()
+        .unwrap()
+        .to_owned();
+    let out = run(&["sh", "-c", &printf]);
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    run(&["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key.to_str().unwrap()]);
+    let cfg = dir.path().join("sshd_config");
+    std::fs::write(
+        &cfg,
+        format!(
+            "HostKey {}\nPidFile none\nPasswordAuthentication yes\n{}",
+            key.display(),
+            String::from_utf8_lossy(&out.stdout)
+        ),
+    )
+    .unwrap();
+    run(&["/usr/sbin/sshd", "-t", "-f", cfg.to_str().unwrap()]);
+    let eff = run(&[
+        "/usr/sbin/sshd",
+        "-T",
+        "-f",
+        cfg.to_str().unwrap(),
+        "-C",
+        "user=alice,host=client,addr=192.0.2.1",
+    ]);
+    let eff = String::from_utf8_lossy(&eff.stdout).to_lowercase();
+    for want in [
+        "denyusers alice",
+        "allowtcpforwarding no",
+        "permittunnel no",
+        "forcecommand /bin/false",
+    ] {
+        assert!(eff.lines().any(|l| l == want), "{want} missing:\n{eff}");
+    }
+}

@@ -303,6 +303,9 @@ pub fn render(
     // NB: no `packages:` key: cloud-init refreshes the package index whenever it is set, which
     // fails (after retries) on an image with the proxy preinstalled and no network; the start
     // script installs the package only when its binary is missing.
+    // NB: a SOCKS5 user is a guest account (dante checks the system's passwords): never
+    // let a password open an SSH session, which could forward past the guest's policy.
+    out.push_str("ssh_pwauth: false\n");
     out.push_str("write_files:\n");
     let mut all = files;
     all.push(StagedFile {
@@ -540,6 +543,22 @@ fn socks5(
              echo '{u}:{p}' | chpasswd",
             u = c.username,
             p = c.password
+        );
+        // The proxy's user may never log in over SSH, whatever the image allows (password
+        // logins, or a key added later): no session, so no forwarding past the policy.
+        let _ = writeln!(
+            script,
+            "if [ -d /etc/ssh ]; then\n  \
+             mkdir -p /etc/ssh/sshd_config.d\n  \
+             printf 'DenyUsers {u}\\nMatch User {u}\\n  AllowTcpForwarding no\\n  \
+             AllowStreamLocalForwarding no\\n  PermitTunnel no\\n  X11Forwarding no\\n  \
+             PermitTTY no\\n  ForceCommand /bin/false\\n' > /etc/ssh/sshd_config.d/00-egress-proxy.conf\n  \
+             if ! grep -qi '^Include /etc/ssh/sshd_config.d' /etc/ssh/sshd_config 2>/dev/null; then\n    \
+             cat /etc/ssh/sshd_config.d/00-egress-proxy.conf >> /etc/ssh/sshd_config\n  \
+             fi\n  \
+             (systemctl reload ssh || systemctl reload sshd || rc-service sshd reload) >/dev/null 2>&1 || true\n\
+             fi",
+            u = c.username
         );
     }
     apply_firewall(&mut script, "danted");
@@ -872,6 +891,43 @@ mod tests {
             password: "Ab0-._".repeat(3),
         };
         assert!(render(&s, Some(&c), &pol()).is_ok());
+    }
+
+    #[test]
+    fn socks_users_can_never_log_in_or_forward_over_ssh() {
+        let ud = render(
+            &settings(ProxyProtocol::Socks5, &["10.0.0.0/8"]),
+            Some(&creds()),
+            &pol(),
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_saphyr::from_str(&ud).unwrap();
+        assert_eq!(v["ssh_pwauth"], false, "{ud}");
+        let script = file(&ud, "start.sh");
+        let chpasswd = script.find("| chpasswd").unwrap();
+        let deny = script
+            .find("DenyUsers alice\\nMatch User alice\\n  AllowTcpForwarding no")
+            .unwrap_or_else(|| panic!("{script}"));
+        assert!(chpasswd < deny, "{script}");
+        assert!(script.contains("ForceCommand /bin/false"), "{script}");
+        // The script stays valid shell.
+        let out = std::process::Command::new("sh")
+            .args(["-n", "-c", &script])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        // And the drop-in it writes is what sshd accepts: printf expands it to these lines.
+        let printed = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "printf 'DenyUsers alice\\nMatch User alice\\n  AllowTcpForwarding no\\n'",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&printed.stdout),
+            "DenyUsers alice\nMatch User alice\n  AllowTcpForwarding no\n"
+        );
     }
 
     #[test]

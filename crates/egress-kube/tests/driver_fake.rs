@@ -573,7 +573,7 @@ async fn create_secret_labelled(w: &World, name: &str, labels: Value) {
     let s: Secret = serde_json::from_value(json!({
         "metadata": {"name": name, "labels": labels},
         "stringData": {},
-        "data": {"username": "dXNlcjE=", "password": "UGFzc3cwcmQ="},
+        "data": {"username": "dXNlcjE=", "password": "UGFzc3cwcmQtc2l4dGVlbi1jaGFycw=="},
     }))
     .unwrap();
     Api::<Secret>::namespaced(w.api.client("default"), "default")

@@ -286,7 +286,11 @@ impl ProxySpec {
         // The same bounds as the Proxy resource's schema (entry and host names are at most
         // 32 characters; an image URL at most 2048).
         for (path, value, max) in [
-            ("spec.provider", Some(self.provider.as_str()), MAX_NAME_CHARS),
+            (
+                "spec.provider",
+                Some(self.provider.as_str()),
+                MAX_NAME_CHARS,
+            ),
             ("spec.host", self.host.as_deref(), MAX_NAME_CHARS),
             ("spec.image", Some(self.image.as_str()), MAX_IMAGE_CHARS),
         ] {
@@ -295,7 +299,10 @@ impl ProxySpec {
             {
                 err(
                     path.into(),
-                    format!("{} characters; at most {max} are allowed", v.chars().count()),
+                    format!(
+                        "{} characters; at most {max} are allowed",
+                        v.chars().count()
+                    ),
                 );
             }
         }

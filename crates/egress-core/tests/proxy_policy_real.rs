@@ -995,14 +995,21 @@ impl Netns {
     /// [`V6_PORT`] answering on all of them.
     fn add_translated(&mut self) {
         for a in [NAT64, SIXTOFOUR, V6_CONTROL] {
-            run(&["ip", "-n", &self.name, "-6", "addr", "add", &format!("{a}/128"), "dev", "lo"]);
+            run(&[
+                "ip",
+                "-n",
+                &self.name,
+                "-6",
+                "addr",
+                "add",
+                &format!("{a}/128"),
+                "dev",
+                "lo",
+            ]);
         }
         let dir = self.dir.path().to_owned();
         let p = V6_PORT.to_string();
-        self.spawn(
-            &["python3", "-m", "http.server", &p, "--bind", "::"],
-            &dir,
-        );
+        self.spawn(&["python3", "-m", "http.server", &p, "--bind", "::"], &dir);
         self.wait_http(&format!("http://[{V6_CONTROL}]:{V6_PORT}/"));
     }
 }
@@ -1062,16 +1069,20 @@ fn the_sshd_drop_in_for_socks_users_is_accepted_by_the_real_sshd_and_denies_them
         .lines()
         .find(|l| l.trim_start().starts_with("printf 'DenyUsers"))
         .unwrap_or_else(|| panic!("{script}"));
-    let printf = line
-        .trim()
-        .split(" > ")
-        .next()
-        .unwrap()
-        .to_owned();
+    let printf = line.trim().split(" > ").next().unwrap().to_owned();
     let out = run(&["sh", "-c", &printf]);
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("key");
-    run(&["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key.to_str().unwrap()]);
+    run(&[
+        "ssh-keygen",
+        "-q",
+        "-t",
+        "ed25519",
+        "-N",
+        "",
+        "-f",
+        key.to_str().unwrap(),
+    ]);
     let cfg = dir.path().join("sshd_config");
     std::fs::write(
         &cfg,

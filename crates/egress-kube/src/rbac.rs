@@ -172,6 +172,16 @@ pub const LEASES: ApiAccess = ApiAccess {
 /// `…-secret-type` allows its ServiceAccount no other).
 pub const SECRET_TYPE: &str = crate::api::CREDENTIALS_SECRET_TYPE;
 
+/// The `kube-system` namespace, read once at start: its UID is the cluster's identity in the
+/// installation ID (two clusters installed alike never share one). Namespaces hold no
+/// secrets; `get` only, never listed.
+pub const NAMESPACES: ApiAccess = ApiAccess {
+    scope: Scope::Cluster,
+    group: "",
+    resource: "namespaces",
+    verbs: &["get"],
+};
+
 /// Every grant the operator needs, and nothing else.
 pub const API_ACCESS: &[ApiAccess] = &[
     PROXIES,
@@ -188,6 +198,7 @@ pub const API_ACCESS: &[ApiAccess] = &[
     SERVICES,
     ENDPOINT_SLICES,
     LEASES,
+    NAMESPACES,
 ];
 
 #[cfg(test)]
@@ -203,7 +214,17 @@ mod tests {
             .collect();
         assert_eq!(
             cluster,
-            ["proxies", "providerhealths", "providerhealths/status"]
+            [
+                "proxies",
+                "providerhealths",
+                "providerhealths/status",
+                "namespaces"
+            ]
+        );
+        assert_eq!(
+            NAMESPACES.verbs,
+            ["get"],
+            "the cluster's identity, read once"
         );
         assert_eq!(
             PROXIES_LIVE_SET.verbs,

@@ -972,8 +972,12 @@ async fn the_driver_calls_exactly_the_apis_its_rbac_table_grants() {
             "update".into(),
         ));
     }
+    // NB: the kube-system namespace is read by `run` (the binary's entry) before it calls
+    // `run_with`, which this test drives: that call is made by the real binary
+    // (crates/egress-proxies/tests/kube_process.rs), not here.
     let table: BTreeSet<(String, String, String)> = API_ACCESS
         .iter()
+        .filter(|a| a.resource != egress_kube::rbac::NAMESPACES.resource)
         .flat_map(|a| {
             a.verbs
                 .iter()

@@ -200,9 +200,9 @@ fn redact_path(path: &str) -> String {
 /// digits, `-`, `_`, `.`, `~`, `%` or `+`, with no file extension, mixing upper- and lowercase
 /// letters with digits (base64 and similar); hex digests (one case) and words are not.
 fn looks_random(seg: &str) -> bool {
-    let ext = seg
-        .rsplit_once('.')
-        .is_some_and(|(_, e)| (1..=5).contains(&e.len()) && e.bytes().all(|b| b.is_ascii_alphanumeric()));
+    let ext = seg.rsplit_once('.').is_some_and(|(_, e)| {
+        (1..=5).contains(&e.len()) && e.bytes().all(|b| b.is_ascii_alphanumeric())
+    });
     seg.len() >= 20
         && !ext
         && seg
@@ -226,7 +226,12 @@ mod tests {
              https://h.example/user:pw-in-path/img.raw and \
              https://h.example/sha/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef/i.qcow2",
         );
-        for secret in ["abc123", "AKIAIOSFODNN7EXAMPLEx9Qz2", "deadbeef", "pw-in-path"] {
+        for secret in [
+            "abc123",
+            "AKIAIOSFODNN7EXAMPLEx9Qz2",
+            "deadbeef",
+            "pw-in-path",
+        ] {
             assert!(!m.contains(secret), "{secret} left in {m}");
         }
         assert!(
@@ -239,7 +244,9 @@ mod tests {
             "a digest is kept: {m}"
         );
         assert_eq!(
-            redact("https://cloud.debian.org/images/cloud/bookworm/latest/debian-12-genericcloud-amd64.qcow2"),
+            redact(
+                "https://cloud.debian.org/images/cloud/bookworm/latest/debian-12-genericcloud-amd64.qcow2"
+            ),
             "https://cloud.debian.org/images/cloud/bookworm/latest/debian-12-genericcloud-amd64.qcow2"
         );
     }

@@ -142,7 +142,12 @@ fn check_no_probe_refuses_tenancy_violations_with_their_field_paths() {
     tenant_manifest(&proxies, "stranger", "team-b", "[10.1.0.0/16]");
     tenant_manifest(&proxies, "mapped", "team-a", "['::/32']");
     let every: Vec<String> = (0..=255).map(|a| format!("{a}.0.0.0/8")).collect();
-    tenant_manifest(&proxies, "union", "team-a", &format!("[{}]", every.join(", ")));
+    tenant_manifest(
+        &proxies,
+        "union",
+        "team-a",
+        &format!("[{}]", every.join(", ")),
+    );
     tenant_manifest(&proxies, "wide", "team-a", "[10.0.0.0/8]");
     let o = run(&[
         "check",
@@ -162,13 +167,18 @@ fn check_no_probe_refuses_tenancy_violations_with_their_field_paths() {
     };
     let l = line("stranger.yaml");
     assert!(
-        l.contains("spec.provider: provider entry \"eptest-off\" is not available to namespace \"team-b\""),
+        l.contains(
+            "spec.provider: provider entry \"eptest-off\" is not available to namespace \"team-b\""
+        ),
         "{l}"
     );
     assert!(!l.contains("team-a"), "names no other tenant: {l}");
     for file in ["mapped.yaml", "union.yaml"] {
         let l = line(file);
-        assert!(l.contains("spec.proxy.allowedClientCidrs: the list admits"), "{l}");
+        assert!(
+            l.contains("spec.proxy.allowedClientCidrs: the list admits"),
+            "{l}"
+        );
     }
     // Within the CRD's ceiling but over this entry's cap: refused as the renderer would.
     let l = line("wide.yaml");

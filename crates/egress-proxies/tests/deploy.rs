@@ -444,7 +444,7 @@ fn with_one_watched_namespace_secrets_services_slices_and_events_are_granted_onl
             assert!(
                 matches!(
                     resource.as_str(),
-                    "providerhealths" | "providerhealths/status" | "proxies"
+                    "providerhealths" | "providerhealths/status" | "proxies" | "namespaces"
                 ),
                 "cluster-wide grant on {resource}"
             );

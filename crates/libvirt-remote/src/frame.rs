@@ -305,7 +305,11 @@ mod tests {
         // An announced maximum-size packet reserves one step, not its length.
         let mut big = BytesMut::from(&(MAX_PACKET as u32).to_be_bytes()[..]);
         assert!(PacketCodec.decode(&mut big).unwrap().is_none());
-        assert!(big.capacity() <= LEN_SIZE + RESERVE_STEP + 64, "{}", big.capacity());
+        assert!(
+            big.capacity() <= LEN_SIZE + RESERVE_STEP + 64,
+            "{}",
+            big.capacity()
+        );
         let mut b = BytesMut::from(&((MAX_PACKET + 1) as u32).to_be_bytes()[..]);
         assert!(PacketCodec.decode(&mut b).is_err());
         let mut b = BytesMut::from(&(MAX_PACKET as u32).to_be_bytes()[..]);

@@ -915,7 +915,11 @@ mod tests {
             .args(["-n", "-c", &script])
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         // And the drop-in it writes is what sshd accepts: printf expands it to these lines.
         let printed = std::process::Command::new("sh")
             .args([

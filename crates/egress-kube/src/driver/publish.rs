@@ -768,7 +768,11 @@ mod tests {
             .iter()
             .map(ToString::to_string)
             .collect();
-        assert_eq!(ips, ["10.1.0.1", "10.1.0.2"], "c unobserved, b's stored ip ignored");
+        assert_eq!(
+            ips,
+            ["10.1.0.1", "10.1.0.2"],
+            "c unobserved, b's stored ip ignored"
+        );
     }
 
     #[test]

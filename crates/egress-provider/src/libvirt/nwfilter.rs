@@ -412,7 +412,11 @@ mod tests {
         );
         let local: HostConfig =
             serde_json::from_str(r#"{"name": "h1", "address": "local"}"#).unwrap();
-        assert!(host_addresses(&local, std::time::Duration::from_secs(10)).await.is_empty());
+        assert!(
+            host_addresses(&local, std::time::Duration::from_secs(10))
+                .await
+                .is_empty()
+        );
     }
 
     #[test]
@@ -428,7 +432,10 @@ mod tests {
         };
         let set = render_set("r", &f);
         let names: Vec<&str> = set.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["r-mac", "r-ipv4", "r-ipv6", "r-arp", "r", "r-strict"]);
+        assert_eq!(
+            names,
+            ["r-mac", "r-ipv4", "r-ipv6", "r-arp", "r", "r-strict"]
+        );
         let (root, strict) = (&set[4].1, &set[5].1);
         assert!(root.contains("dstipaddr='10.5.0.0'"));
         assert!(!strict.contains("dstipaddr='10.5.0.0'"), "{strict}");

@@ -117,10 +117,13 @@ fn proxy_errors(
         generation: 1,
         spec: p.spec.clone(),
         deleting: false,
-        credentials: p.credentials.as_ref().map(|c| egress_core::controller::ProxyCredentials {
-            username: c.username.clone(),
-            password: c.password.clone(),
-        }),
+        credentials: p
+            .credentials
+            .as_ref()
+            .map(|c| egress_core::controller::ProxyCredentials {
+                username: c.username.clone(),
+                password: c.password.clone(),
+            }),
         namespace_labels: None,
     };
     let errs = entitlement_errors(&obj, entry);

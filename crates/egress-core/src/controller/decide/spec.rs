@@ -240,7 +240,8 @@ mod tests {
         e.hosts[0].host_addresses = vec!["203.0.113.44".into()];
         let r = request(&obj(), &e, "h1", &[443, 80]).unwrap();
         assert!(
-            r.user_data.contains("elements = { 198.51.100.9/32, 203.0.113.44/32 }"),
+            r.user_data
+                .contains("elements = { 198.51.100.9/32, 203.0.113.44/32 }"),
             "{}",
             r.user_data
         );

@@ -243,6 +243,13 @@ impl Controller {
         }
     }
 
+    /// The entry's `quotas.maxPoolReplicas`, when the entry exists.
+    pub fn max_pool_replicas(&self, entry: &str) -> Option<u32> {
+        self.providers()
+            .get(entry)
+            .map(|h| h.config.quotas.max_pool_replicas)
+    }
+
     /// The hosts of `entry` in config order with their last recorded health report (what
     /// [`Controller::record_host_reports`] learnt), as the pool decision takes them; empty
     /// when the entry does not exist.

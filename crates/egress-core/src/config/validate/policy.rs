@@ -157,6 +157,42 @@ mod tests {
     }
 
     #[test]
+    fn access_names_are_namespace_names_and_an_open_entry_with_features_warns() {
+        let text = format!(
+            "{BASE}    urlImages:\n      enabled: true\n      allowedHosts: [img.example]\n"
+        );
+        let cfg = parse(&text, "test.yaml").unwrap();
+        let w: Vec<&str> = cfg.warnings.iter().map(|w| w.path.as_str()).collect();
+        assert!(w.contains(&"providers[0].access"), "{w:?}");
+        assert!(
+            cfg.warnings
+                .iter()
+                .any(|w| w.message.contains("URL images"))
+        );
+        let text = format!(
+            "{text}    access:\n      namespaces: [team-a, 'Bad_NS']\n      urlImages:\n        \
+             namespaceSelector:\n          matchLabels: {{}}\n"
+        );
+        let errs = parse(&text, "test.yaml").unwrap_err();
+        let paths: Vec<&str> = errs.errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "providers[0].access.namespaces[1]",
+                "providers[0].access.urlImages.namespaceSelector.matchLabels"
+            ],
+            "{errs}"
+        );
+        assert!(
+            !errs
+                .warnings
+                .iter()
+                .any(|w| w.path == "providers[0].access"),
+            "granted: no warning"
+        );
+    }
+
+    #[test]
     fn lifting_every_internal_network_is_a_warning() {
         let text = format!("{BASE}    policy:\n      allowedInternalCidrs: [0.0.0.0/0]\n");
         let cfg = parse(&text, "test.yaml").unwrap();

@@ -471,7 +471,18 @@ pub(super) struct Ctx {
     creds: Mutex<HashMap<ProxyUid, Option<ProxyCredentials>>>,
     /// The decided health each Proxy was last announced with (one Event per change).
     announced: Mutex<HashMap<ProxyUid, HealthState>>,
+    /// Namespaces' labels, read for the config's `namespaceSelector`s, each for
+    /// [`NAMESPACE_LABELS_TTL`].
+    namespace_labels: Mutex<HashMap<String, (std::time::Instant, NamespaceLabels)>>,
 }
+
+/// A namespace's labels (shared with every ProxyObject of that namespace).
+pub(super) type NamespaceLabels = Arc<std::collections::BTreeMap<String, String>>;
+
+/// How long a namespace's labels are reused before they are read again.
+// NB: a namespace's labels change rarely; a minute bounds how long a change of entitlement by
+// label goes unseen, at one GET per namespace per minute whatever the number of Proxies.
+pub(super) const NAMESPACE_LABELS_TTL: Duration = Duration::from_secs(60);
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)

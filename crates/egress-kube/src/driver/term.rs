@@ -129,6 +129,7 @@ pub(super) async fn run_term(
         observer: observer.clone(),
         creds: Mutex::new(HashMap::new()),
         announced: Mutex::new(HashMap::new()),
+        namespace_labels: Mutex::new(HashMap::new()),
     });
     let triggers = futures_util::stream::unfold(trigger_rx, |mut rx| async move {
         rx.recv().await.map(|()| ((), rx))

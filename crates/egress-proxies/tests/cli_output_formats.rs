@@ -454,40 +454,81 @@ fn echo_document(format: &str) -> (std::process::Child, String) {
     (child, doc)
 }
 
+/// GET / from the echo at `addr`: its answer (the caller's address in the body).
+fn ask_echo(addr: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    answer
+}
+
+/// Sends SIGTERM to `child` and returns its exit code (it must stop within the deadline).
+fn terminate(child: &mut std::process::Child) -> Option<i32> {
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s.code();
+        }
+        if t0.elapsed() > RUN_DEADLINE {
+            let _ = child.kill();
+            panic!("echo did not stop on SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn echo_prints_the_address_it_listens_on_as_one_document_under_o_json_and_yaml() {
     for format in ["json", "yaml"] {
+        // The reader stops at the end of the document and closes the pipe, as a script does.
         let (mut child, doc) = echo_document(format);
         let v: Value = serde_saphyr::from_str(&doc)
             .unwrap_or_else(|e| panic!("-o {format}: not a document ({e}): {doc}"));
         let addr = v["listening"].as_str().unwrap_or_else(|| panic!("{v}"));
         assert!(addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"), "{v}");
         // It serves there: the caller's address comes back.
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-            .unwrap();
-        let mut answer = String::new();
-        let _ = s.read_to_string(&mut answer);
-        assert!(answer.contains("127.0.0.1"), "{answer}");
-        assert!(
-            Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status()
-                .unwrap()
-                .success()
-        );
-        let t0 = Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if t0.elapsed() > RUN_DEADLINE {
-                let _ = child.kill();
-                panic!("echo did not stop on SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert_eq!(status.code(), Some(0));
+        let answer = ask_echo(addr);
+        assert!(answer.contains("127.0.0.1"), "-o {format}: {answer:?}");
+        assert_eq!(terminate(&mut child), Some(0));
     }
+}
+
+#[test]
+fn echo_keeps_serving_when_nobody_reads_its_stdout() {
+    // Its stdout is a pipe whose reader is already gone: printing the address fails (EPIPE).
+    let port = free_port();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = Command::new(BIN)
+        .args(["-o", "yaml", "echo", "--listen", &addr])
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the echo stopped: {:?}",
+            child.try_wait()
+        );
+        assert!(t0.elapsed() < RUN_DEADLINE, "the echo never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(child.try_wait().unwrap().is_none(), "the echo died");
+    assert!(ask_echo(&addr).contains("127.0.0.1"));
+    assert_eq!(terminate(&mut child), Some(0));
 }

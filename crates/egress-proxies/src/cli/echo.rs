@@ -4,8 +4,9 @@
 //! `--health-target http://ADDR/` to `standalone`.
 //!
 //! Guarantees: it only listens (no outgoing connection); it prints the address it bound on
-//! stdout (`listening on ADDR`, or under `-o json|yaml` one document `listening: ADDR`); it
-//! stops on SIGTERM/SIGINT (exit 0); an address it cannot bind is exit 1.
+//! stdout (`listening on ADDR`, or under `-o json|yaml` one document `listening: ADDR`), and
+//! keeps serving when nobody reads stdout any more; it stops on SIGTERM/SIGINT (exit 0); an
+//! address it cannot bind is exit 1.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
@@ -48,9 +49,19 @@ pub async fn run(a: EchoArgs) -> anyhow::Result<u8> {
     tracing::info!(%addr, "egress-proxies echo listening");
     // The address on stdout, so scripts started with `--listen 127.0.0.1:0` learn the port:
     // a line, or under -o json|yaml one document `{"listening": ADDR}`.
-    match super::output::document(&Listening { listening: addr }, super::output::format(false)) {
-        Ok(Some(doc)) => println!("{doc}"),
-        _ => println!("listening on {addr}"),
+    let said = match super::output::document(
+        &Listening { listening: addr },
+        super::output::format(false),
+    ) {
+        Ok(Some(doc)) => doc.trim_end().to_owned(),
+        _ => format!("listening on {addr}"),
+    };
+    // NB: written, not println!: a reader that has gone (a script that read the address and
+    // closed the pipe) makes the write fail, which must not stop the echo.
+    {
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{said}").and_then(|()| out.flush());
     }
     let shutdown = shutdown_on_signals();
     echo::serve(listener, shutdown).await;

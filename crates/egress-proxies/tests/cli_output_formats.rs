@@ -49,7 +49,9 @@ fn run(args: &[&str]) -> Output {
     match rx.recv_timeout(RUN_DEADLINE) {
         Ok(out) => out.unwrap(),
         Err(_) => {
-            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
             panic!("egress-proxies {args:?} did not finish within {RUN_DEADLINE:?}");
         }
     }
@@ -244,7 +246,10 @@ fn crds_prints_one_list_document_under_o_json_and_yaml_holding_the_committed_crd
     let mut items = json["items"].as_array().unwrap().clone();
     items.sort_by_key(name);
     assert_eq!(items.len(), 3, "{json}");
-    assert_eq!(items, committed, "the same CRDs, keys as the API spells them");
+    assert_eq!(
+        items, committed,
+        "the same CRDs, keys as the API spells them"
+    );
     assert_eq!(crds_document("yaml"), json, "YAML and JSON: one document");
     // Text is unchanged: one YAML document per CRD.
     let o = run(&["crds"]);
@@ -390,7 +395,10 @@ fn status_o_wide_adds_columns_and_the_whole_error_that_text_leaves_out() {
             .to_owned()
     };
     assert!(member(&w).ends_with("abc123 (current)"), "{w}");
-    assert!(!p.contains("TEMPLATE") && !member(&p).contains("abc123"), "{p}");
+    assert!(
+        !p.contains("TEMPLATE") && !member(&p).contains("abc123"),
+        "{p}"
+    );
 }
 
 #[test]
@@ -495,7 +503,10 @@ fn echo_prints_the_address_it_listens_on_as_one_document_under_o_json_and_yaml()
         let v: Value = serde_saphyr::from_str(&doc)
             .unwrap_or_else(|e| panic!("-o {format}: not a document ({e}): {doc}"));
         let addr = v["listening"].as_str().unwrap_or_else(|| panic!("{v}"));
-        assert!(addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"), "{v}");
+        assert!(
+            addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"),
+            "{v}"
+        );
         // It serves there: the caller's address comes back.
         let answer = ask_echo(addr);
         assert!(answer.contains("127.0.0.1"), "-o {format}: {answer:?}");

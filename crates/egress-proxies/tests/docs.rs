@@ -414,7 +414,13 @@ fn every_field_of_the_status_document_is_documented_for_users() {
 fn workspace_test_targets() -> std::collections::BTreeSet<String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = std::process::Command::new(cargo)
-        .args(["metadata", "--no-deps", "--format-version", "1", "--offline"])
+        .args([
+            "metadata",
+            "--no-deps",
+            "--format-version",
+            "1",
+            "--offline",
+        ])
         .current_dir(repo())
         .output()
         .expect("cargo metadata runs");
@@ -476,7 +482,10 @@ fn every_test_target_of_the_workspace_has_its_row_in_the_test_tables() {
     let mut seen = std::collections::BTreeSet::new();
     let twice: Vec<&String> = rows.iter().filter(|r| !seen.insert(r.as_str())).collect();
     assert!(twice.is_empty(), "docs/testing.md lists twice: {twice:?}");
-    let missing: Vec<&String> = targets.iter().filter(|t| !seen.contains(t.as_str())).collect();
+    let missing: Vec<&String> = targets
+        .iter()
+        .filter(|t| !seen.contains(t.as_str()))
+        .collect();
     let stale: Vec<&&str> = seen.iter().filter(|r| !targets.contains(**r)).collect();
     assert!(
         missing.is_empty() && stale.is_empty(),
@@ -610,7 +619,9 @@ fn the_readme_says_what_it_is_gives_the_two_commands_and_stays_short() {
         "the first code block holds exactly the two commands"
     );
     for script in ["scripts/quickstart", "scripts/test"] {
-        let mode = std::fs::metadata(repo().join(script)).unwrap().permissions();
+        let mode = std::fs::metadata(repo().join(script))
+            .unwrap()
+            .permissions();
         assert!(
             std::os::unix::fs::PermissionsExt::mode(&mode) & 0o111 != 0,
             "{script} is executable"
@@ -662,5 +673,8 @@ fn every_relative_link_of_the_readme_and_the_docs_names_a_file_that_exists() {
         }
     }
     assert!(pages.len() > 10, "{pages:?}");
-    assert!(broken.is_empty(), "links to files that do not exist: {broken:#?}");
+    assert!(
+        broken.is_empty(),
+        "links to files that do not exist: {broken:#?}"
+    );
 }

@@ -380,7 +380,10 @@ fn a_pools_sparkline_draws_its_recorded_hour_plus_the_current_state() {
             members: vec![],
             error: None,
         }];
-        history.record(&d, SystemTime::UNIX_EPOCH + Duration::from_secs(60 * i as u64));
+        history.record(
+            &d,
+            SystemTime::UNIX_EPOCH + Duration::from_secs(60 * i as u64),
+        );
     }
     let snapshot = history.snapshot();
     let doc = document();
@@ -405,7 +408,11 @@ fn a_pools_sparkline_draws_its_recorded_hour_plus_the_current_state() {
         .select(&sel("rect"))
         .filter_map(|r| r.value().attr("class"))
         .collect();
-    assert_eq!(cells, ["down", "up", "up", "down"], "three samples, then now");
+    assert_eq!(
+        cells,
+        ["down", "up", "up", "down"],
+        "three samples, then now"
+    );
     let title = svg
         .select(&sel("title"))
         .next()

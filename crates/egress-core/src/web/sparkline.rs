@@ -157,8 +157,7 @@ mod tests {
 
     #[test]
     fn counts_above_the_total_are_drawn_at_the_top_not_outside() {
-        let svg =
-            sparkline(&[sample(true, 5, 0), sample(true, 0, 0)], Subject::Pool).into_string();
+        let svg = sparkline(&[sample(true, 5, 0), sample(true, 0, 0)], Subject::Pool).into_string();
         let pts = svg
             .split("points=\"")
             .nth(1)

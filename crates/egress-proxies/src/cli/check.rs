@@ -600,7 +600,10 @@ mod tests {
             h1.hostname = Some("kvm-01.example".into());
         }
         let wide = render(&named, true);
-        assert!(wide.contains("HOST  ADDRESS       HOSTNAME        STATE"), "{wide}");
+        assert!(
+            wide.contains("HOST  ADDRESS       HOSTNAME        STATE"),
+            "{wide}"
+        );
         assert!(wide.contains("kvm-01.example"), "{wide}");
         assert_eq!(wide.matches(&long).count(), 2, "{wide}");
     }

@@ -49,13 +49,12 @@ pub async fn run(a: EchoArgs) -> anyhow::Result<u8> {
     tracing::info!(%addr, "egress-proxies echo listening");
     // The address on stdout, so scripts started with `--listen 127.0.0.1:0` learn the port:
     // a line, or under -o json|yaml one document `{"listening": ADDR}`.
-    let said = match super::output::document(
-        &Listening { listening: addr },
-        super::output::format(false),
-    ) {
-        Ok(Some(doc)) => doc.trim_end().to_owned(),
-        _ => format!("listening on {addr}"),
-    };
+    let said =
+        match super::output::document(&Listening { listening: addr }, super::output::format(false))
+        {
+            Ok(Some(doc)) => doc.trim_end().to_owned(),
+            _ => format!("listening on {addr}"),
+        };
     // NB: written, not println!: a reader that has gone (a script that read the address and
     // closed the pipe) makes the write fail, which must not stop the echo.
     {

@@ -201,8 +201,10 @@ mod tests {
         assert!(refuse(OutputFormat::Json, a).is_ok());
         assert_eq!(
             refuse(OutputFormat::Wide, a).map_err(|e| e.0),
-            Err("-o wide: `egress-proxies version` prints no table; it takes -o text, json or yaml"
-                .to_owned())
+            Err(
+                "-o wide: `egress-proxies version` prints no table; it takes -o text, json or yaml"
+                    .to_owned()
+            )
         );
         let man = Accepts {
             command: "man",

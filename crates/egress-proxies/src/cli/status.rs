@@ -390,8 +390,7 @@ mod tests {
     }
 
     #[test]
-    fn wide_adds_port_latency_last_check_failures_and_the_provider_id_and_keeps_the_whole_error()
-    {
+    fn wide_adds_port_latency_last_check_failures_and_the_provider_id_and_keeps_the_whole_error() {
         use egress_core::model::HealthStatus;
         let now =
             humantime::parse_rfc3339("2026-01-01T02:00:00Z").unwrap_or(SystemTime::UNIX_EPOCH);

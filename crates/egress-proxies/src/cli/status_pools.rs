@@ -174,7 +174,10 @@ mod tests {
             .lines()
             .find(|l| l.contains("web-3"))
             .unwrap_or_default();
-        assert!(web3.ends_with("  old"), "not the pool's current template: {wide}");
+        assert!(
+            web3.ends_with("  old"),
+            "not the pool's current template: {wide}"
+        );
         let empty = StatusDocument {
             pools: vec![],
             ..doc

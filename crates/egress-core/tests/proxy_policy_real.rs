@@ -340,7 +340,11 @@ fn policy(internal: &[&str], spec: Destinations) -> GuestPolicy {
         allowed_internal_cidrs: internal.iter().map(|s| (*s).to_owned()).collect(),
         ..ProxyPolicy::default()
     };
-    GuestPolicy::for_proxy(&entry, &spec, &[]).unwrap()
+    let mut p = GuestPolicy::for_proxy(&entry, &spec, &[]).unwrap();
+    // The echo ports stand in for the operator's health targets, whose ports CONNECT may
+    // reach besides 443 and 80 when no port list is set.
+    p.connect_default.extend([ECHO_PORT, OTHER_PORT]);
+    p
 }
 
 /// Every character a password may hold.

@@ -680,7 +680,11 @@ mod tests {
         let errs = open.validate();
         assert_eq!(errs.len(), 1, "{errs:?}");
         assert_eq!(errs[0].path, "spec.proxy");
-        assert!(errs[0].message.contains("open relay"), "{}", errs[0].message);
+        assert!(
+            errs[0].message.contains("open relay"),
+            "{}",
+            errs[0].message
+        );
         // Credentials alone restrict it: no client list is then fine.
         open.proxy.credentials_ref = Some("proxy-users".into());
         assert!(open.validate().is_empty(), "{:?}", open.validate());

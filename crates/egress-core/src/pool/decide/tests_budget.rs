@@ -91,7 +91,8 @@ fn run_history(seed: u64, replicas: u32, spec: &str, steps: usize) {
             .filter(|m| m.quarantine.is_none())
             .collect();
         let gone = |m: &Member| d.deletes.iter().any(|x| x.name == m.name);
-        let healing = |x: &DeleteMember| matches!(x.cause, DeleteCause::Failed | DeleteCause::Unhealthy);
+        let healing =
+            |x: &DeleteMember| matches!(x.cause, DeleteCause::Failed | DeleteCause::Unhealthy);
         let healed = d.deletes.iter().filter(|x| healing(x)).count();
         // The budgets, counted from the round's inputs and asserted as such (not through an
         // arithmetic overflow, which release builds would not report): the pool's own
@@ -106,8 +107,8 @@ fn run_history(seed: u64, replicas: u32, spec: &str, steps: usize) {
         assert!(
             avail_removed <= available_budget,
             "seed {seed} step {step}: {avail_removed} available members removed, over the \
-             available budget {available_budget} ({avail_before} available, at least \
-             {min_available} kept); deletes {:?}",
+             available budget {available_budget} ({avail_before} available, replicas - \
+             maxUnavailable = {min_available}); deletes {:?}",
             d.deletes
         );
         let members = counted.len() - healed + d.creates.len();
@@ -115,8 +116,8 @@ fn run_history(seed: u64, replicas: u32, spec: &str, steps: usize) {
         assert!(
             removals.len() <= total_budget,
             "seed {seed} step {step}: {} members removed, over the total budget {total_budget} \
-             ({members} members with this round's creates, at least {min_available} kept); \
-             deletes {:?}",
+             ({members} members with this round's creates, replicas - maxUnavailable = \
+             {min_available}); deletes {:?}",
             removals.len(),
             d.deletes
         );

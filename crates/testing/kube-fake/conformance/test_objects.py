@@ -67,8 +67,12 @@ def test_the_committed_crds_are_established_and_their_resources_discoverable(api
     assert not by_name["providerhealths"].namespaced
     # CRD task page › Subresources › Status subresource: declared, so `/status` is served.
     assert "proxies/status" in by_name
-    # CRD task page › Subresources › Scale subresource: not declared, so not served.
+    # CRD task page › Subresources › Scale subresource: served only where declared: the
+    # Proxy CRD declares none, the ProxyPool CRD declares one (autoscaling/v1 Scale).
     assert "proxies/scale" not in by_name
+    assert "proxypools/status" in by_name and "proxypools/scale" in by_name
+    assert (by_name["proxypools/scale"].kind, by_name["proxypools/scale"].group,
+            by_name["proxypools/scale"].version) == ("Scale", "autoscaling", "v1")
 
 
 def test_create_answers_201_with_the_metadata_the_server_owns(co, ns):

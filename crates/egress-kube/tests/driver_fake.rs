@@ -85,15 +85,25 @@ struct World {
     addrs: Mutex<BTreeMap<String, String>>,
 }
 
+impl Drop for World {
+    fn drop(&mut self) {
+        // NB: every test's world checks, at its end, that nothing the operator wrote was pruned.
+        if !std::thread::panicking() {
+            self.assert_nothing_pruned();
+        }
+    }
+}
+
 /// The address a guest reports unless the test chose one.
 const DEFAULT_IP: &str = "192.168.122.10";
 
 impl World {
     fn new() -> Self {
+        // The committed CRDs, so every write is pruned, defaulted and validated (schema and CEL
+        // rules) as a real API server would, and their status/scale subresources are served.
         let api = FakeApiServer::new();
-        api.enable_status_subresource(GROUP, "proxies");
-        api.enable_status_subresource(GROUP, "providerhealths");
-        api.enable_status_subresource(GROUP, "proxypools");
+        let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds");
+        assert_eq!(api.install_crds_from_dir(&crds).unwrap(), 3);
         let hosts = fake_hosts();
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("providers.yaml"), "v1").unwrap();
@@ -105,6 +115,16 @@ impl World {
             dir,
             addrs: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Fails when the fake dropped a field the operator wrote: the schema does not declare it,
+    /// so on a real cluster it would be lost.
+    fn assert_nothing_pruned(&self) {
+        let dropped = self.api.dropped_fields();
+        assert!(
+            dropped.is_empty(),
+            "the API server pruned fields the operator wrote: {dropped:#?}"
+        );
     }
 
     fn options(&self, identity: &str) -> KubeOptions {

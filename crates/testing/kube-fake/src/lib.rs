@@ -840,6 +840,37 @@ impl FakeApiServer {
             .collect()
     }
 
+    /// Stores a CustomResourceDefinition as a client's create would (checked like one: a CRD
+    /// whose rules do not compile or exceed the cost limits is refused), so its resources are
+    /// served with its schema, rules and subresources.
+    pub fn install_crd(&self, crd: &Value) -> Result<(), String> {
+        let route = parse_route("/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
+            .ok_or("bad CRD route")?;
+        let body = Bytes::from(crd.to_string());
+        match self.dispatch(&Method::POST, &route, &BTreeMap::new(), "application/json", &body) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.message),
+        }
+    }
+
+    /// Installs every CRD manifest (`*.yaml`, one document each) in `dir` with
+    /// [`FakeApiServer::install_crd`]; returns how many.
+    pub fn install_crds_from_dir(&self, dir: &std::path::Path) -> Result<usize, String> {
+        let mut paths: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+            .collect();
+        paths.sort();
+        for p in &paths {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let crd: Value =
+                serde_saphyr::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+            self.install_crd(&crd).map_err(|e| format!("{}: {e}", p.display()))?;
+        }
+        Ok(paths.len())
+    }
+
     /// Every field the server dropped from a written custom resource because its CRD's schema
     /// does not declare it (pruning; a real server drops it too). Tests of a client assert this
     /// is empty: what a client writes and the server drops is lost.

@@ -104,7 +104,7 @@ fn hint(path: &str, i: usize) -> Option<Value> {
         json!(format!("10.{}.{}.0/24", i / 256, i % 256))
     } else if ends("domains[]") {
         json!(format!("d{i}.example.com"))
-    } else if ends("hosts[]") {
+    } else if ends("placement.hosts[]") {
         json!(format!("h{i}"))
     } else if ends("credentialsRef") {
         json!("proxy-creds")
@@ -162,7 +162,7 @@ fn matches(re: &str, v: &str) -> bool {
 
 /// A string the schema admits (enum, format, pattern and lengths), or `None`.
 fn valid_string(s: &Value, path: &str, i: usize) -> String {
-    if let Some(Value::String(h)) = hint(path, i) {
+    if let Some(Value::String(h)) = hint(path, i).filter(|_| ty(s) == "string") {
         return h;
     }
     if let Some(e) = s.get("enum").and_then(Value::as_array) {
@@ -194,7 +194,9 @@ fn format_sample(f: &str) -> &'static str {
 
 /// The smallest value `s` admits at `path` (`i`: which item of a list).
 fn synth(s: &Value, path: &str, i: usize) -> Value {
-    if let Some(h) = hint(path, i) {
+    // NB: a hint only stands for a string field (a field of the same name may be an object
+    // elsewhere).
+    if let Some(h) = hint(path, i).filter(|_| ty(s) == "string") {
         return h;
     }
     if s.get("x-kubernetes-int-or-string").is_some() {
@@ -288,7 +290,10 @@ fn remove(obj: &mut Value, root: &Value, segs: &[Seg], key: &str) {
         place(&mut here, root, segs, synth(node(root, segs), &pattern(segs), 0));
     }
     let mut target = node_value(&here, segs).unwrap().clone();
-    target.as_object_mut().unwrap().remove(key);
+    target
+        .as_object_mut()
+        .unwrap_or_else(|| panic!("{}: not an object in {here}", pattern(segs)))
+        .remove(key);
     place(&mut here, root, segs, target);
     *obj = here;
 }
@@ -580,7 +585,7 @@ async fn write(api: &Api<DynamicObject>, crd: &Crd, name: &str, base: &Value, bo
         api.create(&pp, &object(crd, name, base)).await?;
         let mut cur = api.get(name).await?;
         cur.data["status"] = body["status"].clone();
-        api.replace_status(name, &pp, serde_json::to_vec(&cur).unwrap()).await?;
+        api.replace_status(name, &pp, &cur).await?;
         return Ok(());
     }
     if let Some(first) = first {

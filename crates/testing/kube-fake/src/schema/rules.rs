@@ -362,8 +362,13 @@ pub(crate) struct Eval {
 
 impl Eval {
     pub(crate) fn new() -> Self {
+        let mut ctx = Context::default().with_all();
+        // NB: Kubernetes' `isCIDR` parses with Go's `netip.ParsePrefix`, which refuses an IPv4
+        // octet with a leading zero (`010.0.0.0/8`); kube-cel's parser takes it. Refused here
+        // as the server refuses it.
+        ctx.add_function("isCIDR", |s: Arc<String>| -> bool { is_cidr_strict(&s) });
         Self {
-            ctx: Context::default().with_all(),
+            ctx,
             budget: RUNTIME_BUDGET,
             stopped: false,
             errors: Vec::new(),
@@ -519,6 +524,27 @@ fn message(rule: &Rule, scope: &Context<'_>, schema: &Value, v: &Value, old: Opt
     (text, spent)
 }
 
+/// `isCIDR` as Kubernetes' IP library: `netip.ParsePrefix` (no IPv4 leading zeros, no zone),
+/// IPv4-mapped IPv6 refused.
+fn is_cidr_strict(s: &str) -> bool {
+    let Some((addr, bits)) = s.split_once('/') else {
+        return false;
+    };
+    if bits.is_empty() || !bits.bytes().all(|b| b.is_ascii_digit()) || (bits.len() > 1 && bits.starts_with('0')) {
+        return false;
+    }
+    let Ok(n) = bits.parse::<u8>() else {
+        return false;
+    };
+    match addr.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => {
+            n <= 32 && addr.split('.').all(|o| o == "0" || !o.starts_with('0'))
+        }
+        Ok(std::net::IpAddr::V6(v6)) => n <= 128 && v6.to_ipv4_mapped().is_none() && !addr.contains('.'),
+        Err(_) => false,
+    }
+}
+
 fn child_path(path: &str, k: &str) -> String {
     if path.is_empty() {
         k.to_owned()
@@ -638,6 +664,18 @@ mod tests {
             run(s, json!({"l": ["nope"]}), None),
             vec!["l: Invalid value: \"array\": cidr"]
         );
+    }
+
+    #[test]
+    fn is_cidr_refuses_what_go_netip_refuses() {
+        assert!(is_cidr_strict("10.0.0.0/8"));
+        assert!(is_cidr_strict("2001:db8::/32"));
+        assert!(!is_cidr_strict("010.0.0.0/8"));
+        assert!(!is_cidr_strict("::ffff:10.0.0.0/104"));
+        assert!(!is_cidr_strict("10.0.0.0/33"));
+        assert!(!is_cidr_strict("10.0.0.0"));
+        let s = json!({"type": "array", "x-kubernetes-validations": [{"rule": "self.all(c, isCIDR(c))", "message": "m"}]});
+        assert_eq!(run(s, json!(["010.0.0.0/8"]), None), vec!["<nil>: Invalid value: \"array\": m"]);
     }
 
     #[test]

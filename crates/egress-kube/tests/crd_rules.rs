@@ -44,9 +44,15 @@ struct Crd {
 fn crds() -> Vec<Crd> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds");
     let mut out = Vec::new();
-    let mut paths: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     paths.sort();
-    for p in paths.into_iter().filter(|p| p.extension().is_some_and(|x| x == "yaml")) {
+    for p in paths
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+    {
         let crd: Value = serde_saphyr::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
         let s = |ptr: &str| crd.pointer(ptr).and_then(Value::as_str).unwrap().to_owned();
         for v in crd["spec"]["versions"].as_array().unwrap() {
@@ -60,7 +66,10 @@ fn crds() -> Vec<Crd> {
             });
         }
     }
-    assert!(out.len() >= 3, "deploy/crds holds the Proxy, ProxyPool and ProviderHealth CRDs");
+    assert!(
+        out.len() >= 3,
+        "deploy/crds holds the Proxy, ProxyPool and ProviderHealth CRDs"
+    );
     out
 }
 
@@ -99,7 +108,11 @@ fn hint(path: &str, i: usize) -> Option<Value> {
     let ends = |s: &str| path == s || path.ends_with(&format!(".{s}"));
     let v = if ends("egress.address[]") {
         // One IPv4 and one IPv6 address: the address list's rules allow one per family.
-        if i % 2 == 0 { json!(format!("203.0.113.{}", i + 1)) } else { json!(format!("2001:db8::{}", i + 1)) }
+        if i % 2 == 0 {
+            json!(format!("203.0.113.{}", i + 1))
+        } else {
+            json!(format!("2001:db8::{}", i + 1))
+        }
     } else if ends("allowedClientCidrs[]") || ends("cidrs[]") {
         json!(format!("10.{}.{}.0/24", i / 256, i % 256))
     } else if ends("domains[]") {
@@ -133,7 +146,10 @@ fn longest(path: &str, n: usize) -> Option<String> {
     } else {
         return None;
     };
-    candidates.iter().find(|c| c.len() <= n).map(|c| (*c).to_owned())
+    candidates
+        .iter()
+        .find(|c| c.len() <= n)
+        .map(|c| (*c).to_owned())
 }
 
 /// Properties filled even when not required, by the end of their path: what the CRDs' rules
@@ -169,7 +185,13 @@ fn valid_string(s: &Value, path: &str, i: usize) -> String {
         return e[0].as_str().unwrap().to_owned();
     }
     let min = num(s, "minLength").unwrap_or(1.0).max(1.0) as usize;
-    let mut candidates = vec!["a".repeat(min), format!("x{i}"), "50%".into(), "5".into(), "a.b".into()];
+    let mut candidates = vec![
+        "a".repeat(min),
+        format!("x{i}"),
+        "50%".into(),
+        "5".into(),
+        "a.b".into(),
+    ];
     if let Some(f) = s.get("format").and_then(Value::as_str) {
         candidates.insert(0, format_sample(f).to_owned());
     }
@@ -206,7 +228,12 @@ fn synth(s: &Value, path: &str, i: usize) -> Value {
         "object" => {
             let mut m = Map::new();
             let props = s.get("properties").and_then(Value::as_object);
-            for k in s.get("required").and_then(Value::as_array).into_iter().flatten() {
+            for k in s
+                .get("required")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 let k = k.as_str().unwrap();
                 m.insert(k.into(), synth(&props.unwrap()[k], &join(path, k), 0));
             }
@@ -222,7 +249,11 @@ fn synth(s: &Value, path: &str, i: usize) -> Value {
         }
         "array" => {
             let n = num(s, "minItems").unwrap_or(0.0) as usize;
-            Value::Array((0..n).map(|i| synth(&s["items"], &format!("{path}[]"), i)).collect())
+            Value::Array(
+                (0..n)
+                    .map(|i| synth(&s["items"], &format!("{path}[]"), i))
+                    .collect(),
+            )
         }
         "string" => json!(valid_string(s, path, i)),
         "integer" | "number" => json!(num(s, "minimum").unwrap_or(0.0).max(0.0) as i64),
@@ -232,7 +263,11 @@ fn synth(s: &Value, path: &str, i: usize) -> Value {
 }
 
 fn join(path: &str, k: &str) -> String {
-    if path.is_empty() { k.to_owned() } else { format!("{path}.{k}") }
+    if path.is_empty() {
+        k.to_owned()
+    } else {
+        format!("{path}.{k}")
+    }
 }
 
 /// The schema node at `segs` below `root`.
@@ -257,7 +292,8 @@ fn place(obj: &mut Value, root: &Value, segs: &[Seg], v: Value) {
         cur = match seg {
             Seg::Key(k) => {
                 let m = cur.as_object_mut().unwrap();
-                m.entry(k.clone()).or_insert_with(|| synth(s, &pattern(here), 0))
+                m.entry(k.clone())
+                    .or_insert_with(|| synth(s, &pattern(here), 0))
             }
             Seg::Item => {
                 let a = cur.as_array_mut().unwrap();
@@ -287,7 +323,12 @@ fn remove(obj: &mut Value, root: &Value, segs: &[Seg], key: &str) {
     // Make sure the object exists (with its required fields), then drop `key`.
     let mut here = obj.clone();
     if node_value(&here, segs).is_none() {
-        place(&mut here, root, segs, synth(node(root, segs), &pattern(segs), 0));
+        place(
+            &mut here,
+            root,
+            segs,
+            synth(node(root, segs), &pattern(segs), 0),
+        );
     }
     let mut target = node_value(&here, segs).unwrap().clone();
     target
@@ -321,9 +362,19 @@ struct Case {
 /// How to break and satisfy each CEL rule of the committed CRDs, by the start of its message
 /// (or its rule): `(values at the rule's node or below, by path suffix; "" is the node)`.
 #[allow(clippy::type_complexity)]
-fn cel_cases() -> Vec<(&'static str, Vec<(&'static str, Value)>, Vec<(&'static str, Value)>, bool)> {
+fn cel_cases() -> Vec<(
+    &'static str,
+    Vec<(&'static str, Value)>,
+    Vec<(&'static str, Value)>,
+    bool,
+)> {
     vec![
-        ("every egress.address entry must be an IP address", vec![("", json!(["not-an-ip"]))], vec![("", json!(["203.0.113.7"]))], false),
+        (
+            "every egress.address entry must be an IP address",
+            vec![("", json!(["not-an-ip"]))],
+            vec![("", json!(["203.0.113.7"]))],
+            false,
+        ),
         (
             "egress.address takes at most one address per family",
             vec![("", json!(["203.0.113.7", "203.0.113.8"]))],
@@ -338,7 +389,12 @@ fn cel_cases() -> Vec<(&'static str, Vec<(&'static str, Value)>, Vec<(&'static s
             vec![("", json!(["10.0.0.0/8", "2001:db8::/32"]))],
             false,
         ),
-        ("spec.provider is immutable", vec![("", json!("elsewhere"))], vec![("", json!("home"))], true),
+        (
+            "spec.provider is immutable",
+            vec![("", json!("elsewhere"))],
+            vec![("", json!("home"))],
+            true,
+        ),
         (
             "set proxy.allowedClientCidrs or proxy.credentialsRef",
             vec![("proxy", json!({"allowedClientCidrs": []}))],
@@ -348,7 +404,10 @@ fn cel_cases() -> Vec<(&'static str, Vec<(&'static str, Value)>, Vec<(&'static s
         (
             "set spec.credentials.generate, template.proxy.allowedClientCidrs or template.proxy.credentialsRef",
             vec![("proxy", json!({"allowedClientCidrs": []}))],
-            vec![("proxy", json!({"allowedClientCidrs": []})), ("credentials", json!({"generate": true}))],
+            vec![
+                ("proxy", json!({"allowedClientCidrs": []})),
+                ("credentials", json!({"generate": true})),
+            ],
             false,
         ),
         (
@@ -359,8 +418,14 @@ fn cel_cases() -> Vec<(&'static str, Vec<(&'static str, Value)>, Vec<(&'static s
         ),
         (
             "spec.credentials.generate conflicts with spec.template.proxy.credentialsRef",
-            vec![("credentials", json!({"generate": true})), ("proxy.credentialsRef", json!("proxy-creds"))],
-            vec![("credentials", json!({"generate": false})), ("proxy.credentialsRef", json!("proxy-creds"))],
+            vec![
+                ("credentials", json!({"generate": true})),
+                ("proxy.credentialsRef", json!("proxy-creds")),
+            ],
+            vec![
+                ("credentials", json!({"generate": false})),
+                ("proxy.credentialsRef", json!("proxy-creds")),
+            ],
             false,
         ),
     ]
@@ -376,7 +441,9 @@ fn find_suffix(root: &Value, segs: &[Seg], suffix: &str) -> Vec<Seg> {
     while let Some(p) = stack.pop() {
         let s = node(root, &p);
         let pat = pattern(&p);
-        if pat.len() > pattern(segs).len() && (pat == suffix || pat.ends_with(&format!(".{suffix}"))) {
+        if pat.len() > pattern(segs).len()
+            && (pat == suffix || pat.ends_with(&format!(".{suffix}")))
+        {
             found.push(p.clone());
         }
         if let Some(props) = s.get("properties").and_then(Value::as_object) {
@@ -388,7 +455,11 @@ fn find_suffix(root: &Value, segs: &[Seg], suffix: &str) -> Vec<Seg> {
         }
     }
     found.sort_by_key(|p| p.len());
-    assert!(!found.is_empty(), "no field ending in {suffix} below {}", pattern(segs));
+    assert!(
+        !found.is_empty(),
+        "no field ending in {suffix} below {}",
+        pattern(segs)
+    );
     found.swap_remove(0)
 }
 
@@ -435,7 +506,15 @@ fn walk(root: &Value, base: &Value, segs: Vec<Seg>, cases: &mut Vec<Case>) {
     if let Some(n) = num(s, "maxLength") {
         let n = n as usize;
         let at = longest(&path, n).unwrap_or_else(|| "a".repeat(n));
-        add("maxLength", json!("a".repeat(n + 1)), json!(at), ("FieldValueTooLong", format!("Too long: may not be more than {n} bytes")));
+        add(
+            "maxLength",
+            json!("a".repeat(n + 1)),
+            json!(at),
+            (
+                "FieldValueTooLong",
+                format!("Too long: may not be more than {n} bytes"),
+            ),
+        );
     }
     if let Some(n) = num(s, "minLength").filter(|n| *n >= 1.0) {
         let n = n as usize;
@@ -445,28 +524,93 @@ fn walk(root: &Value, base: &Value, segs: Vec<Seg>, cases: &mut Vec<Case>) {
             "minLength",
             json!(short),
             json!(ok),
-            ("FieldValueInvalid", format!("Invalid value: {}: {sentence} in body should be at least {n} chars long", go_quote(&short))),
+            (
+                "FieldValueInvalid",
+                format!(
+                    "Invalid value: {}: {sentence} in body should be at least {n} chars long",
+                    go_quote(&short)
+                ),
+            ),
         );
     }
     if let Some(n) = num(s, "maxItems") {
         let n = n as usize;
-        let items = |k: usize| Value::Array((0..k).map(|i| synth(&s["items"], &format!("{path}[]"), i)).collect());
-        add("maxItems", items(n + 1), items(n), ("FieldValueTooMany", format!("Too many: {}: must have at most {n} items", n + 1)));
+        let items = |k: usize| {
+            Value::Array(
+                (0..k)
+                    .map(|i| synth(&s["items"], &format!("{path}[]"), i))
+                    .collect(),
+            )
+        };
+        add(
+            "maxItems",
+            items(n + 1),
+            items(n),
+            (
+                "FieldValueTooMany",
+                format!("Too many: {}: must have at most {n} items", n + 1),
+            ),
+        );
     }
     if let Some(n) = num(s, "minItems").filter(|n| *n >= 1.0) {
         let n = n as usize;
-        let items = |k: usize| Value::Array((0..k).map(|i| synth(&s["items"], &format!("{path}[]"), i)).collect());
-        add("minItems", items(n - 1), items(n), ("FieldValueInvalid", format!("Invalid value: {}: {sentence} in body should have at least {n} items", n - 1)));
+        let items = |k: usize| {
+            Value::Array(
+                (0..k)
+                    .map(|i| synth(&s["items"], &format!("{path}[]"), i))
+                    .collect(),
+            )
+        };
+        add(
+            "minItems",
+            items(n - 1),
+            items(n),
+            (
+                "FieldValueInvalid",
+                format!(
+                    "Invalid value: {}: {sentence} in body should have at least {n} items",
+                    n - 1
+                ),
+            ),
+        );
     }
     if let Some(m) = num(s, "minimum") {
-        assert!(is_int, "{path}: minimum on a non-integer: extend the generator");
+        assert!(
+            is_int,
+            "{path}: minimum on a non-integer: extend the generator"
+        );
         let m = m as i64;
-        add("minimum", json!(m - 1), json!(m), ("FieldValueInvalid", format!("Invalid value: {}: {sentence} in body should be greater than or equal to {m}", m - 1)));
+        add(
+            "minimum",
+            json!(m - 1),
+            json!(m),
+            (
+                "FieldValueInvalid",
+                format!(
+                    "Invalid value: {}: {sentence} in body should be greater than or equal to {m}",
+                    m - 1
+                ),
+            ),
+        );
     }
     if let Some(m) = num(s, "maximum") {
-        assert!(is_int, "{path}: maximum on a non-integer: extend the generator");
+        assert!(
+            is_int,
+            "{path}: maximum on a non-integer: extend the generator"
+        );
         let m = m as i64;
-        add("maximum", json!(m + 1), json!(m), ("FieldValueInvalid", format!("Invalid value: {}: {sentence} in body should be less than or equal to {m}", m + 1)));
+        add(
+            "maximum",
+            json!(m + 1),
+            json!(m),
+            (
+                "FieldValueInvalid",
+                format!(
+                    "Invalid value: {}: {sentence} in body should be less than or equal to {m}",
+                    m + 1
+                ),
+            ),
+        );
     }
     if let Some(e) = s.get("enum").and_then(Value::as_array) {
         let valid: Vec<String> = e.iter().map(|v| go_quote(v.as_str().unwrap())).collect();
@@ -475,30 +619,61 @@ fn walk(root: &Value, base: &Value, segs: Vec<Seg>, cases: &mut Vec<Case>) {
                 &format!("enum {v}"),
                 json!("NotOneOfThem"),
                 v.clone(),
-                ("FieldValueNotSupported", format!("Unsupported value: \"NotOneOfThem\": supported values: {}", valid.join(", "))),
+                (
+                    "FieldValueNotSupported",
+                    format!(
+                        "Unsupported value: \"NotOneOfThem\": supported values: {}",
+                        valid.join(", ")
+                    ),
+                ),
             );
         }
     }
     if let Some(p) = s.get("pattern").and_then(Value::as_str) {
-        let bad = ["Not_A_Match!", "-", "!"].into_iter().find(|c| !matches(p, c)).unwrap();
+        let bad = ["Not_A_Match!", "-", "!"]
+            .into_iter()
+            .find(|c| !matches(p, c))
+            .unwrap();
         let ok = valid_string(s, &path, 0);
         add(
             "pattern",
             json!(bad),
             json!(ok),
-            ("FieldValueInvalid", format!("Invalid value: {}: {sentence} in body should match '{p}'", go_quote(bad))),
+            (
+                "FieldValueInvalid",
+                format!(
+                    "Invalid value: {}: {sentence} in body should match '{p}'",
+                    go_quote(bad)
+                ),
+            ),
         );
     }
-    if let Some(f) = s.get("format").and_then(Value::as_str).filter(|f| ["cidr", "ipv4", "ipv6", "date-time", "uuid", "duration"].contains(f)) {
+    if let Some(f) = s
+        .get("format")
+        .and_then(Value::as_str)
+        .filter(|f| ["cidr", "ipv4", "ipv6", "date-time", "uuid", "duration"].contains(f))
+    {
         let bad = format!("not-a-{f}");
         add(
             &format!("format {f}"),
             json!(bad),
             json!(format_sample(f)),
-            ("FieldValueTypeInvalid", format!("Invalid value: {}: {sentence} in body must be of type {f}: {}", go_quote(&bad), go_quote(&bad))),
+            (
+                "FieldValueTypeInvalid",
+                format!(
+                    "Invalid value: {}: {sentence} in body must be of type {f}: {}",
+                    go_quote(&bad),
+                    go_quote(&bad)
+                ),
+            ),
         );
     }
-    for k in s.get("required").and_then(Value::as_array).into_iter().flatten() {
+    for k in s
+        .get("required")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let k = k.as_str().unwrap();
         let mut b = base.clone();
         remove(&mut b, root, &segs, k);
@@ -514,26 +689,54 @@ fn walk(root: &Value, base: &Value, segs: Vec<Seg>, cases: &mut Vec<Case>) {
             broken: b,
             ok: o,
             update: false,
-            cause: ("FieldValueRequired".into(), printed(&child), "Required value".into()),
+            cause: (
+                "FieldValueRequired".into(),
+                printed(&child),
+                "Required value".into(),
+            ),
         });
     }
-    for r in s.get("x-kubernetes-validations").and_then(Value::as_array).into_iter().flatten() {
-        let message = r.get("message").and_then(Value::as_str).unwrap_or("").trim().to_owned();
+    for r in s
+        .get("x-kubernetes-validations")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let message = r
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .trim()
+            .to_owned();
         let rule = r["rule"].as_str().unwrap().trim();
-        let key = if message.is_empty() { rule.to_owned() } else { message.clone() };
+        let key = if message.is_empty() {
+            rule.to_owned()
+        } else {
+            message.clone()
+        };
         let all = cel_cases();
         let (_, brk, ok, update) = all
             .iter()
             .find(|(start, ..)| key.starts_with(start))
-            .unwrap_or_else(|| panic!("{path}: no case for the CEL rule {key:?}: add one to cel_cases()"));
-        let shown = if message.is_empty() { format!("failed rule: {rule}") } else { message.clone() };
+            .unwrap_or_else(|| {
+                panic!("{path}: no case for the CEL rule {key:?}: add one to cel_cases()")
+            });
+        let shown = if message.is_empty() {
+            format!("failed rule: {rule}")
+        } else {
+            message.clone()
+        };
         cases.push(Case {
             what: format!("{path}: rule {key:?}"),
             segs: segs.clone(),
             broken: with_values(base, root, &segs, brk),
             ok: with_values(base, root, &segs, ok),
             update: *update,
-            cause: ("FieldValueInvalid".into(), field.clone(), format!("Invalid value: {}: {shown}", go_quote(ty(s)))),
+            cause: (
+                "FieldValueInvalid".into(),
+                field.clone(),
+                format!("Invalid value: {}: {shown}", go_quote(ty(s))),
+            ),
         });
     }
     for key in ["anyOf", "allOf", "oneOf"] {
@@ -561,7 +764,10 @@ fn walk(root: &Value, base: &Value, segs: Vec<Seg>, cases: &mut Vec<Case>) {
 }
 
 fn api(srv: &FakeApiServer, crd: &Crd) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(&crd.group, &crd.version, &crd.kind), &crd.plural);
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&crd.group, &crd.version, &crd.kind),
+        &crd.plural,
+    );
     if crd.namespaced {
         Api::namespaced_with(srv.client(NS), NS, &ar)
     } else {
@@ -579,7 +785,15 @@ fn object(crd: &Crd, name: &str, body: &Value) -> DynamicObject {
 
 /// Writes `body` as object `name`: created, or (status cases) created from the base and its
 /// status replaced through `/status`; transition cases update an object created as `first`.
-async fn write(api: &Api<DynamicObject>, crd: &Crd, name: &str, base: &Value, body: &Value, status: bool, first: Option<&Value>) -> Result<(), kube::Error> {
+async fn write(
+    api: &Api<DynamicObject>,
+    crd: &Crd,
+    name: &str,
+    base: &Value,
+    body: &Value,
+    status: bool,
+    first: Option<&Value>,
+) -> Result<(), kube::Error> {
     let pp = PostParams::default();
     if status {
         api.create(&pp, &object(crd, name, base)).await?;
@@ -621,28 +835,64 @@ async fn every_bound_and_rule_of_the_committed_crds_refuses_what_breaks_it_and_a
             match write(&api, &crd, &name, &base, &broken, status, first).await {
                 Err(kube::Error::Api(s)) if s.code == 422 => {
                     let (reason, field, message) = &c.cause;
-                    let causes = s.details.as_ref().map(|d| d.causes.clone()).unwrap_or_default();
-                    let hit = causes.iter().any(|x| &x.reason == reason && &x.field == field && &x.message == message);
+                    let causes = s
+                        .details
+                        .as_ref()
+                        .map(|d| d.causes.clone())
+                        .unwrap_or_default();
+                    let hit = causes
+                        .iter()
+                        .any(|x| &x.reason == reason && &x.field == field && &x.message == message);
                     let text = format!("{field}: {message}");
                     let prefix = format!("{}.{} \"{name}\" is invalid: ", crd.kind, crd.group);
                     if !hit || !s.message.starts_with(&prefix) || !s.message.contains(&text) {
-                        failures.push(format!("{}: want cause {reason} {field:?} {message:?}, got {}: {causes:?}", c.what, s.message));
+                        failures.push(format!(
+                            "{}: want cause {reason} {field:?} {message:?}, got {}: {causes:?}",
+                            c.what, s.message
+                        ));
                     }
                 }
-                other => failures.push(format!("{}: breaking it was not refused with 422: {other:?}", c.what)),
+                other => failures.push(format!(
+                    "{}: breaking it was not refused with 422: {other:?}",
+                    c.what
+                )),
             }
             let name = format!("{}-a{i}", crd.plural);
-            let result = write(&api, &crd, &name, &base, &ok, status, c.update.then_some(&c.ok)).await;
+            let result = write(
+                &api,
+                &crd,
+                &name,
+                &base,
+                &ok,
+                status,
+                c.update.then_some(&c.ok),
+            )
+            .await;
             match (result, forbidden_by_rule(&c.segs)) {
                 (Ok(()), None) => {}
-                (Err(kube::Error::Api(s)), Some(rule)) if s.code == 422 && s.message.contains(rule) => {}
-                (Ok(()), Some(rule)) => failures.push(format!("{}: admitted although {rule:?}", c.what)),
-                (Err(e), _) => failures.push(format!("{}: the object at the bound was refused: {e}", c.what)),
+                (Err(kube::Error::Api(s)), Some(rule))
+                    if s.code == 422 && s.message.contains(rule) => {}
+                (Ok(()), Some(rule)) => {
+                    failures.push(format!("{}: admitted although {rule:?}", c.what))
+                }
+                (Err(e), _) => failures.push(format!(
+                    "{}: the object at the bound was refused: {e}",
+                    c.what
+                )),
             }
         }
     }
-    assert!(failures.is_empty(), "{} of {total} cases failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {total} cases failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     // Every committed CRD has rules: a walk that found none is broken, not passing.
     assert!(total > 100, "only {total} cases generated");
-    assert!(srv.dropped_fields().is_empty(), "{:?}", srv.dropped_fields());
+    assert!(
+        srv.dropped_fields().is_empty(),
+        "{:?}",
+        srv.dropped_fields()
+    );
 }

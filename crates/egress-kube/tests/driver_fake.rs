@@ -1373,11 +1373,19 @@ async fn a_credentials_ref_naming_another_namespace_is_never_requested() {
         Api::all(w.api.client("default"));
     let pattern = "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/proxy/properties/credentialsRef/pattern";
     let crd = crds.get("proxies.egress-proxies.dev").await.unwrap();
-    let original = serde_json::to_value(&crd).unwrap().pointer(pattern).cloned().unwrap();
-    let edit = |op: Value| Patch::<Value>::Json(serde_json::from_value(json!([op])).unwrap());
-    crds.patch("proxies.egress-proxies.dev", &PatchParams::default(), &edit(json!({"op": "remove", "path": pattern})))
-        .await
+    let original = serde_json::to_value(&crd)
+        .unwrap()
+        .pointer(pattern)
+        .cloned()
         .unwrap();
+    let edit = |op: Value| Patch::<Value>::Json(serde_json::from_value(json!([op])).unwrap());
+    crds.patch(
+        "proxies.egress-proxies.dev",
+        &PatchParams::default(),
+        &edit(json!({"op": "remove", "path": pattern})),
+    )
+    .await
+    .unwrap();
     for (name, r) in refs {
         create_member(&w, name, 3128, None, Some(r)).await;
     }
@@ -1570,7 +1578,10 @@ async fn a_pool_deleted_with_orphan_leaves_its_members_running_without_the_owner
     tokio::time::sleep(Duration::from_millis(500)).await;
     for m in &members {
         let p = w.proxy_json(m).expect("an orphaned member stays");
-        assert!(p["metadata"].get("deletionTimestamp").is_none(), "{m} was deleted");
+        assert!(
+            p["metadata"].get("deletionTimestamp").is_none(),
+            "{m} was deleted"
+        );
         assert_eq!(phase_of(&Some(p)).as_deref(), Some("Running"));
     }
     assert_eq!(vms(&w), 2);

@@ -72,10 +72,12 @@ impl Policy {
             }
             None => {}
         }
-        Ok(match opts.get("orphanDependents").and_then(Value::as_bool) {
-            Some(true) => Self::Orphan,
-            _ => Self::Background,
-        })
+        Ok(
+            match opts.get("orphanDependents").and_then(Value::as_bool) {
+                Some(true) => Self::Orphan,
+                _ => Self::Background,
+            },
+        )
     }
 }
 
@@ -119,7 +121,12 @@ fn uid_of(obj: &Value) -> String {
 fn finalizers(obj: &Value) -> Vec<String> {
     obj.pointer("/metadata/finalizers")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -169,7 +176,11 @@ impl Gc {
         if event == "DELETED" {
             self.by_uid.remove(&uid);
             // Its dependents may have lost their last owner; its owners may wait for it.
-            let deps: Vec<String> = self.dependents.get(&uid).map(|d| d.iter().cloned().collect()).unwrap_or_default();
+            let deps: Vec<String> = self
+                .dependents
+                .get(&uid)
+                .map(|d| d.iter().cloned().collect())
+                .unwrap_or_default();
             for d in deps {
                 self.enqueue(&d);
             }
@@ -180,9 +191,16 @@ impl Gc {
         }
         self.by_uid.insert(uid.clone(), key);
         let refs = refs_of(obj);
-        let owners: Vec<String> = refs.iter().map(|r| r.uid.clone()).filter(|u| !u.is_empty()).collect();
+        let owners: Vec<String> = refs
+            .iter()
+            .map(|r| r.uid.clone())
+            .filter(|u| !u.is_empty())
+            .collect();
         for o in &owners {
-            self.dependents.entry(o.clone()).or_default().insert(uid.clone());
+            self.dependents
+                .entry(o.clone())
+                .or_default()
+                .insert(uid.clone());
         }
         // An owner whose dependents changed may now be free to go.
         for o in old_owners.iter().filter(|o| !owners.contains(o)) {
@@ -302,7 +320,11 @@ impl State {
         if namespaced && dependent.2.is_empty() {
             return Owner::Unresolvable;
         }
-        let ns = if namespaced { dependent.2.clone() } else { String::new() };
+        let ns = if namespaced {
+            dependent.2.clone()
+        } else {
+            String::new()
+        };
         let key = (group.to_owned(), plural, ns, r.name.clone());
         match self.objects.get(&key) {
             Some(s) if uid_of(&s.object) == r.uid => {
@@ -326,7 +348,12 @@ impl State {
     }
 
     fn orphan_dependents(&mut self, owner: &str) {
-        let deps: Vec<String> = self.gc.dependents.get(owner).map(|d| d.iter().cloned().collect()).unwrap_or_default();
+        let deps: Vec<String> = self
+            .gc
+            .dependents
+            .get(owner)
+            .map(|d| d.iter().cloned().collect())
+            .unwrap_or_default();
         let one = BTreeSet::from([owner.to_owned()]);
         for d in deps {
             if let Some(k) = self.gc.by_uid.get(&d).cloned() {
@@ -336,7 +363,12 @@ impl State {
     }
 
     fn foreground_step(&mut self, owner: &str, key: &ObjKey) {
-        let deps: Vec<String> = self.gc.dependents.get(owner).map(|d| d.iter().cloned().collect()).unwrap_or_default();
+        let deps: Vec<String> = self
+            .gc
+            .dependents
+            .get(owner)
+            .map(|d| d.iter().cloned().collect())
+            .unwrap_or_default();
         let mut blocking = false;
         for d in &deps {
             let Some(k) = self.gc.by_uid.get(d).cloned() else {
@@ -385,7 +417,11 @@ impl State {
                     .and_then(Value::as_array)
                     .map(|a| {
                         a.iter()
-                            .filter(|r| !r.get("uid").and_then(Value::as_str).is_some_and(|u| uids.contains(u)))
+                            .filter(|r| {
+                                !r.get("uid")
+                                    .and_then(Value::as_str)
+                                    .is_some_and(|u| uids.contains(u))
+                            })
                             .cloned()
                             .collect()
                     })
@@ -405,7 +441,12 @@ impl State {
                 let kept: Vec<Value> = m
                     .get("finalizers")
                     .and_then(Value::as_array)
-                    .map(|a| a.iter().filter(|f| f.as_str() != Some(fin)).cloned().collect())
+                    .map(|a| {
+                        a.iter()
+                            .filter(|f| f.as_str() != Some(fin))
+                            .cloned()
+                            .collect()
+                    })
                     .unwrap_or_default();
                 if kept.is_empty() {
                     m.remove("finalizers");

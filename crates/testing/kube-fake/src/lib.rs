@@ -598,8 +598,10 @@ impl State {
                 .pointer("/spec/versions")
                 .and_then(Value::as_array)
                 .is_some_and(|vs| {
-                    vs.iter()
-                        .any(|v| v.pointer("/subresources/status").is_some_and(Value::is_object))
+                    vs.iter().any(|v| {
+                        v.pointer("/subresources/status")
+                            .is_some_and(Value::is_object)
+                    })
                 });
             for t in schema::compile_crd(crd).unwrap_or_default() {
                 if declares_status {
@@ -647,7 +649,11 @@ impl State {
                     object: object_path.clone(),
                     field: f.clone(),
                 }));
-                Ok(if mode == Some("Ignore") { Vec::new() } else { unknown })
+                Ok(if mode == Some("Ignore") {
+                    Vec::new()
+                } else {
+                    unknown
+                })
             }
         }
     }
@@ -847,7 +853,13 @@ impl FakeApiServer {
         let route = parse_route("/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
             .ok_or("bad CRD route")?;
         let body = Bytes::from(crd.to_string());
-        match self.dispatch(&Method::POST, &route, &BTreeMap::new(), "application/json", &body) {
+        match self.dispatch(
+            &Method::POST,
+            &route,
+            &BTreeMap::new(),
+            "application/json",
+            &body,
+        ) {
             Ok(_) => Ok(()),
             Err(e) => Err(e.message),
         }
@@ -866,7 +878,8 @@ impl FakeApiServer {
             let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
             let crd: Value =
                 serde_saphyr::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
-            self.install_crd(&crd).map_err(|e| format!("{}: {e}", p.display()))?;
+            self.install_crd(&crd)
+                .map_err(|e| format!("{}: {e}", p.display()))?;
         }
         Ok(paths.len())
     }
@@ -1399,7 +1412,9 @@ impl FakeApiServer {
             ),
         };
         if !errs.is_empty() {
-            let kind = ts.as_ref().map_or_else(|| kind_for_errors(&obj, r), |t| t.kind.clone());
+            let kind = ts
+                .as_ref()
+                .map_or_else(|| kind_for_errors(&obj, r), |t| t.kind.clone());
             return Err(ApiError::invalid(&r.group, &kind, &name, &errs));
         }
         st.uid_counter = st.uid_counter.saturating_add(1);
@@ -1570,7 +1585,11 @@ impl FakeApiServer {
         }
         // As the server decodes the body: pruned, null-pruned and defaulted by the schema.
         let ts = st.type_schema(r);
-        let method = if matches!(op, "Apply") { "PATCH" } else { "PUT/PATCH" };
+        let method = if matches!(op, "Apply") {
+            "PATCH"
+        } else {
+            "PUT/PATCH"
+        };
         let warnings = st.decode(ts.as_deref(), &mut new, method, object_path(r, name), q)?;
         // Status subresource rules.
         if status_sub {
@@ -1635,7 +1654,9 @@ impl FakeApiServer {
             ),
         };
         if !errs.is_empty() {
-            let kind = ts.as_ref().map_or_else(|| kind_for_errors(&new, r), |t| t.kind.clone());
+            let kind = ts
+                .as_ref()
+                .map_or_else(|| kind_for_errors(&new, r), |t| t.kind.clone());
             return Err(ApiError::invalid(&r.group, &kind, name, &errs));
         }
         let is_crd = r.group == CRD_GROUP && r.plural == CRD_PLURAL;

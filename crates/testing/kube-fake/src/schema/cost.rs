@@ -69,10 +69,15 @@ impl<'a> Shape<'a> {
         let Some(s) = self.schema else {
             return MAX_REQUEST;
         };
-        let bound = |k: &str| s.get(k).and_then(|v| v.as_u64().or_else(|| v.as_f64().map(|f| f as u64)));
+        let bound = |k: &str| {
+            s.get(k)
+                .and_then(|v| v.as_u64().or_else(|| v.as_f64().map(|f| f as u64)))
+        };
         match s.get("type").and_then(Value::as_str) {
             Some("string") => bound("maxLength").unwrap_or(MAX_REQUEST - 2),
-            Some("array") => bound("maxItems").unwrap_or((MAX_REQUEST - 2) / (min_size(s.get("items")) + 1)),
+            Some("array") => {
+                bound("maxItems").unwrap_or((MAX_REQUEST - 2) / (min_size(s.get("items")) + 1))
+            }
             Some("object") => bound("maxProperties")
                 .unwrap_or((MAX_REQUEST - 2) / (min_size(s.get("additionalProperties")) + 4)),
             _ => 1,
@@ -157,14 +162,20 @@ fn cost<'a>(e: &IdedExpr, scope: &mut Scope<'a>) -> (u64, Shape<'a>) {
             (c.saturating_add(1), shape.field(&s.field))
         }
         Expr::List(l) => {
-            let sum = l.elements.iter().map(|x| cost(x, scope).0).fold(10u64, u64::saturating_add);
+            let sum = l
+                .elements
+                .iter()
+                .map(|x| cost(x, scope).0)
+                .fold(10u64, u64::saturating_add);
             (sum, UNKNOWN)
         }
         Expr::Map(m) => {
             let mut sum = 30u64;
             for entry in &m.entries {
                 if let EntryExpr::MapEntry(me) = &entry.expr {
-                    sum = sum.saturating_add(cost(&me.key, scope).0).saturating_add(cost(&me.value, scope).0);
+                    sum = sum
+                        .saturating_add(cost(&me.key, scope).0)
+                        .saturating_add(cost(&me.value, scope).0);
                 }
             }
             (sum, UNKNOWN)
@@ -187,11 +198,20 @@ fn cost<'a>(e: &IdedExpr, scope: &mut Scope<'a>) -> (u64, Shape<'a>) {
             // multiplied by the element count: linear in the range, never its square for nested
             // comprehensions.
             let elements = range.elements();
-            let n = if range.runtime() { elements.len() as u64 } else { range.size() };
-            if let Some(el) = elements.iter().max_by_key(|e| if e.value.is_some() { e.size() } else { 0 }) {
+            let n = if range.runtime() {
+                elements.len() as u64
+            } else {
+                range.size()
+            };
+            if let Some(el) = elements
+                .iter()
+                .max_by_key(|e| if e.value.is_some() { e.size() } else { 0 })
+            {
                 scope.vars.push((c.iter_var.clone(), *el));
                 scope.vars.push((c.accu_var.clone(), UNKNOWN));
-                let step = cost(&c.loop_cond, scope).0.saturating_add(cost(&c.loop_step, scope).0);
+                let step = cost(&c.loop_cond, scope)
+                    .0
+                    .saturating_add(cost(&c.loop_step, scope).0);
                 scope.vars.truncate(scope.vars.len() - 2);
                 total = total.saturating_add(step.saturating_mul(n));
             }
@@ -205,12 +225,38 @@ fn cost<'a>(e: &IdedExpr, scope: &mut Scope<'a>) -> (u64, Shape<'a>) {
 
 /// Functions whose cost is a tenth of their (first string) argument's length.
 const PARSERS: &[&str] = &[
-    "ip", "isIP", "cidr", "isCIDR", "quantity", "isQuantity", "url", "isURL", "semver", "isSemver",
-    "contains", "startsWith", "endsWith", "lowerAscii", "upperAscii", "trim", "split", "replace",
-    "indexOf", "lastIndexOf", "substring", "charAt", "find", "findAll",
+    "ip",
+    "isIP",
+    "cidr",
+    "isCIDR",
+    "quantity",
+    "isQuantity",
+    "url",
+    "isURL",
+    "semver",
+    "isSemver",
+    "contains",
+    "startsWith",
+    "endsWith",
+    "lowerAscii",
+    "upperAscii",
+    "trim",
+    "split",
+    "replace",
+    "indexOf",
+    "lastIndexOf",
+    "substring",
+    "charAt",
+    "find",
+    "findAll",
 ];
 
-fn call<'a>(name: &str, target: Option<&IdedExpr>, args: &[IdedExpr], scope: &mut Scope<'a>) -> (u64, Shape<'a>) {
+fn call<'a>(
+    name: &str,
+    target: Option<&IdedExpr>,
+    args: &[IdedExpr],
+    scope: &mut Scope<'a>,
+) -> (u64, Shape<'a>) {
     let mut shapes = Vec::new();
     let mut sum = 0u64;
     if let Some(t) = target {
@@ -241,7 +287,11 @@ fn call<'a>(name: &str, target: Option<&IdedExpr>, args: &[IdedExpr], scope: &mu
                 },
                 _ => elem,
             };
-            (sum.saturating_add(arg_costs.iter().sum::<u64>()).saturating_add(1), shape)
+            (
+                sum.saturating_add(arg_costs.iter().sum::<u64>())
+                    .saturating_add(1),
+                shape,
+            )
         }
         "_==_" | "_!=_" | "_<_" | "_<=_" | "_>_" | "_>=_" | "_+_" => {
             let sizes: Vec<u64> = shapes
@@ -254,23 +304,53 @@ fn call<'a>(name: &str, target: Option<&IdedExpr>, args: &[IdedExpr], scope: &mu
             } else {
                 tenth(sizes.iter().copied().min().unwrap_or(0))
             };
-            (sum.saturating_add(arg_costs.iter().sum::<u64>()).saturating_add(1).saturating_add(extra), UNKNOWN)
+            (
+                sum.saturating_add(arg_costs.iter().sum::<u64>())
+                    .saturating_add(1)
+                    .saturating_add(extra),
+                UNKNOWN,
+            )
         }
         "matches" => {
             let extra = first.size().div_ceil(4);
-            (sum.saturating_add(arg_costs.iter().sum::<u64>()).saturating_add(1).saturating_add(extra), UNKNOWN)
+            (
+                sum.saturating_add(arg_costs.iter().sum::<u64>())
+                    .saturating_add(1)
+                    .saturating_add(extra),
+                UNKNOWN,
+            )
         }
         n if PARSERS.contains(&n) => {
             let extra = tenth(first.size());
-            (sum.saturating_add(arg_costs.iter().sum::<u64>()).saturating_add(1).saturating_add(extra), UNKNOWN)
+            (
+                sum.saturating_add(arg_costs.iter().sum::<u64>())
+                    .saturating_add(1)
+                    .saturating_add(extra),
+                UNKNOWN,
+            )
         }
-        _ => (sum.saturating_add(arg_costs.iter().sum::<u64>()).saturating_add(1), UNKNOWN),
+        _ => (
+            sum.saturating_add(arg_costs.iter().sum::<u64>())
+                .saturating_add(1),
+            UNKNOWN,
+        ),
     }
 }
 
-fn with_self<'a>(program: &cel::Program, schema: &'a Value, v: Option<&'a Value>, old: Option<&'a Value>) -> u64 {
-    let shape = Shape { schema: Some(schema), value: v };
-    let old_shape = Shape { schema: Some(schema), value: old.or(v) };
+fn with_self<'a>(
+    program: &cel::Program,
+    schema: &'a Value,
+    v: Option<&'a Value>,
+    old: Option<&'a Value>,
+) -> u64 {
+    let shape = Shape {
+        schema: Some(schema),
+        value: v,
+    };
+    let old_shape = Shape {
+        schema: Some(schema),
+        value: old.or(v),
+    };
     let mut scope = Scope {
         vars: vec![("self".into(), shape), ("oldSelf".into(), old_shape)],
     };
@@ -283,7 +363,12 @@ pub(crate) fn estimate(program: &cel::Program, schema: &Value) -> u64 {
 }
 
 /// The cost of evaluating `program` on the value `v` (and `old`) of a node of `schema`.
-pub(crate) fn runtime(program: &cel::Program, schema: &Value, v: &Value, old: Option<&Value>) -> u64 {
+pub(crate) fn runtime(
+    program: &cel::Program,
+    schema: &Value,
+    v: &Value,
+    old: Option<&Value>,
+) -> u64 {
     with_self(program, schema, Some(v), old)
 }
 
@@ -291,7 +376,13 @@ pub(crate) fn runtime(program: &cel::Program, schema: &Value, v: &Value, old: Op
 /// of the lists and maps on the way (`items` / `additionalProperties` steps).
 pub(crate) fn cardinality(ancestors: &[&Value]) -> u64 {
     ancestors.iter().fold(1u64, |acc, s| {
-        acc.saturating_mul(Shape { schema: Some(s), value: None }.size())
+        acc.saturating_mul(
+            Shape {
+                schema: Some(s),
+                value: None,
+            }
+            .size(),
+        )
     })
 }
 
@@ -324,7 +415,8 @@ mod tests {
 
     #[test]
     fn bounds_shrink_the_estimate_and_nesting_multiplies_it() {
-        let bounded = json!({"type": "array", "maxItems": 10, "items": {"type": "string", "maxLength": 10}});
+        let bounded =
+            json!({"type": "array", "maxItems": 10, "items": {"type": "string", "maxLength": 10}});
         let unbounded = json!({"type": "array", "items": {"type": "string"}});
         let one = est("self.all(x, x.startsWith('a'))", bounded.clone());
         assert!(one < 100, "{one}");
@@ -347,7 +439,12 @@ mod tests {
 
     #[test]
     fn the_exceeded_message_is_the_servers() {
-        assert!(exceeded("estimated rule cost", 2_000_000_000, STATIC_LIMIT).contains("by factor of more than 100x (try"));
-        assert!(exceeded("estimated rule cost", 25_000_000, STATIC_LIMIT).contains("by factor of 2.5x"));
+        assert!(
+            exceeded("estimated rule cost", 2_000_000_000, STATIC_LIMIT)
+                .contains("by factor of more than 100x (try")
+        );
+        assert!(
+            exceeded("estimated rule cost", 25_000_000, STATIC_LIMIT).contains("by factor of 2.5x")
+        );
     }
 }

@@ -78,7 +78,12 @@ pub(crate) struct FieldError {
 }
 
 impl FieldError {
-    pub(crate) fn new(kind: Kind, field: impl Into<String>, bad: Bad, detail: impl Into<String>) -> Self {
+    pub(crate) fn new(
+        kind: Kind,
+        field: impl Into<String>,
+        bad: Bad,
+        detail: impl Into<String>,
+    ) -> Self {
         Self {
             kind,
             field: field.into(),
@@ -138,8 +143,9 @@ impl FieldError {
     /// The message without the path (`ErrorBody`), as a cause's `message`.
     pub(crate) fn body(&self) -> String {
         let mut s = match (&self.kind, &self.bad) {
-            (Kind::Required | Kind::Forbidden | Kind::TooLong, _)
-            | (_, Bad::Omitted) => self.kind.text().to_owned(),
+            (Kind::Required | Kind::Forbidden | Kind::TooLong, _) | (_, Bad::Omitted) => {
+                self.kind.text().to_owned()
+            }
             (_, Bad::Count(n)) => format!("{}: {n}", self.kind.text()),
             (_, Bad::Json(v)) => format!("{}: {}", self.kind.text(), go_value(v, true)),
         };
@@ -210,7 +216,11 @@ pub(crate) fn go_float(f: f64) -> String {
         return "NaN".into();
     }
     if f.is_infinite() {
-        return if f > 0.0 { "+Inf".into() } else { "-Inf".into() };
+        return if f > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        };
     }
     let sci = format!("{f:e}");
     let (mantissa, exp) = sci.split_once('e').unwrap_or((sci.as_str(), "0"));
@@ -225,7 +235,12 @@ pub(crate) fn go_float(f: f64) -> String {
 
 /// The message and `details` of a 422 `Invalid` for `errs` of the object `name` of
 /// `kind.group` (`api/errors.NewInvalid`).
-pub(crate) fn invalid_status(group: &str, kind: &str, name: &str, errs: &[FieldError]) -> (String, Value) {
+pub(crate) fn invalid_status(
+    group: &str,
+    kind: &str,
+    name: &str,
+    errs: &[FieldError],
+) -> (String, Value) {
     let qualified = if group.is_empty() {
         kind.to_owned()
     } else {
@@ -240,7 +255,11 @@ pub(crate) fn invalid_status(group: &str, kind: &str, name: &str, errs: &[FieldE
     let message = match msgs.as_slice() {
         [] => format!("{qualified} {} is invalid", go_quote(name)),
         [one] => format!("{qualified} {} is invalid: {one}", go_quote(name)),
-        many => format!("{qualified} {} is invalid: [{}]", go_quote(name), many.join(", ")),
+        many => format!(
+            "{qualified} {} is invalid: [{}]",
+            go_quote(name),
+            many.join(", ")
+        ),
     };
     let causes: Vec<Value> = errs
         .iter()
@@ -272,7 +291,10 @@ mod tests {
             "spec.proxy.port: Invalid value: 70000: spec.proxy.port in body should be less than \
              or equal to 65535"
         );
-        assert_eq!(FieldError::required("spec", "").message(), "spec: Required value");
+        assert_eq!(
+            FieldError::required("spec", "").message(),
+            "spec: Required value"
+        );
         assert_eq!(
             FieldError::too_long("spec.x", 45).message(),
             "spec.x: Too long: may not be more than 45 bytes"
@@ -287,8 +309,13 @@ mod tests {
             "p: Unsupported value: \"ftp\": supported values: \"http\", \"socks5\""
         );
         assert_eq!(
-            FieldError::new(Kind::Duplicate, "c[1]", Bad::Json(json!({"type": "Ready"})), "")
-                .message(),
+            FieldError::new(
+                Kind::Duplicate,
+                "c[1]",
+                Bad::Json(json!({"type": "Ready"})),
+                ""
+            )
+            .message(),
             "c[1]: Duplicate value: map[string]interface {}{\"type\":\"Ready\"}"
         );
         assert_eq!(

@@ -65,8 +65,14 @@ pub(crate) fn valid(format: &str, s: &str) -> bool {
         "ipv6" => parse_ip_sloppy(s).is_some() && s.contains(':'),
         "cidr" => is_cidr_sloppy(s),
         "mac" => is_mac(s),
-        "uuid" => matches(r"(?i)^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$", s),
-        "uuid3" => matches(r"(?i)^[0-9a-f]{8}-?[0-9a-f]{4}-?3[0-9a-f]{3}-?[0-9a-f]{4}-?[0-9a-f]{12}$", s),
+        "uuid" => matches(
+            r"(?i)^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$",
+            s,
+        ),
+        "uuid3" => matches(
+            r"(?i)^[0-9a-f]{8}-?[0-9a-f]{4}-?3[0-9a-f]{3}-?[0-9a-f]{4}-?[0-9a-f]{12}$",
+            s,
+        ),
         "uuid4" => matches(
             r"(?i)^[0-9a-f]{8}-?[0-9a-f]{4}-?4[0-9a-f]{3}-?[89ab][0-9a-f]{3}-?[0-9a-f]{12}$",
             s,
@@ -101,11 +107,17 @@ pub(crate) fn valid(format: &str, s: &str) -> bool {
             s,
         ),
         "password" => true,
-        "date" => matches(r"^\d{4}-\d{2}-\d{2}$", s) && time::Date::parse(s, &time::format_description::well_known::Iso8601::DATE).is_ok(),
+        "date" => {
+            matches(r"^\d{4}-\d{2}-\d{2}$", s)
+                && time::Date::parse(s, &time::format_description::well_known::Iso8601::DATE)
+                    .is_ok()
+        }
         "datetime" => is_datetime(s),
         "duration" => is_duration(s),
         "email" => is_email(s),
-        "uri" => url::Url::parse(s).is_ok() || (s.starts_with('/') && !s.contains(char::is_whitespace)),
+        "uri" => {
+            url::Url::parse(s).is_ok() || (s.starts_with('/') && !s.contains(char::is_whitespace))
+        }
         _ => true,
     }
 }
@@ -202,7 +214,10 @@ mod tests {
     #[test]
     fn only_kubernetes_formats_are_checked() {
         assert_eq!(supported(&json!({"format": "cidr"})), Some("cidr"));
-        assert_eq!(supported(&json!({"format": "date-time"})), Some("date-time"));
+        assert_eq!(
+            supported(&json!({"format": "date-time"})),
+            Some("date-time")
+        );
         assert_eq!(supported(&json!({"format": "uint32"})), None);
         assert_eq!(supported(&json!({"format": "int64"})), None);
     }
@@ -211,7 +226,10 @@ mod tests {
     fn cidrs_and_addresses_parse_as_go_parses_them_sloppily() {
         assert!(valid("cidr", "10.0.0.0/8"));
         assert!(valid("cidr", "10.0.0.1/8"), "host bits may be set");
-        assert!(valid("cidr", "010.0.0.0/8"), "leading zeros are sloppy-allowed");
+        assert!(
+            valid("cidr", "010.0.0.0/8"),
+            "leading zeros are sloppy-allowed"
+        );
         assert!(valid("cidr", "2001:db8::/32"));
         assert!(!valid("cidr", "10.0.0.0/33"));
         assert!(!valid("cidr", "10.0.0.0"));

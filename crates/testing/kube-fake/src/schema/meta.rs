@@ -83,7 +83,10 @@ fn max_len(n: usize) -> String {
 
 fn regex_error(msg: &str, fmt: &str, examples: &[&str]) -> String {
     let ex: Vec<String> = examples.iter().map(|e| format!("'{e}', ")).collect();
-    format!("{msg} (e.g. {}regex used for validation is '{fmt}')", ex.join(" or "))
+    format!(
+        "{msg} (e.g. {}regex used for validation is '{fmt}')",
+        ex.join(" or ")
+    )
 }
 
 pub(crate) fn dns1123_subdomain(v: &str) -> Vec<String> {
@@ -152,7 +155,11 @@ pub(crate) fn qualified_name(v: &str) -> Vec<String> {
             if prefix.is_empty() {
                 errs.push("prefix part must be non-empty".to_owned());
             } else {
-                errs.extend(dns1123_subdomain(prefix).into_iter().map(|m| format!("prefix part {m}")));
+                errs.extend(
+                    dns1123_subdomain(prefix)
+                        .into_iter()
+                        .map(|m| format!("prefix part {m}")),
+                );
             }
             *n
         }
@@ -201,11 +208,18 @@ pub(crate) fn prune(obj: &mut Value) -> Vec<String> {
     let Some(Value::Object(m)) = obj.get_mut("metadata") else {
         return Vec::new();
     };
-    let unknown: Vec<String> = m.keys().filter(|k| !OBJECT_META.contains(&k.as_str())).cloned().collect();
+    let unknown: Vec<String> = m
+        .keys()
+        .filter(|k| !OBJECT_META.contains(&k.as_str()))
+        .cloned()
+        .collect();
     for k in &unknown {
         m.remove(k);
     }
-    unknown.into_iter().map(|k| format!("metadata.{k}")).collect()
+    unknown
+        .into_iter()
+        .map(|k| format!("metadata.{k}"))
+        .collect()
 }
 
 fn strings_of<'a>(m: &'a Map<String, Value>, k: &str) -> Vec<(&'a str, &'a str)> {
@@ -220,46 +234,88 @@ fn strings_of<'a>(m: &'a Map<String, Value>, k: &str) -> Vec<(&'a str, &'a str)>
 }
 
 /// The errors of `metadata` on a create (`update`: false) or an update.
-pub(crate) fn validate(obj: &Value, rule: NameRule, namespaced: bool, update: bool) -> Vec<FieldError> {
+pub(crate) fn validate(
+    obj: &Value,
+    rule: NameRule,
+    namespaced: bool,
+    update: bool,
+) -> Vec<FieldError> {
     let empty = Map::new();
-    let m = obj.get("metadata").and_then(Value::as_object).unwrap_or(&empty);
+    let m = obj
+        .get("metadata")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
     let s = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or("");
     let mut errs = Vec::new();
     if !update {
         if !s("generateName").is_empty() {
             for msg in rule.check(s("generateName"), true) {
-                errs.push(FieldError::invalid("metadata.generateName", Value::String(s("generateName").into()), msg));
+                errs.push(FieldError::invalid(
+                    "metadata.generateName",
+                    Value::String(s("generateName").into()),
+                    msg,
+                ));
             }
         }
         if s("name").is_empty() {
-            errs.push(FieldError::required("metadata.name", "name or generateName is required"));
+            errs.push(FieldError::required(
+                "metadata.name",
+                "name or generateName is required",
+            ));
         } else {
             for msg in rule.check(s("name"), false) {
-                errs.push(FieldError::invalid("metadata.name", Value::String(s("name").into()), msg));
+                errs.push(FieldError::invalid(
+                    "metadata.name",
+                    Value::String(s("name").into()),
+                    msg,
+                ));
             }
         }
         if namespaced && s("namespace").is_empty() {
             errs.push(FieldError::required("metadata.namespace", ""));
         } else if !namespaced && !s("namespace").is_empty() {
-            errs.push(FieldError::forbidden("metadata.namespace", "not allowed on this type"));
+            errs.push(FieldError::forbidden(
+                "metadata.namespace",
+                "not allowed on this type",
+            ));
         }
     }
     for (k, v) in strings_of(m, "labels") {
         for msg in qualified_name(k) {
-            errs.push(FieldError::invalid("metadata.labels", Value::String(k.into()), msg));
+            errs.push(FieldError::invalid(
+                "metadata.labels",
+                Value::String(k.into()),
+                msg,
+            ));
         }
         for msg in label_value(v) {
-            errs.push(FieldError::invalid("metadata.labels", Value::String(v.into()), msg));
+            errs.push(FieldError::invalid(
+                "metadata.labels",
+                Value::String(v.into()),
+                msg,
+            ));
         }
     }
     let annotations = strings_of(m, "annotations");
     for (k, _) in &annotations {
         for msg in qualified_name(&k.to_lowercase()) {
-            errs.push(FieldError::invalid("metadata.annotations", Value::String((*k).into()), msg));
+            errs.push(FieldError::invalid(
+                "metadata.annotations",
+                Value::String((*k).into()),
+                msg,
+            ));
         }
     }
-    if annotations.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>() > ANNOTATIONS_MAX {
-        errs.push(FieldError::too_long("metadata.annotations", ANNOTATIONS_MAX as i64));
+    if annotations
+        .iter()
+        .map(|(k, v)| k.len() + v.len())
+        .sum::<usize>()
+        > ANNOTATIONS_MAX
+    {
+        errs.push(FieldError::too_long(
+            "metadata.annotations",
+            ANNOTATIONS_MAX as i64,
+        ));
     }
     errs.extend(owner_references(m));
     if !update {
@@ -271,12 +327,20 @@ pub(crate) fn validate(obj: &Value, rule: NameRule, namespaced: bool, update: bo
 fn owner_references(m: &Map<String, Value>) -> Vec<FieldError> {
     let mut errs = Vec::new();
     let mut controller: Option<String> = None;
-    let refs = m.get("ownerReferences").and_then(Value::as_array).cloned().unwrap_or_default();
+    let refs = m
+        .get("ownerReferences")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     for r in &refs {
         let s = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("");
         let version = s("apiVersion").rsplit('/').next().unwrap_or("");
         let checks = [
-            ("apiVersion", version.is_empty(), "version must not be empty"),
+            (
+                "apiVersion",
+                version.is_empty(),
+                "version must not be empty",
+            ),
             ("kind", s("kind").is_empty(), "kind must not be empty"),
             ("name", s("name").is_empty(), "name must not be empty"),
             ("uid", s("uid").is_empty(), "uid must not be empty"),
@@ -317,7 +381,11 @@ fn finalizers(m: &Map<String, Value>) -> Vec<FieldError> {
     let mut errs = Vec::new();
     for f in &list {
         for msg in qualified_name(f) {
-            errs.push(FieldError::invalid("metadata.finalizers", Value::String((*f).into()), msg));
+            errs.push(FieldError::invalid(
+                "metadata.finalizers",
+                Value::String((*f).into()),
+                msg,
+            ));
         }
     }
     if list.contains(&"orphan") && list.contains(&"foregroundDeletion") {
@@ -349,7 +417,11 @@ mod tests {
             "metadata.name: Invalid value: \"Bad_Name\": a lowercase RFC 1123 subdomain must"
         ));
         assert!(msgs[0].ends_with("(e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"), "{}", msgs[0]);
-        assert!(msgs[1].contains("must be no more than 63 characters"), "{}", msgs[1]);
+        assert!(
+            msgs[1].contains("must be no more than 63 characters"),
+            "{}",
+            msgs[1]
+        );
         let ok = json!({"metadata": {"name": "pool-abc12", "namespace": "d",
                        "labels": {"egress-proxies.dev/pool": "web"}}});
         assert!(validate(&ok, NameRule::Subdomain, true, false).is_empty());

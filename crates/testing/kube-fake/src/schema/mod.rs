@@ -19,12 +19,12 @@
 //! A CRD itself is checked when written ([`compile_crd`]): its rules must compile and stay within
 //! the cost limits.
 
-pub(crate) mod rules;
 pub(crate) mod cost;
 pub(crate) mod field;
 pub(crate) mod formats;
 pub(crate) mod meta;
 pub(crate) mod openapi;
+pub(crate) mod rules;
 pub(crate) mod structural;
 
 use serde_json::{Value, json};
@@ -36,13 +36,16 @@ use field::{Bad, FieldError, Kind};
 // patterns over and over. Bounded: cleared when it holds this many.
 const REGEX_CACHE_MAX: usize = 1024;
 
-static REGEXES: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<regex::Regex>>>> =
-    std::sync::LazyLock::new(Default::default);
+static REGEXES: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<regex::Regex>>>,
+> = std::sync::LazyLock::new(Default::default);
 
 /// Whether `s` matches `pattern` (unanchored, as Go's `MatchString`); `Err` with the compile
 /// error for an invalid pattern.
 pub(crate) fn regex_match(pattern: &str, s: &str) -> Result<bool, String> {
-    let mut cache = REGEXES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut cache = REGEXES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(r) = cache.get(pattern) {
         return Ok(r.is_match(s));
     }
@@ -75,30 +78,56 @@ pub(crate) struct TypeSchema {
 
 /// The compiled versions of a CRD, or the errors that make its write a 422.
 pub(crate) fn compile_crd(crd: &Value) -> Result<Vec<TypeSchema>, Vec<FieldError>> {
-    let s = |p: &str| crd.pointer(p).and_then(Value::as_str).unwrap_or("").to_owned();
-    let (group, plural, kind) = (s("/spec/group"), s("/spec/names/plural"), s("/spec/names/kind"));
+    let s = |p: &str| {
+        crd.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
+    let (group, plural, kind) = (
+        s("/spec/group"),
+        s("/spec/names/plural"),
+        s("/spec/names/kind"),
+    );
     let namespaced = s("/spec/scope") != "Cluster";
     let mut out = Vec::new();
     let mut errs = Vec::new();
     let mut total: u64 = 0;
     let mut contributors: Vec<(String, u64)> = Vec::new();
-    let versions = crd.pointer("/spec/versions").and_then(Value::as_array).cloned().unwrap_or_default();
+    let versions = crd
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     for (i, v) in versions.iter().enumerate() {
         let base = format!("spec.versions[{i}].schema.openAPIV3Schema");
         let schema = v
             .pointer("/schema/openAPIV3Schema")
             .cloned()
-            .unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
+            .unwrap_or_else(
+                || json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}),
+            );
         let (tree, mut e) = rules::CelTree::compile(&schema, &base);
         errs.append(&mut e);
-        costs(&tree, &base, &mut Vec::new(), &mut errs, &mut total, &mut contributors);
+        costs(
+            &tree,
+            &base,
+            &mut Vec::new(),
+            &mut errs,
+            &mut total,
+            &mut contributors,
+        );
         let scale = v.pointer("/subresources/scale").map(|sc| {
             let p = |k: &str| sc.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
             (p("specReplicasPath"), p("statusReplicasPath"))
         });
         out.push(TypeSchema {
             group: group.clone(),
-            version: v.get("name").and_then(Value::as_str).unwrap_or("").to_owned(),
+            version: v
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
             plural: plural.clone(),
             kind: kind.clone(),
             namespaced,
@@ -141,7 +170,10 @@ fn costs<'a>(
         let at = format!("{path}.x-kubernetes-validations[{i}].rule");
         let c = cost::estimate(&r.program, &t.schema).saturating_mul(times);
         if c > cost::STATIC_LIMIT {
-            errs.push(FieldError::forbidden(at.clone(), cost::exceeded("estimated rule cost", c, cost::STATIC_LIMIT)));
+            errs.push(FieldError::forbidden(
+                at.clone(),
+                cost::exceeded("estimated rule cost", c, cost::STATIC_LIMIT),
+            ));
         }
         *total = total.saturating_add(c);
         contributors.push((at, c));
@@ -157,20 +189,48 @@ fn costs<'a>(
         }
     }
     for (k, c) in &t.properties {
-        costs(c, &format!("{path}.properties[{k}]"), ancestors, errs, total, contributors);
+        costs(
+            c,
+            &format!("{path}.properties[{k}]"),
+            ancestors,
+            errs,
+            total,
+            contributors,
+        );
     }
     if let Some(c) = &t.additional {
         ancestors.push(&t.schema);
-        costs(c, &format!("{path}.additionalProperties"), ancestors, errs, total, contributors);
+        costs(
+            c,
+            &format!("{path}.additionalProperties"),
+            ancestors,
+            errs,
+            total,
+            contributors,
+        );
         ancestors.pop();
     }
     if let Some(c) = &t.items {
         ancestors.push(&t.schema);
-        costs(c, &format!("{path}.items"), ancestors, errs, total, contributors);
+        costs(
+            c,
+            &format!("{path}.items"),
+            ancestors,
+            errs,
+            total,
+            contributors,
+        );
         ancestors.pop();
     }
     for (n, c) in t.all_of.iter().enumerate() {
-        costs(c, &format!("{path}.allOf[{n}]"), ancestors, errs, total, contributors);
+        costs(
+            c,
+            &format!("{path}.allOf[{n}]"),
+            ancestors,
+            errs,
+            total,
+            contributors,
+        );
     }
 }
 
@@ -190,12 +250,20 @@ impl TypeSchema {
         let mut errs = Vec::new();
         let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
         if kind != self.kind {
-            errs.push(FieldError::invalid("kind", Value::String(kind.into()), format!("must be {}", self.kind)));
+            errs.push(FieldError::invalid(
+                "kind",
+                Value::String(kind.into()),
+                format!("must be {}", self.kind),
+            ));
         }
         let want = format!("{}/{}", self.group, self.version);
         let av = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
         if av != want {
-            errs.push(FieldError::invalid("apiVersion", Value::String(av.into()), format!("must be {want}")));
+            errs.push(FieldError::invalid(
+                "apiVersion",
+                Value::String(av.into()),
+                format!("must be {want}"),
+            ));
         }
         errs
     }
@@ -205,14 +273,22 @@ impl TypeSchema {
             return Vec::new();
         };
         let mut errs = Vec::new();
-        let paths: Vec<&String> = if status_only { vec![status_path] } else { vec![spec_path, status_path] };
+        let paths: Vec<&String> = if status_only {
+            vec![status_path]
+        } else {
+            vec![spec_path, status_path]
+        };
         for p in paths {
             let ptr = p.trim().replace('.', "/");
             let Some(v) = obj.pointer(&ptr) else {
                 continue;
             };
             match v.as_i64() {
-                Some(n) if n < 0 => errs.push(FieldError::invalid(p.clone(), json!(n), "should be a non-negative integer")),
+                Some(n) if n < 0 => errs.push(FieldError::invalid(
+                    p.clone(),
+                    json!(n),
+                    "should be a non-negative integer",
+                )),
                 Some(n) if n > MAX_REPLICAS => errs.push(FieldError::invalid(
                     p.clone(),
                     json!(n),
@@ -269,8 +345,15 @@ impl TypeSchema {
             return tm;
         }
         let mut errs = meta::validate(obj, meta::NameRule::Subdomain, self.namespaced, true);
-        if let (Some(status), Some(ss)) = (obj.get("status"), self.schema.pointer("/properties/status")) {
-            errs.extend(openapi::validate(ss, status, old.get("status"), Some("status")));
+        if let (Some(status), Some(ss)) =
+            (obj.get("status"), self.schema.pointer("/properties/status"))
+        {
+            errs.extend(openapi::validate(
+                ss,
+                status,
+                old.get("status"),
+                Some("status"),
+            ));
         }
         errs.extend(self.scale_checks(obj, true));
         let new_lt = list_types(&self.schema, obj, "");
@@ -280,7 +363,12 @@ impl TypeSchema {
         self.with_cel(errs, obj, Some(old))
     }
 
-    fn with_cel(&self, mut errs: Vec<FieldError>, obj: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    fn with_cel(
+        &self,
+        mut errs: Vec<FieldError>,
+        obj: &Value,
+        old: Option<&Value>,
+    ) -> Vec<FieldError> {
         if !self.cel.any {
             return errs;
         }
@@ -322,7 +410,11 @@ pub(crate) fn list_types(schema: &Value, v: &Value, path: &str) -> Vec<FieldErro
             let extra = schema.get("additionalProperties").filter(|a| a.is_object());
             for (k, x) in m {
                 if let Some(s) = props.and_then(|p| p.get(k)).or(extra) {
-                    let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                    let p = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
                     errs.extend(list_types(s, x, &p));
                 }
             }
@@ -333,7 +425,12 @@ pub(crate) fn list_types(schema: &Value, v: &Value, path: &str) -> Vec<FieldErro
                 Some("set") => {
                     for i in repeated(items.iter().cloned().collect()) {
                         if let Some(x) = items.get(i) {
-                            errs.push(FieldError::new(Kind::Duplicate, idx(i), Bad::Json(x.clone()), ""));
+                            errs.push(FieldError::new(
+                                Kind::Duplicate,
+                                idx(i),
+                                Bad::Json(x.clone()),
+                                "",
+                            ));
                         }
                     }
                 }
@@ -341,10 +438,23 @@ pub(crate) fn list_types(schema: &Value, v: &Value, path: &str) -> Vec<FieldErro
                     let keys: Vec<String> = schema
                         .get("x-kubernetes-list-map-keys")
                         .and_then(Value::as_array)
-                        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(Value::as_str)
+                                .map(str::to_owned)
+                                .collect()
+                        })
                         .unwrap_or_default();
-                    if let Some((i, x)) = items.iter().enumerate().find(|(_, x)| !x.is_object() && !x.is_null()) {
-                        errs.push(FieldError::invalid(idx(i), x.clone(), "must be an object for an array of list-type map"));
+                    if let Some((i, x)) = items
+                        .iter()
+                        .enumerate()
+                        .find(|(_, x)| !x.is_object() && !x.is_null())
+                    {
+                        errs.push(FieldError::invalid(
+                            idx(i),
+                            x.clone(),
+                            "must be an object for an array of list-type map",
+                        ));
                     } else {
                         let key_of = |x: &Value| -> Value {
                             let mut k = serde_json::Map::new();
@@ -358,7 +468,12 @@ pub(crate) fn list_types(schema: &Value, v: &Value, path: &str) -> Vec<FieldErro
                         let ks: Vec<Value> = items.iter().map(key_of).collect();
                         for i in repeated(ks.clone()) {
                             if let Some(k) = ks.get(i) {
-                                errs.push(FieldError::new(Kind::Duplicate, idx(i), Bad::Json(k.clone()), ""));
+                                errs.push(FieldError::new(
+                                    Kind::Duplicate,
+                                    idx(i),
+                                    Bad::Json(k.clone()),
+                                    "",
+                                ));
                             }
                         }
                     }
@@ -404,7 +519,11 @@ mod tests {
         let s = json!({"type": "object", "properties": {"conditions": {"type": "array",
             "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"],
             "items": {"type": "object"}}}});
-        let e = list_types(&s, &json!({"conditions": [{"type": "A"}, {"type": "B"}, {"type": "A"}]}), "");
+        let e = list_types(
+            &s,
+            &json!({"conditions": [{"type": "A"}, {"type": "B"}, {"type": "A"}]}),
+            "",
+        );
         assert_eq!(e.len(), 1);
         assert_eq!(
             e[0].message(),

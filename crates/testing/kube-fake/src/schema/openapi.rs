@@ -110,9 +110,12 @@ fn to_field_error(e: OErr, prefix: Option<&str>) -> FieldError {
             let actual = e.value.as_ref().and_then(Value::as_i64).unwrap_or(-1);
             FieldError::too_many(path, actual, e.valid)
         }
-        Code::InvalidType => {
-            FieldError::new(Kind::TypeInvalid, path, Bad::Json(value_or_empty()), e.message)
-        }
+        Code::InvalidType => FieldError::new(
+            Kind::TypeInvalid,
+            path,
+            Bad::Json(value_or_empty()),
+            e.message,
+        ),
         Code::Other | Code::Composite => FieldError::invalid(path, value_or_empty(), e.message),
     }
 }
@@ -131,7 +134,11 @@ fn kind_of(v: &Value) -> &'static str {
 }
 
 fn types_of(schema: &Value) -> Vec<&str> {
-    if schema.get("x-kubernetes-int-or-string").and_then(Value::as_bool) == Some(true) {
+    if schema
+        .get("x-kubernetes-int-or-string")
+        .and_then(Value::as_bool)
+        == Some(true)
+    {
         return vec!["integer", "string"];
     }
     schema
@@ -151,7 +158,8 @@ fn child_name(path: &str, key: &str) -> String {
 }
 
 fn is_float_int(v: &Value) -> bool {
-    v.as_f64().is_some_and(|f| f.fract() == 0.0 && f.is_finite())
+    v.as_f64()
+        .is_some_and(|f| f.fract() == 0.0 && f.is_finite())
 }
 
 /// Validates one node; `old` is the correlated old value on updates: errors of a node whose
@@ -213,7 +221,10 @@ fn type_check(schema: &Value, data: &Value, path: &str, out: &mut Vec<OErr>) {
             Code::InvalidType,
             path,
             Some(Value::String(what.to_owned())),
-            format!("{path} in body must be of type {joined}: {}", go_quote(what)),
+            format!(
+                "{path} in body must be of type {joined}: {}",
+                go_quote(what)
+            ),
         )
     };
     if data.is_null() {
@@ -252,11 +263,19 @@ fn combinators(schema: &Value, data: &Value, old: Option<&Value>, path: &str, ou
             })
             .unwrap_or_default()
     };
-    let fewest = |rs: &[Vec<OErr>]| rs.iter().filter(|r| !r.is_empty()).min_by_key(|r| r.len()).cloned();
+    let fewest = |rs: &[Vec<OErr>]| {
+        rs.iter()
+            .filter(|r| !r.is_empty())
+            .min_by_key(|r| r.len())
+            .cloned()
+    };
     let composite = |msg: String| err(Code::Composite, path, None, msg);
     let any = branches("anyOf");
     if !any.is_empty() && !any.iter().any(Vec::is_empty) {
-        out.push(composite(format!("{} must validate at least one schema (anyOf)", go_quote(path))));
+        out.push(composite(format!(
+            "{} must validate at least one schema (anyOf)",
+            go_quote(path)
+        )));
         out.extend(fewest(&any).unwrap_or_default());
     }
     let one = branches("oneOf");
@@ -295,13 +314,18 @@ fn combinators(schema: &Value, data: &Value, old: Option<&Value>, path: &str, ou
         let mut e = Vec::new();
         node(not, data, None, path, &mut e);
         if e.is_empty() {
-            out.push(composite(format!("{} must not validate the schema (not)", go_quote(path))));
+            out.push(composite(format!(
+                "{} must not validate the schema (not)",
+                go_quote(path)
+            )));
         }
     }
 }
 
 fn int_of(schema: &Value, k: &str) -> Option<i64> {
-    schema.get(k).and_then(|v| v.as_i64().or_else(|| v.as_f64().map(|f| f as i64)))
+    schema
+        .get(k)
+        .and_then(|v| v.as_i64().or_else(|| v.as_f64().map(|f| f as i64)))
 }
 
 fn string_checks(schema: &Value, s: &str, path: &str, out: &mut Vec<OErr>) {
@@ -345,7 +369,12 @@ fn string_checks(schema: &Value, s: &str, path: &str, out: &mut Vec<OErr>) {
             }
         };
         if !ok {
-            out.push(err(Code::Other, path, data, format!("{path} in body should match '{p}'")));
+            out.push(err(
+                Code::Other,
+                path,
+                data,
+                format!("{path} in body should match '{p}'"),
+            ));
         }
     }
 }
@@ -372,14 +401,21 @@ fn number_checks(schema: &Value, data: &Value, path: &str, out: &mut Vec<OErr>) 
             Code::Other,
             path,
             Some(data.clone()),
-            format!("{path} in body should be a multiple of {}", bound_text(m, is_int)),
+            format!(
+                "{path} in body should be a multiple of {}",
+                bound_text(m, is_int)
+            ),
         ));
     }
     if let Some(min) = schema.get("minimum").and_then(Value::as_f64) {
         let excl = flag("exclusiveMinimum");
         let (lo, bound) = if is_int { (x, min.trunc()) } else { (x, min) };
         if (!excl && lo < bound) || (excl && lo <= bound) {
-            let op = if excl { "greater than" } else { "greater than or equal to" };
+            let op = if excl {
+                "greater than"
+            } else {
+                "greater than or equal to"
+            };
             out.push(err(
                 Code::Other,
                 path,
@@ -392,7 +428,11 @@ fn number_checks(schema: &Value, data: &Value, path: &str, out: &mut Vec<OErr>) 
         let excl = flag("exclusiveMaximum");
         let (hi, bound) = if is_int { (x, max.trunc()) } else { (x, max) };
         if (!excl && hi > bound) || (excl && hi >= bound) {
-            let op = if excl { "less than" } else { "less than or equal to" };
+            let op = if excl {
+                "less than"
+            } else {
+                "less than or equal to"
+            };
             out.push(err(
                 Code::Other,
                 path,
@@ -403,7 +443,13 @@ fn number_checks(schema: &Value, data: &Value, path: &str, out: &mut Vec<OErr>) 
     }
 }
 
-fn array_checks(schema: &Value, items: &[Value], old: Option<&Value>, path: &str, out: &mut Vec<OErr>) {
+fn array_checks(
+    schema: &Value,
+    items: &[Value],
+    old: Option<&Value>,
+    path: &str,
+    out: &mut Vec<OErr>,
+) {
     if let Some(item_schema) = schema.get("items").filter(|s| s.is_object()) {
         for (i, item) in items.iter().enumerate() {
             let o = correlate_item(schema, item, old);
@@ -434,9 +480,17 @@ fn array_checks(schema: &Value, items: &[Value], old: Option<&Value>, path: &str
         out.push(e);
     }
     if schema.get("uniqueItems").and_then(Value::as_bool) == Some(true) {
-        let dup = items.iter().enumerate().any(|(i, a)| items.iter().skip(i + 1).any(|b| a == b));
+        let dup = items
+            .iter()
+            .enumerate()
+            .any(|(i, a)| items.iter().skip(i + 1).any(|b| a == b));
         if dup {
-            out.push(err(Code::Other, path, None, format!("{path} in body shouldn't contain duplicates")));
+            out.push(err(
+                Code::Other,
+                path,
+                None,
+                format!("{path} in body shouldn't contain duplicates"),
+            ));
         }
     }
 }
@@ -450,7 +504,11 @@ fn enum_equal(a: &Value, b: &Value) -> bool {
 }
 
 fn enum_check(schema: &Value, data: &Value, path: &str, out: &mut Vec<OErr>) {
-    let Some(values) = schema.get("enum").and_then(Value::as_array).filter(|v| !v.is_empty()) else {
+    let Some(values) = schema
+        .get("enum")
+        .and_then(Value::as_array)
+        .filter(|v| !v.is_empty())
+    else {
         return;
     };
     // NB: kube-openapi never matches a null value against an enum, even one listing null.
@@ -460,7 +518,11 @@ fn enum_check(schema: &Value, data: &Value, path: &str, out: &mut Vec<OErr>) {
     let mut e = err(
         Code::Enum,
         path,
-        if data.is_null() { None } else { Some(data.clone()) },
+        if data.is_null() {
+            None
+        } else {
+            Some(data.clone())
+        },
         format!("{path} in body should be one of {}", go_list(values)),
     );
     e.values = values.clone();
@@ -496,7 +558,13 @@ fn correlate_item<'a>(schema: &Value, item: &Value, old: Option<&'a Value>) -> O
         .find(|o| keys.iter().all(|k| o.get(*k) == item.get(*k)))
 }
 
-fn object_checks(schema: &Value, m: &Map<String, Value>, old: Option<&Value>, path: &str, out: &mut Vec<OErr>) {
+fn object_checks(
+    schema: &Value,
+    m: &Map<String, Value>,
+    old: Option<&Value>,
+    path: &str,
+    out: &mut Vec<OErr>,
+) {
     let n = i64::try_from(m.len()).unwrap_or(i64::MAX);
     if let Some(min) = int_of(schema, "minProperties")
         && n < min
@@ -535,7 +603,13 @@ fn object_checks(schema: &Value, m: &Map<String, Value>, old: Option<&Value>, pa
         }
         Some(extra @ Value::Object(_)) => {
             for (k, v) in m.iter().filter(|(k, _)| !known(k)) {
-                node(extra, v, old.and_then(|o| o.get(k)), &format!("{path}.{k}"), out);
+                node(
+                    extra,
+                    v,
+                    old.and_then(|o| o.get(k)),
+                    &format!("{path}.{k}"),
+                    out,
+                );
             }
         }
         _ => {}
@@ -555,7 +629,12 @@ fn object_checks(schema: &Value, m: &Map<String, Value>, old: Option<&Value>, pa
         .filter_map(Value::as_str)
     {
         if !m.contains_key(k) {
-            out.push(err(Code::Required, &format!("{path}.{k}"), None, format!("{path}.{k} in body is required")));
+            out.push(err(
+                Code::Required,
+                &format!("{path}.{k}"),
+                None,
+                format!("{path}.{k} in body is required"),
+            ));
         }
     }
 }
@@ -567,19 +646,22 @@ mod tests {
     use serde_json::json;
 
     fn msgs(schema: Value, data: Value) -> Vec<String> {
-        validate(&schema, &data, None, None).iter().map(FieldError::message).collect()
+        validate(&schema, &data, None, None)
+            .iter()
+            .map(FieldError::message)
+            .collect()
     }
 
     #[test]
     fn bounds_types_and_enums_are_worded_as_the_server_words_them() {
         let s = json!({"type": "object", "required": ["spec"], "properties": {"spec": {
-            "type": "object", "required": ["image"], "properties": {
-                "port": {"type": "integer", "minimum": 1.0, "maximum": 65535.0},
-                "image": {"type": "string", "minLength": 1},
-                "mode": {"type": "string", "enum": ["http", "socks5"]},
-                "tags": {"type": "array", "maxItems": 2, "items": {"type": "string", "maxLength": 3}},
-                "ref": {"type": "string", "pattern": "^[a-z]+$"},
-            }}}});
+        "type": "object", "required": ["image"], "properties": {
+            "port": {"type": "integer", "minimum": 1.0, "maximum": 65535.0},
+            "image": {"type": "string", "minLength": 1},
+            "mode": {"type": "string", "enum": ["http", "socks5"]},
+            "tags": {"type": "array", "maxItems": 2, "items": {"type": "string", "maxLength": 3}},
+            "ref": {"type": "string", "pattern": "^[a-z]+$"},
+        }}}});
         assert_eq!(msgs(s.clone(), json!({})), vec!["spec: Required value"]);
         assert_eq!(
             msgs(
@@ -597,7 +679,9 @@ mod tests {
         );
         assert_eq!(
             msgs(s.clone(), json!({"spec": {"image": "x", "port": "80"}})),
-            vec!["spec.port: Invalid value: \"string\": spec.port in body must be of type integer: \"string\""]
+            vec![
+                "spec.port: Invalid value: \"string\": spec.port in body must be of type integer: \"string\""
+            ]
         );
         assert_eq!(
             msgs(s, json!({"spec": {"image": null}})),
@@ -615,7 +699,9 @@ mod tests {
         assert!(validate(&s, &json!("abc"), None, None).is_empty());
         assert_eq!(
             msgs(s, json!(true)),
-            vec!["<nil>: Invalid value: \"boolean\":  in body must be of type integer,string: \"boolean\""]
+            vec![
+                "<nil>: Invalid value: \"boolean\":  in body must be of type integer,string: \"boolean\""
+            ]
         );
     }
 
@@ -633,7 +719,10 @@ mod tests {
             "a": {"type": "integer", "maximum": 5.0}, "b": {"type": "integer", "maximum": 5.0}}});
         let old = json!({"a": 9, "b": 1});
         assert!(validate(&s, &json!({"a": 9, "b": 2}), Some(&old), None).is_empty());
-        assert_eq!(validate(&s, &json!({"a": 9, "b": 7}), Some(&old), None).len(), 1);
+        assert_eq!(
+            validate(&s, &json!({"a": 9, "b": 7}), Some(&old), None).len(),
+            1
+        );
         assert_eq!(validate(&s, &json!({"a": 9, "b": 2}), None, None).len(), 1);
     }
 

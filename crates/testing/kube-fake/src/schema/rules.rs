@@ -68,7 +68,9 @@ pub(crate) struct Rule {
 
 impl std::fmt::Debug for Rule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Rule").field("rule", &self.rule).finish_non_exhaustive()
+        f.debug_struct("Rule")
+            .field("rule", &self.rule)
+            .finish_non_exhaustive()
     }
 }
 
@@ -88,7 +90,10 @@ pub(crate) struct CelTree {
 
 /// The schema `type` as the server names it in errors (`""` for int-or-string).
 fn type_name(s: &Value) -> String {
-    s.get("type").and_then(Value::as_str).unwrap_or("").to_owned()
+    s.get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned()
 }
 
 impl CelTree {
@@ -118,18 +123,26 @@ impl CelTree {
         }
         if let Some(p) = schema.get("properties").and_then(Value::as_object) {
             for (k, s) in p {
-                t.properties.insert(k.clone(), Self::node(s, &format!("{path}.properties[{k}]"), errs));
+                t.properties.insert(
+                    k.clone(),
+                    Self::node(s, &format!("{path}.properties[{k}]"), errs),
+                );
             }
         }
         if let Some(a) = schema.get("additionalProperties").filter(|a| a.is_object()) {
-            t.additional = Some(Box::new(Self::node(a, &format!("{path}.additionalProperties"), errs)));
+            t.additional = Some(Box::new(Self::node(
+                a,
+                &format!("{path}.additionalProperties"),
+                errs,
+            )));
         }
         if let Some(i) = schema.get("items").filter(|i| i.is_object()) {
             t.items = Some(Box::new(Self::node(i, &format!("{path}.items"), errs)));
         }
         if let Some(all) = schema.get("allOf").and_then(Value::as_array) {
             for (n, s) in all.iter().enumerate() {
-                t.all_of.push(Self::node(s, &format!("{path}.allOf[{n}]"), errs));
+                t.all_of
+                    .push(Self::node(s, &format!("{path}.allOf[{n}]"), errs));
             }
         }
         t.any = !t.rules.is_empty()
@@ -215,8 +228,27 @@ fn normalize_field_path(fp: &str) -> String {
 }
 
 const CEL_RESERVED: &[&str] = &[
-    "true", "false", "null", "in", "as", "break", "const", "continue", "else", "for", "function",
-    "if", "import", "let", "loop", "package", "namespace", "return", "var", "void", "while",
+    "true",
+    "false",
+    "null",
+    "in",
+    "as",
+    "break",
+    "const",
+    "continue",
+    "else",
+    "for",
+    "function",
+    "if",
+    "import",
+    "let",
+    "loop",
+    "package",
+    "namespace",
+    "return",
+    "var",
+    "void",
+    "while",
 ];
 
 /// The CEL name of a property (`None`: not accessible from CEL).
@@ -224,8 +256,15 @@ pub(crate) fn escape(name: &str) -> Option<String> {
     if CEL_RESERVED.contains(&name) {
         return Some(format!("__{name}__"));
     }
-    let ok_start = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || "_.-/".contains(c));
-    if !ok_start || !name.chars().all(|c| c.is_ascii_alphanumeric() || "_.-/".contains(c)) {
+    let ok_start = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || "_.-/".contains(c));
+    if !ok_start
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.-/".contains(c))
+    {
         return None;
     }
     Some(
@@ -239,8 +278,14 @@ pub(crate) fn escape(name: &str) -> Option<String> {
 /// A JSON value as a CEL value under `schema`.
 pub(crate) fn to_cel(v: &Value, schema: Option<&Value>) -> Cel {
     let s = schema.filter(|s| s.is_object());
-    let ty = s.and_then(|s| s.get("type")).and_then(Value::as_str).unwrap_or("");
-    let format = s.and_then(|s| s.get("format")).and_then(Value::as_str).unwrap_or("");
+    let ty = s
+        .and_then(|s| s.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let format = s
+        .and_then(|s| s.get("format"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
     match v {
         Value::Null => Cel::Null,
         Value::Bool(b) => Cel::Bool(*b),
@@ -273,8 +318,12 @@ pub(crate) fn to_cel(v: &Value, schema: Option<&Value>) -> Cel {
             Cel::List(Arc::new(a.iter().map(|x| to_cel(x, is)).collect()))
         }
         Value::Object(m) => {
-            let props = s.and_then(|s| s.get("properties")).and_then(Value::as_object);
-            let extra = s.and_then(|s| s.get("additionalProperties")).filter(|a| a.is_object());
+            let props = s
+                .and_then(|s| s.get("properties"))
+                .and_then(Value::as_object);
+            let extra = s
+                .and_then(|s| s.get("additionalProperties"))
+                .filter(|a| a.is_object());
             let mut out: std::collections::HashMap<Key, Cel> = std::collections::HashMap::new();
             for (k, x) in m {
                 let (name, child) = match (props.and_then(|p| p.get(k)), extra) {
@@ -337,11 +386,15 @@ fn root_value(obj: &Value, schema: &Value) -> Cel {
         m.insert("metadata".into(), Value::Object(meta));
     }
     let mut s = schema.clone();
-    if let Some(p) = s.as_object_mut().map(|o| o.entry("properties").or_insert_with(|| Value::Object(Default::default())))
-        && let Some(p) = p.as_object_mut()
+    if let Some(p) = s.as_object_mut().map(|o| {
+        o.entry("properties")
+            .or_insert_with(|| Value::Object(Default::default()))
+    }) && let Some(p) = p.as_object_mut()
     {
-        p.entry("apiVersion").or_insert_with(|| serde_json::json!({"type": "string"}));
-        p.entry("kind").or_insert_with(|| serde_json::json!({"type": "string"}));
+        p.entry("apiVersion")
+            .or_insert_with(|| serde_json::json!({"type": "string"}));
+        p.entry("kind")
+            .or_insert_with(|| serde_json::json!({"type": "string"}));
         p.entry("metadata").or_insert_with(|| {
             serde_json::json!({"type": "object", "properties": {
                 "name": {"type": "string"}, "generateName": {"type": "string"}}})
@@ -377,7 +430,13 @@ impl Eval {
 
     /// Runs the rules of `tree` for `obj` (the whole object; `old` on updates), errors under
     /// `prefix` (`None`: the object's root; `Some("status")` for a status write's own schema).
-    pub(crate) fn run(&mut self, tree: &CelTree, obj: &Value, old: Option<&Value>, prefix: Option<&str>) {
+    pub(crate) fn run(
+        &mut self,
+        tree: &CelTree,
+        obj: &Value,
+        old: Option<&Value>,
+        prefix: Option<&str>,
+    ) {
         self.walk(tree, obj, old, prefix.unwrap_or(""), prefix.is_none());
     }
 
@@ -397,12 +456,19 @@ impl Eval {
         }
         match v {
             Value::Object(m) => {
-                let correlatable =
-                    t.schema.get("x-kubernetes-map-type").and_then(Value::as_str) != Some("atomic");
+                let correlatable = t
+                    .schema
+                    .get("x-kubernetes-map-type")
+                    .and_then(Value::as_str)
+                    != Some("atomic");
                 for (k, x) in m {
                     let child = t.properties.get(k).or(t.additional.as_deref());
                     if let Some(c) = child {
-                        let o = if correlatable { old.and_then(|o| o.get(k)) } else { None };
+                        let o = if correlatable {
+                            old.and_then(|o| o.get(k))
+                        } else {
+                            None
+                        };
                         self.walk(c, x, o, &child_path(path, k), false);
                     }
                 }
@@ -421,10 +487,24 @@ impl Eval {
     }
 
     fn rules(&mut self, t: &CelTree, v: &Value, old: Option<&Value>, path: &str, root: bool) {
-        let self_val = if root { root_value(v, &t.schema) } else { to_cel(v, Some(&t.schema)) };
-        let old_val = old.map(|o| if root { root_value(o, &t.schema) } else { to_cel(o, Some(&t.schema)) });
+        let self_val = if root {
+            root_value(v, &t.schema)
+        } else {
+            to_cel(v, Some(&t.schema))
+        };
+        let old_val = old.map(|o| {
+            if root {
+                root_value(o, &t.schema)
+            } else {
+                to_cel(o, Some(&t.schema))
+            }
+        });
         let ty = type_name(&t.schema);
-        let at = if path.is_empty() { "<nil>".to_owned() } else { path.to_owned() };
+        let at = if path.is_empty() {
+            "<nil>".to_owned()
+        } else {
+            path.to_owned()
+        };
         for rule in &t.rules {
             if rule.uses_old_self && old_val.is_none() && !rule.optional_old_self {
                 continue;
@@ -478,7 +558,8 @@ impl Eval {
                 Ok(Cel::Bool(false)) => {
                     let (message, spent) = message(rule, &scope, &t.schema, v, old);
                     self.budget = self.budget.saturating_sub(spent);
-                    self.errors.push(for_reason(&target, &ty, message, rule.reason.as_deref()));
+                    self.errors
+                        .push(for_reason(&target, &ty, message, rule.reason.as_deref()));
                 }
                 Ok(other) => self.errors.push(FieldError::invalid(
                     &at,
@@ -497,11 +578,16 @@ impl Eval {
             }
         }
     }
-
 }
 
 /// The message of a failed rule, and the cost its `messageExpression` took.
-fn message(rule: &Rule, scope: &Context<'_>, schema: &Value, v: &Value, old: Option<&Value>) -> (String, u64) {
+fn message(
+    rule: &Rule,
+    scope: &Context<'_>,
+    schema: &Value,
+    v: &Value,
+    old: Option<&Value>,
+) -> (String, u64) {
     let fallback = || match &rule.message {
         Some(m) => m.trim().to_owned(),
         None => format!("failed rule: {}", rule_error_string(rule)),
@@ -530,7 +616,10 @@ fn is_cidr_strict(s: &str) -> bool {
     let Some((addr, bits)) = s.split_once('/') else {
         return false;
     };
-    if bits.is_empty() || !bits.bytes().all(|b| b.is_ascii_digit()) || (bits.len() > 1 && bits.starts_with('0')) {
+    if bits.is_empty()
+        || !bits.bytes().all(|b| b.is_ascii_digit())
+        || (bits.len() > 1 && bits.starts_with('0'))
+    {
         return false;
     }
     let Ok(n) = bits.parse::<u8>() else {
@@ -540,7 +629,9 @@ fn is_cidr_strict(s: &str) -> bool {
         Ok(std::net::IpAddr::V4(_)) => {
             n <= 32 && addr.split('.').all(|o| o == "0" || !o.starts_with('0'))
         }
-        Ok(std::net::IpAddr::V6(v6)) => n <= 128 && v6.to_ipv4_mapped().is_none() && !addr.contains('.'),
+        Ok(std::net::IpAddr::V6(v6)) => {
+            n <= 128 && v6.to_ipv4_mapped().is_none() && !addr.contains('.')
+        }
         Err(_) => false,
     }
 }
@@ -564,9 +655,12 @@ fn for_reason(path: &str, ty: &str, detail: String, reason: Option<&str>) -> Fie
     match reason {
         Some("FieldValueForbidden") => FieldError::forbidden(path, detail),
         Some("FieldValueRequired") => FieldError::required(path, detail),
-        Some("FieldValueDuplicate") => {
-            FieldError::new(Kind::Duplicate, path, Bad::Json(Value::String(ty.to_owned())), "")
-        }
+        Some("FieldValueDuplicate") => FieldError::new(
+            Kind::Duplicate,
+            path,
+            Bad::Json(Value::String(ty.to_owned())),
+            "",
+        ),
         _ => FieldError::invalid(path, Value::String(ty.to_owned()), detail),
     }
 }
@@ -580,7 +674,12 @@ fn map_keys(schema: &Value) -> Option<Vec<String>> {
         schema
             .get("x-kubernetes-list-map-keys")
             .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
             .unwrap_or_default(),
     )
 }
@@ -613,7 +712,10 @@ mod tests {
 
     #[test]
     fn a_false_rule_reports_its_message_at_its_path_with_the_schema_type() {
-        let s = spec(json!([{"rule": "self.a > 1", "message": "a must be above 1"}]), json!({"a": {"type": "integer"}}));
+        let s = spec(
+            json!([{"rule": "self.a > 1", "message": "a must be above 1"}]),
+            json!({"a": {"type": "integer"}}),
+        );
         assert_eq!(
             run(s.clone(), json!({"spec": {"a": 1}}), None),
             vec!["spec: Invalid value: \"object\": a must be above 1"]
@@ -646,10 +748,21 @@ mod tests {
             "p": {"type": "string", "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "immutable"}]}}}}});
         assert!(run(s.clone(), json!({"spec": {"p": "a"}}), None).is_empty());
         assert_eq!(
-            run(s.clone(), json!({"spec": {"p": "b"}}), Some(json!({"spec": {"p": "a"}}))),
+            run(
+                s.clone(),
+                json!({"spec": {"p": "b"}}),
+                Some(json!({"spec": {"p": "a"}}))
+            ),
             vec!["spec.p: Invalid value: \"string\": immutable"]
         );
-        assert!(run(s, json!({"spec": {"p": "a"}}), Some(json!({"spec": {"p": "a"}}))).is_empty());
+        assert!(
+            run(
+                s,
+                json!({"spec": {"p": "a"}}),
+                Some(json!({"spec": {"p": "a"}}))
+            )
+            .is_empty()
+        );
     }
 
     #[test]
@@ -659,7 +772,14 @@ mod tests {
             "x-kubernetes-validations": [
                 {"rule": "self.all(c, isCIDR(c))", "message": "cidr"},
                 {"rule": "size(self) < 2 || ip(cidr(self[0]).ip().string()).family() == 4", "message": "family"}]}}});
-        assert!(run(s.clone(), json!({"l": ["10.0.0.0/8", "2001:db8::/32"]}), None).is_empty());
+        assert!(
+            run(
+                s.clone(),
+                json!({"l": ["10.0.0.0/8", "2001:db8::/32"]}),
+                None
+            )
+            .is_empty()
+        );
         assert_eq!(
             run(s, json!({"l": ["nope"]}), None),
             vec!["l: Invalid value: \"array\": cidr"]
@@ -675,7 +795,10 @@ mod tests {
         assert!(!is_cidr_strict("10.0.0.0/33"));
         assert!(!is_cidr_strict("10.0.0.0"));
         let s = json!({"type": "array", "x-kubernetes-validations": [{"rule": "self.all(c, isCIDR(c))", "message": "m"}]});
-        assert_eq!(run(s, json!(["010.0.0.0/8"]), None), vec!["<nil>: Invalid value: \"array\": m"]);
+        assert_eq!(
+            run(s, json!(["010.0.0.0/8"]), None),
+            vec!["<nil>: Invalid value: \"array\": m"]
+        );
     }
 
     #[test]

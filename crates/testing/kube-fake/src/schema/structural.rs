@@ -182,7 +182,10 @@ pub(crate) fn default(x: &mut Value, s: &Value) {
                 } else if let Some(a) = additional(s)
                     && let Some(v) = m.get_mut(&k)
                 {
-                    if v.is_null() && !nullable(a) && let Some(d) = pruned_default(a) {
+                    if v.is_null()
+                        && !nullable(a)
+                        && let Some(d) = pruned_default(a)
+                    {
                         *v = d;
                     }
                     default(v, a);
@@ -192,7 +195,10 @@ pub(crate) fn default(x: &mut Value, s: &Value) {
         Value::Array(items) => {
             if let Some(is) = s.get("items") {
                 for v in items.iter_mut() {
-                    if v.is_null() && !nullable(is) && let Some(d) = pruned_default(is) {
+                    if v.is_null()
+                        && !nullable(is)
+                        && let Some(d) = pruned_default(is)
+                    {
                         *v = d;
                     }
                     default(v, is);
@@ -230,7 +236,10 @@ mod tests {
                      "list": [{"a": "x", "c": 3}]},
             "top": true});
         let dropped = prune(&mut o, &schema());
-        assert_eq!(dropped, vec!["spec.bogus", "spec.free.typed.b", "spec.list[0].c", "top"]);
+        assert_eq!(
+            dropped,
+            vec!["spec.bogus", "spec.free.typed.b", "spec.list[0].c", "top"]
+        );
         assert_eq!(o["spec"]["free"]["anything"], 1);
         assert_eq!(o["metadata"]["name"], "n");
     }
@@ -249,7 +258,14 @@ mod tests {
         let mut o = json!({"spec": {"image": null, "replicas": null}});
         prune_nulls(&mut o, Some(&s));
         default(&mut o, &s);
-        assert_eq!(o["spec"].get("image"), None, "a null without default is dropped");
-        assert_eq!(o["spec"]["replicas"], 1, "a non-nullable null with a default is defaulted");
+        assert_eq!(
+            o["spec"].get("image"),
+            None,
+            "a null without default is dropped"
+        );
+        assert_eq!(
+            o["spec"]["replicas"], 1,
+            "a non-nullable null with a default is defaulted"
+        );
     }
 }

@@ -108,7 +108,7 @@ fn hint(path: &str, i: usize) -> Option<Value> {
     let ends = |s: &str| path == s || path.ends_with(&format!(".{s}"));
     let v = if ends("egress.address[]") {
         // One IPv4 and one IPv6 address: the address list's rules allow one per family.
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             json!(format!("203.0.113.{}", i + 1))
         } else {
             json!(format!("2001:db8::{}", i + 1))

@@ -423,7 +423,7 @@ pub(crate) fn list_types(schema: &Value, v: &Value, path: &str) -> Vec<FieldErro
             let idx = |i: usize| format!("{path}[{i}]");
             match schema.get("x-kubernetes-list-type").and_then(Value::as_str) {
                 Some("set") => {
-                    for i in repeated(items.iter().cloned().collect()) {
+                    for i in repeated(items.to_vec()) {
                         if let Some(x) = items.get(i) {
                             errs.push(FieldError::new(
                                 Kind::Duplicate,

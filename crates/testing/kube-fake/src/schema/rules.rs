@@ -348,7 +348,7 @@ fn parse_duration(s: &str) -> Option<chrono::Duration> {
         Some(b) => (true, b),
         None => (false, s.strip_prefix('+').unwrap_or(s)),
     };
-    if body.is_empty() || re.replace_all(body, "").len() != 0 {
+    if body.is_empty() || !re.replace_all(body, "").is_empty() {
         return None;
     }
     let mut nanos = 0f64;

@@ -403,9 +403,23 @@ fn root_value(obj: &Value, schema: &Value) -> Cel {
     to_cel(&o, Some(&s))
 }
 
+thread_local! {
+    /// The Kubernetes CEL libraries, registered once per thread (a few hundred functions:
+    /// registering them per write would cost more than most rules).
+    static BASE: Context<'static> = base_context();
+}
+
+fn base_context() -> Context<'static> {
+    let mut ctx = Context::default().with_all();
+    // NB: Kubernetes' `isCIDR` parses with Go's `netip.ParsePrefix`, which refuses an IPv4
+    // octet with a leading zero (`010.0.0.0/8`); kube-cel's parser takes it. Refused here as
+    // the server refuses it.
+    ctx.add_function("isCIDR", |s: Arc<String>| -> bool { is_cidr_strict(&s) });
+    ctx
+}
+
 /// The evaluation of one object's rules.
 pub(crate) struct Eval {
-    ctx: Context<'static>,
     /// Runtime cost left.
     pub budget: u64,
     /// Stopped by a cost limit: no further rule runs.
@@ -415,13 +429,7 @@ pub(crate) struct Eval {
 
 impl Eval {
     pub(crate) fn new() -> Self {
-        let mut ctx = Context::default().with_all();
-        // NB: Kubernetes' `isCIDR` parses with Go's `netip.ParsePrefix`, which refuses an IPv4
-        // octet with a leading zero (`010.0.0.0/8`); kube-cel's parser takes it. Refused here
-        // as the server refuses it.
-        ctx.add_function("isCIDR", |s: Arc<String>| -> bool { is_cidr_strict(&s) });
         Self {
-            ctx,
             budget: RUNTIME_BUDGET,
             stopped: false,
             errors: Vec::new(),
@@ -437,22 +445,30 @@ impl Eval {
         old: Option<&Value>,
         prefix: Option<&str>,
     ) {
-        self.walk(tree, obj, old, prefix.unwrap_or(""), prefix.is_none());
+        BASE.with(|ctx| self.walk(ctx, tree, obj, old, prefix.unwrap_or(""), prefix.is_none()));
     }
 
-    fn walk(&mut self, t: &CelTree, v: &Value, old: Option<&Value>, path: &str, root: bool) {
+    fn walk(
+        &mut self,
+        ctx: &Context<'_>,
+        t: &CelTree,
+        v: &Value,
+        old: Option<&Value>,
+        path: &str,
+        root: bool,
+    ) {
         if self.stopped || !t.any || v.is_null() {
             return;
         }
         let old = old.filter(|o| !o.is_null());
         if !t.rules.is_empty() {
-            self.rules(t, v, old, path, root);
+            self.rules(ctx, t, v, old, path, root);
             if self.stopped {
                 return;
             }
         }
         for a in &t.all_of {
-            self.walk(a, v, old, path, false);
+            self.walk(ctx, a, v, old, path, false);
         }
         match v {
             Value::Object(m) => {
@@ -469,7 +485,7 @@ impl Eval {
                         } else {
                             None
                         };
-                        self.walk(c, x, o, &child_path(path, k), false);
+                        self.walk(ctx, c, x, o, &child_path(path, k), false);
                     }
                 }
             }
@@ -478,7 +494,7 @@ impl Eval {
                     let keys = map_keys(&t.schema);
                     for (i, x) in items.iter().enumerate() {
                         let o = keys.as_ref().and_then(|ks| correlate(ks, x, old));
-                        self.walk(it, x, o, &format!("{path}[{i}]"), false);
+                        self.walk(ctx, it, x, o, &format!("{path}[{i}]"), false);
                     }
                 }
             }
@@ -486,7 +502,15 @@ impl Eval {
         }
     }
 
-    fn rules(&mut self, t: &CelTree, v: &Value, old: Option<&Value>, path: &str, root: bool) {
+    fn rules(
+        &mut self,
+        ctx: &Context<'_>,
+        t: &CelTree,
+        v: &Value,
+        old: Option<&Value>,
+        path: &str,
+        root: bool,
+    ) {
         let self_val = if root {
             root_value(v, &t.schema)
         } else {
@@ -509,7 +533,7 @@ impl Eval {
             if rule.uses_old_self && old_val.is_none() && !rule.optional_old_self {
                 continue;
             }
-            let mut scope = self.ctx.new_inner_scope();
+            let mut scope = ctx.new_inner_scope();
             scope.add_variable_from_value("self", self_val.clone());
             if rule.optional_old_self {
                 let o = match &old_val {

@@ -3,7 +3,7 @@
 //! seed's network-config; concurrent creates never share one; a restarted provider rebuilds
 //! the allocations from the marks (other entries' and installations' included) before
 //! allocating; an address comes back only after the instance holding it is deleted; a pinned
-//! address taken or outside the pool is Permanent naming the holder or the ranges; an
+//! address taken or outside the pool is Permanent naming the address (never its holder) or the ranges; an
 //! exhausted pool is QuotaExceeded naming host and family, and nothing is defined for it. A
 //! delete that fails, or a failed create whose cleanup could not remove its domain, leaves
 //! the address held: another Proxy asking for it is refused until the domain is gone.
@@ -398,15 +398,20 @@ async fn a_failed_create_that_left_no_domain_holds_nothing() {
     assert_eq!(b.egress, vec![ip("203.0.113.10")]);
 }
 
-/// Another Proxy (B) asking for the pool's only address, .10, is refused: pinned, naming the
-/// holder `holder`'s domain; unpinned, QuotaExceeded. Nothing is defined for B, and the host
+/// Another Proxy (B) asking for the pool's only address, .10, is refused: pinned, saying it
+/// is held without naming the holder `holder`'s domain (another tenant's); unpinned, QuotaExceeded. Nothing is defined for B, and the host
 /// reports the address held.
 async fn refused_while_held(s: &Setup, p: &LibvirtProvider, holder: ProxyUid, b: ProxyUid) {
     let e = create(p, b, &["203.0.113.10"]).await.unwrap_err();
     assert_eq!(e.class, ErrorClass::Permanent, "{e}");
     assert!(
-        e.message.contains(&names::domain(ENTRY, &holder)),
-        "names the holder: {}",
+        e.message.contains("already held"),
+        "says why: {}",
+        e.message
+    );
+    assert!(
+        !e.message.contains(&names::domain(ENTRY, &holder)),
+        "names no other tenant's domain: {}",
         e.message
     );
     let e = create(p, b, &[]).await.unwrap_err();

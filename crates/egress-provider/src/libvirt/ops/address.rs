@@ -86,20 +86,25 @@ pub async fn address(
     host: &HostConfig,
 ) -> Result<Option<IpAddr>, ProviderError> {
     let (subnets, _) = trust::read(client, host).await;
-    address_within(client, dom, mac, host, &subnets).await
+    let macs = [mac.to_owned()];
+    Ok(address_within(client, dom, &macs, host, &subnets)
+        .await?
+        .map(|(ip, _)| ip))
 }
 
-/// Reads the address of the NIC with MAC `mac` of the running domain `dom` on `host`: the
-/// lease, then ARP, then (only when `subnets` are known) the guest agent; an address outside
-/// known `subnets` is never returned.
+/// Reads the address of our NIC of the running domain `dom` on `host`, the NIC whose MAC is
+/// one of `macs` (tried in order within each source: [`names::macs`](super::super::names::macs)
+/// gives the current and the legacy derivation), with the MAC it was found by: the lease, then
+/// ARP, then (only when `subnets` are known) the guest agent; an address outside known
+/// `subnets` is never returned.
 /// `Ok(None)`: every source answered and none knows a trusted address for our MAC yet.
-pub async fn address_within(
+pub async fn address_within<'m>(
     client: &Client,
     dom: &Domain,
-    mac: &str,
+    macs: &'m [String],
     host: &HostConfig,
     subnets: &Subnets,
-) -> Result<Option<IpAddr>, ProviderError> {
+) -> Result<Option<(IpAddr, &'m str)>, ProviderError> {
     // finding: M22
     // NB: the host's own sources first: a guest agent may report any address it likes.
     let mut sources = Vec::with_capacity(3);
@@ -117,10 +122,13 @@ pub async fn address_within(
         match client.domain_interface_addresses(dom, src.wire()).await {
             Ok(ifaces) => {
                 answered = true;
-                if let Some(ip) = pick_trusted(&ifaces, mac, subnets) {
-                    return Ok(Some(ip));
+                if let Some(found) = macs
+                    .iter()
+                    .find_map(|m| pick_trusted(&ifaces, m, subnets).map(|ip| (ip, m.as_str())))
+                {
+                    return Ok(Some(found));
                 }
-                if let Some(ip) = pick(&ifaces, mac) {
+                if let Some(ip) = macs.iter().find_map(|m| pick(&ifaces, m)) {
                     tracing::warn!(domain = %dom.name, host = %host.name,
                         source = src.describe(), address = %ip, bounds = %subnets.describe(),
                         "ignoring an address of our NIC outside the host's guest subnets");

@@ -89,7 +89,12 @@ pub async fn get_cached(
             ))
         })?;
     let (st, reason) = client.domain_state(&dom).await.map_err(vanished)?;
-    let mac = names::mac(entry, uid);
+    // NB: a guest created before the 40-bit MAC derivation keeps its legacy MAC: our NIC is
+    // the one with either (both derive from this UID); the one the address was found by is
+    // reported, else the current derivation.
+    let macs = names::macs(entry, uid);
+    let [current, _] = &macs;
+    let mut mac = current.clone();
     let declared = declared_address(host, &m.addresses);
     let ip = if state::wants_address(st) && declared.is_some() {
         declared
@@ -98,7 +103,12 @@ pub async fn get_cached(
             Some((c, connection)) => c.get(client, host, connection).await,
             None => Arc::new(trust::read(client, host).await.0),
         };
-        address::address_within(client, &dom, &mac, host, &subnets).await?
+        address::address_within(client, &dom, &macs, host, &subnets)
+            .await?
+            .map(|(ip, found)| {
+                found.clone_into(&mut mac);
+                ip
+            })
     } else {
         None
     };

@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use egress_core::controller::Controller as Core;
@@ -30,6 +30,7 @@ use egress_core::model::Phase;
 use egress_core::status::{HostRow, PoolStatusRow, ProxyStatusRow, StatusDocument};
 use egress_core::web::Endpoints;
 use egress_provider::model::HostReport;
+use egress_provider::sync::lock;
 
 /// The driver's observable state, shared between the driver (writer) and the HTTP server
 /// (reader). Create one per process with [`Observer::new`].
@@ -45,10 +46,6 @@ pub struct Observer {
     rows: Mutex<Vec<ProxyStatusRow>>,
     hosts: Mutex<BTreeMap<(String, String), HostHealth>>,
     pools: Mutex<BTreeMap<(String, String), PoolStatusRow>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Observer {

@@ -42,7 +42,7 @@ pub mod probe;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use egress_provider::ProxyUid;
@@ -58,6 +58,7 @@ use crate::model::{
 
 use self::metrics::HealthMetrics;
 use self::probe::{CheckTarget, ProbeError, ProbeSuccess, ProxyEndpoint};
+use egress_provider::sync::lock;
 
 /// Probes in flight at once by default.
 // NB: a probe mostly waits on the network (two round trips through the proxy); 64 sockets
@@ -406,10 +407,6 @@ pub struct HealthEngine {
     settings: HealthSettings,
     states: Mutex<HashMap<ProxyUid, ProxyHealth>>,
     metrics: HealthMetrics,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl HealthEngine {

@@ -59,17 +59,18 @@ use std::collections::{BTreeMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use egress_core::background::{self, Workers};
+use egress_core::config::installation::Installation;
 use egress_core::config::{self, ConfigErrors, ProviderConfig};
 use egress_core::controller::{Controller, ControllerSettings};
 use egress_core::exposition::Exposition;
 use egress_core::gc::{self, GcSettings};
 use egress_core::health::{HealthEngine, HealthSettings};
 use egress_core::metrics::Metrics;
-use egress_core::providers::{BuildOptions, Providers};
+use egress_core::providers::{self, OpenError, Providers};
 use egress_provider::error::ProviderError;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -78,6 +79,7 @@ use tokio_util::sync::CancellationToken;
 use self::manifests::ManifestStore;
 use self::queue::WorkQueue;
 use self::shared::Shared;
+use egress_provider::sync::lock;
 
 /// unix socket (`address: local`), pool `egress-proxies`, network `default`, TCG guests.
 pub const DEFAULT_CONFIG: &str = include_str!("default_config.yaml");
@@ -157,6 +159,15 @@ pub struct StandaloneOptions {
 }
 
 impl StandaloneOptions {
+    /// The installation these options run as: the ID file beside the config file (or above
+    /// the manifest directory on the embedded default config), as the `gc` command finds it.
+    pub fn installation(&self) -> Installation {
+        Installation::Standalone {
+            config_path: self.config_path.clone(),
+            proxies_dir: self.proxies_dir.clone(),
+        }
+    }
+
     /// Options with every default and the given manifest directory.
     pub fn new(proxies_dir: impl Into<PathBuf>) -> Self {
         Self {
@@ -218,16 +229,15 @@ pub async fn run(
     opts: StandaloneOptions,
     shutdown: CancellationToken,
 ) -> Result<(), StandaloneError> {
-    let mut cfg = load_config(opts.config_path.as_deref()).map_err(StandaloneError::Config)?;
-    // This installation's ID in every mark: from the config, else kept in a file.
-    let id_dir =
-        config::installation::standalone_dir(opts.config_path.as_deref(), &opts.proxies_dir);
-    config::installation::fill_standalone(&mut cfg, &id_dir).map_err(StandaloneError::Config)?;
+    let cfg = load_config(opts.config_path.as_deref()).map_err(StandaloneError::Config)?;
     for w in &cfg.warnings {
         tracing::warn!(%w, "provider config warning");
     }
-    let providers = Providers::from_config(&cfg, &BuildOptions::default())
-        .map_err(StandaloneError::Providers)?;
+    // This installation's ID in every mark: from the config, else kept in a file.
+    let providers = providers::open(&cfg, &opts.installation()).map_err(|e| match e {
+        OpenError::Installation(e) => StandaloneError::Config(e),
+        OpenError::Build(e) => StandaloneError::Providers(e),
+    })?;
     let listener =
         TcpListener::bind(opts.listen)
             .await
@@ -370,7 +380,7 @@ pub async fn run_with_providers(
             background::config_watch::run(
                 workers::watched_config(&p),
                 POLL_INTERVAL,
-                workers::reload_from(p),
+                workers::reload_from(p, opts.installation()),
                 move |providers| sh.providers_reloaded(providers, &path),
                 shared.metrics.clone(),
                 stop.clone(),
@@ -412,11 +422,6 @@ pub async fn run_with_providers(
     let _ = http_task.await;
     tracing::info!("standalone: stopped");
     Ok(())
-}
-
-/// Locks a std mutex, recovering from poisoning (every update leaves the data consistent).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

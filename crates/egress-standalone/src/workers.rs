@@ -27,10 +27,11 @@ use egress_core::background::gc::GcDriver;
 use egress_core::background::host_checks::{self, HostCheckDriver, HostCheckSettings};
 use egress_core::background::proxy_health::ProxyHealthDriver;
 use egress_core::config;
+use egress_core::config::installation::Installation;
 use egress_core::gc::{self, GcReport};
 use egress_core::health::{self, HealthEngine, ProbeTarget, RoundReport};
 use egress_core::hosthealth::{self, EntryCheck};
-use egress_core::providers::{BuildOptions, Providers};
+use egress_core::providers::{self, Providers};
 use egress_core::status::HostRow;
 use egress_provider::ProxyUid;
 
@@ -235,14 +236,11 @@ pub(crate) fn watched_config(path: &Path) -> WatchedFiles {
     }
 }
 
-/// Loads the config at `path` and builds its providers (blocking: file I/O).
-pub(crate) fn reload_from(path: PathBuf) -> Reload {
+/// Loads the config at `path` and opens its providers as `installation` (blocking: file I/O).
+pub(crate) fn reload_from(path: PathBuf, installation: Installation) -> Reload {
     Arc::new(move || {
-        let mut cfg = config::load(&path).map_err(|e| e.to_string())?;
-        let id_dir = config::installation::standalone_dir(Some(&path), &path);
-        config::installation::fill_standalone(&mut cfg, &id_dir).map_err(|e| e.to_string())?;
-        Providers::from_config(&cfg, &BuildOptions::default())
-            .map_err(|e| format!("cannot build providers: {e}"))
+        let cfg = config::load(&path).map_err(|e| e.to_string())?;
+        providers::open(&cfg, &installation).map_err(|e| e.to_string())
     })
 }
 

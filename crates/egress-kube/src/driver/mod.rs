@@ -68,14 +68,15 @@ mod term;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use egress_core::background::config_watch::{self, Compare, WatchedFiles};
+use egress_core::config::installation::Installation;
 use egress_core::controller::{Controller as Core, ControllerSettings, ProxyCredentials};
 use egress_core::gc::{self, GcSettings};
 use egress_core::health::HealthState;
-use egress_core::providers::{BuildOptions, Providers};
+use egress_core::providers::{self, OpenError, Providers};
 use egress_provider::ProxyUid;
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::watch;
@@ -85,6 +86,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::Proxy;
 use crate::leader::{Elector, LeaseSettings};
 use crate::observe::Observer;
+pub(crate) use egress_provider::sync::lock;
 use term::run_term;
 
 /// The one field manager of every server-side apply the operator makes.
@@ -292,19 +294,20 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
     let path = opts.config_path.clone();
-    let (lease_ns, lease_name) = (opts.lease.namespace.clone(), opts.lease.name.clone());
+    // This installation's ID in every mark: from the config, else its Lease's identity.
+    let installation = Installation::Kubernetes {
+        lease_namespace: opts.lease.namespace.clone(),
+        lease_name: opts.lease.name.clone(),
+    };
     let build = move || -> Result<Providers, RunError> {
-        let mut cfg = egress_core::config::load(&path).map_err(RunError::Config)?;
-        // This installation's ID in every mark: from the config, else its Lease's identity.
-        cfg.installation = Some(egress_core::config::installation::derive_kubernetes(
-            cfg.installation.as_deref(),
-            &lease_ns,
-            &lease_name,
-        ));
+        let cfg = egress_core::config::load(&path).map_err(RunError::Config)?;
         for w in &cfg.warnings {
             tracing::warn!(%w, "provider config warning");
         }
-        Providers::from_config(&cfg, &BuildOptions::default()).map_err(RunError::Providers)
+        providers::open(&cfg, &installation).map_err(|e| match e {
+            OpenError::Installation(e) => RunError::Config(e),
+            OpenError::Build(e) => RunError::Providers(e),
+        })
     };
     let providers = build()?;
     observer.set_config_loaded(true);
@@ -435,10 +438,6 @@ pub(super) struct Ctx {
     creds: Mutex<HashMap<ProxyUid, Option<ProxyCredentials>>>,
     /// The decided health each Proxy was last announced with (one Event per change).
     announced: Mutex<HashMap<ProxyUid, HealthState>>,
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 pub(super) fn uid_of(p: &Proxy) -> Option<ProxyUid> {

@@ -20,7 +20,8 @@ use serde::Serialize;
 
 use super::table::{self, Table};
 use super::{EXIT_FAILED, EXIT_OK, UsageError, load_config};
-use egress_core::providers::{BuildOptions, ProviderHandle, Providers};
+use egress_core::config::installation::Installation;
+use egress_core::providers::{self, ProviderHandle, Providers};
 
 /// Deadline of the whole check, over every entry.
 // NB: each entry's round is bounded by the check options' round timeout (60 s by default:
@@ -239,8 +240,9 @@ pub async fn run(a: CheckArgs) -> anyhow::Result<u8> {
         }
     };
     missing_ssh_files(&cfg)?;
-    let providers = Providers::from_config(&cfg, &BuildOptions::default())
-        .map_err(|e| UsageError::new(format!("cannot build the providers: {e}")))?;
+    // NB: a check writes no ownership mark and creates no ID file: the config's own ID, if any.
+    let providers = providers::open(&cfg, &Installation::ConfigOnly)
+        .map_err(|e| UsageError::new(e.to_string()))?;
     let manifests = a.proxies.as_deref().map(|d| lint_manifests(d, &cfg));
     if let Some((_, errors)) = &manifests
         && !errors.is_empty()

@@ -31,16 +31,18 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use egress_core::background::sleep_or_stop;
-use egress_core::controller::{EventKind, ProxyCredentials, ProxyObject};
-use egress_core::metrics::PoolReplicas;
+use egress_core::controller::{Event, EventKind, ProxyCredentials, ProxyObject};
 use egress_core::model::{Phase, ProxyStatus, condition};
-use egress_core::pool::member::{member_spec, template_hash};
+use egress_core::pool::member::member_spec;
+use egress_core::pool::round::{
+    self, AvailabilityMemory, PoolCredentials, PoolDriver, Round, RoundInputs,
+};
 use egress_core::pool::{
-    Member, MemberMeta, PoolInputs, ProxyPoolStatus, credentials, credentials_file, decide,
+    CreateMember, Member, MemberMeta, ProxyPoolStatus, credentials, credentials_file,
 };
 use egress_core::status::{PoolMemberRow, PoolStatusRow};
 use egress_provider::ProxyUid;
@@ -127,8 +129,10 @@ type PoolSnapshot = (
 pub(crate) struct PoolRt {
     pub(crate) namespace: String,
     pub(crate) name: String,
-    /// The manifest's pool and generation; `None` once the manifest is gone.
-    pub(crate) loaded: Option<(Arc<LoadedPool>, i64)>,
+    /// The manifest's pool and generation (the last one read, once the manifest is gone).
+    pub(crate) loaded: (Arc<LoadedPool>, i64),
+    /// Its manifest is gone: its members are deleted, then it is forgotten.
+    pub(crate) removed: bool,
     pub(crate) members: BTreeMap<String, MemberRec>,
     pub(crate) status: ProxyPoolStatus,
     pub(crate) quarantine: BTreeMap<String, String>,
@@ -226,8 +230,9 @@ impl Shared {
             for (key, (p, generation)) in pools.iter() {
                 match all.by_key.get_mut(key) {
                     Some(rt) => {
-                        if rt.loaded.as_ref().is_none_or(|(_, g)| g != generation) {
-                            rt.loaded = Some((Arc::clone(p), *generation));
+                        if rt.removed || rt.loaded.1 != *generation {
+                            rt.loaded = (Arc::clone(p), *generation);
+                            rt.removed = false;
                             dirty.push(key.clone());
                         }
                     }
@@ -249,7 +254,8 @@ impl Shared {
                             PoolRt {
                                 namespace: p.namespace.clone(),
                                 name: p.name.clone(),
-                                loaded: Some((Arc::clone(p), *generation)),
+                                loaded: (Arc::clone(p), *generation),
+                                removed: false,
                                 members: state
                                     .members
                                     .into_iter()
@@ -266,9 +272,9 @@ impl Shared {
             }
             if directory_ok {
                 for (key, rt) in &mut all.by_key {
-                    if !pools.contains_key(key) && rt.loaded.is_some() {
+                    if !pools.contains_key(key) && !rt.removed {
                         tracing::info!(pool = %key, "pool manifest removed: deleting its members");
-                        rt.loaded = None;
+                        rt.removed = true;
                         dirty.push(key.clone());
                     }
                 }
@@ -332,41 +338,44 @@ impl Shared {
         }
     }
 
-    /// One round of pool `key`: decide, then carry the decision out.
-    pub(crate) fn pool_round(&self, key: &str) {
+    /// One round of pool `key`: the core's round ([`round::plan`]) over the pool's members,
+    /// carried out by [`StandalonePool`].
+    pub(crate) async fn pool_round(&self, key: &str) {
         let snapshot = lock(&self.pools).by_key.get(key).map(|rt| {
             (
                 rt.namespace.clone(),
                 rt.name.clone(),
                 rt.loaded.clone(),
+                rt.removed,
                 rt.members.clone(),
                 rt.status.clone(),
+                rt.quarantine.clone(),
             )
         });
-        let Some((namespace, name, loaded, mut recs, status)) = snapshot else {
+        let Some((namespace, name, (p, generation), removed, mut recs, status, held)) = snapshot
+        else {
             return;
         };
-        let Some((p, generation)) = loaded else {
-            self.pool_removal_round(key, &namespace, &name, recs);
-            return;
-        };
-        if !self.is_adopted(&p.spec.template.provider) {
+        if !removed && !self.is_adopted(&p.spec.template.provider) {
             return;
         }
-        let quarantine = read_quarantine(&quarantine_path(self.dir(), &namespace, &name));
-        let creds = match self.pool_credentials(&p) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(pool = %key, error = %e, "pool cannot act");
-                if let Some(rt) = lock(&self.pools).by_key.get_mut(key) {
-                    rt.error = Some(e.to_string());
-                    rt.quarantine = quarantine;
+        let quarantine = if removed {
+            held
+        } else {
+            read_quarantine(&quarantine_path(self.dir(), &namespace, &name))
+        };
+        let (creds, unusable) = if removed {
+            (None, None)
+        } else {
+            match self.pool_credentials(&p) {
+                Ok(c) => (c, None),
+                Err(e) => {
+                    tracing::warn!(pool = %key, error = %e, "pool cannot act");
+                    (None, Some(e.to_string()))
                 }
-                return;
             }
         };
         let digest = creds.as_ref().map(credentials::digest).unwrap_or_default();
-        let hash = template_hash(&p.spec.template, &digest);
         let health_checks = self.health.is_some();
         // The pool's members, read from their objects (O(members)).
         let mut members = Vec::with_capacity(recs.len());
@@ -397,133 +406,70 @@ impl Shared {
                 ));
             }
         }
+        // A member leaves the file once its deletion finalized (a removed pool's: once its
+        // object is gone, whatever the file said).
         let mut changed = false;
         for g in &gone {
-            if recs.get(g).is_some_and(|r| r.deleting) {
+            if removed || recs.get(g).is_some_and(|r| r.deleting) {
                 recs.remove(g);
                 changed = true;
             }
         }
-        if unobserved {
+        if unobserved && !removed {
             // Re-decided when the member's first reconcile reports.
-            self.store_pool(key, recs, None, quarantine, changed);
+            self.store_pool(key, recs, None, quarantine, changed, None);
             return;
         }
         let hosts = self.controller.pool_hosts(&p.spec.template.provider);
         let now = SystemTime::now();
-        let d = decide(&PoolInputs {
-            name: &name,
-            generation,
-            policy: &p.policy,
-            template_hash: &hash,
-            members: &members,
-            hosts: &hosts,
-            status: &status,
-            credentials_present: true,
-            now,
-        });
-        for ev in &d.events {
-            match ev.kind {
-                EventKind::Normal => {
-                    tracing::info!(pool = %key, reason = %ev.reason, message = %ev.message, "event");
-                }
-                EventKind::Warning => {
-                    tracing::warn!(pool = %key, reason = %ev.reason, message = %ev.message, "event");
-                }
-            }
-        }
-        let mut new_objects = Vec::new();
-        for c in &d.creates {
-            let rec = MemberRec {
-                name: c.name.clone(),
-                host: c.host.clone(),
-                template_hash: c.template_hash.clone(),
-                created: now_text(now),
-                deleting: false,
-                was_available: false,
-                pin: c.pin.clone(),
-            };
-            let uid = member_uid(&namespace, &name, &c.name);
-            new_objects.push((uid, member_object(&p, &rec, uid, creds.as_ref())));
-            recs.insert(c.name.clone(), rec);
-            changed = true;
-        }
-        let mut counts = [0u64; 4];
-        for m in &members {
-            let i = if m.deleting {
-                3
-            } else if m.quarantine.is_some() {
-                2
-            } else if m.available {
-                0
-            } else {
-                1
-            };
-            if let Some(c) = counts.get_mut(i) {
-                *c += 1;
-            }
-            if m.available
-                && let Some(r) = recs.get_mut(&m.name)
-                && !r.was_available
-            {
+        let mut memory = AvailabilityMemory::recorded(
+            recs.values()
+                .filter(|r| r.was_available)
+                .map(|r| r.name.clone()),
+        );
+        let round = round::plan(
+            &RoundInputs {
+                namespace: &namespace,
+                name: &name,
+                generation,
+                spec: &p.spec,
+                deleting: removed,
+                status: &status,
+                credentials: match &unusable {
+                    Some(why) => PoolCredentials::Unusable(why),
+                    None => PoolCredentials::Ready { digest: &digest },
+                },
+                members: &members,
+                hosts: &hosts,
+                now,
+            },
+            &mut memory,
+        );
+        for r in recs.values_mut() {
+            if !r.was_available && memory.contains(&r.name) {
                 r.was_available = true;
                 changed = true;
-                let secs = now
-                    .duration_since(parse_time(&r.created))
-                    .unwrap_or_default()
-                    .as_secs_f64();
-                self.metrics.pool_member_ready(key, secs);
             }
         }
-        self.metrics.set_pool_members(key, counts);
-        let mut deleted = Vec::new();
-        for del in &d.deletes {
-            if let Some(r) = recs.get_mut(&del.name)
-                && !r.deleting
-            {
-                r.deleting = true;
-                self.metrics.pool_member_replaced(key, del.cause.as_str());
-                deleted.push(member_uid(&namespace, &name, &del.name));
-                changed = true;
-            }
-        }
-        self.metrics.set_pool(
+        let io = StandalonePool {
+            sh: self,
             key,
-            PoolReplicas {
-                desired: u64::from(p.policy.replicas),
-                available: u64::from(d.status.available_replicas),
-            },
-        );
-        // NB: the member file is written before the objects exist (a crash in between
-        // leaves a recorded member the next start creates, never an unrecorded VM).
-        self.store_pool(key, recs, Some(d.status), quarantine, changed);
-        {
-            let mut objects = lock(&self.objects);
-            for (uid, object) in &new_objects {
-                objects.insert(
-                    *uid,
-                    Obj {
-                        object: object.clone(),
-                        status: ProxyStatus::default(),
-                        first_seen: now,
-                        pool: Some(key.to_owned()),
-                    },
-                );
-            }
-            for uid in &deleted {
-                if let Some(mut o) = objects.get_mut(uid) {
-                    o.object.deleting = true;
-                }
-            }
-        }
-        for (uid, _) in new_objects {
-            self.queue.add(uid);
-        }
-        for uid in deleted {
-            self.queue.add(uid);
-        }
-        if !d.creates.is_empty() || !d.deletes.is_empty() {
-            self.update_phase_metrics();
+            pool: &p,
+            creds: creds.as_ref(),
+            now,
+            work: Mutex::new(RoundWork {
+                recs,
+                changed,
+                quarantine,
+                error: unusable,
+                new_objects: Vec::new(),
+                deleted: Vec::new(),
+            }),
+        };
+        let Ok(done) = round::carry_out(&io, &self.metrics, key, &round, &status).await;
+        if !done.finished && matches!(round, Round::Remove { .. } | Round::Wait(_)) {
+            // No status to record: the member list alone.
+            io.commit(None);
         }
     }
 
@@ -536,6 +482,7 @@ impl Shared {
         status: Option<ProxyPoolStatus>,
         quarantine: BTreeMap<String, String>,
         changed: bool,
+        error: Option<String>,
     ) {
         let mut write = None;
         {
@@ -548,7 +495,7 @@ impl Shared {
                 rt.status = s;
             }
             rt.quarantine = quarantine;
-            rt.error = None;
+            rt.error = error;
             if changed {
                 let file = StateFile {
                     members: rt.members.values().cloned().collect(),
@@ -565,58 +512,6 @@ impl Shared {
         {
             tracing::error!(pool = %key, file = %path.display(), error = %e, "cannot write the pool's member file");
         }
-    }
-
-    /// A removed pool's round: every member deleting; once none is left, the pool is
-    /// forgotten.
-    fn pool_removal_round(
-        &self,
-        key: &str,
-        namespace: &str,
-        name: &str,
-        mut recs: BTreeMap<String, MemberRec>,
-    ) {
-        let mut changed = false;
-        let mut queue = Vec::new();
-        {
-            let mut objects = lock(&self.objects);
-            recs.retain(|m, r| {
-                let uid = member_uid(namespace, name, m);
-                match objects.get_mut(&uid) {
-                    None => {
-                        changed = true;
-                        false
-                    }
-                    Some(mut o) => {
-                        if !o.object.deleting {
-                            o.object.deleting = true;
-                            queue.push(uid);
-                        }
-                        if !r.deleting {
-                            r.deleting = true;
-                            changed = true;
-                        }
-                        true
-                    }
-                }
-            });
-        }
-        for u in queue {
-            self.queue.add(u);
-        }
-        if recs.is_empty() {
-            lock(&self.pools).by_key.remove(key);
-            self.metrics.forget_pool(key);
-            let _ = std::fs::remove_file(state_path(self.dir(), namespace, name));
-            tracing::info!(pool = %key, "pool deleted: no member left");
-            return;
-        }
-        let q = lock(&self.pools)
-            .by_key
-            .get(key)
-            .map(|rt| rt.quarantine.clone())
-            .unwrap_or_default();
-        self.store_pool(key, recs, None, q, changed);
     }
 
     /// The `/pools/NAME/healthy.txt` body of pool `namespace/name` from its own members
@@ -678,7 +573,11 @@ impl Shared {
                 (
                     rt.namespace.clone(),
                     rt.name.clone(),
-                    rt.loaded.as_ref().map_or(0, |(p, _)| p.policy.replicas),
+                    if rt.removed {
+                        0
+                    } else {
+                        rt.loaded.0.policy.replicas
+                    },
                     rt.status.clone(),
                     rt.members.values().cloned().collect(),
                     rt.quarantine.clone(),
@@ -737,6 +636,149 @@ impl Shared {
     }
 }
 
+/// What one round changes before it is recorded: the member list, the objects to make and
+/// to mark deleting.
+struct RoundWork {
+    recs: BTreeMap<String, MemberRec>,
+    /// The member list changed (the member file is written).
+    changed: bool,
+    quarantine: BTreeMap<String, String>,
+    /// Why the pool cannot act, shown on its `/status` row.
+    error: Option<String>,
+    new_objects: Vec<(ProxyUid, ProxyObject)>,
+    deleted: Vec<ProxyUid>,
+}
+
+/// One pool's round as the standalone driver carries it out: members are objects in the
+/// store recorded in the pool's member file, events are log lines, the status is kept in
+/// memory and in the member file.
+///
+/// Guarantees: a round's creates and deletes take effect only when it is recorded
+/// ([`StandalonePool::commit`]): the member file is written first, then the objects are made
+/// (a crash in between leaves a recorded member the next start creates, never an unrecorded
+/// VM).
+struct StandalonePool<'a> {
+    sh: &'a Shared,
+    key: &'a str,
+    pool: &'a LoadedPool,
+    creds: Option<&'a ProxyCredentials>,
+    now: SystemTime,
+    work: Mutex<RoundWork>,
+}
+
+impl StandalonePool<'_> {
+    /// Records the round: the member file (when the member list changed), the pool's
+    /// `status` (when given), then the objects made and marked deleting, queued.
+    fn commit(&self, status: Option<ProxyPoolStatus>) {
+        let (recs, changed, quarantine, error, new_objects, deleted) = {
+            let mut w = lock(&self.work);
+            (
+                std::mem::take(&mut w.recs),
+                std::mem::take(&mut w.changed),
+                std::mem::take(&mut w.quarantine),
+                w.error.take(),
+                std::mem::take(&mut w.new_objects),
+                std::mem::take(&mut w.deleted),
+            )
+        };
+        // NB: the member file is written before the objects exist.
+        self.sh
+            .store_pool(self.key, recs, status, quarantine, changed, error);
+        {
+            let mut objects = lock(&self.sh.objects);
+            for (uid, object) in &new_objects {
+                objects.insert(
+                    *uid,
+                    Obj {
+                        object: object.clone(),
+                        status: ProxyStatus::default(),
+                        first_seen: self.now,
+                        pool: Some(self.key.to_owned()),
+                    },
+                );
+            }
+            for uid in &deleted {
+                if let Some(mut o) = objects.get_mut(uid) {
+                    o.object.deleting = true;
+                }
+            }
+        }
+        let acted = !new_objects.is_empty() || !deleted.is_empty();
+        for (uid, _) in new_objects {
+            self.sh.queue.add(uid);
+        }
+        for uid in deleted {
+            self.sh.queue.add(uid);
+        }
+        if acted {
+            self.sh.update_phase_metrics();
+        }
+    }
+}
+
+impl PoolDriver for StandalonePool<'_> {
+    type Error = std::convert::Infallible;
+
+    async fn create(&self, c: &CreateMember) -> Result<(), Self::Error> {
+        let rec = MemberRec {
+            name: c.name.clone(),
+            host: c.host.clone(),
+            template_hash: c.template_hash.clone(),
+            created: now_text(self.now),
+            deleting: false,
+            was_available: false,
+            pin: c.pin.clone(),
+        };
+        let uid = member_uid(&self.pool.namespace, &self.pool.name, &c.name);
+        let object = member_object(self.pool, &rec, uid, self.creds);
+        let mut w = lock(&self.work);
+        w.new_objects.push((uid, object));
+        w.recs.insert(c.name.clone(), rec);
+        w.changed = true;
+        Ok(())
+    }
+
+    async fn delete(&self, name: &str) -> Result<bool, Self::Error> {
+        let mut w = lock(&self.work);
+        w.deleted
+            .push(member_uid(&self.pool.namespace, &self.pool.name, name));
+        let Some(r) = w.recs.get_mut(name) else {
+            return Ok(false);
+        };
+        let started = !std::mem::replace(&mut r.deleting, true);
+        w.changed |= started;
+        Ok(started)
+    }
+
+    async fn event(&self, ev: &Event) {
+        match ev.kind {
+            EventKind::Normal => {
+                tracing::info!(pool = %self.key, reason = %ev.reason, message = %ev.message, "event");
+            }
+            EventKind::Warning => {
+                tracing::warn!(pool = %self.key, reason = %ev.reason, message = %ev.message, "event");
+            }
+        }
+    }
+
+    async fn write_status(
+        &self,
+        status: &ProxyPoolStatus,
+        _changed: bool,
+    ) -> Result<(), Self::Error> {
+        self.commit(Some(status.clone()));
+        Ok(())
+    }
+
+    async fn forget(&self) -> Result<(), Self::Error> {
+        let (namespace, name) = (&self.pool.namespace, &self.pool.name);
+        lock(&self.sh.pools).by_key.remove(self.key);
+        let _ = std::fs::remove_file(state_path(self.sh.dir(), namespace, name));
+        tracing::info!(pool = %self.key, "pool deleted: no member left");
+        Ok(())
+    }
+}
+
 /// A member's object: the template pinned to its host, with the pool's credentials.
 fn member_object(
     p: &LoadedPool,
@@ -783,7 +825,7 @@ pub(crate) async fn run(sh: Arc<Shared>, stop: CancellationToken) {
         }
         let keys = sh.pool_queue.take();
         for k in keys {
-            sh.pool_round(&k);
+            sh.pool_round(&k).await;
         }
         if !sleep_or_stop(ROUND_GAP, &stop).await {
             return;

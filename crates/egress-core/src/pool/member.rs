@@ -54,6 +54,10 @@ pub struct Member {
     pub deleting: bool,
     /// The declared egress addresses it holds (its `status.egressAddress`; empty when none).
     pub egress_address: Vec<String>,
+    /// Its address on the host's network (its `status.ip`).
+    pub ip: Option<String>,
+    /// The address the world sees its traffic from, as its health check last saw it.
+    pub egress_ip: Option<String>,
 }
 
 /// What a driver knows of a member Proxy besides its status.
@@ -106,6 +110,29 @@ impl Member {
             quarantine: meta.quarantine,
             deleting: meta.deleting,
             egress_address: status.egress_address.clone(),
+            ip: status.ip.clone(),
+            egress_ip: status.health.as_ref().and_then(|h| h.egress_ip.clone()),
+        }
+    }
+
+    /// A member the driver created and has not observed yet: Pending on its host, made from
+    /// `template_hash` at `created`.
+    pub fn expected(name: &str, host: &str, template_hash: &str, created: SystemTime) -> Self {
+        Self {
+            name: name.to_owned(),
+            host: Some(host.to_owned()),
+            template_hash: template_hash.to_owned(),
+            created,
+            phase: Phase::Pending,
+            ready: false,
+            available: false,
+            unhealthy_since: None,
+            failure: None,
+            quarantine: None,
+            deleting: false,
+            egress_address: Vec::new(),
+            ip: None,
+            egress_ip: None,
         }
     }
 }

@@ -140,13 +140,13 @@ fn a_member_and_its_status_row_carry_its_declared_egress_addresses() {
     st.egress_address = vec!["203.0.113.7".into(), "2001:db8::7".into()];
     let m = Member::observe(meta(), &st, true);
     assert_eq!(m.egress_address, ["203.0.113.7", "2001:db8::7"]);
-    let row = super::status::PoolMemberStatus::of(&m.name, Some("h1"), &st, true, false);
+    let row = super::status::PoolMemberStatus::of_member(&m);
     assert_eq!(row.egress_address, ["203.0.113.7", "2001:db8::7"]);
     // In the pool's status as `egressAddress`, left out when it holds none.
     let json = serde_json::to_value(&row).unwrap();
     assert_eq!(json["egressAddress"][1], "2001:db8::7");
     st.egress_address.clear();
-    let row = super::status::PoolMemberStatus::of(&m.name, Some("h1"), &st, true, false);
+    let row = super::status::PoolMemberStatus::of_member(&Member::observe(meta(), &st, true));
     assert!(
         serde_json::to_value(&row)
             .unwrap()

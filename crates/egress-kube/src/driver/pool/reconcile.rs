@@ -1,21 +1,16 @@
 //! One reconcile of a ProxyPool (see the pipeline in the module doc of `pool`) and its error
 //! policy.
 
-use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use egress_core::controller::backoff::backoff;
-use egress_core::controller::{EventKind, decide::fmt_time};
-use egress_core::metrics::PoolReplicas;
-use egress_core::model::{Condition, ConditionStatus};
+use egress_core::controller::{Event, EventKind, decide::fmt_time};
 use egress_core::pool::credentials;
-use egress_core::pool::member::{
-    ANNOTATION_QUARANTINE, LABEL_POOL, LABEL_TEMPLATE_HASH, member_spec, template_hash,
-};
-use egress_core::pool::status::{MAX_STATUS_MEMBERS, PoolMemberStatus, condition, reason};
-use egress_core::pool::validate::validate_pool_name;
-use egress_core::pool::{PoolInputs, ProxyPoolStatus, decide};
+use egress_core::pool::member::{LABEL_POOL, LABEL_TEMPLATE_HASH, member_spec};
+use egress_core::pool::round::{self, PoolCredentials, PoolDriver, Round, RoundInputs};
+use egress_core::pool::status::reason as pool_reason;
+use egress_core::pool::{CreateMember, ProxyPoolStatus};
 use egress_core::status::{PoolMemberRow, PoolStatusRow};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -31,9 +26,6 @@ use crate::api::{Proxy, ProxyCrdSpec, ProxyPool};
 use crate::driver::{
     API_BACKOFF_BASE, API_BACKOFF_MAX, API_SLACK, FIELD_MANAGER, api_version, lock,
 };
-
-/// Condition reason: the generated-credentials Secret exists but cannot be used.
-pub(crate) const REASON_CREDENTIALS_UNUSABLE: &str = "CredentialsUnusable";
 
 /// How soon a deleted pool is looked at again while its members go (their own deletions
 /// wake it too).
@@ -97,232 +89,200 @@ async fn reconcile_inner(
         .filter_map(|m| ctx.proxies.get(&ObjectRef::new(m).within(ns)))
         .collect();
     let has_finalizer = pool.finalizers().iter().any(|f| f == POOL_FINALIZER);
-
-    if pool.meta().deletion_timestamp.is_some() {
-        if !has_finalizer {
-            return Ok(Action::await_change());
-        }
-        for p in objects
-            .iter()
-            .filter(|p| p.meta().deletion_timestamp.is_none())
-        {
-            delete_member(&proxies, p).await?;
-        }
-        if objects.is_empty() {
-            let keep: Vec<String> = pool
-                .finalizers()
-                .iter()
-                .filter(|f| *f != POOL_FINALIZER)
-                .cloned()
-                .collect();
-            set_finalizers(&pools, pool, keep).await?;
-            ctx.observer.metrics().forget_pool(&format!("{ns}/{name}"));
-            ctx.observer.forget_pool(ns, name);
-            lock(&ctx.expectations).pools.remove(key);
-            return Ok(Action::await_change());
-        }
-        return Ok(Action::requeue(DELETION_RECHECK));
-    }
+    let deleting = pool.meta().deletion_timestamp.is_some();
     if !has_finalizer {
-        let mut list = pool.finalizers().to_vec();
-        list.push(POOL_FINALIZER.to_owned());
-        set_finalizers(&pools, pool, list).await?;
+        if !deleting {
+            let mut list = pool.finalizers().to_vec();
+            list.push(POOL_FINALIZER.to_owned());
+            set_finalizers(&pools, pool, list).await?;
+        }
         return Ok(Action::await_change());
     }
 
     let generation = pool.meta().generation.unwrap_or(0);
     let current = pool.status.clone().unwrap_or_default();
     let spec = &pool.spec.0;
-    let validated = spec.validate();
-    let errors: Vec<String> = validate_pool_name(name)
-        .into_iter()
-        .chain(validated.clone().err().unwrap_or_default())
-        .map(|e| format!("{}: {}", e.path, e.message))
-        .collect();
-    let policy = match validated {
-        Ok(p) if errors.is_empty() => p,
-        _ => {
-            let msg = errors.join("; ");
-            refuse(
-                ctx,
-                &pools,
-                pool,
-                &current,
-                reason::INVALID_SPEC,
-                &msg,
-                generation,
-                now,
-            )
-            .await?;
-            return Ok(Action::await_change());
-        }
-    };
-
-    // Credentials: read, or generated once.
+    // Credentials: read, or generated once (only for a pool that acts).
     let mut credentials_ref = None;
     let mut digest = String::new();
-    if policy.generate_credentials {
+    let mut unusable = None;
+    let mut pending = false;
+    let generate = !deleting && round::check(name, spec).is_ok_and(|p| p.generate_credentials);
+    if generate {
         match secret::ensure(&ctx.client, pool).await? {
             Some(PoolSecret::Present(c)) => {
                 credentials_ref = Some(secret::secret_name(name));
                 digest = credentials::digest(&c);
             }
-            Some(PoolSecret::Unusable(msg)) => {
-                refuse(
-                    ctx,
-                    &pools,
-                    pool,
-                    &current,
-                    REASON_CREDENTIALS_UNUSABLE,
-                    &msg,
-                    generation,
-                    now,
-                )
-                .await?;
-                return Ok(Action::requeue(ctx.secret_poll));
-            }
+            Some(PoolSecret::Unusable(msg)) => unusable = Some(msg),
             // Made by someone else meanwhile: read on the next round.
-            None => return Ok(Action::requeue(Duration::from_secs(1))),
+            None => pending = true,
         }
     }
-    let hash = template_hash(&spec.template, &digest);
+    let credentials = match (&unusable, pending) {
+        (Some(msg), _) => PoolCredentials::Unusable(msg),
+        (None, true) => PoolCredentials::Pending,
+        (None, false) => PoolCredentials::Ready { digest: &digest },
+    };
     let hosts = ctx.core.pool_hosts(&spec.template.provider);
     let health_checks = ctx.observer.health().is_some();
 
     // Members: the pool's Proxies from the cache, and the creates the watch has not shown.
-    let members = {
+    let (members, round) = {
         let mut e = lock(&ctx.expectations);
-        members::observe(
-            &objects,
-            e.pools.entry(key.clone()).or_default(),
-            now,
-            health_checks,
-        )
+        let exp = e.pools.entry(key.clone()).or_default();
+        let members = members::observe(&objects, exp, now, health_checks);
+        let round = round::plan(
+            &RoundInputs {
+                namespace: ns,
+                name,
+                generation,
+                spec,
+                deleting,
+                status: &current,
+                credentials,
+                members: &members,
+                hosts: &hosts,
+                now,
+            },
+            &mut exp.availability,
+        );
+        (members, round)
     };
 
-    let d = decide(&PoolInputs {
-        name,
-        generation,
-        policy: &policy,
-        template_hash: &hash,
-        members: &members,
-        hosts: &hosts,
-        status: &current,
-        credentials_present: true,
-        now,
-    });
-
-    let metrics = ctx.observer.metrics();
     let pool_key = format!("{ns}/{name}");
-    metrics.set_pool_members(&pool_key, members::state_counts(&members));
-    let ready = {
-        let mut e = lock(&ctx.expectations);
-        members::newly_available(&members, e.pools.entry(key.clone()).or_default(), now)
+    let io = KubePool {
+        ctx,
+        pool,
+        key,
+        pools: &pools,
+        proxies: &proxies,
+        objects: &objects,
+        members: &members,
+        credentials_ref: credentials_ref.as_deref(),
+        now,
     };
-    for secs in ready {
-        metrics.pool_member_ready(&pool_key, secs);
-    }
+    let done = round::carry_out(&io, ctx.observer.metrics(), &pool_key, &round, &current).await?;
+    Ok(match &round {
+        Round::Remove { .. } if done.finished => {
+            ctx.observer.forget_pool(ns, name);
+            lock(&ctx.expectations).pools.remove(key);
+            Action::await_change()
+        }
+        Round::Remove { .. } => Action::requeue(DELETION_RECHECK),
+        Round::Refused { reason, .. } if *reason == pool_reason::INVALID_SPEC => {
+            Action::await_change()
+        }
+        Round::Refused { .. } => Action::requeue(ctx.secret_poll),
+        Round::Wait(d) => Action::requeue(*d),
+        Round::Act(plan) => {
+            let mut next = done
+                .requeue_after
+                .map_or(POOL_RESYNC, |r| r.min(POOL_RESYNC));
+            if plan.policy.generate_credentials {
+                next = next.min(ctx.secret_poll);
+            }
+            Action::requeue(next.max(Duration::from_millis(100)))
+        }
+    })
+}
 
-    let mut first_error: Option<PoolError> = None;
-    for c in &d.creates {
-        let body = member_body(pool, c, &spec.template, credentials_ref.as_deref());
+/// One pool's round as the Kubernetes API carries it out: members are Proxy objects owned by
+/// the pool, events are Kubernetes Events on it, its status goes through the status
+/// subresource, and its finalizer holds it until its members are gone.
+struct KubePool<'a> {
+    ctx: &'a PoolCtx,
+    pool: &'a ProxyPool,
+    key: &'a (String, String),
+    pools: &'a Api<ProxyPool>,
+    proxies: &'a Api<Proxy>,
+    /// The member Proxies in the watch cache.
+    objects: &'a [Arc<Proxy>],
+    /// The members as the round saw them (for the `/status` rows).
+    members: &'a [egress_core::pool::Member],
+    credentials_ref: Option<&'a str>,
+    now: SystemTime,
+}
+
+impl PoolDriver for KubePool<'_> {
+    type Error = PoolError;
+
+    async fn create(&self, c: &CreateMember) -> Result<(), PoolError> {
+        let body = member_body(
+            self.pool,
+            c,
+            &self.pool.spec.0.template,
+            self.credentials_ref,
+        );
         // rbac: PROXIES create
-        match bounded(proxies.create(&PostParams::default(), &body)).await {
+        match bounded(self.proxies.create(&PostParams::default(), &body)).await {
             Ok(_) => {
-                lock(&ctx.expectations)
+                lock(&self.ctx.expectations)
                     .pools
-                    .entry(key.clone())
+                    .entry(self.key.clone())
                     .or_default()
                     .created
-                    .insert(c.name.clone(), (c.clone(), now));
+                    .insert(c.name.clone(), (c.clone(), self.now));
+                Ok(())
             }
-            Err(e) if code(&e) == Some(409) => {}
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
+            Err(e) if code(&e) == Some(409) => Ok(()),
+            Err(e) => Err(e),
         }
-    }
-    for del in &d.deletes {
-        let Some(p) = objects.iter().find(|p| p.name_any() == del.name) else {
-            continue;
-        };
-        match delete_member(&proxies, p).await {
-            Ok(accepted) => {
-                let first = members::note_delete(
-                    lock(&ctx.expectations)
-                        .pools
-                        .entry(key.clone())
-                        .or_default(),
-                    p,
-                    accepted,
-                    now,
-                );
-                if first {
-                    metrics.pool_member_replaced(&pool_key, del.cause.as_str());
-                }
-            }
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
-        }
-    }
-    let reference = pool.object_ref(&());
-    for e in &d.events {
-        publish_event(ctx, &reference, e.kind, &e.reason, &e.message).await;
     }
 
-    let mut status = d.status.clone();
-    status.selector = format!("{LABEL_POOL}={name}");
-    // A quarantined member is out of the pool's accounting: never listed as available.
-    let available: HashSet<&str> = members
-        .iter()
-        .filter(|m| m.available && m.quarantine.is_none())
-        .map(|m| m.name.as_str())
-        .collect();
-    let mut rows: BTreeMap<String, PoolMemberStatus> = BTreeMap::new();
-    for p in objects
-        .iter()
-        .filter(|p| p.meta().deletion_timestamp.is_none())
-    {
-        let n = p.name_any();
-        let row = PoolMemberStatus::of(
-            &n,
-            p.spec.host.as_deref(),
-            &p.status.clone().unwrap_or_default(),
-            available.contains(n.as_str()),
-            p.annotations().contains_key(ANNOTATION_QUARANTINE),
-        );
-        rows.insert(n, row);
+    async fn delete(&self, name: &str) -> Result<bool, PoolError> {
+        let Some(p) = self.objects.iter().find(|p| p.name_any() == name) else {
+            // A create the watch has not shown yet: deleted once it is seen.
+            return Ok(false);
+        };
+        let accepted = delete_member(self.proxies, p).await?;
+        Ok(members::note_delete(
+            lock(&self.ctx.expectations)
+                .pools
+                .entry(self.key.clone())
+                .or_default(),
+            p,
+            accepted,
+            self.now,
+        ))
     }
-    status.members_omitted =
-        u32::try_from(rows.len().saturating_sub(MAX_STATUS_MEMBERS)).unwrap_or(u32::MAX);
-    status.members = rows.into_values().take(MAX_STATUS_MEMBERS).collect();
-    if status != current {
-        write_status(&pools, name, &status).await?;
+
+    async fn event(&self, e: &Event) {
+        publish_event(
+            self.ctx,
+            &self.pool.object_ref(&()),
+            e.kind,
+            &e.reason,
+            &e.message,
+        )
+        .await;
     }
-    ctx.observer.set_pool(PoolStatusRow {
-        namespace: ns.to_owned(),
-        name: name.to_owned(),
-        desired: policy.replicas,
-        status: status.clone(),
-        members: status_rows(&members),
-        error: None,
-    });
-    metrics.set_pool(
-        &pool_key,
-        PoolReplicas {
-            desired: u64::from(policy.replicas),
-            available: u64::from(status.available_replicas),
-        },
-    );
-    if let Some(e) = first_error {
-        return Err(e);
+
+    async fn write_status(&self, status: &ProxyPoolStatus, changed: bool) -> Result<(), PoolError> {
+        if changed {
+            write_status(self.pools, &self.pool.name_any(), status).await?;
+        }
+        self.ctx.observer.set_pool(PoolStatusRow {
+            namespace: self.key.0.clone(),
+            name: self.key.1.clone(),
+            desired: self.pool.spec.0.replicas,
+            status: status.clone(),
+            members: status_rows(self.members),
+            error: None,
+        });
+        Ok(())
     }
-    let mut next = d.requeue_after.map_or(POOL_RESYNC, |r| r.min(POOL_RESYNC));
-    if policy.generate_credentials {
-        next = next.min(ctx.secret_poll);
+
+    async fn forget(&self) -> Result<(), PoolError> {
+        let keep: Vec<String> = self
+            .pool
+            .finalizers()
+            .iter()
+            .filter(|f| *f != POOL_FINALIZER)
+            .cloned()
+            .collect();
+        set_finalizers(self.pools, self.pool, keep).await
     }
-    Ok(Action::requeue(next.max(Duration::from_millis(100))))
 }
 
 /// The member Proxy `c` of `pool`: owned by it, labelled, pinned to its host.
@@ -364,38 +324,6 @@ async fn delete_member(api: &Api<Proxy>, p: &Proxy) -> Result<bool, PoolError> {
         Err(e) if matches!(code(&e), Some(404 | 409)) => Ok(false),
         Err(e) => Err(e),
     }
-}
-
-/// Sets `Progressing` False and `ReplicaFailure` True with `why` (an invalid spec, unusable
-/// credentials), announcing it once per change.
-#[allow(clippy::too_many_arguments)]
-async fn refuse(
-    ctx: &PoolCtx,
-    pools: &Api<ProxyPool>,
-    pool: &ProxyPool,
-    current: &ProxyPoolStatus,
-    why: &str,
-    msg: &str,
-    generation: i64,
-    now: SystemTime,
-) -> Result<(), PoolError> {
-    let t = fmt_time(now);
-    let mut status = current.clone();
-    status.observed_generation = generation;
-    status.selector = format!("{LABEL_POOL}={}", pool.name_any());
-    for type_ in [condition::PROGRESSING, condition::REPLICA_FAILURE] {
-        let s = if type_ == condition::PROGRESSING {
-            ConditionStatus::False
-        } else {
-            ConditionStatus::True
-        };
-        status.set_condition(Condition::new(type_, s, why, msg, &t, generation));
-    }
-    if status != *current {
-        write_status(pools, &pool.name_any(), &status).await?;
-        publish_event(ctx, &pool.object_ref(&()), EventKind::Warning, why, msg).await;
-    }
-    Ok(())
 }
 
 async fn publish_event(

@@ -10,13 +10,15 @@
 //!   [`egress_provider::error::redact`] and truncate it), so status never carries credentials
 //!   (finding D5) or unbounded remote strings (finding L18).
 
-use std::net::IpAddr;
-
 use egress_provider::error::redact;
 use serde::{Deserialize, Serialize};
 
+pub mod destinations;
 mod egress;
+pub mod net;
+pub use destinations::Destinations;
 pub use egress::{EgressSpec, family};
+pub use net::{is_dns_subdomain, parse_cidr, parse_ip_or_cidr, prefix_contains};
 
 /// The API group/version of a Proxy manifest.
 pub const API_VERSION: &str = "egress-proxies.dev/v1alpha1";
@@ -186,41 +188,6 @@ pub struct ProxySettings {
     pub allowed_destinations: Destinations,
 }
 
-/// An allowlist of destinations. Each non-empty list must match: `domains` the name a
-/// client asks for (`example.com` exactly, `*.example.com` any subdomain; a client asking
-/// for an IP address then matches none), `cidrs` the address the proxy connects to after
-/// resolving, `ports` the destination port. Empty lists restrict nothing.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct Destinations {
-    /// Domains: `example.com` (exactly) or `*.example.com` (any subdomain), lowercase.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(feature = "schema", schemars(length(max = 64), extend(
-        "items" = {"type": "string", "maxLength": 253}
-    )))]
-    pub domains: Vec<String>,
-    /// Networks (CIDR notation) of the addresses the proxy connects to.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(feature = "schema", schemars(length(max = 64), extend(
-        "items" = {"type": "string", "maxLength": 64}
-    )))]
-    pub cidrs: Vec<String>,
-    /// Destination TCP ports.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(feature = "schema", schemars(length(max = 64), extend(
-        "items" = {"type": "integer", "minimum": 1, "maximum": 65535}
-    )))]
-    pub ports: Vec<u16>,
-}
-
-impl Destinations {
-    /// Whether no list is set (nothing restricted).
-    pub fn is_empty(&self) -> bool {
-        self.domains.is_empty() && self.cidrs.is_empty() && self.ports.is_empty()
-    }
-}
-
 fn default_port() -> u16 {
     DEFAULT_PROXY_PORT
 }
@@ -306,7 +273,7 @@ impl ProxySpec {
                 Some(_) => {}
             }
         }
-        for (path, message) in crate::proxy_policy::check_list(
+        for (path, message) in destinations::check_list(
             "spec.proxy.allowedDestinations",
             &self.proxy.allowed_destinations.domains,
             &self.proxy.allowed_destinations.cidrs,
@@ -334,60 +301,6 @@ impl ProxySpec {
             );
         }
         errs
-    }
-}
-
-/// Whether `s` is a DNS subdomain (RFC 1123) as Kubernetes object names must be: 1 to 253
-/// characters, dot-separated labels of lowercase letters, digits and `-`, each starting and
-/// ending with a letter or digit. A `credentialsRef` must be one before it names a Secret in
-/// an API path.
-pub fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|l| {
-            let b = l.as_bytes();
-            !b.is_empty()
-                && b.len() <= 63
-                && b.iter()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-                && b.first().is_some_and(u8::is_ascii_alphanumeric)
-                && b.last().is_some_and(u8::is_ascii_alphanumeric)
-        })
-}
-
-/// Parses `addr/len` with the length within the address family's bounds.
-pub fn parse_cidr(s: &str) -> Option<(IpAddr, u8)> {
-    let (a, l) = s.split_once('/')?;
-    let ip: IpAddr = a.parse().ok()?;
-    let len: u8 = l.parse().ok()?;
-    let max = if ip.is_ipv4() { 32 } else { 128 };
-    (len <= max && l == len.to_string()).then_some((ip, len))
-}
-
-/// Parses an IP (as a host-length CIDR) or `addr/len`; `None` when it is neither.
-pub fn parse_ip_or_cidr(s: &str) -> Option<(IpAddr, u8)> {
-    match s.parse::<IpAddr>() {
-        Ok(ip) => Some((ip, if ip.is_ipv4() { 32 } else { 128 })),
-        Err(_) => parse_cidr(s),
-    }
-}
-
-/// Whether `ip` is inside `net/len` (an address of another family never is).
-pub fn prefix_contains(net: IpAddr, len: u8, ip: IpAddr) -> bool {
-    match (net, ip) {
-        (IpAddr::V4(n), IpAddr::V4(a)) => {
-            let mask = u32::MAX
-                .checked_shl(32 - u32::from(len.min(32)))
-                .unwrap_or(0);
-            u32::from(n) & mask == u32::from(a) & mask
-        }
-        (IpAddr::V6(n), IpAddr::V6(a)) => {
-            let mask = u128::MAX
-                .checked_shl(128 - u32::from(len.min(128)))
-                .unwrap_or(0);
-            u128::from(n) & mask == u128::from(a) & mask
-        }
-        _ => false,
     }
 }
 

@@ -14,7 +14,7 @@ use super::executor::Controller;
 use super::outcome::{EventKind, Outcome};
 use super::proxy::ProxyObject;
 use super::settings::create_deadline;
-use super::state::lock;
+use egress_provider::sync::lock;
 
 impl Controller {
     /// Performs the decision's action (no network here: work is spawned) and builds the

@@ -3,7 +3,7 @@
 //! `/healthz`,
 //! `/readyz`, and the same read-only views as standalone mode (`/status`, `/proxies`,
 //! `/hosts`, `/healthy.txt`) built from the driver's watch cache. The HTTP server is the standalone one
-//! ([`egress_core::web::serve`]); this module only implements its
+//! ([`egress_web::serve`]); this module only implements its
 //! [`Endpoints`].
 //!
 //! Guarantees:
@@ -22,13 +22,13 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use egress_core::controller::Controller as Core;
-use egress_core::exposition::Exposition;
+use egress_web::exposition::Exposition;
 use egress_core::health::{HealthEngine, HealthSettings};
 use egress_core::hosthealth::HostHealth;
 use egress_core::metrics::{Metrics, MetricsFormat};
 use egress_core::model::Phase;
-use egress_core::status::{HostRow, PoolStatusRow, ProxyStatusRow, StatusDocument};
-use egress_core::web::Endpoints;
+use egress_web::status::{HostRow, PoolStatusRow, ProxyStatusRow, StatusDocument};
+use egress_web::Endpoints;
 use egress_provider::model::HostReport;
 use egress_provider::sync::lock;
 
@@ -206,7 +206,7 @@ impl Endpoints for Observer {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use egress_core::web::handle;
+    use egress_web::handle;
     use hyper::{Method, StatusCode};
 
     #[test]

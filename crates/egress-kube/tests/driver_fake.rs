@@ -484,7 +484,7 @@ async fn a_frozen_host_cannot_hold_a_reconcile_past_its_deadline() {
 // ---- health, publishing, ProviderHealth, credentials, RBAC ----
 
 use egress_core::health::probe::CheckTarget;
-use egress_core::web::{Endpoints, healthy_list};
+use egress_web::{Endpoints, healthy_list};
 use egress_kube::api::{ProviderHealth, ProviderHealthSpec};
 use egress_kube::driver::publish::GROUP_LABEL;
 use k8s_openapi::api::core::v1::Secret;
@@ -1070,7 +1070,7 @@ async fn a_pools_healthy_members_are_its_service_and_a_quarantined_one_leaves_it
     )
     .await;
     // The operator's status views list the pool with its members.
-    use egress_core::web::Endpoints;
+    use egress_web::Endpoints;
     w.until("the pool in the status document", |_| {
         r.observer.status().pools.iter().any(|p| {
             p.name == "fleet"

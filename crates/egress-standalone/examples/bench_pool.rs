@@ -25,7 +25,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use egress_core::status::StatusDocument;
+use egress_web::status::StatusDocument;
 use ep_operator_fixtures::POOL;
 
 const ENTRY: &str = "bench";

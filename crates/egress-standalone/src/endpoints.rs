@@ -1,10 +1,10 @@
-//! What the standalone driver serves over HTTP ([`egress_core::web::serve`]): the status
+//! What the standalone driver serves over HTTP ([`egress_web::serve`]): the status
 //! document built from the shared state, `/metrics` ([`Exposition`]), readiness and the host
 //! rows.
 //!
 //! `/status` and `/proxies` do not build the whole document: they take its outline (hosts,
 //! pools, manifest errors and the Proxies' UIDs sorted by namespace/name) and then build the
-//! rows a chunk at a time as the body is sent ([`egress_core::web::stream`]), so a request at
+//! rows a chunk at a time as the body is sent ([`egress_web::stream`]), so a request at
 //! 10,000 Proxies holds ~160 KB of UIDs and one chunk rather than every row and its JSON.
 //!
 //! Guarantees: every view is a snapshot taken under short locks, never across an `.await`;
@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
 use egress_core::hosthealth::HostHealth;
-use egress_core::status::{ProxyStatusRow, StatusDocument};
+use egress_web::status::{ProxyStatusRow, StatusDocument};
 use egress_provider::model::ProxyUid;
 
 use crate::lock;
@@ -90,7 +90,7 @@ impl Shared {
     }
 }
 
-impl egress_core::web::Endpoints for Shared {
+impl egress_web::Endpoints for Shared {
     fn status(&self) -> StatusDocument {
         self.status_document()
     }

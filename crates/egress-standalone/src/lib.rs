@@ -66,7 +66,7 @@ use egress_core::background::{self, Workers};
 use egress_core::config::installation::Installation;
 use egress_core::config::{self, ConfigErrors, ProviderConfig};
 use egress_core::controller::{Controller, ControllerSettings};
-use egress_core::exposition::Exposition;
+use egress_web::exposition::Exposition;
 use egress_core::gc::{self, GcSettings};
 use egress_core::health::{HealthEngine, HealthSettings};
 use egress_core::metrics::Metrics;
@@ -312,9 +312,9 @@ pub async fn run_with_providers(
     // Loops stop on `stop`; the HTTP server outlives them until everything is down.
     let stop = shutdown.child_token();
     let http_stop = CancellationToken::new();
-    let http_task = tokio::spawn(egress_core::web::serve(
+    let http_task = tokio::spawn(egress_web::serve(
         listener,
-        Arc::clone(&shared) as Arc<dyn egress_core::web::Endpoints>,
+        Arc::clone(&shared) as Arc<dyn egress_web::Endpoints>,
         http_stop.clone(),
     ));
 

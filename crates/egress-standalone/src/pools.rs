@@ -44,7 +44,7 @@ use egress_core::pool::round::{
 use egress_core::pool::{
     CreateMember, Member, MemberMeta, ProxyPoolStatus, credentials, credentials_file,
 };
-use egress_core::status::{PoolMemberRow, PoolStatusRow};
+use egress_web::status::{PoolMemberRow, PoolStatusRow};
 use egress_provider::ProxyUid;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use egress_core::health::HealthSettings;
 use egress_core::health::probe::CheckTarget;
 use egress_core::model::condition;
-use egress_core::status::{ProxyStatusRow, StatusDocument};
+use egress_web::status::{ProxyStatusRow, StatusDocument};
 use egress_provider::libvirt::address_pool::{AddressPool, FamilyPool};
 use egress_provider::libvirt::names;
 use egress_standalone::manifests::uid_for;

@@ -21,7 +21,7 @@ use egress_core::health::HealthSettings;
 use egress_core::health::probe::CheckTarget;
 use egress_core::hosthealth::HostHealth;
 use egress_core::model::condition;
-use egress_core::status::ProxyStatusRow;
+use egress_web::status::ProxyStatusRow;
 use egress_provider::libvirt::names;
 use egress_standalone::manifests::uid_for;
 use ep_operator_fixtures::{FakeHosts, get, standalone_options, start_standalone};

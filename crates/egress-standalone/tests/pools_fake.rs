@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use egress_core::model::Phase;
-use egress_core::status::{PoolStatusRow, StatusDocument};
+use egress_web::status::{PoolStatusRow, StatusDocument};
 use egress_provider::libvirt::names;
 use egress_standalone::pools::member_uid;
 use ep_operator_fixtures::{

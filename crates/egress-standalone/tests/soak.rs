@@ -28,7 +28,7 @@ use async_trait::async_trait;
 use egress_core::gc::GcSettings;
 use egress_core::model::{MAX_MESSAGE_CHARS, Phase};
 use egress_core::providers::{ProviderHandle, Providers};
-use egress_core::status::StatusDocument;
+use egress_web::status::StatusDocument;
 use egress_provider::ProviderError;
 use egress_provider::libvirt::check::CheckOptions;
 use egress_provider::libvirt::config::{HostConfig, LibvirtEntry};

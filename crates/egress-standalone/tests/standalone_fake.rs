@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use egress_core::gc::GcSettings;
 use egress_core::model::Phase;
 use egress_core::providers::Providers;
-use egress_core::status::StatusDocument;
+use egress_web::status::StatusDocument;
 use egress_provider::ProxyUid;
 use egress_provider::libvirt::config::LibvirtEntry;
 use egress_provider::libvirt::mark;

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 
 use egress_core::model::Phase;
 use egress_core::providers::Providers;
-use egress_core::status::StatusDocument;
+use egress_web::status::StatusDocument;
 use egress_provider::libvirt::mark;
 use egress_provider::libvirt::names;
 use egress_standalone::manifests::uid_for;

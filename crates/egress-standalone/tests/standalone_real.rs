@@ -19,7 +19,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use egress_core::model::Phase;
-use egress_core::status::StatusDocument;
+use egress_web::status::StatusDocument;
 use egress_provider::libvirt::names;
 use egress_standalone::manifests::uid_for;
 use egress_standalone::{StandaloneOptions, run};

@@ -9,8 +9,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::controller::Controller;
-use crate::metrics::{Metrics, MetricsFormat};
+use egress_core::controller::Controller;
+use egress_core::metrics::{Metrics, MetricsFormat};
 
 /// Renders `/metrics`; keeps the controller's image-byte total already exported. One per
 /// process (next to its [`Metrics`]).

@@ -11,7 +11,7 @@
 
 use super::history::entry_of;
 use super::page::PoolSummary;
-use crate::model::Phase;
+use egress_core::model::Phase;
 use crate::status::{HostRow, ProxyStatusRow};
 
 /// Most query pairs read from a request.
@@ -58,7 +58,7 @@ impl Filters {
         let Some(q) = query else { return f };
         for (k, v) in url::form_urlencoded::parse(q.as_bytes()).take(MAX_QUERY_PAIRS) {
             let v = v.trim();
-            let v = (!v.is_empty()).then(|| crate::model::truncate(v, MAX_FILTER_CHARS));
+            let v = (!v.is_empty()).then(|| egress_core::model::truncate(v, MAX_FILTER_CHARS));
             match k.as_ref() {
                 "entry" => f.entry = v,
                 "host" => f.host = v,

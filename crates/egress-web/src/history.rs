@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 
 use super::Endpoints;
-use crate::model::Phase;
+use egress_core::model::Phase;
 use crate::status::{HostRow, ProxyStatusRow, StatusDocument};
 
 /// Time between two samples.
@@ -261,7 +261,7 @@ pub async fn run_sampler(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
-    use crate::model::HealthStatus;
+    use egress_core::model::HealthStatus;
     use crate::status::HostRow;
 
     fn host(name: &str, state: &str) -> HostRow {
@@ -361,7 +361,7 @@ mod tests {
             fn status(&self) -> StatusDocument {
                 doc(vec![host("h1", "Ready")], vec![])
             }
-            fn metrics(&self, _: crate::metrics::MetricsFormat) -> String {
+            fn metrics(&self, _: egress_core::metrics::MetricsFormat) -> String {
                 String::new()
             }
             fn ready(&self) -> bool {

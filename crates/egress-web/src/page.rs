@@ -31,8 +31,8 @@ use super::filters::{HEALTH_STATES, HOST_STATES, PHASES};
 pub use super::history::entry_of;
 use super::history::{HistorySnapshot, Sample, is_ready, proxy_counts};
 use super::sparkline::sparkline;
-use crate::hosthealth::HostHealth;
-use crate::model::ConditionStatus;
+use egress_core::hosthealth::HostHealth;
+use egress_core::model::ConditionStatus;
 use crate::status::{HostRow, ProxyStatusRow, StatusDocument};
 
 /// How often the page's script re-fetches the fleet fragment.

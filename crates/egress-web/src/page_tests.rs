@@ -10,8 +10,8 @@ use scraper::{ElementRef, Html, Selector};
 use super::history::{History, HistorySnapshot};
 use super::page::{self, Filters, Fleet, PoolSummary};
 use super::{Endpoints, Routes, handle, handle_request};
-use crate::hosthealth::HostHealth;
-use crate::model::{Condition, ConditionStatus, HealthStatus, Phase};
+use egress_core::hosthealth::HostHealth;
+use egress_core::model::{Condition, ConditionStatus, HealthStatus, Phase};
 use crate::status::{HostRow, ProxyStatusRow, StatusDocument};
 
 const HOSTILE: &str = "<script>alert(1)</script>";
@@ -446,7 +446,7 @@ impl Endpoints for Fixed {
     fn status(&self) -> StatusDocument {
         self.0.clone()
     }
-    fn metrics(&self, _: crate::metrics::MetricsFormat) -> String {
+    fn metrics(&self, _: egress_core::metrics::MetricsFormat) -> String {
         String::new()
     }
     fn ready(&self) -> bool {
@@ -454,7 +454,7 @@ impl Endpoints for Fixed {
     }
 }
 
-fn body(r: hyper::Response<crate::web::stream::Body>) -> String {
+fn body(r: hyper::Response<crate::stream::Body>) -> String {
     use http_body_util::BodyExt as _;
     let b = futures_util::FutureExt::now_or_never(r.into_body().collect())
         .unwrap()

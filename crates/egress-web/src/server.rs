@@ -47,21 +47,13 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::hosthealth::HostHealth;
-use crate::metrics::MetricsFormat;
+use egress_core::hosthealth::HostHealth;
+use egress_core::metrics::MetricsFormat;
 use crate::status::{ProxyStatusRow, StatusDocument};
 
-mod filters;
-mod fleet;
-pub mod history;
-pub mod page;
-#[cfg(test)]
-mod page_tests;
-mod sparkline;
-pub mod stream;
-
-use self::history::History;
-use self::stream::{Body, StatusBody, View};
+use crate::history::{self, History};
+use crate::{fleet, page, stream};
+use crate::stream::{Body, StatusBody, View};
 
 /// Most connections served at once.
 // NB: the endpoint serves a Prometheus scraper, a health checker and an occasional `status`
@@ -164,7 +156,7 @@ fn sorted_lines(mut eps: Vec<String>) -> String {
     out
 }
 
-fn json<T: serde::Serialize>(v: &T) -> Response<Full<Bytes>> {
+pub(crate) fn json<T: serde::Serialize>(v: &T) -> Response<Full<Bytes>> {
     match serde_json::to_vec(v) {
         Ok(j) => respond(StatusCode::OK, "application/json", j),
         Err(e) => respond(
@@ -175,7 +167,7 @@ fn json<T: serde::Serialize>(v: &T) -> Response<Full<Bytes>> {
     }
 }
 
-fn respond(code: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+pub(crate) fn respond(code: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(body.into()));
     *r.status_mut() = code;
     if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
@@ -479,7 +471,7 @@ mod tests {
                 pools: vec![],
             }
         }
-        fn metrics(&self, _: crate::metrics::MetricsFormat) -> String {
+        fn metrics(&self, _: egress_core::metrics::MetricsFormat) -> String {
             "m 1\n".into()
         }
         fn ready(&self) -> bool {

@@ -3,15 +3,15 @@
 //!
 //! Guarantees: the shape is plain data (Serialize + Deserialize round-trip), field names are
 //! camelCase and stable; every message in it was redacted before it got here (conditions
-//! are redacted by [`crate::model`], host errors by the provider).
+//! are redacted by [`egress_core::model`], host errors by the provider).
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Condition, HealthStatus, Phase};
+use egress_core::model::{Condition, HealthStatus, Phase};
 
 /// The one filter type of `/status`, `/proxies`, the fleet page and the CLI's `status`
 /// (`?entry=&host=&pool=&state=&phase=&health=`).
-pub use crate::web::page::Filters;
+pub use crate::filters::Filters;
 
 impl StatusDocument {
     /// The document with only the proxy rows `f` keeps and the host rows it keeps (a filter
@@ -113,7 +113,7 @@ pub struct PoolStatusRow {
     /// Members wanted (`spec.replicas`).
     pub desired: u32,
     /// The pool's status (counts, conditions, quarantined members).
-    pub status: crate::pool::ProxyPoolStatus,
+    pub status: egress_core::pool::ProxyPoolStatus,
     /// Its members (each also has a row in `proxies`, in the pool's namespace), sorted by name.
     #[serde(default)]
     pub members: Vec<PoolMemberRow>,
@@ -344,11 +344,11 @@ mod tests {
     }
 
     struct Doc;
-    impl crate::web::Endpoints for Doc {
+    impl crate::Endpoints for Doc {
         fn status(&self) -> StatusDocument {
             fleet()
         }
-        fn metrics(&self, _: crate::metrics::MetricsFormat) -> String {
+        fn metrics(&self, _: egress_core::metrics::MetricsFormat) -> String {
             String::new()
         }
         fn ready(&self) -> bool {
@@ -361,7 +361,7 @@ mod tests {
         use http_body_util::BodyExt;
         use hyper::Method;
 
-        use crate::web::{Routes, handle_request};
+        use crate::{Routes, handle_request};
 
         let get = |path: &str, q: Option<&str>| {
             let r = handle_request(&Doc, None, Routes::All, &Method::GET, path, q);
@@ -388,14 +388,14 @@ mod tests {
         use http_body_util::BodyExt;
         use hyper::Method;
 
-        use crate::web::{Routes, handle_request};
+        use crate::{Routes, handle_request};
 
         struct D(StatusDocument);
-        impl crate::web::Endpoints for D {
+        impl crate::Endpoints for D {
             fn status(&self) -> StatusDocument {
                 self.0.clone()
             }
-            fn metrics(&self, _: crate::metrics::MetricsFormat) -> String {
+            fn metrics(&self, _: egress_core::metrics::MetricsFormat) -> String {
                 String::new()
             }
             fn ready(&self) -> bool {
@@ -426,7 +426,7 @@ mod tests {
             namespace: "default".into(),
             name: "web".into(),
             desired: 3,
-            status: crate::pool::ProxyPoolStatus::default(),
+            status: egress_core::pool::ProxyPoolStatus::default(),
             members: vec![
                 member(&names[0], true),
                 quarantined,

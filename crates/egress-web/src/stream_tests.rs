@@ -11,9 +11,9 @@ use http_body_util::BodyExt;
 use hyper::Method;
 
 use super::*;
-use crate::model::{HealthStatus, Phase};
+use egress_core::model::{HealthStatus, Phase};
 use crate::status::{HostRow, PoolMemberRow, PoolStatusRow};
-use crate::web::{Routes, handle_request, handle_shared};
+use crate::{Routes, handle_request, handle_shared};
 
 fn uid(i: usize) -> ProxyUid {
     ProxyUid(uuid::Uuid::from_u128(0x1000 + i as u128))
@@ -72,7 +72,7 @@ fn fleet(n: usize, pools: bool) -> StatusDocument {
                 namespace: "ns-a".into(),
                 name: "pool".into(),
                 desired: 2,
-                status: crate::pool::ProxyPoolStatus::default(),
+                status: egress_core::pool::ProxyPoolStatus::default(),
                 members: vec![PoolMemberRow {
                     name: "p-00000".into(),
                     host: Some("h1".into()),
@@ -155,7 +155,7 @@ impl Endpoints for Live {
             .cloned()
             .collect()
     }
-    fn metrics(&self, _: crate::metrics::MetricsFormat) -> String {
+    fn metrics(&self, _: egress_core::metrics::MetricsFormat) -> String {
         String::new()
     }
     fn ready(&self) -> bool {
@@ -170,7 +170,7 @@ impl Endpoints for Whole {
     fn status(&self) -> StatusDocument {
         self.0.clone()
     }
-    fn metrics(&self, _: crate::metrics::MetricsFormat) -> String {
+    fn metrics(&self, _: egress_core::metrics::MetricsFormat) -> String {
         String::new()
     }
     fn ready(&self) -> bool {
@@ -376,7 +376,7 @@ async fn the_server_sends_the_streamed_status_over_loopback() {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(crate::web::serve(l, Live::new(doc.clone()), stop.clone()));
+    let task = tokio::spawn(crate::serve(l, Live::new(doc.clone()), stop.clone()));
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     s.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .await
@@ -411,12 +411,12 @@ async fn the_server_sends_the_streamed_status_over_loopback() {
 #[test]
 fn healthy_txt_built_a_chunk_at_a_time_is_the_whole_documents_list() {
     let doc = fleet(700, true);
-    let want = crate::web::healthy_list(&doc);
+    let want = crate::healthy_list(&doc);
     assert!(want.lines().count() > 50, "{want}");
     let live = Live::new(doc.clone());
-    assert_eq!(crate::web::healthy_list_of(live.as_ref()), want);
+    assert_eq!(crate::healthy_list_of(live.as_ref()), want);
     assert!(live.most_asked.load(Ordering::SeqCst) <= CHUNK_ROWS);
-    assert_eq!(crate::web::healthy_list_of(&Whole(doc)), want);
+    assert_eq!(crate::healthy_list_of(&Whole(doc)), want);
     let r = handle_shared(
         &(live as Arc<dyn Endpoints>),
         None,
@@ -430,7 +430,7 @@ fn healthy_txt_built_a_chunk_at_a_time_is_the_whole_documents_list() {
 
 #[test]
 fn the_history_sample_read_a_chunk_at_a_time_is_the_whole_documents() {
-    use crate::web::history::{sample, samples_of};
+    use crate::history::{sample, samples_of};
     let doc = fleet(700, true);
     let at = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(600);
     let want = samples_of(&doc, at);

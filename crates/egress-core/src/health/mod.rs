@@ -1,6 +1,7 @@
 //! The proxy health engine: every proxy with an address is checked *through itself* on an
 //! interval — a tunnel through the proxy (HTTP CONNECT or SOCKS5, with its credentials) to a
-//! check target that answers with the caller's address ([`echo`]) — recording success, the
+//! check target that answers with the caller's address (`egress_web::echo`, or any target
+//! of the same format) — recording success, the
 //! probe's latency and the egress IP the world sees.
 //!
 //! Guarantees:
@@ -32,11 +33,10 @@
 //!
 //! One piece (about 650 lines with its docs): the engine's round loop, its state per proxy
 //! and the hysteresis that decides from it share one lock and one set of invariants; the
-//! probe itself, the echo target, the probes of declared addresses ([`declared`]) and the
-//! metrics already live in submodules.
+//! probe itself, the probes of declared addresses ([`declared`]) and the metrics already
+//! live in submodules; the echo target is served by `egress-web`.
 
 pub mod declared;
-pub mod echo;
 pub mod metrics;
 pub mod probe;
 

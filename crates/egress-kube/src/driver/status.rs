@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use egress_core::health::{self, HealthState};
 use egress_core::model::{Condition, ConditionStatus};
-use egress_core::status::ProxyStatusRow;
+use egress_web::status::ProxyStatusRow;
 use egress_provider::ProxyUid;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType};

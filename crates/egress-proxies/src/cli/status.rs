@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use super::table::{self, Table};
 use super::{EXIT_FAILED, EXIT_OK, UsageError};
 use egress_core::model::Phase;
-use egress_core::status::{Filters, StatusDocument};
+use egress_web::status::{Filters, StatusDocument};
 
 /// Where `standalone` serves by default.
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:9464";
@@ -308,7 +308,7 @@ pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use egress_core::status::{HostRow, ProxyStatusRow};
+    use egress_web::status::{HostRow, ProxyStatusRow};
 
     #[test]
     fn the_table_shows_age_and_a_truncated_last_error_and_names_unready_hosts() {

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use egress_core::controller::ControllerSettings;
 use egress_core::providers::{ProviderHandle, Providers};
-use egress_core::status::StatusDocument;
+use egress_web::status::StatusDocument;
 use egress_provider::ProviderError;
 use egress_provider::libvirt::check::CheckOptions;
 use egress_provider::libvirt::config::{

@@ -11,7 +11,7 @@ use egress_core::pool::member::{LABEL_POOL, LABEL_TEMPLATE_HASH, member_spec};
 use egress_core::pool::round::{self, PoolCredentials, PoolDriver, Round, RoundInputs};
 use egress_core::pool::status::reason as pool_reason;
 use egress_core::pool::{CreateMember, ProxyPoolStatus};
-use egress_core::status::{PoolMemberRow, PoolStatusRow};
+use egress_web::status::{PoolMemberRow, PoolStatusRow};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType};

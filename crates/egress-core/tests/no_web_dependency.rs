@@ -89,7 +89,10 @@ fn the_core_depends_on_no_http_server_no_html_and_no_web_framework() {
                 && l.contains("\"server")
         })
         .collect();
-    assert!(servers.is_empty(), "hyper as a server in the core: {servers:#?}");
+    assert!(
+        servers.is_empty(),
+        "hyper as a server in the core: {servers:#?}"
+    );
 }
 
 #[test]

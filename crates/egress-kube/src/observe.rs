@@ -22,15 +22,15 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use egress_core::controller::Controller as Core;
-use egress_web::exposition::Exposition;
 use egress_core::health::{HealthEngine, HealthSettings};
 use egress_core::hosthealth::HostHealth;
 use egress_core::metrics::{Metrics, MetricsFormat};
 use egress_core::model::Phase;
-use egress_web::status::{HostRow, PoolStatusRow, ProxyStatusRow, StatusDocument};
-use egress_web::Endpoints;
 use egress_provider::model::HostReport;
 use egress_provider::sync::lock;
+use egress_web::Endpoints;
+use egress_web::exposition::Exposition;
+use egress_web::status::{HostRow, PoolStatusRow, ProxyStatusRow, StatusDocument};
 
 /// The driver's observable state, shared between the driver (writer) and the HTTP server
 /// (reader). Create one per process with [`Observer::new`].

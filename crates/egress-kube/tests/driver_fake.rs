@@ -484,9 +484,9 @@ async fn a_frozen_host_cannot_hold_a_reconcile_past_its_deadline() {
 // ---- health, publishing, ProviderHealth, credentials, RBAC ----
 
 use egress_core::health::probe::CheckTarget;
-use egress_web::{Endpoints, healthy_list};
 use egress_kube::api::{ProviderHealth, ProviderHealthSpec};
 use egress_kube::driver::publish::GROUP_LABEL;
+use egress_web::{Endpoints, healthy_list};
 use k8s_openapi::api::core::v1::Secret;
 
 /// 192.0.2.N:P → 127.0.0.N:P, where the test's in-process proxies listen.

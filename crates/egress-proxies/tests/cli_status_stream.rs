@@ -19,7 +19,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cli_support::BIN;
-use egress_web::status::{Filters, ProxyStatusRow, StatusDocument};
+use egress_web::filters::Filters;
+use egress_web::status::{ProxyStatusRow, StatusDocument};
 
 /// Proxies written: more than two chunks of rows ([`egress_web::stream::CHUNK_ROWS`]).
 const PROXIES: usize = 600;

@@ -17,8 +17,8 @@ use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
 use egress_core::hosthealth::HostHealth;
-use egress_web::status::{ProxyStatusRow, StatusDocument};
 use egress_provider::model::ProxyUid;
+use egress_web::status::{ProxyStatusRow, StatusDocument};
 
 use crate::lock;
 use crate::shared::{Obj, Shared};

@@ -44,8 +44,8 @@ use egress_core::pool::round::{
 use egress_core::pool::{
     CreateMember, Member, MemberMeta, ProxyPoolStatus, credentials, credentials_file,
 };
-use egress_web::status::{PoolMemberRow, PoolStatusRow};
 use egress_provider::ProxyUid;
+use egress_web::status::{PoolMemberRow, PoolStatusRow};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;

@@ -18,14 +18,14 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
 use egress_core::controller::{Controller, EventKind, Outcome, ProxyCredentials, ProxyObject};
-use egress_web::exposition::Exposition;
 use egress_core::health::{self, HealthEngine};
 use egress_core::hosthealth::HostHealth;
 use egress_core::metrics::Metrics;
 use egress_core::model::{Phase, ProxyStatus};
 use egress_core::providers::Providers;
-use egress_web::status::HostRow;
 use egress_provider::ProxyUid;
+use egress_web::exposition::Exposition;
+use egress_web::status::HostRow;
 
 use crate::lock;
 use crate::manifests::{Desired, LoadedProxy};

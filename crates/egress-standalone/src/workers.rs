@@ -32,8 +32,8 @@ use egress_core::gc::{self, GcReport};
 use egress_core::health::{self, HealthEngine, ProbeTarget, RoundReport};
 use egress_core::hosthealth::{self, EntryCheck};
 use egress_core::providers::{self, Providers};
-use egress_web::status::HostRow;
 use egress_provider::ProxyUid;
+use egress_web::status::HostRow;
 
 use crate::shared::Shared;
 use crate::{CHECK_DEADLINE, lock};

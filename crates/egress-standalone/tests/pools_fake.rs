@@ -18,9 +18,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use egress_core::model::Phase;
-use egress_web::status::{PoolStatusRow, StatusDocument};
 use egress_provider::libvirt::names;
 use egress_standalone::pools::member_uid;
+use egress_web::status::{PoolStatusRow, StatusDocument};
 use ep_operator_fixtures::{
     Dhcp, FakeHosts, GIB, get, qcow2_image, standalone_options, start_standalone, status,
     wait_status,

@@ -4,7 +4,7 @@
 //! Format (documented for users who run their own target): status 200,
 //! `Content-Type: text/plain`, body = the caller's IP address followed by one `\n`, e.g.
 //! `203.0.113.7\n` (IPv4-mapped IPv6 callers are shown as IPv4). The health engine also accepts
-//! a JSON body `{"ip": "203.0.113.7"}` from other targets ([`super::probe::parse_echo_body`]).
+//! a JSON body `{"ip": "203.0.113.7"}` from other targets (`egress_core::health::probe::parse_echo_body`).
 //!
 //! Guarantees: bounded like the status endpoint — at most [`MAX_CONNECTIONS`] connections at
 //! once, headers within [`HEADER_READ_TIMEOUT`], each connection at most

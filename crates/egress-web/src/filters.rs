@@ -9,10 +9,9 @@
 //! names a host state filters hosts only, any other state filters proxies only (by phase or
 //! health).
 
-use super::history::entry_of;
-use super::page::PoolSummary;
 use egress_core::model::Phase;
-use crate::status::{HostRow, ProxyStatusRow};
+
+use crate::status::{HostRow, PoolStatusRow, ProxyStatusRow, StatusDocument, entry_of};
 
 /// Most query pairs read from a request.
 // NB: the form sends four; 32 tolerates hand-made URLs and bounds the work per request.
@@ -126,16 +125,15 @@ impl Filters {
     }
 
     /// Whether the pool row `p` passes (`pool` as `NAME` or `NAMESPACE/NAME`).
-    pub fn keeps_pool_row(&self, p: &crate::status::PoolStatusRow) -> bool {
-        self.pool
-            .as_deref()
-            .is_none_or(|x| x == p.name || x == format!("{}/{}", p.namespace, p.name))
+    pub fn keeps_pool_row(&self, p: &PoolStatusRow) -> bool {
+        self.keeps_pool(&p.namespace, &p.name)
     }
 
-    pub(super) fn keeps_pool(&self, p: &PoolSummary) -> bool {
+    /// Whether pool `namespace/name` passes (`pool` as `NAME` or `NAMESPACE/NAME`).
+    pub fn keeps_pool(&self, namespace: &str, name: &str) -> bool {
         self.pool
             .as_deref()
-            .is_none_or(|x| x == p.name || x == format!("{}/{}", p.namespace, p.name))
+            .is_none_or(|x| x == name || x == format!("{namespace}/{name}"))
     }
 }
 
@@ -145,5 +143,40 @@ pub fn health_label(p: &ProxyStatusRow) -> &'static str {
         Some(true) => "Healthy",
         Some(false) => "Unhealthy",
         None => "Unchecked",
+    }
+}
+
+impl StatusDocument {
+    /// The document with only the proxy rows `f` keeps and the host rows it keeps (a filter
+    /// on a proxy's phase or health leaves the host rows whole); manifest errors are kept.
+    /// O(rows).
+    pub fn filtered(&self, f: &Filters) -> StatusDocument {
+        let host_filter = Filters {
+            phase: None,
+            health: None,
+            ..f.clone()
+        };
+        StatusDocument {
+            generated_at: self.generated_at.clone(),
+            proxies: self
+                .proxies
+                .iter()
+                .filter(|p| f.keeps_proxy(p))
+                .cloned()
+                .collect(),
+            hosts: self
+                .hosts
+                .iter()
+                .filter(|h| host_filter.keeps_host(h))
+                .cloned()
+                .collect(),
+            manifest_errors: self.manifest_errors.clone(),
+            pools: self
+                .pools
+                .iter()
+                .filter(|p| f.pool.is_none() || f.keeps_pool_row(p))
+                .cloned()
+                .collect(),
+        }
     }
 }

@@ -13,9 +13,11 @@ use hyper::body::Bytes;
 use hyper::header::{self, HeaderValue};
 use hyper::{Response, StatusCode};
 
-use super::history::History;
-use super::page::{self, Filters, Fleet};
-use super::{Endpoints, json, respond};
+use crate::endpoints::Endpoints;
+use crate::filters::Filters;
+use crate::history::History;
+use crate::page::{self, Fleet};
+use crate::reply::{json, respond};
 
 fn harden(mut r: Response<Full<Bytes>>, csp: bool) -> Response<Full<Bytes>> {
     let h = r.headers_mut();

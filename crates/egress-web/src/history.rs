@@ -1,5 +1,5 @@
 //! The fleet page's short memory: per host, the last hour of "is the host Ready" and "how many
-//! of its proxies are ready", kept in memory and drawn as sparklines by [`super::page`].
+//! of its proxies are ready", kept in memory and drawn as sparklines by [`crate::page`].
 //!
 //! Guarantees:
 //! - **Bounded**: each series is a ring of at most [`HISTORY_SAMPLES`] samples, and at most
@@ -24,9 +24,10 @@ use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
-use super::Endpoints;
 use egress_core::model::Phase;
-use crate::status::{HostRow, ProxyStatusRow, StatusDocument};
+
+use crate::endpoints::Endpoints;
+use crate::status::{HostRow, ProxyStatusRow, StatusDocument, entry_of};
 
 /// Time between two samples.
 // NB: the page shows "the last hour"; one sample a minute gives a readable 60-point
@@ -87,12 +88,6 @@ pub struct History {
 /// what `/status`'s phase says; with them, an unhealthy one does not.
 pub fn is_ready(phase: Phase, healthy: Option<bool>) -> bool {
     phase == Phase::Running && healthy != Some(false)
-}
-
-/// The provider entry of a proxy row, from its `libvirt://ENTRY/HOST/NAME` provider ID.
-pub fn entry_of(p: &ProxyStatusRow) -> Option<&str> {
-    let rest = p.provider_id.as_deref()?.split_once("://")?.1;
-    rest.split('/').next().filter(|e| !e.is_empty())
 }
 
 /// `(ready, total)` proxies per host row of `doc`, keyed by `(entry, host)`: one pass over the
@@ -162,7 +157,7 @@ pub fn sample(ep: &dyn Endpoints, at: SystemTime) -> BTreeMap<SeriesKey, Sample>
         return samples_of(&ep.status(), at);
     };
     let mut counter = ProxyCounter::default();
-    for chunk in uids.chunks(super::stream::CHUNK_ROWS) {
+    for chunk in uids.chunks(crate::stream::CHUNK_ROWS) {
         counter.add(&ep.status_rows(chunk));
     }
     samples_from(&outline.hosts, &counter.per_host(&outline.hosts), at)
@@ -261,8 +256,8 @@ pub async fn run_sampler(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
-    use egress_core::model::HealthStatus;
     use crate::status::HostRow;
+    use egress_core::model::HealthStatus;
 
     fn host(name: &str, state: &str) -> HostRow {
         HostRow {

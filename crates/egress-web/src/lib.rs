@@ -7,8 +7,9 @@
 //! - [`status`]: the status document (`/status`) and its rows, which the CLI's `status`
 //!   command reads back; [`stream`]: `/status` and `/proxies` built and sent a chunk at a
 //!   time.
-//! - [`page`]: the fleet page (`/`), its filters and `/fleet.json` (routes in `fleet`),
-//!   with sparklines of the last hour kept by [`history`].
+//! - [`page`]: the fleet page (`/`) and `/fleet.json` (routes in `fleet`), with sparklines
+//!   of the last hour kept by [`history`]; [`filters`]: the one filter of `/status`,
+//!   `/proxies`, the page and the CLI's `status`.
 //! - [`exposition`]: the `/metrics` text from the core's registry.
 //! - [`echo`]: the health checks' target (`egress-proxies echo`), which answers with the
 //!   caller's address.
@@ -18,21 +19,22 @@
 //! (connections, header time, connection lifetime) and stops on its shutdown token.
 
 pub mod echo;
+mod endpoints;
 pub mod exposition;
-mod filters;
+pub mod filters;
 mod fleet;
 pub mod history;
 pub mod page;
 #[cfg(test)]
 mod page_tests;
+mod reply;
 pub mod server;
 mod sparkline;
 pub mod status;
 pub mod stream;
 
+pub use self::endpoints::Endpoints;
 pub use self::server::{
-    CONNECTION_DEADLINE, Endpoints, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, Routes, handle,
-    handle_request, handle_routes, handle_shared, healthy_list, healthy_list_of, metrics, serve,
-    serve_routes,
+    CONNECTION_DEADLINE, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, Routes, handle, handle_request,
+    handle_routes, handle_shared, healthy_list, healthy_list_of, metrics, serve, serve_routes,
 };
-pub(crate) use self::server::{json, respond};

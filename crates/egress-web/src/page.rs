@@ -15,7 +15,7 @@
 //!   are a GET form; the script only re-fetches [`render_fleet`]'s fragment from
 //!   `/fleet.json` every [`REFRESH_INTERVAL`] and swaps it in.
 //! - **Bounded input**: at most [`MAX_QUERY_PAIRS`] query pairs are read, each filter value is
-//!   cut to [`MAX_FILTER_CHARS`].
+//!   cut to [`MAX_FILTER_CHARS`](crate::filters::MAX_FILTER_CHARS).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -26,14 +26,12 @@ use base64::Engine as _;
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 use sha2::{Digest, Sha256};
 
-pub use super::filters::{Filters, MAX_FILTER_CHARS, MAX_QUERY_PAIRS, health_label};
-use super::filters::{HEALTH_STATES, HOST_STATES, PHASES};
-pub use super::history::entry_of;
-use super::history::{HistorySnapshot, Sample, is_ready, proxy_counts};
-use super::sparkline::sparkline;
+use crate::filters::{Filters, HEALTH_STATES, HOST_STATES, PHASES, health_label};
+use crate::history::{HistorySnapshot, Sample, is_ready, proxy_counts};
+use crate::sparkline::sparkline;
+use crate::status::{HostRow, ProxyStatusRow, StatusDocument, entry_of};
 use egress_core::hosthealth::HostHealth;
 use egress_core::model::ConditionStatus;
-use crate::status::{HostRow, ProxyStatusRow, StatusDocument};
 
 /// How often the page's script re-fetches the fleet fragment.
 // NB: host checks run every 30 s and the manifest poller every 2 s; 5 s shows a new proxy or a
@@ -286,7 +284,7 @@ fn pools_section(f: &Fleet<'_>, filters: &Filters) -> Markup {
                 table {
                     thead { tr { th { "Pool" } th { "Ready / desired" } } }
                     tbody {
-                        @for p in f.pools.iter().filter(|p| filters.keeps_pool(p)) {
+                        @for p in f.pools.iter().filter(|p| filters.keeps_pool(&p.namespace, &p.name)) {
                             tr data-pool=(format!("{}/{}", p.namespace, p.name)) {
                                 td { (p.namespace) "/" (p.name) }
                                 td { (p.ready) " / " (p.desired) }

@@ -7,12 +7,13 @@ use std::time::{Duration, SystemTime};
 use hyper::{Method, StatusCode};
 use scraper::{ElementRef, Html, Selector};
 
+use super::filters::{Filters, MAX_FILTER_CHARS};
 use super::history::{History, HistorySnapshot};
-use super::page::{self, Filters, Fleet, PoolSummary};
+use super::page::{self, Fleet, PoolSummary};
 use super::{Endpoints, Routes, handle, handle_request};
+use crate::status::{HostRow, ProxyStatusRow, StatusDocument};
 use egress_core::hosthealth::HostHealth;
 use egress_core::model::{Condition, ConditionStatus, HealthStatus, Phase};
-use crate::status::{HostRow, ProxyStatusRow, StatusDocument};
 
 const HOSTILE: &str = "<script>alert(1)</script>";
 const HOSTILE_ATTR: &str = "h\"><img src=x onerror=alert(2)>";
@@ -309,7 +310,7 @@ fn filter_values_are_bounded_and_round_trip_through_the_query() {
     let f = Filters::from_query(Some(&format!("entry={long}&host=h%201&state=&bogus=1")));
     assert_eq!(
         f.entry.as_deref().map(|e| e.chars().count()),
-        Some(page::MAX_FILTER_CHARS)
+        Some(MAX_FILTER_CHARS)
     );
     assert_eq!(f.host.as_deref(), Some("h 1"));
     assert_eq!(f.state, None, "an empty value is no filter");

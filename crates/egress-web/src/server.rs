@@ -36,7 +36,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use egress_provider::model::ProxyUid;
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::server::conn::http1;
@@ -47,13 +46,15 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use egress_core::hosthealth::HostHealth;
+use crate::status::StatusDocument;
 use egress_core::metrics::MetricsFormat;
-use crate::status::{ProxyStatusRow, StatusDocument};
 
+use crate::endpoints::Endpoints;
+use crate::filters::Filters;
 use crate::history::{self, History};
-use crate::{fleet, page, stream};
+use crate::reply::{json, respond};
 use crate::stream::{Body, StatusBody, View};
+use crate::{fleet, stream};
 
 /// Most connections served at once.
 // NB: the endpoint serves a Prometheus scraper, a health checker and an occasional `status`
@@ -66,54 +67,6 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 // NB: a scrape takes milliseconds; 60 s lets a keep-alive scraper reuse its connection for
 // a scrape or two while bounding how long a slot can be held.
 pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(60);
-
-/// What the endpoint reads from the running operator.
-pub trait Endpoints: Send + Sync + 'static {
-    /// The current status document.
-    fn status(&self) -> StatusDocument;
-    /// The metrics text in `format`.
-    fn metrics(&self, format: MetricsFormat) -> String;
-    /// Whether the config is loaded and the first adoption is done.
-    fn ready(&self) -> bool;
-    /// What `/readyz` says while [`Endpoints::ready`] is false (the Kubernetes driver has
-    /// its own readiness rule).
-    fn not_ready_reason(&self) -> String {
-        "waiting for the first adoption".to_owned()
-    }
-    /// The `/pools/…/healthy.txt` body of pool `namespace/name` (`None`: no such pool); by
-    /// default from the status document ([`StatusDocument::pool_healthy_list`]).
-    fn pool_healthy(&self, namespace: &str, name: &str) -> Option<String> {
-        self.status().pool_healthy_list(namespace, name)
-    }
-    /// The status document without its proxy rows, and the UIDs of those rows in the
-    /// document's order (namespace/name), for `/status` and `/proxies` to build the rows a
-    /// chunk at a time ([`Endpoints::status_rows`], [`stream::StatusBody::live`]). `None`
-    /// (the default): the whole document ([`Endpoints::status`]) is built per request and
-    /// only its serialization is chunked.
-    fn status_outline(&self) -> Option<(StatusDocument, Vec<ProxyUid>)> {
-        None
-    }
-    /// The rows of `uids` (from [`Endpoints::status_outline`]) that still exist, in the
-    /// order of `uids`; a Proxy gone meanwhile is left out. O(`uids`).
-    fn status_rows(&self, uids: &[ProxyUid]) -> Vec<ProxyStatusRow> {
-        let _ = uids;
-        Vec::new()
-    }
-    /// Every host's last check (`/hosts`); by default built from the status document's rows.
-    fn hosts(&self) -> Vec<HostHealth> {
-        self.status()
-            .hosts
-            .into_iter()
-            .map(|r| HostHealth {
-                state: r.state.clone(),
-                accepts_placements: r.state == "Ready" || r.state == "Unknown",
-                latency_ms: r.latency_ms,
-                error: r.error,
-                ..HostHealth::unknown(&r.entry, &r.host)
-            })
-            .collect()
-    }
-}
 
 /// The `/healthy.txt` body: `ip:port` of every healthy Running proxy, one per line, sorted.
 pub fn healthy_list(doc: &StatusDocument) -> String {
@@ -154,26 +107,6 @@ fn sorted_lines(mut eps: Vec<String>) -> String {
         out.push('\n');
     }
     out
-}
-
-pub(crate) fn json<T: serde::Serialize>(v: &T) -> Response<Full<Bytes>> {
-    match serde_json::to_vec(v) {
-        Ok(j) => respond(StatusCode::OK, "application/json", j),
-        Err(e) => respond(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "text/plain",
-            format!("cannot encode: {e}\n"),
-        ),
-    }
-}
-
-pub(crate) fn respond(code: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(body.into()));
-    *r.status_mut() = code;
-    if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
-        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
-    }
-    r
 }
 
 /// A whole body as the endpoint's [`Body`].
@@ -236,7 +169,7 @@ pub fn handle_request(
     }
     // `/status` and `/proxies`, with filters (`?phase=Running&host=h1`...) or without.
     if let Some(view) = status_view(routes, method, path) {
-        let f = page::Filters::from_query(query);
+        let f = Filters::from_query(query);
         return streamed(StatusBody::from_document(ep.status(), view, &f));
     }
     handle_routes(ep, routes, method, path)
@@ -253,7 +186,7 @@ pub fn handle_shared(
     query: Option<&str>,
 ) -> Response<Body> {
     if let Some(view) = status_view(routes, method, path) {
-        let f = page::Filters::from_query(query);
+        let f = Filters::from_query(query);
         return streamed(StatusBody::live(Arc::clone(ep), view, &f));
     }
     handle_request(ep.as_ref(), history, routes, method, path, query)
@@ -300,7 +233,7 @@ pub fn handle_routes(
     path: &str,
 ) -> Response<Body> {
     if let Some(view) = status_view(routes, method, path) {
-        let f = page::Filters::default();
+        let f = Filters::default();
         return streamed(StatusBody::from_document(ep.status(), view, &f));
     }
     fixed_routes(ep, routes, method, path).map(boxed)

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use maud::{Markup, html};
 
-use super::history::Sample;
+use crate::history::Sample;
 
 /// Sparkline width (SVG user units = CSS pixels).
 pub const SPARK_W: u32 = 120;

@@ -9,44 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use egress_core::model::{Condition, HealthStatus, Phase};
 
-/// The one filter type of `/status`, `/proxies`, the fleet page and the CLI's `status`
-/// (`?entry=&host=&pool=&state=&phase=&health=`).
-pub use crate::filters::Filters;
-
 impl StatusDocument {
-    /// The document with only the proxy rows `f` keeps and the host rows it keeps (a filter
-    /// on a proxy's phase or health leaves the host rows whole); manifest errors are kept.
-    /// O(rows).
-    pub fn filtered(&self, f: &Filters) -> StatusDocument {
-        let host_filter = Filters {
-            phase: None,
-            health: None,
-            ..f.clone()
-        };
-        StatusDocument {
-            generated_at: self.generated_at.clone(),
-            proxies: self
-                .proxies
-                .iter()
-                .filter(|p| f.keeps_proxy(p))
-                .cloned()
-                .collect(),
-            hosts: self
-                .hosts
-                .iter()
-                .filter(|h| host_filter.keeps_host(h))
-                .cloned()
-                .collect(),
-            manifest_errors: self.manifest_errors.clone(),
-            pools: self
-                .pools
-                .iter()
-                .filter(|p| f.pool.is_none() || f.keeps_pool_row(p))
-                .cloned()
-                .collect(),
-        }
-    }
-
     /// The `/pools/NAME/healthy.txt` body of pool `namespace/name`: `ip:port` of each member
     /// the pool counts as available (not quarantined, not being deleted), one per line,
     /// sorted; `None` when no such pool exists.
@@ -223,10 +186,17 @@ pub struct HostRow {
     pub error: Option<String>,
 }
 
+/// The provider entry of a proxy row, from its `libvirt://ENTRY/HOST/NAME` provider ID.
+pub fn entry_of(p: &ProxyStatusRow) -> Option<&str> {
+    let rest = p.provider_id.as_deref()?.split_once("://")?.1;
+    rest.split('/').next().filter(|e| !e.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
+    use crate::filters::Filters;
 
     #[test]
     fn the_status_document_round_trips_through_json() {

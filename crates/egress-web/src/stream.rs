@@ -29,8 +29,8 @@ use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
 use hyper::body::{Bytes, Frame};
 
-use super::Endpoints;
-use super::page::Filters;
+use crate::endpoints::Endpoints;
+use crate::filters::Filters;
 use crate::status::{ProxyStatusRow, StatusDocument};
 
 /// Rows built and serialized per frame.

@@ -11,9 +11,9 @@ use http_body_util::BodyExt;
 use hyper::Method;
 
 use super::*;
-use egress_core::model::{HealthStatus, Phase};
 use crate::status::{HostRow, PoolMemberRow, PoolStatusRow};
 use crate::{Routes, handle_request, handle_shared};
+use egress_core::model::{HealthStatus, Phase};
 
 fn uid(i: usize) -> ProxyUid {
     ProxyUid(uuid::Uuid::from_u128(0x1000 + i as u128))

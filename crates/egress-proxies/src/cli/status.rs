@@ -18,7 +18,8 @@ use std::time::{Duration, SystemTime};
 use super::table::{self, Table};
 use super::{EXIT_FAILED, EXIT_OK, UsageError};
 use egress_core::model::Phase;
-use egress_web::status::{Filters, StatusDocument};
+use egress_web::filters::Filters;
+use egress_web::status::StatusDocument;
 
 /// Where `standalone` serves by default.
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:9464";

@@ -8,9 +8,9 @@
 //! - [`providers`]: the registry of configured provider entries and their hosts.
 //! - [`controller`]: pure reconcile decisions and the executor that carries them out.
 //! - [`gc`]: the orphan garbage collector (a pure plan, then checked deletions).
-//! - [`health`]: proxy health checked through each proxy; [`hosthealth`]: per-host checks.
+//! - [`health`]: proxy health checked through each proxy; [`host_health`]: per-host checks.
 //! - [`metrics`]: the Prometheus registry of the operator (served by `egress-web`).
-//! - [`background`]: the background workers both drivers run (GC, host checks, proxy health,
+//! - [`background`]: the background tasks both drivers run (GC, host checks, proxy health,
 //!   config watch) and the process's stop signal.
 //!
 //! What the operator serves (the status listener, the fleet page, `/status` streaming, the
@@ -22,7 +22,7 @@ pub mod config;
 pub mod controller;
 pub mod gc;
 pub mod health;
-pub mod hosthealth;
+pub mod host_health;
 pub mod metrics;
 pub mod model;
 pub mod pool;

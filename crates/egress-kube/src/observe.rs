@@ -23,14 +23,14 @@ use std::time::SystemTime;
 
 use egress_core::controller::Controller as Core;
 use egress_core::health::{HealthEngine, HealthSettings};
-use egress_core::hosthealth::HostHealth;
+use egress_core::host_health::HostHealth;
 use egress_core::metrics::{Metrics, MetricsFormat};
 use egress_core::model::Phase;
 use egress_provider::model::HostReport;
 use egress_provider::sync::lock;
 use egress_web::Endpoints;
 use egress_web::exposition::Exposition;
-use egress_web::status::{HostRow, PoolStatusRow, ProxyStatusRow, StatusDocument};
+use egress_web::status::{HostStatusRow, PoolStatusRow, ProxyStatusRow, StatusDocument};
 
 /// The driver's observable state, shared between the driver (writer) and the HTTP server
 /// (reader). Create one per process with [`Observer::new`].
@@ -165,13 +165,7 @@ impl Endpoints for Observer {
             proxies: lock(&self.rows).clone(),
             hosts: lock(&self.hosts)
                 .values()
-                .map(|h| HostRow {
-                    entry: h.entry.clone(),
-                    host: h.host.clone(),
-                    state: h.state.clone(),
-                    latency_ms: h.latency_ms,
-                    error: h.error.clone(),
-                })
+                .map(HostStatusRow::from)
                 .collect(),
             manifest_errors: Vec::new(),
             pools: lock(&self.pools).values().cloned().collect(),

@@ -285,7 +285,7 @@ fn json_keys(v: &serde_json::Value, out: &mut std::collections::BTreeSet<String>
 #[test]
 fn every_field_of_the_status_document_is_documented_for_users() {
     use egress_core::model::{Condition, ConditionStatus, HealthStatus, Phase};
-    use egress_web::status::{HostRow, ProxyStatusRow, StatusDocument};
+    use egress_web::status::{HostStatusRow, ProxyStatusRow, StatusDocument};
     // Every optional field set, so every key is serialized.
     let doc = StatusDocument {
         generated_at: "2026-01-01T00:00:00Z".into(),
@@ -320,7 +320,7 @@ fn every_field_of_the_status_document_is_documented_for_users() {
             }),
             egress_address: vec!["203.0.113.7".into()],
         }],
-        hosts: vec![HostRow {
+        hosts: vec![HostStatusRow {
             entry: "local".into(),
             host: "h1".into(),
             state: "Ready".into(),

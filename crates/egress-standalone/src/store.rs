@@ -1,35 +1,34 @@
-//! The state the standalone driver's loops, reconcile workers and HTTP endpoint share: every
-//! Proxy this process knows with its last status, the host rows, adoption progress, the work
-//! queue and requeue timers.
+//! What the standalone driver knows: every Proxy with its last status (manifest Proxies
+//! and pool members), every ProxyPool, every host's last check, the last scan's manifest
+//! errors and which entries were adopted. What acts on it (the controller, the providers, the
+//! queues, the metrics) is the [`crate::context::Context`].
 //!
 //! Guarantees:
 //! - Every lock is a short critical section with no `.await` inside; a poisoned lock is
-//!   recovered (every update leaves the data consistent).
-//! - A Proxy is forgotten only when its reconcile reports `finalized` for a deletion; then
-//!   its health state and its requeue timer go with it.
-//! - After shutdown began ([`Shared::stopping`]) no requeue timer is started.
+//!   recovered (every update leaves the data consistent). `objects` and `pools` are never
+//!   held together.
+//! - A Proxy is forgotten only when its reconcile reports `finalized` for a deletion (see
+//!   [`crate::reconcile`]).
 //! - The per-phase counts ([`Objects::phase_counts`]) are kept up to date on every insert,
 //!   removal and status change, so a change costs O(1) whatever the fleet's size (no
 //!   recount of every object per event).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::{Duration, SystemTime};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
-use egress_core::controller::{Controller, EventKind, Outcome, ProxyCredentials, ProxyObject};
-use egress_core::health::{self, HealthEngine};
-use egress_core::hosthealth::HostHealth;
+use egress_core::controller::{ProxyCredentials, ProxyObject};
+use egress_core::host_health::HostHealth;
 use egress_core::metrics::Metrics;
 use egress_core::model::{Phase, ProxyStatus};
+use egress_core::pool::ProxyPoolStatus;
 use egress_core::providers::Providers;
 use egress_provider::ProxyUid;
-use egress_web::exposition::Exposition;
-use egress_web::status::HostRow;
+use egress_provider::sync::lock;
+use serde::{Deserialize, Serialize};
 
-use crate::lock;
-use crate::manifests::{Desired, LoadedProxy};
-use crate::queue::WorkQueue;
+use crate::manifests::{LoadedPool, LoadedProxy};
 
 /// One Proxy as this process knows it.
 #[derive(Debug, Clone)]
@@ -152,230 +151,85 @@ impl Objects {
     }
 }
 
-/// State shared by the loops, the workers and the HTTP endpoint.
-pub(crate) struct Shared {
-    pub(crate) controller: Arc<Controller>,
-    pub(crate) providers: RwLock<Arc<Providers>>,
+/// One member as the member file records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct MemberRec {
+    pub(crate) name: String,
+    pub(crate) host: String,
+    pub(crate) template_hash: String,
+    /// RFC 3339.
+    pub(crate) created: String,
+    #[serde(default)]
+    pub(crate) deleting: bool,
+    /// It was available once (its create-to-available time is recorded then).
+    #[serde(default)]
+    pub(crate) was_available: bool,
+    /// Egress addresses it pins (its predecessor's, under `rotation.egressAddress: Keep`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) pin: Vec<std::net::IpAddr>,
+}
+
+/// One pool as this process runs it.
+#[derive(Debug)]
+pub(crate) struct PoolRt {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    /// The manifest's pool and generation (the last one read, once the manifest is gone).
+    pub(crate) loaded: (Arc<LoadedPool>, i64),
+    /// Its manifest is gone: its members are deleted, then it is forgotten.
+    pub(crate) removed: bool,
+    pub(crate) members: BTreeMap<String, MemberRec>,
+    pub(crate) status: ProxyPoolStatus,
+    pub(crate) quarantine: BTreeMap<String, String>,
+    pub(crate) error: Option<String>,
+}
+
+/// Every pool by `namespace/name`.
+#[derive(Debug, Default)]
+pub(crate) struct Pools {
+    pub(crate) by_key: BTreeMap<String, PoolRt>,
+}
+
+/// Everything the standalone driver knows, each part behind its own lock.
+#[derive(Debug, Default)]
+pub(crate) struct Store {
+    /// Every Proxy by UID (manifest Proxies and pool members).
     pub(crate) objects: Mutex<Objects>,
-    pub(crate) hosts: Mutex<BTreeMap<(String, String), HostRow>>,
+    /// Every ProxyPool and its members ([`crate::pool`]).
+    pub(crate) pools: Mutex<Pools>,
+    /// Every configured host's last check, by (entry, host): `/hosts`, and `/status`'s host
+    /// rows.
+    pub(crate) hosts: Mutex<BTreeMap<(String, String), HostHealth>>,
+    /// The last scan's manifest errors.
     pub(crate) manifest_errors: Mutex<Vec<String>>,
     /// Entries adopted from a complete listing (by name and config digest).
     pub(crate) adopted: Mutex<HashSet<(String, String)>>,
+    /// The manifest directory could be listed by the last scan.
     pub(crate) directory_ok: AtomicBool,
+    /// Every entry was adopted once (`/readyz`).
     pub(crate) ready: AtomicBool,
-    /// Set at shutdown: no requeue timer is started any more.
-    pub(crate) stopping: AtomicBool,
-    pub(crate) metrics: Metrics,
-    /// Renders `/metrics` (keeps the controller's image-byte total already exported).
-    pub(crate) exposition: Exposition,
-    /// The proxy health engine, when health checks are on.
-    pub(crate) health: Option<Arc<HealthEngine>>,
-    /// Full host rows (`/hosts`), from the host check loop.
-    pub(crate) host_health: Mutex<BTreeMap<(String, String), HostHealth>>,
-    pub(crate) queue: WorkQueue,
-    /// Requeue times ([`crate::timers`]).
-    pub(crate) timers: crate::timers::Timers,
-    /// The manifest directory (pools keep their files beside their manifests).
-    pub(crate) manifest_dir: std::path::PathBuf,
-    /// Every ProxyPool and its members ([`crate::pools`]).
-    pub(crate) pools: Mutex<crate::pools::Pools>,
-    /// Pools to decide again.
-    pub(crate) pool_queue: crate::pools::PoolQueue,
 }
 
-impl Shared {
-    pub(crate) fn providers(&self) -> Arc<Providers> {
-        self.providers
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Adds an `Unknown` row for every configured host without one; drops rows of hosts no
-    /// longer configured.
-    pub(crate) fn seed_host_rows(&self) {
-        let providers = self.providers();
-        let mut hosts = lock(&self.hosts);
-        let mut keep = HashSet::new();
-        for h in providers.iter() {
-            for c in &h.config.hosts {
-                let key = (h.config.name.clone(), c.name.clone());
-                keep.insert(key.clone());
-                lock(&self.host_health)
-                    .entry(key.clone())
-                    .or_insert_with(|| HostHealth::unknown(&h.config.name, &c.name));
-                hosts.entry(key).or_insert_with(|| HostRow {
-                    entry: h.config.name.clone(),
-                    host: c.name.clone(),
-                    state: "Unknown".into(),
-                    latency_ms: None,
-                    error: None,
-                });
-            }
-        }
-        hosts.retain(|k, _| keep.contains(k));
-        lock(&self.host_health).retain(|k, _| keep.contains(k));
-        self.metrics
-            .retain_hosts(|e, h| keep.contains(&(e.to_owned(), h.to_owned())));
-    }
-
-    /// Merges a manifest scan into the objects: new and changed proxies are (re)queued,
-    /// vanished ones become `deleting` (only when the directory could be listed). A scan
-    /// that found no change costs O(1) here; one that did walks the set once.
-    pub(crate) fn apply_desired(&self, d: &Desired) {
-        *lock(&self.manifest_errors) = d.errors.clone();
-        self.metrics.set_manifests_rejected(d.errors.len());
-        self.directory_ok.store(d.directory_ok, Ordering::SeqCst);
-        if d.unchanged {
-            // The set this process applied last: nothing new, nothing vanished (O(1)).
-            return;
-        }
-        let now = SystemTime::now();
-        let mut changed = Vec::new();
-        {
-            let mut objects = lock(&self.objects);
-            for (uid, (p, generation)) in d.proxies.iter() {
-                if let Some(mut o) = objects.get_mut(uid) {
-                    if o.object.generation != *generation
-                        || o.object.deleting
-                        || o.object.spec != p.spec
-                    {
-                        o.object = object_of(p, *generation);
-                        changed.push(*uid);
-                    }
-                    continue;
-                }
-                objects.insert(
-                    *uid,
-                    Obj {
-                        object: object_of(p, *generation),
-                        status: ProxyStatus::default(),
-                        first_seen: now,
-                        pool: None,
-                    },
-                );
-                changed.push(*uid);
-            }
-            if d.directory_ok {
-                // NB: only `object.deleting` changes here, never a status: a plain walk.
-                objects.for_each_mut(|uid, o| {
-                    if o.pool.is_none() && !d.proxies.contains_key(uid) && !o.object.deleting {
-                        tracing::info!(proxy = %format!("{}/{}", o.object.namespace, o.object.name), "manifest removed: deleting");
-                        o.object.deleting = true;
-                        changed.push(*uid);
-                    }
-                });
-            }
-        }
-        for uid in changed {
-            self.queue.add(uid);
-        }
-        self.apply_pools(&d.pools, d.directory_ok);
-        self.update_phase_metrics();
-    }
-
-    /// Sets the per-phase gauge from the counts kept by [`Objects`] (O(phases)).
-    pub(crate) fn update_phase_metrics(&self) {
-        let v = lock(&self.objects).phase_counts();
-        self.metrics.set_phase_counts(&v);
-    }
-
-    /// Whether the entry `entry` (as currently configured) was adopted.
-    pub(crate) fn is_adopted(&self, entry: &str) -> bool {
-        let providers = self.providers();
+impl Store {
+    /// Whether provider entry `entry`, as configured in `providers`, was adopted from a
+    /// complete listing (an unknown entry counts as adopted: the controller reports it).
+    pub(crate) fn is_adopted(&self, providers: &Providers, entry: &str) -> bool {
         match providers.get(entry) {
-            // An unknown entry: the controller reports it; nothing to adopt.
             None => true,
             Some(h) => lock(&self.adopted).contains(&(entry.to_owned(), h.config_digest.clone())),
         }
     }
 
-    /// Re-queues `uid` after `after`, replacing any earlier timer of it.
-    pub(crate) fn schedule(self: &Arc<Self>, uid: ProxyUid, after: Duration) {
-        if self.stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        self.timers.schedule(uid, after);
-    }
-
-    pub(crate) fn abort_timers(&self) {
-        self.timers.clear();
-    }
-
-    /// Writes a reconcile's outcome (of a reconcile that took `elapsed`) back; forgets the
-    /// Proxy when its deletion finalized.
-    pub(crate) fn apply_outcome(
-        self: &Arc<Self>,
-        uid: ProxyUid,
-        obj: &ProxyObject,
-        out: Outcome,
-        elapsed: Duration,
-    ) {
-        let key = format!("{}/{}", obj.namespace, obj.name);
-        for ev in &out.events {
-            match ev.kind {
-                EventKind::Normal => {
-                    tracing::info!(proxy = %key, reason = %ev.reason, message = %ev.message, "event");
-                }
-                EventKind::Warning => {
-                    tracing::warn!(proxy = %key, reason = %ev.reason, message = %ev.message, "event");
-                }
-            }
-        }
-        let error_class = out
-            .events
-            .iter()
-            .find(|e| e.kind == EventKind::Warning)
-            .map(|e| e.reason.clone());
-        self.metrics.reconciled(error_class.as_deref(), elapsed);
-        let mut forget = false;
-        let mut pool_dirty = None;
-        {
-            let mut objects = lock(&self.objects);
-            let mut remove = false;
-            if let Some(mut o) = objects.get_mut(&uid) {
-                let before = crate::pools::pool_view(&o.status);
-                let previous = std::mem::replace(&mut o.status, out.status);
-                if let Some(engine) = &self.health {
-                    let generation = o.object.generation;
-                    health::apply_to_status(
-                        &mut o.status,
-                        engine.get(&uid).as_ref(),
-                        Some(&previous),
-                        SystemTime::now(),
-                        generation,
-                    );
-                }
-                remove = out.finalized && o.object.deleting;
-                if let Some(k) = &o.pool
-                    && (remove
-                        || before != crate::pools::pool_view(&o.status)
-                        || previous.observed_generation == 0)
-                {
-                    pool_dirty = Some(k.clone());
-                }
-            }
-            if remove {
-                objects.remove(&uid);
-                forget = true;
-            }
-        }
-        if let Some(k) = pool_dirty {
-            self.pool_queue.add(&k);
-        }
-        if forget {
-            if let Some(engine) = &self.health {
-                engine.forget(&uid, &key);
-            }
-            tracing::info!(proxy = %key, "deleted: nothing left on any host");
-            self.timers.cancel(&uid);
-        } else if let Some(d) = out.requeue_after {
-            self.schedule(uid, d);
-        }
-        self.update_phase_metrics();
+    /// Sets the per-phase gauge from the counts kept by [`Objects`] (O(phases)).
+    pub(crate) fn publish_phase_counts(&self, metrics: &Metrics) {
+        let v = lock(&self.objects).phase_counts();
+        metrics.set_phase_counts(&v);
     }
 }
 
+/// The object of manifest Proxy `p` at `generation` (its spec shared with the manifest
+/// store, not copied).
 pub(crate) fn object_of(p: &LoadedProxy, generation: i64) -> ProxyObject {
     ProxyObject {
         namespace: p.namespace.clone(),

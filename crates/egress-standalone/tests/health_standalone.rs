@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use egress_core::health::HealthSettings;
 use egress_core::health::probe::CheckTarget;
-use egress_core::hosthealth::HostHealth;
+use egress_core::host_health::HostHealth;
 use egress_core::model::condition;
 use egress_provider::libvirt::names;
 use egress_standalone::manifests::uid_for;

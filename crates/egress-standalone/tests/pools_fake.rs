@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use egress_core::model::Phase;
 use egress_provider::libvirt::names;
-use egress_standalone::pools::member_uid;
+use egress_standalone::pool::member_uid;
 use egress_web::status::{PoolStatusRow, StatusDocument};
 use ep_operator_fixtures::{
     Dhcp, FakeHosts, GIB, get, qcow2_image, standalone_options, start_standalone, status,

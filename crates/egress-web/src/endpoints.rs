@@ -4,7 +4,7 @@
 //! Guarantees: every method answers from memory, without waiting on a host or the
 //! Kubernetes API; the defaults build what a driver leaves out from its status document.
 
-use egress_core::hosthealth::HostHealth;
+use egress_core::host_health::HostHealth;
 use egress_core::metrics::MetricsFormat;
 use egress_provider::model::ProxyUid;
 

@@ -11,7 +11,7 @@
 
 use egress_core::model::Phase;
 
-use crate::status::{HostRow, PoolStatusRow, ProxyStatusRow, StatusDocument, entry_of};
+use crate::status::{HostStatusRow, PoolStatusRow, ProxyStatusRow, StatusDocument, entry_of};
 
 /// Most query pairs read from a request.
 // NB: the form sends four; 32 tolerates hand-made URLs and bounds the work per request.
@@ -103,7 +103,7 @@ impl Filters {
     }
 
     /// Whether the host row `h` passes (entry, host, and a host `state`).
-    pub fn keeps_host(&self, h: &HostRow) -> bool {
+    pub fn keeps_host(&self, h: &HostStatusRow) -> bool {
         self.entry.as_deref().is_none_or(|e| e == h.entry)
             && self.host.as_deref().is_none_or(|x| x == h.host)
             && self.host_state_filter().is_none_or(|s| s == h.state)

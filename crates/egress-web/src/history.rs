@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use egress_core::model::Phase;
 
 use crate::endpoints::Endpoints;
-use crate::status::{HostRow, ProxyStatusRow, StatusDocument, entry_of};
+use crate::status::{HostStatusRow, ProxyStatusRow, StatusDocument, entry_of};
 
 /// Time between two samples.
 // NB: the page shows "the last hour"; one sample a minute gives a readable 60-point
@@ -121,7 +121,7 @@ impl ProxyCounter {
     }
 
     /// `(ready, total)` per host row of `hosts`, keyed by `(entry, host)`.
-    pub fn per_host(&self, hosts: &[HostRow]) -> BTreeMap<(String, String), (u32, u32)> {
+    pub fn per_host(&self, hosts: &[HostStatusRow]) -> BTreeMap<(String, String), (u32, u32)> {
         hosts
             .iter()
             .map(|h| {
@@ -164,7 +164,7 @@ pub fn sample(ep: &dyn Endpoints, at: SystemTime) -> BTreeMap<SeriesKey, Sample>
 }
 
 fn samples_from(
-    hosts: &[HostRow],
+    hosts: &[HostStatusRow],
     counts: &BTreeMap<(String, String), (u32, u32)>,
     at: SystemTime,
 ) -> BTreeMap<SeriesKey, Sample> {
@@ -256,11 +256,11 @@ pub async fn run_sampler(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
-    use crate::status::HostRow;
+    use crate::status::HostStatusRow;
     use egress_core::model::HealthStatus;
 
-    fn host(name: &str, state: &str) -> HostRow {
-        HostRow {
+    fn host(name: &str, state: &str) -> HostStatusRow {
+        HostStatusRow {
             entry: "e".into(),
             host: name.into(),
             state: state.into(),
@@ -290,7 +290,7 @@ mod tests {
         }
     }
 
-    fn doc(hosts: Vec<HostRow>, proxies: Vec<ProxyStatusRow>) -> StatusDocument {
+    fn doc(hosts: Vec<HostStatusRow>, proxies: Vec<ProxyStatusRow>) -> StatusDocument {
         StatusDocument {
             generated_at: "t".into(),
             proxies,

@@ -29,8 +29,8 @@ use sha2::{Digest, Sha256};
 use crate::filters::{Filters, HEALTH_STATES, HOST_STATES, PHASES, health_label};
 use crate::history::{HistorySnapshot, Sample, is_ready, proxy_counts};
 use crate::sparkline::sparkline;
-use crate::status::{HostRow, ProxyStatusRow, StatusDocument, entry_of};
-use egress_core::hosthealth::HostHealth;
+use crate::status::{HostStatusRow, ProxyStatusRow, StatusDocument, entry_of};
+use egress_core::host_health::HostHealth;
 use egress_core::model::ConditionStatus;
 
 /// How often the page's script re-fetches the fleet fragment.
@@ -197,7 +197,7 @@ fn badge(state: &str) -> Markup {
 }
 
 /// The host's sample right now (drawn after the recorded history).
-fn current_sample(doc: &StatusDocument, h: &HostRow, ready: u32, total: u32) -> Sample {
+fn current_sample(doc: &StatusDocument, h: &HostStatusRow, ready: u32, total: u32) -> Sample {
     Sample {
         at_unix: parse_time(&doc.generated_at)
             .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
@@ -215,7 +215,7 @@ fn hosts_section(f: &Fleet<'_>, filters: &Filters) -> Markup {
         .iter()
         .map(|d| ((d.entry.as_str(), d.host.as_str()), d))
         .collect();
-    let rows: Vec<(&HostRow, Option<&HostHealth>, Sample, Vec<Sample>)> = f
+    let rows: Vec<(&HostStatusRow, Option<&HostHealth>, Sample, Vec<Sample>)> = f
         .doc
         .hosts
         .iter()

@@ -11,15 +11,15 @@ use super::filters::{Filters, MAX_FILTER_CHARS};
 use super::history::{History, HistorySnapshot};
 use super::page::{self, Fleet, PoolSummary};
 use super::{Endpoints, Routes, handle, handle_request};
-use crate::status::{HostRow, ProxyStatusRow, StatusDocument};
-use egress_core::hosthealth::HostHealth;
+use crate::status::{HostStatusRow, ProxyStatusRow, StatusDocument};
+use egress_core::host_health::HostHealth;
 use egress_core::model::{Condition, ConditionStatus, HealthStatus, Phase};
 
 const HOSTILE: &str = "<script>alert(1)</script>";
 const HOSTILE_ATTR: &str = "h\"><img src=x onerror=alert(2)>";
 
-fn host(entry: &str, name: &str, state: &str, error: Option<&str>) -> HostRow {
-    HostRow {
+fn host(entry: &str, name: &str, state: &str, error: Option<&str>) -> HostStatusRow {
+    HostStatusRow {
         entry: entry.into(),
         host: name.into(),
         state: state.into(),

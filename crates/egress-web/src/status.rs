@@ -7,7 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use egress_core::host_health::HostHealth;
 use egress_core::model::{Condition, HealthStatus, Phase};
+use egress_core::pool::Member;
 
 impl StatusDocument {
     /// The `/pools/NAME/healthy.txt` body of pool `namespace/name`: `ip:port` of each member
@@ -56,7 +58,7 @@ pub struct StatusDocument {
     /// namespace/name.
     pub proxies: Vec<ProxyStatusRow>,
     /// One row per host of every provider entry, from the last check.
-    pub hosts: Vec<HostRow>,
+    pub hosts: Vec<HostStatusRow>,
     /// Current manifest errors (bad files keep their last good version).
     pub manifest_errors: Vec<String>,
     /// One row per ProxyPool, sorted by namespace/name (absent from documents written before
@@ -173,7 +175,7 @@ impl ProxyStatusRow {
 /// One host of one provider entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct HostRow {
+pub struct HostStatusRow {
     /// Provider entry.
     pub entry: String,
     /// Host name in the entry.
@@ -184,6 +186,37 @@ pub struct HostRow {
     pub latency_ms: Option<u64>,
     /// Last error (redacted).
     pub error: Option<String>,
+}
+
+impl From<&HostHealth> for HostStatusRow {
+    /// The document's summary of a host's last check.
+    fn from(h: &HostHealth) -> Self {
+        Self {
+            entry: h.entry.clone(),
+            host: h.host.clone(),
+            state: h.state.clone(),
+            latency_ms: h.latency_ms,
+            error: h.error.clone(),
+        }
+    }
+}
+
+impl PoolMemberRow {
+    /// The row of member `m`: available only when it counts towards the pool (neither
+    /// quarantined nor being deleted).
+    pub fn of(m: &Member) -> Self {
+        Self {
+            name: m.name.clone(),
+            host: m.host.clone(),
+            phase: m.phase,
+            available: m.available && m.quarantine.is_none() && !m.deleting,
+            template_hash: m.template_hash.clone(),
+            created_at: humantime::format_rfc3339_seconds(m.created).to_string(),
+            quarantine: m.quarantine.clone(),
+            deleting: m.deleting,
+            egress_address: m.egress_address.clone(),
+        }
+    }
 }
 
 /// The provider entry of a proxy row, from its `libvirt://ENTRY/HOST/NAME` provider ID.
@@ -221,7 +254,7 @@ mod tests {
                 }),
                 egress_address: Vec::new(),
             }],
-            hosts: vec![HostRow {
+            hosts: vec![HostStatusRow {
                 entry: "local".into(),
                 host: "h1".into(),
                 state: "Ready".into(),
@@ -264,7 +297,7 @@ mod tests {
     }
 
     fn fleet() -> StatusDocument {
-        let host = |h: &str, state: &str| HostRow {
+        let host = |h: &str, state: &str| HostStatusRow {
             entry: "local".into(),
             host: h.into(),
             state: state.into(),

@@ -11,7 +11,7 @@ use http_body_util::BodyExt;
 use hyper::Method;
 
 use super::*;
-use crate::status::{HostRow, PoolMemberRow, PoolStatusRow};
+use crate::status::{HostStatusRow, PoolMemberRow, PoolStatusRow};
 use crate::{Routes, handle_request, handle_shared};
 use egress_core::model::{HealthStatus, Phase};
 
@@ -58,7 +58,7 @@ fn fleet(n: usize, pools: bool) -> StatusDocument {
         proxies,
         hosts: ["h1", "h2"]
             .iter()
-            .map(|h| HostRow {
+            .map(|h| HostStatusRow {
                 entry: "local".into(),
                 host: (*h).into(),
                 state: "Ready".into(),

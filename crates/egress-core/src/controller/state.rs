@@ -175,7 +175,7 @@ impl State {
 
     /// Where a new instance of `entry` (config digest `digest`) goes when nothing pins it:
     /// among the hosts that accept placements
-    /// ([`crate::hosthealth::accepts_placements`]) and whose declared-address pool is not
+    /// ([`crate::host_health::accepts_placements`]) and whose declared-address pool is not
     /// known exhausted for a family in `need`, the least loaded one (ties: free addresses
     /// first, see [`AddressRoom::rank`]) for which
     /// `has_slot(host, maxConcurrent)` says a work slot is free, else the least loaded one;
@@ -202,7 +202,7 @@ impl State {
         let mut fallback = None;
         for (_, _, host) in &order.by_load {
             let state = health.and_then(|m| m.get(host)).copied();
-            if !crate::hosthealth::accepts_placements(state) || room(host).blocks(need) {
+            if !crate::host_health::accepts_placements(state) || room(host).blocks(need) {
                 continue;
             }
             if has_slot(host, order.max.get(host).copied().unwrap_or(1)) {

@@ -12,14 +12,13 @@
 //!   metrics) as a pure plan, carried out through the small driver trait both drivers
 //!   implement.
 //! - [`status`]: the pool's status, conditions and reasons.
-//! - [`credentials`]: generated credentials; [`credentials_file`]: kept as a 0600 file
-//!   beside a standalone manifest, created once and never overwritten.
+//! - [`credentials`]: generated credentials (a driver keeps them: a Secret in Kubernetes, a
+//!   0600 file beside a standalone manifest).
 //!
 //! Members are ordinary Proxies reconciled by the Proxy controller, so every guarantee a
 //! Proxy has holds for a member; the pool only decides which members exist.
 
 pub mod credentials;
-pub mod credentials_file;
 pub mod decide;
 pub mod duration;
 pub mod member;

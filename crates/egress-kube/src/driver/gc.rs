@@ -1,8 +1,8 @@
-//! The Kubernetes driver's side of the shared GC worker ([`egress_core::background::gc`]):
+//! The Kubernetes driver's side of the shared GC task ([`egress_core::background::gc`]):
 //! the live set is the UID of every Proxy in the cluster, read from the API server.
 //!
 //! Guarantees: a pass is skipped unless that list was had completely within
-//! [`super::LIVE_SET_DEADLINE`] with a canonical uid on every Proxy. The worker runs only
+//! [`super::LIVE_SET_DEADLINE`] with a canonical uid on every Proxy. The task runs only
 //! while this replica leads (it is started with the term's stop token).
 
 use std::collections::HashSet;

@@ -1,4 +1,4 @@
-//! The Kubernetes driver's side of the shared host check worker
+//! The Kubernetes driver's side of the shared host check task
 //! ([`egress_core::background::host_checks`]): each entry's reports feed placement and the
 //! observer, and are written as one [`ProviderHealth`] per entry with server-side apply;
 //! after a round, the ProviderHealths of entries removed from the config are deleted.
@@ -6,7 +6,7 @@
 //! Guarantees: entries are checked one after another, each bounded by
 //! [`super::CHECK_DEADLINE`], and each entry's write (bounded by [`super::API_SLACK`])
 //! happens before the next entry's check; an entry whose check missed the deadline records
-//! nothing; a failed write is logged and retried next round. The worker runs only while
+//! nothing; a failed write is logged and retried next round. The task runs only while
 //! this replica leads (it is started with the term's stop token).
 
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use egress_core::background::host_checks::{HostCheckDriver, HostCheckSettings};
 use egress_core::controller::Controller as Core;
-use egress_core::hosthealth::EntryCheck;
+use egress_core::host_health::EntryCheck;
 use egress_core::model::{Condition, ConditionStatus};
 use egress_core::providers::Providers;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -24,7 +24,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use super::{API_SLACK, CHECK_DEADLINE, DriverStats, FIELD_MANAGER, api_version};
-use crate::api::{HostHealth, HostHealthState, ProviderHealth, ProviderHealthStatus};
+use crate::api::{ProviderHealth, ProviderHealthStatus, ProviderHostState, ProviderHostStatus};
 use crate::observe::Observer;
 
 /// How the Kubernetes driver checks hosts: every `interval`, one entry at a time.
@@ -79,13 +79,13 @@ impl HostCheckDriver for ProviderHealthWriter {
         self.core.record_host_reports(&h.config.name, reports);
         self.observer.record_hosts(&h.config.name, reports, now);
         let now = rfc3339(now);
-        let hosts: Vec<HostHealth> = reports
+        let hosts: Vec<ProviderHostStatus> = reports
             .iter()
-            .map(|r| HostHealth::from_report(r, &now))
+            .map(|r| ProviderHostStatus::from_report(r, &now))
             .collect();
         let ready = hosts
             .iter()
-            .filter(|x| x.state == HostHealthState::Ready)
+            .filter(|x| x.state == ProviderHostState::Ready)
             .count();
         let all_ready = ready == hosts.len() && !hosts.is_empty();
         let status = ProviderHealthStatus {

@@ -48,17 +48,17 @@
 //! `term.rs` one leadership term (the controller and every leader-only loop);
 //! `reconcile.rs` one reconcile and the error policy; `credentials.rs` the credentials
 //! Secrets; `status.rs` the publishing pass and [`publish`] the Services and EndpointSlices.
-//! GC, host checks, proxy health and the config watch are the core's shared workers
-//! ([`egress_core::background`]); `orphans.rs`, `provider_health.rs` and `proxy_health.rs`
+//! GC, host checks, proxy health and the config watch are the core's shared background tasks
+//! ([`egress_core::background`]); `gc.rs`, `host_checks.rs` and `proxy_health.rs`
 //! are this driver's side of them (the live set from the API server, ProviderHealth writes,
 //! targets from the watch cache).
 
 mod cache;
 mod credentials;
 mod events;
-mod orphans;
+mod gc;
+mod host_checks;
 pub mod pool;
-mod provider_health;
 mod proxy_health;
 pub mod publish;
 mod reconcile;
@@ -74,7 +74,7 @@ use std::time::Duration;
 use egress_core::background::config_watch::{self, Compare, WatchedFiles};
 use egress_core::config::installation::Installation;
 use egress_core::controller::{Controller as Core, ControllerSettings, ProxyCredentials};
-use egress_core::gc::{self, GcSettings};
+use egress_core::gc::GcSettings;
 use egress_core::health::HealthState;
 use egress_core::providers::{self, OpenError, Providers};
 use egress_provider::ProxyUid;
@@ -123,7 +123,7 @@ pub const DEFAULT_WATCH_INTERVAL: Duration = Duration::from_secs(5);
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
 /// Longest adoption listing of one entry at the start of a term.
-pub const ADOPT_DEADLINE: Duration = gc::LIST_BUDGET;
+pub const ADOPT_DEADLINE: Duration = egress_core::gc::LIST_BUDGET;
 
 /// Longest one entry's host check may take.
 // NB: `check` bounds each host by the entry's dial and call timeouts (70 s by default).

@@ -1,4 +1,4 @@
-//! Status publishing: the publishing pass that merges health (from the proxy health worker,
+//! Status publishing: the publishing pass that merges health (from the proxy health task,
 //! [`super::proxy_health`]) into each Proxy's status and announces changes as Events, and
 //! the observer's rows.
 //!

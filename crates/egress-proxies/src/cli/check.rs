@@ -99,7 +99,7 @@ fn lint_manifests(
 /// One host's result as printed by `--json`.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct HostRow {
+pub struct CheckedHost {
     /// Provider entry.
     pub entry: String,
     /// Host name in the entry.
@@ -304,7 +304,7 @@ pub async fn run(a: CheckArgs) -> anyhow::Result<u8> {
 }
 
 /// Checks every entry concurrently; one row per configured host, in config order.
-pub async fn check_all(providers: &Providers) -> Vec<HostRow> {
+pub async fn check_all(providers: &Providers) -> Vec<CheckedHost> {
     let work = join_all(providers.iter().map(|h| async move {
         let reports = h.provider.check().await;
         (h, reports)
@@ -331,12 +331,12 @@ pub async fn check_all(providers: &Providers) -> Vec<HostRow> {
     rows
 }
 
-fn row(h: &ProviderHandle, host: &str, report: Option<&HostReport>) -> HostRow {
+fn row(h: &ProviderHandle, host: &str, report: Option<&HostReport>) -> CheckedHost {
     let cfg = h.host(host);
     let address = cfg.map(|c| c.address.clone()).unwrap_or_default();
     let pool_reserve_gib = cfg.map(|c| c.pool_reserve_gib).unwrap_or_default();
     let Some(r) = report else {
-        return HostRow {
+        return CheckedHost {
             entry: h.config.name.clone(),
             host: host.to_owned(),
             address,
@@ -355,7 +355,7 @@ fn row(h: &ProviderHandle, host: &str, report: Option<&HostReport>) -> HostRow {
             addresses: Vec::new(),
         };
     };
-    HostRow {
+    CheckedHost {
         entry: h.config.name.clone(),
         host: host.to_owned(),
         address,
@@ -374,7 +374,7 @@ fn row(h: &ProviderHandle, host: &str, report: Option<&HostReport>) -> HostRow {
 }
 
 /// The human form: a table per entry, then the full error of each host not Ready.
-pub fn render(rows: &[HostRow]) -> String {
+pub fn render(rows: &[CheckedHost]) -> String {
     let mut out = String::new();
     let mut entries: Vec<&str> = Vec::new();
     for r in rows {
@@ -438,7 +438,7 @@ pub fn render(rows: &[HostRow]) -> String {
         }
         out.push_str(&t.render());
     }
-    let failing: Vec<&HostRow> = rows.iter().filter(|r| r.state != "Ready").collect();
+    let failing: Vec<&CheckedHost> = rows.iter().filter(|r| r.state != "Ready").collect();
     if !failing.is_empty() {
         out.push('\n');
         for r in failing {
@@ -498,8 +498,8 @@ fn dash_join(v: &[String]) -> String {
 mod tests {
     use super::*;
 
-    fn r(entry: &str, host: &str, state: &'static str, error: Option<&str>) -> HostRow {
-        HostRow {
+    fn r(entry: &str, host: &str, state: &'static str, error: Option<&str>) -> CheckedHost {
+        CheckedHost {
             entry: entry.into(),
             host: host.into(),
             address: "127.0.0.1:22".into(),

@@ -309,7 +309,7 @@ pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use egress_web::status::{HostRow, ProxyStatusRow};
+    use egress_web::status::{HostStatusRow, ProxyStatusRow};
 
     #[test]
     fn the_table_shows_age_and_a_truncated_last_error_and_names_unready_hosts() {
@@ -333,7 +333,7 @@ mod tests {
                 health: None,
                 egress_address: Vec::new(),
             }],
-            hosts: vec![HostRow {
+            hosts: vec![HostStatusRow {
                 entry: "home".into(),
                 host: "h2".into(),
                 state: "Unreachable".into(),

@@ -15,7 +15,7 @@ use egress_core::pool::validate::validate_pool_name;
 use egress_core::pool::{PoolPolicy, ProxyPoolManifest, ProxyPoolSpec};
 use sha2::{Digest, Sha256};
 
-use crate::manifests::{Credentials, ManifestError, read_credentials};
+use super::files::{Credentials, ManifestError, is_dns_label, read_credentials};
 
 /// One valid ProxyPool from a manifest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,7 +94,7 @@ pub(crate) fn parse_pool(
     if let Some(e) = validate_pool_name(&m.metadata.name) {
         errs.push(mk(&e.path, e.message));
     }
-    if !crate::manifests::is_dns_label(&m.metadata.namespace) {
+    if !is_dns_label(&m.metadata.namespace) {
         errs.push(mk(
             "metadata.namespace",
             format!("{:?} is not a DNS label", m.metadata.namespace),

@@ -13,8 +13,8 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use super::credentials::{generate, to_file_line};
-use crate::controller::ProxyCredentials;
+use egress_core::controller::ProxyCredentials;
+use egress_core::pool::credentials::{generate, to_file_line};
 
 /// The file name suffix: `NAMESPACE.POOL.credentials`.
 pub const CREDENTIALS_SUFFIX: &str = ".credentials";
@@ -145,7 +145,10 @@ mod tests {
         let (c, created) = ensure(&path, "web").unwrap();
         assert!(created);
         assert_eq!(c.username, "pool-web");
-        assert_eq!(c.password.len(), super::super::credentials::PASSWORD_LEN);
+        assert_eq!(
+            c.password.len(),
+            egress_core::pool::credentials::PASSWORD_LEN
+        );
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         // A restart reads them back.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use egress_core::controller::backoff::backoff;
-use egress_core::controller::{Event, EventKind, decide::fmt_time};
+use egress_core::controller::{Event, EventKind};
 use egress_core::pool::credentials;
 use egress_core::pool::member::{LABEL_POOL, LABEL_TEMPLATE_HASH, member_spec};
 use egress_core::pool::round::{self, PoolCredentials, PoolDriver, Round, RoundInputs};
@@ -391,20 +391,7 @@ async fn set_finalizers(
 /// The members as `/status` lists them, by name (the pool's creates the watch has not shown
 /// included: they exist in the API).
 fn status_rows(members: &[egress_core::pool::Member]) -> Vec<PoolMemberRow> {
-    let mut rows: Vec<PoolMemberRow> = members
-        .iter()
-        .map(|m| PoolMemberRow {
-            name: m.name.clone(),
-            host: m.host.clone(),
-            phase: m.phase,
-            available: m.available && m.quarantine.is_none() && !m.deleting,
-            template_hash: m.template_hash.clone(),
-            created_at: fmt_time(m.created),
-            quarantine: m.quarantine.clone(),
-            deleting: m.deleting,
-            egress_address: m.egress_address.clone(),
-        })
-        .collect();
+    let mut rows: Vec<PoolMemberRow> = members.iter().map(PoolMemberRow::of).collect();
     rows.sort_by(|a, b| a.name.cmp(&b.name));
     rows
 }

@@ -857,7 +857,7 @@ async fn the_driver_calls_exactly_the_apis_its_rbac_table_grants() {
     let pool: ProxyPool = serde_json::from_value(json!({
         "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
         "metadata": {"name": "tour", "namespace": "default"},
-        "spec": {"replicas": 1, "template": {"provider": ENTRY, "image": IMAGE},
+        "spec": {"replicas": 1, "template": {"spec": {"provider": ENTRY, "image": IMAGE}},
                  "credentials": {"generate": true}},
     }))
     .unwrap();
@@ -1010,8 +1010,8 @@ async fn a_pools_healthy_members_are_its_service_and_a_quarantined_one_leaves_it
     let pool: ProxyPool = serde_json::from_value(json!({
         "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
         "metadata": {"name": "fleet", "namespace": "default"},
-        "spec": {"replicas": 2, "template": {"provider": ENTRY, "image": IMAGE,
-                 "proxy": {"port": port, "allowedClientCidrs": ["10.0.0.0/8"]}}},
+        "spec": {"replicas": 2, "template": {"spec": {"provider": ENTRY, "image": IMAGE,
+                 "proxy": {"port": port, "allowedClientCidrs": ["10.0.0.0/8"]}}}},
     }))
     .unwrap();
     pools.create(&PostParams::default(), &pool).await.unwrap();
@@ -1096,8 +1096,8 @@ async fn an_invalid_pool_is_reported_with_every_field_at_fault_and_gets_no_membe
     let pool: ProxyPool = serde_json::from_value(json!({
         "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
         "metadata": {"name": "bad", "namespace": "default"},
-        "spec": {"replicas": 2, "template": {"provider": ENTRY, "image": IMAGE,
-                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}},
+        "spec": {"replicas": 2, "template": {"spec": {"provider": ENTRY, "image": IMAGE,
+                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}},
                  "update": {"maxSurge": 0, "maxUnavailable": 0},
                  "rotation": {"maxAge": "10s"}},
     }))
@@ -1147,6 +1147,75 @@ async fn an_invalid_pool_is_reported_with_every_field_at_fault_and_gets_no_membe
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_stored_in_the_flat_template_shape_is_refused_with_the_new_shape_and_wedges_nothing()
+{
+    let w = World::new();
+    let r = w.start("a");
+    // Written as earlier versions took it (the Proxy's fields directly under `template`), as
+    // an object stored before an upgrade would be: raw JSON, not through the typed API.
+    let ar = kube::api::ApiResource::erase::<ProxyPool>(&());
+    let dynamic: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(w.api.client("default"), "default", &ar);
+    let flat: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": "old", "namespace": "default"},
+        "spec": {"replicas": 1, "template": {"provider": ENTRY, "image": IMAGE,
+                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}},
+    }))
+    .unwrap();
+    dynamic.create(&PostParams::default(), &flat).await.unwrap();
+    w.until("the flat pool reports InvalidSpec", |w| {
+        w.api
+            .object(GROUP, "proxypools", "default", "old")
+            .is_some_and(|p| {
+                condition(&Some(p.clone()), "Progressing")
+                    == Some(("False".into(), "InvalidSpec".into()))
+            })
+    })
+    .await;
+    let p = w.api.object(GROUP, "proxypools", "default", "old").unwrap();
+    let msg = p["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "ReplicaFailure")
+        .unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for needle in ["spec.template", "template.spec", "metadata", "v1alpha1"] {
+        assert!(msg.contains(needle), "{needle}: {msg}");
+    }
+    // Its watch is not wedged: a pool in the new shape beside it gets its member.
+    let pool: ProxyPool = serde_json::from_value(json!({
+        "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": "new", "namespace": "default"},
+        "spec": {"replicas": 1, "template": {"spec": {"provider": ENTRY, "image": IMAGE,
+                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}}},
+    }))
+    .unwrap();
+    Api::<ProxyPool>::namespaced(w.api.client("default"), "default")
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap();
+    w.until("the new pool's member exists", |w| {
+        w.api
+            .objects(GROUP, "proxies")
+            .iter()
+            .any(|p| p["metadata"]["labels"]["egress-proxies.dev/pool"] == "new")
+    })
+    .await;
+    assert!(
+        !w.api
+            .objects(GROUP, "proxies")
+            .iter()
+            .any(|p| p["metadata"]["labels"]["egress-proxies.dev/pool"] == "old"),
+        "no member of the refused pool"
+    );
+    stop(r).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_named_like_an_unowned_service_leaves_it_alone_and_marks_its_members() {
     use k8s_openapi::api::core::v1::Service;
     let w = World::new();
@@ -1166,8 +1235,8 @@ async fn a_pool_named_like_an_unowned_service_leaves_it_alone_and_marks_its_memb
     let pool: ProxyPool = serde_json::from_value(json!({
         "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
         "metadata": {"name": "db", "namespace": "default"},
-        "spec": {"replicas": 1, "template": {"provider": ENTRY, "image": IMAGE,
-                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}},
+        "spec": {"replicas": 1, "template": {"spec": {"provider": ENTRY, "image": IMAGE,
+                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}}},
     }))
     .unwrap();
     Api::<ProxyPool>::namespaced(w.api.client("default"), "default")

@@ -136,8 +136,9 @@ fn manifest(replicas: usize, max_age: Option<Duration>) -> String {
         .unwrap_or_default();
     format!(
         "apiVersion: egress-proxies.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: bench\n\
-         spec:\n  replicas: {replicas}\n  template:\n    provider: {ENTRY}\n    image: {IMAGE}\n    \
-         proxy:\n      allowedClientCidrs: [10.0.0.0/8]\n  update:\n    maxSurge: 10%\n    \
+         spec:\n  replicas: {replicas}\n  template:\n    spec:\n      provider: {ENTRY}\n      \
+         image: {IMAGE}\n      proxy:\n        allowedClientCidrs: [10.0.0.0/8]\n  update:\n    \
+         maxSurge: 10%\n    \
          maxUnavailable: 0\n{rotation}"
     )
 }

@@ -11,6 +11,7 @@ use std::time::SystemTime;
 use sha2::{Digest, Sha256};
 
 use crate::model::{ConditionStatus, Phase, ProxySpec, ProxyStatus, condition};
+use crate::pool::spec::ProxyTemplate;
 
 /// Label on every member naming its pool.
 pub const LABEL_POOL: &str = "egress-proxies.dev/pool";
@@ -138,15 +139,20 @@ impl Member {
 }
 
 /// The hash members made from `template` with credentials of digest `credentials_digest`
-/// carry ("" when the pool generates none). A change of either changes it, which replaces
-/// the members through the update budget.
-pub fn template_hash(template: &ProxySpec, credentials_digest: &str) -> String {
+/// carry ("" when the pool generates none). A change of the spec, the metadata or the
+/// credentials changes it, which replaces the members through the update budget.
+pub fn template_hash(template: &ProxyTemplate, credentials_digest: &str) -> String {
     let mut h = Sha256::new();
     // NB: serde_json writes struct fields in declaration order, so equal templates hash
-    // equally; a field added later with its default skipped keeps old hashes.
-    h.update(serde_json::to_vec(template).unwrap_or_default());
+    // equally; a field added later with its default skipped keeps old hashes, and so does a
+    // template without metadata (hashed as the spec alone, as before metadata existed).
+    h.update(serde_json::to_vec(&template.spec).unwrap_or_default());
     h.update([0]);
     h.update(credentials_digest.as_bytes());
+    if !template.metadata.is_empty() {
+        h.update([0]);
+        h.update(serde_json::to_vec(&template.metadata).unwrap_or_default());
+    }
     let d = h.finalize();
     let mut out = String::with_capacity(TEMPLATE_HASH_LEN);
     for b in d.iter().take(TEMPLATE_HASH_LEN / 2) {

@@ -41,6 +41,6 @@ pub use self::round::{
     AvailabilityMemory, Done, Plan, PoolCredentials, PoolDriver, Round, RoundInputs, carry_out,
     plan,
 };
-pub use self::spec::{ProxyPoolManifest, ProxyPoolSpec};
+pub use self::spec::{ProxyPoolManifest, ProxyPoolSpec, ProxyTemplate, TemplateMetadata};
 pub use self::status::{PoolMemberStatus, ProxyPoolStatus};
 pub use self::validate::PoolPolicy;

@@ -22,8 +22,8 @@ fn at(secs: u64) -> SystemTime {
 
 fn spec(replicas: u32) -> ProxyPoolSpec {
     serde_saphyr::from_str(&format!(
-        "replicas: {replicas}\ntemplate:\n  provider: home\n  image: debian-12\n  proxy:\n    \
-         allowedClientCidrs: [10.0.0.0/8]\n"
+        "replicas: {replicas}\ntemplate:\n  spec:\n    provider: home\n    image: debian-12\n    \
+         proxy:\n      allowedClientCidrs: [10.0.0.0/8]\n"
     ))
     .unwrap()
 }
@@ -102,7 +102,7 @@ fn a_deleted_pool_deletes_the_members_not_yet_going_and_finishes_with_none_left(
 fn an_invalid_pool_is_refused_with_every_fault_and_announced_only_when_its_status_changes() {
     let mut s = spec(1);
     s.replicas = 1_000_000;
-    s.template.host = Some("h1".into());
+    s.template.spec.host = Some("h1".into());
     let status = ProxyPoolStatus::default();
     let h = hosts();
     let mut i = inputs(&s, &[], &h, &status);
@@ -117,7 +117,7 @@ fn an_invalid_pool_is_refused_with_every_fault_and_announced_only_when_its_statu
     };
     assert_eq!(why, reason::INVALID_SPEC);
     let msg = &refused.condition(condition::PROGRESSING).unwrap().message;
-    for needle in ["Not_A_Name", "replicas", "template.host"] {
+    for needle in ["Not_A_Name", "replicas", "template.spec.host"] {
         assert!(msg.contains(needle), "{needle} missing from {msg}");
     }
     assert_eq!(refused.selector, "egress-proxies.dev/pool=Not_A_Name");

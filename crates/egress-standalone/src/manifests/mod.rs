@@ -565,7 +565,7 @@ impl ManifestStore {
             .chain(
                 pools
                     .iter()
-                    .filter_map(|p| p.spec.template.proxy.credentials_ref.as_ref()),
+                    .filter_map(|p| p.spec.template.spec.proxy.credentials_ref.as_ref()),
             )
             .map(|r| {
                 let cp = self.dir.join(r);

@@ -107,7 +107,7 @@ pub(crate) fn parse_pool(
             None
         }
     };
-    let credentials = match &m.spec.template.proxy.credentials_ref {
+    let credentials = match &m.spec.template.spec.proxy.credentials_ref {
         Some(r) => match read_credentials(dir, r) {
             Ok(c) => Some(c),
             Err(e) => {
@@ -145,8 +145,8 @@ mod tests {
     use super::*;
 
     const POOL: &str = "apiVersion: egress-proxies.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  \
-name: web\nspec:\n  replicas: 3\n  template:\n    provider: local\n    image: tiny\n    proxy:\n      \
-allowedClientCidrs: [10.0.0.0/8]\n  update: {maxSurge: 10%}\n";
+name: web\nspec:\n  replicas: 3\n  template:\n    spec:\n      provider: local\n      image: tiny\n      \
+proxy:\n        allowedClientCidrs: [10.0.0.0/8]\n  update: {maxSurge: 10%}\n";
 
     #[test]
     fn a_pool_document_parses_and_its_errors_name_file_document_and_field() {
@@ -172,5 +172,20 @@ allowedClientCidrs: [10.0.0.0/8]\n  update: {maxSurge: 10%}\n";
             "{shown:?}"
         );
         assert!(shown.iter().any(|e| e.contains("spec.update")), "{shown:?}");
+    }
+
+    #[test]
+    fn a_pool_written_with_a_flat_template_is_refused_with_the_shape_to_write() {
+        let flat = "apiVersion: egress-proxies.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  \
+                    name: web\nspec:\n  replicas: 3\n  template:\n    provider: local\n    \
+                    image: tiny\n    proxy:\n      allowedClientCidrs: [10.0.0.0/8]\n";
+        let errs = parse_pool(Path::new("/d/a.yaml"), 1, flat, Path::new("/d")).unwrap_err();
+        let shown: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        assert_eq!(shown.len(), 1, "{shown:?}");
+        assert!(
+            shown[0].starts_with("/d/a.yaml document 1: spec.template: provider, image, proxy"),
+            "{shown:?}"
+        );
+        assert!(shown[0].contains("template.spec") && shown[0].contains("v1alpha1"));
     }
 }

@@ -149,7 +149,7 @@ pub(crate) fn member_object(
         uid,
         generation: 1,
         spec: std::sync::Arc::new(member_spec(
-            &p.spec.template,
+            &p.spec.template.spec,
             &rec.host,
             &rec.pin,
             reference.as_deref(),

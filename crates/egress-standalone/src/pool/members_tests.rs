@@ -8,8 +8,8 @@ use egress_core::pool::spec::ProxyPoolSpec;
 
 fn loaded() -> LoadedPool {
     let spec: ProxyPoolSpec = serde_json::from_str(
-        r#"{"replicas":1,"template":{"provider":"home","image":"tiny",
-            "proxy":{"allowedClientCidrs":["10.0.0.0/8"]}}}"#,
+        r#"{"replicas":1,"template":{"spec":{"provider":"home","image":"tiny",
+            "proxy":{"allowedClientCidrs":["10.0.0.0/8"]}}}}"#,
     )
     .unwrap();
     LoadedPool {

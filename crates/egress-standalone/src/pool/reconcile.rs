@@ -171,7 +171,7 @@ pub(crate) async fn pool_round(store: &Store, ctx: &Context, key: &str) {
     let Some((namespace, name, (p, generation), removed, mut recs, status, held)) = snapshot else {
         return;
     };
-    if !removed && !store.is_adopted(&ctx.providers(), &p.spec.template.provider) {
+    if !removed && !store.is_adopted(&ctx.providers(), &p.spec.template.spec.provider) {
         return;
     }
     let quarantine = if removed {
@@ -231,7 +231,7 @@ pub(crate) async fn pool_round(store: &Store, ctx: &Context, key: &str) {
         store_pool(store, ctx, key, recs, None, quarantine, changed, None);
         return;
     }
-    let hosts = ctx.controller.pool_hosts(&p.spec.template.provider);
+    let hosts = ctx.controller.pool_hosts(&p.spec.template.spec.provider);
     let now = SystemTime::now();
     let mut memory = AvailabilityMemory::recorded(
         recs.values()

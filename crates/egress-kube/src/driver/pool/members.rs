@@ -124,8 +124,8 @@ mod tests {
 
     fn creates(members: &[Member], replicas: u32, now: SystemTime) -> usize {
         let spec: ProxyPoolSpec = serde_saphyr::from_str(&format!(
-            "replicas: {replicas}\ntemplate:\n  provider: home\n  image: tiny\n  proxy:\n    \
-             allowedClientCidrs: [10.0.0.0/8]\n"
+            "replicas: {replicas}\ntemplate:\n  spec:\n    provider: home\n    image: tiny\n    \
+             proxy:\n      allowedClientCidrs: [10.0.0.0/8]\n"
         ))
         .unwrap();
         let policy = spec.validate().unwrap();

@@ -10,7 +10,7 @@ use egress_core::pool::credentials;
 use egress_core::pool::member::{LABEL_POOL, LABEL_TEMPLATE_HASH, member_spec};
 use egress_core::pool::round::{self, PoolCredentials, PoolDriver, Round, RoundInputs};
 use egress_core::pool::status::reason as pool_reason;
-use egress_core::pool::{CreateMember, ProxyPoolStatus};
+use egress_core::pool::{CreateMember, ProxyPoolStatus, ProxyTemplate};
 use egress_web::status::{PoolMemberRow, PoolStatusRow};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -124,7 +124,7 @@ async fn reconcile_inner(
         (None, true) => PoolCredentials::Pending,
         (None, false) => PoolCredentials::Ready { digest: &digest },
     };
-    let hosts = ctx.core.pool_hosts(&spec.template.provider);
+    let hosts = ctx.core.pool_hosts(&spec.template.spec.provider);
     let health_checks = ctx.observer.health().is_some();
 
     // Members: the pool's Proxies from the cache, and the creates the watch has not shown.
@@ -285,25 +285,32 @@ impl PoolDriver for KubePool<'_> {
     }
 }
 
-/// The member Proxy `c` of `pool`: owned by it, labelled, pinned to its host.
+/// The member Proxy `c` of `pool`: owned by it, with the template's labels and annotations
+/// and the pool's own labels, pinned to its host.
 pub(crate) fn member_body(
     pool: &ProxyPool,
     c: &egress_core::pool::CreateMember,
-    template: &egress_core::model::ProxySpec,
+    template: &ProxyTemplate,
     credentials_ref: Option<&str>,
 ) -> Proxy {
     let mut p = Proxy::new(
         &c.name,
-        ProxyCrdSpec(member_spec(template, &c.host, &c.pin, credentials_ref)),
+        ProxyCrdSpec(member_spec(
+            &template.spec,
+            &c.host,
+            &c.pin,
+            credentials_ref,
+        )),
     );
     p.metadata.namespace = pool.namespace();
-    p.metadata.labels = Some(
-        [
-            (LABEL_POOL.to_owned(), pool.name_any()),
-            (LABEL_TEMPLATE_HASH.to_owned(), c.template_hash.clone()),
-        ]
-        .into(),
-    );
+    let mut labels = template.metadata.labels.clone();
+    // NB: validation refuses a template setting these; they win all the same.
+    labels.insert(LABEL_POOL.to_owned(), pool.name_any());
+    labels.insert(LABEL_TEMPLATE_HASH.to_owned(), c.template_hash.clone());
+    p.metadata.labels = Some(labels);
+    if !template.metadata.annotations.is_empty() {
+        p.metadata.annotations = Some(template.metadata.annotations.clone());
+    }
     p.metadata.owner_references = secret::owner_reference(pool).map(|o| vec![o]);
     p
 }
@@ -431,7 +438,7 @@ mod tests {
     fn a_member_body_pins_the_kept_egress_addresses_of_its_create() {
         #![allow(clippy::unwrap_used)]
         let spec: egress_core::pool::spec::ProxyPoolSpec = serde_saphyr::from_str(
-            "replicas: 1\ntemplate:\n  provider: home\n  image: tiny\n  proxy:\n    \
+            "replicas: 1\ntemplate:\n  spec:\n    provider: home\n    image: tiny\n    proxy:\n      \
              allowedClientCidrs: [10.0.0.0/8]\n",
         )
         .unwrap();
@@ -448,5 +455,29 @@ mod tests {
         c.pin.clear();
         let p = member_body(&pool, &c, &spec.template, None);
         assert!(p.spec.0.egress.address.is_empty());
+    }
+
+    #[test]
+    fn a_member_body_carries_the_template_metadata_and_the_pools_own_labels() {
+        #![allow(clippy::unwrap_used)]
+        let spec: egress_core::pool::spec::ProxyPoolSpec = serde_saphyr::from_str(
+            "replicas: 1\ntemplate:\n  metadata:\n    labels: {team: payments}\n    \
+             annotations: {example.com/owner: jane}\n  spec:\n    provider: home\n    \
+             image: tiny\n    proxy:\n      allowedClientCidrs: [10.0.0.0/8]\n",
+        )
+        .unwrap();
+        let pool = ProxyPool::new("web", spec.clone().into());
+        let c = egress_core::pool::CreateMember {
+            name: "web-bcdfgh".into(),
+            host: "h1".into(),
+            template_hash: "abc".into(),
+            pin: Vec::new(),
+        };
+        let p = member_body(&pool, &c, &spec.template, None);
+        let labels = p.metadata.labels.unwrap();
+        assert_eq!(labels["team"], "payments");
+        assert_eq!(labels[LABEL_POOL], "web");
+        assert_eq!(labels[LABEL_TEMPLATE_HASH], "abc");
+        assert_eq!(p.metadata.annotations.unwrap()["example.com/owner"], "jane");
     }
 }

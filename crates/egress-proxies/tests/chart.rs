@@ -281,8 +281,10 @@ fn two_releases_of_one_name_in_two_namespaces_share_no_object_name() {
             }
         }
         assert_eq!(
-            foreign, 5,
-            "ClusterRole, ClusterRoleBinding, Role, RoleBinding and the dashboard ConfigMap"
+            foreign, 9,
+            "ClusterRole, ClusterRoleBinding, the watched namespace's and the Secrets' Role and \
+             RoleBinding, the Secret-type ValidatingAdmissionPolicy and its binding, and the \
+             dashboard ConfigMap"
         );
     }
     // Two names in one namespace: no object and no Lease in common either.
@@ -310,7 +312,9 @@ fn name_overrides_rename_every_object_and_keep_every_selector_matching() {
         for o in objs.iter() {
             let name = o["metadata"]["name"].as_str().unwrap();
             assert!(
-                name.starts_with(fullname) || name == format!("ops.{fullname}"),
+                name.starts_with(fullname)
+                    || name == format!("ops.{fullname}")
+                    || name.starts_with(&format!("ops.{fullname}-")),
                 "{} {name} is not named from {fullname}",
                 o["kind"]
             );
@@ -650,7 +654,8 @@ fn renders_started_at_once_on_an_empty_cache_all_succeed_and_publish_one_complet
         );
     }
     assert!(
-        outs.iter().all(|o| o.stdout == outs[0].stdout && !o.stdout.is_empty()),
+        outs.iter()
+            .all(|o| o.stdout == outs[0].stdout && !o.stdout.is_empty()),
         "the renders printed different charts"
     );
     // One SDK published whole, and no render's private copy left behind.
@@ -659,9 +664,16 @@ fn renders_started_at_once_on_an_empty_cache_all_succeed_and_publish_one_complet
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names.len(), 1, "the cache holds more than the SDK: {names:?}");
+    assert_eq!(
+        names.len(),
+        1,
+        "the cache holds more than the SDK: {names:?}"
+    );
     assert!(
-        cache.join(&names[0]).join("helm_python/__init__.py").is_file(),
+        cache
+            .join(&names[0])
+            .join("helm_python/__init__.py")
+            .is_file(),
         "the published SDK is incomplete: {names:?}"
     );
     // A render on the now-filled cache needs no wheel at all.
@@ -687,5 +699,8 @@ fn a_render_with_no_sdk_in_its_cache_fails_naming_the_setup_step_and_downloads_n
     let left: Vec<_> = std::fs::read_dir(&cache)
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
-    assert!(left.is_empty(), "something was fetched into the cache: {left:?}");
+    assert!(
+        left.is_empty(),
+        "something was fetched into the cache: {left:?}"
+    );
 }

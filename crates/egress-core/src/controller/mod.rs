@@ -49,6 +49,7 @@ mod ops;
 mod outcome;
 mod proxy;
 mod reconcile;
+mod reservations;
 mod settings;
 mod state;
 mod strays;

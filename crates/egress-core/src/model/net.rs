@@ -24,6 +24,12 @@ pub fn is_dns_subdomain(s: &str) -> bool {
         })
 }
 
+/// Whether `s` is a DNS label (RFC 1123) as Kubernetes namespace names are: 1 to 63 of
+/// lowercase letters, digits and `-`, starting and ending with a letter or digit.
+pub fn is_dns_label(s: &str) -> bool {
+    s.len() <= 63 && !s.contains('.') && is_dns_subdomain(s)
+}
+
 /// Parses `addr/len` with the length within the address family's bounds.
 pub fn parse_cidr(s: &str) -> Option<(IpAddr, u8)> {
     let (a, l) = s.split_once('/')?;

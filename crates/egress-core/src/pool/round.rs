@@ -79,6 +79,8 @@ pub struct RoundInputs<'a> {
     pub spec: &'a ProxyPoolSpec,
     /// The pool is being deleted: its members go, then the pool.
     pub deleting: bool,
+    /// Its provider entry's `quotas.maxPoolReplicas`, and what a pool asking for more gets.
+    pub quota: Quota,
     /// The pool's status as last recorded (its memory between rounds).
     pub status: &'a ProxyPoolStatus,
     /// Its generated credentials (`Ready { digest: "" }` when it generates none).
@@ -96,6 +98,21 @@ impl RoundInputs<'_> {
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
+}
+
+/// A pool's bound from its provider entry's `quotas.maxPoolReplicas` (every member counts,
+/// quarantined ones included: see [`PoolPolicy::within_quota`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Quota {
+    /// The entry sets none.
+    #[default]
+    Unbounded,
+    /// A pool asking for more is refused as an invalid spec naming `spec.replicas`
+    /// (Kubernetes: the refusal shows on the pool the user wrote).
+    Refuse(u32),
+    /// A pool asking for more is held to it, with a warning in the log (standalone: a
+    /// manifest is not refused at run time for a bound of the config).
+    Hold(u32),
 }
 
 /// What one round does.
@@ -215,8 +232,18 @@ pub fn selector(name: &str) -> String {
 /// Pool `name`'s `spec` checked and resolved, or every fault at once (`field: why; …`):
 /// what [`plan`] refuses a pool for. A driver asks first when it must know whether the pool
 /// will act (it makes no credentials for a pool that is refused).
-pub fn check(name: &str, spec: &ProxyPoolSpec) -> Result<PoolPolicy, String> {
-    let validated = spec.validate();
+pub fn check(name: &str, spec: &ProxyPoolSpec, quota: Quota) -> Result<PoolPolicy, String> {
+    let validated = spec.validate().and_then(|p| match quota {
+        Quota::Unbounded => Ok(p),
+        Quota::Refuse(max) => p.within_quota(max).map_err(|e| vec![e]),
+        Quota::Hold(max) => Ok(p.clone().within_quota(max).unwrap_or_else(|e| {
+            tracing::warn!(pool = %name, error = %format!("{}: {}", e.path, e.message), "pool held to its entry's quota");
+            let mut held = p;
+            held.replicas = max;
+            held.max_members = max;
+            held
+        })),
+    });
     let errors: Vec<String> = validate_pool_name(name)
         .into_iter()
         .chain(validated.clone().err().unwrap_or_default())
@@ -242,7 +269,7 @@ pub fn plan(i: &RoundInputs<'_>, memory: &mut AvailabilityMemory) -> Round {
             finished: i.members.is_empty(),
         };
     }
-    let policy = match check(i.name, i.spec) {
+    let policy = match check(i.name, i.spec, i.quota) {
         Ok(p) => p,
         Err(errors) => return refuse(i, reason::INVALID_SPEC, &errors),
     };

@@ -62,6 +62,7 @@ fn inputs<'a>(
         generation: 3,
         spec,
         deleting: false,
+        quota: Quota::Unbounded,
         status,
         credentials: PoolCredentials::Ready { digest: "" },
         members,
@@ -129,6 +130,45 @@ fn an_invalid_pool_is_refused_with_every_fault_and_announced_only_when_its_statu
         panic!("not refused");
     };
     assert!(event.is_none());
+}
+
+#[test]
+fn a_pool_over_its_entry_s_quota_is_refused_or_held_as_its_driver_asks() {
+    let s = spec(5);
+    let status = ProxyPoolStatus::default();
+    let h = hosts();
+    let mut i = inputs(&s, &[], &h, &status);
+    // Within the quota: every member counts against it, quarantined ones included.
+    i.quota = Quota::Refuse(5);
+    let Round::Act(p) = plan(&i, &mut AvailabilityMemory::default()) else {
+        panic!("a pool at its quota acts");
+    };
+    assert_eq!((p.policy.replicas, p.policy.max_members), (5, 5));
+    // Kubernetes: refused, naming spec.replicas and the quota.
+    i.quota = Quota::Refuse(3);
+    let Round::Refused {
+        reason: why,
+        status: refused,
+        ..
+    } = plan(&i, &mut AvailabilityMemory::default())
+    else {
+        panic!("a pool over its quota is refused");
+    };
+    assert_eq!(why, reason::INVALID_SPEC);
+    let msg = &refused.condition(condition::PROGRESSING).unwrap().message;
+    assert!(
+        msg.contains("spec.replicas") && msg.contains("maxPoolReplicas (3)"),
+        "{msg}"
+    );
+    assert!(check("web", &s, Quota::Refuse(3)).is_err());
+    // Standalone: held to the quota.
+    i.quota = Quota::Hold(3);
+    let Round::Act(p) = plan(&i, &mut AvailabilityMemory::default()) else {
+        panic!("a pool held to its quota acts");
+    };
+    assert_eq!((p.policy.replicas, p.policy.max_members), (3, 3));
+    let n = p.decision.creates.len();
+    assert!((1..=3).contains(&n), "{:?}", p.decision.creates);
 }
 
 #[test]

@@ -137,6 +137,15 @@ fn adjust(spec: &mut Value) {
             ),
         );
     }
+    // NB: `template.spec` is not `required` in the schema: a flat template (its fields
+    // pruned as unknown) then meets the rule whose message shows the shape to write, rather
+    // than a bare "Required value"; the operator refuses a template without it all the same.
+    if let Some(template) = spec
+        .pointer_mut("/properties/template")
+        .and_then(Value::as_object_mut)
+    {
+        template.remove("required");
+    }
     if let Some(provider) = spec
         .pointer_mut("/properties/template/properties/spec/properties/provider")
         .and_then(Value::as_object_mut)

@@ -284,6 +284,32 @@ impl ReconcileError {
     }
 }
 
+/// The UID of the cluster's `kube-system` namespace (the cluster's identity for the
+/// installation ID), or `None` with a warning when it cannot be read within the API deadline.
+async fn cluster_uid(client: &Client) -> Option<String> {
+    let api: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
+    // rbac: NAMESPACES get
+    match tokio::time::timeout(API_SLACK, api.get_metadata_opt("kube-system")).await {
+        Ok(Ok(Some(ns))) => ns.metadata.uid,
+        Ok(Ok(None)) => {
+            tracing::warn!(
+                "no kube-system namespace: the installation ID is the legacy one, the same in every cluster installed alike; set installation.id when hosts are shared"
+            );
+            None
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot read the kube-system namespace: the installation ID is the legacy one, the same in every cluster installed alike; set installation.id when hosts are shared");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(
+                "reading the kube-system namespace timed out: the installation ID is the legacy one; set installation.id when hosts are shared"
+            );
+            None
+        }
+    }
+}
+
 /// Runs the driver until `shutdown` is cancelled: loads the provider config (refusing to
 /// start on any error), connects to the cluster (in-cluster or kubeconfig) and runs
 /// [`run_with`] with a reload that re-reads the config file. `observer` is what `--listen`
@@ -294,23 +320,9 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
     let path = opts.config_path.clone();
-    // This installation's ID in every mark: from the config, else its Lease's identity.
-    let installation = Installation::Kubernetes {
-        lease_namespace: opts.lease.namespace.clone(),
-        lease_name: opts.lease.name.clone(),
-    };
-    let build = move || -> Result<Providers, RunError> {
-        let cfg = egress_core::config::load(&path).map_err(RunError::Config)?;
-        for w in &cfg.warnings {
-            tracing::warn!(%w, "provider config warning");
-        }
-        providers::open(&cfg, &installation).map_err(|e| match e {
-            OpenError::Installation(e) => RunError::Config(e),
-            OpenError::Build(e) => RunError::Providers(e),
-        })
-    };
-    let providers = build()?;
-    observer.set_config_loaded(true);
+    let (lease_ns, lease_name) = (opts.lease.namespace.clone(), opts.lease.name.clone());
+    // The config is checked before anything is contacted.
+    egress_core::config::load(&path).map_err(RunError::Config)?;
     let client = match &opts.kubeconfig {
         Some(path) => {
             let err = |source| RunError::Kubeconfig {
@@ -325,6 +337,32 @@ pub async fn run(
         }
         None => Client::try_default().await.map_err(RunError::Client)?,
     };
+    // This installation's ID in every mark: from the config, else the cluster's and its
+    // Lease's identity.
+    let legacy = egress_core::config::installation::legacy_kubernetes(&lease_ns, &lease_name);
+    let installation = Installation::Kubernetes {
+        cluster_uid: cluster_uid(&client).await,
+        lease_namespace: lease_ns,
+        lease_name,
+    };
+    let build = move || -> Result<Providers, RunError> {
+        let cfg = egress_core::config::load(&path).map_err(RunError::Config)?;
+        for w in &cfg.warnings {
+            tracing::warn!(%w, "provider config warning");
+        }
+        if cfg.installation.is_none()
+            && let Ok(Some(id)) = installation.id(&cfg)
+            && id != legacy
+        {
+            tracing::info!(installation = %id, legacy = %legacy, "installation ID derived from the cluster; VMs created by a release that derived the legacy ID are another installation's to this one: to keep them, set installation.id to the legacy ID");
+        }
+        providers::open(&cfg, &installation).map_err(|e| match e {
+            OpenError::Installation(e) => RunError::Config(e),
+            OpenError::Build(e) => RunError::Providers(e),
+        })
+    };
+    let providers = build()?;
+    observer.set_config_loaded(true);
     let reload: Reload = Arc::new(move || build().map_err(|e| e.to_string()));
     run_with(
         opts,
@@ -438,7 +476,18 @@ pub(super) struct Ctx {
     creds: Mutex<HashMap<ProxyUid, Option<ProxyCredentials>>>,
     /// The decided health each Proxy was last announced with (one Event per change).
     announced: Mutex<HashMap<ProxyUid, HealthState>>,
+    /// Namespaces' labels, read for the config's `namespaceSelector`s, each for
+    /// [`NAMESPACE_LABELS_TTL`].
+    namespace_labels: Mutex<HashMap<String, (std::time::Instant, NamespaceLabels)>>,
 }
+
+/// A namespace's labels (shared with every ProxyObject of that namespace).
+pub(super) type NamespaceLabels = Arc<std::collections::BTreeMap<String, String>>;
+
+/// How long a namespace's labels are reused before they are read again.
+// NB: a namespace's labels change rarely; a minute bounds how long a change of entitlement by
+// label goes unseen, at one GET per namespace per minute whatever the number of Proxies.
+pub(super) const NAMESPACE_LABELS_TTL: Duration = Duration::from_secs(60);
 
 pub(super) fn uid_of(p: &Proxy) -> Option<ProxyUid> {
     p.meta().uid.as_deref().and_then(ProxyUid::parse_strict)

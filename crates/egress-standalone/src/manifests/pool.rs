@@ -28,7 +28,7 @@ pub struct LoadedPool {
     pub spec: ProxyPoolSpec,
     /// The spec resolved.
     pub policy: PoolPolicy,
-    /// Credentials read from `spec.template.proxy.credentialsRef`, when set.
+    /// Credentials read from `spec.template.spec.proxy.credentialsRef`, when set.
     pub credentials: Option<Credentials>,
     /// The file it came from.
     pub file: PathBuf,
@@ -111,7 +111,7 @@ pub(crate) fn parse_pool(
         Some(r) => match read_credentials(dir, r) {
             Ok(c) => Some(c),
             Err(e) => {
-                errs.push(mk("spec.template.proxy.credentialsRef", e));
+                errs.push(mk("spec.template.spec.proxy.credentialsRef", e));
                 None
             }
         },

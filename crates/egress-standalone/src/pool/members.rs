@@ -156,6 +156,7 @@ pub(crate) fn member_object(
         )),
         deleting: false,
         credentials: creds.cloned(),
+        namespace_labels: None,
     }
 }
 

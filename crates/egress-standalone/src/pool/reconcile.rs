@@ -12,7 +12,7 @@ use egress_core::controller::{Event, EventKind, ProxyCredentials, ProxyObject};
 use egress_core::model::ProxyStatus;
 use egress_core::pool::credentials;
 use egress_core::pool::round::{
-    self, AvailabilityMemory, PoolCredentials, PoolDriver, Round, RoundInputs,
+    self, AvailabilityMemory, PoolCredentials, PoolDriver, Quota, Round, RoundInputs,
 };
 use egress_core::pool::{CreateMember, Member, ProxyPoolStatus};
 use egress_provider::ProxyUid;
@@ -245,6 +245,12 @@ pub(crate) async fn pool_round(store: &Store, ctx: &Context, key: &str) {
             generation,
             spec: &p.spec,
             deleting: removed,
+            // Bound by its entry's quotas.maxPoolReplicas (quarantined members count); a
+            // pool asking for more is held to it, and says so in the log.
+            quota: ctx
+                .controller
+                .max_pool_replicas(&p.spec.template.spec.provider)
+                .map_or(Quota::Unbounded, Quota::Hold),
             status: &status,
             credentials: match &unusable {
                 Some(why) => PoolCredentials::Unusable(why),

@@ -140,9 +140,7 @@ pub struct GuestImage {
 /// content), from its `key=value` output. Never builds: when the image is missing the script
 /// fails naming `.ci/setup-host`, and so does this.
 pub fn build_image(repo: &Path) -> GuestImage {
-    let out = run_ok(
-        Command::new(repo.join("scripts/build-guest-image")).arg("--cached-only"),
-    );
+    let out = run_ok(Command::new(repo.join("scripts/build-guest-image")).arg("--cached-only"));
     let get = |k: &str| {
         out.lines()
             .find_map(|l| l.strip_prefix(&format!("{k}=")))
@@ -246,11 +244,14 @@ impl Drop for EntryGuard {
                 let _ = virsh(&["undefine", &d, "--nvram"]);
             }
         }
-        // The entry's network filters, once no domain uses them.
-        for f in nwfilter_names() {
-            if f.starts_with(&format!("{prefix}filter")) {
-                println!("eptest: removing network filter {f}");
-                let _ = virsh(&["nwfilter-undefine", &f]);
+        // The entry's network filters, once no domain uses them; twice, since a filter
+        // another one references (a filter set's children) is removed after its parent.
+        for _ in 0..2 {
+            for f in nwfilter_names() {
+                if f.starts_with(&format!("{prefix}filter")) {
+                    println!("eptest: removing network filter {f}");
+                    let _ = virsh(&["nwfilter-undefine", &f]);
+                }
             }
         }
     }

@@ -8,7 +8,7 @@ use egress_core::controller::backoff::backoff;
 use egress_core::controller::{Event, EventKind};
 use egress_core::pool::credentials;
 use egress_core::pool::member::{LABEL_POOL, LABEL_TEMPLATE_HASH, member_spec};
-use egress_core::pool::round::{self, PoolCredentials, PoolDriver, Round, RoundInputs};
+use egress_core::pool::round::{self, PoolCredentials, PoolDriver, Quota, Round, RoundInputs};
 use egress_core::pool::status::reason as pool_reason;
 use egress_core::pool::{CreateMember, ProxyPoolStatus, ProxyTemplate};
 use egress_web::status::{PoolMemberRow, PoolStatusRow};
@@ -82,7 +82,7 @@ async fn reconcile_inner(
     let pools: Api<ProxyPool> = Api::namespaced(ctx.client.clone(), ns);
     let proxies: Api<Proxy> = Api::namespaced(ctx.client.clone(), ns);
     let now = SystemTime::now();
-    let objects: Vec<Arc<Proxy>> = ctx
+    let mut objects: Vec<Arc<Proxy>> = ctx
         .index
         .members(key)
         .iter()
@@ -90,6 +90,19 @@ async fn reconcile_inner(
         .collect();
     let has_finalizer = pool.finalizers().iter().any(|f| f == POOL_FINALIZER);
     let deleting = pool.meta().deletion_timestamp.is_some();
+    if deleting {
+        // NB: only members that still name this pool as their owner go with it: a pool
+        // deleted with `propagationPolicy: Orphan` has the garbage collector remove that
+        // reference, and its members stay (as the user asked), whichever of us acts first.
+        let pool_uid = pool.meta().uid.clone();
+        let orphaning = pool.finalizers().iter().any(|f| f == ORPHAN_FINALIZER);
+        objects.retain(|p| {
+            !orphaning
+                && p.owner_references()
+                    .iter()
+                    .any(|o| Some(&o.uid) == pool_uid.as_ref())
+        });
+    }
     if !has_finalizer {
         if !deleting {
             let mut list = pool.finalizers().to_vec();
@@ -107,7 +120,13 @@ async fn reconcile_inner(
     let mut digest = String::new();
     let mut unusable = None;
     let mut pending = false;
-    let generate = !deleting && round::check(name, spec).is_ok_and(|p| p.generate_credentials);
+    // Bound by its entry's quotas.maxPoolReplicas (quarantined members count).
+    let quota = ctx
+        .core
+        .max_pool_replicas(&spec.template.spec.provider)
+        .map_or(Quota::Unbounded, Quota::Refuse);
+    let generate =
+        !deleting && round::check(name, spec, quota).is_ok_and(|p| p.generate_credentials);
     if generate {
         match secret::ensure(&ctx.client, pool).await? {
             Some(PoolSecret::Present(c)) => {
@@ -139,6 +158,7 @@ async fn reconcile_inner(
                 generation,
                 spec,
                 deleting,
+                quota,
                 status: &current,
                 credentials,
                 members: &members,
@@ -373,6 +393,9 @@ async fn write_status(
     .await?;
     Ok(())
 }
+
+/// The finalizer the API server sets on an object deleted with `propagationPolicy: Orphan`.
+const ORPHAN_FINALIZER: &str = "orphan";
 
 /// Replaces the pool's finalizers with `list`, guarded by the resourceVersion read.
 async fn set_finalizers(

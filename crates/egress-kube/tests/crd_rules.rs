@@ -156,6 +156,11 @@ fn longest(path: &str, n: usize) -> Option<String> {
 /// need of a valid object (a proxy must not be an open relay).
 const ALWAYS: &[(&str, &str)] = &[("proxy", r#"{"allowedClientCidrs": ["10.0.0.0/8"]}"#)];
 
+/// Properties a CEL rule requires though the schema does not (by whole path): synthesized as
+/// if required (a pool's `template.spec` is optional in the schema so that the rule asking for
+/// it can show the shape to write).
+const ALSO_REQUIRED: &[&str] = &["spec.template.spec"];
+
 /// Fields a CEL rule forbids outright, by the end of their path: any value at their bounds is
 /// refused with the rule's message, so their "at the bound" object must be refused by it.
 fn forbidden_by_rule(segs: &[Seg]) -> Option<&'static str> {
@@ -236,6 +241,12 @@ fn synth(s: &Value, path: &str, i: usize) -> Value {
             {
                 let k = k.as_str().unwrap();
                 m.insert(k.into(), synth(&props.unwrap()[k], &join(path, k), 0));
+            }
+            for (k, sub) in props.into_iter().flatten() {
+                let p = join(path, k);
+                if ALSO_REQUIRED.contains(&p.as_str()) && !m.contains_key(k) {
+                    m.insert(k.clone(), synth(sub, &p, 0));
+                }
             }
             for (suffix, v) in ALWAYS {
                 for (k, _) in props.into_iter().flatten() {

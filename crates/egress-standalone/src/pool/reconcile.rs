@@ -293,6 +293,8 @@ pub(crate) async fn pool_round(store: &Store, ctx: &Context, key: &str) {
 
 /// Stores a round's results in the pool and, when the member list `changed`, writes the
 /// member file.
+// NB: the parts of one pool's round state, each from a different step of the round.
+#[allow(clippy::too_many_arguments)]
 fn store_pool(
     store: &Store,
     ctx: &Context,

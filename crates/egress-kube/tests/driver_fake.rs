@@ -1665,6 +1665,47 @@ async fn a_pool_deleted_with_orphan_leaves_its_members_running_without_the_owner
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_deleted_with_orphan_leaves_its_members_when_the_operator_acts_before_the_collector()
+{
+    let w = World::new();
+    let r = w.start("a");
+    let members = running_pool(&w, "or2").await;
+    // The collector has not removed the owner references yet when the operator sees the
+    // deletion: the `orphan` finalizer alone says the members stay.
+    w.api.set_gc_paused(true);
+    delete_pool(&w, "or2", &DeleteParams::orphan()).await;
+    w.until(
+        "the operator let the pool go (its finalizer removed)",
+        |w| {
+            w.api
+                .object(GROUP, "proxypools", "default", "or2")
+                .is_none_or(|p| {
+                    !p["metadata"]["finalizers"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|f| f.as_str().is_some_and(|f| f.contains("egress-proxies")))
+                })
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for m in &members {
+        let p = w
+            .proxy_json(m)
+            .expect("a member of an orphaning pool stays");
+        assert!(
+            p["metadata"].get("deletionTimestamp").is_none(),
+            "{m} was deleted"
+        );
+    }
+    w.api.set_gc_paused(false);
+    w.api.collect_garbage();
+    assert_eq!(vms(&w), 2);
+    stop(r).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_copes_when_the_garbage_collector_deleted_the_members_first() {
     let w = World::new();
     let r = w.start("a");

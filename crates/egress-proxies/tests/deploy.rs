@@ -529,8 +529,7 @@ fn the_network_policy_admits_only_the_metrics_port_from_the_listed_peers() {
     );
     let np = object(&objs, "NetworkPolicy");
     assert_eq!(
-        np["spec"]["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"]
-            ["kubernetes.io/metadata.name"],
+        np["spec"]["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
         "observability"
     );
     // An empty list admits anyone to the metrics port (and only to it); `enabled: false` drops

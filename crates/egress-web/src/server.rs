@@ -492,6 +492,50 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_request_naming_another_host_is_refused_before_any_route() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(serve_checked(
+            l,
+            Arc::new(Fixed(true)),
+            Routes::All,
+            HostCheck::new(["status.example.test"]),
+            stop.clone(),
+        ));
+        for (host, code) in [
+            ("rebind.example", "421"),
+            ("127.0.0.1", "200"),
+            ("status.example.test", "200"),
+        ] {
+            for path in ["/status", "/metrics", "/"] {
+                let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+                s.write_all(
+                    format!(
+                        "GET {path} HTTP/1.1\r\nHost: {host}:{}\r\nConnection: close\r\n\r\n",
+                        addr.port()
+                    )
+                    .as_bytes(),
+                )
+                .await
+                .unwrap();
+                let mut buf = String::new();
+                s.read_to_string(&mut buf).await.unwrap();
+                assert!(
+                    buf.starts_with(&format!("HTTP/1.1 {code}")),
+                    "{host} {path}: {buf}"
+                );
+            }
+        }
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    #[tokio::test]
     async fn the_server_answers_over_loopback_and_stops_on_shutdown() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();

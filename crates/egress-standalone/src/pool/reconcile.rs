@@ -170,7 +170,6 @@ fn template_digest_in(
     Ok(credentials::keyed_digest(&key, c))
 }
 
-
 /// Marks every pool dirty (a host check or a health round ended).
 fn all_pools_dirty(store: &Store, ctx: &Context) {
     let keys: Vec<String> = lock(&store.pools).by_key.keys().cloned().collect();

@@ -5,7 +5,9 @@
 //!   metadata CONN --prefix X --expect N       (list all, then read every metadata, pipelined)
 //!   cleanup  CONN --prefix X                  (undefine every domain named X-*)
 //! CONN is `--unix [--socket PATH]` or `--host H --port P --user U --key K --known-hosts F
-//! [--cipher C]`. Prints the elapsed seconds of the measured part on stdout's last line.
+//! [--cipher C] [--socket PATH]`, optionally `--uri URI` (default `qemu:///system`; a private
+//! session daemon is `qemu:///session`). Prints the elapsed seconds of the measured part on
+//! stdout's last line.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
@@ -45,7 +47,11 @@ async fn connect(o: &HashMap<String, String>) -> AnyResult<Client> {
     } else {
         ssh_transport(o).await?
     };
-    Ok(Client::open(t, OpenOptions::default()).await?)
+    let mut open = OpenOptions::default();
+    if let Some(uri) = o.get("uri") {
+        open.uri = uri.clone();
+    }
+    Ok(Client::open(t, open).await?)
 }
 
 async fn ssh_transport(o: &HashMap<String, String>) -> AnyResult<transport::Transport> {
@@ -58,6 +64,10 @@ async fn ssh_transport(o: &HashMap<String, String>) -> AnyResult<transport::Tran
         ClientKey::from_file(get("key")?),
     )
     .with_port(get("port")?.parse()?);
+    let target = match o.get("socket") {
+        Some(s) => target.with_socket_path(s.clone()),
+        None => target,
+    };
     let mut opts = SshOptions::default();
     if let Some(c) = o.get("cipher") {
         opts.ciphers = vec![c.clone()];
@@ -99,18 +109,36 @@ async fn upload(c: &Client, o: &HashMap<String, String>) -> AnyResult<()> {
     if let Some(ch) = o.get("chunk") {
         opts.chunk_size = ch.parse()?;
     }
-    let src = tokio::fs::File::open(file).await?;
-    let start = Instant::now();
-    let n = c.vol_upload(&vol, 0, size, src, &opts).await?;
+    let (start, cpu0);
+    let n = if o.contains_key("mem") {
+        let data = std::fs::read(file)?;
+        (start, cpu0) = (Instant::now(), cpu_secs());
+        c.vol_upload(&vol, 0, size, &data[..], &opts).await?
+    } else {
+        let src = tokio::fs::File::open(file).await?;
+        (start, cpu0) = (Instant::now(), cpu_secs());
+        c.vol_upload(&vol, 0, size, src, &opts).await?
+    };
     let secs = start.elapsed().as_secs_f64();
+    let cpu = cpu_secs() - cpu0;
     assert_eq!(n, size, "short upload");
     c.vol_delete(&vol, 0).await?;
     eprintln!(
-        "uploaded {n} bytes in {secs:.3} s ({:.1} MiB/s)",
+        "uploaded {n} bytes in {secs:.3} s ({:.1} MiB/s), {cpu:.2} s CPU in this process",
         n as f64 / secs / 1048576.0
     );
     println!("{secs:.3}");
     Ok(())
+}
+
+/// User + system CPU seconds of this process (all threads), from /proc/self/stat.
+fn cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let rest = stat.rsplit(')').next().unwrap_or_default();
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat(5), 12 and 13 after the name.
+    let ticks: u64 = f.get(11..13).map_or(0, |t| t.iter().filter_map(|x| x.parse::<u64>().ok()).sum());
+    ticks as f64 / 100.0
 }
 
 async fn define(c: &Client, o: &HashMap<String, String>) -> AnyResult<()> {

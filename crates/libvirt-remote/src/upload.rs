@@ -10,18 +10,22 @@
 //!
 //! Uploads should run on a dedicated connection, so that killing it never hurts other callers.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 
 use crate::conn::{
-    Connection, STREAM_QUEUE, Shared, Waiter, remote_packet, reply_result, stream_error,
+    Connection, OUTBOUND_QUEUE, STREAM_QUEUE, Shared, Waiter, remote_header, remote_packet,
+    reply_result, stream_error,
 };
 use crate::error::{DeathReason, Error, Kind, Result};
-use crate::frame::{LEGACY_STREAM_PAYLOAD, MAX_PAYLOAD, MessageType, Packet, Status};
+use crate::frame::{
+    LEGACY_STREAM_PAYLOAD, MAX_PAYLOAD, MIN_PACKET, MessageType, Packet, Status, packet_prefix,
+};
 
 /// Default upload chunk: the largest stream payload every libvirt version accepts.
 pub const DEFAULT_CHUNK: usize = LEGACY_STREAM_PAYLOAD;
@@ -154,21 +158,63 @@ fn interrupted(shared: &Shared, pkt: Option<Packet>) -> Error {
     }
 }
 
-/// Reads up to `chunk` bytes, stopping early only at end of input.
-async fn fill<R: AsyncRead + Unpin>(
-    src: &mut R,
-    buf: &mut BytesMut,
-    chunk: usize,
-) -> std::io::Result<()> {
-    while buf.len() < chunk {
+/// Reads until `buf` holds `len` bytes, stopping early only at end of input.
+async fn fill<R: AsyncRead + Unpin>(src: &mut R, buf: &mut BytesMut, len: usize) -> std::io::Result<()> {
+    while buf.len() < len {
         let before = buf.len();
-        let mut limited = (&mut *src).take((chunk - before) as u64);
+        let mut limited = (&mut *src).take((len - before) as u64);
         let n = limited.read_buf(buf).await?;
         if n == 0 {
             break;
         }
     }
     Ok(())
+}
+
+/// How many sent frames an upload remembers to take their buffers back. Above the most that
+/// can be in flight at once (the connection's queue, the one being written, and the SSH
+/// session's own queue), so in a steady upload the oldest is free again by the time it is
+/// needed.
+const FRAME_POOL: usize = OUTBOUND_QUEUE + 4;
+
+/// The frame buffers of one upload, reused: a sent frame is remembered (a reference) and
+/// its allocation taken back once the transport has dropped its own references. No frame is
+/// allocated in a steady upload; when the oldest remembered frame is still in use (the
+/// transport lags), it is forgotten (it is freed when the transport drops it) and a new one
+/// allocated, so at most `FRAME_POOL` buffers are held here beyond those in flight.
+struct Frames {
+    sent: VecDeque<Bytes>,
+    /// Buffers allocated (for tests and the benchmark's accounting).
+    allocated: u64,
+}
+
+impl Frames {
+    fn new() -> Self {
+        Self {
+            sent: VecDeque::with_capacity(FRAME_POOL),
+            allocated: 0,
+        }
+    }
+
+    /// An empty buffer: a reused one, or a new one of `capacity`.
+    fn take(&mut self, capacity: usize) -> BytesMut {
+        if self.sent.front().is_some_and(Bytes::is_unique)
+            && let Some(front) = self.sent.pop_front()
+            && let Ok(mut b) = front.try_into_mut()
+        {
+            b.clear();
+            return b;
+        }
+        if self.sent.len() >= FRAME_POOL {
+            self.sent.pop_front();
+        }
+        self.allocated += 1;
+        BytesMut::with_capacity(capacity)
+    }
+
+    fn keep(&mut self, frame: Bytes) {
+        self.sent.push_back(frame);
+    }
 }
 
 impl Connection {
@@ -257,6 +303,11 @@ impl Connection {
 }
 
 /// Sends the body; on a source error returns it without aborting (the caller aborts).
+///
+/// Each frame is built in place: the data is read straight into a buffer after room for the
+/// packet's length word and header, which are written last, and the buffer itself is queued
+/// (no copy into a separate packet). The connection's bounded queue keeps the writer busy
+/// while the next frame is read, and bounds the data in flight.
 async fn send_body<R: AsyncRead + Unpin>(
     shared: &Arc<Shared>,
     guard: &mut StreamGuard,
@@ -265,35 +316,46 @@ async fn send_body<R: AsyncRead + Unpin>(
 ) -> Result<u64> {
     let serial = guard.serial;
     let proc_ = guard.proc_;
+    let header = remote_header(proc_, MessageType::Stream, serial, Status::Continue);
+    let frame_len = MIN_PACKET + opts.chunk_size;
     let mut sent: u64 = 0;
-    // NB: the buffer starts at most INITIAL_BUFFER and grows (doubling, in `fill`'s reads) up
-    // to the chunk size, so a small body (a 50 KiB seed) never holds a whole 256 KiB chunk
-    // while hundreds of uploads run at once; a bulk upload reaches the chunk size on its
-    // first chunk and keeps it.
-    let mut buf = BytesMut::with_capacity(opts.chunk_size.min(INITIAL_BUFFER));
+    let mut frames = Frames::new();
     loop {
-        buf.clear();
+        // NB: a new buffer starts at most INITIAL_BUFFER and grows (doubling, in `fill`'s
+        // reads) up to the frame size, so a small body (a 50 KiB seed) never holds a whole
+        // chunk while hundreds of uploads run at once; a bulk upload reaches the frame size
+        // on its first frame, and its reused buffers keep it.
+        let mut buf = frames.take(frame_len.min(MIN_PACKET + INITIAL_BUFFER));
+        buf.put_bytes(0, MIN_PACKET);
         let rx = guard.rx()?;
         let read = tokio::select! {
             biased;
             pkt = rx.recv() => return Err(interrupted(shared, pkt)),
-            r = fill(src, &mut buf, opts.chunk_size) => r,
+            r = fill(src, &mut buf, frame_len) => r,
         };
         if let Err(e) = read {
             return Err(Error::new(Kind::Source(Arc::new(e))));
         }
-        if buf.is_empty() {
+        let n = buf.len() - MIN_PACKET;
+        if n == 0 {
             break;
         }
-        let pkt = remote_packet(proc_, MessageType::Stream, serial, Status::Continue, &buf)?;
+        let prefix = packet_prefix(&header, n)
+            .map_err(|e| Error::protocol(format!("cannot encode packet: {e}")))?;
+        if let Some(room) = buf.get_mut(..MIN_PACKET) {
+            room.copy_from_slice(&prefix);
+        }
+        let pkt = buf.freeze();
+        frames.keep(pkt.clone());
         let rx = guard.rx()?;
         tokio::select! {
             biased;
             pkt = rx.recv() => return Err(interrupted(shared, pkt)),
             r = shared.send(pkt) => r?,
         }
-        sent = sent.saturating_add(buf.len() as u64);
+        sent = sent.saturating_add(n as u64);
     }
+    tracing::trace!(serial, sent, buffers = frames.allocated, "upload body sent");
     // End of data: send the finish packet, then wait for the daemon's confirmation.
     let fin = remote_packet(proc_, MessageType::Stream, serial, Status::Ok, &[])?;
     let rx = guard.rx()?;

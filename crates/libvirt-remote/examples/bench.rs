@@ -20,7 +20,7 @@ const BENCH_NS: &str = "https://egress-proxies.dev/bench";
 /// Calls in flight at once for the pipelined phases.
 const PIPELINE: usize = 128;
 
-type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
+type AnyResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 fn parse(args: &[String]) -> HashMap<String, String> {
     let mut m = HashMap::new();
@@ -82,7 +82,12 @@ async fn main() -> AnyResult<()> {
     let o = parse(args.get(1..).unwrap_or_default());
     let client = connect(&o).await?;
     match cmd.as_str() {
-        "upload" => upload(&client, &o).await?,
+        // NB: the upload runs as a task on the runtime's workers, as it does in the operator,
+        // not on the main thread that `block_on` drives.
+        "upload" => {
+            let (c, o) = (client.clone(), o.clone());
+            tokio::spawn(async move { upload(&c, &o).await }).await??
+        }
         "define" => define(&client, &o).await?,
         "metadata" => metadata(&client, &o).await?,
         "cleanup" => cleanup(&client, &o).await?,
@@ -114,10 +119,14 @@ async fn upload(c: &Client, o: &HashMap<String, String>) -> AnyResult<()> {
         let data = std::fs::read(file)?;
         (start, cpu0) = (Instant::now(), cpu_secs());
         c.vol_upload(&vol, 0, size, &data[..], &opts).await?
-    } else {
+    } else if o.contains_key("tokio-file") {
         let src = tokio::fs::File::open(file).await?;
         (start, cpu0) = (Instant::now(), cpu_secs());
         c.vol_upload(&vol, 0, size, src, &opts).await?
+    } else {
+        let src = std::fs::File::open(file)?;
+        (start, cpu0) = (Instant::now(), cpu_secs());
+        c.vol_upload_file(&vol, 0, size, src, &opts).await?
     };
     let secs = start.elapsed().as_secs_f64();
     let cpu = cpu_secs() - cpu0;

@@ -10,12 +10,15 @@
 //!
 //! Uploads should run on a dedicated connection, so that killing it never hurts other callers.
 
+pub mod source;
+
+pub use source::{FileSource, UploadSource};
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 
 use crate::conn::{
@@ -158,19 +161,6 @@ fn interrupted(shared: &Shared, pkt: Option<Packet>) -> Error {
     }
 }
 
-/// Reads until `buf` holds `len` bytes, stopping early only at end of input.
-async fn fill<R: AsyncRead + Unpin>(src: &mut R, buf: &mut BytesMut, len: usize) -> std::io::Result<()> {
-    while buf.len() < len {
-        let before = buf.len();
-        let mut limited = (&mut *src).take((len - before) as u64);
-        let n = limited.read_buf(buf).await?;
-        if n == 0 {
-            break;
-        }
-    }
-    Ok(())
-}
-
 /// How many sent frames an upload remembers to take their buffers back. Above the most that
 /// can be in flight at once (the connection's queue, the one being written, and the SSH
 /// session's own queue), so in a steady upload the oldest is free again by the time it is
@@ -220,11 +210,11 @@ impl Frames {
 impl Connection {
     /// Runs an upload stream for procedure `proc_` with XDR-encoded `args`, sending every
     /// byte of `src`. Returns the number of bytes sent.
-    pub async fn upload<R: AsyncRead + Unpin>(
+    pub async fn upload<S: UploadSource>(
         &self,
         proc_: i32,
         args: Bytes,
-        mut src: R,
+        mut src: S,
         opts: &UploadOptions,
     ) -> Result<u64> {
         if opts.chunk_size == 0 || opts.chunk_size > MAX_PAYLOAD {
@@ -308,10 +298,10 @@ impl Connection {
 /// packet's length word and header, which are written last, and the buffer itself is queued
 /// (no copy into a separate packet). The connection's bounded queue keeps the writer busy
 /// while the next frame is read, and bounds the data in flight.
-async fn send_body<R: AsyncRead + Unpin>(
+async fn send_body<S: UploadSource>(
     shared: &Arc<Shared>,
     guard: &mut StreamGuard,
-    src: &mut R,
+    src: &mut S,
     opts: &UploadOptions,
 ) -> Result<u64> {
     let serial = guard.serial;
@@ -321,7 +311,7 @@ async fn send_body<R: AsyncRead + Unpin>(
     let mut sent: u64 = 0;
     let mut frames = Frames::new();
     loop {
-        // NB: a new buffer starts at most INITIAL_BUFFER and grows (doubling, in `fill`'s
+        // NB: a new buffer starts at most INITIAL_BUFFER and grows (doubling, in a reader's
         // reads) up to the frame size, so a small body (a 50 KiB seed) never holds a whole
         // chunk while hundreds of uploads run at once; a bulk upload reaches the frame size
         // on its first frame, and its reused buffers keep it.
@@ -331,11 +321,19 @@ async fn send_body<R: AsyncRead + Unpin>(
         let read = tokio::select! {
             biased;
             pkt = rx.recv() => return Err(interrupted(shared, pkt)),
-            r = fill(src, &mut buf, frame_len) => r,
+            r = src.fill(buf, frame_len) => r,
         };
-        if let Err(e) = read {
-            return Err(Error::new(Kind::Source(Arc::new(e))));
-        }
+        let mut buf = match read {
+            Ok(b) if b.len() >= MIN_PACKET && b.len() <= frame_len => b,
+            Ok(b) => {
+                return Err(Error::protocol(format!(
+                    "the upload source returned a frame of {} bytes (expected {MIN_PACKET} to \
+                     {frame_len})",
+                    b.len()
+                )));
+            }
+            Err(e) => return Err(Error::new(Kind::Source(Arc::new(e)))),
+        };
         let n = buf.len() - MIN_PACKET;
         if n == 0 {
             break;

@@ -377,3 +377,43 @@ async fn send_body<S: UploadSource>(
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn sent(frames: &mut Frames, fill: u8) -> Bytes {
+        let mut b = frames.take(1000);
+        b.put_bytes(fill, 1000);
+        let f = b.freeze();
+        frames.keep(f.clone());
+        f
+    }
+
+    #[test]
+    fn a_frame_buffer_is_reused_once_the_transport_has_dropped_it() {
+        let mut frames = Frames::new();
+        let first = sent(&mut frames, 1);
+        let addr = first.as_ptr();
+        drop(first); // the transport is done with it
+        let again = frames.take(1000);
+        assert_eq!(again.as_ptr(), addr, "the same allocation, taken back");
+        assert!(again.is_empty() && again.capacity() >= 1000);
+        assert_eq!(frames.allocated, 1);
+    }
+
+    #[test]
+    fn a_lagging_transport_gets_new_buffers_and_the_pool_stays_bounded() {
+        let mut frames = Frames::new();
+        // The transport still holds every frame: each take allocates, none is reused, and
+        // the remembered frames never pass FRAME_POOL.
+        let held: Vec<Bytes> = (0..3 * FRAME_POOL).map(|i| sent(&mut frames, i as u8)).collect();
+        assert_eq!(frames.allocated, held.len() as u64);
+        assert!(frames.sent.len() <= FRAME_POOL);
+        // Every frame kept its own bytes (no buffer was reused while still in use).
+        for (i, f) in held.iter().enumerate() {
+            assert!(f.iter().all(|b| *b == i as u8), "frame {i} was overwritten");
+        }
+    }
+}

@@ -1018,3 +1018,103 @@ async fn upload_never_sends_past_the_declared_length() {
     assert_eq!(data, 300_000);
     assert_eq!(up.await.unwrap().unwrap(), 300_000);
 }
+
+/// Receives an accepted upload's stream packets until the finish packet, confirms it, and
+/// returns the data payload sizes and bytes.
+async fn receive_upload(peer: &mut Peer, call: &Packet) -> (Vec<usize>, Vec<u8>) {
+    let (mut sizes, mut data) = (Vec::new(), Vec::new());
+    loop {
+        let p = peer.recv_remote().await;
+        assert_eq!(p.header.serial, call.header.serial);
+        assert_eq!(p.header.mtype, MessageType::Stream);
+        match p.header.status {
+            Status::Continue => {
+                sizes.push(p.payload.len());
+                data.extend_from_slice(&p.payload);
+            }
+            Status::Ok => {
+                assert!(p.payload.is_empty());
+                peer.send(reply_to(&p, Status::Ok, Bytes::new())).await;
+                return (sizes, data);
+            }
+            s => panic!("unexpected status {s:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_upload_sends_the_file_in_order_in_full_frames_and_stops_at_the_declared_length() {
+    // FileSource reads 4 frames per blocking call, one batch ahead: every size around the
+    // frame and batch boundaries, with and without a declared length below the file's.
+    const CHUNK: usize = 1000;
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(usize, u64); 8] = [
+        (1, 0),
+        (CHUNK, 0),
+        (4 * CHUNK, 0),
+        (4 * CHUNK + 1, 0),
+        (8 * CHUNK, 0),
+        (9 * CHUNK + 77, 0),
+        (9 * CHUNK + 77, 5 * CHUNK as u64 + 3),
+        (9 * CHUNK + 77, 4 * CHUNK as u64),
+    ];
+    for (i, (file_len, length)) in cases.into_iter().enumerate() {
+        let path = dir.path().join(format!("img{i}"));
+        let content: Vec<u8> = (0..file_len).map(|b| (b * 7 % 253) as u8).collect();
+        std::fs::write(&path, &content).unwrap();
+        let (client, mut peer) = pair(quiet());
+        let c = client.clone();
+        let file = std::fs::File::open(&path).unwrap();
+        let opts = UploadOptions {
+            chunk_size: CHUNK,
+            ..Default::default()
+        };
+        let up = tokio::spawn(async move { c.vol_upload_file(&vol(), 0, length, file, &opts).await });
+        let call = accept_upload(&mut peer).await;
+        let (sizes, data) = receive_upload(&mut peer, &call).await;
+        let want = if length == 0 { file_len } else { length as usize };
+        let what = format!("file of {file_len} bytes, length {length}");
+        assert_eq!(up.await.unwrap().unwrap(), want as u64, "{what}");
+        assert_eq!(data, content[..want], "{what}: the bytes differ");
+        let (last, full) = sizes.split_last().unwrap();
+        assert!(full.iter().all(|n| *n == CHUNK), "{what}: {sizes:?}");
+        assert!(*last > 0 && *last <= CHUNK, "{what}: {sizes:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_file_that_cannot_be_read_aborts_the_upload_with_its_error() {
+    // finding: H2 — the source's failure (here: a descriptor opened for writing only) aborts
+    // the stream on the wire and comes back as the source's error.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wo");
+    std::fs::write(&path, vec![1u8; 10_000]).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let (client, mut peer) = pair(quiet());
+    let c = client.clone();
+    let up = tokio::spawn(async move {
+        c.vol_upload_file(&vol(), 0, 0, file, &UploadOptions::default())
+            .await
+    });
+    let call = accept_upload(&mut peer).await;
+    let abort = peer.recv_remote().await;
+    assert_eq!(abort.header.serial, call.header.serial);
+    assert_eq!(abort.header.mtype, MessageType::Stream);
+    assert_eq!(abort.header.status, Status::Error);
+    peer.send(Packet {
+        header: Header {
+            mtype: MessageType::Reply,
+            status: Status::Error,
+            ..call.header
+        },
+        payload: error_payload(39, "stream aborted at client request"),
+    })
+    .await;
+    let err = tokio::time::timeout(Duration::from_secs(10), up)
+        .await
+        .expect("upload wedged")
+        .unwrap()
+        .unwrap_err();
+    assert!(err.source_error().is_some(), "{err}");
+    assert!(client.connection().is_alive());
+}

@@ -115,6 +115,7 @@ async fn upload(c: &Client, o: &HashMap<String, String>) -> AnyResult<()> {
         opts.chunk_size = ch.parse()?;
     }
     let (start, cpu0);
+    let hwm0 = vm_hwm_kib();
     let n = if o.contains_key("mem") {
         let data = std::fs::read(file)?;
         (start, cpu0) = (Instant::now(), cpu_secs());
@@ -130,14 +131,29 @@ async fn upload(c: &Client, o: &HashMap<String, String>) -> AnyResult<()> {
     };
     let secs = start.elapsed().as_secs_f64();
     let cpu = cpu_secs() - cpu0;
+    let hwm1 = vm_hwm_kib();
     assert_eq!(n, size, "short upload");
     c.vol_delete(&vol, 0).await?;
     eprintln!(
-        "uploaded {n} bytes in {secs:.3} s ({:.1} MiB/s), {cpu:.2} s CPU in this process",
-        n as f64 / secs / 1048576.0
+        "uploaded {n} bytes in {secs:.3} s ({:.1} MiB/s), {cpu:.2} s CPU in this process, \
+         peak RSS {} -> {} MiB (+{} MiB)",
+        n as f64 / secs / 1048576.0,
+        hwm0 / 1024,
+        hwm1 / 1024,
+        hwm1.saturating_sub(hwm0) / 1024
     );
     println!("{secs:.3}");
     Ok(())
+}
+
+/// This process's peak resident set (VmHWM), KiB.
+fn vm_hwm_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// User + system CPU seconds of this process (all threads), from /proc/self/stat.

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use egress_provider::libvirt::check::CheckOptions;
 use egress_provider::libvirt::config::{
     HostConfig, ImageFormat, ImageSpec, LibvirtEntry, Timeouts, VirtType,
@@ -30,7 +31,6 @@ use egress_provider::libvirt::hostpool::{Connector, HostPool, PoolOptions, SshCo
 use egress_provider::libvirt::image::fetch::FetchOptions;
 use egress_provider::libvirt::provider_impl::LibvirtProvider;
 use egress_provider::{CreateRequest, NoProgress, Provider, ProviderError, ProxyUid};
-use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use libvirt_remote::Transport;
 use libvirt_remote::transport::PacketSink;

@@ -162,7 +162,9 @@ fn cpu_secs() -> f64 {
     let rest = stat.rsplit(')').next().unwrap_or_default();
     let f: Vec<&str> = rest.split_whitespace().collect();
     // utime and stime are fields 14 and 15 of stat(5), 12 and 13 after the name.
-    let ticks: u64 = f.get(11..13).map_or(0, |t| t.iter().filter_map(|x| x.parse::<u64>().ok()).sum());
+    let ticks: u64 = f
+        .get(11..13)
+        .map_or(0, |t| t.iter().filter_map(|x| x.parse::<u64>().ok()).sum());
     ticks as f64 / 100.0
 }
 

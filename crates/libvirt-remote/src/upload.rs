@@ -408,7 +408,9 @@ mod tests {
         let mut frames = Frames::new();
         // The transport still holds every frame: each take allocates, none is reused, and
         // the remembered frames never pass FRAME_POOL.
-        let held: Vec<Bytes> = (0..3 * FRAME_POOL).map(|i| sent(&mut frames, i as u8)).collect();
+        let held: Vec<Bytes> = (0..3 * FRAME_POOL)
+            .map(|i| sent(&mut frames, i as u8))
+            .collect();
         assert_eq!(frames.allocated, held.len() as u64);
         assert!(frames.sent.len() <= FRAME_POOL);
         // Every frame kept its own bytes (no buffer was reused while still in use).

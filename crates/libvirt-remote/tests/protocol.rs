@@ -1069,10 +1069,15 @@ async fn a_file_upload_sends_the_file_in_order_in_full_frames_and_stops_at_the_d
             chunk_size: CHUNK,
             ..Default::default()
         };
-        let up = tokio::spawn(async move { c.vol_upload_file(&vol(), 0, length, file, &opts).await });
+        let up =
+            tokio::spawn(async move { c.vol_upload_file(&vol(), 0, length, file, &opts).await });
         let call = accept_upload(&mut peer).await;
         let (sizes, data) = receive_upload(&mut peer, &call).await;
-        let want = if length == 0 { file_len } else { length as usize };
+        let want = if length == 0 {
+            file_len
+        } else {
+            length as usize
+        };
         let what = format!("file of {file_len} bytes, length {length}");
         assert_eq!(up.await.unwrap().unwrap(), want as u64, "{what}");
         assert_eq!(data, content[..want], "{what}: the bytes differ");

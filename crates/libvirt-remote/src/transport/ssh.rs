@@ -45,12 +45,12 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use russh::client::{self, AuthResult, DisconnectReason, Handle, Handler, Msg};
-use russh::keys::ssh_key::HashAlg;
-use russh::keys::{PrivateKey, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::stream::{Stream, StreamExt};
+use russh::client::{self, AuthResult, DisconnectReason, Handle, Handler, Msg};
+use russh::keys::ssh_key::HashAlg;
+use russh::keys::{PrivateKey, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
 use russh::{ChannelMsg, ChannelOpenFailure, ChannelReadHalf, ChannelWriteHalf, Preferred};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -129,7 +129,8 @@ pub fn default_ciphers() -> &'static [&'static str] {
 fn hardware_aes_gcm() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("aes") && std::arch::is_x86_feature_detected!("pclmulqdq")
+        std::arch::is_x86_feature_detected!("aes")
+            && std::arch::is_x86_feature_detected!("pclmulqdq")
     }
     #[cfg(target_arch = "aarch64")]
     {

@@ -310,12 +310,13 @@ async fn send_body<S: UploadSource>(
     let frame_len = MIN_PACKET + opts.chunk_size;
     let mut sent: u64 = 0;
     let mut frames = Frames::new();
+    // NB: until a first frame is full, a new buffer starts at most INITIAL_BUFFER and grows
+    // (in a reader's reads) as the body needs, so a small body (a 50 KiB seed) never holds a
+    // whole chunk while hundreds of uploads run at once; after it, a bulk upload allocates
+    // whole frames, and its reused buffers keep their size.
+    let mut new_buffer = frame_len.min(MIN_PACKET + INITIAL_BUFFER);
     loop {
-        // NB: a new buffer starts at most INITIAL_BUFFER and grows (doubling, in a reader's
-        // reads) up to the frame size, so a small body (a 50 KiB seed) never holds a whole
-        // chunk while hundreds of uploads run at once; a bulk upload reaches the frame size
-        // on its first frame, and its reused buffers keep it.
-        let mut buf = frames.take(frame_len.min(MIN_PACKET + INITIAL_BUFFER));
+        let mut buf = frames.take(new_buffer);
         buf.put_bytes(0, MIN_PACKET);
         let rx = guard.rx()?;
         let read = tokio::select! {
@@ -337,6 +338,9 @@ async fn send_body<S: UploadSource>(
         let n = buf.len() - MIN_PACKET;
         if n == 0 {
             break;
+        }
+        if buf.len() == frame_len {
+            new_buffer = frame_len;
         }
         let prefix = packet_prefix(&header, n)
             .map_err(|e| Error::protocol(format!("cannot encode packet: {e}")))?;

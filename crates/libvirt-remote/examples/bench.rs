@@ -1,6 +1,8 @@
 //! The benchmark driver behind `scripts/bench` (which compares it with virsh and prints the
 //! ratios). Subcommands:
-//!   upload   CONN --pool P --name V --file F [--chunk BYTES]
+//!   upload   CONN --pool P --name V --file F [--chunk BYTES] [--keep] [--mem | --tokio-file]
+//!            (the volume is deleted after the upload unless --keep; the file is read with
+//!            `vol_upload_file`, or through tokio's File, or from memory)
 //!   define   CONN --prefix X --count N        (N inactive TCG domains with metadata)
 //!   metadata CONN --prefix X --expect N       (list all, then read every metadata, pipelined)
 //!   cleanup  CONN --prefix X                  (undefine every domain named X-*)
@@ -133,7 +135,9 @@ async fn upload(c: &Client, o: &HashMap<String, String>) -> AnyResult<()> {
     let cpu = cpu_secs() - cpu0;
     let hwm1 = vm_hwm_kib();
     assert_eq!(n, size, "short upload");
-    c.vol_delete(&vol, 0).await?;
+    if !o.contains_key("keep") {
+        c.vol_delete(&vol, 0).await?;
+    }
     eprintln!(
         "uploaded {n} bytes in {secs:.3} s ({:.1} MiB/s), {cpu:.2} s CPU in this process, \
          peak RSS {} -> {} MiB (+{} MiB)",

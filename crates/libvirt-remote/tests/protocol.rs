@@ -767,9 +767,19 @@ async fn failed_uploads_body() {
     let metrics = tokio::runtime::Handle::current().metrics();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    // A sparse file far larger than the socket buffers and the queues: its uploads block.
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("image");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
     let base_tasks = metrics.num_alive_tasks();
     let base_fds = open_fds();
-    for round in 0..3 {
+    // Rounds: 0 the source fails, 1 the deadline passes, 2 the daemon fails midway; 3 and 4
+    // as 1 and 2 from a file (FileSource: a batch read may be running on the blocking pool
+    // and holds the file), 5 a file upload dropped mid-stream.
+    for round in 0..6 {
         let (srv, client_transport) = tokio::join!(listener.accept(), async {
             libvirt_remote::transport::tcp::connect(addr, Duration::from_secs(5)).await
         });
@@ -783,12 +793,14 @@ async fn failed_uploads_body() {
             ..Default::default()
         };
         let c = client.clone();
+        let file = std::fs::File::open(&image).unwrap();
         let up = tokio::spawn(async move {
             match round {
                 0 => {
                     c.vol_upload(&vol(), 0, 0, FailingSource { left: 300_000 }, &opts)
                         .await
                 }
+                3.. => c.vol_upload_file(&vol(), 0, 0, file, &opts).await,
                 _ => {
                     c.vol_upload(&vol(), 0, 0, tokio::io::repeat(0), &opts)
                         .await
@@ -800,7 +812,16 @@ async fn failed_uploads_body() {
             .send(reply_to(&call, Status::Ok, Bytes::new()))
             .await
             .unwrap();
-        if round == 2 {
+        if round == 5 {
+            // Dropped while the file's frames flow: the background abort goes unconfirmed.
+            let _ = peer_io.next().await;
+            up.abort();
+            assert!(up.await.unwrap_err().is_cancelled());
+            drop(client);
+            drop(peer_io);
+            continue;
+        }
+        if round == 2 || round == 4 {
             // Daemon fails midway.
             let _ = peer_io.next().await;
             peer_io

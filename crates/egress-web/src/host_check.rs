@@ -57,7 +57,7 @@ impl HostCheck {
             return true;
         }
         let name = normalise(name);
-        !name.is_empty() && (name == "localhost" || self.names.iter().any(|n| *n == name))
+        !name.is_empty() && (name == "localhost" || self.names.contains(&name))
     }
 }
 

@@ -9,10 +9,11 @@
 //! - [`controller`]: pure reconcile decisions and the executor that carries them out.
 //! - [`gc`]: the orphan garbage collector (a pure plan, then checked deletions).
 //! - [`health`]: proxy health checked through each proxy; [`hosthealth`]: per-host checks.
+//! - [`reputation`]: the egress addresses checked in DNS blocklists, the results in status.
 //! - [`metrics`]: the Prometheus registry of the operator; [`exposition`]: the `/metrics`
 //!   text both drivers serve.
 //! - [`background`]: the background workers both drivers run (GC, host checks, proxy health,
-//!   config watch) and the process's stop signal.
+//!   reputation checks, config watch) and the process's stop signal.
 //! - [`status`]: the status document both drivers serve; [`web`]: its HTTP server.
 
 pub mod background;
@@ -27,5 +28,6 @@ pub mod model;
 pub mod pool;
 pub mod providers;
 pub mod proxy_policy;
+pub mod reputation;
 pub mod status;
 pub mod web;

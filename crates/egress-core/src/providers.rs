@@ -71,6 +71,8 @@ impl ProviderHandle {
 #[derive(Debug, Clone, Default)]
 pub struct Providers {
     entries: BTreeMap<String, ProviderHandle>,
+    /// The config's `reputation:` settings (the defaults, no zones, when built from handles).
+    reputation: Arc<egress_reputation::Settings>,
 }
 
 /// Options for building real providers from a config.
@@ -119,7 +121,18 @@ impl Providers {
             }
             handles.push(ProviderHandle::new(e.clone(), Arc::new(provider)));
         }
-        Ok(Self::from_handles(handles))
+        Ok(Self::from_handles(handles).with_reputation(cfg.reputation.clone()))
+    }
+
+    /// These providers with the config's `reputation:` settings.
+    pub fn with_reputation(mut self, settings: egress_reputation::Settings) -> Self {
+        self.reputation = Arc::new(settings);
+        self
+    }
+
+    /// The config's `reputation:` settings (no zones: no checks).
+    pub fn reputation(&self) -> &egress_reputation::Settings {
+        &self.reputation
     }
 
     /// A registry of ready-made handles (later duplicates of a name replace earlier ones).
@@ -129,6 +142,7 @@ impl Providers {
                 .into_iter()
                 .map(|h| (h.config.name.clone(), h))
                 .collect(),
+            reputation: Arc::default(),
         }
     }
 

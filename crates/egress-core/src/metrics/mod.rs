@@ -129,6 +129,7 @@ pub struct Metrics {
     pools: Arc<PoolCollector>,
     pool_members: pool::PoolMetrics,
     health: HealthMetrics,
+    reputation: crate::reputation::metrics::ReputationMetrics,
     leader: Gauge,
     proxies: Family<PhaseLabel, Gauge>,
     reconciles: Family<ResultLabel, Counter>,
@@ -259,6 +260,9 @@ impl Metrics {
         reg.register_collector(Box::new(Arc::clone(&pools)));
         let pool_members = pool::PoolMetrics::register(reg);
         let health = HealthMetrics::register(reg.sub_registry_with_prefix("health"));
+        let reputation = crate::reputation::metrics::ReputationMetrics::register(
+            reg.sub_registry_with_prefix("reputation"),
+        );
         for p in PHASES {
             proxies
                 .get_or_create(&PhaseLabel {
@@ -287,6 +291,7 @@ impl Metrics {
             pools,
             pool_members,
             health,
+            reputation,
             leader,
             proxies,
             reconciles,
@@ -310,6 +315,12 @@ impl Metrics {
     /// [`HealthEngine::with_metrics`](crate::health::HealthEngine::with_metrics).
     pub fn health(&self) -> HealthMetrics {
         self.health.clone()
+    }
+
+    /// The reputation checks' families (registered in this registry): hand them to
+    /// [`ReputationService::new`](crate::reputation::ReputationService::new).
+    pub fn reputation(&self) -> crate::reputation::metrics::ReputationMetrics {
+        self.reputation.clone()
     }
 
     /// Records whether this process acts on the fleet (leads).

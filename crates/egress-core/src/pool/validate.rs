@@ -61,6 +61,11 @@ pub struct PoolPolicy {
     pub generate_credentials: bool,
     /// Replacements for age or a template change keep the old member's addresses.
     pub keep_addresses: bool,
+    /// What a member listed in a DNS blocklist gets.
+    pub on_listed: super::spec::OnListed,
+    /// How long a listed address a replacement leaves behind stays retired: the operator's
+    /// `reputation.retireFor` (drivers set it; the default otherwise).
+    pub retire_for: Duration,
 }
 
 impl PoolPolicy {
@@ -279,6 +284,8 @@ impl ProxyPoolSpec {
             scale_in: self.scale_in.order,
             generate_credentials: self.credentials.generate,
             keep_addresses: self.rotation.egress_address == EgressAddressPolicy::Keep,
+            on_listed: self.reputation.on_listed,
+            retire_for: egress_reputation::config::DEFAULT_RETIRE_FOR,
         })
     }
 }

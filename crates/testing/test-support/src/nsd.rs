@@ -248,6 +248,31 @@ impl Nsd {
         }
     }
 
+    /// CPU seconds (user + system) its processes used so far (the main process, xfrd and
+    /// the server: its whole process group), from `/proc`.
+    pub fn cpu_seconds(&self) -> f64 {
+        let Some(pgid) = self.child.as_ref().map(Child::id) else {
+            return 0.0;
+        };
+        let mut ticks = 0u64;
+        for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(stat) = fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            // Fields after the command name (which may hold spaces) start after ") ".
+            let Some((_, rest)) = stat.rsplit_once(") ") else {
+                continue;
+            };
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            // rest[0] is field 3 (state): pgrp is field 5, utime 14, stime 15.
+            if f.get(2).and_then(|p| p.parse::<u32>().ok()) == Some(pgid) {
+                ticks += f.get(11).and_then(|t| t.parse::<u64>().ok()).unwrap_or(0);
+                ticks += f.get(12).and_then(|t| t.parse::<u64>().ok()).unwrap_or(0);
+            }
+        }
+        ticks as f64 / 100.0
+    }
+
     /// The directory holding its files.
     pub fn dir(&self) -> &Path {
         self.dir.path()

@@ -55,6 +55,8 @@ pub(super) fn member(name: &str, host: &str, created: u64) -> Member {
         quarantine: None,
         deleting: false,
         egress_address: Vec::new(),
+        listed: Vec::new(),
+        listed_note: String::new(),
     }
 }
 

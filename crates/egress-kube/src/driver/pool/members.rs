@@ -91,6 +91,8 @@ pub(in crate::driver) fn observe(
             quarantine: None,
             deleting: false,
             egress_address: Vec::new(),
+            listed: Vec::new(),
+            listed_note: String::new(),
         });
     }
     members
@@ -270,6 +272,8 @@ mod tests {
             quarantine: None,
             deleting: false,
             egress_address: Vec::new(),
+            listed: Vec::new(),
+            listed_note: String::new(),
         }
     }
 

@@ -124,6 +124,19 @@ impl Providers {
         Ok(Self::from_handles(handles).with_reputation(cfg.reputation.clone()))
     }
 
+    /// Every provider consults `retired` (the process's retired addresses: one registry for
+    /// the whole process, handed to the providers of every config load) before it hands out
+    /// a declared egress address.
+    pub fn with_retired(
+        self,
+        retired: &Arc<egress_provider::libvirt::retired::RetiredAddresses>,
+    ) -> Self {
+        for h in self.entries.values() {
+            h.provider.use_retired(Arc::clone(retired));
+        }
+        self
+    }
+
     /// These providers with the config's `reputation:` settings.
     pub fn with_reputation(mut self, settings: egress_reputation::Settings) -> Self {
         self.reputation = Arc::new(settings);

@@ -288,6 +288,7 @@ mod tests {
                 family: "IPv4",
                 size: 14,
                 held: 5,
+                retired: 0,
             }],
         };
         let now = SystemTime::now();

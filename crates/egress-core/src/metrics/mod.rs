@@ -110,7 +110,7 @@ struct AddressLabel {
     host: String,
     /// `IPv4` or `IPv6`.
     family: String,
-    /// `allocated` or `free`.
+    /// `allocated`, `retired` or `free`.
     state: &'static str,
 }
 
@@ -207,7 +207,8 @@ impl Metrics {
         reg.register(
             "host_egress_addresses",
             "Declared egress addresses of the host's address pool by family and state: \
-             allocated (held by instances) or free",
+             allocated (held by instances), retired (after a blocklist listing; not handed \
+             out) or free",
             host_addresses.clone(),
         );
         let gc_deleted = Counter::default();
@@ -397,11 +398,20 @@ impl Metrics {
         known.clear();
         for u in usage {
             let held = u128::from(u.held);
+            let retired = u128::from(u.retired);
             // NB: f64 gauges: an IPv6 pool's size does not fit an i64; counts this large are
             // read as magnitudes anyway.
             #[allow(clippy::cast_precision_loss)]
-            let (allocated, free) = (held as f64, u.size.saturating_sub(held) as f64);
-            for (state, v) in [("allocated", allocated), ("free", free)] {
+            let (allocated, retired_f, free) = (
+                held as f64,
+                retired as f64,
+                u.size.saturating_sub(held).saturating_sub(retired) as f64,
+            );
+            for (state, v) in [
+                ("allocated", allocated),
+                ("retired", retired_f),
+                ("free", free),
+            ] {
                 self.host_addresses
                     .get_or_create(&address_label(&l, u.family, state))
                     .set(v);
@@ -414,7 +424,7 @@ impl Metrics {
     }
 
     fn remove_address_series(&self, l: &HostLabel, family: &str) {
-        for state in ["allocated", "free"] {
+        for state in ["allocated", "retired", "free"] {
             self.host_addresses.remove(&address_label(l, family, state));
         }
     }

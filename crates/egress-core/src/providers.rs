@@ -127,14 +127,10 @@ impl Providers {
     /// Every provider consults `retired` (the process's retired addresses: one registry for
     /// the whole process, handed to the providers of every config load) before it hands out
     /// a declared egress address.
-    pub fn with_retired(
-        self,
-        retired: &Arc<egress_provider::libvirt::retired::RetiredAddresses>,
-    ) -> Self {
+    pub fn with_retired_ref(&self, retired: &Arc<egress_provider::libvirt::retired::RetiredAddresses>) {
         for h in self.entries.values() {
             h.provider.use_retired(Arc::clone(retired));
         }
-        self
     }
 
     /// These providers with the config's `reputation:` settings.

@@ -263,6 +263,14 @@ pub async fn run_with_providers(
         opts.controller.clone(),
     ));
     let metrics = Metrics::new();
+    // One registry of retired addresses for the process, shared with the providers of every
+    // config load; nothing is allocated until the pools' retirements were read back below.
+    let retired = Arc::new(egress_provider::libvirt::retired::RetiredAddresses::unprimed());
+    providers.with_retired_ref(&retired);
+    let reputation = Arc::new(egress_core::reputation::ReputationService::new(
+        providers.reputation().clone(),
+        metrics.reputation(),
+    ));
     // Standalone acts on the fleet alone; the config was just loaded.
     metrics.set_leader(true);
     metrics.config_loaded(true);
@@ -288,6 +296,8 @@ pub async fn run_with_providers(
         manifest_dir: opts.proxies_dir.clone(),
         pools: Mutex::new(pools::Pools::default()),
         pool_queue: pools::PoolQueue::default(),
+        reputation,
+        retired,
     });
     shared.seed_host_rows();
     // A finished create/delete, or a freed host slot, queues the Proxy at once (a weak
@@ -312,6 +322,8 @@ pub async fn run_with_providers(
     let (s, desired) = loops::scan(store).await;
     store = s;
     shared.apply_desired(&desired);
+    // Every pool found has restored its retirements (apply_pools): allocation may proceed.
+    shared.retired.prime();
     if desired.proxies.is_empty() && desired.pools.is_empty() && !opts.gc_allow_empty {
         tracing::warn!(
             proxies = %opts.proxies_dir.display(),
@@ -362,6 +374,14 @@ pub async fn run_with_providers(
             background::proxy_health::run(Arc::clone(&shared), engine, stop.clone()),
         );
     }
+    tasks.spawn(
+        "reputation",
+        background::reputation::run(
+            Arc::clone(&shared),
+            Arc::clone(&shared.reputation),
+            stop.clone(),
+        ),
+    );
     if let Some(p) = opts.config_path.clone() {
         let sh = Arc::clone(&shared);
         let path = p.clone();

@@ -39,6 +39,7 @@ use egress_core::controller::{EventKind, ProxyCredentials, ProxyObject};
 use egress_core::metrics::PoolReplicas;
 use egress_core::model::{Phase, ProxyStatus, condition};
 use egress_core::pool::member::{member_spec, template_hash};
+use egress_core::pool::spec::OnListed;
 use egress_core::pool::{
     Member, MemberMeta, PoolInputs, ProxyPoolStatus, credentials, credentials_file, decide,
 };
@@ -111,7 +112,7 @@ struct StateFile {
 }
 
 /// A pool's row as `/status` needs it: namespace, name, replicas, status, members,
-/// quarantine, error.
+/// quarantine, error, `reputation.onListed`.
 type PoolSnapshot = (
     String,
     String,
@@ -120,6 +121,7 @@ type PoolSnapshot = (
     Vec<MemberRec>,
     BTreeMap<String, String>,
     Option<String>,
+    OnListed,
 );
 
 /// One pool as this process runs it.
@@ -238,6 +240,12 @@ impl Shared {
                             .and_then(|b| serde_json::from_slice(&b).ok())
                             .unwrap_or_default();
                         tracing::info!(pool = %key, members = state.members.len(), "pool loaded");
+                        self.sync_retired(
+                            key,
+                            &p.spec.template.provider,
+                            &state.status,
+                            SystemTime::now(),
+                        );
                         restored.push((
                             key.clone(),
                             p.namespace.clone(),
@@ -324,6 +332,22 @@ impl Shared {
         }))
     }
 
+    /// Puts pool `key`'s retired addresses (its `status.retiredAddresses`, of entry `entry`)
+    /// in effect in the process's registry, replacing what the pool had there.
+    fn sync_retired(&self, key: &str, entry: &str, status: &ProxyPoolStatus, now: SystemTime) {
+        let entries = status.retired_addresses.iter().filter_map(|r| {
+            Some(egress_provider::libvirt::retired::Retired {
+                entry: entry.to_owned(),
+                host: r.host.clone(),
+                address: r.address.parse().ok()?,
+                until: humantime::parse_rfc3339_weak(&r.until).ok()?,
+                reason: format!("member {}: {}", r.member, r.reason),
+                owner: String::new(),
+            })
+        });
+        self.retired.sync(&format!("pool {key}"), entries, now);
+    }
+
     /// Marks every pool dirty (a host check or a health round ended).
     pub(crate) fn all_pools_dirty(&self) {
         let keys: Vec<String> = lock(&self.pools).by_key.keys().cloned().collect();
@@ -383,7 +407,7 @@ impl Shared {
                 if !o.object.deleting && o.status.observed_generation == 0 {
                     unobserved = true;
                 }
-                members.push(Member::observe(
+                members.push(Member::observe_with(
                     MemberMeta {
                         name: rec.name.clone(),
                         host: Some(rec.host.clone()),
@@ -394,6 +418,7 @@ impl Shared {
                     },
                     &o.status,
                     health_checks,
+                    p.policy.on_listed,
                 ));
             }
         }
@@ -411,10 +436,12 @@ impl Shared {
         }
         let hosts = self.controller.pool_hosts(&p.spec.template.provider);
         let now = SystemTime::now();
+        let mut policy = p.policy.clone();
+        policy.retire_for = self.reputation.settings().retire_for;
         let d = decide(&PoolInputs {
             name: &name,
             generation,
-            policy: &p.policy,
+            policy: &policy,
             template_hash: &hash,
             members: &members,
             hosts: &hosts,
@@ -431,6 +458,12 @@ impl Shared {
                     tracing::warn!(pool = %key, reason = %ev.reason, message = %ev.message, "event");
                 }
             }
+        }
+        if d.status.retired_addresses != status.retired_addresses {
+            // Retired before anything is created or deleted: the address a member leaves
+            // behind is never handed out, by this round's creates or any other.
+            self.sync_retired(key, &p.spec.template.provider, &d.status, now);
+            changed = true;
         }
         let mut new_objects = Vec::new();
         for c in &d.creates {
@@ -623,12 +656,15 @@ impl Shared {
     /// (O(members), not the whole status document): `ip:port` of each available member that
     /// is neither quarantined nor being deleted, sorted; `None` for an unknown pool.
     pub(crate) fn pool_healthy_list(&self, namespace: &str, name: &str) -> Option<String> {
-        let (recs, quarantine) = {
+        let (recs, quarantine, on_listed) = {
             let all = lock(&self.pools);
             let rt = all.by_key.get(&format!("{namespace}/{name}"))?;
             (
                 rt.members.values().cloned().collect::<Vec<_>>(),
                 rt.quarantine.clone(),
+                rt.loaded
+                    .as_ref()
+                    .map_or_else(Default::default, |(p, _)| p.policy.on_listed),
             )
         };
         let health_checks = self.health.is_some();
@@ -641,7 +677,7 @@ impl Shared {
                     if o.object.deleting {
                         return None;
                     }
-                    let m = Member::observe(
+                    let m = Member::observe_with(
                         MemberMeta {
                             name: r.name.clone(),
                             host: Some(r.host.clone()),
@@ -652,6 +688,7 @@ impl Shared {
                         },
                         &o.status,
                         health_checks,
+                        on_listed,
                     );
                     let ip: std::net::IpAddr = o.status.ip.as_deref()?.parse().ok()?;
                     m.available.then(|| {
@@ -683,6 +720,9 @@ impl Shared {
                     rt.members.values().cloned().collect(),
                     rt.quarantine.clone(),
                     rt.error.clone(),
+                    rt.loaded
+                        .as_ref()
+                        .map_or_else(Default::default, |(p, _)| p.policy.on_listed),
                 )
             })
             .collect();
@@ -691,14 +731,14 @@ impl Shared {
         pools
             .into_iter()
             .map(
-                |(namespace, name, desired, status, recs, quarantine, error)| {
+                |(namespace, name, desired, status, recs, quarantine, error, on_listed)| {
                     let members = recs
                         .into_iter()
                         .map(|r| {
                             let o = objects.get(&member_uid(&namespace, &name, &r.name));
                             let st = o.map(|o| o.status.clone()).unwrap_or_default();
                             let quarantine = quarantine.get(&r.name).cloned();
-                            let m = Member::observe(
+                            let m = Member::observe_with(
                                 MemberMeta {
                                     name: r.name.clone(),
                                     host: Some(r.host.clone()),
@@ -709,6 +749,7 @@ impl Shared {
                                 },
                                 &st,
                                 health_checks,
+                                on_listed,
                             );
                             PoolMemberRow {
                                 name: r.name,

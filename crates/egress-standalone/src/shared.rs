@@ -181,6 +181,11 @@ pub(crate) struct Shared {
     pub(crate) pools: Mutex<crate::pools::Pools>,
     /// Pools to decide again.
     pub(crate) pool_queue: crate::pools::PoolQueue,
+    /// The reputation checks (DNS blocklists) of the egress addresses.
+    pub(crate) reputation: Arc<egress_core::reputation::ReputationService>,
+    /// The process's retired addresses (pools' `status.retiredAddresses`), shared with every
+    /// provider of every config load.
+    pub(crate) retired: Arc<egress_provider::libvirt::retired::RetiredAddresses>,
 }
 
 impl Shared {
@@ -346,6 +351,17 @@ impl Shared {
                         generation,
                     );
                 }
+                // The reconcile started from an older status: the reputation results of a
+                // round that ended meanwhile are merged again (no Event: the round announced).
+                let generation = o.object.generation;
+                let view = self.reputation_view(&uid);
+                let _ = egress_core::reputation::apply_to_status(
+                    &mut o.status,
+                    view,
+                    self.reputation.enabled(),
+                    SystemTime::now(),
+                    generation,
+                );
                 remove = out.finalized && o.object.deleting;
                 if let Some(k) = &o.pool
                     && (remove

@@ -26,6 +26,9 @@ use egress_core::background::config_watch::{Compare, Reload, WatchedFiles};
 use egress_core::background::gc::GcDriver;
 use egress_core::background::host_checks::{self, HostCheckDriver, HostCheckSettings};
 use egress_core::background::proxy_health::ProxyHealthDriver;
+use egress_core::background::reputation::ReputationDriver;
+use egress_core::controller::EventKind;
+use egress_core::reputation::{ReputationService, ReputationTarget, RoundDone};
 use egress_core::config;
 use egress_core::gc::{self, GcReport};
 use egress_core::health::{self, HealthEngine, ProbeTarget, RoundReport};
@@ -250,6 +253,8 @@ impl Shared {
     /// Puts reloaded providers in effect: the controller, the host rows, and every Proxy
     /// re-queued (which releases latches of changed entries).
     pub(crate) fn providers_reloaded(&self, p: Providers, path: &Path) {
+        p.with_retired_ref(&self.retired);
+        self.reputation.set_settings(p.reputation().clone());
         let p = Arc::new(p);
         self.controller.set_providers(Arc::clone(&p));
         *self
@@ -262,5 +267,83 @@ impl Shared {
         for u in uids {
             self.queue.add(u);
         }
+    }
+}
+
+impl Shared {
+    /// The addresses `uid` is checked at: its declared egress addresses as the provider
+    /// reported them and the egress the health check observed (see
+    /// [`egress_core::reputation::addresses_of`]).
+    pub(crate) fn reputation_addresses(&self, uid: &ProxyUid) -> Vec<std::net::IpAddr> {
+        let health = self.health.as_ref().and_then(|e| e.get(uid));
+        egress_core::reputation::addresses_of(&self.controller.declared_egress(uid), health.as_ref())
+    }
+
+    /// The reputation view of `uid`'s addresses (`None` before their first check or with
+    /// checks off).
+    pub(crate) fn reputation_view(
+        &self,
+        uid: &ProxyUid,
+    ) -> Option<egress_core::reputation::ProxyReputation> {
+        if !self.reputation.enabled() {
+            return None;
+        }
+        self.reputation.view(&self.reputation_addresses(uid))
+    }
+}
+
+impl ReputationDriver for Shared {
+    fn targets(&self) -> Vec<ReputationTarget> {
+        let keys: Vec<(ProxyUid, String)> = lock(&self.objects)
+            .iter()
+            .filter(|(_, o)| !o.object.deleting)
+            .map(|(uid, o)| (*uid, format!("{}/{}", o.object.namespace, o.object.name)))
+            .collect();
+        keys.into_iter()
+            .filter_map(|(uid, key)| {
+                let addresses = self.reputation_addresses(&uid);
+                (!addresses.is_empty()).then_some(ReputationTarget {
+                    uid,
+                    key,
+                    addresses,
+                })
+            })
+            .collect()
+    }
+
+    fn round_done(&self, service: &ReputationService, _done: &RoundDone) {
+        let now = SystemTime::now();
+        let enabled = service.enabled();
+        let uids: Vec<ProxyUid> = lock(&self.objects).keys().copied().collect();
+        let mut events = Vec::new();
+        for uid in uids {
+            // Views are built without the objects' lock (each takes the book's).
+            let view = self.reputation_view(&uid);
+            let mut objects = lock(&self.objects);
+            if let Some(mut o) = objects.get_mut(&uid) {
+                let generation = o.object.generation;
+                if let Some(ev) = egress_core::reputation::apply_to_status(
+                    &mut o.status,
+                    view,
+                    enabled,
+                    now,
+                    generation,
+                ) {
+                    events.push((format!("{}/{}", o.object.namespace, o.object.name), ev));
+                }
+            }
+        }
+        for (key, ev) in events {
+            match ev.kind {
+                EventKind::Normal => {
+                    tracing::info!(proxy = %key, reason = %ev.reason, message = %ev.message, "event");
+                }
+                EventKind::Warning => {
+                    tracing::warn!(proxy = %key, reason = %ev.reason, message = %ev.message, "event");
+                }
+            }
+        }
+        // Pools re-decide on their next tick (a listing may replace or unpublish members).
+        self.all_pools_dirty();
     }
 }

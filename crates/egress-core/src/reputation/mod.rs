@@ -26,10 +26,13 @@ use egress_provider::ProxyUid;
 use egress_reputation::book::{Book, Change};
 use egress_reputation::config::Settings;
 use egress_reputation::round::RoundReport;
-use egress_reputation::{ProxyReputation, Resolver, run_round};
+use egress_reputation::{Resolver, run_round};
 use tokio::time::Instant;
 
 pub use self::apply::{apply_to_status, reason};
+/// The check engine (zones, answers, queries, rounds, the results book).
+pub use egress_reputation as engine;
+pub use egress_reputation::ProxyReputation;
 use self::metrics::ReputationMetrics;
 use crate::health::ProxyHealth;
 

@@ -188,6 +188,10 @@ pub struct ProxyStatusRow {
     /// before the first check): healthy, egress IP, latency, last check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthStatus>,
+    /// The egress addresses' DNS blocklist results (`status.reputation`; absent while no
+    /// blocklist is configured or before the first check).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reputation: Option<crate::reputation::ProxyReputation>,
 }
 
 impl ProxyStatusRow {
@@ -249,6 +253,7 @@ mod tests {
                     egress_ip: Some("203.0.113.7".into()),
                     ..HealthStatus::default()
                 }),
+                reputation: None,
                 egress_address: Vec::new(),
             }],
             hosts: vec![HostRow {
@@ -289,6 +294,7 @@ mod tests {
                 healthy: Some(h),
                 ..HealthStatus::default()
             }),
+            reputation: None,
             egress_address: Vec::new(),
         }
     }

@@ -251,6 +251,7 @@ mod tests {
             conditions: vec![],
             port: Some(3128),
             health: None,
+            reputation: None,
             egress_address: Vec::new(),
         }]);
         let t = Endpoints::metrics(&o, MetricsFormat::Prometheus);

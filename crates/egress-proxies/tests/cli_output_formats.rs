@@ -335,6 +335,7 @@ fn status_document() -> String {
                 consecutive_failures: 0,
                 ..HealthStatus::default()
             }),
+            reputation: None,
             egress_address: vec![],
         }],
         hosts: vec![],

@@ -318,6 +318,7 @@ fn every_field_of_the_status_document_is_documented_for_users() {
                 last_error: Some("e".into()),
                 egress_ips: vec!["203.0.113.7".into()],
             }),
+            reputation: None,
             egress_address: vec!["203.0.113.7".into()],
         }],
         hosts: vec![HostRow {

@@ -85,6 +85,7 @@ impl Shared {
             conditions: o.status.conditions.clone(),
             port: Some(o.object.spec.proxy.port),
             health: o.status.health.clone(),
+            reputation: o.status.reputation.clone(),
             egress_address: o.status.egress_address.clone(),
         }
     }

@@ -182,18 +182,41 @@ impl ReputationService {
 
     /// One round over `targets` (nothing when checks are off): every distinct address in
     /// every zone, bounded by the settings' concurrency and by `interval` as the round's
-    /// deadline. Records each verdict in the book and the metrics.
+    /// deadline. Records each verdict in the book and the metrics; forgets addresses no
+    /// target has any more.
     pub async fn round(&self, targets: &[ReputationTarget]) -> Option<RoundDone> {
-        let settings = self.settings();
-        if !settings.enabled() {
-            return None;
-        }
-        let resolver = self.resolver(&settings)?;
         let wanted: HashSet<IpAddr> = targets
             .iter()
             .flat_map(|t| t.addresses.iter().copied())
             .collect();
         lock(&self.book).retain(&wanted);
+        self.check(wanted).await
+    }
+
+    /// A round over the addresses of `targets` never checked yet (a new Proxy's, a changed
+    /// egress): they are known within a poll instead of an interval. `None` when there are
+    /// none (or checks are off).
+    pub async fn round_new(&self, targets: &[ReputationTarget]) -> Option<RoundDone> {
+        let fresh: HashSet<IpAddr> = {
+            let book = lock(&self.book);
+            targets
+                .iter()
+                .flat_map(|t| t.addresses.iter().copied())
+                .filter(|a| book.get(a).is_none())
+                .collect()
+        };
+        if fresh.is_empty() {
+            return None;
+        }
+        self.check(fresh).await
+    }
+
+    async fn check(&self, wanted: HashSet<IpAddr>) -> Option<RoundDone> {
+        let settings = self.settings();
+        if !settings.enabled() {
+            return None;
+        }
+        let resolver = self.resolver(&settings)?;
         let deadline = Instant::now() + settings.interval;
         let mut changes = Vec::new();
         let report = run_round(

@@ -324,6 +324,7 @@ mod tests {
                 healthy: Some(h),
                 ..HealthStatus::default()
             }),
+            reputation: None,
             egress_address: Vec::new(),
         }
     }

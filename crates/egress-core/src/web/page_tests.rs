@@ -41,6 +41,7 @@ fn proxy(name: &str, host: Option<&str>, phase: Phase) -> ProxyStatusRow {
         conditions: vec![],
         port: Some(3128),
         health: None,
+        reputation: None,
         egress_address: Vec::new(),
     }
 }

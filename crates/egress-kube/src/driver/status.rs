@@ -289,6 +289,7 @@ pub(super) fn row_of(p: &Proxy) -> ProxyStatusRow {
         conditions: st.conditions.clone(),
         port: Some(p.spec.proxy.port),
         health: st.health.clone(),
+        reputation: st.reputation.clone(),
         egress_address: st.egress_address.clone(),
     }
 }

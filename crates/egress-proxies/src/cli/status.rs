@@ -361,6 +361,7 @@ mod tests {
                 conditions: vec![],
                 port: Some(3128),
                 health: None,
+                reputation: None,
                 egress_address: Vec::new(),
             }],
             hosts: vec![HostRow {
@@ -416,6 +417,7 @@ mod tests {
                     consecutive_failures: 3,
                     ..HealthStatus::default()
                 }),
+                reputation: None,
                 egress_address: Vec::new(),
             }],
             hosts: vec![],
@@ -498,6 +500,7 @@ mod tests {
                 egress_ip: Some("203.0.113.7".into()),
                 ..HealthStatus::default()
             }),
+            reputation: None,
             egress_address: Vec::new(),
         };
         let doc = StatusDocument {
@@ -542,6 +545,7 @@ mod tests {
                 egress_ips: vec!["198.51.100.9".into(), "2001:db8::7".into()],
                 ..HealthStatus::default()
             }),
+            reputation: None,
             egress_address: vec!["203.0.113.7".into(), "2001:db8::7".into()],
         };
         let doc = StatusDocument {

@@ -50,6 +50,7 @@ fn a_minimal_manifest_gets_the_documented_defaults() {
             keep_addresses: false,
             on_listed: crate::pool::spec::OnListed::Ignore,
             retire_for: egress_reputation::config::DEFAULT_RETIRE_FOR,
+            max_members: u32::MAX,
         }
     );
     assert!(validate_pool_name(&m.metadata.name).is_none());

@@ -286,6 +286,19 @@ impl HostAddresses {
         v4: bool,
         pinned: Option<IpAddr>,
     ) -> Result<IpAddr, AllocError> {
+        self.allocate_avoiding(holder, v4, pinned, &[])
+    }
+
+    /// [`Self::allocate`], except that a free address chosen for a holder pinning nothing is
+    /// never one of `reserved` (pinned by other Proxies, or held for another namespace): those
+    /// are skipped, and stay free for their owners. Costs O(log n) per address skipped.
+    pub fn allocate_avoiding(
+        &mut self,
+        holder: &str,
+        v4: bool,
+        pinned: Option<IpAddr>,
+        reserved: &[IpAddr],
+    ) -> Result<IpAddr, AllocError> {
         if let Some(p) = pinned {
             let f = self.family(p.is_ipv4());
             if !f.is_some_and(|f| f.pool.contains(p)) {
@@ -311,54 +324,11 @@ impl HostAddresses {
             });
         };
         let like = f.pool.prefix.addr();
-        let v = match f.take_fresh() {
-            Some(v) => v,
-            None => match f.released.pop_first() {
-                Some(v) => v,
-                None => {
-                    return Err(AllocError::Exhausted {
-                        family: f.name(),
-                        size: f.pool.size(),
-                    });
-                }
-            },
-        };
-        let ip = from_num(like, v);
-        self.record(holder, ip)
-    }
-
-    /// [`Self::allocate`], never handing out one of `retired` (a separate state: those may
-    /// still be held by the instance they were retired from, and are not freed by this): a
-    /// pinned retired address is refused ([`AllocError::Retired`]) unless `holder` already
-    /// holds it; a free one is skipped and stays free (among the released, so it comes back
-    /// last once its retirement ends). Costs O(log n) per retired address skipped.
-    pub fn allocate_excluding(
-        &mut self,
-        holder: &str,
-        v4: bool,
-        pinned: Option<IpAddr>,
-        retired: &[IpAddr],
-    ) -> Result<IpAddr, AllocError> {
-        if retired.is_empty() {
-            return self.allocate(holder, v4, pinned);
-        }
-        if let Some(p) = pinned {
-            if retired.contains(&p) && self.held_by(holder, p.is_ipv4()) != Some(p) {
-                return Err(AllocError::Retired { address: p });
-            }
-            return self.allocate(holder, v4, pinned);
-        }
-        if let Some(held) = self.held_by(holder, v4) {
-            return Ok(held);
-        }
-        let avoid: BTreeSet<u128> = retired
+        let avoid: BTreeSet<u128> = reserved
             .iter()
             .filter(|a| a.is_ipv4() == v4)
             .map(|a| num(*a))
             .collect();
-        let Some(f) = self.family_mut(v4) else {
-            return self.allocate(holder, v4, None);
-        };
         let mut skipped = Vec::new();
         let found = loop {
             let Some(v) = f.take_fresh().or_else(|| f.released.pop_first()) else {
@@ -370,6 +340,7 @@ impl HostAddresses {
             }
             break Some(v);
         };
+        // Skipped addresses stay free (for their owners): back among the released ones.
         f.released.extend(skipped);
         let Some(v) = found else {
             return Err(AllocError::Exhausted {
@@ -377,8 +348,34 @@ impl HostAddresses {
                 size: f.pool.size(),
             });
         };
-        let ip = from_num(f.pool.prefix.addr(), v);
+        let ip = from_num(like, v);
         self.record(holder, ip)
+    }
+
+    /// [`Self::allocate_avoiding`], never handing out one of `retired` either (a separate
+    /// state: those may still be held by the instance they were retired from, and are not
+    /// freed by this): a pinned retired address is refused ([`AllocError::Retired`]) unless
+    /// `holder` already holds it; a free one is skipped and stays free (among the released,
+    /// so it comes back last once its retirement ends). Costs O(log n) per address skipped.
+    pub fn allocate_excluding(
+        &mut self,
+        holder: &str,
+        v4: bool,
+        pinned: Option<IpAddr>,
+        reserved: &[IpAddr],
+        retired: &[IpAddr],
+    ) -> Result<IpAddr, AllocError> {
+        if let Some(p) = pinned
+            && retired.contains(&p)
+            && self.held_by(holder, p.is_ipv4()) != Some(p)
+        {
+            return Err(AllocError::Retired { address: p });
+        }
+        if retired.is_empty() {
+            return self.allocate_avoiding(holder, v4, pinned, reserved);
+        }
+        let avoid: Vec<IpAddr> = reserved.iter().chain(retired).copied().collect();
+        self.allocate_avoiding(holder, v4, pinned, &avoid)
     }
 
     /// Frees every address `holder` holds. Call only once its instance is confirmed gone.

@@ -335,17 +335,7 @@ impl Shared {
     /// Puts pool `key`'s retired addresses (its `status.retiredAddresses`, of entry `entry`)
     /// in effect in the process's registry, replacing what the pool had there.
     fn sync_retired(&self, key: &str, entry: &str, status: &ProxyPoolStatus, now: SystemTime) {
-        let entries = status.retired_addresses.iter().filter_map(|r| {
-            Some(egress_provider::libvirt::retired::Retired {
-                entry: entry.to_owned(),
-                host: r.host.clone(),
-                address: r.address.parse().ok()?,
-                until: humantime::parse_rfc3339_weak(&r.until).ok()?,
-                reason: format!("member {}: {}", r.member, r.reason),
-                owner: String::new(),
-            })
-        });
-        self.retired.sync(&format!("pool {key}"), entries, now);
+        status.sync_retired(&self.retired, key, entry, now);
     }
 
     /// Marks every pool dirty (a host check or a health round ended).
@@ -437,7 +427,7 @@ impl Shared {
         let hosts = self.controller.pool_hosts(&p.spec.template.provider);
         // Bound by its entry's quotas.maxPoolReplicas (quarantined members count); a pool
         // asking for more is held to it, and says so in the log.
-        let policy = match self.controller.max_pool_replicas(&p.spec.template.provider) {
+        let mut policy = match self.controller.max_pool_replicas(&p.spec.template.provider) {
             Some(max) => p.policy.clone().within_quota(max).unwrap_or_else(|e| {
                 tracing::warn!(pool = %key, error = %format!("{}: {}", e.path, e.message), "pool held to its entry's quota");
                 let mut held = p.policy.clone();
@@ -448,7 +438,6 @@ impl Shared {
             None => p.policy.clone(),
         };
         let now = SystemTime::now();
-        let mut policy = p.policy.clone();
         policy.retire_for = self.reputation.settings().retire_for;
         let d = decide(&PoolInputs {
             name: &name,

@@ -253,6 +253,29 @@ pub struct HostFailures {
 }
 
 impl ProxyPoolStatus {
+    /// Puts this status's `retiredAddresses` (of provider entry `entry`) in effect in the
+    /// process's `registry` as the retirements of pool `key` (`NAMESPACE/NAME`), replacing
+    /// what the pool had there; entries that do not parse are skipped.
+    pub fn sync_retired(
+        &self,
+        registry: &egress_provider::libvirt::retired::RetiredAddresses,
+        key: &str,
+        entry: &str,
+        now: std::time::SystemTime,
+    ) {
+        let entries = self.retired_addresses.iter().filter_map(|r| {
+            Some(egress_provider::libvirt::retired::Retired {
+                entry: entry.to_owned(),
+                host: r.host.clone(),
+                address: r.address.parse().ok()?,
+                until: humantime::parse_rfc3339_weak(&r.until).ok()?,
+                reason: format!("member {}: {}", r.member, r.reason),
+                owner: String::new(),
+            })
+        });
+        registry.sync(&format!("pool {key}"), entries, now);
+    }
+
     /// The condition of `type_`, if set.
     pub fn condition(&self, type_: &str) -> Option<&Condition> {
         self.conditions.iter().find(|c| c.type_ == type_)

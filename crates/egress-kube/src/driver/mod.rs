@@ -62,6 +62,7 @@ mod provider_health;
 mod proxy_health;
 pub mod publish;
 mod reconcile;
+mod reputation;
 mod status;
 mod term;
 
@@ -385,10 +386,20 @@ pub async fn run_with(
     shutdown: CancellationToken,
 ) {
     observer.set_config_loaded(true);
+    // One reputation service and one registry of retired addresses for the process, shared
+    // by every term and every config load; nothing is allocated until a term's pool
+    // controller read the pools' retirements back.
+    let reputation = Arc::new(egress_core::reputation::ReputationService::new(
+        providers.reputation().clone(),
+        observer.metrics().reputation(),
+    ));
+    let retired = Arc::new(egress_provider::libvirt::retired::RetiredAddresses::unprimed());
+    providers.with_retired_ref(&retired);
     let (providers_tx, providers_rx) = watch::channel(Arc::new(providers));
     let mut side = JoinSet::new();
     {
         let stats = stats.clone();
+        let (reputation, retired) = (reputation.clone(), retired.clone());
         side.spawn(config_watch::run(
             WatchedFiles {
                 config: opts.config_path.clone(),
@@ -400,6 +411,8 @@ pub async fn run_with(
             move |p| {
                 tracing::info!("provider config or SSH material changed: providers rebuilt");
                 stats.reloads.fetch_add(1, Ordering::Relaxed);
+                p.with_retired_ref(&retired);
+                reputation.set_settings(p.reputation().clone());
                 providers_tx.send_replace(Arc::new(p));
             },
             observer.metrics().clone(),
@@ -431,6 +444,10 @@ pub async fn run_with(
             leader.clone(),
             &stats,
             &observer,
+            &term::Shared {
+                reputation: reputation.clone(),
+                retired: retired.clone(),
+            },
             &shutdown,
         )
         .await;
@@ -471,6 +488,12 @@ pub(super) struct Ctx {
     creds: Mutex<HashMap<ProxyUid, Option<ProxyCredentials>>>,
     /// The decided health each Proxy was last announced with (one Event per change).
     announced: Mutex<HashMap<ProxyUid, HealthState>>,
+    /// The DNS blocklist checks of the egress addresses (outlives terms).
+    reputation: Arc<egress_core::reputation::ReputationService>,
+    /// The reputation each Proxy's status showed when its last change was announced (one
+    /// Event per change, whether a reconcile or the publishing pass wrote it first).
+    reputation_announced:
+        Mutex<HashMap<ProxyUid, Option<egress_core::reputation::ProxyReputation>>>,
     /// Namespaces' labels, read for the config's `namespaceSelector`s, each for
     /// [`NAMESPACE_LABELS_TTL`].
     namespace_labels: Mutex<HashMap<String, (std::time::Instant, NamespaceLabels)>>,

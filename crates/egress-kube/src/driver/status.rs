@@ -84,7 +84,7 @@ pub(super) async fn publish_pass(
         if stop.is_cancelled() {
             return false;
         }
-        let (Some(uid), Some(engine)) = (uid_of(p), ctx.observer.health()) else {
+        let Some(uid) = uid_of(p) else {
             continue;
         };
         if p.meta().deletion_timestamp.is_some() {
@@ -94,15 +94,23 @@ pub(super) async fn publish_pass(
             // Not reconciled yet: the first reconcile writes a status.
             continue;
         };
-        let h = engine.get(&uid);
+        let generation = p.meta().generation.unwrap_or(0);
+        let h = ctx.observer.health().and_then(|e| e.get(&uid));
         let mut next = current.clone();
-        health::apply_to_status(
+        if ctx.observer.health().is_some() {
+            health::apply_to_status(&mut next, h.as_ref(), Some(&current), now, generation);
+        }
+        // NB: a reconcile may have merged the same results first (it announces nothing):
+        // the Event is decided against the reputation the status showed before either.
+        next.reputation = announced_reputation(ctx, &uid, &current);
+        let reputation_event = egress_core::reputation::apply_to_status(
             &mut next,
-            h.as_ref(),
-            Some(&current),
+            ctx.reputation_view(&uid),
+            ctx.reputation.enabled(),
             now,
-            p.meta().generation.unwrap_or(0),
+            generation,
         );
+        let mut written = next == current;
         if next != current {
             let ns = p.namespace().unwrap_or_default();
             let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &ns);
@@ -116,8 +124,9 @@ pub(super) async fn publish_pass(
             let w = api.patch_status(&name, &pp, &patch);
             match tokio::time::timeout(API_SLACK, w).await {
                 Ok(Ok(_)) => {
+                    written = true;
                     let mut copy = (**p).clone();
-                    copy.status = Some(next);
+                    copy.status = Some(next.clone());
                     *p = Arc::new(copy);
                 }
                 Ok(Err(kube::Error::Api(e))) if e.code == 409 => {
@@ -136,6 +145,12 @@ pub(super) async fn publish_pass(
         }
         if let Some(h) = h {
             announce(ctx, p, &uid, &h).await;
+        }
+        if written {
+            lock(&ctx.reputation_announced).insert(uid, next.reputation.clone());
+            if let Some(ev) = reputation_event {
+                announce_reputation(ctx, p, &ev).await;
+            }
         }
     }
     ctx.observer
@@ -241,6 +256,37 @@ async fn mark_refused_groups(
         }
     }
     ok
+}
+
+/// The reputation `uid`'s status showed when its last reputation change was announced (the
+/// stored status on the first pass of a process).
+fn announced_reputation(
+    ctx: &Ctx,
+    uid: &ProxyUid,
+    current: &egress_core::model::ProxyStatus,
+) -> Option<egress_core::reputation::ProxyReputation> {
+    lock(&ctx.reputation_announced)
+        .get(uid)
+        .cloned()
+        .unwrap_or_else(|| current.reputation.clone())
+}
+
+/// Publishes a reputation Event (`Listed`, `Delisted`, `ReputationCheckFailed`).
+async fn announce_reputation(ctx: &Ctx, p: &Proxy, ev: &egress_core::controller::Event) {
+    let ev = KubeEvent {
+        type_: match ev.kind {
+            egress_core::controller::EventKind::Normal => EventType::Normal,
+            egress_core::controller::EventKind::Warning => EventType::Warning,
+        },
+        reason: ev.reason.clone(),
+        note: Some(ev.message.clone()),
+        action: "ReputationCheck".into(),
+        secondary: None,
+    };
+    // rbac: EVENTS create
+    if let Err(e) = ctx.recorder.publish(&ev, &p.object_ref(&())).await {
+        tracing::warn!(proxy = %key_of(p), error = %e, "cannot publish a reputation event");
+    }
 }
 
 /// Publishes an Event when a Proxy's decided health changed since the last announcement:

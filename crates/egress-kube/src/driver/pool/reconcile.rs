@@ -161,7 +161,7 @@ async fn reconcile_inner(
         .chain(validated.clone().err().unwrap_or_default())
         .map(|e| format!("{}: {}", e.path, e.message))
         .collect();
-    let policy = match validated {
+    let mut policy = match validated {
         Ok(p) if errors.is_empty() => p,
         _ => {
             let msg = errors.join("; ");
@@ -219,8 +219,10 @@ async fn reconcile_inner(
             e.pools.entry(key.clone()).or_default(),
             now,
             health_checks,
+            policy.on_listed,
         )
     };
+    policy.retire_for = ctx.reputation.settings().retire_for;
 
     let d = decide(&PoolInputs {
         name,
@@ -245,6 +247,12 @@ async fn reconcile_inner(
         metrics.pool_member_ready(&pool_key, secs);
     }
 
+    if d.status.retired_addresses != current.retired_addresses {
+        // Retired before anything is created or deleted: the address a member leaves behind
+        // is never handed out, by this round's creates or any other.
+        d.status
+            .sync_retired(&ctx.retired, &pool_key, &spec.template.provider, now);
+    }
     let mut first_error: Option<PoolError> = None;
     for c in &d.creates {
         let body = member_body(pool, c, &spec.template, credentials_ref.as_deref());

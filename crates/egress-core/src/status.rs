@@ -209,6 +209,20 @@ impl ProxyStatusRow {
         let ip: std::net::IpAddr = self.ip.as_deref()?.parse().ok()?;
         Some(std::net::SocketAddr::new(ip, self.port?))
     }
+
+    /// The reputation in one cell (the `LISTED` column of `egress-proxies status` and the
+    /// fleet page): the zones an address is listed in (comma-separated), `no` when every
+    /// check answered and none lists it, `?` when none lists it but some check failed, `-`
+    /// when checks are off or before the first check.
+    pub fn listed_cell(&self) -> String {
+        use egress_reputation::status::Summary;
+        match self.reputation.as_ref().map(|r| r.summary()) {
+            None | Some(Summary::Unchecked) => "-".into(),
+            Some(Summary::Listed(zones)) => zones.join(","),
+            Some(Summary::Failing) => "?".into(),
+            Some(Summary::Clean) => "no".into(),
+        }
+    }
 }
 
 /// One host of one provider entry.

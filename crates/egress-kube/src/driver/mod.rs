@@ -31,6 +31,14 @@
 //!   reconciles and by a publishing pass after each round, and a change of a Proxy's decided
 //!   health is an Event (`Healthy`, or the failure's reason). Health state outlives terms and
 //!   is dropped only when the Proxy is deleted (finding H3).
+//! - Reputation (when the provider config's `reputation:` names blocklist zones): on the
+//!   leader, every Proxy's declared and observed egress addresses are checked
+//!   ([`egress_core::reputation`]); the results are merged into status (`reputation`, the
+//!   `Listed` condition) by reconciles and by the publishing pass after each round, which
+//!   also announces each change as one Event (`Listed`, `Delisted`, `ReputationCheckFailed`).
+//!   Pools act on listings (`reputation.onListed`); the addresses they retire are kept in
+//!   one registry for the process, read back from every pool's status at the start of each
+//!   term before any address is handed out.
 //! - Publishing ([`publish`]): after every health round and every `publish_interval`, groups
 //!   of Proxies labelled `egress-proxies.dev/group` get a selector-less Service and
 //!   EndpointSlices listing only healthy members.
@@ -51,7 +59,7 @@
 //! GC, host checks, proxy health and the config watch are the core's shared workers
 //! ([`egress_core::background`]); `orphans.rs`, `provider_health.rs` and `proxy_health.rs`
 //! are this driver's side of them (the live set from the API server, ProviderHealth writes,
-//! targets from the watch cache).
+//! targets from the watch cache), and `reputation.rs` of the reputation worker.
 
 mod cache;
 mod credentials;

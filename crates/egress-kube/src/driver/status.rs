@@ -1,9 +1,12 @@
 //! Status publishing: the publishing pass that merges health (from the proxy health worker,
-//! [`super::proxy_health`]) into each Proxy's status and announces changes as Events, and
-//! the observer's rows.
+//! [`super::proxy_health`]) and reputation (from the reputation worker,
+//! [`super::reputation`]) into each Proxy's status and announces changes as Events, and the
+//! observer's rows.
 //!
 //! Guarantees: a status write is guarded by the cached resourceVersion (a stale cache never
-//! overwrites a newer status); one Event per change of decided health.
+//! overwrites a newer status); one Event per change of decided health; one Event per change
+//! of reputation, decided against the reputation last announced (a reconcile that merged
+//! the same results first does not swallow it), published once the status shows it.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -2,7 +2,9 @@
 //! [--pool P] [--health H]`: what a running `egress-proxies standalone` reports at
 //! `GET /status`, as a table: phase, host, address, whether traffic through the proxy works
 //! (HEALTHY: `yes`, `no`, `?` before the health engine decided, `-` when health checks are
-//! off) and the EGRESS IP the check target saw. The filters are the server's own
+//! off), the EGRESS IP the check target saw, the declared EGRESS ADDRESS and LISTED (the DNS
+//! blocklist zones an egress address is listed in; see
+//! [`egress_core::status::ProxyStatusRow::listed_cell`]). The filters are the server's own
 //! ([`Filters`], sent as the query of `/status`, so a large fleet sends only the rows asked
 //! for) and are applied again to what comes back (a server that ignores them still gives the
 //! right rows); the exit status is computed over the rows shown: 1 when a shown Proxy is
@@ -245,6 +247,7 @@ pub fn render(doc: &StatusDocument, now: SystemTime, wide: bool) -> String {
         "HEALTHY",
         "EGRESS IP",
         "EGRESS ADDRESS",
+        "LISTED",
         "AGE",
     ];
     if wide {
@@ -286,6 +289,7 @@ pub fn render(doc: &StatusDocument, now: SystemTime, wide: bool) -> String {
             } else {
                 p.egress_address.join(",")
             },
+            p.listed_cell(),
             age,
         ];
         if wide {
@@ -562,5 +566,75 @@ mod tests {
             out.contains("198.51.100.9,2001:db8::7  203.0.113.7,2001:db8::7"),
             "observed, then declared: {out}"
         );
+    }
+
+    #[test]
+    fn the_listed_column_names_the_zones_and_never_calls_a_failed_check_clean() {
+        use egress_core::reputation::engine::status::{FailedCheck, ListingStatus};
+        use egress_core::reputation::ProxyReputation;
+        let row = |r: Option<ProxyReputation>| ProxyStatusRow {
+            namespace: "default".into(),
+            name: "a".into(),
+            uid: "0f8fad5b-d9cb-469f-a165-70867728950e".into(),
+            phase: Phase::Running,
+            host: Some("h1".into()),
+            ip: Some("192.0.2.1".into()),
+            provider_id: None,
+            created_at: "2026-01-01T00:00:00Z".into(),
+            last_error: None,
+            conditions: vec![],
+            port: Some(3128),
+            health: None,
+            reputation: r,
+            egress_address: vec!["203.0.113.7".into()],
+        };
+        let checked = ProxyReputation {
+            addresses: vec!["203.0.113.7".into()],
+            last_check: Some("2026-01-01T01:00:00Z".into()),
+            ..ProxyReputation::default()
+        };
+        let listing = |zone: &str| ListingStatus {
+            address: "203.0.113.7".into(),
+            zone: zone.into(),
+            since: "2026-01-01T00:30:00Z".into(),
+            codes: vec!["SBL".into()],
+        };
+        let listed = ProxyReputation {
+            listed: vec![listing("zen.example"), listing("bl.example"), listing("bl.example")],
+            ..checked.clone()
+        };
+        let failing = ProxyReputation {
+            failed: vec![FailedCheck {
+                address: "203.0.113.7".into(),
+                zone: "zen.example".into(),
+                since: "2026-01-01T00:30:00Z".into(),
+                reason: "error_answer".into(),
+                message: "127.255.255.254".into(),
+            }],
+            ..checked.clone()
+        };
+        let doc = StatusDocument {
+            generated_at: "2026-01-01T02:00:00Z".into(),
+            proxies: vec![
+                row(None),
+                row(Some(checked)),
+                row(Some(listed)),
+                row(Some(failing)),
+            ],
+            hosts: vec![],
+            manifest_errors: vec![],
+            pools: vec![],
+        };
+        let out = render(&doc, SystemTime::UNIX_EPOCH, false);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].contains("EGRESS ADDRESS  LISTED"), "{out}");
+        for (line, want) in lines.iter().skip(1).zip([
+            "203.0.113.7     -  ",
+            "203.0.113.7     no  ",
+            "203.0.113.7     bl.example,zen.example  ",
+            "203.0.113.7     ?  ",
+        ]) {
+            assert!(line.contains(want), "{want:?} in {out}");
+        }
     }
 }

@@ -447,7 +447,7 @@ fn alloc_error(host: &str, e: AllocError, retired: &[IpAddr]) -> ProviderError {
             } else {
                 format!(
                     "are held or retired ({n} retired after a blocklist listing: see \
-                     `egress-proxies addresses`)"
+                     `egress-proxies status` or the pools' status.retiredAddresses)"
                 )
             };
             ProviderError::quota(format!(
@@ -459,7 +459,7 @@ fn alloc_error(host: &str, e: AllocError, retired: &[IpAddr]) -> ProviderError {
         }
         AllocError::Retired { address } => ProviderError::transient(format!(
             "the pinned address {address} on host {host} is retired (listed in a DNS \
-             blocklist; see `egress-proxies addresses`): no Proxy is given it until its \
+             blocklist; see the pools' status.retiredAddresses): no Proxy is given it until its \
              retirement ends"
         )),
         // NB: the holder is another Proxy's instance, perhaps another tenant's: not named.

@@ -34,7 +34,7 @@ pub struct Retired {
     pub address: IpAddr,
     /// When the retirement ends.
     pub until: SystemTime,
-    /// Why (for `egress-proxies addresses` and errors).
+    /// Why (shown with the retirement, and in errors).
     pub reason: String,
     /// Who retired it (e.g. `pool default/web`).
     pub owner: String,

@@ -55,6 +55,15 @@ pub(super) async fn publish_loop(
     if !wait_synced(&mut synced, &stop).await {
         return;
     }
+    // What the stored statuses show was announced before (by an earlier term or process).
+    {
+        let mut a = lock(&ctx.reputation_announced);
+        for p in store.state() {
+            if let (Some(uid), Some(st)) = (uid_of(&p), p.status.as_ref()) {
+                a.entry(uid).or_insert_with(|| st.reputation.clone());
+            }
+        }
+    }
     loop {
         if publish_pass(&ctx, &store, &mut publisher, &stop).await {
             stats.publish_passes.fetch_add(1, Ordering::Relaxed);
@@ -105,7 +114,7 @@ pub(super) async fn publish_pass(
         }
         // NB: a reconcile may have merged the same results first (it announces nothing):
         // the Event is decided against the reputation the status showed before either.
-        next.reputation = announced_reputation(ctx, &uid, &current);
+        next.reputation = announced_reputation(ctx, &uid);
         let reputation_event = egress_core::reputation::apply_to_status(
             &mut next,
             ctx.reputation_view(&uid),
@@ -261,17 +270,14 @@ async fn mark_refused_groups(
     ok
 }
 
-/// The reputation `uid`'s status showed when its last reputation change was announced (the
-/// stored status on the first pass of a process).
+/// The reputation `uid`'s status showed when its last reputation change was announced: the
+/// stored one for a Proxy the term found at its start, none for a Proxy new since (whose
+/// first listing a reconcile may have written already, unannounced).
 fn announced_reputation(
     ctx: &Ctx,
     uid: &ProxyUid,
-    current: &egress_core::model::ProxyStatus,
 ) -> Option<egress_core::reputation::ProxyReputation> {
-    lock(&ctx.reputation_announced)
-        .get(uid)
-        .cloned()
-        .unwrap_or_else(|| current.reputation.clone())
+    lock(&ctx.reputation_announced).get(uid).cloned().flatten()
 }
 
 /// Publishes a reputation Event (`Listed`, `Delisted`, `ReputationCheckFailed`).

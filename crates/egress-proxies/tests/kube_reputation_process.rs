@@ -92,13 +92,20 @@ fn members(srv: &ApiServer, ns: &str) -> Vec<Value> {
 }
 
 fn name(p: &Value) -> String {
-    p["metadata"]["name"].as_str().unwrap_or_default().to_owned()
+    p["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 fn egress(p: &Value) -> Vec<String> {
     p["status"]["egressAddress"]
         .as_array()
-        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -123,8 +130,7 @@ fn available(srv: &ApiServer, ns: &str) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_listed_member_is_reported_replaced_within_budget_and_its_address_retired_not_reused()
-{
+async fn a_listed_member_is_reported_replaced_within_budget_and_its_address_retired_not_reused() {
     let nsd = tokio::task::spawn_blocking(|| {
         Nsd::start(
             None,
@@ -158,8 +164,7 @@ async fn a_listed_member_is_reported_replaced_within_budget_and_its_address_reti
     // The first member gets the listed address; its status shows the listing.
     let first = wait_for("the first member listed", DEADLINE, || async {
         members(&srv, ns).into_iter().find(|m| {
-            egress(m) == [LISTED]
-                && condition(m, "Listed").is_some_and(|c| c["status"] == "True")
+            egress(m) == [LISTED] && condition(m, "Listed").is_some_and(|c| c["status"] == "True")
         })
     })
     .await;
@@ -190,8 +195,7 @@ async fn a_listed_member_is_reported_replaced_within_budget_and_its_address_reti
             pool(&srv, ns)
         );
         let ms = members(&srv, ns);
-        let found = (ms.len() == 1 && name(&ms[0]) != first_name && n == 1)
-            .then(|| ms[0].clone());
+        let found = (ms.len() == 1 && name(&ms[0]) != first_name && n == 1).then(|| ms[0].clone());
         async move { found }
     })
     .await;
@@ -206,14 +210,24 @@ async fn a_listed_member_is_reported_replaced_within_budget_and_its_address_reti
 
     // Retired in the pool's status, with the member and the listing.
     let st = pool(&srv, ns)["status"].clone();
-    let retired = st["retiredAddresses"].as_array().cloned().unwrap_or_default();
+    let retired = st["retiredAddresses"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     assert_eq!(retired.len(), 1, "{st}");
     assert_eq!(
-        (&retired[0]["address"], &retired[0]["host"], &retired[0]["member"]),
+        (
+            &retired[0]["address"],
+            &retired[0]["host"],
+            &retired[0]["member"]
+        ),
         (&json!(LISTED), &json!("h0"), &json!(first_name)),
         "{st}"
     );
-    assert!(retired[0]["reason"].as_str().unwrap().contains(ZONE), "{st}");
+    assert!(
+        retired[0]["reason"].as_str().unwrap().contains(ZONE),
+        "{st}"
+    );
     assert!(retired[0]["until"].is_string(), "{st}");
 
     // Events: the listing on the Proxy, the retirement on the pool.
@@ -252,7 +266,9 @@ async fn a_listed_member_is_reported_replaced_within_budget_and_its_address_reti
     let refused = wait_for("the fourth member refused", DEADLINE, || async {
         members(&srv, ns).into_iter().find(|m| {
             egress(m).is_empty()
-                && serde_json::to_string(&m["status"]).unwrap().contains("retired")
+                && serde_json::to_string(&m["status"])
+                    .unwrap()
+                    .contains("retired")
         })
     })
     .await;

@@ -7,7 +7,12 @@
 //!
 //! A tenth of the addresses are listed (127.0.0.2), a hundredth answer 127.255.255.254 (the
 //! open-resolver refusal); a twentieth are IPv6. Needs nsd (.ci/setup-host).
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, SystemTime};
@@ -49,7 +54,16 @@ fn vm_hwm() -> String {
 
 fn address(i: usize) -> IpAddr {
     if i % 20 == 19 {
-        IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, (i >> 16) as u16, i as u16))
+        IpAddr::V6(Ipv6Addr::new(
+            0x2001,
+            0xdb8,
+            0,
+            0,
+            0,
+            0,
+            (i >> 16) as u16,
+            i as u16,
+        ))
     } else {
         // 100.64.0.0/10 as a stand-in space of 4 M addresses.
         IpAddr::V4(Ipv4Addr::from(0x6440_0000u32 + i as u32))
@@ -97,7 +111,10 @@ fn main() {
         nsd.addr(),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    println!("== load: {}", std::fs::read_to_string("/proc/loadavg").unwrap().trim());
+    println!(
+        "== load: {}",
+        std::fs::read_to_string("/proc/loadavg").unwrap().trim()
+    );
     rt.block_on(async {
         let resolver =
             Resolver::new(&settings.resolvers, settings.timeout, settings.concurrency).unwrap();

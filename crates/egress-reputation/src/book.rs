@@ -352,7 +352,10 @@ mod tests {
     }
 
     fn zones() -> Vec<Zone> {
-        vec![Zone::parse("a.test").unwrap(), Zone::parse("b.test").unwrap()]
+        vec![
+            Zone::parse("a.test").unwrap(),
+            Zone::parse("b.test").unwrap(),
+        ]
     }
 
     #[test]
@@ -373,14 +376,26 @@ mod tests {
         let s = &b.get(&ip).unwrap()[0];
         assert_eq!(s.listed.as_ref().unwrap().since, t(10));
         assert_eq!(s.failure.as_ref().unwrap().since, t(30));
-        assert_eq!(b.listed_counts().map(|(_, n)| n).collect::<Vec<_>>(), [1, 0]);
-        assert_eq!(b.failing_counts().map(|(_, n)| n).collect::<Vec<_>>(), [1, 0]);
+        assert_eq!(
+            b.listed_counts().map(|(_, n)| n).collect::<Vec<_>>(),
+            [1, 0]
+        );
+        assert_eq!(
+            b.failing_counts().map(|(_, n)| n).collect::<Vec<_>>(),
+            [1, 0]
+        );
         assert!(matches!(
             b.record(ip, 0, Verdict::NotListed, t(40)),
             Some(Change::Delisted { since, .. }) if since == t(10)
         ));
-        assert_eq!(b.listed_counts().map(|(_, n)| n).collect::<Vec<_>>(), [0, 0]);
-        assert_eq!(b.failing_counts().map(|(_, n)| n).collect::<Vec<_>>(), [0, 0]);
+        assert_eq!(
+            b.listed_counts().map(|(_, n)| n).collect::<Vec<_>>(),
+            [0, 0]
+        );
+        assert_eq!(
+            b.failing_counts().map(|(_, n)| n).collect::<Vec<_>>(),
+            [0, 0]
+        );
         assert_eq!(b.get(&ip).unwrap()[0].last_check, Some(t(40)));
     }
 
@@ -405,20 +420,26 @@ mod tests {
         b.record(a, 0, listed(), t(1));
         b.record(a, 1, listed(), t(1));
         b.record(c, 1, listed(), t(1));
-        assert_eq!(b.listed_counts().map(|(_, n)| n).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(
+            b.listed_counts().map(|(_, n)| n).collect::<Vec<_>>(),
+            [1, 2]
+        );
         b.retain(&HashSet::from([c]));
         assert_eq!(b.len(), 1);
-        assert_eq!(b.listed_counts().map(|(_, n)| n).collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(
+            b.listed_counts().map(|(_, n)| n).collect::<Vec<_>>(),
+            [0, 1]
+        );
         // b.test moves to index 0, a.test goes, c.test comes.
         b.set_zones(vec![
             Zone::parse("b.test").unwrap(),
             Zone::parse("c.test").unwrap(),
         ]);
-        assert_eq!(b.listed_counts().map(|(_, n)| n).collect::<Vec<_>>(), [1, 0]);
         assert_eq!(
-            b.get(&c).unwrap()[0].listed.as_ref().unwrap().since,
-            t(1)
+            b.listed_counts().map(|(_, n)| n).collect::<Vec<_>>(),
+            [1, 0]
         );
+        assert_eq!(b.get(&c).unwrap()[0].listed.as_ref().unwrap().since, t(1));
     }
 
     #[test]

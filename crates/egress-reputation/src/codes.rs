@@ -72,17 +72,25 @@ impl Default for ZoneCodes {
 }
 
 /// The blocklists' error range, `127.255.255.0/24`.
-pub const ERROR_RANGE: (Ipv4Addr, Ipv4Addr) =
-    (Ipv4Addr::new(127, 255, 255, 0), Ipv4Addr::new(127, 255, 255, 255));
+pub const ERROR_RANGE: (Ipv4Addr, Ipv4Addr) = (
+    Ipv4Addr::new(127, 255, 255, 0),
+    Ipv4Addr::new(127, 255, 255, 255),
+);
 
 /// The known error answers and what they say.
 const ERROR_CODES: [(u8, &str); 3] = [
-    (252, "the blocklist refused the query: typing error in the zone name"),
+    (
+        252,
+        "the blocklist refused the query: typing error in the zone name",
+    ),
     (
         254,
         "the blocklist refused the query: it came through a public or open resolver",
     ),
-    (255, "the blocklist refused the query: too many queries (over quota)"),
+    (
+        255,
+        "the blocklist refused the query: too many queries (over quota)",
+    ),
 ];
 
 /// Whether `a` is in the error range `127.255.255.0/24`.
@@ -116,10 +124,7 @@ impl ZoneCodes {
             return (Meaning::Failed, label);
         }
         match rule {
-            Some(r) => (
-                r.means,
-                r.label.clone().unwrap_or_else(|| a.to_string()),
-            ),
+            Some(r) => (r.means, r.label.clone().unwrap_or_else(|| a.to_string())),
             None if self.other == Meaning::Failed => (
                 Meaning::Failed,
                 format!("answer {a} is not in the zone's codes"),

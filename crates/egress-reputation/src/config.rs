@@ -322,10 +322,7 @@ fn zones(raw: &[RawZone], errors: &mut Vec<FieldError>) -> Vec<ZoneSettings> {
         match Zone::parse(&z.name) {
             Ok(zone) => {
                 if out.iter().any(|o| o.zone == zone) {
-                    errors.push(e(
-                        format!("{at}.name"),
-                        format!("{zone} is listed twice"),
-                    ));
+                    errors.push(e(format!("{at}.name"), format!("{zone} is listed twice")));
                     continue;
                 }
                 out.push(ZoneSettings { zone, codes });
@@ -461,7 +458,10 @@ fn resolvers(
         };
         let ip = addr.ip();
         if ip.is_unspecified() || ip.is_multicast() || addr.port() == 0 {
-            errors.push(e(path, format!("{addr} is not an address to send queries to")));
+            errors.push(e(
+                path,
+                format!("{addr} is not an address to send queries to"),
+            ));
             continue;
         }
         if PUBLIC_RESOLVERS
@@ -542,7 +542,11 @@ mod dur {
         let mut num: Option<u64> = None;
         for c in t.chars() {
             if let Some(d) = c.to_digit(10) {
-                num = Some(num.unwrap_or(0).checked_mul(10)?.checked_add(u64::from(d))?);
+                num = Some(
+                    num.unwrap_or(0)
+                        .checked_mul(10)?
+                        .checked_add(u64::from(d))?,
+                );
                 continue;
             }
             let unit: u64 = match c {
@@ -602,10 +606,7 @@ mod tests {
         assert_eq!(s.zones.len(), 2);
         assert_eq!(s.zones[0].zone.as_str(), "zen.spamhaus.org");
         assert_eq!(s.zones[0].codes.rules.len(), 3);
-        assert_eq!(
-            s.zones[0].codes.rules[1].last,
-            Ipv4Addr::new(127, 0, 0, 11)
-        );
+        assert_eq!(s.zones[0].codes.rules[1].last, Ipv4Addr::new(127, 0, 0, 11));
         assert_eq!(s.zones[1].codes.other, Meaning::Failed);
         assert_eq!(
             s.resolvers,
@@ -660,7 +661,10 @@ mod tests {
             "concurrency: 0 is outside 1..=512",
         ];
         for w in want {
-            assert!(es.iter().any(|e| e.starts_with(w)), "missing {w:?} in {es:#?}");
+            assert!(
+                es.iter().any(|e| e.starts_with(w)),
+                "missing {w:?} in {es:#?}"
+            );
         }
         assert_eq!(es.len(), want.len(), "{es:#?}");
     }

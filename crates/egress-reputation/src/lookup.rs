@@ -132,7 +132,10 @@ fn outcome_of_error(e: &NetError) -> Outcome {
     let detail = || bounded(&e.to_string());
     match e {
         NetError::Dns(DnsError::NoRecordsFound(nr))
-            if matches!(nr.response_code, ResponseCode::NXDomain | ResponseCode::NoError) =>
+            if matches!(
+                nr.response_code,
+                ResponseCode::NXDomain | ResponseCode::NoError
+            ) =>
         {
             Outcome::NoRecord
         }
@@ -149,7 +152,9 @@ fn outcome_of_error(e: &NetError) -> Outcome {
             format!("the resolver answered {}", nr.response_code),
         ),
         NetError::Timeout => Outcome::Failed(FailureKind::Timeout, detail()),
-        NetError::Io(_) | NetError::NoConnections => Outcome::Failed(FailureKind::Network, detail()),
+        NetError::Io(_) | NetError::NoConnections => {
+            Outcome::Failed(FailureKind::Network, detail())
+        }
         _ => Outcome::Failed(FailureKind::Other, detail()),
     }
 }

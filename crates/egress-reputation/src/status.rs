@@ -178,7 +178,10 @@ mod tests {
 
     #[test]
     fn the_status_lists_listings_and_failures_of_the_proxys_addresses_only() {
-        let zones = vec![Zone::parse("a.test").unwrap(), Zone::parse("b.test").unwrap()];
+        let zones = vec![
+            Zone::parse("a.test").unwrap(),
+            Zone::parse("b.test").unwrap(),
+        ];
         let mut b = Book::new(zones);
         let mine: IpAddr = "192.0.2.1".parse().unwrap();
         let other: IpAddr = "192.0.2.2".parse().unwrap();

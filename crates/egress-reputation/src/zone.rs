@@ -36,7 +36,9 @@ impl Zone {
             return err("it is empty");
         }
         if t.len() > MAX_ZONE_LEN {
-            return err("it is longer than 189 characters (the query names under it would pass DNS's 253)");
+            return err(
+                "it is longer than 189 characters (the query names under it would pass DNS's 253)",
+            );
         }
         let labels: Vec<&str> = t.split('.').collect();
         if labels.len() < 2 {
@@ -81,9 +83,7 @@ impl fmt::Display for Zone {
 /// address, else `ip` itself.
 pub fn listed_form(ip: IpAddr) -> IpAddr {
     match ip {
-        IpAddr::V6(v6) => v6
-            .to_ipv4_mapped()
-            .map_or(IpAddr::V6(v6), IpAddr::V4),
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
         v4 => v4,
     }
 }
@@ -126,7 +126,10 @@ mod tests {
 
     #[test]
     fn zone_names_are_checked_and_folded() {
-        assert_eq!(Zone::parse("Zen.Spamhaus.org.").unwrap().as_str(), "zen.spamhaus.org");
+        assert_eq!(
+            Zone::parse("Zen.Spamhaus.org.").unwrap().as_str(),
+            "zen.spamhaus.org"
+        );
         assert_eq!(Zone::parse("bl.test").unwrap().as_str(), "bl.test");
         assert_eq!(Zone::parse("b-l.x1.test").unwrap().as_str(), "b-l.x1.test");
         for bad in [
@@ -148,7 +151,12 @@ mod tests {
         }
         let long_label = format!("{}.test", "a".repeat(64));
         assert!(Zone::parse(&long_label).is_err());
-        let fits = format!("{}.{}.{}.test", "a".repeat(60), "b".repeat(60), "c".repeat(62));
+        let fits = format!(
+            "{}.{}.{}.test",
+            "a".repeat(60),
+            "b".repeat(60),
+            "c".repeat(62)
+        );
         assert_eq!(fits.len(), MAX_ZONE_LEN);
         assert!(Zone::parse(&fits).is_ok());
         assert!(Zone::parse(&format!("x{fits}")).is_err());
@@ -171,7 +179,10 @@ mod tests {
     #[test]
     fn query_names_reverse_octets_and_nibbles() {
         let z = Zone::parse("bl.test").unwrap();
-        assert_eq!(query_name("192.0.2.1".parse().unwrap(), &z), "1.2.0.192.bl.test.");
+        assert_eq!(
+            query_name("192.0.2.1".parse().unwrap(), &z),
+            "1.2.0.192.bl.test."
+        );
         assert_eq!(
             query_name("2001:db8::1".parse().unwrap(), &z),
             "1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.8.b.d.0.1.0.0.2.bl.test."

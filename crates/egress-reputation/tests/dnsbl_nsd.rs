@@ -2,7 +2,12 @@
 //! test blocklist zones on a private port of 127.0.0.1: listings, non-listings, the
 //! blocklists' error answers (127.255.255.252/254/255), answers outside 127.0.0.0/8, a zone
 //! the server refuses, a resolver that never answers and one that went away.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
@@ -25,9 +30,8 @@ fn code(s: &str) -> Ipv4Addr {
 }
 
 fn settings(resolver: SocketAddr, zones: &str, timeout: &str) -> Settings {
-    let yaml = format!(
-        "resolvers: ['{resolver}']\ntimeout: {timeout}\nconcurrency: 4\nzones:\n{zones}"
-    );
+    let yaml =
+        format!("resolvers: ['{resolver}']\ntimeout: {timeout}\nconcurrency: 4\nzones:\n{zones}");
     let raw: RawReputation = serde_saphyr::from_str(&yaml).unwrap();
     let (s, w) = validate(&raw);
     assert!(w.is_empty(), "{w:?}");
@@ -142,7 +146,11 @@ async fn a_real_dns_server_s_answers_are_each_classified() {
         }
     }
     assert_eq!(failed(&at("192.0.2.6", 0)), FailureKind::ForeignAnswer);
-    assert_eq!(at("192.0.2.7", 0), Verdict::NotListed, "PBL is notListed here");
+    assert_eq!(
+        at("192.0.2.7", 0),
+        Verdict::NotListed,
+        "PBL is notListed here"
+    );
     assert_eq!(
         at("192.0.2.8", 0),
         Verdict::Listed {
@@ -176,14 +184,15 @@ async fn a_resolver_that_never_answers_is_a_failed_check_within_the_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_went_away_neither_lists_nor_delists() {
     let a = ip("198.51.100.7");
-    let mut nsd = Nsd::start(
-        None,
-        &[TestZone::new("bl.test").list(a, code("127.0.0.2"))],
-    );
+    let mut nsd = Nsd::start(None, &[TestZone::new("bl.test").list(a, code("127.0.0.2"))]);
     let s = settings(nsd.addr(), "- name: bl.test\n", "1s");
     let mut book = Book::new(s.zones.iter().map(|z| z.zone.clone()).collect());
     let t0 = SystemTime::now();
-    for (ad, z, v) in round(&s, &[a]).await.into_iter().map(|((a, z), v)| (a, z, v)) {
+    for (ad, z, v) in round(&s, &[a])
+        .await
+        .into_iter()
+        .map(|((a, z), v)| (a, z, v))
+    {
         book.record(ad, z, v, t0);
     }
     let r = ProxyReputation::from_book(&book, &[a]).unwrap();

@@ -131,7 +131,11 @@ fn validate_reputation(
     Vec<ConfigWarning>,
 ) {
     let Some(raw) = raw else {
-        return (egress_reputation::Settings::default(), Vec::new(), Vec::new());
+        return (
+            egress_reputation::Settings::default(),
+            Vec::new(),
+            Vec::new(),
+        );
     };
     let at = |p: &str| format!("reputation.{p}");
     let (out, warnings) = egress_reputation::config::validate(raw);

@@ -30,11 +30,11 @@ use egress_reputation::{Resolver, run_round};
 use tokio::time::Instant;
 
 pub use self::apply::{apply_to_status, reason};
+use self::metrics::ReputationMetrics;
+use crate::health::ProxyHealth;
 /// The check engine (zones, answers, queries, rounds, the results book).
 pub use egress_reputation as engine;
 pub use egress_reputation::ProxyReputation;
-use self::metrics::ReputationMetrics;
-use crate::health::ProxyHealth;
 
 /// One Proxy to check: its key and the addresses it is seen at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -229,8 +229,7 @@ impl ReputationService {
                 if let Some(z) = settings.zones.get(zi) {
                     self.metrics.checked(z.zone.as_str(), &verdict);
                 }
-                if let Some(c) = lock(&self.book).record(address, zi, verdict, SystemTime::now())
-                {
+                if let Some(c) = lock(&self.book).record(address, zi, verdict, SystemTime::now()) {
                     changes.push(c);
                 }
             },

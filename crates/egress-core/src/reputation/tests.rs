@@ -90,10 +90,24 @@ fn the_condition_and_events_follow_the_listings() {
         (ConditionStatus::False, reason::NOT_LISTED.into())
     );
     // Listed: True, one Warning.
-    let ev = apply_to_status(&mut st, Some(view(vec![listed("bl.test")], vec![])), true, t(2), 1)
-        .unwrap();
-    assert_eq!((ev.kind, ev.reason.as_str()), (EventKind::Warning, "Listed"));
-    assert!(ev.message.contains("192.0.2.1 is listed in bl.test (SBL) since"), "{}", ev.message);
+    let ev = apply_to_status(
+        &mut st,
+        Some(view(vec![listed("bl.test")], vec![])),
+        true,
+        t(2),
+        1,
+    )
+    .unwrap();
+    assert_eq!(
+        (ev.kind, ev.reason.as_str()),
+        (EventKind::Warning, "Listed")
+    );
+    assert!(
+        ev.message
+            .contains("192.0.2.1 is listed in bl.test (SBL) since"),
+        "{}",
+        ev.message
+    );
     assert_eq!(
         listed_condition(&st),
         (ConditionStatus::True, reason::LISTED.into())
@@ -101,7 +115,13 @@ fn the_condition_and_events_follow_the_listings() {
     assert_eq!(st.reputation.as_ref().unwrap().listed.len(), 1);
     // Unchanged: no event; a second zone: another Warning; a failure beside a listing: none.
     assert_eq!(
-        apply_to_status(&mut st, Some(view(vec![listed("bl.test")], vec![])), true, t(3), 1),
+        apply_to_status(
+            &mut st,
+            Some(view(vec![listed("bl.test")], vec![])),
+            true,
+            t(3),
+            1
+        ),
         None
     );
     let two = vec![listed("bl.test"), listed("other.test")];
@@ -117,7 +137,10 @@ fn the_condition_and_events_follow_the_listings() {
     );
     // Delisted everywhere: False and a Normal event.
     let ev = apply_to_status(&mut st, Some(view(vec![], vec![])), true, t(6), 1).unwrap();
-    assert_eq!((ev.kind, ev.reason.as_str()), (EventKind::Normal, "Delisted"));
+    assert_eq!(
+        (ev.kind, ev.reason.as_str()),
+        (EventKind::Normal, "Delisted")
+    );
     // Checks failing with nothing listed: Unknown, one Warning, then quiet.
     let ev = apply_to_status(&mut st, Some(view(vec![], vec![failing()])), true, t(7), 1).unwrap();
     assert_eq!(ev.reason, "ReputationCheckFailed");

@@ -277,8 +277,14 @@ fn a_retired_address_is_never_handed_out_pinned_or_free_and_comes_back_last() {
 fn the_holder_of_a_retired_address_keeps_it() {
     let mut a = HostAddresses::new(&pool(&["203.0.113.2-203.0.113.3"], &[]));
     let mine = a.allocate("old", true, None).unwrap();
-    assert_eq!(a.allocate_excluding("old", true, None, &[], &[mine]), Ok(mine));
-    assert_eq!(a.allocate_excluding("old", true, Some(mine), &[], &[mine]), Ok(mine));
+    assert_eq!(
+        a.allocate_excluding("old", true, None, &[], &[mine]),
+        Ok(mine)
+    );
+    assert_eq!(
+        a.allocate_excluding("old", true, Some(mine), &[], &[mine]),
+        Ok(mine)
+    );
 }
 
 #[test]

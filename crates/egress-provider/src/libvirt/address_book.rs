@@ -27,7 +27,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use libvirt_remote::Client;
@@ -40,6 +40,7 @@ use super::ops::list::{self, Claim};
 use super::retired::RetiredAddresses;
 use crate::error::{ProviderError, Result};
 use crate::model::{AddressUsage, HostReport, HostState};
+use crate::sync::lock;
 
 /// One host's allocation state.
 #[derive(Debug)]
@@ -97,10 +98,6 @@ impl Drop for InFlight<'_> {
             b.ended.insert(self.holder.clone(), s);
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn family_name(v4: bool) -> &'static str {
@@ -319,7 +316,10 @@ impl AddressBook {
                     // Its domain is gone (the caller's guarantee): the old one is free.
                     b.alloc.release(holder);
                 }
-                match b.alloc.allocate_excluding(holder, *v4, *p, reserved, &retired) {
+                match b
+                    .alloc
+                    .allocate_excluding(holder, *v4, *p, reserved, &retired)
+                {
                     Ok(a) => got.push(a),
                     Err(e) => {
                         if before.is_empty() {

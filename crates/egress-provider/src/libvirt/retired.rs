@@ -160,7 +160,11 @@ mod tests {
     #[test]
     fn each_owner_replaces_its_own_entries_and_entries_end_at_their_time() {
         let reg = RetiredAddresses::default();
-        reg.sync("pool a", [r("h1", "192.0.2.1", 100), r("h2", "192.0.2.2", 100)], t(0));
+        reg.sync(
+            "pool a",
+            [r("h1", "192.0.2.1", 100), r("h2", "192.0.2.2", 100)],
+            t(0),
+        );
         reg.sync("pool b", [r("h1", "192.0.2.3", 50)], t(0));
         assert_eq!(reg.of_host("home", "h1", t(10)).unwrap().len(), 2);
         assert_eq!(reg.of_host("home", "h1", t(60)).unwrap().len(), 1);

@@ -4,7 +4,7 @@
 //! (HEALTHY: `yes`, `no`, `?` before the health engine decided, `-` when health checks are
 //! off), the EGRESS IP the check target saw, the declared EGRESS ADDRESS and LISTED (the DNS
 //! blocklist zones an egress address is listed in; see
-//! [`egress_core::status::ProxyStatusRow::listed_cell`]). The filters are the server's own
+//! [`egress_web::status::ProxyStatusRow::listed_cell`]). The filters are the server's own
 //! ([`Filters`], sent as the query of `/status`, so a large fleet sends only the rows asked
 //! for) and are applied again to what comes back (a server that ignores them still gives the
 //! right rows); the exit status is computed over the rows shown: 1 when a shown Proxy is
@@ -20,7 +20,8 @@ use std::time::{Duration, SystemTime};
 use super::table::{self, Table};
 use super::{EXIT_FAILED, EXIT_OK, UsageError};
 use egress_core::model::Phase;
-use egress_core::status::{Filters, StatusDocument};
+use egress_web::filters::Filters;
+use egress_web::status::StatusDocument;
 
 /// Where `standalone` serves by default.
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:9464";
@@ -343,7 +344,7 @@ pub fn render(doc: &StatusDocument, now: SystemTime, wide: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use egress_core::status::{HostRow, ProxyStatusRow};
+    use egress_web::status::{HostStatusRow, ProxyStatusRow};
 
     #[test]
     fn the_table_shows_age_and_a_truncated_last_error_and_names_unready_hosts() {
@@ -368,7 +369,7 @@ mod tests {
                 reputation: None,
                 egress_address: Vec::new(),
             }],
-            hosts: vec![HostRow {
+            hosts: vec![HostStatusRow {
                 entry: "home".into(),
                 host: "h2".into(),
                 state: "Unreachable".into(),
@@ -570,8 +571,8 @@ mod tests {
 
     #[test]
     fn the_listed_column_names_the_zones_and_never_calls_a_failed_check_clean() {
-        use egress_core::reputation::engine::status::{FailedCheck, ListingStatus};
         use egress_core::reputation::ProxyReputation;
+        use egress_core::reputation::engine::status::{FailedCheck, ListingStatus};
         let row = |r: Option<ProxyReputation>| ProxyStatusRow {
             namespace: "default".into(),
             name: "a".into(),
@@ -600,7 +601,11 @@ mod tests {
             codes: vec!["SBL".into()],
         };
         let listed = ProxyReputation {
-            listed: vec![listing("zen.example"), listing("bl.example"), listing("bl.example")],
+            listed: vec![
+                listing("zen.example"),
+                listing("bl.example"),
+                listing("bl.example"),
+            ],
             ..checked.clone()
         };
         let failing = ProxyReputation {

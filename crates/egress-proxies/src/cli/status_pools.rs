@@ -8,7 +8,7 @@
 use std::time::SystemTime;
 
 use egress_core::pool::status::condition;
-use egress_core::status::StatusDocument;
+use egress_web::status::StatusDocument;
 
 use super::table::{self, Table};
 
@@ -96,7 +96,7 @@ pub fn render(doc: &StatusDocument, now: SystemTime, wide: bool) -> String {
 
 /// The pool's retired addresses, one line each (address, host, until when, why); empty
 /// without any.
-fn retired(p: &egress_core::status::PoolStatusRow) -> String {
+fn retired(p: &egress_web::status::PoolStatusRow) -> String {
     let mut out = String::new();
     for r in &p.status.retired_addresses {
         out.push_str(&format!(
@@ -111,7 +111,7 @@ fn retired(p: &egress_core::status::PoolStatusRow) -> String {
 mod tests {
     use super::*;
     use egress_core::model::Phase;
-    use egress_core::status::{PoolMemberRow, PoolStatusRow};
+    use egress_web::status::{PoolMemberRow, PoolStatusRow};
 
     #[test]
     fn a_pools_retired_addresses_are_listed_with_why_and_until_when() {

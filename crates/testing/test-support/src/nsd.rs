@@ -227,7 +227,9 @@ impl Nsd {
                 fs::File::create(d.join("nsd.stderr")).expect("stderr file"),
             ))
             .process_group(0);
-        let child = cmd.spawn().expect("spawn nsd (is it installed? .ci/setup-host)");
+        let child = cmd
+            .spawn()
+            .expect("spawn nsd (is it installed? .ci/setup-host)");
         self.child = Some(child);
         let deadline = Instant::now() + START_BUDGET;
         loop {

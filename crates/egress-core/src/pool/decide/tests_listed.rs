@@ -73,7 +73,8 @@ fn replace_surges_first_retires_the_address_and_removes_the_member_once_replaced
     // Round 3: it is available: the listed member goes (cause listed), 2 available remain.
     c.status = d2.status.clone();
     c.members.pop();
-    c.members.push(member(&young.name, &young.host.clone().unwrap(), 1000));
+    c.members
+        .push(member(&young.name, &young.host.clone().unwrap(), 1000));
     let d3 = c.run();
     assert_eq!(names(&d3), [("web-a", DeleteCause::Listed)]);
     assert!(d3.creates.is_empty());
@@ -97,7 +98,11 @@ fn the_budget_holds_when_every_member_is_listed() {
     let d = c.run();
     assert_eq!(d.creates.len(), 1);
     assert!(d.deletes.is_empty());
-    assert_eq!(d.status.retired_addresses.len(), 3, "every listed address is retired");
+    assert_eq!(
+        d.status.retired_addresses.len(),
+        3,
+        "every listed address is retired"
+    );
     // With the replacement available, exactly one listed member goes.
     c.status = d.status.clone();
     c.members
@@ -111,12 +116,19 @@ fn the_budget_holds_when_every_member_is_listed() {
     c.members.retain(|m| m.name != gone);
     let d3 = c.run();
     assert_eq!(d3.creates.len(), 1, "the next replacement");
-    assert!(d3.deletes.is_empty(), "no listed member goes before it is available");
+    assert!(
+        d3.deletes.is_empty(),
+        "no listed member goes before it is available"
+    );
 }
 
 #[test]
 fn retirements_end_at_their_time_and_the_round_wakes_for_it() {
-    let mut c = Case::new(policy(REPLACE), vec![member("web-a", "h1", 0), member("web-b", "h1", 0)], &["h1"]);
+    let mut c = Case::new(
+        policy(REPLACE),
+        vec![member("web-a", "h1", 0), member("web-b", "h1", 0)],
+        &["h1"],
+    );
     c.status.retired_addresses = vec![
         RetiredAddress {
             host: "h1".into(),
@@ -136,7 +148,11 @@ fn retirements_end_at_their_time_and_the_round_wakes_for_it() {
         },
     ];
     let d = c.run();
-    assert_eq!(d.status.retired_addresses.len(), 1, "the one past its time ended");
+    assert_eq!(
+        d.status.retired_addresses.len(),
+        1,
+        "the one past its time ended"
+    );
     assert_eq!(d.status.retired_addresses[0].address, "192.0.2.9");
     assert_eq!(d.requeue_after, Some(Duration::from_secs(500)));
     c.now = at(1500);
@@ -187,7 +203,10 @@ fn keep_never_pins_a_listed_address() {
     );
     let d = c.run();
     assert_eq!(names(&d), [("web-a", DeleteCause::Listed)]);
-    assert!(d.status.pending_addresses.is_empty(), "nothing kept for a listed member");
+    assert!(
+        d.status.pending_addresses.is_empty(),
+        "nothing kept for a listed member"
+    );
     // Once it is gone, its replacement gets a fresh address.
     c.status = d.status.clone();
     c.members.remove(0);

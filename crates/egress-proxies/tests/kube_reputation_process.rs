@@ -50,10 +50,8 @@ fn config(hosts: &SocketHosts, resolver: std::net::SocketAddr) -> PathBuf {
     let base = std::fs::read_to_string(hosts.config()).unwrap();
     let dir: &Path = hosts.dir.path();
     let sock = dir.join("h0.sock");
-    let pool = format!(
-        "        addressPool:\n          ipv4:\n            prefix: 203.0.113.0/24\n            \
-         gateway: 203.0.113.1\n            ranges: [203.0.113.2-203.0.113.5]\n"
-    );
+    let pool = "        addressPool:\n          ipv4:\n            prefix: 203.0.113.0/24\n            \
+                gateway: 203.0.113.1\n            ranges: [203.0.113.2-203.0.113.5]\n";
     // Host h0 gets the address pool; every other host is dropped.
     let mut out = String::new();
     let mut keep = true;
@@ -61,7 +59,7 @@ fn config(hosts: &SocketHosts, resolver: std::net::SocketAddr) -> PathBuf {
         if line.starts_with("      - name: ") {
             keep = line == "      - name: h0";
         } else if line.starts_with("    images:") {
-            out.push_str(&pool);
+            out.push_str(pool);
             keep = true;
         }
         if keep {

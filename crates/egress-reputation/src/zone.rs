@@ -107,14 +107,14 @@ fn reversed_v4(ip: Ipv4Addr) -> String {
 }
 
 fn reversed_v6(ip: Ipv6Addr) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(63);
     for byte in ip.octets().iter().rev() {
         for nibble in [byte & 0x0f, byte >> 4] {
             if !s.is_empty() {
                 s.push('.');
             }
-            s.push(char::from(HEX[usize::from(nibble)]));
+            // A nibble is below 16: always a lowercase hex digit.
+            s.extend(char::from_digit(u32::from(nibble), 16));
         }
     }
     s

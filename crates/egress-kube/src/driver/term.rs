@@ -43,6 +43,8 @@ pub(super) struct Shared {
 
 /// One leadership term: adopt, then run the controller and the leader-only loops until the
 /// Lease is lost or `shutdown` is cancelled.
+// NB: each argument is a different part of the process the term borrows for its life.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn run_term(
     opts: &KubeOptions,
     client: &Client,

@@ -152,7 +152,8 @@ async fn a_listed_member_is_reported_replaced_within_budget_and_its_address_reti
     let p: ProxyPool = serde_json::from_value(json!({
         "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
         "metadata": {"name": POOL, "namespace": ns},
-        "spec": {"replicas": 1, "template": {"provider": ENTRY, "image": IMAGE},
+        "spec": {"replicas": 1, "template": {"spec": {"provider": ENTRY, "image": IMAGE,
+                     "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}},
                  "update": {"maxSurge": 1, "maxUnavailable": 0},
                  "reputation": {"onListed": "Replace"}},
     }))

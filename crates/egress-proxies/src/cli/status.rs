@@ -383,7 +383,7 @@ mod tests {
         let row = out.lines().nth(1).unwrap_or_default();
         assert!(
             row.starts_with(
-                "default/p1      Provisioning  h1    -   -        -          -               2h   eee"
+                "default/p1      Provisioning  h1    -   -        -          -               -       2h   eee"
             ),
             "{out}"
         );

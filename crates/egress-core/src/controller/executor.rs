@@ -25,7 +25,7 @@ use super::limits::HostLimits;
 use super::metrics::{ControllerCounters, Counters};
 use super::settings::ControllerSettings;
 use super::state::State;
-use egress_provider::sync::lock;
+use egress_provider::sync::{lock, read, write};
 
 /// How the controller tells its driver that a Proxy's reconcile can make progress now: its
 /// create or delete finished, or a host slot it was refused freed up. The driver queues the
@@ -85,11 +85,7 @@ impl Inner {
 
     /// Wakes `uids` through the driver's waker (no lock of ours is held while it runs).
     pub(super) fn wake(&self, uids: impl IntoIterator<Item = ProxyUid>) {
-        let w = self
-            .waker
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let w = read(&self.waker).clone();
         if let Some(w) = w {
             for u in uids {
                 w(u);
@@ -137,31 +133,19 @@ impl Controller {
     /// waker, those Proxies are reconciled at their requeue time as before; with one, they
     /// still are (waking only brings a reconcile forward).
     pub fn set_waker(&self, waker: Waker) {
-        *self
-            .inner
-            .waker
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(waker);
+        *write(&self.inner.waker) = Some(waker);
     }
 
     /// Replaces the providers after a config reload. Work in flight keeps the provider it
     /// started with; latched failures of an entry whose digest changed are released on the
     /// next reconcile.
     pub fn set_providers(&self, providers: Arc<Providers>) {
-        let mut p = self
-            .inner
-            .providers
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut p = write(&self.inner.providers);
         *p = providers;
     }
 
     pub(super) fn providers(&self) -> Arc<Providers> {
-        self.inner
-            .providers
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        read(&self.inner.providers).clone()
     }
 
     /// Learns where instances are from a complete `list_owned` of `entry` (the driver calls

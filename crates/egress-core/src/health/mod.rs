@@ -31,10 +31,10 @@
 //! - [`apply_to_status`] is pure: it writes the `health` block and the `Healthy` condition,
 //!   and makes `Ready` = Running ∧ Healthy, keeping transition times while values hold.
 //!
-//! One piece (about 650 lines with its docs): the engine's round loop, its state per proxy
-//! and the hysteresis that decides from it share one lock and one set of invariants; the
-//! probe itself, the probes of declared addresses ([`declared`]) and the metrics already
-//! live in submodules; the echo target is served by `egress-web`.
+//! One piece (about 650 lines, 470 of them code): the engine's round loop, its state per proxy
+//! and the hysteresis that decides from it share one lock and one set of invariants; the probe
+//! itself, the probes of declared addresses ([`declared`]) and the metrics already live in
+//! submodules; the echo target is served by `egress-web`.
 
 pub mod declared;
 pub mod metrics;

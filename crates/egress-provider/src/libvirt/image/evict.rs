@@ -45,6 +45,7 @@ use crate::error::Result;
 use crate::libvirt::classify::classify;
 use crate::libvirt::names;
 use crate::libvirt::volumes;
+use crate::sync::lock;
 
 /// How long a base handed to a create in this process is protected from eviction.
 // NB: a create goes from the base to a defined domain in seconds (overlay, seed, define);
@@ -73,14 +74,14 @@ fn use_key(host: &str, pool: &str, base: &str) -> String {
 
 /// Records that base `base` in `pool` on `host` was just handed to a create.
 pub fn note_use(host: &str, pool: &str, base: &str) {
-    let mut t = uses().lock().unwrap_or_else(|p| p.into_inner());
+    let mut t = lock(uses());
     let now = Instant::now();
     t.retain(|_, at| now.duration_since(*at) < RECENT_USE);
     t.insert(use_key(host, pool, base), now);
 }
 
 fn recently_used(host: &str, pool: &str, base: &str) -> bool {
-    let t = uses().lock().unwrap_or_else(|p| p.into_inner());
+    let t = lock(uses());
     t.get(&use_key(host, pool, base))
         .is_some_and(|at| at.elapsed() < RECENT_USE)
 }

@@ -171,10 +171,7 @@ type LockTable = Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>;
 fn import_lock(key: &str) -> Arc<tokio::sync::Mutex<()>> {
     static LOCKS: std::sync::OnceLock<LockTable> = std::sync::OnceLock::new();
     let table = LOCKS.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut t = match table.lock() {
-        Ok(t) => t,
-        Err(p) => p.into_inner(),
-    };
+    let mut t = crate::sync::lock(table);
     t.retain(|_, w| w.strong_count() > 0);
     if let Some(l) = t.get(key).and_then(Weak::upgrade) {
         return l;

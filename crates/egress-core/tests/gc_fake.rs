@@ -240,6 +240,7 @@ async fn an_orphan_dated_in_the_future_is_collected_once_its_age_from_first_sigh
     let settings = GcSettings {
         min_age: Duration::from_secs(1),
         dry_run: false,
+        ..GcSettings::default()
     };
     let none = HashSet::new();
     let name = names::domain(ENTRY, &u);

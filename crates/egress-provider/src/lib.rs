@@ -1,9 +1,11 @@
 //! Proxies as instances: the [`Provider`] trait, its model and error classes, and the libvirt
 //! implementation. Nothing here depends on Kubernetes.
 
+pub mod bases;
 pub mod error;
 pub mod libvirt;
 pub mod model;
+pub mod pins;
 pub mod provider;
 
 pub use error::{ErrorClass, ProviderError, Result};

@@ -7,6 +7,7 @@
 
 use async_trait::async_trait;
 
+use crate::bases::{BaseGcSettings, BaseVerdict};
 use crate::error::Result;
 use crate::model::{
     CreateRequest, HostReport, Instance, OwnedInstance, OwnedVolume, Progress, ProviderId, ProxyUid,
@@ -69,5 +70,24 @@ pub trait Provider: Send + Sync {
             "provider entry {} does not support prefetching images (asked for {image})",
             self.entry()
         )))
+    }
+
+    /// Removes the entry's cached base images that nothing on their host uses and that have
+    /// been unused for the grace period (`settings.grace`, else the entry's own), host by
+    /// host; one verdict per base, and one per host that could not be read (name `*`,
+    /// [`BaseAction::Failed`](crate::bases::BaseAction::Failed)). A base any domain or
+    /// volume on its host uses is never removed. Never fails as a whole.
+    ///
+    /// The default (for providers that cache no images) collects nothing.
+    async fn collect_bases(&self, settings: &BaseGcSettings) -> Vec<BaseVerdict> {
+        let _ = settings;
+        Vec::new()
+    }
+
+    /// Hands the provider the fleet's pinned addresses: an address a Proxy pins is never
+    /// given to a Proxy that pins none. Called by the controller with every provider it is
+    /// given; the default (a provider without declared addresses) ignores it.
+    fn use_pinned_addresses(&self, pins: std::sync::Arc<crate::pins::PinnedAddresses>) {
+        let _ = pins;
     }
 }

@@ -383,3 +383,51 @@ async fn a_failed_create_that_left_no_domain_holds_nothing() {
     let b = create(&p, uid(2), &[]).await.unwrap();
     assert_eq!(b.egress, vec![ip("203.0.113.10")]);
 }
+
+#[tokio::test]
+async fn an_unpinned_proxy_never_takes_an_address_another_proxy_pins() {
+    let (s, _srv) = setup(&["203.0.113.10-203.0.113.12"]).await;
+    let p = s.provider();
+    let pins = Arc::new(egress_provider::pins::PinnedAddresses::new());
+    p.use_pinned_addresses(pins.clone());
+    // Proxy 9 pins the pool's lowest address; it is not created yet.
+    pins.set(uid(9), &[ip("203.0.113.10")]);
+    let a = create(&p, uid(1), &[]).await.unwrap();
+    assert_eq!(a.egress, vec![ip("203.0.113.11")], "the pinned .10 is skipped");
+    let b = create(&p, uid(2), &[]).await.unwrap();
+    assert_eq!(b.egress, vec![ip("203.0.113.12")]);
+    // Only the pinned address is left: an unpinned Proxy is refused (quota), saying so, and
+    // nothing is defined for it.
+    let e = create(&p, uid(3), &[]).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::QuotaExceeded, "{e}");
+    assert!(s.fake.domain(&names::domain(ENTRY, &uid(3))).is_none());
+    // The Proxy pinning it gets it.
+    let pinned = create(&p, uid(9), &["203.0.113.10"]).await.unwrap();
+    assert_eq!(pinned.egress, vec![ip("203.0.113.10")]);
+    // A pin that goes away frees its address for anyone once its holder is deleted.
+    pins.remove(&uid(9));
+    p.delete("h1", &uid(9)).await.unwrap();
+    let c = create(&p, uid(3), &[]).await.unwrap();
+    assert_eq!(c.egress, vec![ip("203.0.113.10")]);
+}
+
+#[tokio::test]
+async fn while_the_pins_are_not_all_known_no_unpinned_address_is_given() {
+    let (s, _srv) = setup(&["203.0.113.10-203.0.113.12"]).await;
+    let p = s.provider();
+    let pins = Arc::new(egress_provider::pins::PinnedAddresses::new());
+    p.use_pinned_addresses(pins.clone());
+    pins.set_ready(false);
+    let e = create(&p, uid(1), &[]).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::Transient, "{e}");
+    assert!(e.message.contains("pinned egress address"), "{e}");
+    assert!(s.fake.domain(&names::domain(ENTRY, &uid(1))).is_none());
+    // A pinned create needs no unpinned address: it goes ahead.
+    let pinned = create(&p, uid(2), &["203.0.113.12"]).await.unwrap();
+    assert_eq!(pinned.egress, vec![ip("203.0.113.12")]);
+    pins.set_ready(true);
+    assert_eq!(
+        create(&p, uid(1), &[]).await.unwrap().egress,
+        vec![ip("203.0.113.10")]
+    );
+}

@@ -241,14 +241,19 @@ impl Shared {
                         || o.object.spec != p.spec
                     {
                         o.object = object_of(p, *generation);
+                        self.controller.note_pins(&o.object);
                         changed.push(*uid);
                     }
                     continue;
                 }
+                let object = object_of(p, *generation);
+                // NB: every manifest's pins are known before any of them is reconciled, so
+                // an unpinned Proxy never takes an address a later one pins.
+                self.controller.note_pins(&object);
                 objects.insert(
                     *uid,
                     Obj {
-                        object: object_of(p, *generation),
+                        object,
                         status: ProxyStatus::default(),
                         first_seen: now,
                         pool: None,

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use egress_provider::model::{HostReport, Instance, InstanceState, OwnedInstance, ProxyUid};
+use egress_provider::pins::PinnedAddresses;
 use tokio_util::task::TaskTracker;
 
 use crate::model::ProxyStatus;
@@ -50,6 +51,9 @@ pub(super) struct Inner {
     /// The declared egress addresses each Proxy's instance held at the provider's last report
     /// of it (see [`Controller::declared_egress`]); no entry when it holds none.
     pub(super) declared: Mutex<HashMap<ProxyUid, Vec<IpAddr>>>,
+    /// The egress addresses each Proxy pins, handed to every provider (see
+    /// [`Controller::pinned_addresses`]).
+    pub(super) pins: Arc<PinnedAddresses>,
 }
 
 impl Inner {
@@ -113,6 +117,8 @@ impl fmt::Debug for Controller {
 impl Controller {
     /// A controller over `providers` with `settings`. No I/O.
     pub fn new(providers: Arc<Providers>, settings: ControllerSettings) -> Self {
+        let pins = Arc::new(PinnedAddresses::new());
+        hand_pins(&providers, &pins);
         Self {
             inner: Arc::new(Inner {
                 providers: RwLock::new(providers),
@@ -126,8 +132,24 @@ impl Controller {
                 waker: RwLock::new(None),
                 verified: Mutex::new(HashMap::new()),
                 declared: Mutex::new(HashMap::new()),
+                pins,
             }),
         }
+    }
+
+    /// The egress addresses Proxies pin, as this controller knows them: every Proxy it
+    /// reconciled with its current `spec.egress.address` (a forgotten one's are dropped).
+    /// Every provider gets it, and gives a pinned address only to the Proxy pinning it. A
+    /// driver that learns its Proxies in batches may prime it with
+    /// [`note_pins`](Self::note_pins) before any reconcile, and hold allocations of unpinned
+    /// addresses with [`PinnedAddresses::set_ready`] until it has seen them all.
+    pub fn pinned_addresses(&self) -> Arc<PinnedAddresses> {
+        Arc::clone(&self.inner.pins)
+    }
+
+    /// Records the addresses `obj` pins (what every reconcile of it does too). O(its pins).
+    pub fn note_pins(&self, obj: &super::ProxyObject) {
+        self.inner.pins.set(obj.uid, &obj.spec.egress.pinned());
     }
 
     /// Sets the driver's waker: called with a Proxy's UID when its create or delete finished
@@ -147,6 +169,7 @@ impl Controller {
     /// started with; latched failures of an entry whose digest changed are released on the
     /// next reconcile.
     pub fn set_providers(&self, providers: Arc<Providers>) {
+        hand_pins(&providers, &self.inner.pins);
         let mut p = self
             .inner
             .providers
@@ -237,6 +260,13 @@ impl Controller {
         let hosts = st.health.entry(entry.to_owned()).or_default();
         for r in reports {
             hosts.insert(r.host.clone(), r.state);
+        }
+        let reasons = st.host_reasons.entry(entry.to_owned()).or_default();
+        for r in reports {
+            match r.reason() {
+                Some(why) => reasons.insert(r.host.clone(), why),
+                None => reasons.remove(&r.host),
+            };
         }
         for r in reports {
             st.set_address_room(entry, &r.host, AddressRoom::of(&r.addresses));
@@ -348,6 +378,7 @@ impl Controller {
         drop(st);
         lock(&self.inner.verified).remove(uid);
         lock(&self.inner.declared).remove(uid);
+        self.inner.pins.remove(uid);
     }
 
     /// Counters for `/metrics`.
@@ -385,5 +416,12 @@ impl Controller {
                 }
             }
         }
+    }
+}
+
+/// Hands the fleet's pinned addresses to every provider of `providers`.
+fn hand_pins(providers: &Providers, pins: &Arc<PinnedAddresses>) {
+    for h in providers.iter() {
+        h.provider.use_pinned_addresses(Arc::clone(pins));
     }
 }

@@ -59,6 +59,7 @@ impl Provider for Scripted {
             mac: "52:54:00:00:00:07".into(),
             // What a host's address pool gives: the pinned addresses (none without a pin).
             egress: req.pinned_egress.clone(),
+            address_note: None,
         };
         self.made.lock().unwrap().insert(req.uid, inst.clone());
         Ok(inst)

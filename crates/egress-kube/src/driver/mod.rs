@@ -57,6 +57,7 @@ mod cache;
 mod credentials;
 mod events;
 mod orphans;
+mod pins;
 pub mod pool;
 mod provider_health;
 mod proxy_health;

@@ -13,7 +13,8 @@
 //!   reported, and the address stays with the first;
 //! - a pinned address is given only if it is one of the pool's allocatable addresses and free
 //!   (else [`AllocError::Taken`] naming the holder, or [`AllocError::OutsidePool`] naming the
-//!   ranges);
+//!   ranges); with [`HostAddresses::allocate_unreserved`], a free address another Proxy pins
+//!   is never handed to a holder that does not pin it;
 //! - fresh addresses (never handed out since the operator started) go first, in ascending
 //!   order, then released ones, lowest first: an address a just-deleted proxy used (perhaps
 //!   rotated away from because it was banned) is reused last;
@@ -45,8 +46,10 @@ pub enum AllocError {
         /// The pool's ranges, as `a-b` joined with `, ` (or "none for this family").
         ranges: String,
     },
-    /// Every address of the family is held.
-    #[error("the host's {family} address pool is exhausted ({size} addresses, all held)")]
+    /// Every address of the family is held (or pinned by another Proxy).
+    #[error(
+        "the host's {family} address pool is exhausted ({size} addresses, all held or pinned)"
+    )]
     Exhausted {
         /// `IPv4` or `IPv6`.
         family: &'static str,
@@ -111,8 +114,10 @@ impl Family {
         }
     }
 
-    /// The next never-handed-out address that is not held, advancing the cursor past it.
-    fn take_fresh(&mut self) -> Option<u128> {
+    /// The next never-handed-out address that is neither held nor `reserved`, advancing the
+    /// cursor past it; a reserved free address passed on the way goes to `released`, so it
+    /// is handed out once no longer reserved.
+    fn take_fresh(&mut self, reserved: &dyn Fn(u128) -> bool) -> Option<u128> {
         loop {
             let (i, v) = self.cursor;
             let (_, end) = *self.pool.ranges.get(i)?;
@@ -127,9 +132,14 @@ impl Family {
             }
             // NB: v < u128::MAX here (it is ≤ end), so +1 cannot overflow.
             self.cursor = (i, v + 1);
-            if !self.held.contains_key(&v) {
-                return Some(v);
+            if self.held.contains_key(&v) {
+                continue;
             }
+            if reserved(v) {
+                self.released.insert(v);
+                continue;
+            }
+            return Some(v);
         }
     }
 
@@ -277,6 +287,20 @@ impl HostAddresses {
         v4: bool,
         pinned: Option<IpAddr>,
     ) -> Result<IpAddr, AllocError> {
+        self.allocate_unreserved(holder, v4, pinned, &|_| false)
+    }
+
+    /// [`allocate`](Self::allocate), where a free address `reserved` says another Proxy pins
+    /// is never handed out unpinned: only a holder pinning it gets it. Reserved free
+    /// addresses are skipped at a cost of O(those skipped) per allocation (they are few: a
+    /// pinned address is free only while its Proxy has no instance).
+    pub fn allocate_unreserved(
+        &mut self,
+        holder: &str,
+        v4: bool,
+        pinned: Option<IpAddr>,
+        reserved: &dyn Fn(IpAddr) -> bool,
+    ) -> Result<IpAddr, AllocError> {
         if let Some(p) = pinned {
             let f = self.family(p.is_ipv4());
             if !f.is_some_and(|f| f.pool.contains(p)) {
@@ -302,10 +326,14 @@ impl HostAddresses {
             });
         };
         let like = f.pool.prefix.addr();
-        let v = match f.take_fresh() {
+        let is_reserved = |v: u128| reserved(from_num(like, v));
+        let v = match f.take_fresh(&is_reserved) {
             Some(v) => v,
-            None => match f.released.pop_first() {
-                Some(v) => v,
+            None => match f.released.iter().copied().find(|v| !is_reserved(*v)) {
+                Some(v) => {
+                    f.released.remove(&v);
+                    v
+                }
                 None => {
                     return Err(AllocError::Exhausted {
                         family: f.name(),

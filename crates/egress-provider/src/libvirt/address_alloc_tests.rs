@@ -46,6 +46,43 @@ fn fresh_addresses_go_in_ascending_order_once_each_and_asking_again_returns_the_
 }
 
 #[test]
+fn an_address_another_proxy_pins_is_never_handed_out_unpinned() {
+    let mut a = HostAddresses::new(&pool(&["203.0.113.2-203.0.113.5"], &[]));
+    let pinned = |x: IpAddr| x == ip("203.0.113.2") || x == ip("203.0.113.4");
+    // Fresh addresses skip the pinned ones.
+    assert_eq!(
+        a.allocate_unreserved("p1", true, None, &pinned),
+        Ok(ip("203.0.113.3"))
+    );
+    assert_eq!(
+        a.allocate_unreserved("p2", true, None, &pinned),
+        Ok(ip("203.0.113.5"))
+    );
+    // Only pinned ones are left: exhausted for an unpinned Proxy, saying why.
+    let e = a
+        .allocate_unreserved("p3", true, None, &pinned)
+        .unwrap_err();
+    assert!(e.to_string().contains("all held or pinned"), "{e}");
+    // The Proxy pinning one gets it.
+    assert_eq!(
+        a.allocate_unreserved("pinner", true, Some(ip("203.0.113.4")), &pinned),
+        Ok(ip("203.0.113.4"))
+    );
+    // Released addresses skip pinned ones too, and a pin that goes away frees its address.
+    a.release("p1");
+    let only_2 = |x: IpAddr| x == ip("203.0.113.2");
+    assert_eq!(
+        a.allocate_unreserved("p4", true, None, &only_2),
+        Ok(ip("203.0.113.3"))
+    );
+    assert_eq!(
+        a.allocate_unreserved("p5", true, None, &|_| false),
+        Ok(ip("203.0.113.2")),
+        "no longer pinned: handed out"
+    );
+}
+
+#[test]
 fn an_address_comes_back_only_when_released_and_fresh_ones_go_first() {
     let mut a = HostAddresses::new(&pool(&["203.0.113.2-203.0.113.5"], &[]));
     let first = a.allocate("p1", true, None).unwrap();

@@ -17,6 +17,9 @@
 //!   listing that started after the holder's last create ended no longer shows it
 //!   ([`AddressBook::apply_listing`]); a create in flight is never released by a listing,
 //!   whatever the listing saw;
+//! - **pinned addresses reserved**: with the fleet's pins ([`AddressBook::use_pins`]), an
+//!   address some Proxy pins goes only to a holder pinning it, and while the pins are not all
+//!   known yet no unpinned address is allocated (Transient);
 //! - a failed allocation holds nothing it did not hold before; its error names the host and
 //!   the pool's family (exhaustion: QuotaExceeded) or the holder or the ranges (a pinned
 //!   address taken or outside the pool: Permanent);
@@ -35,6 +38,7 @@ use super::config::LibvirtEntry;
 use super::hostpool::HostPool;
 use super::ops::list::{self, Claim};
 use crate::error::{ProviderError, Result};
+use crate::pins::PinnedAddresses;
 use crate::model::{AddressUsage, HostReport, HostState};
 
 /// One host's allocation state.
@@ -61,6 +65,9 @@ pub struct AddressBook {
     books: Mutex<HashMap<String, HostBook>>,
     /// One first listing per host at a time.
     rebuilding: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The fleet's pinned addresses, when the controller handed them over: never given to a
+    /// holder that does not pin them.
+    pins: Mutex<Option<Arc<PinnedAddresses>>>,
 }
 
 /// A create in flight for a holder: while it lives, no listing releases the holder's
@@ -125,6 +132,12 @@ impl AddressBook {
             invalid,
             ..Self::default()
         }
+    }
+
+    /// From now on, an address `pins` says a Proxy pins is never allocated to a holder that
+    /// does not pin it (see [`HostAddresses::allocate_unreserved`]).
+    pub fn use_pins(&self, pins: Arc<PinnedAddresses>) {
+        *lock(&self.pins) = Some(pins);
     }
 
     /// The host's parsed pool; `Ok(None)` without one, Permanent when it is invalid.
@@ -263,6 +276,17 @@ impl AddressBook {
                 }
             }
         }
+        let pins = lock(&self.pins).clone();
+        if let Some(p) = &pins
+            && !p.ready()
+            && fams.iter().any(|(_, pinned)| pinned.is_none())
+        {
+            return Err(ProviderError::transient(format!(
+                "not every Proxy's pinned egress address is known yet, so host {host}'s \
+                 address pool gives no unpinned address now; retrying"
+            )));
+        }
+        let reserved = |ip: IpAddr| pins.as_ref().is_some_and(|p| p.is_pinned(ip));
         let res = self.with_book(host, |b| {
             if !b.rebuilt {
                 return Err(ProviderError::transient(format!(
@@ -281,7 +305,7 @@ impl AddressBook {
                     // Its domain is gone (the caller's guarantee): the old one is free.
                     b.alloc.release(holder);
                 }
-                match b.alloc.allocate(holder, *v4, *p) {
+                match b.alloc.allocate_unreserved(holder, *v4, *p, &reserved) {
                     Ok(a) => got.push(a),
                     Err(e) => {
                         if before.is_empty() {

@@ -542,9 +542,10 @@ async fn probe(
             r.pool_free_bytes = Some(free);
             if free == 0 {
                 r.missing.push(format!(
-                    "free space in storage pool {p}: {} bytes available, reserve {} GiB \
+                    "free space in storage pool {p}: {} free, at or below its {} GiB reserve \
                      (hosts[{h}].poolReserveGiB)",
-                    info.available, cfg.pool_reserve_gib
+                    human_bytes(info.available),
+                    cfg.pool_reserve_gib
                 ));
             }
         }
@@ -553,9 +554,32 @@ async fn probe(
     Ok(())
 }
 
+/// `n` bytes for people: GiB or MiB with one decimal, else bytes.
+fn human_bytes(n: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+    // NB: the casts only lose precision past 2^53 bytes, far beyond one decimal's worth.
+    #[allow(clippy::cast_precision_loss)]
+    let f = n as f64;
+    if n >= GIB {
+        format!("{:.1} GiB", f / GIB as f64)
+    } else if n >= MIB {
+        format!("{:.1} MiB", f / MIB as f64)
+    } else {
+        format!("{n} bytes")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_counts_read_in_gib_or_mib() {
+        assert_eq!(human_bytes(3_328_599_654), "3.1 GiB");
+        assert_eq!(human_bytes(5 << 20), "5.0 MiB");
+        assert_eq!(human_bytes(512), "512 bytes");
+    }
 
     #[test]
     fn versions_read_as_major_minor_micro() {

@@ -10,8 +10,9 @@
 //!   causes; configuration errors list every violation with its field path (redacted by the
 //!   loader). Results go to stdout, logs and progress bars to stderr.
 //! - **No surprise side effects**: `version` and `status` never contact a libvirt host;
-//!   `check` only reads; `images prefetch` only adds verified bases; `gc` deletes nothing
-//!   without the orphan rules of [`egress_core::gc`].
+//!   `check` only reads; `images prefetch` only adds verified bases; `images gc` removes
+//!   only bases nothing on their host uses; `gc` deletes nothing without the orphan rules of
+//!   [`egress_core::gc`].
 
 mod check;
 mod completions;
@@ -19,6 +20,7 @@ mod crds;
 mod echo;
 mod gc;
 mod images;
+mod images_gc;
 mod kubernetes;
 mod messages;
 mod output;

@@ -165,6 +165,12 @@ pub trait HostView: std::fmt::Debug {
     /// load, ties by [`AddressRoom::rank`] (free addresses first), then by name; `None` when
     /// no host qualifies.
     fn least_loaded(&self, entry: &LibvirtEntry, need: u8) -> Option<String>;
+    /// Why `host`'s last report is not Ready, in a few words (what it misses, or its
+    /// error); `None` when Ready, unchecked, or unknown to the view.
+    fn reason(&self, host: &str) -> Option<String> {
+        let _ = host;
+        None
+    }
 }
 
 impl HostView for BTreeMap<String, HostInfo> {

@@ -36,7 +36,8 @@ pub fn place(
     hosts.least_loaded(entry, need)
 }
 
-/// Why no host was chosen: each host with its last state.
+/// Why no host was chosen: each host with its last state and why it takes no proxies (what
+/// it misses, its error, its exhausted address pool).
 pub(super) fn no_usable_host(
     entry: &LibvirtEntry,
     pinned: Option<&str>,
@@ -47,18 +48,22 @@ pub(super) fn no_usable_host(
         let health = info
             .health
             .map_or_else(|| "unchecked".to_owned(), |s| format!("{s:?}"));
-        if info.addresses.full == 0 {
+        let mut why: Vec<String> = hosts.reason(n).into_iter().collect();
+        if info.addresses.full != 0 {
+            why.push(format!(
+                "its {} address pool exhausted",
+                info.addresses.full_families()
+            ));
+        }
+        if why.is_empty() {
             health
         } else {
-            format!(
-                "{health} with its {} address pool exhausted",
-                info.addresses.full_families()
-            )
+            format!("{health}: {}", why.join("; "))
         }
     };
     match pinned {
         Some(p) => format!(
-            "host {p} (spec.host) is {}: no new proxies on a host that is not Ready; waiting",
+            "host {p} (spec.host) is {}; no new proxies on a host that is not Ready; waiting",
             state(p)
         ),
         None => {
@@ -70,7 +75,7 @@ pub(super) fn no_usable_host(
             format!(
                 "no host of provider entry {:?} takes new proxies ({}); waiting for one to be Ready",
                 entry.name,
-                list.join(", ")
+                list.join("; ")
             )
         }
     }

@@ -54,7 +54,10 @@ impl PinnedAddresses {
     /// Records that `uid` pins exactly `pins` (replacing what it pinned before; empty: none).
     pub fn set(&self, uid: ProxyUid, pins: &[IpAddr]) {
         let mut g = self.lock();
-        if g.by_uid.get(&uid).map_or(pins.is_empty(), |old| old == pins) {
+        if g.by_uid
+            .get(&uid)
+            .map_or(pins.is_empty(), |old| old == pins)
+        {
             return;
         }
         drop_pins(&mut g, &uid);

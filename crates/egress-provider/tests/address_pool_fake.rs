@@ -393,7 +393,11 @@ async fn an_unpinned_proxy_never_takes_an_address_another_proxy_pins() {
     // Proxy 9 pins the pool's lowest address; it is not created yet.
     pins.set(uid(9), &[ip("203.0.113.10")]);
     let a = create(&p, uid(1), &[]).await.unwrap();
-    assert_eq!(a.egress, vec![ip("203.0.113.11")], "the pinned .10 is skipped");
+    assert_eq!(
+        a.egress,
+        vec![ip("203.0.113.11")],
+        "the pinned .10 is skipped"
+    );
     let b = create(&p, uid(2), &[]).await.unwrap();
     assert_eq!(b.egress, vec![ip("203.0.113.12")]);
     // Only the pinned address is left: an unpinned Proxy is refused (quota), saying so, and

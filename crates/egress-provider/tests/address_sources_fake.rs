@@ -124,11 +124,21 @@ async fn a_broken_arp_source_never_hides_the_lease_or_the_guest_agent() {
     // (the network's subnet bounds it) and its address is used.
     let fake = broken_arp(None, Some("192.168.100.50"), true);
     let i = get_on(&fake, &host(true, &[])).await.unwrap();
-    assert_eq!((i.state.clone(), i.ip), (InstanceState::Running, ip("192.168.100.50")), "{i:?}");
+    assert_eq!(
+        (i.state.clone(), i.ip),
+        (InstanceState::Running, ip("192.168.100.50")),
+        "{i:?}"
+    );
     // A bridge host with guestCidr: ARP fails, the agent answers inside it.
     let fake = broken_arp(None, Some("10.20.1.5"), false);
-    let i = get_on(&fake, &host(false, &["10.20.0.0/16"])).await.unwrap();
-    assert_eq!((i.state.clone(), i.ip), (InstanceState::Running, ip("10.20.1.5")), "{i:?}");
+    let i = get_on(&fake, &host(false, &["10.20.0.0/16"]))
+        .await
+        .unwrap();
+    assert_eq!(
+        (i.state.clone(), i.ip),
+        (InstanceState::Running, ip("10.20.1.5")),
+        "{i:?}"
+    );
 }
 
 #[tokio::test]
@@ -138,7 +148,11 @@ async fn a_failed_source_is_named_beside_no_address_yet() {
     let fake = broken_arp(None, Some("192.168.100.50"), true);
     fake.faults().agent_unresponsive(true);
     let i = get_on(&fake, &host(true, &[])).await.unwrap();
-    assert_eq!((i.state.clone(), i.ip), (InstanceState::Provisioning, None), "{i:?}");
+    assert_eq!(
+        (i.state.clone(), i.ip),
+        (InstanceState::Provisioning, None),
+        "{i:?}"
+    );
     let note = i.address_note.expect("the failed source is reported");
     assert!(note.contains("ARP") && note.contains(NETLINK), "{note}");
     // Once ARP works again, the note goes.
@@ -155,7 +169,10 @@ async fn when_no_source_can_answer_the_error_names_each_one() {
     println!("{e}");
     assert_eq!(e.class, ErrorClass::Transient, "{e}");
     let m = &e.message;
-    assert!(m.contains("ARP") && m.contains(NETLINK), "ARP's own error: {m}");
+    assert!(
+        m.contains("ARP") && m.contains(NETLINK),
+        "ARP's own error: {m}"
+    );
     assert!(
         m.contains("DHCP leases: not consulted") && m.contains("hosts[h1].network"),
         "why the lease was not read: {m}"

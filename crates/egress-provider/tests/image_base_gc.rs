@@ -216,13 +216,25 @@ async fn a_base_in_use_survives_every_pass_and_an_unused_one_goes_after_its_grac
         println!("pass at t0: {v:#?}");
         assert_eq!(v.len(), 3, "{v:#?}");
         let o = verdict(&v, by_overlay);
-        assert_eq!((o.action, o.rule), (BaseAction::Kept, "base-in-use"), "{o:?}");
+        assert_eq!(
+            (o.action, o.rule),
+            (BaseAction::Kept, "base-in-use"),
+            "{o:?}"
+        );
         assert!(o.reason.contains("someones-overlay.qcow2"), "{o:?}");
         let d = verdict(&v, by_domain);
-        assert_eq!((d.action, d.rule), (BaseAction::Kept, "base-in-use"), "{d:?}");
+        assert_eq!(
+            (d.action, d.rule),
+            (BaseAction::Kept, "base-in-use"),
+            "{d:?}"
+        );
         assert!(d.reason.contains("someone-elses-vm"), "{d:?}");
         let u = verdict(&v, unused);
-        assert_eq!((u.action, u.rule), (BaseAction::Kept, "base-in-grace"), "{u:?}");
+        assert_eq!(
+            (u.action, u.rule),
+            (BaseAction::Kept, "base-in-grace"),
+            "{u:?}"
+        );
         assert_eq!(left(&w.fake, unused).len(), 3);
 
         // Just short of the grace (60 minutes by default): still kept.
@@ -237,7 +249,11 @@ async fn a_base_in_use_survives_every_pass_and_an_unused_one_goes_after_its_grac
         let mut dry = settings(UnusedClock::FirstSeen, t0 + 61 * MINUTE);
         dry.dry_run = true;
         let v = w.provider.collect_bases(&dry).await;
-        assert_eq!(verdict(&v, unused).action, BaseAction::WouldRemove, "{v:#?}");
+        assert_eq!(
+            verdict(&v, unused).action,
+            BaseAction::WouldRemove,
+            "{v:#?}"
+        );
         assert_eq!(left(&w.fake, unused).len(), 3, "a dry run removes nothing");
 
         // Past the grace: the unused base goes, all three of its volumes; the others stay.
@@ -247,7 +263,11 @@ async fn a_base_in_use_survives_every_pass_and_an_unused_one_goes_after_its_grac
             .await;
         println!("pass at t0 + 61 min: {v:#?}");
         let u = verdict(&v, unused);
-        assert_eq!((u.action, u.rule), (BaseAction::Removed, "base-unused"), "{u:?}");
+        assert_eq!(
+            (u.action, u.rule),
+            (BaseAction::Removed, "base-unused"),
+            "{u:?}"
+        );
         assert_eq!(left(&w.fake, unused), Vec::<String>::new());
         assert_eq!(left(&w.fake, by_overlay).len(), 3);
         assert_eq!(left(&w.fake, by_domain).len(), 3);

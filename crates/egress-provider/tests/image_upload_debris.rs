@@ -177,8 +177,7 @@ async fn a_part_left_by_a_daemon_crash_is_removed_once_the_host_answers_again() 
 }
 
 fn provider_over(daemon: Arc<Daemon>, e: LibvirtEntry) -> LibvirtProvider {
-    let pool = HostPool::new(e, Arc::new(DaemonConnector(daemon)), PoolOptions::default())
-        .unwrap();
+    let pool = HostPool::new(e, Arc::new(DaemonConnector(daemon)), PoolOptions::default()).unwrap();
     let fetch = FetchOptions {
         allow_loopback_for_tests: true,
         ..FetchOptions::default()

@@ -135,7 +135,10 @@ async fn a_part_left_by_a_killed_libvirtd_is_removed_once_it_answers_again() {
     lv.restart();
     let before = volumes(&lv, pool);
     println!("pool {pool} after the restart: {before:?}");
-    assert!(before.contains(&part), "the partial volume survived the crash: {before:?}");
+    assert!(
+        before.contains(&part),
+        "the partial volume survived the crash: {before:?}"
+    );
 
     let reports = tokio::time::timeout(WAIT, provider.check()).await.unwrap();
     assert_eq!(reports[0].state, HostState::Ready, "{reports:?}");

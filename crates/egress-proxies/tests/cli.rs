@@ -444,10 +444,22 @@ async fn images_prefetch_exits_1_when_a_host_fails_and_says_why() {
 /// `virsh vol-list POOL` on the shared libvirtd, names only.
 fn vol_list(pool: &PoolFixture) -> Vec<String> {
     let out = Command::new("timeout")
-        .args(["60", "virsh", "-q", "-c", "qemu:///system", "vol-list", &pool.name])
+        .args([
+            "60",
+            "virsh",
+            "-q",
+            "-c",
+            "qemu:///system",
+            "vol-list",
+            &pool.name,
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut v: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
@@ -505,12 +517,23 @@ async fn images_gc_removes_only_bases_nothing_uses_and_lists_the_pool_before_and
     let path_a = pool.file(&base_a);
     let made = Command::new("timeout")
         .args(["60", "virsh", "-q", "-c", "qemu:///system", "vol-create-as"])
-        .args([&pool.name, overlay, "1G", "--format", "qcow2", "--backing-vol"])
+        .args([
+            &pool.name,
+            overlay,
+            "1G",
+            "--format",
+            "qcow2",
+            "--backing-vol",
+        ])
         .arg(&path_a)
         .args(["--backing-vol-format", "qcow2"])
         .output()
         .unwrap();
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
     let before = vol_list(&pool);
     println!("eptest: pool {} before: {before:#?}", pool.name);
     let line = |s: &str, base: &str| -> String {
@@ -560,11 +583,23 @@ async fn images_gc_removes_only_bases_nothing_uses_and_lists_the_pool_before_and
 
     // The overlay goes: a is unused now and goes too; only foreign volumes are left.
     let del = Command::new("timeout")
-        .args(["60", "virsh", "-q", "-c", "qemu:///system", "vol-delete", overlay])
+        .args([
+            "60",
+            "virsh",
+            "-q",
+            "-c",
+            "qemu:///system",
+            "vol-delete",
+            overlay,
+        ])
         .args(["--pool", &pool.name])
         .output()
         .unwrap();
-    assert!(del.status.success(), "{}", String::from_utf8_lossy(&del.stderr));
+    assert!(
+        del.status.success(),
+        "{}",
+        String::from_utf8_lossy(&del.stderr)
+    );
     let o = run_async(cli(&["gc", "--grace", "0s"])).await;
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
     let last = vol_list(&pool);

@@ -600,10 +600,15 @@ fn an_address_source_that_failed_is_named_while_waiting_for_the_address() {
         .observed(Observed::Found(p))
         .run();
     let (st, why, msg) = ready(&d);
-    assert_eq!((st, why.as_str()), (ConditionStatus::False, "WaitingForAddress"));
+    assert_eq!(
+        (st, why.as_str()),
+        (ConditionStatus::False, "WaitingForAddress")
+    );
     assert!(
-        msg.contains("waiting for it to report an address; no address known yet (the host's ARP \
-                      table failed: internal error: malformed netlink response message)"),
+        msg.contains(
+            "waiting for it to report an address; no address known yet (the host's ARP \
+                      table failed: internal error: malformed netlink response message)"
+        ),
         "{msg}"
     );
     assert_eq!(d.status.phase, Phase::Provisioning);

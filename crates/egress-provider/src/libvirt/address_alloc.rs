@@ -47,9 +47,7 @@ pub enum AllocError {
         ranges: String,
     },
     /// Every address of the family is held (or pinned by another Proxy).
-    #[error(
-        "the host's {family} address pool is exhausted ({size} addresses, all held or pinned)"
-    )]
+    #[error("the host's {family} address pool is exhausted ({size} addresses, all held or pinned)")]
     Exhausted {
         /// `IPv4` or `IPv6`.
         family: &'static str,

@@ -38,8 +38,8 @@ use super::config::LibvirtEntry;
 use super::hostpool::HostPool;
 use super::ops::list::{self, Claim};
 use crate::error::{ProviderError, Result};
-use crate::pins::PinnedAddresses;
 use crate::model::{AddressUsage, HostReport, HostState};
+use crate::pins::PinnedAddresses;
 
 /// One host's allocation state.
 #[derive(Debug)]

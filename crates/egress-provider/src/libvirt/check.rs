@@ -60,9 +60,10 @@ pub const MAX_ERROR_CHARS: usize = 512;
 // NB: every call here is cheap (version, hostname, capabilities, lookups, one pool refresh of
 // a directory); a healthy host answers in milliseconds. 10 s tolerates a loaded host. It is
 // also what bounds how late a frozen host is *reported*: the first check round after the
-// freeze reads Timeout (or, once keepalive killed the link 30 s after the host last
-// answered, Unreachable) within this long, so at most the check interval + 10 s after the
-// freeze (40 s with the default 30 s interval; 36 s was observed).
+// freeze reads Timeout within this long, or Unreachable sooner once keepalive killed the link
+// (at most 30 s after the host last answered), so at most 30 s after the freeze with the
+// default 30 s interval (the round ends by the link's death), at most interval + 10 s with a
+// longer one (tests/frozen_host_budget.rs).
 pub const DEFAULT_CHECK_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Budget for all of a host's calls after the dial, by default.

@@ -42,7 +42,10 @@ impl PrivateLibvirtd {
             .tempdir()
             .expect("a temporary directory");
         let dir = tmp.path().to_owned();
-        println!("eptest: private libvirtd in {} (netns {netns})", dir.display());
+        println!(
+            "eptest: private libvirtd in {} (netns {netns})",
+            dir.display()
+        );
         let ok = Command::new("ip")
             .args(["netns", "add", &netns])
             .status()
@@ -162,7 +165,10 @@ pub fn virsh_at(socket: &Path, args: &[&str]) -> Output {
 impl Drop for PrivateLibvirtd {
     fn drop(&mut self) {
         if keep_requested() {
-            println!("eptest: keeping the private libvirtd in {}", self.dir.display());
+            println!(
+                "eptest: keeping the private libvirtd in {}",
+                self.dir.display()
+            );
             return;
         }
         if let Some(mut c) = self.child.take() {
@@ -177,7 +183,10 @@ impl Drop for PrivateLibvirtd {
             let _ = c.wait();
         }
         // NB: whatever is left in the namespace (a dnsmasq, a QEMU) goes with it.
-        if let Ok(o) = Command::new("ip").args(["netns", "pids", &self.netns]).output() {
+        if let Ok(o) = Command::new("ip")
+            .args(["netns", "pids", &self.netns])
+            .output()
+        {
             for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
                 let _ = Command::new("kill").args(["-KILL", pid]).status();
             }

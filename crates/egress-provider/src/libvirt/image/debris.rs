@@ -66,7 +66,12 @@ pub fn note(host: &str, pool: &str, part: &str) {
         t.pop_front();
     }
     t.push_back(n);
-    tracing::warn!(host, pool, part, "an upload's temporary volume is left on the host; it is removed once the host answers again");
+    tracing::warn!(
+        host,
+        pool,
+        part,
+        "an upload's temporary volume is left on the host; it is removed once the host answers again"
+    );
 }
 
 /// The parts noted for `pool` on `host`.

@@ -294,9 +294,7 @@ async fn candidates(
             .as_deref()
             .and_then(|d| d.rsplit('/').next())
             .map(str::to_owned);
-        let Some(created_unix) = data_name
-            .as_deref()
-            .and_then(|d| cache::part_age(entry, d))
+        let Some(created_unix) = data_name.as_deref().and_then(|d| cache::part_age(entry, d))
         else {
             unreadable.push((
                 name.clone(),
@@ -552,7 +550,12 @@ fn disks(xml: &str) -> Vec<Disk> {
 }
 
 /// Removes base `k`: base, marker, data volume; one already gone is fine.
-pub(super) async fn remove(c: &Client, pool: &StoragePool, host: &str, k: &Candidate) -> Result<()> {
+pub(super) async fn remove(
+    c: &Client,
+    pool: &StoragePool,
+    host: &str,
+    k: &Candidate,
+) -> Result<()> {
     let mut names = vec![k.name.clone(), cache::marker_name(&k.name)];
     names.extend(k.data_name.clone());
     for n in names {

@@ -93,16 +93,15 @@ pub async fn collect_host(
         return Ok(Vec::new());
     }
     let usage = evict::usage(c, pool, host, entry, &bases).await?;
-    let verdict = |name: &str, action: BaseAction, rule: &'static str, reason: String| {
-        BaseVerdict {
+    let verdict =
+        |name: &str, action: BaseAction, rule: &'static str, reason: String| BaseVerdict {
             entry: entry.to_owned(),
             host: host.to_owned(),
             name: name.to_owned(),
             action,
             rule,
             reason,
-        }
-    };
+        };
     let mut out = Vec::with_capacity(bases.len());
     for (name, why) in &usage.unreadable {
         out.push(verdict(

@@ -33,8 +33,8 @@ pub mod cache;
 pub mod debris;
 pub mod evict;
 pub mod fetch;
-pub mod gc;
 pub mod format;
+pub mod gc;
 pub mod source;
 pub mod ssrf;
 

@@ -76,3 +76,59 @@ impl PinFeed {
 fn uid(p: &Proxy) -> Option<ProxyUid> {
     ProxyUid::parse_strict(p.uid().as_deref().unwrap_or_default())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::net::IpAddr;
+
+    use egress_core::model::{ProxySettings, ProxySpec, Resources};
+
+    use super::*;
+
+    fn proxy(name: &str, uid: u8, pins: &[&str]) -> Proxy {
+        let spec = ProxySpec {
+            provider: "home".into(),
+            host: None,
+            image: "debian-12".into(),
+            resources: Resources::default(),
+            proxy: ProxySettings::default(),
+            egress: egress_core::model::EgressSpec {
+                address: pins.iter().map(|s| (*s).to_owned()).collect(),
+            },
+        };
+        let mut p = Proxy::new(name, spec.into());
+        p.metadata.uid = Some(format!("0f8fad5b-d9cb-469f-a165-7086772895{uid:02x}"));
+        p
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_watch_keeps_the_pins_and_holds_them_not_ready_while_it_lists() {
+        let pins = Arc::new(PinnedAddresses::new());
+        let feed = PinFeed::new(pins.clone());
+        assert!(!pins.ready(), "not ready before the first list");
+        feed.observe(&Event::Init);
+        feed.observe(&Event::InitApply(proxy("a", 1, &["203.0.113.7"])));
+        feed.observe(&Event::InitApply(proxy("b", 2, &[])));
+        assert!(pins.is_pinned(ip("203.0.113.7")));
+        assert!(!pins.ready(), "still listing");
+        feed.observe(&Event::InitDone);
+        assert!(pins.ready());
+        // A change, a new Proxy, a deletion.
+        feed.observe(&Event::Apply(proxy("a", 1, &["203.0.113.8"])));
+        feed.observe(&Event::Apply(proxy("c", 3, &["203.0.113.9"])));
+        assert!(!pins.is_pinned(ip("203.0.113.7")) && pins.is_pinned(ip("203.0.113.8")));
+        feed.observe(&Event::Delete(proxy("c", 3, &["203.0.113.9"])));
+        assert!(!pins.is_pinned(ip("203.0.113.9")));
+        // A relist that no longer shows "a" (deleted while the watch was down) drops its pin.
+        feed.observe(&Event::Init);
+        assert!(!pins.ready());
+        feed.observe(&Event::InitApply(proxy("b", 2, &[])));
+        feed.observe(&Event::InitDone);
+        assert!(pins.ready() && !pins.is_pinned(ip("203.0.113.8")));
+    }
+}

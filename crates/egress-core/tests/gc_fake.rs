@@ -704,7 +704,11 @@ async fn every_pass_collects_the_bases_nothing_uses_once_their_grace_is_over() {
     let r = collect(&s.providers, &none, &GcSettings::default(), t0).await;
     println!("{r}");
     let (u, k) = (item(&r, &unused), item(&r, &used));
-    assert_eq!((u.kind, u.action, u.rule), (ItemKind::Base, Action::Kept, "base-in-grace"), "{r}");
+    assert_eq!(
+        (u.kind, u.action, u.rule),
+        (ItemKind::Base, Action::Kept, "base-in-grace"),
+        "{r}"
+    );
     assert_eq!((k.action, k.rule), (Action::Kept, "base-in-use"), "{r}");
     // A dry run past the grace says it would go.
     let later = t0 + Duration::from_secs(61 * 60);

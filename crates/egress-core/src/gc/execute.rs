@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use egress_provider::ProxyUid;
 use egress_provider::bases::{BaseAction, BaseGcSettings, BaseVerdict, UnusedClock};
 
-use crate::providers::Providers;
+use crate::providers::{ProviderHandle, Providers};
 
 use super::plan::{EntryListing, plan};
 use super::planned::{ItemKind, Target};
@@ -84,7 +84,16 @@ pub async fn collect(
         });
     }
     if let Some(clock) = settings.bases {
-        items.extend(collect_bases(providers, settings.dry_run, clock, now).await);
+        // NB: an entry whose listing failed in this pass loses nothing in it, bases included
+        // (its host is likely failing anyway).
+        for l in listings
+            .iter()
+            .filter(|l| l.instances.is_ok() && l.volumes.is_ok())
+        {
+            if let Some(h) = providers.get(&l.entry) {
+                items.extend(entry_bases(h, settings.dry_run, clock, now).await);
+            }
+        }
     }
     let entries = listings
         .into_iter()
@@ -108,11 +117,11 @@ pub async fn collect(
     }
 }
 
-/// The base-image step of a pass: every entry's unused bases
+/// One entry's base step: its unused bases
 /// ([`Provider::collect_bases`](egress_provider::Provider::collect_bases), each host bounded
 /// by the provider), as report items of kind [`ItemKind::Base`].
-pub async fn collect_bases(
-    providers: &Providers,
+async fn entry_bases(
+    h: &ProviderHandle,
     dry_run: bool,
     clock: UnusedClock,
     now: SystemTime,
@@ -123,12 +132,12 @@ pub async fn collect_bases(
         grace: None,
         now,
     };
-    let mut items = Vec::new();
-    for h in providers.iter() {
-        let verdicts = h.provider.collect_bases(&settings).await;
-        items.extend(verdicts.into_iter().map(base_item));
-    }
-    items
+    h.provider
+        .collect_bases(&settings)
+        .await
+        .into_iter()
+        .map(base_item)
+        .collect()
 }
 
 /// A provider's verdict on a base as a report item.

@@ -42,7 +42,9 @@ impl PinFeed {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         match ev {
-            Event::Apply(p) => self.set(p),
+            Event::Apply(p) => {
+                self.set(p);
+            }
             Event::Delete(p) => {
                 if let Some(u) = uid(p) {
                     self.pins.remove(&u);

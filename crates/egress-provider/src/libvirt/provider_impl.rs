@@ -165,9 +165,9 @@ impl LibvirtProvider {
                 continue;
             }
             let work = async {
-                let lease = self.pool.acquire(&r.host).await?;
-                let pool = self.pool_handle(lease.client(), lease.host()).await?;
-                image::debris::clear(lease.client(), &pool, &r.host, &cfg.name).await
+                let c = self.pool.control(&r.host).await?;
+                let pool = self.pool_handle(&c, h).await?;
+                image::debris::clear(&c, &pool, &r.host, &cfg.name).await
             };
             match tokio::time::timeout(cfg.timeouts.call, work).await {
                 Ok(Ok(gone)) if !gone.is_empty() => {
@@ -935,14 +935,18 @@ impl Provider for LibvirtProvider {
             .grace
             .unwrap_or_else(|| self.entry_cfg().limits.unused_base_grace());
         let one = |host: String| async move {
+            // NB: on the pooled control connection without an operation slot, as the host
+            // check: a pass of reads (and at most three deletes per base) must not take a slot
+            // a create or delete waits for. Safety against a create of this process does not
+            // rest on slots but on the image's import lock and the recent-use record.
             let work = async {
-                let lease = self.pool.acquire(&host).await?;
-                let c = lease.client();
-                let pool = self.pool_handle(c, lease.host()).await?;
+                let cfg = self.pool.host(&host)?;
+                let c = self.pool.control(&host).await?;
+                let pool = self.pool_handle(&c, cfg).await?;
                 let scope = image::gc::HostScope {
                     entry,
                     host: &host,
-                    client: c,
+                    client: &c,
                     pool: &pool,
                 };
                 let r = image::gc::collect_host(&scope, settings, grace, &self.unused_bases).await;

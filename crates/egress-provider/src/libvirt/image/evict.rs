@@ -183,7 +183,7 @@ pub(super) async fn usage(
                 backed
                     .iter()
                     .find(|(_, b)| *b == k.path || k.data_path.as_deref() == Some(b.as_str()))
-                    .map(|(v, _)| format!("volume {v} (backed by it)"))
+                    .map(|(v, _)| format!("volume {v}, which it backs"))
             };
             let user = by_domain.or_else(by_volume);
             (k, user)

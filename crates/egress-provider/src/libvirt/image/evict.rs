@@ -1,7 +1,8 @@
 //! Making room in the base cache: when a new base would pass `limits.maxBases` (or, for a URL
 //! image, `limits.maxUrlImages`), the entry's oldest bases that nothing on the host uses are
 //! removed first, as many as the new one needs, before the import starts. Only when none can
-//! go is the new base refused (QuotaExceeded, as before).
+//! go is the new base refused (QuotaExceeded, as before). What "uses" means is read once, in
+//! [`usage`], which the collection of unused bases ([`super::gc`]) shares.
 //!
 //! Why here and not in the orphan GC: the limits are the cache's size, so a base is kept until
 //! its room is needed (an idle image is not downloaded again just because a GC pass found it

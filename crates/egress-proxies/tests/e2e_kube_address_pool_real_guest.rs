@@ -239,7 +239,11 @@ async fn inside_the_namespace() {
     let server = ImageHost::start(std::fs::read(&image.path).unwrap(), IMAGE_PATH, 0).await;
     server.unthrottle();
     let (first, last) = (net.ip(POOL_FIRST), net.ip(POOL_LAST));
-    let [a, b, c] = [gateway.octets()[0], gateway.octets()[1], gateway.octets()[2]];
+    let [a, b, c] = [
+        gateway.octets()[0],
+        gateway.octets()[1],
+        gateway.octets()[2],
+    ];
     let config = work.path().join("providers.yaml");
     std::fs::write(
         &config,
@@ -285,11 +289,16 @@ async fn inside_the_namespace() {
         (srv.lease_holder().as_deref() == Some("op-kap")).then_some(())
     })
     .await;
-    poll("ProviderHealth shows h1 Ready", START_BUDGET, &op, || async {
-        srv.api
-            .object("egress-proxies.dev", "providerhealths", "", &entry)
-            .filter(|p| p["status"]["readyHosts"] == 1)
-    })
+    poll(
+        "ProviderHealth shows h1 Ready",
+        START_BUDGET,
+        &op,
+        || async {
+            srv.api
+                .object("egress-proxies.dev", "providerhealths", "", &entry)
+                .filter(|p| p["status"]["readyHosts"] == 1)
+        },
+    )
     .await;
 
     let client = srv.client().await;
@@ -304,14 +313,19 @@ async fn inside_the_namespace() {
         )
         .await
         .unwrap();
-    let waiting = poll("the pinned Proxy waits for its Secret", START_BUDGET, &op, || async {
-        let p = srv.proxy(NAMESPACE, PINNED)?;
-        let conds = p["status"]["conditions"].as_array()?.clone();
-        conds
-            .iter()
-            .find(|c| c["type"] == "Ready" && c["reason"] == "CredentialsMissing")
-            .cloned()
-    })
+    let waiting = poll(
+        "the pinned Proxy waits for its Secret",
+        START_BUDGET,
+        &op,
+        || async {
+            let p = srv.proxy(NAMESPACE, PINNED)?;
+            let conds = p["status"]["conditions"].as_array()?.clone();
+            conds
+                .iter()
+                .find(|c| c["type"] == "Ready" && c["reason"] == "CredentialsMissing")
+                .cloned()
+        },
+    )
     .await;
     println!("eptest: the pinned Proxy: {waiting}");
     // The unpinned one: it must not take the pinned (lowest) address.
@@ -330,7 +344,13 @@ async fn inside_the_namespace() {
             (p["status"]["phase"] == "Running").then_some(p)
         }
     };
-    let pooled = poll("the unpinned Proxy Running", BOOT_BUDGET, &op, running(POOLED)).await;
+    let pooled = poll(
+        "the unpinned Proxy Running",
+        BOOT_BUDGET,
+        &op,
+        running(POOLED),
+    )
+    .await;
     println!(
         "eptest: timing: unpinned Proxy created → Running {:.1} s",
         t0.elapsed().as_secs_f64()
@@ -363,7 +383,13 @@ async fn inside_the_namespace() {
         .await
         .unwrap();
     let t1 = Instant::now();
-    let pinned = poll("the pinned Proxy Running", BOOT_BUDGET, &op, running(PINNED)).await;
+    let pinned = poll(
+        "the pinned Proxy Running",
+        BOOT_BUDGET,
+        &op,
+        running(PINNED),
+    )
+    .await;
     println!(
         "eptest: timing: Secret created → pinned Proxy Running {:.1} s",
         t1.elapsed().as_secs_f64()
@@ -376,10 +402,7 @@ async fn inside_the_namespace() {
     assert_eq!(pinned["status"]["ip"], first.to_string(), "{pinned:#}");
 
     // A request through each reaches the echo from its declared address.
-    for (name, ip, auth) in [
-        (POOLED, last, String::new()),
-        (PINNED, first, basic_auth()),
-    ] {
+    for (name, ip, auth) in [(POOLED, last, String::new()), (PINNED, first, basic_auth())] {
         let proxy = SocketAddr::V4(SocketAddrV4::new(ip, PROXY_PORT));
         let request = format!(
             "GET http://{echo}/egress HTTP/1.1\r\nHost: {echo}\r\n{auth}Connection: close\r\n\r\n"
@@ -412,17 +435,22 @@ async fn inside_the_namespace() {
         assert_eq!(health["egressIp"], ip.to_string(), "{name}: {health}");
     }
     // Published: the group's EndpointSlice lists both.
-    poll("the EndpointSlice lists both", PROXY_BUDGET, &op, || async {
-        let text = srv
-            .api
-            .objects("discovery.k8s.io", "endpointslices")
-            .into_iter()
-            .filter(|s| s["metadata"]["labels"]["kubernetes.io/service-name"] == GROUP)
-            .map(|s| s.to_string())
-            .collect::<String>();
-        (text.contains(&format!("\"{first}\"")) && text.contains(&format!("\"{last}\"")))
-            .then_some(())
-    })
+    poll(
+        "the EndpointSlice lists both",
+        PROXY_BUDGET,
+        &op,
+        || async {
+            let text = srv
+                .api
+                .objects("discovery.k8s.io", "endpointslices")
+                .into_iter()
+                .filter(|s| s["metadata"]["labels"]["kubernetes.io/service-name"] == GROUP)
+                .map(|s| s.to_string())
+                .collect::<String>();
+            (text.contains(&format!("\"{first}\"")) && text.contains(&format!("\"{last}\"")))
+                .then_some(())
+        },
+    )
     .await;
 
     // Deleting both: their VMs go before their objects.
@@ -431,7 +459,11 @@ async fn inside_the_namespace() {
         .map(|n| {
             let uid = srv
                 .proxy(NAMESPACE, n)
-                .and_then(|p| p["metadata"]["uid"].as_str().and_then(ProxyUid::parse_strict))
+                .and_then(|p| {
+                    p["metadata"]["uid"]
+                        .as_str()
+                        .and_then(ProxyUid::parse_strict)
+                })
                 .expect("a canonical UID");
             names::domain(&entry, &uid)
         })

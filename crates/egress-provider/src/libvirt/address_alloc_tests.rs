@@ -162,7 +162,7 @@ fn a_restart_rebuilds_from_the_listing_before_allocating_and_reports_double_clai
     assert_eq!(a.allocate("p4", false, None), Ok(ip("2001:db8:1::10")));
     assert_eq!(
         a.allocate("p5", false, None).unwrap_err().to_string(),
-        "the host's IPv6 address pool is exhausted (2 addresses, all held)"
+        "the host's IPv6 address pool is exhausted (2 addresses, all held or pinned)"
     );
     assert_eq!(
         a.release("p1"),

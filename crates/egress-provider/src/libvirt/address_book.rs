@@ -417,8 +417,8 @@ fn alloc_error(host: &str, e: AllocError) -> ProviderError {
     match e {
         AllocError::Exhausted { family, size } => ProviderError::quota(format!(
             "host {host}'s {family} address pool is exhausted: all {size} addresses of \
-             addressPool.{} are held; free one (delete a Proxy on this host) or widen the \
-             ranges",
+             addressPool.{} are held or pinned by other Proxies; free one (delete a Proxy on \
+             this host) or widen the ranges",
             family.to_ascii_lowercase()
         )),
         AllocError::Taken { address, holder } => ProviderError::permanent(format!(

@@ -660,7 +660,7 @@ mod tests {
     }
 
     #[test]
-    fn an_open_relay_and_bad_values_are_refused_with_their_paths() {
+    fn no_client_cidrs_without_credentials_and_bad_values_are_refused_with_their_paths() {
         let mut s = spec();
         s.proxy.allowed_client_cidrs = vec!["10.0.0.0/8".into(), "10.0.0.0/33".into()];
         s.proxy.port = 0;
@@ -674,9 +674,20 @@ mod tests {
                 "spec.proxy.allowedClientCidrs[1]"
             ]
         );
+        // Neither a client list nor credentials: open to everyone, refused at `spec.proxy`.
         let mut open = spec();
         open.proxy.allowed_client_cidrs.clear();
-        assert_eq!(open.validate()[0].path, "spec.proxy");
+        let errs = open.validate();
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].path, "spec.proxy");
+        assert!(
+            errs[0].message.contains("open relay"),
+            "{}",
+            errs[0].message
+        );
+        // Credentials alone restrict it: no client list is then fine.
+        open.proxy.credentials_ref = Some("proxy-users".into());
+        assert!(open.validate().is_empty(), "{:?}", open.validate());
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! the allocations from the marks (other entries' and installations' included) before
 //! allocating; an address comes back only after the instance holding it is deleted; a pinned
 //! address taken or outside the pool is Permanent naming the holder or the ranges; an
-//! exhausted pool is QuotaExceeded naming host and family, and nothing is defined for it.
+//! exhausted pool is QuotaExceeded naming host and family, and nothing is defined for it. A
+//! delete that fails, or a failed create whose cleanup could not remove its domain, leaves
+//! the address held: another Proxy asking for it is refused until the domain is gone.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -434,4 +436,87 @@ async fn while_the_pins_are_not_all_known_no_unpinned_address_is_given() {
         create(&p, uid(1), &[]).await.unwrap().egress,
         vec![ip("203.0.113.10")]
     );
+}
+
+/// Another Proxy (B) asking for the pool's only address, .10, is refused: pinned, naming the
+/// holder `holder`'s domain; unpinned, QuotaExceeded. Nothing is defined for B, and the host
+/// reports the address held.
+async fn refused_while_held(s: &Setup, p: &LibvirtProvider, holder: ProxyUid, b: ProxyUid) {
+    let e = create(p, b, &["203.0.113.10"]).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::Permanent, "{e}");
+    assert!(
+        e.message.contains(&names::domain(ENTRY, &holder)),
+        "names the holder: {}",
+        e.message
+    );
+    let e = create(p, b, &[]).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::QuotaExceeded, "{e}");
+    assert!(s.fake.domain(&names::domain(ENTRY, &b)).is_none());
+    assert_eq!(p.check().await[0].addresses[0].held, 1, "still held");
+}
+
+#[tokio::test]
+async fn a_failed_delete_keeps_the_address_held_until_a_delete_succeeds() {
+    let (s, _srv) = setup(&["203.0.113.10"]).await;
+    let p = s.provider();
+    let a = create(&p, uid(1), &[]).await.unwrap();
+    assert_eq!(a.egress, vec![ip("203.0.113.10")]);
+    // The delete fails at the undefine: the domain, and its mark holding .10, stay.
+    s.fake.faults().fail_calls(
+        procs::DOMAIN_UNDEFINE_FLAGS,
+        1,
+        libvirt_fake::domains::QEMU,
+        "internal error: undefine failed",
+        Some(1),
+    );
+    let e = tokio::time::timeout(CALL_BUDGET, p.delete("h1", &uid(1)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(e.message.contains("undefine failed"), "{e}");
+    assert!(s.fake.domain(&names::domain(ENTRY, &uid(1))).is_some());
+    assert_eq!(s.mark_addresses(&uid(1)), a.egress);
+    refused_while_held(&s, &p, uid(1), uid(2)).await;
+    // A complete listing still shows A: still held.
+    assert_eq!(p.list_owned().await.unwrap().len(), 1);
+    refused_while_held(&s, &p, uid(1), uid(2)).await;
+    // The delete succeeds: the address goes to B.
+    p.delete("h1", &uid(1)).await.unwrap();
+    let b = create(&p, uid(2), &["203.0.113.10"]).await.unwrap();
+    assert_eq!(b.egress, vec![ip("203.0.113.10")]);
+}
+
+#[tokio::test]
+async fn a_failed_create_whose_cleanup_left_its_domain_keeps_its_address() {
+    let (s, _srv) = setup(&["203.0.113.10"]).await;
+    let p = s.provider();
+    // Start fails, and so does the cleanup's undefine: the domain (with its mark naming .10)
+    // is left on the host.
+    s.fake.faults().fail_calls(
+        procs::DOMAIN_CREATE,
+        1,
+        libvirt_fake::domains::QEMU,
+        "internal error: start failed",
+        Some(1),
+    );
+    s.fake.faults().fail_calls(
+        procs::DOMAIN_UNDEFINE_FLAGS,
+        1,
+        libvirt_fake::domains::QEMU,
+        "internal error: undefine failed",
+        Some(1),
+    );
+    let e = create(&p, uid(1), &[]).await.unwrap_err();
+    assert!(e.message.contains("start failed"), "{e}");
+    assert!(
+        s.fake.domain(&names::domain(ENTRY, &uid(1))).is_some(),
+        "the cleanup could not remove the domain"
+    );
+    assert_eq!(s.mark_addresses(&uid(1)), vec![ip("203.0.113.10")]);
+    refused_while_held(&s, &p, uid(1), uid(2)).await;
+    // The retry of A removes the leftover and recreates it, with the same address.
+    let a = create(&p, uid(1), &[]).await.unwrap();
+    assert_eq!(a.egress, vec![ip("203.0.113.10")]);
+    assert_eq!(s.mark_addresses(&uid(1)), a.egress);
+    refused_while_held(&s, &p, uid(1), uid(2)).await;
 }

@@ -52,6 +52,27 @@ pub struct CheckArgs {
     proxies: Option<std::path::PathBuf>,
 }
 
+impl CheckArgs {
+    /// The `-o` formats: every one with the probe (it prints a table per entry), no `wide`
+    /// with `--no-probe` (two summary lines, no table).
+    pub(super) fn accepts(&self) -> super::output::Accepts {
+        use super::output::{ALL, Accepts, NO_TABLE};
+        if self.no_probe {
+            Accepts {
+                command: "check --no-probe",
+                formats: NO_TABLE,
+                prints: "prints a summary, no table",
+            }
+        } else {
+            Accepts {
+                command: "check",
+                formats: ALL,
+                prints: "prints a table per provider entry",
+            }
+        }
+    }
+}
+
 /// What `check --no-probe` found, as printed under `-o json|yaml`.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -285,7 +306,10 @@ pub async fn run(a: CheckArgs) -> anyhow::Result<u8> {
     let fmt = super::output::format(a.json);
     match super::output::document(&rows, fmt)? {
         Some(doc) => println!("{doc}"),
-        None => print!("{}", render(&rows)),
+        None => print!(
+            "{}",
+            render(&rows, fmt == super::output::OutputFormat::Wide)
+        ),
     }
     let ready = rows.iter().filter(|r| r.state == "Ready").count();
     if ready == rows.len() {
@@ -371,8 +395,9 @@ fn row(h: &ProviderHandle, host: &str, report: Option<&HostReport>) -> HostRow {
     }
 }
 
-/// The human form: a table per entry, then the full error of each host not Ready.
-pub fn render(rows: &[HostRow]) -> String {
+/// The human form: a table per entry, then the full error of each host not Ready. `wide`
+/// adds each host's HOSTNAME (what the host calls itself) and shows ERROR whole.
+pub fn render(rows: &[HostRow], wide: bool) -> String {
     let mut out = String::new();
     let mut entries: Vec<&str> = Vec::new();
     for r in rows {
@@ -385,9 +410,11 @@ pub fn render(rows: &[HostRow]) -> String {
             out.push('\n');
         }
         out.push_str(&format!("provider entry {e}\n"));
-        let mut t = Table::new(&[
-            "HOST",
-            "ADDRESS",
+        let mut header = vec!["HOST", "ADDRESS"];
+        if wide {
+            header.push("HOSTNAME");
+        }
+        header.extend([
             "STATE",
             "LATENCY",
             "LIBVIRT",
@@ -398,10 +425,13 @@ pub fn render(rows: &[HostRow]) -> String {
             "MISSING",
             "ERROR",
         ]);
+        let mut t = Table::new(&header);
         for r in rows.iter().filter(|r| r.entry == *e) {
-            t.row(vec![
-                r.host.clone(),
-                r.address.clone(),
+            let mut row = vec![r.host.clone(), r.address.clone()];
+            if wide {
+                row.push(r.hostname.clone().unwrap_or_else(|| "-".into()));
+            }
+            row.extend([
                 r.state.to_owned(),
                 r.latency_ms
                     .map_or_else(|| "-".into(), |ms| format!("{ms:.1}ms")),
@@ -430,9 +460,16 @@ pub fn render(rows: &[HostRow]) -> String {
                 dash_join(&r.missing),
                 r.error.as_deref().map_or_else(
                     || "-".into(),
-                    |e| egress_core::model::truncate(e, TABLE_ERROR_CHARS),
+                    |e| {
+                        if wide {
+                            e.to_owned()
+                        } else {
+                            egress_core::model::truncate(e, TABLE_ERROR_CHARS)
+                        }
+                    },
                 ),
             ]);
+            t.row(row);
         }
         out.push_str(&t.render());
     }
@@ -526,7 +563,7 @@ mod tests {
         ];
         let mut h2 = r("home", "h2", "Ready", None);
         h2.addresses = vec![AddressRow::of(&usage("IPv4", 2, 2))];
-        let out = render(&[h1, h2, r("home", "h3", "Ready", None)]);
+        let out = render(&[h1, h2, r("home", "h3", "Ready", None)], false);
         assert!(out.contains("ADDRESSES"), "{out}");
         assert!(out.contains("IPv4 3/14 held, IPv6 3/2^64 held"), "{out}");
         assert!(out.contains("IPv4 2/2 held (exhausted)"), "{out}");
@@ -540,11 +577,12 @@ mod tests {
     #[test]
     fn each_entry_gets_a_table_and_failing_hosts_get_their_full_error() {
         let long = "x".repeat(200);
-        let out = render(&[
+        let rows = [
             r("home", "h1", "Ready", None),
             r("home", "h2", "Unreachable", Some(&long)),
             r("lab", "h1", "Ready", None),
-        ]);
+        ];
+        let out = render(&rows, false);
         assert!(out.contains("provider entry home\n"), "{out}");
         assert!(out.contains("provider entry lab\n"), "{out}");
         assert!(out.contains("10.0 GiB (reserve 5 GiB)"), "{out}");
@@ -555,6 +593,19 @@ mod tests {
             "{out}"
         );
         assert_eq!(out.matches(&long).count(), 1, "{out}");
+        assert!(!out.contains("HOSTNAME"), "{out}");
+        // Wide: the host's own name, and the error whole in the table too.
+        let mut named = rows;
+        if let Some(h1) = named.first_mut() {
+            h1.hostname = Some("kvm-01.example".into());
+        }
+        let wide = render(&named, true);
+        assert!(
+            wide.contains("HOST  ADDRESS       HOSTNAME        STATE"),
+            "{wide}"
+        );
+        assert!(wide.contains("kvm-01.example"), "{wide}");
+        assert_eq!(wide.matches(&long).count(), 2, "{wide}");
     }
 
     #[test]
@@ -564,7 +615,7 @@ mod tests {
             "storage pool egress-proxies (hosts[local].pool)".into(),
             "network default (hosts[local].network)".into(),
         ];
-        let out = render(&[row]);
+        let out = render(&[row], false);
         assert!(
             out.contains("hint: create it on the host: virsh pool-define-as egress-proxies dir"),
             "{out}"

@@ -297,9 +297,12 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
             }
             continue;
         }
-        total_budget -= 1;
+        // NB: saturating, though `allowed` keeps both positive: were that check ever wrong, the
+        // removal beyond the budget shows in the property tests' budget assertions in every
+        // build, not as an overflow panic in debug builds only.
+        total_budget = total_budget.saturating_sub(1);
         if m.available {
-            available_budget -= 1;
+            available_budget = available_budget.saturating_sub(1);
         }
         delete(&mut d, m, cause);
         if p.keep_addresses {

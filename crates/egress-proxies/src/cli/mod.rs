@@ -234,11 +234,14 @@ fn accepts(cmd: &Command) -> output::Accepts {
     let (command, formats, prints) = match cmd {
         Command::Version => ("version", NO_TABLE, "prints no table"),
         Command::Check(a) => return a.accepts(),
-        Command::Images(_) => (
+        Command::Images(images::ImagesCommand::Prefetch(_)) => (
             "images prefetch",
             NO_TABLE,
             "prints one line per host, no table",
         ),
+        Command::Images(images::ImagesCommand::Gc(_)) => {
+            ("images gc", NO_TABLE, "prints a report, no table")
+        }
         Command::Standalone(_) => (
             "standalone",
             NO_TABLE,

@@ -593,7 +593,7 @@ async fn create_secret_labelled(w: &World, name: &str, labels: Value) {
     let s: Secret = serde_json::from_value(json!({
         "metadata": {"name": name, "labels": labels},
         "stringData": {},
-        "data": {"username": "dXNlcjE=", "password": "UGFzc3cwcmQ="},
+        "data": {"username": "dXNlcjE=", "password": "UGFzc3cwcmQtc2l4dGVlbi1jaGFycw=="},
     }))
     .unwrap();
     Api::<Secret>::namespaced(w.api.client("default"), "default")
@@ -992,8 +992,12 @@ async fn the_driver_calls_exactly_the_apis_its_rbac_table_grants() {
             "update".into(),
         ));
     }
+    // NB: the kube-system namespace is read by `run` (the binary's entry) before it calls
+    // `run_with`, which this test drives: that call is made by the real binary
+    // (crates/egress-proxies/tests/kube_process.rs), not here.
     let table: BTreeSet<(String, String, String)> = API_ACCESS
         .iter()
+        .filter(|a| a.resource != egress_kube::rbac::NAMESPACES.resource)
         .flat_map(|a| {
             a.verbs
                 .iter()

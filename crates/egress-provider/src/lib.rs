@@ -2,10 +2,10 @@
 //! implementation. Nothing here depends on Kubernetes.
 
 pub mod bases;
+pub mod denylist;
 pub mod error;
 pub mod libvirt;
 pub mod model;
-pub mod pins;
 pub mod provider;
 
 pub use error::{ErrorClass, ProviderError, Result};

@@ -83,11 +83,4 @@ pub trait Provider: Send + Sync {
         let _ = settings;
         Vec::new()
     }
-
-    /// Hands the provider the fleet's pinned addresses: an address a Proxy pins is never
-    /// given to a Proxy that pins none. Called by the controller with every provider it is
-    /// given; the default (a provider without declared addresses) ignores it.
-    fn use_pinned_addresses(&self, pins: std::sync::Arc<crate::pins::PinnedAddresses>) {
-        let _ = pins;
-    }
 }

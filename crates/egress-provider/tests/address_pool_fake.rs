@@ -3,7 +3,7 @@
 //! seed's network-config; concurrent creates never share one; a restarted provider rebuilds
 //! the allocations from the marks (other entries' and installations' included) before
 //! allocating; an address comes back only after the instance holding it is deleted; a pinned
-//! address taken or outside the pool is Permanent naming the holder or the ranges; an
+//! address taken or outside the pool is Permanent naming the address (never its holder) or the ranges; an
 //! exhausted pool is QuotaExceeded naming host and family, and nothing is defined for it. A
 //! delete that fails, or a failed create whose cleanup could not remove its domain, leaves
 //! the address held: another Proxy asking for it is refused until the domain is gone.
@@ -84,7 +84,12 @@ fn host(ranges: &[String]) -> HostConfig {
             }),
             ipv6: None,
             dns: vec!["203.0.113.53".into()],
+            access: None,
+            hold_released: egress_provider::libvirt::address_pool::DEFAULT_HOLD_RELEASED,
         }),
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     }
 }
 
@@ -133,6 +138,8 @@ impl Setup {
             defaults: Default::default(),
             limits: Default::default(),
             policy: Default::default(),
+            access: None,
+            quotas: Default::default(),
         };
         let pool = HostPool::new(
             entry,
@@ -169,6 +176,8 @@ fn request(u: ProxyUid, pinned: &[&str]) -> CreateRequest {
         vcpus: 1,
         user_data: "#cloud-config\n{}\n".into(),
         pinned_egress: pinned.iter().map(|s| s.parse().unwrap()).collect(),
+        reserved: Vec::new(),
+        lift_internal: true,
     }
 }
 
@@ -336,7 +345,7 @@ async fn an_address_comes_back_only_after_its_instance_is_deleted() {
 }
 
 #[tokio::test]
-async fn a_pinned_address_is_given_exactly_or_refused_naming_the_holder_or_the_ranges() {
+async fn a_pinned_address_is_given_exactly_or_refused_naming_the_address_or_the_ranges() {
     let (s, _srv) = setup(&["203.0.113.10-203.0.113.20"]).await;
     let p = s.provider();
     let a = create(&p, uid(1), &["203.0.113.15"]).await.unwrap();
@@ -344,9 +353,12 @@ async fn a_pinned_address_is_given_exactly_or_refused_naming_the_holder_or_the_r
     assert_eq!(s.mark_addresses(&uid(1)), a.egress);
     let e = create(&p, uid(2), &["203.0.113.15"]).await.unwrap_err();
     assert_eq!(e.class, ErrorClass::Permanent, "{e}");
+    // The holder may be another tenant's instance: it is not named.
     assert!(
-        e.message.contains("203.0.113.15") && e.message.contains(&names::domain(ENTRY, &uid(1))),
-        "names the holder: {}",
+        e.message.contains("203.0.113.15")
+            && e.message.contains("another instance")
+            && !e.message.contains(&uid(1).simple().to_string()),
+        "names the address, not the holder: {}",
         e.message
     );
     assert!(s.fake.domain(&names::domain(ENTRY, &uid(2))).is_none());
@@ -386,67 +398,20 @@ async fn a_failed_create_that_left_no_domain_holds_nothing() {
     assert_eq!(b.egress, vec![ip("203.0.113.10")]);
 }
 
-#[tokio::test]
-async fn an_unpinned_proxy_never_takes_an_address_another_proxy_pins() {
-    let (s, _srv) = setup(&["203.0.113.10-203.0.113.12"]).await;
-    let p = s.provider();
-    let pins = Arc::new(egress_provider::pins::PinnedAddresses::new());
-    p.use_pinned_addresses(pins.clone());
-    // Proxy 9 pins the pool's lowest address; it is not created yet.
-    pins.set(uid(9), &[ip("203.0.113.10")]);
-    let a = create(&p, uid(1), &[]).await.unwrap();
-    assert_eq!(
-        a.egress,
-        vec![ip("203.0.113.11")],
-        "the pinned .10 is skipped"
-    );
-    let b = create(&p, uid(2), &[]).await.unwrap();
-    assert_eq!(b.egress, vec![ip("203.0.113.12")]);
-    // Only the pinned address is left: an unpinned Proxy is refused (quota), saying so, and
-    // nothing is defined for it.
-    let e = create(&p, uid(3), &[]).await.unwrap_err();
-    assert_eq!(e.class, ErrorClass::QuotaExceeded, "{e}");
-    assert!(s.fake.domain(&names::domain(ENTRY, &uid(3))).is_none());
-    // The Proxy pinning it gets it.
-    let pinned = create(&p, uid(9), &["203.0.113.10"]).await.unwrap();
-    assert_eq!(pinned.egress, vec![ip("203.0.113.10")]);
-    // A pin that goes away frees its address for anyone once its holder is deleted.
-    pins.remove(&uid(9));
-    p.delete("h1", &uid(9)).await.unwrap();
-    let c = create(&p, uid(3), &[]).await.unwrap();
-    assert_eq!(c.egress, vec![ip("203.0.113.10")]);
-}
-
-#[tokio::test]
-async fn while_the_pins_are_not_all_known_no_unpinned_address_is_given() {
-    let (s, _srv) = setup(&["203.0.113.10-203.0.113.12"]).await;
-    let p = s.provider();
-    let pins = Arc::new(egress_provider::pins::PinnedAddresses::new());
-    p.use_pinned_addresses(pins.clone());
-    pins.set_ready(false);
-    let e = create(&p, uid(1), &[]).await.unwrap_err();
-    assert_eq!(e.class, ErrorClass::Transient, "{e}");
-    assert!(e.message.contains("pinned egress address"), "{e}");
-    assert!(s.fake.domain(&names::domain(ENTRY, &uid(1))).is_none());
-    // A pinned create needs no unpinned address: it goes ahead.
-    let pinned = create(&p, uid(2), &["203.0.113.12"]).await.unwrap();
-    assert_eq!(pinned.egress, vec![ip("203.0.113.12")]);
-    pins.set_ready(true);
-    assert_eq!(
-        create(&p, uid(1), &[]).await.unwrap().egress,
-        vec![ip("203.0.113.10")]
-    );
-}
-
-/// Another Proxy (B) asking for the pool's only address, .10, is refused: pinned, naming the
-/// holder `holder`'s domain; unpinned, QuotaExceeded. Nothing is defined for B, and the host
+/// Another Proxy (B) asking for the pool's only address, .10, is refused: pinned, saying it
+/// is held without naming the holder `holder`'s domain (another tenant's); unpinned, QuotaExceeded. Nothing is defined for B, and the host
 /// reports the address held.
 async fn refused_while_held(s: &Setup, p: &LibvirtProvider, holder: ProxyUid, b: ProxyUid) {
     let e = create(p, b, &["203.0.113.10"]).await.unwrap_err();
     assert_eq!(e.class, ErrorClass::Permanent, "{e}");
     assert!(
-        e.message.contains(&names::domain(ENTRY, &holder)),
-        "names the holder: {}",
+        e.message.contains("already held"),
+        "says why: {}",
+        e.message
+    );
+    assert!(
+        !e.message.contains(&names::domain(ENTRY, &holder)),
+        "names no other tenant's domain: {}",
         e.message
     );
     let e = create(p, b, &[]).await.unwrap_err();

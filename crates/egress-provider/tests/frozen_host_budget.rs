@@ -78,6 +78,9 @@ fn setup() -> (FakeLibvirt, LibvirtProvider, ProviderId) {
         max_concurrent: 4,
         guest_cidr: Vec::new(),
         address_pool: None,
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     };
     let entry = LibvirtEntry {
         name: ENTRY.into(),
@@ -90,6 +93,8 @@ fn setup() -> (FakeLibvirt, LibvirtProvider, ProviderId) {
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        access: Default::default(),
+        quotas: Default::default(),
     };
     let pool = HostPool::new(
         entry,

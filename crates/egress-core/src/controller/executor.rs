@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use egress_provider::model::{HostReport, Instance, InstanceState, OwnedInstance, ProxyUid};
-use egress_provider::pins::PinnedAddresses;
 use tokio_util::task::TaskTracker;
 
 use crate::model::ProxyStatus;
@@ -51,9 +50,9 @@ pub(super) struct Inner {
     /// The declared egress addresses each Proxy's instance held at the provider's last report
     /// of it (see [`Controller::declared_egress`]); no entry when it holds none.
     pub(super) declared: Mutex<HashMap<ProxyUid, Vec<IpAddr>>>,
-    /// The egress addresses each Proxy pins, handed to every provider (see
-    /// [`Controller::pinned_addresses`]).
-    pub(super) pins: Arc<PinnedAddresses>,
+    /// Whether the driver has shown every Proxy's pins (see [`Controller::set_pins_known`]):
+    /// until then no create that pins nothing is started.
+    pub(super) pins_known: AtomicBool,
 }
 
 impl Inner {
@@ -117,8 +116,6 @@ impl fmt::Debug for Controller {
 impl Controller {
     /// A controller over `providers` with `settings`. No I/O.
     pub fn new(providers: Arc<Providers>, settings: ControllerSettings) -> Self {
-        let pins = Arc::new(PinnedAddresses::new());
-        hand_pins(&providers, &pins);
         Self {
             inner: Arc::new(Inner {
                 providers: RwLock::new(providers),
@@ -132,24 +129,39 @@ impl Controller {
                 waker: RwLock::new(None),
                 verified: Mutex::new(HashMap::new()),
                 declared: Mutex::new(HashMap::new()),
-                pins,
+                pins_known: AtomicBool::new(true),
             }),
         }
     }
 
-    /// The egress addresses Proxies pin, as this controller knows them: every Proxy it
-    /// reconciled with its current `spec.egress.address` (a forgotten one's are dropped).
-    /// Every provider gets it, and gives a pinned address only to the Proxy pinning it. A
-    /// driver that learns its Proxies in batches may prime it with
-    /// [`note_pins`](Self::note_pins) before any reconcile, and hold allocations of unpinned
-    /// addresses with [`PinnedAddresses::set_ready`] until it has seen them all.
-    pub fn pinned_addresses(&self) -> Arc<PinnedAddresses> {
-        Arc::clone(&self.inner.pins)
+    /// Records the addresses `obj` pins (what every reconcile of it does too), so a Proxy
+    /// that pins nothing never takes them (see [`super::reservations`]). A driver that learns
+    /// its Proxies in batches calls it for each before any is reconciled. O(its pins).
+    pub fn note_pins(&self, obj: &super::ProxyObject) {
+        self.note_pins_of(
+            &obj.spec.provider,
+            obj.uid,
+            &obj.namespace,
+            &obj.spec.egress.pinned(),
+        );
     }
 
-    /// Records the addresses `obj` pins (what every reconcile of it does too). O(its pins).
-    pub fn note_pins(&self, obj: &super::ProxyObject) {
-        self.inner.pins.set(obj.uid, &obj.spec.egress.pinned());
+    /// [`note_pins`](Self::note_pins) from a Proxy's parts: `uid` (namespace `ns`) pins
+    /// `pins` in provider entry `entry` (nothing is recorded for an unknown entry).
+    pub fn note_pins_of(&self, entry: &str, uid: ProxyUid, ns: &str, pins: &[std::net::IpAddr]) {
+        if self.providers().get(entry).is_none() {
+            return;
+        }
+        lock(&self.inner.state)
+            .reservations
+            .register(entry, uid, ns, pins);
+    }
+
+    /// Tells whether the driver has shown every Proxy's pins ([`note_pins`](Self::note_pins)):
+    /// while it has not (a watch listing), a create that pins no address waits, so it never
+    /// takes an address a Proxy not seen yet pins. Known from the start unless set otherwise.
+    pub fn set_pins_known(&self, known: bool) {
+        self.inner.pins_known.store(known, Ordering::SeqCst);
     }
 
     /// Sets the driver's waker: called with a Proxy's UID when its create or delete finished
@@ -169,7 +181,6 @@ impl Controller {
     /// started with; latched failures of an entry whose digest changed are released on the
     /// next reconcile.
     pub fn set_providers(&self, providers: Arc<Providers>) {
-        hand_pins(&providers, &self.inner.pins);
         let mut p = self
             .inner
             .providers
@@ -273,6 +284,32 @@ impl Controller {
         }
     }
 
+    /// Whether any entry's `access` (or a host's, or an address pool's) uses a
+    /// `namespaceSelector`: only then does a driver need to read namespaces' labels.
+    pub fn uses_namespace_selectors(&self) -> bool {
+        self.providers().iter().any(|h| {
+            let c = &h.config;
+            let sel = |n: &Option<egress_provider::libvirt::config::Namespaces>| {
+                n.as_ref().is_some_and(|n| n.namespace_selector.is_some())
+            };
+            c.access.as_ref().is_some_and(|a| {
+                a.namespace_selector.is_some()
+                    || sel(&a.url_images)
+                    || sel(&a.internal_cidrs)
+                    || sel(&a.address_pools)
+            }) || c.hosts.iter().any(|host| {
+                sel(&host.access) || host.address_pool.as_ref().is_some_and(|p| sel(&p.access))
+            })
+        })
+    }
+
+    /// The entry's `quotas.maxPoolReplicas`, when the entry exists.
+    pub fn max_pool_replicas(&self, entry: &str) -> Option<u32> {
+        self.providers()
+            .get(entry)
+            .map(|h| h.config.quotas.max_pool_replicas)
+    }
+
     /// The hosts of `entry` in config order with their last recorded health report (what
     /// [`Controller::record_host_reports`] learnt), as the pool decision takes them; empty
     /// when the entry does not exist.
@@ -372,13 +409,14 @@ impl Controller {
             op.abort.abort();
         }
         st.clear_location(uid);
+        st.set_size(*uid, None);
+        st.reservations.forget_all(uid);
         st.created.remove(uid);
         st.forget_waiter(uid);
         st.strays.remove(uid);
         drop(st);
         lock(&self.inner.verified).remove(uid);
         lock(&self.inner.declared).remove(uid);
-        self.inner.pins.remove(uid);
     }
 
     /// Counters for `/metrics`.
@@ -419,9 +457,3 @@ impl Controller {
     }
 }
 
-/// Hands the fleet's pinned addresses to every provider of `providers`.
-fn hand_pins(providers: &Providers, pins: &Arc<PinnedAddresses>) {
-    for h in providers.iter() {
-        h.provider.use_pinned_addresses(Arc::clone(pins));
-    }
-}

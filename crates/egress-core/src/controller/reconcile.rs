@@ -71,7 +71,6 @@ impl Controller {
         now: SystemTime,
     ) -> Outcome {
         let settings = &self.inner.settings;
-        self.note_pins(obj);
         let providers = self.providers();
         // A Proxy being deleted is deleted where its instance is, even if spec.provider was
         // edited since (the edit itself is refused by `decide`).

@@ -13,8 +13,7 @@
 //!   reported, and the address stays with the first;
 //! - a pinned address is given only if it is one of the pool's allocatable addresses and free
 //!   (else [`AllocError::Taken`] naming the holder, or [`AllocError::OutsidePool`] naming the
-//!   ranges); with [`HostAddresses::allocate_unreserved`], a free address another Proxy pins
-//!   is never handed to a holder that does not pin it;
+//!   ranges);
 //! - fresh addresses (never handed out since the operator started) go first, in ascending
 //!   order, then released ones, lowest first: an address a just-deleted proxy used (perhaps
 //!   rotated away from because it was banned) is reused last;
@@ -46,8 +45,8 @@ pub enum AllocError {
         /// The pool's ranges, as `a-b` joined with `, ` (or "none for this family").
         ranges: String,
     },
-    /// Every address of the family is held (or pinned by another Proxy).
-    #[error("the host's {family} address pool is exhausted ({size} addresses, all held or pinned)")]
+    /// Every address of the family is held.
+    #[error("the host's {family} address pool is exhausted ({size} addresses, all held)")]
     Exhausted {
         /// `IPv4` or `IPv6`.
         family: &'static str,
@@ -112,10 +111,8 @@ impl Family {
         }
     }
 
-    /// The next never-handed-out address that is neither held nor `reserved`, advancing the
-    /// cursor past it; a reserved free address passed on the way goes to `released`, so it
-    /// is handed out once no longer reserved.
-    fn take_fresh(&mut self, reserved: &dyn Fn(u128) -> bool) -> Option<u128> {
+    /// The next never-handed-out address that is not held, advancing the cursor past it.
+    fn take_fresh(&mut self) -> Option<u128> {
         loop {
             let (i, v) = self.cursor;
             let (_, end) = *self.pool.ranges.get(i)?;
@@ -130,14 +127,9 @@ impl Family {
             }
             // NB: v < u128::MAX here (it is ≤ end), so +1 cannot overflow.
             self.cursor = (i, v + 1);
-            if self.held.contains_key(&v) {
-                continue;
+            if !self.held.contains_key(&v) {
+                return Some(v);
             }
-            if reserved(v) {
-                self.released.insert(v);
-                continue;
-            }
-            return Some(v);
         }
     }
 
@@ -285,19 +277,18 @@ impl HostAddresses {
         v4: bool,
         pinned: Option<IpAddr>,
     ) -> Result<IpAddr, AllocError> {
-        self.allocate_unreserved(holder, v4, pinned, &|_| false)
+        self.allocate_avoiding(holder, v4, pinned, &[])
     }
 
-    /// [`allocate`](Self::allocate), where a free address `reserved` says another Proxy pins
-    /// is never handed out unpinned: only a holder pinning it gets it. Reserved free
-    /// addresses are skipped at a cost of O(those skipped) per allocation (they are few: a
-    /// pinned address is free only while its Proxy has no instance).
-    pub fn allocate_unreserved(
+    /// [`Self::allocate`], except that a free address chosen for a holder pinning nothing is
+    /// never one of `reserved` (pinned by other Proxies, or held for another namespace): those
+    /// are skipped, and stay free for their owners. Costs O(log n) per address skipped.
+    pub fn allocate_avoiding(
         &mut self,
         holder: &str,
         v4: bool,
         pinned: Option<IpAddr>,
-        reserved: &dyn Fn(IpAddr) -> bool,
+        reserved: &[IpAddr],
     ) -> Result<IpAddr, AllocError> {
         if let Some(p) = pinned {
             let f = self.family(p.is_ipv4());
@@ -324,21 +315,29 @@ impl HostAddresses {
             });
         };
         let like = f.pool.prefix.addr();
-        let is_reserved = |v: u128| reserved(from_num(like, v));
-        let v = match f.take_fresh(&is_reserved) {
-            Some(v) => v,
-            None => match f.released.iter().copied().find(|v| !is_reserved(*v)) {
-                Some(v) => {
-                    f.released.remove(&v);
-                    v
-                }
-                None => {
-                    return Err(AllocError::Exhausted {
-                        family: f.name(),
-                        size: f.pool.size(),
-                    });
-                }
-            },
+        let avoid: BTreeSet<u128> = reserved
+            .iter()
+            .filter(|a| a.is_ipv4() == v4)
+            .map(|a| num(*a))
+            .collect();
+        let mut skipped = Vec::new();
+        let found = loop {
+            let Some(v) = f.take_fresh().or_else(|| f.released.pop_first()) else {
+                break None;
+            };
+            if avoid.contains(&v) {
+                skipped.push(v);
+                continue;
+            }
+            break Some(v);
+        };
+        // Skipped addresses stay free (for their owners): back among the released ones.
+        f.released.extend(skipped);
+        let Some(v) = found else {
+            return Err(AllocError::Exhausted {
+                family: f.name(),
+                size: f.pool.size(),
+            });
         };
         let ip = from_num(like, v);
         self.record(holder, ip)

@@ -17,6 +17,8 @@ fn pool(v4_ranges: &[&str], v6_ranges: &[&str]) -> ParsedPool {
         ipv4: fam("203.0.113.0/28", "203.0.113.1", v4_ranges),
         ipv6: fam("2001:db8:1::/64", "2001:db8:1::1", v6_ranges),
         dns: vec![],
+        access: None,
+        hold_released: crate::libvirt::address_pool::DEFAULT_HOLD_RELEASED,
     }
     .parse()
     .unwrap()
@@ -43,43 +45,6 @@ fn fresh_addresses_go_in_ascending_order_once_each_and_asking_again_returns_the_
     );
     assert_eq!(a.free(true), 0);
     assert_eq!(a.holder_of(ip("203.0.113.3")), Some("p2"));
-}
-
-#[test]
-fn an_address_another_proxy_pins_is_never_handed_out_unpinned() {
-    let mut a = HostAddresses::new(&pool(&["203.0.113.2-203.0.113.5"], &[]));
-    let pinned = |x: IpAddr| x == ip("203.0.113.2") || x == ip("203.0.113.4");
-    // Fresh addresses skip the pinned ones.
-    assert_eq!(
-        a.allocate_unreserved("p1", true, None, &pinned),
-        Ok(ip("203.0.113.3"))
-    );
-    assert_eq!(
-        a.allocate_unreserved("p2", true, None, &pinned),
-        Ok(ip("203.0.113.5"))
-    );
-    // Only pinned ones are left: exhausted for an unpinned Proxy, saying why.
-    let e = a
-        .allocate_unreserved("p3", true, None, &pinned)
-        .unwrap_err();
-    assert!(e.to_string().contains("all held or pinned"), "{e}");
-    // The Proxy pinning one gets it.
-    assert_eq!(
-        a.allocate_unreserved("pinner", true, Some(ip("203.0.113.4")), &pinned),
-        Ok(ip("203.0.113.4"))
-    );
-    // Released addresses skip pinned ones too, and a pin that goes away frees its address.
-    a.release("p1");
-    let only_2 = |x: IpAddr| x == ip("203.0.113.2");
-    assert_eq!(
-        a.allocate_unreserved("p4", true, None, &only_2),
-        Ok(ip("203.0.113.3"))
-    );
-    assert_eq!(
-        a.allocate_unreserved("p5", true, None, &|_| false),
-        Ok(ip("203.0.113.2")),
-        "no longer pinned: handed out"
-    );
 }
 
 #[test]
@@ -162,7 +127,7 @@ fn a_restart_rebuilds_from_the_listing_before_allocating_and_reports_double_clai
     assert_eq!(a.allocate("p4", false, None), Ok(ip("2001:db8:1::10")));
     assert_eq!(
         a.allocate("p5", false, None).unwrap_err().to_string(),
-        "the host's IPv6 address pool is exhausted (2 addresses, all held or pinned)"
+        "the host's IPv6 address pool is exhausted (2 addresses, all held)"
     );
     assert_eq!(
         a.release("p1"),
@@ -269,4 +234,28 @@ fn random_sequences_never_double_allocate_and_keep_counts() {
             );
         }
     }
+}
+
+#[test]
+fn an_allocation_skips_reserved_addresses_and_they_stay_free_for_their_owners() {
+    let mut a = HostAddresses::new(&pool(&["203.0.113.2-203.0.113.4"], &[]));
+    let reserved = [ip("203.0.113.2"), ip("203.0.113.3")];
+    assert_eq!(
+        a.allocate_avoiding("p1", true, None, &reserved),
+        Ok(ip("203.0.113.4"))
+    );
+    assert_eq!(
+        a.allocate_avoiding("p2", true, None, &reserved),
+        Err(AllocError::Exhausted {
+            family: "IPv4",
+            size: 3
+        }),
+        "only reserved ones left"
+    );
+    // The owners (pinning them) still get them.
+    assert_eq!(
+        a.allocate_avoiding("owner", true, Some(ip("203.0.113.3")), &reserved),
+        Ok(ip("203.0.113.3"))
+    );
+    assert_eq!(a.allocate("p3", true, None), Ok(ip("203.0.113.2")));
 }

@@ -17,9 +17,6 @@
 //!   listing that started after the holder's last create ended no longer shows it
 //!   ([`AddressBook::apply_listing`]); a create in flight is never released by a listing,
 //!   whatever the listing saw;
-//! - **pinned addresses reserved**: with the fleet's pins ([`AddressBook::use_pins`]), an
-//!   address some Proxy pins goes only to a holder pinning it, and while the pins are not all
-//!   known yet no unpinned address is allocated (Transient);
 //! - a failed allocation holds nothing it did not hold before; its error names the host and
 //!   the pool's family (exhaustion: QuotaExceeded) or the holder or the ranges (a pinned
 //!   address taken or outside the pool: Permanent);
@@ -39,7 +36,6 @@ use super::hostpool::HostPool;
 use super::ops::list::{self, Claim};
 use crate::error::{ProviderError, Result};
 use crate::model::{AddressUsage, HostReport, HostState};
-use crate::pins::PinnedAddresses;
 
 /// One host's allocation state.
 #[derive(Debug)]
@@ -65,9 +61,6 @@ pub struct AddressBook {
     books: Mutex<HashMap<String, HostBook>>,
     /// One first listing per host at a time.
     rebuilding: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// The fleet's pinned addresses, when the controller handed them over: never given to a
-    /// holder that does not pin them.
-    pins: Mutex<Option<Arc<PinnedAddresses>>>,
 }
 
 /// A create in flight for a holder: while it lives, no listing releases the holder's
@@ -132,12 +125,6 @@ impl AddressBook {
             invalid,
             ..Self::default()
         }
-    }
-
-    /// From now on, an address `pins` says a Proxy pins is never allocated to a holder that
-    /// does not pin it (see [`HostAddresses::allocate_unreserved`]).
-    pub fn use_pins(&self, pins: Arc<PinnedAddresses>) {
-        *lock(&self.pins) = Some(pins);
     }
 
     /// The host's parsed pool; `Ok(None)` without one, Permanent when it is invalid.
@@ -248,6 +235,18 @@ impl AddressBook {
         holder: &str,
         pinned: &[IpAddr],
     ) -> Result<Option<InFlight<'_>>> {
+        self.allocate_avoiding(host, holder, pinned, &[])
+    }
+
+    /// [`Self::allocate`], never choosing one of `reserved` for a holder that pins nothing
+    /// (see [`HostAddresses::allocate_avoiding`](super::address_alloc::HostAddresses::allocate_avoiding)).
+    pub fn allocate_avoiding(
+        &self,
+        host: &str,
+        holder: &str,
+        pinned: &[IpAddr],
+        reserved: &[IpAddr],
+    ) -> Result<Option<InFlight<'_>>> {
         let Some(pool) = self.pool(host)? else {
             if let Some(p) = pinned.first() {
                 return Err(ProviderError::permanent(format!(
@@ -276,17 +275,6 @@ impl AddressBook {
                 }
             }
         }
-        let pins = lock(&self.pins).clone();
-        if let Some(p) = &pins
-            && !p.ready()
-            && fams.iter().any(|(_, pinned)| pinned.is_none())
-        {
-            return Err(ProviderError::transient(format!(
-                "not every Proxy's pinned egress address is known yet, so host {host}'s \
-                 address pool gives no unpinned address now; retrying"
-            )));
-        }
-        let reserved = |ip: IpAddr| pins.as_ref().is_some_and(|p| p.is_pinned(ip));
         let res = self.with_book(host, |b| {
             if !b.rebuilt {
                 return Err(ProviderError::transient(format!(
@@ -305,7 +293,7 @@ impl AddressBook {
                     // Its domain is gone (the caller's guarantee): the old one is free.
                     b.alloc.release(holder);
                 }
-                match b.alloc.allocate_unreserved(holder, *v4, *p, &reserved) {
+                match b.alloc.allocate_avoiding(holder, *v4, *p, reserved) {
                     Ok(a) => got.push(a),
                     Err(e) => {
                         if before.is_empty() {
@@ -417,12 +405,13 @@ fn alloc_error(host: &str, e: AllocError) -> ProviderError {
     match e {
         AllocError::Exhausted { family, size } => ProviderError::quota(format!(
             "host {host}'s {family} address pool is exhausted: all {size} addresses of \
-             addressPool.{} are held or pinned by other Proxies; free one (delete a Proxy on \
-             this host) or widen the ranges",
+             addressPool.{} are held; free one (delete a Proxy on this host) or widen the \
+             ranges",
             family.to_ascii_lowercase()
         )),
-        AllocError::Taken { address, holder } => ProviderError::permanent(format!(
-            "the pinned address {address} on host {host} is already held by domain {holder}"
+        // NB: the holder is another Proxy's instance, perhaps another tenant's: not named.
+        AllocError::Taken { address, .. } => ProviderError::permanent(format!(
+            "the pinned address {address} on host {host} is already held by another instance"
         )),
         AllocError::OutsidePool { address, ranges } => {
             let fam = family_name(address.is_ipv4()).to_ascii_lowercase();
@@ -455,6 +444,8 @@ mod tests {
             }),
             ipv6: None,
             dns: vec![],
+            access: None,
+            hold_released: crate::libvirt::address_pool::DEFAULT_HOLD_RELEASED,
         };
         let mut pools = HashMap::new();
         pools.insert("h1".to_owned(), pool.parse().unwrap());

@@ -103,7 +103,8 @@ fn lint_manifests(
         })
         .collect();
     for (p, _) in desired.proxies.values() {
-        if !entries.contains(&p.spec.provider.as_str()) {
+        let Some(egress_core::config::ProviderEntry::Libvirt(entry)) = cfg.entry(&p.spec.provider)
+        else {
             errors.push(format!(
                 "{}: Proxy {}: spec.provider {:?} is not an entry of the provider config (entries: {})",
                 p.file.display(),
@@ -111,9 +112,64 @@ fn lint_manifests(
                 p.spec.provider,
                 entries.join(", ")
             ));
+            continue;
+        };
+        // What the controller would refuse before creating anything: the namespace's
+        // entitlement, the spec against the entry, and the guest config the entry's policy
+        // renders (client networks within its caps, passwords of its minimum length).
+        for e in proxy_errors(p, entry) {
+            errors.push(format!("{}: Proxy {}: {e}", p.file.display(), p.key()));
         }
     }
     (desired.proxies.len(), errors)
+}
+
+/// Every error the controller would report for `p` on `entry` before creating anything, each
+/// naming its field path.
+fn proxy_errors(
+    p: &egress_standalone::manifests::LoadedProxy,
+    entry: &egress_provider::libvirt::config::LibvirtEntry,
+) -> Vec<String> {
+    use egress_core::controller::decide::{entitlement_errors, lifts_internal, spec_errors};
+    let obj = egress_core::controller::ProxyObject {
+        namespace: p.namespace.clone(),
+        name: p.name.clone(),
+        uid: p.uid,
+        generation: 1,
+        spec: p.spec.clone(),
+        deleting: false,
+        credentials: p
+            .credentials
+            .as_ref()
+            .map(|c| egress_core::controller::ProxyCredentials {
+                username: c.username.clone(),
+                password: c.password.clone(),
+            }),
+        namespace_labels: None,
+    };
+    let errs = entitlement_errors(&obj, entry);
+    if !errs.is_empty() {
+        return errs;
+    }
+    let errs = spec_errors(&obj, entry);
+    if !errs.is_empty() {
+        return errs;
+    }
+    let mut policy = entry.policy.clone();
+    if !lifts_internal(&obj, entry) {
+        policy.allowed_internal_cidrs.clear();
+    }
+    let rendered = egress_core::proxy_policy::GuestPolicy::for_proxy(
+        &policy,
+        &obj.spec.proxy.allowed_destinations,
+        &[],
+    )
+    .map_err(|e| e.join("; "))
+    .and_then(|g| {
+        egress_core::controller::userdata::render(&obj.spec.proxy, obj.credentials.as_ref(), &g)
+            .map_err(|e| e.to_string())
+    });
+    rendered.err().into_iter().collect()
 }
 
 /// One host's result as printed by `--json`.

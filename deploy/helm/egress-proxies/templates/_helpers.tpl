@@ -137,12 +137,21 @@ namespace is watched.
   resources: ["events"]
   verbs: ["create", "patch"]
 - apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["create", "get"]
-- apiGroups: [""]
   resources: ["services"]
   verbs: ["create", "delete", "get", "list", "patch"]
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["create", "delete", "get", "list", "patch"]
+{{- end -}}
+
+{{/*
+The namespaces whose Secrets the operator may read (by name) and create: `secretNamespaces`,
+else the watched namespace when one is set, else none. Never cluster-wide.
+*/}}
+{{- define "egress-proxies.secretNamespaces" -}}
+{{- $ns := .Values.secretNamespaces -}}
+{{- if and (not $ns) .Values.watchNamespace -}}
+{{- $ns = list .Values.watchNamespace -}}
+{{- end -}}
+{{- toJson (uniq $ns) -}}
 {{- end -}}

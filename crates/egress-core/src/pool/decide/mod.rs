@@ -225,9 +225,13 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
     } else {
         fresh.len()
     };
+    // Quarantined members count against the entry's quota (`max_members`): replacing them
+    // never grows the pool past it.
+    let max_members = usize::try_from(p.max_members).unwrap_or(usize::MAX);
     let wanted = replicas
         .saturating_sub(occupied)
-        .min(max_total.saturating_sub(remaining.len() + held + pinned.len()));
+        .min(max_total.saturating_sub(remaining.len() + held + pinned.len()))
+        .min(max_members.saturating_sub(remaining.len() + r.quarantined + held + pinned.len()));
     let placed = place::place(
         wanted,
         p,

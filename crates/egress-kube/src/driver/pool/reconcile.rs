@@ -148,7 +148,14 @@ async fn reconcile_inner(
     let generation = pool.meta().generation.unwrap_or(0);
     let current = pool.status.clone().unwrap_or_default();
     let spec = &pool.spec.0;
-    let validated = spec.validate();
+    // Bound by its entry's quotas.maxPoolReplicas (quarantined members count).
+    let validated =
+        spec.validate().and_then(
+            |p| match ctx.core.max_pool_replicas(&spec.template.provider) {
+                Some(max) => p.within_quota(max).map_err(|e| vec![e]),
+                None => Ok(p),
+            },
+        );
     let errors: Vec<String> = validate_pool_name(name)
         .into_iter()
         .chain(validated.clone().err().unwrap_or_default())

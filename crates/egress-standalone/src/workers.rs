@@ -152,6 +152,9 @@ impl HostCheckDriver for Shared {
             None => host_checks::timeout_reports(&check),
         };
         self.controller.record_host_reports(&entry, &reports);
+        if let Some(engine) = &self.health {
+            engine.hosts_reported(&entry, &reports);
+        }
         let mut hosts = lock(&self.hosts);
         let mut full = lock(&self.host_health);
         for row in rows {

@@ -349,9 +349,11 @@ pub struct HealthArgs {
         requires = "health_target"
     )]
     pub health_target_ipv6: Option<String>,
-    /// Pause between health rounds (a random jitter of up to 10% is added).
+    /// Pause between health rounds (a random jitter of up to 10% is added). A failed check
+    /// is re-checked at once and two failures unpublish a proxy: with 5s, a proxy that
+    /// stopped answering is unpublished within 10 s.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
-          default_value = "30s")]
+          default_value = "5s")]
     pub health_interval: std::time::Duration,
     /// Health probes in flight at once.
     #[arg(long, value_name = "N", default_value_t = egress_core::health::DEFAULT_CONCURRENCY)]

@@ -9,7 +9,9 @@
 //! the fault (sampled every 250 ms; it must be gone within the documented detection bound,
 //! 10 s, plus the sampling step) and waits for autohealing (`unhealthyAfter: 30s`) to bring
 //! the pool back to 2 healthy members without the faulty one, whose domain must be gone.
-//! Removing the manifest then leaves no domain of the entry.
+//! Then `egress-proxies pools quarantine` holds a member out: it leaves healthy.txt, is
+//! replaced, and its VM is kept until `pools release`, which deletes it. Removing the
+//! manifest then leaves no domain of the entry.
 //!
 //! Isolation and resources as in `e2e_real_guest.rs` (finding M19): the test re-executes
 //! itself inside libvirtd's network namespace; every name is unique and printed before it
@@ -436,6 +438,84 @@ async fn inside_the_namespace() {
         cleanup::virsh_ok(&["suspend", domain]);
     })
     .await;
+
+    // Quarantine by hand (`pools quarantine`): the member leaves healthy.txt and is
+    // replaced, its VM kept; `pools release` deletes it.
+    let m = two_healthy(listen, None, FIRST_BUDGET, &op).await;
+    let (held, rec) = m.iter().next().unwrap();
+    let (endpoint, domain) = (rec.endpoint.clone().unwrap(), rec.domain.clone().unwrap());
+    let pools = |args: &[&str]| {
+        let o = Command::new(&bin)
+            .arg("pools")
+            .args(args)
+            .arg("--proxies")
+            .arg(&dir)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        println!("eptest: pools {args:?}: {out}");
+        assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+        out
+    };
+    let t3 = Instant::now();
+    let out = pools(&["quarantine", POOL_NAME, held, "--reason", "inspect its disk"]);
+    assert!(out.contains("quarantined (inspect its disk)"), "{out}");
+    loop {
+        let body = get(listen, &format!("/pools/{POOL_NAME}/healthy.txt"))
+            .await
+            .unwrap_or_default();
+        if !body.lines().any(|l| l == endpoint) {
+            break;
+        }
+        assert!(
+            t3.elapsed() < Duration::from_secs(30),
+            "quarantined {held} still published\n{}",
+            op.log_tail()
+        );
+        tokio::time::sleep(SAMPLE).await;
+    }
+    println!(
+        "eptest: timing: quarantine → unpublished {:.2} s",
+        t3.elapsed().as_secs_f64()
+    );
+    // Replaced: two healthy members besides it, and its VM still there.
+    let t4 = Instant::now();
+    loop {
+        let m = members(listen).await.unwrap_or_default();
+        let others = m
+            .iter()
+            .filter(|(n, x)| *n != held && x.available && !x.deleting)
+            .count();
+        if others == 2 && m.contains_key(held) {
+            break;
+        }
+        assert!(
+            t4.elapsed() < HEAL_BUDGET,
+            "no replacement for the quarantined {held}: {m:?}\n{}",
+            op.log_tail()
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    assert!(
+        cleanup::domain_names().contains(&domain),
+        "the quarantined member's domain {domain} must be kept"
+    );
+    println!(
+        "eptest: timing: quarantine → replacement healthy {:.1} s, {domain} kept",
+        t3.elapsed().as_secs_f64()
+    );
+    let out = pools(&["release", POOL_NAME, held]);
+    assert!(out.contains("released"), "{out}");
+    let t5 = Instant::now();
+    while cleanup::domain_names().contains(&domain) {
+        assert!(
+            t5.elapsed() < Duration::from_secs(180),
+            "released {held}: domain {domain} left\n{}",
+            op.log_tail()
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    two_healthy(listen, Some(held), HEAL_BUDGET, &op).await;
 
     // Removing the manifest deletes every member's VM.
     std::fs::remove_file(dir.join("heal.yaml")).unwrap();

@@ -50,6 +50,7 @@ mod loops;
 pub mod manifests;
 pub mod pool_manifests;
 pub mod pools;
+pub mod quarantine;
 mod queue;
 mod shared;
 mod timers;

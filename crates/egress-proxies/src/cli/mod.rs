@@ -24,6 +24,7 @@ mod images_gc;
 mod kubernetes;
 mod messages;
 mod output;
+mod pools;
 mod progress;
 mod standalone;
 mod status;
@@ -105,6 +106,10 @@ pub enum Command {
     /// SIGTERM or SIGINT (exit 0). A rejected config or manifest directory is exit 2.
     #[command(after_help = AFTER_HELP)]
     Standalone(standalone::StandaloneArgs),
+    /// Quarantine or release a member of a standalone ProxyPool (edits the pool's
+    /// quarantine file beside its manifest; the running operator acts on its next round).
+    #[command(subcommand)]
+    Pools(pools::PoolsCommand),
     /// Show the Proxies of a running `standalone` as a table.
     ///
     /// Reads GET /status from --server. Exit 1 when nothing answers there or a Proxy is
@@ -219,6 +224,7 @@ async fn dispatch(cmd: Command) -> anyhow::Result<u8> {
         Command::Images(c) => images::run(c).await,
         Command::Standalone(a) => standalone::run(a).await,
         Command::Status(a) => status::run(a).await,
+        Command::Pools(c) => pools::run(c),
         Command::Gc(a) => gc::run(a).await,
         Command::Echo(a) => echo::run(a).await,
         Command::Crds(a) => crds::run(a),
@@ -248,6 +254,7 @@ fn accepts(cmd: &Command) -> output::Accepts {
             "prints no table (for JSON logs: --log-format json)",
         ),
         Command::Status(_) => ("status", ALL, "prints a table"),
+        Command::Pools(_) => ("pools", NO_TABLE, "prints one line, no table"),
         Command::Gc(_) => ("gc", NO_TABLE, "prints a report, no table"),
         Command::Echo(_) => (
             "echo",

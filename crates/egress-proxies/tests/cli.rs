@@ -611,6 +611,49 @@ async fn images_gc_removes_only_bases_nothing_uses_and_lists_the_pool_before_and
 }
 
 /// A 127.0.0.1 port nothing listens on (bound, read, closed).
+#[test]
+fn pools_quarantine_and_release_edit_the_pools_file_and_refuse_an_unknown_member() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(".default.web.pool-members.json"),
+        r#"{"members":[{"name":"web-a","host":"h1","templateHash":"x","created":"2026-01-01T00:00:00Z"}]}"#,
+    )
+    .unwrap();
+    let file = || std::fs::read_to_string(dir.path().join("default.web.quarantine")).unwrap();
+    let d = dir.path().to_str().unwrap();
+    let o = run(&[
+        "pools",
+        "quarantine",
+        "--proxies",
+        d,
+        "web",
+        "web-a",
+        "--reason",
+        "inspect it",
+    ]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(stdout(&o).contains("quarantined (inspect it)"), "{}", stdout(&o));
+    assert_eq!(file(), "web-a inspect it\n");
+    let o = run(&["-o", "json", "pools", "release", "--proxies", d, "web", "web-a"]);
+    assert_eq!(o.status.code(), Some(0));
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(doc["changed"], true);
+    assert_eq!(doc["quarantined"], false);
+    assert_eq!(file(), "");
+    let o = run(&["pools", "quarantine", "--proxies", d, "web", "web-z"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("no member \"web-z\" (its members: web-a)"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["pools", "release", "--proxies", d, "nope", "web-a"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("pool default/nope has no members"), "{}", stderr(&o));
+    let o = run(&["-o", "wide", "pools", "release", "--proxies", d, "web", "web-a"]);
+    assert_eq!(o.status.code(), Some(2), "no table: wide refused");
+}
+
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()

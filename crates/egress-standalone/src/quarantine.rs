@@ -138,8 +138,9 @@ pub fn edit(
     // NB: a released member may already be gone from the member file (deleted since): its
     // line can still be removed.
     let known = members(dir, namespace, name)?;
-    if !known.iter().any(|m| m == member) && !(reason.is_none() && current.contains_key(member))
-    {
+    let is_member = known.iter().any(|m| m == member);
+    let releasing_a_gone_one = reason.is_none() && current.contains_key(member);
+    if !is_member && !releasing_a_gone_one {
         return Err(QuarantineError::NoMember {
             pool: format!("{namespace}/{name}"),
             member: member.to_owned(),

@@ -632,9 +632,22 @@ fn pools_quarantine_and_release_edit_the_pools_file_and_refuse_an_unknown_member
         "inspect it",
     ]);
     assert_eq!(o.status.code(), Some(0));
-    assert!(stdout(&o).contains("quarantined (inspect it)"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("quarantined (inspect it)"),
+        "{}",
+        stdout(&o)
+    );
     assert_eq!(file(), "web-a inspect it\n");
-    let o = run(&["-o", "json", "pools", "release", "--proxies", d, "web", "web-a"]);
+    let o = run(&[
+        "-o",
+        "json",
+        "pools",
+        "release",
+        "--proxies",
+        d,
+        "web",
+        "web-a",
+    ]);
     assert_eq!(o.status.code(), Some(0));
     let doc: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(doc["changed"], true);
@@ -649,8 +662,21 @@ fn pools_quarantine_and_release_edit_the_pools_file_and_refuse_an_unknown_member
     );
     let o = run(&["pools", "release", "--proxies", d, "nope", "web-a"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("pool default/nope has no members"), "{}", stderr(&o));
-    let o = run(&["-o", "wide", "pools", "release", "--proxies", d, "web", "web-a"]);
+    assert!(
+        stderr(&o).contains("pool default/nope has no members"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&[
+        "-o",
+        "wide",
+        "pools",
+        "release",
+        "--proxies",
+        d,
+        "web",
+        "web-a",
+    ]);
     assert_eq!(o.status.code(), Some(2), "no table: wide refused");
 }
 

@@ -285,7 +285,10 @@ async fn fault_and_heal(
     );
     let old_pid = qemu_pid(&domain);
     let body = get(listen, &healthy_path).await.unwrap_or_default();
-    assert!(body.lines().any(|l| l == endpoint), "{endpoint} not in {body:?}");
+    assert!(
+        body.lines().any(|l| l == endpoint),
+        "{endpoint} not in {body:?}"
+    );
     println!("eptest: fault: {what} of member {name} (domain {domain}, {endpoint})");
     let t0 = Instant::now();
     fault(&domain);
@@ -481,11 +484,21 @@ async fn inside_the_namespace() {
             .unwrap();
         let out = String::from_utf8_lossy(&o.stdout).into_owned();
         println!("eptest: pools {args:?}: {out}");
-        assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "{out}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         out
     };
     let t3 = Instant::now();
-    let out = pools(&["quarantine", POOL_NAME, held, "--reason", "inspect its disk"]);
+    let out = pools(&[
+        "quarantine",
+        POOL_NAME,
+        held,
+        "--reason",
+        "inspect its disk",
+    ]);
     assert!(out.contains("quarantined (inspect its disk)"), "{out}");
     loop {
         let body = get(listen, &format!("/pools/{POOL_NAME}/healthy.txt"))

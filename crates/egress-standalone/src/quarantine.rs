@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::pools::{quarantine_path, state_path};
+use crate::pool::{quarantine_path, state_path};
 
 /// Longest reason kept.
 // NB: a reason is shown in a member's row and condition; a sentence fits in 256.
@@ -212,7 +212,7 @@ fn io_err(path: &Path, e: &std::io::Error) -> QuarantineError {
 
 /// Replaces `path` with `text` (a temporary file beside it, synced, renamed over it).
 fn write_atomically(path: &Path, text: &str) -> Result<(), QuarantineError> {
-    crate::pools::write_atomic(path, text.as_bytes()).map_err(|e| io_err(path, &e))
+    crate::pool::members::write_atomic(path, text.as_bytes()).map_err(|e| io_err(path, &e))
 }
 
 #[cfg(test)]

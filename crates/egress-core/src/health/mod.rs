@@ -1,6 +1,7 @@
 //! The proxy health engine: every proxy with an address is checked *through itself* on an
 //! interval — a tunnel through the proxy (HTTP CONNECT or SOCKS5, with its credentials) to a
-//! check target that answers with the caller's address ([`echo`]) — recording success, the
+//! check target that answers with the caller's address (`egress_web::echo`, or any target
+//! of the same format) — recording success, the
 //! probe's latency and the egress IP the world sees.
 //!
 //! Guarantees:
@@ -41,17 +42,16 @@
 //!
 //! One piece (about 780 lines with its docs): the engine's round loop, its state per proxy
 //! and the hysteresis that decides from it share one lock and one set of invariants; the
-//! probe itself, the echo target, the probes of declared addresses ([`declared`]) and the
-//! metrics already live in submodules.
+//! probe itself, the probes of declared addresses ([`declared`]) and the metrics already
+//! live in submodules; the echo target is served by `egress-web`.
 
 pub mod declared;
-pub mod echo;
 pub mod metrics;
 pub mod probe;
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use egress_provider::ProxyUid;
@@ -68,6 +68,7 @@ use crate::model::{
 
 use self::metrics::HealthMetrics;
 use self::probe::{CheckTarget, ProbeError, ProbeSuccess, ProxyEndpoint};
+use egress_provider::sync::lock;
 
 /// Probes in flight at once by default.
 // NB: a probe mostly waits on the network (two round trips through the proxy); 64 sockets
@@ -476,10 +477,6 @@ pub struct HealthEngine {
     down: Mutex<HashSet<(String, String)>>,
     /// Ends the pause between rounds early (a host went down).
     wake: tokio::sync::Notify,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl HealthEngine {

@@ -14,8 +14,9 @@
 
 use std::time::{Duration, SystemTime};
 
+use egress_core::config::installation::Installation;
 use egress_core::gc::{Action, GcReport, base_item};
-use egress_core::providers::{BuildOptions, ProviderHandle, Providers};
+use egress_core::providers::{self, ProviderHandle};
 use egress_provider::bases::{BaseGcSettings, UnusedClock};
 
 use super::{ConfigArg, EXIT_FAILED, EXIT_OK, UsageError, load_config};
@@ -45,8 +46,8 @@ pub async fn run(a: ImagesGcArgs) -> anyhow::Result<u8> {
     let format = super::output::format(a.json);
     let cfg = load_config(&a.config.config)?;
     super::check::missing_ssh_files(&cfg)?;
-    let providers = Providers::from_config(&cfg, &BuildOptions::default())
-        .map_err(|e| UsageError::new(format!("cannot build the providers: {e}")))?;
+    let providers = providers::open(&cfg, &Installation::ConfigOnly)
+        .map_err(|e| UsageError::new(e.to_string()))?;
     let selected: Vec<&ProviderHandle> = match &a.entry {
         Some(e) => vec![providers.get(e).ok_or_else(|| {
             let known: Vec<&str> = providers.iter().map(|h| h.config.name.as_str()).collect();

@@ -76,11 +76,12 @@ pub fn run(cmd: PoolsCommand) -> anyhow::Result<u8> {
         PoolsCommand::Release(a) => (a, None),
     };
     let pool = format!("{}/{}", m.namespace, m.pool);
-    let edit = quarantine::edit(&m.proxies, &m.namespace, &m.pool, &m.member, reason)
-        .map_err(|e| match e {
+    let edit = quarantine::edit(&m.proxies, &m.namespace, &m.pool, &m.member, reason).map_err(
+        |e| match e {
             QuarantineError::Io { .. } => anyhow::Error::new(e),
             other => UsageError::new(other.to_string()).into(),
-        })?;
+        },
+    )?;
     let out = Outcome {
         pool: pool.clone(),
         member: m.member.clone(),

@@ -41,10 +41,10 @@ pub struct StandaloneArgs {
     driver: super::DriverArgs,
 }
 
-/// Runs `standalone` until a signal.
-pub async fn run(a: StandaloneArgs) -> anyhow::Result<u8> {
+/// The options `a` asks for (a usage error for a value out of range).
+pub fn options(a: StandaloneArgs) -> Result<StandaloneOptions, UsageError> {
     if a.workers == 0 {
-        return Err(UsageError::new("--workers must be at least 1").into());
+        return Err(UsageError::new("--workers must be at least 1"));
     }
     let mut opts = StandaloneOptions::new(a.proxies);
     opts.config_path = a.config;
@@ -61,6 +61,12 @@ pub async fn run(a: StandaloneArgs) -> anyhow::Result<u8> {
         .shutdown_grace
         .unwrap_or(standalone::DEFAULT_SHUTDOWN_GRACE);
     opts.health = d.health.settings()?;
+    Ok(opts)
+}
+
+/// Runs `standalone` until a signal.
+pub async fn run(a: StandaloneArgs) -> anyhow::Result<u8> {
+    let opts = options(a)?;
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         listen = %opts.listen,

@@ -431,9 +431,9 @@ async fn inside_the_namespace() {
         dir.join("heal.yaml"),
         format!(
             "apiVersion: egress-proxies.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: {POOL_NAME}\n\
-             spec:\n  replicas: 2\n  template:\n    provider: {entry}\n    image: {IMAGE_KEY}\n    \
-             proxy:\n      port: {PROXY_PORT}\n      protocol: http\n      \
-             allowedClientCidrs: [{gateway}/32]\n  \
+             spec:\n  replicas: 2\n  template:\n    spec:\n      provider: {entry}\n      \
+             image: {IMAGE_KEY}\n      proxy:\n        port: {PROXY_PORT}\n        \
+             protocol: http\n        allowedClientCidrs: [{gateway}/32]\n  \
              update:\n    maxSurge: 1\n    maxUnavailable: 1\n  autohealing:\n    \
              unhealthyAfter: {UNHEALTHY_AFTER}\n"
         ),

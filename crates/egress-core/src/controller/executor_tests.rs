@@ -536,7 +536,11 @@ async fn while_the_pins_are_not_known_no_unpinned_create_starts_and_noted_pins_a
     let pinned = in_namespace(2, "team-a", &["203.0.113.8"]);
     let _ = c.reconcile(&pinned, &ProxyStatus::default(), now()).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(p.creates.load(Ordering::SeqCst), 1, "a pinned create starts");
+    assert_eq!(
+        p.creates.load(Ordering::SeqCst),
+        1,
+        "a pinned create starts"
+    );
     // The list showed a Proxy pinning .7 that was never reconciled: the unpinned one, once
     // the pins are known, is created with .7 reserved.
     c.note_pins(&in_namespace(3, "team-b", &["203.0.113.7"]));

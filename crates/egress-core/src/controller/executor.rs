@@ -51,6 +51,9 @@ pub(super) struct Inner {
     /// The declared egress addresses each Proxy's instance held at the provider's last report
     /// of it (see [`Controller::declared_egress`]); no entry when it holds none.
     pub(super) declared: Mutex<HashMap<ProxyUid, Vec<IpAddr>>>,
+    /// Whether the driver has shown every Proxy's pins (see [`Controller::set_pins_known`]):
+    /// until then no create that pins nothing is started.
+    pub(super) pins_known: AtomicBool,
 }
 
 impl Inner {
@@ -123,8 +126,39 @@ impl Controller {
                 waker: RwLock::new(None),
                 verified: Mutex::new(HashMap::new()),
                 declared: Mutex::new(HashMap::new()),
+                pins_known: AtomicBool::new(true),
             }),
         }
+    }
+
+    /// Records the addresses `obj` pins (what every reconcile of it does too), so a Proxy
+    /// that pins nothing never takes them (see [`super::reservations`]). A driver that learns
+    /// its Proxies in batches calls it for each before any is reconciled. O(its pins).
+    pub fn note_pins(&self, obj: &super::ProxyObject) {
+        self.note_pins_of(
+            &obj.spec.provider,
+            obj.uid,
+            &obj.namespace,
+            &obj.spec.egress.pinned(),
+        );
+    }
+
+    /// [`note_pins`](Self::note_pins) from a Proxy's parts: `uid` (namespace `ns`) pins
+    /// `pins` in provider entry `entry` (nothing is recorded for an unknown entry).
+    pub fn note_pins_of(&self, entry: &str, uid: ProxyUid, ns: &str, pins: &[std::net::IpAddr]) {
+        if self.providers().get(entry).is_none() {
+            return;
+        }
+        lock(&self.inner.state)
+            .reservations
+            .register(entry, uid, ns, pins);
+    }
+
+    /// Tells whether the driver has shown every Proxy's pins ([`note_pins`](Self::note_pins)):
+    /// while it has not (a watch listing), a create that pins no address waits, so it never
+    /// takes an address a Proxy not seen yet pins. Known from the start unless set otherwise.
+    pub fn set_pins_known(&self, known: bool) {
+        self.inner.pins_known.store(known, Ordering::SeqCst);
     }
 
     /// Sets the driver's waker: called with a Proxy's UID when its create or delete finished
@@ -222,6 +256,13 @@ impl Controller {
         let hosts = st.health.entry(entry.to_owned()).or_default();
         for r in reports {
             hosts.insert(r.host.clone(), r.state);
+        }
+        let reasons = st.host_reasons.entry(entry.to_owned()).or_default();
+        for r in reports {
+            match r.reason() {
+                Some(why) => reasons.insert(r.host.clone(), why),
+                None => reasons.remove(&r.host),
+            };
         }
         for r in reports {
             st.set_address_room(entry, &r.host, AddressRoom::of(&r.addresses));

@@ -66,6 +66,7 @@ mod credentials;
 mod events;
 mod gc;
 mod host_checks;
+mod pins;
 pub mod pool;
 mod proxy_health;
 pub mod publish;

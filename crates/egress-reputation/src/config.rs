@@ -21,6 +21,9 @@
 //! valid zone names (unique), at least one resolver when it has zones, every duration and
 //! count within the bounds below, and no code table that could call an error answer
 //! (`127.255.255.0/24`) or a non-`127.0.0.0/8` answer a listing. No I/O.
+//!
+//! One piece: the section as written, its validation and the checked settings describe the
+//! same fields; about half the file is the tests that break each rule, kept beside it.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;

@@ -14,6 +14,9 @@
 //! contacted); bounded by [`STATUS_CONNECT_TIMEOUT`] and [`STATUS_TIMEOUT`]; a body larger
 //! than [`MAX_STATUS_BYTES`] is refused; when nothing listens at the address the message says
 //! so and how to fix it (exit 1).
+//!
+//! One piece: the fetch, the filters and the proxies table are one command's path; most of
+//! the length is the table's tests, one per column's meaning.
 
 use std::time::{Duration, SystemTime};
 

@@ -251,6 +251,8 @@ pub struct AddressUsage {
     pub size: u128,
     /// Addresses held by instances (as far as this process knows).
     pub held: u64,
+    /// Addresses not held but retired (after a blocklist listing): not handed out either.
+    pub retired: u64,
 }
 
 /// A host's state.

@@ -60,6 +60,13 @@ pub trait Provider: Send + Sync {
         )))
     }
 
+    /// Consults `retired` (the process's retired addresses, see
+    /// [`crate::libvirt::retired`]) before handing out any declared egress address from now
+    /// on. The default (a provider without address pools) ignores it.
+    fn use_retired(&self, retired: std::sync::Arc<crate::libvirt::retired::RetiredAddresses>) {
+        let _ = retired;
+    }
+
     /// Makes sure the base for catalogue key (or allowed URL) `image` is cached, verified and
     /// published on `host`, importing it if needed and reporting bytes through `progress`.
     /// Idempotent: a cached base is reused without a download. Never creates an instance.

@@ -340,6 +340,7 @@ fn status_document() -> String {
                 consecutive_failures: 0,
                 ..HealthStatus::default()
             }),
+            reputation: None,
             egress_address: vec![],
         }],
         hosts: vec![],

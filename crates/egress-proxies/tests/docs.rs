@@ -318,6 +318,23 @@ fn every_field_of_the_status_document_is_documented_for_users() {
                 last_error: Some("e".into()),
                 egress_ips: vec!["203.0.113.7".into()],
             }),
+            reputation: Some(egress_core::reputation::ProxyReputation {
+                addresses: vec!["203.0.113.7".into()],
+                listed: vec![egress_core::reputation::engine::status::ListingStatus {
+                    address: "203.0.113.7".into(),
+                    zone: "bl.example".into(),
+                    since: "2026-01-01T00:00:00Z".into(),
+                    codes: vec!["SBL".into()],
+                }],
+                failed: vec![egress_core::reputation::engine::status::FailedCheck {
+                    address: "203.0.113.7".into(),
+                    zone: "zen.example".into(),
+                    since: "2026-01-01T00:00:00Z".into(),
+                    reason: "timeout".into(),
+                    message: "m".into(),
+                }],
+                last_check: Some("2026-01-01T00:00:00Z".into()),
+            }),
             egress_address: vec!["203.0.113.7".into()],
         }],
         hosts: vec![HostStatusRow {
@@ -361,6 +378,14 @@ fn every_field_of_the_status_document_is_documented_for_users() {
                     quarantined: true,
                 }],
                 members_omitted: 1,
+                retired_addresses: vec![egress_core::pool::status::RetiredAddress {
+                    host: "h1".into(),
+                    address: "203.0.113.9".into(),
+                    member: "web-a".into(),
+                    reason: "listed".into(),
+                    since: "2026-01-01T00:00:00Z".into(),
+                    until: "2026-01-08T00:00:00Z".into(),
+                }],
                 ..Default::default()
             },
             members: vec![egress_web::status::PoolMemberRow {

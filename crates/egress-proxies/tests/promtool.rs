@@ -55,6 +55,11 @@ const NOT_FROM_START: &[&str] = &[
     "egress_proxies_pool_members",
     "egress_proxies_pool_replacements_total",
     "egress_proxies_pool_member_ready_seconds",
+    // Per configured blocklist zone (none in these configs).
+    "egress_proxies_reputation_listed_addresses",
+    "egress_proxies_reputation_failing_addresses",
+    "egress_proxies_reputation_checks_total",
+    "egress_proxies_reputation_check_failures_total",
 ];
 
 fn repo() -> PathBuf {

@@ -320,6 +320,7 @@ mod tests {
                 healthy: Some(h),
                 ..HealthStatus::default()
             }),
+            reputation: None,
             egress_address: Vec::new(),
         }
     }

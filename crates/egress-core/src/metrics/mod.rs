@@ -106,7 +106,7 @@ struct AddressLabel {
     host: String,
     /// `IPv4` or `IPv6`.
     family: String,
-    /// `allocated` or `free`.
+    /// `allocated`, `retired` or `free`.
     state: &'static str,
 }
 
@@ -125,6 +125,7 @@ pub struct Metrics {
     pools: Arc<PoolCollector>,
     pool_members: pool::PoolMetrics,
     health: HealthMetrics,
+    reputation: crate::reputation::metrics::ReputationMetrics,
     leader: Gauge,
     proxies: Family<PhaseLabel, Gauge>,
     reconciles: Family<ResultLabel, Counter>,
@@ -202,7 +203,8 @@ impl Metrics {
         reg.register(
             "host_egress_addresses",
             "Declared egress addresses of the host's address pool by family and state: \
-             allocated (held by instances) or free",
+             allocated (held by instances), retired (after a blocklist listing; not handed \
+             out) or free",
             host_addresses.clone(),
         );
         let gc_deleted = Counter::default();
@@ -255,6 +257,9 @@ impl Metrics {
         reg.register_collector(Box::new(Arc::clone(&pools)));
         let pool_members = pool::PoolMetrics::register(reg);
         let health = HealthMetrics::register(reg.sub_registry_with_prefix("health"));
+        let reputation = crate::reputation::metrics::ReputationMetrics::register(
+            reg.sub_registry_with_prefix("reputation"),
+        );
         for p in PHASES {
             proxies
                 .get_or_create(&PhaseLabel {
@@ -283,6 +288,7 @@ impl Metrics {
             pools,
             pool_members,
             health,
+            reputation,
             leader,
             proxies,
             reconciles,
@@ -306,6 +312,12 @@ impl Metrics {
     /// [`HealthEngine::with_metrics`](crate::health::HealthEngine::with_metrics).
     pub fn health(&self) -> HealthMetrics {
         self.health.clone()
+    }
+
+    /// The reputation checks' families (registered in this registry): hand them to
+    /// [`ReputationService::new`](crate::reputation::ReputationService::new).
+    pub fn reputation(&self) -> crate::reputation::metrics::ReputationMetrics {
+        self.reputation.clone()
     }
 
     /// Records whether this process acts on the fleet (leads).
@@ -382,11 +394,20 @@ impl Metrics {
         known.clear();
         for u in usage {
             let held = u128::from(u.held);
+            let retired = u128::from(u.retired);
             // NB: f64 gauges: an IPv6 pool's size does not fit an i64; counts this large are
             // read as magnitudes anyway.
             #[allow(clippy::cast_precision_loss)]
-            let (allocated, free) = (held as f64, u.size.saturating_sub(held) as f64);
-            for (state, v) in [("allocated", allocated), ("free", free)] {
+            let (allocated, retired_f, free) = (
+                held as f64,
+                retired as f64,
+                u.size.saturating_sub(held).saturating_sub(retired) as f64,
+            );
+            for (state, v) in [
+                ("allocated", allocated),
+                ("retired", retired_f),
+                ("free", free),
+            ] {
                 self.host_addresses
                     .get_or_create(&address_label(&l, u.family, state))
                     .set(v);
@@ -399,7 +420,7 @@ impl Metrics {
     }
 
     fn remove_address_series(&self, l: &HostLabel, family: &str) {
-        for state in ["allocated", "free"] {
+        for state in ["allocated", "retired", "free"] {
             self.host_addresses.remove(&address_label(l, family, state));
         }
     }

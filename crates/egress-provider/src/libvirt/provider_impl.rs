@@ -713,6 +713,10 @@ impl Provider for LibvirtProvider {
         &self.entry_cfg().name
     }
 
+    fn use_retired(&self, retired: std::sync::Arc<super::retired::RetiredAddresses>) {
+        self.addresses.use_retired(retired);
+    }
+
     async fn create(&self, req: &CreateRequest, progress: &dyn Progress) -> Result<Instance> {
         let host_name = req.host.clone();
         self.pool.host(&host_name)?;

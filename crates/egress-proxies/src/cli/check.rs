@@ -234,7 +234,10 @@ impl AddressRow {
             family: u.family,
             size: u.size,
             held: u.held,
-            free: u.size.saturating_sub(u128::from(u.held)),
+            free: u
+                .size
+                .saturating_sub(u128::from(u.held))
+                .saturating_sub(u128::from(u.retired)),
         }
     }
 
@@ -617,8 +620,12 @@ mod tests {
 
     #[test]
     fn each_hosts_address_pool_usage_is_printed_per_family() {
-        let usage =
-            |family, size, held| egress_provider::model::AddressUsage { family, size, held };
+        let usage = |family, size, held| egress_provider::model::AddressUsage {
+            family,
+            size,
+            held,
+            retired: 0,
+        };
         let mut h1 = r("home", "h1", "Ready", None);
         h1.addresses = vec![
             AddressRow::of(&usage("IPv4", 14, 3)),

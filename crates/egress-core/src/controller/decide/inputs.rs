@@ -120,7 +120,7 @@ impl AddressRoom {
                 _ => continue,
             };
             r.pool |= bit;
-            if u128::from(u.held) >= u.size {
+            if u128::from(u.held).saturating_add(u128::from(u.retired)) >= u.size {
                 r.full |= bit;
             }
         }

@@ -31,6 +31,10 @@
 //! Not covered: another process that finds a base published and defines an overlay on it in
 //! the moment between this check and the removal (its create then fails Transient and the
 //! retry imports the image again).
+//!
+//! One piece (about 590 lines before its tests): the usage read, the oldest-first choice and
+//! the removal order share one host listing and one set of "in use" rules, which must not
+//! drift apart between the eviction and the unused-base collection that reads them.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};

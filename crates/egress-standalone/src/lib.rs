@@ -200,6 +200,14 @@ pub async fn run(
     for w in &cfg.warnings {
         tracing::warn!(%w, "provider config warning");
     }
+    if cfg.reputation.enabled() {
+        // NB: the reputation worker runs in the Kubernetes driver only (docs/reputation.md).
+        tracing::warn!(
+            zones = cfg.reputation.zones.len(),
+            "reputation: zones are configured, but standalone mode runs no blocklist checks: \
+             no address is checked, listed or retired here (Kubernetes mode only)"
+        );
+    }
     // This installation's ID in every mark: from the config, else kept in a file.
     let providers = providers::open(&cfg, &opts.installation()).map_err(|e| match e {
         OpenError::Installation(e) => StandaloneError::Config(e),

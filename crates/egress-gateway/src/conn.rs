@@ -419,19 +419,46 @@ async fn fill(
     }
 }
 
+/// Waits for the client's first bytes (into a few bytes of the task's own state) and only
+/// then takes a head buffer, so a connection that sends nothing holds none.
+// NB: readiness alone is not enough: tokio assumes an accepted socket readable until a read
+// says otherwise, so the first `readable()` returns at once.
+async fn first_bytes(client: &TcpStream, deadline: Instant) -> Result<(PooledBuf, usize), Refusal> {
+    let mut first = [0u8; 16];
+    loop {
+        readable(client, deadline).await?;
+        match client.try_read(&mut first) {
+            Ok(0) => {
+                return Err(Refusal::new(
+                    Outcome::ClientGone,
+                    400,
+                    None,
+                    "the client closed the connection without a request".into(),
+                ));
+            }
+            Ok(n) => {
+                let mut buf = HEAD.take();
+                let (Some(dst), Some(src)) = (buf.get_mut(..n), first.get(..n)) else {
+                    return Err(gone(std::io::ErrorKind::InvalidData.into()));
+                };
+                dst.copy_from_slice(src);
+                return Ok((buf, n));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(gone(e)),
+        }
+    }
+}
+
 fn early(buf: PooledBuf, from: usize, to: usize) -> Option<(PooledBuf, std::ops::Range<usize>)> {
     (to > from).then_some((buf, from..to))
 }
 
 async fn http_handshake(client: &TcpStream, deadline: Instant) -> Result<Asked, Refusal> {
-    // No buffer until the client sends something.
-    readable(client, deadline).await?;
-    let mut buf = HEAD.take();
-    let mut filled = 0;
+    let (mut buf, mut filled) = first_bytes(client, deadline).await?;
     loop {
-        fill(client, &mut buf, &mut filled, deadline).await?;
         match http::parse(buf.get(..filled).unwrap_or_default()) {
-            Ok(None) => {}
+            Ok(None) => fill(client, &mut buf, &mut filled, deadline).await?,
             Ok(Some(req)) => {
                 let Some((username, password)) = req.credentials else {
                     return Err(Refusal::auth());
@@ -458,9 +485,7 @@ async fn socks_handshake(
     state: &PoolState,
 ) -> Result<Asked, Refusal> {
     let bad = |e: socks::SocksError| Refusal::new(Outcome::BadRequest, 400, e.code, e.message);
-    readable(client, deadline).await?;
-    let mut buf = HEAD.take();
-    let mut filled = 0;
+    let (mut buf, mut filled) = first_bytes(client, deadline).await?;
     let mut at = 0;
     let greeting = loop {
         if let Some(g) =

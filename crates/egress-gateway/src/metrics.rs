@@ -249,72 +249,66 @@ impl GatewayMetrics {
 
     /// The series of pool `key`, created at zero.
     pub fn pool(&self, key: &str) -> PoolMetrics {
+        // NB: `get_or_create_owned` drops its read guard before returning; two plain
+        // `get_or_create` guards of one family alive in one expression deadlock.
+        fn one<S: Clone + std::hash::Hash + Eq, M: Clone + Default>(f: &Family<S, M>, l: S) -> M {
+            f.get_or_create_owned(&l)
+        }
         let f = &self.f;
         let p = || pool(key);
+        let mut connections = Vec::new();
+        for o in Outcome::ALL {
+            connections.push(one(
+                &f.connections,
+                PoolOutcome {
+                    pool: p(),
+                    outcome: o.as_str(),
+                },
+            ));
+        }
+        let mut dial_failures = Vec::new();
+        for reason in DIAL_REASONS {
+            dial_failures.push(one(&f.dial_failures, PoolReason { pool: p(), reason }));
+        }
+        let mut sticky = Vec::new();
+        for result in STICKY_RESULTS {
+            sticky.push(one(&f.sticky, PoolResult { pool: p(), result }));
+        }
+        let mut limited = Vec::new();
+        for limit in LIMITS {
+            limited.push(one(&f.limited, PoolLimit { pool: p(), limit }));
+        }
+        let active = one(&f.active, PoolL { pool: p() });
+        let bytes_up = one(
+            &f.bytes,
+            PoolDirection {
+                pool: p(),
+                direction: "up",
+            },
+        );
+        let bytes_down = one(
+            &f.bytes,
+            PoolDirection {
+                pool: p(),
+                direction: "down",
+            },
+        );
+        let failovers = one(&f.failovers, PoolL { pool: p() });
+        let auth_failures = one(&f.auth_failures, PoolL { pool: p() });
+        let members = one(&f.members, PoolL { pool: p() });
+        let listeners = one(&f.listeners, PoolL { pool: p() });
         PoolMetrics {
-            connections: Outcome::ALL
-                .iter()
-                .map(|o| {
-                    f.connections
-                        .get_or_create(&PoolOutcome {
-                            pool: p(),
-                            outcome: o.as_str(),
-                        })
-                        .clone()
-                })
-                .collect(),
-            active: f.active.get_or_create(&PoolL { pool: p() }).clone(),
-            bytes_up: f
-                .bytes
-                .get_or_create(&PoolDirection {
-                    pool: p(),
-                    direction: "up",
-                })
-                .clone(),
-            bytes_down: f
-                .bytes
-                .get_or_create(&PoolDirection {
-                    pool: p(),
-                    direction: "down",
-                })
-                .clone(),
-            failovers: f.failovers.get_or_create(&PoolL { pool: p() }).clone(),
-            dial_failures: DIAL_REASONS
-                .iter()
-                .map(|r| {
-                    f.dial_failures
-                        .get_or_create(&PoolReason {
-                            pool: p(),
-                            reason: r,
-                        })
-                        .clone()
-                })
-                .collect(),
-            sticky: STICKY_RESULTS
-                .iter()
-                .map(|r| {
-                    f.sticky
-                        .get_or_create(&PoolResult {
-                            pool: p(),
-                            result: r,
-                        })
-                        .clone()
-                })
-                .collect(),
-            auth_failures: f.auth_failures.get_or_create(&PoolL { pool: p() }).clone(),
-            members: f.members.get_or_create(&PoolL { pool: p() }).clone(),
-            listeners: f.listeners.get_or_create(&PoolL { pool: p() }).clone(),
-            limited: LIMITS
-                .iter()
-                .map(|l| {
-                    f.limited
-                        .get_or_create(&PoolLimit {
-                            pool: p(),
-                            limit: l,
-                        })
-                        .clone()
-                })
-                .collect(),
+            connections,
+            active,
+            bytes_up,
+            bytes_down,
+            failovers,
+            dial_failures,
+            sticky,
+            auth_failures,
+            members,
+            listeners,
+            limited,
         }
     }
 
@@ -345,11 +339,15 @@ impl GatewayMetrics {
             identity: label.clone(),
             direction,
         };
+        let connections = f.client_connections.get_or_create_owned(&l);
+        let active = f.client_active.get_or_create_owned(&l);
+        let bytes_up = f.client_bytes.get_or_create_owned(&d("up"));
+        let bytes_down = f.client_bytes.get_or_create_owned(&d("down"));
         IdentityMetrics {
-            connections: f.client_connections.get_or_create(&l).clone(),
-            active: f.client_active.get_or_create(&l).clone(),
-            bytes_up: f.client_bytes.get_or_create(&d("up")).clone(),
-            bytes_down: f.client_bytes.get_or_create(&d("down")).clone(),
+            connections,
+            active,
+            bytes_up,
+            bytes_down,
         }
     }
 

@@ -189,14 +189,17 @@ mod tests {
         let n = 8;
         let u = uids(n);
         let ur: Vec<&str> = u.iter().map(String::as_str).collect();
-        let all = cands(n);
-        let without3: Vec<Candidate> = all.iter().copied().filter(|c| c.index != 3).collect();
+        // The list without member 3, indexed afresh as a new view is.
+        let rest: Vec<&str> = ur.iter().copied().filter(|x| *x != ur[3]).collect();
         let mut moved = 0;
         for s in 0..10_000 {
             let key = session_key("alice", &format!("s{s}"), None, 0);
-            let before = sticky(&all, &ur, &key, 2);
-            let after = sticky(&without3, &ur, &key, 1)[0];
-            if before[0] == 3 {
+            let before: Vec<&str> = sticky(&cands(n), &ur, &key, 2)
+                .iter()
+                .map(|i| ur[*i])
+                .collect();
+            let after = rest[sticky(&cands(n - 1), &rest, &key, 1)[0]];
+            if before[0] == ur[3] {
                 // The session moves to its second choice, which every replica agrees on.
                 assert_eq!(after, before[1]);
                 moved += 1;

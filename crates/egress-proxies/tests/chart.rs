@@ -650,7 +650,8 @@ fn renders_started_at_once_on_an_empty_cache_all_succeed_and_publish_one_complet
         );
     }
     assert!(
-        outs.iter().all(|o| o.stdout == outs[0].stdout && !o.stdout.is_empty()),
+        outs.iter()
+            .all(|o| o.stdout == outs[0].stdout && !o.stdout.is_empty()),
         "the renders printed different charts"
     );
     // One SDK published whole, and no render's private copy left behind.
@@ -659,9 +660,16 @@ fn renders_started_at_once_on_an_empty_cache_all_succeed_and_publish_one_complet
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names.len(), 1, "the cache holds more than the SDK: {names:?}");
+    assert_eq!(
+        names.len(),
+        1,
+        "the cache holds more than the SDK: {names:?}"
+    );
     assert!(
-        cache.join(&names[0]).join("helm_python/__init__.py").is_file(),
+        cache
+            .join(&names[0])
+            .join("helm_python/__init__.py")
+            .is_file(),
         "the published SDK is incomplete: {names:?}"
     );
     // A render on the now-filled cache needs no wheel at all.
@@ -687,5 +695,8 @@ fn a_render_with_no_sdk_in_its_cache_fails_naming_the_setup_step_and_downloads_n
     let left: Vec<_> = std::fs::read_dir(&cache)
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
-    assert!(left.is_empty(), "something was fetched into the cache: {left:?}");
+    assert!(
+        left.is_empty(),
+        "something was fetched into the cache: {left:?}"
+    );
 }

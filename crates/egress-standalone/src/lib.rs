@@ -46,6 +46,7 @@
 //! checks, proxy health, config watch); `endpoints.rs` what it serves over HTTP.
 
 mod endpoints;
+pub mod gateway_feed;
 mod loops;
 pub mod manifests;
 pub mod pool_manifests;
@@ -154,6 +155,11 @@ pub struct StandaloneOptions {
     /// Proxy health checks through each proxy; `None` turns them off (then `Ready` is the
     /// controller's alone and `/healthy.txt` is empty).
     pub health: Option<HealthSettings>,
+    /// Where the pool gateways' membership is published (every pool declaring
+    /// `spec.gateway`); `None`: no gateway is served.
+    pub gateway: Option<tokio::sync::watch::Sender<Arc<gateway_feed::GatewaySources>>>,
+    /// More metric families for `/metrics` (the gateway's).
+    pub extra_metrics: Option<Arc<dyn prometheus_client::collector::Collector>>,
 }
 
 impl StandaloneOptions {
@@ -171,6 +177,8 @@ impl StandaloneOptions {
             gc_allow_empty: false,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             health: None,
+            gateway: None,
+            extra_metrics: None,
         }
     }
 }
@@ -262,7 +270,7 @@ pub async fn run_with_providers(
         Arc::clone(&providers),
         opts.controller.clone(),
     ));
-    let metrics = Metrics::new();
+    let metrics = Metrics::with_extra(opts.extra_metrics.clone());
     // Standalone acts on the fleet alone; the config was just loaded.
     metrics.set_leader(true);
     metrics.config_loaded(true);
@@ -351,6 +359,12 @@ pub async fn run_with_providers(
         ),
     );
     tasks.spawn("pools", pools::run(Arc::clone(&shared), stop.clone()));
+    if let Some(tx) = opts.gateway.clone() {
+        tasks.spawn(
+            "gateway feed",
+            gateway_feed::run(Arc::clone(&shared), tx, stop.clone()),
+        );
+    }
     tasks.spawn("timers", timers::run(Arc::clone(&shared), stop.clone()));
     tasks.spawn(
         "resync",

@@ -146,6 +146,8 @@ pub(crate) struct Pools {
 pub(crate) struct PoolQueue {
     dirty: std::sync::Mutex<BTreeSet<String>>,
     notify: Notify,
+    /// Wakes the gateway feed ([`crate::gateway_feed`]) on the same changes.
+    pub(crate) gateway_wake: Notify,
 }
 
 impl PoolQueue {
@@ -154,6 +156,7 @@ impl PoolQueue {
         if lock(&self.dirty).insert(key.to_owned()) {
             self.notify.notify_one();
         }
+        self.gateway_wake.notify_one();
     }
 
     fn take(&self) -> BTreeSet<String> {

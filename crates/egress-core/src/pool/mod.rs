@@ -9,6 +9,8 @@
 //!   specified.
 //! - [`decide`]: the pure pool decision (creates, deletes with their cause, status).
 //! - [`status`]: the pool's status, conditions and reasons.
+//! - [`gateway`]: `spec.gateway`, the pool's front proxy, and the membership a driver
+//!   publishes to it.
 //! - [`credentials`]: generated credentials; [`credentials_file`]: kept as a 0600 file
 //!   beside a standalone manifest, created once and never overwritten.
 //!
@@ -19,6 +21,7 @@ pub mod credentials;
 pub mod credentials_file;
 pub mod decide;
 pub mod duration;
+pub mod gateway;
 pub mod member;
 #[cfg(test)]
 mod member_tests;

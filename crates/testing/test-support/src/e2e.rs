@@ -140,9 +140,7 @@ pub struct GuestImage {
 /// content), from its `key=value` output. Never builds: when the image is missing the script
 /// fails naming `.ci/setup-host`, and so does this.
 pub fn build_image(repo: &Path) -> GuestImage {
-    let out = run_ok(
-        Command::new(repo.join("scripts/build-guest-image")).arg("--cached-only"),
-    );
+    let out = run_ok(Command::new(repo.join("scripts/build-guest-image")).arg("--cached-only"));
     let get = |k: &str| {
         out.lines()
             .find_map(|l| l.strip_prefix(&format!("{k}=")))

@@ -157,6 +157,33 @@ pub const LEASES: ApiAccess = ApiAccess {
     verbs: &["create", "get", "update"],
 };
 
+/// The pool gateway (`egress-proxies gateway`, its own Deployment and ServiceAccount):
+/// ProxyPools listed and watched, read-only.
+pub const GATEWAY_PROXY_POOLS: ApiAccess = ApiAccess {
+    scope: Scope::WatchedNamespaces,
+    group: crate::api::GROUP,
+    resource: "proxypools",
+    verbs: &["list", "watch"],
+};
+/// The pool gateway: member Proxies listed and watched (by the pool label), read-only.
+pub const GATEWAY_PROXIES: ApiAccess = ApiAccess {
+    scope: Scope::WatchedNamespaces,
+    group: crate::api::GROUP,
+    resource: "proxies",
+    verbs: &["list", "watch"],
+};
+/// The pool gateway: the credentials Secrets (the pool's, its members', its clients') read
+/// by name, never listed or watched.
+pub const GATEWAY_SECRETS: ApiAccess = ApiAccess {
+    scope: Scope::WatchedNamespaces,
+    group: "",
+    resource: "secrets",
+    verbs: &["get"],
+};
+
+/// Every grant the pool gateway needs: read-only, and nothing else.
+pub const GATEWAY_API_ACCESS: &[ApiAccess] = &[GATEWAY_PROXY_POOLS, GATEWAY_PROXIES, GATEWAY_SECRETS];
+
 /// Every grant the operator needs, and nothing else.
 pub const API_ACCESS: &[ApiAccess] = &[
     PROXIES,
@@ -209,7 +236,26 @@ mod tests {
     }
 
     #[test]
+    fn the_gateway_only_reads() {
+        for a in GATEWAY_API_ACCESS {
+            assert!(
+                a.verbs.iter().all(|v| ["get", "list", "watch"].contains(v)),
+                "{a:?}"
+            );
+            assert_eq!(a.scope, Scope::WatchedNamespaces, "{a:?}");
+        }
+    }
+
+    #[test]
     fn every_grant_lists_sorted_unique_verbs_and_each_resource_once() {
+        for table in [API_ACCESS, GATEWAY_API_ACCESS] {
+            let mut seen = std::collections::BTreeSet::new();
+            for a in table {
+                assert!(seen.insert((a.scope, a.group, a.resource)), "{a:?} twice");
+                assert!(a.verbs.windows(2).all(|w| w.first() < w.last()), "{a:?}");
+                assert!(!a.verbs.is_empty());
+            }
+        }
         let mut seen = std::collections::BTreeSet::new();
         for a in API_ACCESS {
             assert!(seen.insert((a.scope, a.group, a.resource)), "{a:?} twice");

@@ -54,7 +54,8 @@
 //! targets from the watch cache).
 
 mod cache;
-mod credentials;
+pub(crate) mod credentials;
+pub(crate) use cache::strip as strip_cached;
 mod events;
 mod orphans;
 pub mod pool;

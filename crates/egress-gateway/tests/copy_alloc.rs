@@ -20,7 +20,7 @@ async fn a_long_transfer_allocates_no_buffer_per_chunk() {
     let gw = Gateway::start(
         settings(),
         vec![client("alice", "pw-pw-pw-1")],
-        vec![m.member()],
+        vec![member(&m)],
     )
     .await;
     // Warm up: one small exchange.

@@ -41,7 +41,7 @@ async fn malformed_requests_get_clear_refusals_and_everyone_else_is_still_served
     let m = tinyproxy(0, "m0", "member-password-0000").await;
     let mut s = settings();
     s.timeouts.request = Duration::from_secs(2);
-    let gw = Gateway::start(s, vec![client("alice", PW)], vec![m.member()]).await;
+    let gw = Gateway::start(s, vec![client("alice", PW)], vec![member(&m)]).await;
 
     let cases: Vec<(Vec<u8>, &str)> = vec![
         (b"\x16\x03\x01\x02\x00\x01\x00".to_vec(), "HTTP/1.1 400 "),
@@ -205,7 +205,7 @@ async fn idle_clients_hold_no_buffer_and_are_cut_at_the_request_deadline() {
     let m = tinyproxy(0, "m0", "member-password-0000").await;
     let mut s = settings();
     s.timeouts.request = Duration::from_secs(3);
-    let gw = Gateway::start(s, vec![client("alice", PW)], vec![m.member()]).await;
+    let gw = Gateway::start(s, vec![client("alice", PW)], vec![member(&m)]).await;
     let before = HEAD.allocated();
     let mut idle = Vec::new();
     for _ in 0..500 {

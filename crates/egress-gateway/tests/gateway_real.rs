@@ -32,7 +32,7 @@ async fn rotation_spreads_connections_over_every_member_in_turn() {
         tinyproxy(1, "m1", "member-password-1111").await,
         tinyproxy(2, "m2", "member-password-2222").await,
     ];
-    let gw = Gateway::start(settings(), alice(), m.iter().map(Daemon::member).collect()).await;
+    let gw = Gateway::start(settings(), alice(), m.iter().map(member).collect()).await;
     let mut seen: BTreeMap<String, u32> = BTreeMap::new();
     for _ in 0..30 {
         *seen
@@ -44,7 +44,7 @@ async fn rotation_spreads_connections_over_every_member_in_turn() {
     // Least connections: three tunnels held open land on three different members.
     let mut s = settings();
     s.balance = Balance::LeastConnections;
-    let gw2 = Gateway::start(s, alice(), m.iter().map(Daemon::member).collect()).await;
+    let gw2 = Gateway::start(s, alice(), m.iter().map(member).collect()).await;
     let mut held = Vec::new();
     let mut firsts = BTreeSet::new();
     for _ in 0..3 {
@@ -67,7 +67,7 @@ async fn a_session_sticks_to_one_member_across_a_hundred_connections() {
         tinyproxy(1, "m1", "member-password-1111").await,
         tinyproxy(2, "m2", "member-password-2222").await,
     ];
-    let gw = Gateway::start(settings(), alice(), m.iter().map(Daemon::member).collect()).await;
+    let gw = Gateway::start(settings(), alice(), m.iter().map(member).collect()).await;
     let mut seen = BTreeSet::new();
     for i in 0..100 {
         // Both listeners: a session is a session whatever the client protocol.
@@ -111,7 +111,7 @@ async fn killing_a_sessions_member_moves_only_its_sessions_and_no_client_sees_an
         tinyproxy(1, "m1", "member-password-1111").await,
         tinyproxy(2, "m2", "member-password-2222").await,
     ];
-    let gw = Gateway::start(settings(), alice(), m.iter().map(Daemon::member).collect()).await;
+    let gw = Gateway::start(settings(), alice(), m.iter().map(member).collect()).await;
     let sessions: Vec<String> = (0..30).map(|s| format!("alice-session-k{s}")).collect();
     let mut before = BTreeMap::new();
     for s in &sessions {
@@ -141,7 +141,7 @@ async fn killing_a_sessions_member_moves_only_its_sessions_and_no_client_sees_an
     }
     // Once the member is unpublished, its sessions land where the failover put them (their
     // second choice): the same member with or without the dead one in the list.
-    gw.publish(vec![m[0].member(), m[2].member()]).await;
+    gw.publish(vec![member(&m[0]), member(&m[2])]).await;
     for s in &sessions {
         assert_eq!(ip_via_http(&gw, s, PW, &e).await.unwrap(), after[s], "{s}");
     }
@@ -161,7 +161,7 @@ async fn two_independent_gateways_route_a_session_to_the_same_member() {
         tinyproxy(2, "m2", "member-password-2222").await,
         tinyproxy(3, "m3", "member-password-3333").await,
     ];
-    let members: Vec<_> = m.iter().map(Daemon::member).collect();
+    let members: Vec<_> = m.iter().map(member).collect();
     let mut reversed = members.clone();
     reversed.reverse();
     // Two gateways sharing nothing, seeing the members in different orders.
@@ -185,7 +185,7 @@ async fn drain_never_cuts_an_open_tunnel_before_the_grace_and_cuts_it_after() {
     ];
     let mut s = settings();
     s.drain_grace = Duration::from_secs(3);
-    let gw = Gateway::start(s, alice(), m.iter().map(Daemon::member).collect()).await;
+    let gw = Gateway::start(s, alice(), m.iter().map(member).collect()).await;
     // A session on member 0.
     let user = "alice-session-d0".to_owned();
     let first = ip_via_http(&gw, &user, PW, &e).await.unwrap();
@@ -204,7 +204,7 @@ async fn drain_never_cuts_an_open_tunnel_before_the_grace_and_cuts_it_after() {
     h[8..].copy_from_slice(&1u64.to_be_bytes());
     t.write_all(&h).await.unwrap();
     let unpublished = Instant::now();
-    gw.publish(vec![m[1 - on].member()]).await;
+    gw.publish(vec![member(&m[1 - on])]).await;
     // New connections of the session go elsewhere at once.
     assert_eq!(
         ip_via_http(&gw, &user, PW, &e).await.unwrap(),
@@ -229,13 +229,13 @@ async fn drain_never_cuts_an_open_tunnel_before_the_grace_and_cuts_it_after() {
     // A second tunnel through the drained member, opened before the drain, idles past the
     // grace: it is cut then, not before.
     let b2 = blob().await;
-    gw.publish(m.iter().map(Daemon::member).collect()).await;
+    gw.publish(m.iter().map(member).collect()).await;
     let user2 = user.clone();
     let mut t2 = http_tunnel(gw.http, &user2, PW, &b2.addr.to_string())
         .await
         .unwrap();
     let drained = Instant::now();
-    gw.publish(vec![m[1 - on].member()]).await;
+    gw.publish(vec![member(&m[1 - on])]).await;
     let mut buf = [0u8; 1];
     let r = tokio::time::timeout(Duration::from_secs(20), t2.read(&mut buf))
         .await
@@ -263,7 +263,7 @@ async fn drain_never_cuts_an_open_tunnel_before_the_grace_and_cuts_it_after() {
 async fn wrong_credentials_are_refused_the_same_way_whichever_part_is_wrong() {
     let e = echo().await;
     let m = tinyproxy(0, "m0", "member-password-0000").await;
-    let gw = Gateway::start(settings(), alice(), vec![m.member()]).await;
+    let gw = Gateway::start(settings(), alice(), vec![member(&m)]).await;
     let target = e.addr.to_string();
     let wrong_pw = http_tunnel(gw.http, "alice", "nope", &target)
         .await
@@ -321,7 +321,7 @@ async fn the_access_log_has_one_line_per_connection_with_exact_byte_counts() {
         tinyproxy(0, "m0", "member-password-0000").await,
         danted(1, "m1", "member-password-1111").await,
     ];
-    let gw = Gateway::start(settings(), alice(), m.iter().map(Daemon::member).collect()).await;
+    let gw = Gateway::start(settings(), alice(), m.iter().map(member).collect()).await;
     let cases: [(u64, u64); 4] = [(0, 1), (100_000, 7), (3, 2_500_000), (1 << 20, 1 << 20)];
     for (i, (up, down)) in cases.iter().enumerate() {
         let t = if i % 2 == 0 {
@@ -407,11 +407,11 @@ async fn members_are_dialled_with_their_own_protocol_and_credentials_and_a_bad_m
     let dante = danted(1, "m1", "member-password-1111").await;
     // A member whose credentials the gateway has wrong: refused by the member, skipped.
     let refusing = tinyproxy(2, "m2", "member-password-2222").await;
-    let mut wrong = refusing.member();
+    let mut wrong = member(&refusing);
     wrong.credentials.as_mut().unwrap().password = "not-its-password".into();
     let mut s = settings();
     s.attempts = 3;
-    let gw = Gateway::start(s, alice(), vec![tiny.member(), dante.member(), wrong]).await;
+    let gw = Gateway::start(s, alice(), vec![member(&tiny), member(&dante), wrong]).await;
     let mut seen = BTreeSet::new();
     for i in 0..12 {
         let ip = if i % 2 == 0 {
@@ -473,10 +473,12 @@ async fn egress_choice_limits_and_destination_rules_refuse_clearly() {
         }),
     };
     s.destinations.ports = vec![e.addr.port()];
-    let gw = Gateway::start(s, alice(), m.iter().map(Daemon::member).collect()).await;
+    let gw = Gateway::start(s, alice(), m.iter().map(member).collect()).await;
     // -egress- picks exactly that member.
     for d in &m {
         for _ in 0..3 {
+            // One open connection per identity: the previous one must have ended.
+            gw.idle().await;
             assert_eq!(
                 ip_via_http(
                     &gw,
@@ -490,6 +492,7 @@ async fn egress_choice_limits_and_destination_rules_refuse_clearly() {
             );
         }
     }
+    gw.idle().await;
     let none = http_tunnel(
         gw.http,
         "bob-egress-192.0.2.9",
@@ -532,6 +535,7 @@ async fn egress_choice_limits_and_destination_rules_refuse_clearly() {
     // Bytes: the budget of 2000 is spent after a few requests; then refused.
     let mut refused = None;
     for i in 0..40 {
+        gw.idle().await;
         match ip_via_http(&gw, "alice", PW, &e).await {
             Ok(_) => {}
             Err(r) => {

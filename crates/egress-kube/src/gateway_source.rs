@@ -22,13 +22,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use egress_core::controller::ProxyCredentials;
+use egress_core::pool::MemberMeta;
 use egress_core::pool::gateway::{GatewaySource, published_member};
 use egress_core::pool::member::{ANNOTATION_QUARANTINE, LABEL_POOL};
-use egress_core::pool::MemberMeta;
 use futures_util::StreamExt;
 use kube::api::Api;
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::reflector::reflector;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::{Notify, watch};
@@ -105,7 +105,11 @@ impl State {
                 lock(&self.secrets).get(&key).cloned().flatten()
             }
             Err(_) => {
-                tracing::warn!(namespace, secret = name, "gateway: a credentials Secret read timed out; keeping its last value");
+                tracing::warn!(
+                    namespace,
+                    secret = name,
+                    "gateway: a credentials Secret read timed out; keeping its last value"
+                );
                 lock(&self.secrets).get(&key).cloned().flatten()
             }
         }
@@ -120,7 +124,8 @@ impl State {
             return None;
         }
         let g = pool.spec.gateway.as_ref()?;
-        let own = pool.spec.credentials.generate || pool.spec.template.proxy.credentials_ref.is_some();
+        let own =
+            pool.spec.credentials.generate || pool.spec.template.proxy.credentials_ref.is_some();
         let policy = match g.validate(own) {
             Ok(p) => p,
             Err(errs) => {
@@ -298,12 +303,18 @@ async fn rebuild_loop(
                 .iter()
                 .filter(|p| p.spec.gateway.is_some())
                 .map(|p| (p.namespace().unwrap_or_default(), p.name_any()))
-                .chain(tx.borrow().values().map(|s| (s.namespace.clone(), s.name.clone())))
+                .chain(
+                    tx.borrow()
+                        .values()
+                        .map(|s| (s.namespace.clone(), s.name.clone())),
+                )
                 .collect::<BTreeSet<_>>()
                 .into_iter()
                 .collect()
         } else {
-            std::mem::take(&mut *lock(&state.dirty)).into_iter().collect()
+            std::mem::take(&mut *lock(&state.dirty))
+                .into_iter()
+                .collect()
         };
         if full {
             lock(&state.secrets).clear();

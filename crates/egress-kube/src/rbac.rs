@@ -182,7 +182,8 @@ pub const GATEWAY_SECRETS: ApiAccess = ApiAccess {
 };
 
 /// Every grant the pool gateway needs: read-only, and nothing else.
-pub const GATEWAY_API_ACCESS: &[ApiAccess] = &[GATEWAY_PROXY_POOLS, GATEWAY_PROXIES, GATEWAY_SECRETS];
+pub const GATEWAY_API_ACCESS: &[ApiAccess] =
+    &[GATEWAY_PROXY_POOLS, GATEWAY_PROXIES, GATEWAY_SECRETS];
 
 /// Every grant the operator needs, and nothing else.
 pub const API_ACCESS: &[ApiAccess] = &[

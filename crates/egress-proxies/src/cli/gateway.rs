@@ -23,9 +23,9 @@ use egress_core::pool::gateway::{GatewayMode, GatewaySource};
 use egress_core::proxy_policy::GuestPolicy;
 use egress_core::web::{Endpoints, Routes};
 use egress_gateway::{
-    AccessLog, Balance, ByteBudget, Credential, Destinations, GatewayMetrics, GatewaySet,
-    Limits, Listener, ListenerProtocol, LogTarget, Member, MemberProtocol, Net, PoolSettings,
-    PoolView, Sessions, Timeouts, Views,
+    AccessLog, Balance, ByteBudget, Credential, Destinations, GatewayMetrics, GatewaySet, Limits,
+    Listener, ListenerProtocol, LogTarget, Member, MemberProtocol, Net, PoolSettings, PoolView,
+    Sessions, Timeouts, Views,
 };
 use egress_provider::libvirt::config::ProxyPolicy;
 use prometheus_client::registry::Registry;
@@ -39,10 +39,8 @@ pub type Sources = BTreeMap<String, Arc<GatewaySource>>;
 
 /// Default address of the gateway process's `/metrics`, `/healthz` and `/readyz`.
 // NB: 9466, after the standalone status port (9464) and the echo (9465).
-pub const DEFAULT_GATEWAY_LISTEN: SocketAddr = SocketAddr::new(
-    IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-    9466,
-);
+pub const DEFAULT_GATEWAY_LISTEN: SocketAddr =
+    SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 9466);
 
 /// The access log and shutdown settings of the gateway (shared by `gateway` and
 /// `standalone`).
@@ -50,15 +48,23 @@ pub const DEFAULT_GATEWAY_LISTEN: SocketAddr = SocketAddr::new(
 pub struct GatewayLogArgs {
     /// The pool gateways' access log (one JSON object per connection): `stderr`, `off`, or a
     /// file (rotated by size).
-    #[arg(long = "gateway-access-log", alias = "access-log", value_name = "stderr|off|FILE",
-          default_value = "stderr")]
+    #[arg(
+        long = "gateway-access-log",
+        alias = "access-log",
+        value_name = "stderr|off|FILE",
+        default_value = "stderr"
+    )]
     pub gateway_access_log: String,
     /// Size at which the access-log file is rotated (to FILE.1, FILE.2, ...).
     #[arg(long = "gateway-access-log-max-bytes", value_name = "BYTES",
           default_value_t = 100 << 20)]
     pub gateway_access_log_max_bytes: u64,
     /// Rotated access-log files kept.
-    #[arg(long = "gateway-access-log-keep", value_name = "N", default_value_t = 5)]
+    #[arg(
+        long = "gateway-access-log-keep",
+        value_name = "N",
+        default_value_t = 5
+    )]
     pub gateway_access_log_keep: u32,
     /// Time open gateway connections get to finish at shutdown before they are cut.
     #[arg(long = "gateway-shutdown-grace", value_name = "DURATION",
@@ -136,7 +142,11 @@ pub fn view(src: &GatewaySource, bind: Option<IpAddr>, entry: Option<&ProxyPolic
         },
         None => Destinations {
             domains: spec_dest.domains.clone(),
-            cidrs: spec_dest.cidrs.iter().filter_map(|c| Net::parse(c)).collect(),
+            cidrs: spec_dest
+                .cidrs
+                .iter()
+                .filter_map(|c| Net::parse(c))
+                .collect(),
             ports: spec_dest.ports.clone(),
             ..Destinations::default()
         },
@@ -294,7 +304,10 @@ pub async fn run(a: GatewayArgs) -> anyhow::Result<u8> {
     if a.namespace.as_deref().is_some_and(str::is_empty) {
         return Err(UsageError::new("--namespace must not be empty").into());
     }
-    tracing::info!(version = env!("CARGO_PKG_VERSION"), "egress-proxies gateway starting");
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        "egress-proxies gateway starting"
+    );
     let client = match &a.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)

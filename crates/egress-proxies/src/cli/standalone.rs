@@ -79,16 +79,17 @@ pub async fn run(a: StandaloneArgs) -> anyhow::Result<u8> {
     opts.extra_metrics = Some(Arc::new(metrics));
     let (tx, rx) = tokio::sync::watch::channel(Arc::new(super::gateway::Sources::new()));
     opts.gateway = Some(tx);
-    let entries: HashMap<String, ProxyPolicy> = standalone::load_config(opts.config_path.as_deref())
-        .map(|cfg| {
-            cfg.providers
-                .iter()
-                .map(|egress_core::config::ProviderEntry::Libvirt(e)| {
-                    (e.name.clone(), e.policy.clone())
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let entries: HashMap<String, ProxyPolicy> =
+        standalone::load_config(opts.config_path.as_deref())
+            .map(|cfg| {
+                cfg.providers
+                    .iter()
+                    .map(|egress_core::config::ProviderEntry::Libvirt(e)| {
+                        (e.name.clone(), e.policy.clone())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
     let shutdown = shutdown_on_signals();
     let follow = tokio::spawn(super::gateway::follow(
         set.clone(),

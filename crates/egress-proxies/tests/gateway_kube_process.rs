@@ -22,8 +22,7 @@ mod kube_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
 use ep_operator_fixtures::real_members::{
@@ -32,7 +31,7 @@ use ep_operator_fixtures::real_members::{
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
-use kube_support::{ApiServer, free_port, wait_for};
+use kube_support::{ApiServer, GatewayProcess, free_port, wait_for};
 use serde_json::{Value, json};
 
 /// Hang guard of every wait.
@@ -67,74 +66,22 @@ fn b64(s: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(s)
 }
 
-/// A gateway process; SIGKILLed if still running when dropped.
+/// A gateway process of the test: the pool's HTTP listener on `bind`.
 struct GatewayProc {
-    child: Option<Child>,
-    listen: SocketAddr,
+    p: GatewayProcess,
     http: SocketAddr,
-    stderr: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for GatewayProc {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.child {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 impl GatewayProc {
     fn start(kubeconfig: &Path, bind: Ipv4Addr, http_port: u16) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
-        let stderr = dir.path().join("stderr.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_egress-proxies"))
-            .arg("gateway")
-            .args(["--namespace", NS])
-            .args(["--bind-address", &bind.to_string()])
-            .args(["--listen", &listen.to_string()])
-            .args([
-                "--gateway-access-log",
-                dir.path().join("access.log").to_str().unwrap(),
-            ])
-            .args(["--gateway-shutdown-grace", "2s"])
-            .env("KUBECONFIG", kubeconfig)
-            .env("HOME", dir.path())
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr).unwrap())
-            .spawn()
-            .unwrap();
         Self {
-            child: Some(child),
-            listen,
+            p: GatewayProcess::start(kubeconfig, NS, bind, &[]),
             http: SocketAddr::from((bind, http_port)),
-            stderr,
-            _dir: dir,
         }
     }
 
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
     async fn get(&self, path: &str) -> Option<(u16, String)> {
-        let c = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .unwrap();
-        let r = c
-            .get(format!("http://{}{path}", self.listen))
-            .send()
-            .await
-            .ok()?;
-        Some((r.status().as_u16(), r.text().await.unwrap_or_default()))
+        self.p.get(path, None).await.map(|(c, _, b)| (c, b))
     }
 
     /// The member's egress (as the echo saw it) for a connection as `user`.
@@ -388,22 +335,12 @@ async fn two_gateway_processes_serve_a_pool_and_follow_its_membership() {
     );
     // SIGTERM: both exit 0.
     for mut g in [a, b] {
-        let pid = g.child.as_ref().unwrap().id();
-        Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap();
-        let mut child = g.child.take().unwrap();
-        let st = wait_for("the gateway exits", DEADLINE, || {
-            let r = child.try_wait().unwrap();
-            async move { r }
-        })
-        .await;
-        assert!(st.success(), "{st:?}; stderr:\n{}", g.stderr());
+        let st = g.p.stop(DEADLINE).await;
+        assert!(st.success(), "{st:?}; stderr:\n{}", g.p.stderr());
         assert!(
-            g.stderr().contains("egress-proxies gateway: stopped"),
+            g.p.stderr().contains("egress-proxies gateway: stopped"),
             "{}",
-            g.stderr()
+            g.p.stderr()
         );
     }
 }

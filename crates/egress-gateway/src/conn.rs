@@ -230,17 +230,17 @@ async fn run(
                 .await
                 .map_err(gone)?;
         }
-        (ListenerProtocol::Http, Kind::Forward) => {
-            if let Some(h) = &asked.forward_head {
-                write_all(&member, h).await.map_err(gone)?;
-            }
-        }
+        (ListenerProtocol::Http, Kind::Forward) => {}
     }
     let mut early_up = 0u64;
+    if let Some(h) = &asked.forward_head {
+        write_all(&member, h).await.map_err(gone)?;
+        early_up += h.len() as u64;
+    }
     if let Some((buf, range)) = &asked.early {
         let b = buf.get(range.clone()).unwrap_or_default();
         write_all(&member, b).await.map_err(gone)?;
-        early_up = b.len() as u64;
+        early_up += b.len() as u64;
     }
     drop(asked);
     let mut early_down = 0u64;

@@ -139,6 +139,11 @@ fn spawn(cmd: &mut tokio::process::Command) -> tokio::process::Child {
 /// tinyproxy with the rendered config and basic auth, on 127.0.0.1, leaving from
 /// [`egress`]`(i)`.
 pub async fn tinyproxy(i: u8, user: &str, password: &str) -> Daemon {
+    tinyproxy_with(i, user, password, None).await
+}
+
+/// [`tinyproxy`] with `MaxClients` raised to `max_clients` (the benchmark's idle tunnels).
+pub async fn tinyproxy_with(i: u8, user: &str, password: &str, max_clients: Option<u32>) -> Daemon {
     require("/usr/bin/tinyproxy");
     let port = free_port();
     let c = creds(user, password);
@@ -148,11 +153,11 @@ pub async fn tinyproxy(i: u8, user: &str, password: &str) -> Daemon {
         ..ProxySettings::default()
     };
     let ud = render(&settings, Some(&c), &loopback_allowed()).unwrap();
-    let conf = format!(
-        "Listen 127.0.0.1\nBind {}\n{}",
-        egress(i),
-        staged(&ud, "tinyproxy.conf")
-    );
+    let mut rendered = staged(&ud, "tinyproxy.conf");
+    if let Some(n) = max_clients {
+        rendered = rendered.replace("MaxClients 100", &format!("MaxClients {n}"));
+    }
+    let conf = format!("Listen 127.0.0.1\nBind {}\n{rendered}", egress(i));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tinyproxy.conf");
     std::fs::write(&path, conf).unwrap();

@@ -251,8 +251,12 @@ pub async fn follow(
 pub fn start(log: &GatewayLogArgs) -> anyhow::Result<(GatewaySet, GatewayMetrics)> {
     let metrics = GatewayMetrics::new();
     let target = log.target();
-    let access = AccessLog::start(target.clone(), metrics.clone())
-        .with_context(|| format!("cannot open the gateway access log {target:?}"))?;
+    let access = AccessLog::start(target, metrics.clone()).map_err(|e| {
+        UsageError::new(format!(
+            "--gateway-access-log {}: cannot open it: {e}",
+            log.gateway_access_log
+        ))
+    })?;
     Ok((GatewaySet::new(metrics.clone(), access), metrics))
 }
 
@@ -394,4 +398,88 @@ pub async fn run(a: GatewayArgs) -> anyhow::Result<u8> {
     let _ = http.await;
     tracing::info!("egress-proxies gateway: stopped");
     Ok(EXIT_OK)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+    use super::*;
+    use egress_core::pool::gateway::{GatewayMember, GatewaySpec};
+
+    fn source(spec: &str, template: &str) -> GatewaySource {
+        let g: GatewaySpec = serde_saphyr::from_str(spec).unwrap();
+        GatewaySource {
+            namespace: "team-a".into(),
+            name: "web".into(),
+            policy: g.validate(true).unwrap(),
+            template: serde_saphyr::from_str(template).unwrap(),
+            clients: vec![egress_core::controller::ProxyCredentials {
+                username: "alice".into(),
+                password: "pw".into(),
+            }],
+            members: vec![GatewayMember {
+                uid: "u1".into(),
+                name: "web-abc".into(),
+                addr: "10.0.0.5:1080".parse().unwrap(),
+                protocol: ProxyProtocol::Socks5,
+                credentials: None,
+                egress: vec!["203.0.113.7".parse().unwrap()],
+            }],
+        }
+    }
+
+    #[test]
+    fn a_source_becomes_the_data_paths_view_with_the_entrys_destination_rules() {
+        let src = source(
+            "address: 0.0.0.0\nlisteners: [{port: 3128}, {port: 1080, protocol: socks5}]\n\
+             mode: LeastConnections\nsessions: {defaultTTL: 10m}\nfailover: {attempts: 2, connectTimeout: 3s}\n\
+             drainGrace: 1m\nlimits: {maxConnections: 5, bytesPerPeriod: 1000, period: 1h}\n",
+            "provider: home\nimage: i\nproxy: {allowedClientCidrs: [10.0.0.0/8], \
+             allowedDestinations: {ports: [443]}}\n",
+        );
+        let entry = ProxyPolicy {
+            allowed_internal_cidrs: vec!["10.9.0.0/16".into()],
+            ..ProxyPolicy::default()
+        };
+        let v = view(&src, None, Some(&entry));
+        assert_eq!(v.key, "team-a/web");
+        let s = &v.settings;
+        assert_eq!(
+            s.listeners,
+            [
+                Listener {
+                    addr: "0.0.0.0:3128".parse().unwrap(),
+                    protocol: ListenerProtocol::Http
+                },
+                Listener {
+                    addr: "0.0.0.0:1080".parse().unwrap(),
+                    protocol: ListenerProtocol::Socks5
+                },
+            ]
+        );
+        assert_eq!(s.balance, Balance::LeastConnections);
+        assert_eq!(s.sessions.default_ttl, Some(Duration::from_secs(600)));
+        assert_eq!((s.attempts, s.timeouts.connect), (2, Duration::from_secs(3)));
+        assert_eq!(s.drain_grace, Duration::from_secs(60));
+        assert_eq!(
+            s.limits.bytes,
+            Some(ByteBudget {
+                bytes: 1000,
+                period: Duration::from_secs(3600)
+            })
+        );
+        assert_eq!(s.destinations.ports, [443]);
+        let t = |a: &str| egress_gateway::target::Target::parse_authority(a).unwrap();
+        assert!(s.destinations.check(&t("10.1.0.1:443")).is_err(), "internal");
+        assert!(s.destinations.check(&t("10.9.1.1:443")).is_ok(), "lifted by the entry");
+        assert!(s.destinations.check(&t("203.0.113.1:80")).is_err(), "port");
+        assert_eq!(v.members[0].protocol, MemberProtocol::Socks5);
+        assert_eq!(v.clients[0].username, "alice");
+        // Kubernetes: the bind address replaces the spec's, internal networks are the
+        // members' to refuse (the entry is unknown).
+        let k = view(&src, Some("127.0.0.3".parse().unwrap()), None);
+        assert_eq!(k.settings.listeners[0].addr, "127.0.0.3:3128".parse().unwrap());
+        assert!(k.settings.destinations.check(&t("10.1.0.1:443")).is_ok());
+        assert!(k.settings.destinations.check(&t("10.1.0.1:80")).is_err());
+    }
 }

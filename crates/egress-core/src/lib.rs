@@ -2,7 +2,8 @@
 //! share, with no driver in it.
 //!
 //! - [`model`]: the Proxy manifest, spec validation and status (conditions redacted, bounded).
-//! - [`proxy_policy`]: who may use a guest's proxy and where it may connect.
+//! - [`proxy_policy`]: who may use a guest's proxy and where it may connect;
+//!   [`client_span`]: what a list of client networks admits, and its caps.
 //! - [`pool`]: ProxyPools: the pool spec, its validation and the pure pool decision.
 //! - [`config`]: the provider configuration: load, validate, every error with its field path.
 //! - [`providers`]: the registry of configured provider entries and their hosts.
@@ -16,6 +17,7 @@
 //! - [`status`]: the status document both drivers serve; [`web`]: its HTTP server.
 
 pub mod background;
+pub mod client_span;
 pub mod config;
 pub mod controller;
 pub mod exposition;

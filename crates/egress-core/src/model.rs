@@ -26,6 +26,11 @@ pub const KIND: &str = "Proxy";
 // NB: enough for a classified provider error with its host, setting and both sizes; status
 // objects stay small when hundreds of proxies fail the same way.
 pub const MAX_MESSAGE_CHARS: usize = 1024;
+/// Longest `spec.provider` and `spec.host` (entry and host names are identifiers of at most
+/// 32 characters in the provider config).
+pub const MAX_NAME_CHARS: usize = 32;
+/// Longest `spec.image` (a catalogue key, or a URL with its digest fragment).
+pub const MAX_IMAGE_CHARS: usize = 2048;
 /// Default proxy listen port (tinyproxy/squid convention).
 pub const DEFAULT_PROXY_PORT: u16 = 3128;
 
@@ -74,7 +79,7 @@ pub struct ProxySpec {
     /// move a Proxy to another entry, delete it and create a new one.
     // NB: a CEL transition rule, because re-typing a Proxy to another entry would orphan its
     // instance on the old entry's hosts (finding M2).
-    #[cfg_attr(feature = "schema", schemars(length(min = 1), extend("x-kubernetes-validations" = [{
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 32), extend("x-kubernetes-validations" = [{
         "rule": "self == oldSelf",
         "message": "spec.provider is immutable: delete the Proxy and create a new one"
     }])))]
@@ -82,12 +87,12 @@ pub struct ProxySpec {
     /// Pin to one host of the entry (its name in the provider config); otherwise the operator
     /// places it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 32)))]
     pub host: Option<String>,
     /// The image to boot: a key of the entry's image catalogue or, when the entry allows URL
     /// images, a URL with its digest as a fragment (`https://host/image.qcow2#sha256=HEX`; the
     /// fragment is required for plain http).
-    #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 2048)))]
     pub image: String,
     /// Size overrides; the entry's `defaults` fill what is omitted.
     #[serde(default)]
@@ -144,7 +149,14 @@ pub struct ProxySettings {
     /// `http` (an HTTP forward proxy with CONNECT) or `socks5`.
     #[serde(default)]
     pub protocol: ProxyProtocol,
-    /// Client networks allowed to use the proxy (CIDR notation).
+    /// Client networks allowed to use the proxy (CIDR notation). Judged together by the
+    /// addresses they admit: at most as many IPv4 addresses as one /8 and IPv6 networks as
+    /// one /32 in total (the provider entry may allow less); IPv4-mapped (`::ffff:0:0/96`)
+    /// and -compatible (`::/96`) forms count as IPv4, so an IPv6 network containing them
+    /// (such as `::/32`) admits every IPv4 client and is refused.
+    // NB: the span rule's CEL form (`client_span::cel_v4_rule`) is not installed: at 256
+    // items its estimated cost is 32 times the API server's per-rule budget. The operator
+    // applies the rule itself (spec validation in both drivers, `check`, the renderer).
     // NB: the item bound keeps the CEL rule's cost estimate within the API server's budget;
     // 256 networks is far more than an allowlist of client networks needs.
     #[serde(default)]
@@ -268,6 +280,29 @@ impl ProxySpec {
         if self.provider.trim().is_empty() {
             err("spec.provider".into(), "must name a provider entry".into());
         }
+        // The same bounds as the Proxy resource's schema (entry and host names are at most
+        // 32 characters; an image URL at most 2048).
+        for (path, value, max) in [
+            (
+                "spec.provider",
+                Some(self.provider.as_str()),
+                MAX_NAME_CHARS,
+            ),
+            ("spec.host", self.host.as_deref(), MAX_NAME_CHARS),
+            ("spec.image", Some(self.image.as_str()), MAX_IMAGE_CHARS),
+        ] {
+            if let Some(v) = value
+                && v.chars().count() > max
+            {
+                err(
+                    path.into(),
+                    format!(
+                        "{} characters; at most {max} are allowed",
+                        v.chars().count()
+                    ),
+                );
+            }
+        }
         if self.image.trim().is_empty() {
             err("spec.image".into(), "must name an image".into());
         }
@@ -291,19 +326,16 @@ impl ProxySpec {
         if self.resources.vcpus == Some(0) {
             err("spec.resources.vcpus".into(), "must be at least 1".into());
         }
-        for (i, c) in self.proxy.allowed_client_cidrs.iter().enumerate() {
-            match parse_cidr(c) {
-                None => err(
-                    format!("spec.proxy.allowedClientCidrs[{i}]"),
-                    format!("{c:?} is not a CIDR (e.g. 10.0.0.0/8 or 2001:db8::/32)"),
-                ),
-                Some((_, 0)) => err(
-                    format!("spec.proxy.allowedClientCidrs[{i}]"),
-                    format!(
-                        "{c:?} allows every address: a proxy open to everyone is an open relay"
-                    ),
-                ),
-                Some(_) => {}
+        // The whole list, judged by what it admits, within the widest caps any entry may
+        // set (the provider entry's own caps are applied when the Proxy is rendered).
+        if let Err(e) = crate::client_span::check(
+            "spec.proxy.allowedClientCidrs",
+            &self.proxy.allowed_client_cidrs,
+            crate::client_span::CEILING_SPAN_V4,
+            crate::client_span::CEILING_SPAN_V6,
+        ) {
+            for (path, message) in e {
+                err(path, message);
             }
         }
         for (path, message) in crate::proxy_policy::check_list(
@@ -353,6 +385,12 @@ pub fn is_dns_subdomain(s: &str) -> bool {
                 && b.first().is_some_and(u8::is_ascii_alphanumeric)
                 && b.last().is_some_and(u8::is_ascii_alphanumeric)
         })
+}
+
+/// Whether `s` is a DNS label (RFC 1123) as Kubernetes namespace names are: 1 to 63 of
+/// lowercase letters, digits and `-`, starting and ending with a letter or digit.
+pub fn is_dns_label(s: &str) -> bool {
+    s.len() <= 63 && !s.contains('.') && is_dns_subdomain(s)
 }
 
 /// Parses `addr/len` with the length within the address family's bounds.
@@ -660,7 +698,7 @@ mod tests {
     }
 
     #[test]
-    fn an_open_relay_and_bad_values_are_refused_with_their_paths() {
+    fn no_client_cidrs_without_credentials_and_bad_values_are_refused_with_their_paths() {
         let mut s = spec();
         s.proxy.allowed_client_cidrs = vec!["10.0.0.0/8".into(), "10.0.0.0/33".into()];
         s.proxy.port = 0;
@@ -674,9 +712,39 @@ mod tests {
                 "spec.proxy.allowedClientCidrs[1]"
             ]
         );
+        // Neither a client list nor credentials: open to everyone, refused at `spec.proxy`.
         let mut open = spec();
         open.proxy.allowed_client_cidrs.clear();
-        assert_eq!(open.validate()[0].path, "spec.proxy");
+        let errs = open.validate();
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].path, "spec.proxy");
+        assert!(
+            errs[0].message.contains("open relay"),
+            "{}",
+            errs[0].message
+        );
+        // Credentials alone restrict it: no client list is then fine.
+        open.proxy.credentials_ref = Some("proxy-users".into());
+        assert!(open.validate().is_empty(), "{:?}", open.validate());
+    }
+
+    #[test]
+    fn client_networks_admitting_every_ipv4_client_are_refused_whatever_their_prefixes() {
+        // `::/32` passes a prefix check, yet holds ::ffff:0:0/96: every IPv4 client.
+        for cidrs in [
+            vec!["::/32".to_owned()],
+            (0..=255).map(|a| format!("{a}.0.0.0/8")).collect(),
+        ] {
+            for creds in [None, Some("users".to_owned())] {
+                let mut s = spec();
+                s.proxy.allowed_client_cidrs = cidrs.clone();
+                s.proxy.credentials_ref = creds.clone();
+                let errs = s.validate();
+                assert_eq!(errs.len(), 1, "{errs:?}");
+                assert_eq!(errs[0].path, "spec.proxy.allowedClientCidrs");
+                assert!(errs[0].message.contains("IPv4"), "{}", errs[0]);
+            }
+        }
     }
 
     #[test]

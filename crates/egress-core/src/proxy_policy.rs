@@ -5,9 +5,9 @@
 //! nftables rules.
 //!
 //! Guarantees:
-//! - Internal destinations are denied by default: [`DENIED_V4`] and [`DENIED_V6`] (private,
-//!   loopback, link-local with the cloud metadata address, CGNAT, ULA, multicast, reserved)
-//!   and the host's own addresses. Only the admin (an entry's
+//! - Internal destinations are denied by default: the shared deny list
+//!   ([`denied_networks`]: private, loopback, link-local with the cloud metadata address,
+//!   CGNAT, ULA, multicast, reserved, NAT64, 6to4, Teredo) and the host's own addresses. Only the admin (an entry's
 //!   `policy.allowedInternalCidrs`) can lift that for a network; a Proxy cannot.
 //! - A Proxy's allowlist only narrows the entry's: each of its domains, CIDRs and ports must
 //!   lie within the entry's list when the entry has one ([`GuestPolicy::for_proxy`]).
@@ -21,9 +21,6 @@ use egress_provider::libvirt::config::{DestinationAllowlist, ProxyPolicy};
 
 use crate::model::{Destinations, parse_cidr};
 
-/// The denied destination classes, one list shared with the network filter the provider
-/// puts on every guest's NIC (the host's enforcement of the same policy).
-pub use egress_provider::libvirt::nwfilter::{DENIED_V4, DENIED_V6};
 /// Most entries in each destination list (domains, CIDRs, ports).
 // NB: bounds the rendered configs and firewall sets; an allowlist longer than this is a
 // job for an upstream filtering proxy.
@@ -86,12 +83,11 @@ impl std::fmt::Display for Net {
     }
 }
 
-/// The denied networks ([`DENIED_V4`] and [`DENIED_V6`]), parsed.
+/// The denied networks: the shared deny list ([`egress_provider::denylist`], the one the
+/// image guard and the host's network filter on every guest NIC apply too), parsed.
 pub fn denied_networks() -> Vec<Net> {
-    DENIED_V4
-        .iter()
-        .chain(DENIED_V6)
-        .filter_map(|s| Net::parse(s))
+    egress_provider::denylist::ranges(egress_provider::denylist::Scope::Everywhere)
+        .filter_map(|r| Net::parse(r.cidr))
         .collect()
 }
 
@@ -182,7 +178,11 @@ pub struct GuestPolicy {
     pub min_client_prefix_v4: u8,
     /// Shortest IPv6 client prefix allowed.
     pub min_client_prefix_v6: u8,
-    /// Shortest password allowed when no client CIDR is given.
+    /// The IPv4 client span cap, as a prefix length ([`crate::client_span`]).
+    pub max_client_span_v4: u8,
+    /// The IPv6 client span cap, as a prefix length, counted in /64s.
+    pub max_client_span_v6: u8,
+    /// Shortest password allowed whenever credentials are set.
     pub min_password_length: usize,
     /// Allowed domain patterns (empty: any name).
     pub domains: Vec<String>,
@@ -195,7 +195,16 @@ pub struct GuestPolicy {
     /// Denied destination networks: the default classes and the host's own addresses,
     /// minus nothing (lifting happens by accepting `lifted` first).
     pub denied: Vec<Net>,
+    /// The ports HTTP CONNECT may reach when `ports` is empty: [`DEFAULT_CONNECT_PORTS`], and
+    /// the operator adds its health check targets' ports (its probes CONNECT through the
+    /// proxy).
+    pub connect_default: Vec<u16>,
 }
+
+/// The ports HTTP CONNECT may reach when neither the Proxy nor its entry lists ports: HTTPS
+/// and HTTP. (A plain HTTP request through tinyproxy names its own port; the guest firewall
+/// bounds ports only when a list is set.)
+pub const DEFAULT_CONNECT_PORTS: [u16; 2] = [443, 80];
 
 impl GuestPolicy {
     /// The entry's policy with its defaults and no Proxy allowlist (for tests and callers
@@ -204,12 +213,15 @@ impl GuestPolicy {
         Self::for_proxy(entry, &Destinations::default(), &[]).unwrap_or_else(|_| Self {
             min_client_prefix_v4: entry.min_client_prefix_v4,
             min_client_prefix_v6: entry.min_client_prefix_v6,
+            max_client_span_v4: entry.max_client_span_v4,
+            max_client_span_v6: entry.max_client_span_v6,
             min_password_length: usize::try_from(entry.min_password_length).unwrap_or(usize::MAX),
             domains: Vec::new(),
             cidrs: Vec::new(),
             ports: Vec::new(),
             lifted: Vec::new(),
             denied: denied_networks(),
+            connect_default: DEFAULT_CONNECT_PORTS.to_vec(),
         })
     }
 
@@ -284,6 +296,8 @@ impl GuestPolicy {
         Ok(Self {
             min_client_prefix_v4: entry.min_client_prefix_v4,
             min_client_prefix_v6: entry.min_client_prefix_v6,
+            max_client_span_v4: entry.max_client_span_v4,
+            max_client_span_v6: entry.max_client_span_v6,
             min_password_length: usize::try_from(entry.min_password_length).unwrap_or(usize::MAX),
             domains: if spec.domains.is_empty() {
                 e_domains
@@ -298,6 +312,7 @@ impl GuestPolicy {
             },
             lifted,
             denied,
+            connect_default: DEFAULT_CONNECT_PORTS.to_vec(),
         })
     }
 }
@@ -334,6 +349,10 @@ mod tests {
             "100.64.0.1/32",
             "fd00::1/128",
             "127.0.0.53/32",
+            "64:ff9b::a9fe:a9fe/128",
+            "64:ff9b:1::a00:1/128",
+            "2002:a9fe:a9fe::/48",
+            "2001:0:4136:e378::/64",
         ] {
             let n = Net::parse(ip).unwrap();
             assert!(d.iter().any(|x| x.contains(&n)), "{ip}");

@@ -684,3 +684,41 @@ fn a_local_host_needs_no_ssh_files_but_a_remote_one_does() {
         ]
     );
 }
+
+#[test]
+fn client_prefix_minimums_are_accepted_exactly_within_their_family_bounds() {
+    // A minimum of /0 would let a Proxy admit every client of the family (`::/0`); above the
+    // family's length no client network could pass. Probed on both sides of each bound.
+    let base = "providers:\n- name: home\n  type: libvirt\n  hosts:\n  - name: a\n    address: \
+                h.example.org\n    network: default\n    sshKeyFile: /k\n    knownHostsFile: \
+                /kh\n  policy:\n";
+    for (field, family, value, valid) in [
+        ("minClientPrefixV4", "IPv4", 0, false),
+        ("minClientPrefixV4", "IPv4", 1, true),
+        ("minClientPrefixV4", "IPv4", 32, true),
+        ("minClientPrefixV4", "IPv4", 33, false),
+        ("minClientPrefixV6", "IPv6", 0, false),
+        ("minClientPrefixV6", "IPv6", 1, true),
+        ("minClientPrefixV6", "IPv6", 128, true),
+        ("minClientPrefixV6", "IPv6", 129, false),
+    ] {
+        let text = format!("{base}    {field}: {value}\n");
+        match (parse(&text, "test.yaml"), valid) {
+            (Ok(c), true) => {
+                let ProviderEntry::Libvirt(e) = &c.providers[0];
+                let got = if family == "IPv4" {
+                    e.policy.min_client_prefix_v4
+                } else {
+                    e.policy.min_client_prefix_v6
+                };
+                assert_eq!(got, value, "{field}: {value}");
+            }
+            (Err(_), false) => {
+                let e = only_error(&text, &format!("providers[0].policy.{field}"), family);
+                assert!(e.message.contains(&value.to_string()), "{field}: {e}");
+            }
+            (Ok(_), false) => panic!("{field}: {value} must be refused, the config validated"),
+            (Err(e), true) => panic!("{field}: {value} must be accepted:\n{e}"),
+        }
+    }
+}

@@ -101,6 +101,7 @@ fn proxy(n: u8, pin: Option<&str>) -> ProxyObject {
         }),
         deleting: false,
         credentials: None,
+        namespace_labels: None,
     }
 }
 
@@ -281,6 +282,8 @@ async fn deleting_a_proxy_with_no_provider_id_leaves_nothing_on_any_host() {
         vcpus: 1,
         user_data: "#cloud-config\n{}\n".into(),
         pinned_egress: Vec::new(),
+        reserved: Vec::new(),
+        lift_internal: true,
     };
     within(
         "a create",

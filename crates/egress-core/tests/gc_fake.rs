@@ -83,6 +83,9 @@ fn host() -> HostConfig {
         max_concurrent: 4,
         guest_cidr: Vec::new(),
         address_pool: None,
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     }
 }
 
@@ -111,6 +114,8 @@ fn setup_on(fake: FakeLibvirt) -> Setup {
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        access: None,
+        quotas: Default::default(),
     };
     let conns = Arc::new(Mutex::new(Vec::new()));
     let pool = HostPool::new(

@@ -58,6 +58,9 @@ fn host() -> HostConfig {
         max_concurrent: 4,
         guest_cidr: Vec::new(),
         address_pool: None,
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     }
 }
 
@@ -74,6 +77,8 @@ fn operator(fake: &FakeLibvirt, id: &str) -> Providers {
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        access: None,
+        quotas: Default::default(),
     };
     let pool = HostPool::new(
         entry.clone(),

@@ -66,6 +66,9 @@ fn providers(entry: &str, sshd: &Sshd, pool: &str) -> Providers {
         max_concurrent: 4,
         guest_cidr: Vec::new(),
         address_pool: None,
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     };
     let e = LibvirtEntry {
         name: entry.into(),
@@ -78,6 +81,8 @@ fn providers(entry: &str, sshd: &Sshd, pool: &str) -> Providers {
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        access: None,
+        quotas: Default::default(),
     };
     let pool = HostPool::new(
         e.clone(),

@@ -94,16 +94,14 @@ fn require(bin: &str) {
     );
 }
 
-/// Starts tinyproxy with the rendered config, bound to 127.0.0.1.
-async fn tinyproxy(cidrs: &[&str], creds: Option<&ProxyCredentials>) -> Daemon {
+/// Starts tinyproxy with the rendered config, bound to 127.0.0.1; CONNECT may reach the
+/// health target's port `target` (as the operator renders it for its own health checks).
+async fn tinyproxy(cidrs: &[&str], creds: Option<&ProxyCredentials>, target: u16) -> Daemon {
     require("/usr/bin/tinyproxy");
     let port = free_port();
-    let ud = render(
-        &settings(ProxyProtocol::Http, port, cidrs),
-        creds,
-        &loopback_allowed(),
-    )
-    .unwrap();
+    let mut policy = loopback_allowed();
+    policy.connect_default.push(target);
+    let ud = render(&settings(ProxyProtocol::Http, port, cidrs), creds, &policy).unwrap();
     let conf = format!("Listen 127.0.0.1\n{}", staged(&ud, "tinyproxy.conf"));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tinyproxy.conf");
@@ -184,7 +182,7 @@ fn creds(password: &str) -> ProxyCredentials {
 async fn the_rendered_tinyproxy_config_tunnels_for_allowed_clients_and_reports_the_egress() {
     let (echo, _e) = start_echo().await;
     let target = CheckTarget::parse(&format!("http://{echo}/")).unwrap();
-    let d = tinyproxy(&["127.0.0.0/8"], None).await;
+    let d = tinyproxy(&["127.0.0.0/8"], None, echo.port()).await;
     let ok = probe(&ep(&d, ProxyProtocol::Http, None), &target, PROBE_DEADLINE)
         .await
         .unwrap();
@@ -195,7 +193,7 @@ async fn the_rendered_tinyproxy_config_tunnels_for_allowed_clients_and_reports_t
 async fn the_rendered_tinyproxy_config_refuses_clients_outside_its_networks() {
     let (echo, _e) = start_echo().await;
     let target = CheckTarget::parse(&format!("http://{echo}/")).unwrap();
-    let d = tinyproxy(&["192.0.2.0/24"], None).await;
+    let d = tinyproxy(&["192.0.2.0/24"], None, echo.port()).await;
     let e = probe(&ep(&d, ProxyProtocol::Http, None), &target, PROBE_DEADLINE)
         .await
         .unwrap_err();
@@ -209,7 +207,7 @@ async fn the_rendered_tinyproxy_config_refuses_clients_outside_its_networks() {
 async fn the_rendered_tinyproxy_config_requires_its_basic_auth() {
     let (echo, _e) = start_echo().await;
     let target = CheckTarget::parse(&format!("http://{echo}/")).unwrap();
-    let d = tinyproxy(&[], Some(&creds("s3cr3t-pw-16chars"))).await;
+    let d = tinyproxy(&[], Some(&creds("s3cr3t-pw-16chars")), echo.port()).await;
     let ok = probe(
         &ep(&d, ProxyProtocol::Http, Some(creds("s3cr3t-pw-16chars"))),
         &target,

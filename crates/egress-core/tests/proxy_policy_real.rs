@@ -340,7 +340,11 @@ fn policy(internal: &[&str], spec: Destinations) -> GuestPolicy {
         allowed_internal_cidrs: internal.iter().map(|s| (*s).to_owned()).collect(),
         ..ProxyPolicy::default()
     };
-    GuestPolicy::for_proxy(&entry, &spec, &[]).unwrap()
+    let mut p = GuestPolicy::for_proxy(&entry, &spec, &[]).unwrap();
+    // The echo ports stand in for the operator's health targets, whose ports CONNECT may
+    // reach besides 443 and 80 when no port list is set.
+    p.connect_default.extend([ECHO_PORT, OTHER_PORT]);
+    p
 }
 
 /// Every character a password may hold.
@@ -811,5 +815,304 @@ fn the_start_and_firewall_scripts_are_valid_shell_and_the_openrc_service_renders
              depend() { need net; before tinyproxy danted sockd; }\n\
              start() { sh /etc/egress-proxy/firewall.sh; }\n"
         );
+    }
+}
+
+/// The proxy address clients use in the client-network tests: the stand-in public address,
+/// so a client's source is its `--interface` address (the proxy listens on every address,
+/// as in the guest).
+const PROXY_AT: &str = "198.51.100.1:3128";
+
+impl Netns {
+    /// Starts tinyproxy with `conf` exactly as rendered (no `Listen`: every address, the
+    /// guest's dual-stack socket, which sees an IPv4 client as `::ffff:a.b.c.d`).
+    fn tinyproxy_as_rendered(&mut self, conf: &str) {
+        let dir = self.dir.path().to_owned();
+        let path = dir.join("tinyproxy-any.conf");
+        std::fs::write(&path, conf).unwrap();
+        self.spawn(
+            &["/usr/bin/tinyproxy", "-d", "-c", path.to_str().unwrap()],
+            &dir,
+        );
+        self.wait_listening(PROXY_PORT);
+    }
+
+    /// Starts danted with `conf`, listening on every address as in the guest.
+    fn danted_any(&mut self, conf: &str) {
+        let dir = self.dir.path().to_owned();
+        let conf = conf
+            .replace("@EXTERNAL@", "lo")
+            .replace("logoutput: syslog", "logoutput: stderr");
+        let path = dir.join("danted-any.conf");
+        std::fs::write(&path, conf).unwrap();
+        self.spawn(
+            &["/usr/sbin/danted", "-f", path.to_str().unwrap(), "-N", "1"],
+            &dir,
+        );
+        self.wait_listening(PROXY_PORT);
+    }
+
+    /// Fetches the public echo through the proxy at [`PROXY_AT`] from the IPv4 client
+    /// address `from`.
+    fn fetch_from(&self, protocol: ProxyProtocol, from: &str) -> Result<(), String> {
+        let how: Vec<&str> = match protocol {
+            ProxyProtocol::Http => vec!["-x", "http://198.51.100.1:3128"],
+            ProxyProtocol::Socks5 => vec!["--socks5-hostname", PROXY_AT],
+        };
+        let mut a = how;
+        a.extend(["--interface", from]);
+        self.fetch(&a, &url(PUBLIC, ECHO_PORT))
+    }
+}
+
+/// Client lists that admit every IPv4 client: an IPv6 network holding the IPv4-mapped
+/// range, and 256 networks each narrow enough on its own.
+fn admitting_every_ipv4_client() -> Vec<(&'static str, Vec<String>)> {
+    vec![
+        ("::/32", vec!["::/32".to_owned()]),
+        ("::/80", vec!["::/80".to_owned()]),
+        (
+            "256 x /8",
+            (0..=255).map(|a| format!("{a}.0.0.0/8")).collect(),
+        ),
+    ]
+}
+
+#[test]
+fn tinyproxy_admits_an_ipv4_client_under_an_ipv6_network_holding_the_mapped_range() {
+    // The attack, shown on this machine's tinyproxy: the control for the refusals below.
+    require("/usr/bin/tinyproxy");
+    let mut ns = Netns::new();
+    let ud = render(
+        &settings(ProxyProtocol::Http, &["2001:db8::/32"]),
+        None,
+        &policy(&[], Destinations::default()),
+    )
+    .unwrap();
+    let conf = staged(&ud, "tinyproxy.conf").replace("Allow 2001:db8::/32", "Allow ::/32");
+    ns.tinyproxy_as_rendered(&conf);
+    ns.fetch_from(ProxyProtocol::Http, PRIVATE)
+        .unwrap_or_else(|e| panic!("tinyproxy with `Allow ::/32` admits IPv4 clients: {e}"));
+}
+
+#[test]
+fn client_lists_admitting_every_ipv4_client_are_refused_and_never_rendered() {
+    require("/usr/bin/tinyproxy");
+    require("/usr/sbin/danted");
+    for (what, cidrs) in admitting_every_ipv4_client() {
+        for protocol in [ProxyProtocol::Http, ProxyProtocol::Socks5] {
+            let s = settings(protocol, &[]);
+            let s = ProxySettings {
+                allowed_client_cidrs: cidrs.clone(),
+                ..s
+            };
+            // Refused where a Proxy is validated (both drivers, `check --no-probe`)...
+            let spec = egress_core::model::ProxySpec {
+                provider: "home".into(),
+                host: None,
+                image: "debian-12".into(),
+                resources: Default::default(),
+                proxy: s.clone(),
+                egress: Default::default(),
+            };
+            let errs = spec.validate();
+            assert!(
+                errs.iter()
+                    .any(|e| e.path == "spec.proxy.allowedClientCidrs"),
+                "{what}: {errs:?}"
+            );
+            // ...and by the renderer, with credentials too.
+            let creds = ProxyCredentials {
+                username: "alice".into(),
+                password: "a-long-enough-password".into(),
+            };
+            for c in [None, Some(&creds)] {
+                match render(&s, c, &policy(&[], Destinations::default())) {
+                    Err(e) => assert!(
+                        e.to_string().starts_with("spec.proxy.allowedClientCidrs:"),
+                        "{what}: {e}"
+                    ),
+                    Ok(ud) => {
+                        // What a guest would run: an IPv4 client outside every intended
+                        // network must still be refused by the real daemon.
+                        let mut ns = Netns::new();
+                        match protocol {
+                            ProxyProtocol::Http => {
+                                ns.tinyproxy_as_rendered(&staged(&ud, "tinyproxy.conf"));
+                            }
+                            ProxyProtocol::Socks5 => ns.danted_any(&staged(&ud, "danted.conf")),
+                        }
+                        let r = ns.fetch_from(protocol, PRIVATE);
+                        panic!(
+                            "{what} ({protocol:?}) was rendered; an IPv4 client from \
+                             {PRIVATE} got {r:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn mapped_client_networks_are_rendered_as_ipv4_and_admit_only_their_clients() {
+    require("/usr/bin/tinyproxy");
+    require("/usr/sbin/danted");
+    for protocol in [ProxyProtocol::Http, ProxyProtocol::Socks5] {
+        let ud = render(
+            &settings(protocol, &["::ffff:198.51.100.0/120"]),
+            None,
+            &policy(&[], Destinations::default()),
+        )
+        .unwrap();
+        let mut ns = Netns::new();
+        match protocol {
+            ProxyProtocol::Http => {
+                let conf = staged(&ud, "tinyproxy.conf");
+                assert!(conf.contains("Allow 198.51.100.0/24\n"), "{conf}");
+                ns.tinyproxy_as_rendered(&conf);
+            }
+            ProxyProtocol::Socks5 => {
+                let conf = staged(&ud, "danted.conf");
+                assert!(conf.contains("from: 198.51.100.0/24 to: 0/0"), "{conf}");
+                ns.danted_any(&conf);
+            }
+        }
+        ns.fetch_from(protocol, PUBLIC)
+            .unwrap_or_else(|e| panic!("{protocol:?}: a client inside passes: {e}"));
+        assert!(
+            ns.fetch_from(protocol, PRIVATE).is_err(),
+            "{protocol:?}: a client outside is refused"
+        );
+    }
+}
+
+/// IPv6 destinations in the translation and tunnel ranges of the shared deny list, each
+/// reaching the stand-in public address on a NAT64 or 6to4 segment, and a control.
+const NAT64: &str = "64:ff9b::c633:6401";
+const SIXTOFOUR: &str = "2002:c633:6401::1";
+const V6_CONTROL: &str = "2001:db8::1";
+const V6_PORT: u16 = 8082;
+
+impl Netns {
+    /// Puts [`NAT64`], [`SIXTOFOUR`] and [`V6_CONTROL`] on loopback with an HTTP server on
+    /// [`V6_PORT`] answering on all of them.
+    fn add_translated(&mut self) {
+        for a in [NAT64, SIXTOFOUR, V6_CONTROL] {
+            run(&[
+                "ip",
+                "-n",
+                &self.name,
+                "-6",
+                "addr",
+                "add",
+                &format!("{a}/128"),
+                "dev",
+                "lo",
+            ]);
+        }
+        let dir = self.dir.path().to_owned();
+        let p = V6_PORT.to_string();
+        self.spawn(&["python3", "-m", "http.server", &p, "--bind", "::"], &dir);
+        self.wait_http(&format!("http://[{V6_CONTROL}]:{V6_PORT}/"));
+    }
+}
+
+#[test]
+fn nat64_and_6to4_destinations_are_refused_by_the_real_proxies() {
+    require("/usr/bin/tinyproxy");
+    require("/usr/sbin/danted");
+    for protocol in [ProxyProtocol::Http, ProxyProtocol::Socks5] {
+        let ud = render(
+            &settings(protocol, &["127.0.0.0/8"]),
+            None,
+            &policy(&[], Destinations::default()),
+        )
+        .unwrap();
+        let mut ns = Netns::new();
+        ns.add_translated();
+        ns.firewall(&ud);
+        let how = match protocol {
+            ProxyProtocol::Http => {
+                ns.tinyproxy(&ud);
+                HTTP
+            }
+            ProxyProtocol::Socks5 => {
+                ns.danted(&staged(&ud, "danted.conf"));
+                SOCKS
+            }
+        };
+        let at = |a: &str| format!("http://[{a}]:{V6_PORT}/");
+        ns.fetch(how, &at(V6_CONTROL))
+            .unwrap_or_else(|e| panic!("{protocol:?}: the IPv6 control passes: {e}"));
+        for denied in [NAT64, SIXTOFOUR] {
+            assert!(
+                ns.fetch(how, &at(denied)).is_err(),
+                "{protocol:?}: {denied} must be refused"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_sshd_drop_in_for_socks_users_is_accepted_by_the_real_sshd_and_denies_them() {
+    require("/usr/sbin/sshd");
+    let creds = ProxyCredentials {
+        username: "alice".into(),
+        password: "a-long-enough-password".into(),
+    };
+    let ud = render(
+        &settings(ProxyProtocol::Socks5, &["10.0.0.0/8"]),
+        Some(&creds),
+        &policy(&[], Destinations::default()),
+    )
+    .unwrap();
+    let script = staged(&ud, "start.sh");
+    // The drop-in as the start script writes it (its printf run as is).
+    let line = script
+        .lines()
+        .find(|l| l.trim_start().starts_with("printf 'DenyUsers"))
+        .unwrap_or_else(|| panic!("{script}"));
+    let printf = line.trim().split(" > ").next().unwrap().to_owned();
+    let out = run(&["sh", "-c", &printf]);
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    run(&[
+        "ssh-keygen",
+        "-q",
+        "-t",
+        "ed25519",
+        "-N",
+        "",
+        "-f",
+        key.to_str().unwrap(),
+    ]);
+    let cfg = dir.path().join("sshd_config");
+    std::fs::write(
+        &cfg,
+        format!(
+            "HostKey {}\nPidFile none\nPasswordAuthentication yes\n{}",
+            key.display(),
+            String::from_utf8_lossy(&out.stdout)
+        ),
+    )
+    .unwrap();
+    run(&["/usr/sbin/sshd", "-t", "-f", cfg.to_str().unwrap()]);
+    let eff = run(&[
+        "/usr/sbin/sshd",
+        "-T",
+        "-f",
+        cfg.to_str().unwrap(),
+        "-C",
+        "user=alice,host=client,addr=192.0.2.1",
+    ]);
+    let eff = String::from_utf8_lossy(&eff.stdout).to_lowercase();
+    for want in [
+        "denyusers alice",
+        "allowtcpforwarding no",
+        "permittunnel no",
+        "forcecommand /bin/false",
+    ] {
+        assert!(eff.lines().any(|l| l == want), "{want} missing:\n{eff}");
     }
 }

@@ -405,6 +405,9 @@ mod tests {
             (port["minimum"].as_f64(), port["maximum"].as_f64()),
             (Some(1.0), Some(65535.0))
         );
+        for (field, max) in [("provider", 32), ("host", 32), ("image", 2048)] {
+            assert_eq!(spec[field]["maxLength"].as_u64(), Some(max), "{field}");
+        }
         for size in ["diskGiB", "memoryMiB", "vcpus"] {
             let f = &spec["resources"]["properties"][size];
             assert_eq!(f["minimum"].as_f64(), Some(1.0), "{size}: {f}");

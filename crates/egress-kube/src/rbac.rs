@@ -3,6 +3,9 @@
 //! fails when the RBAC grants more or less than this table), and the driver's code names the
 //! entry it uses next to each call.
 //!
+//! Secrets are the exception to "watched namespaces": they are granted only in the
+//! namespaces listed for them ([`Scope::SecretNamespaces`]), never cluster-wide.
+//!
 //! Guarantees: least privilege by construction. A call the driver makes that is not listed
 //! here would be refused by the API server in a real cluster; a verb listed here that the
 //! driver does not use is a grant to remove. Keep the table and the calls together. Each
@@ -24,6 +27,12 @@ pub enum Scope {
     WatchedNamespaces,
     /// Only in the operator's own namespace (a Role bound by a RoleBinding).
     OperatorNamespace,
+    /// Only in the namespaces granted Secret access (a Role per namespace: the chart's
+    /// `secretNamespaces`, by default the watched namespace when one is, else none). Never
+    /// cluster-wide, whatever is watched: cluster-wide `create` and `get` on Secrets would
+    /// let whoever holds the operator's token mint and read a token Secret for any
+    /// ServiceAccount.
+    SecretNamespaces,
 }
 
 /// One resource the operator calls and the verbs it uses on it.
@@ -123,9 +132,11 @@ pub const EVENTS: ApiAccess = ApiAccess {
 /// The credentials Secret a Proxy names in `spec.proxy.credentialsRef`: read by name on
 /// every reconcile and re-read on an interval (never listed or watched, so the operator
 /// cannot read every Secret of the cluster in bulk); a ProxyPool's generated-credentials
-/// Secret created when missing (never updated: an existing Secret is never written).
+/// Secret created when missing (never updated: an existing Secret is never written), of type
+/// [`SECRET_TYPE`] only (the chart's ValidatingAdmissionPolicy refuses any other type from
+/// the operator's ServiceAccount).
 pub const SECRETS: ApiAccess = ApiAccess {
-    scope: Scope::WatchedNamespaces,
+    scope: Scope::SecretNamespaces,
     group: "",
     resource: "secrets",
     verbs: &["create", "get"],
@@ -157,6 +168,20 @@ pub const LEASES: ApiAccess = ApiAccess {
     verbs: &["create", "get", "update"],
 };
 
+/// The only Secret type the operator creates (the chart's ValidatingAdmissionPolicy
+/// `…-secret-type` allows its ServiceAccount no other).
+pub const SECRET_TYPE: &str = crate::api::CREDENTIALS_SECRET_TYPE;
+
+/// The `kube-system` namespace, read once at start: its UID is the cluster's identity in the
+/// installation ID (two clusters installed alike never share one). Namespaces hold no
+/// secrets; `get` only, never listed.
+pub const NAMESPACES: ApiAccess = ApiAccess {
+    scope: Scope::Cluster,
+    group: "",
+    resource: "namespaces",
+    verbs: &["get"],
+};
+
 /// The pool gateway (`egress-proxies gateway`, its own Deployment and ServiceAccount):
 /// ProxyPools listed and watched, read-only.
 pub const GATEWAY_PROXY_POOLS: ApiAccess = ApiAccess {
@@ -173,9 +198,10 @@ pub const GATEWAY_PROXIES: ApiAccess = ApiAccess {
     verbs: &["list", "watch"],
 };
 /// The pool gateway: the credentials Secrets (the pool's, its members', its clients') read
-/// by name, never listed or watched.
+/// by name, never listed or watched, and only in the namespaces granted Secret access (as
+/// the operator's own grant: never cluster-wide).
 pub const GATEWAY_SECRETS: ApiAccess = ApiAccess {
-    scope: Scope::WatchedNamespaces,
+    scope: Scope::SecretNamespaces,
     group: "",
     resource: "secrets",
     verbs: &["get"],
@@ -201,6 +227,7 @@ pub const API_ACCESS: &[ApiAccess] = &[
     SERVICES,
     ENDPOINT_SLICES,
     LEASES,
+    NAMESPACES,
 ];
 
 #[cfg(test)]
@@ -216,21 +243,25 @@ mod tests {
             .collect();
         assert_eq!(
             cluster,
-            ["proxies", "providerhealths", "providerhealths/status"]
+            [
+                "proxies",
+                "providerhealths",
+                "providerhealths/status",
+                "namespaces"
+            ]
+        );
+        assert_eq!(
+            NAMESPACES.verbs,
+            ["get"],
+            "the cluster's identity, read once"
         );
         assert_eq!(
             PROXIES_LIVE_SET.verbs,
             ["list"],
             "read-only across namespaces"
         );
-        for a in [
-            SECRETS,
-            SERVICES,
-            ENDPOINT_SLICES,
-            EVENTS,
-            PROXIES,
-            PROXY_POOLS,
-        ] {
+        assert_eq!(SECRETS.scope, Scope::SecretNamespaces, "never cluster-wide");
+        for a in [SERVICES, ENDPOINT_SLICES, EVENTS, PROXIES, PROXY_POOLS] {
             assert_eq!(a.scope, Scope::WatchedNamespaces, "{a:?}");
         }
         assert_eq!(LEASES.scope, Scope::OperatorNamespace);
@@ -243,8 +274,14 @@ mod tests {
                 a.verbs.iter().all(|v| ["get", "list", "watch"].contains(v)),
                 "{a:?}"
             );
-            assert_eq!(a.scope, Scope::WatchedNamespaces, "{a:?}");
         }
+        assert_eq!(GATEWAY_PROXY_POOLS.scope, Scope::WatchedNamespaces);
+        assert_eq!(GATEWAY_PROXIES.scope, Scope::WatchedNamespaces);
+        assert_eq!(
+            GATEWAY_SECRETS.scope,
+            Scope::SecretNamespaces,
+            "never cluster-wide"
+        );
     }
 
     #[test]
@@ -256,12 +293,6 @@ mod tests {
                 assert!(a.verbs.windows(2).all(|w| w.first() < w.last()), "{a:?}");
                 assert!(!a.verbs.is_empty());
             }
-        }
-        let mut seen = std::collections::BTreeSet::new();
-        for a in API_ACCESS {
-            assert!(seen.insert((a.scope, a.group, a.resource)), "{a:?} twice");
-            assert!(a.verbs.windows(2).all(|w| w.first() < w.last()), "{a:?}");
-            assert!(!a.verbs.is_empty());
         }
     }
 }

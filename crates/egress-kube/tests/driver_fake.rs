@@ -85,15 +85,25 @@ struct World {
     addrs: Mutex<BTreeMap<String, String>>,
 }
 
+impl Drop for World {
+    fn drop(&mut self) {
+        // NB: every test's world checks, at its end, that nothing the operator wrote was pruned.
+        if !std::thread::panicking() {
+            self.assert_nothing_pruned();
+        }
+    }
+}
+
 /// The address a guest reports unless the test chose one.
 const DEFAULT_IP: &str = "192.168.122.10";
 
 impl World {
     fn new() -> Self {
+        // The committed CRDs, so every write is pruned, defaulted and validated (schema and CEL
+        // rules) as a real API server would, and their status/scale subresources are served.
         let api = FakeApiServer::new();
-        api.enable_status_subresource(GROUP, "proxies");
-        api.enable_status_subresource(GROUP, "providerhealths");
-        api.enable_status_subresource(GROUP, "proxypools");
+        let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds");
+        assert_eq!(api.install_crds_from_dir(&crds).unwrap(), 3);
         let hosts = fake_hosts();
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("providers.yaml"), "v1").unwrap();
@@ -105,6 +115,16 @@ impl World {
             dir,
             addrs: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Fails when the fake dropped a field the operator wrote: the schema does not declare it,
+    /// so on a real cluster it would be lost.
+    fn assert_nothing_pruned(&self) {
+        let dropped = self.api.dropped_fields();
+        assert!(
+            dropped.is_empty(),
+            "the API server pruned fields the operator wrote: {dropped:#?}"
+        );
     }
 
     fn options(&self, identity: &str) -> KubeOptions {
@@ -573,7 +593,7 @@ async fn create_secret_labelled(w: &World, name: &str, labels: Value) {
     let s: Secret = serde_json::from_value(json!({
         "metadata": {"name": name, "labels": labels},
         "stringData": {},
-        "data": {"username": "dXNlcjE=", "password": "UGFzc3cwcmQ="},
+        "data": {"username": "dXNlcjE=", "password": "UGFzc3cwcmQtc2l4dGVlbi1jaGFycw=="},
     }))
     .unwrap();
     Api::<Secret>::namespaced(w.api.client("default"), "default")
@@ -972,8 +992,12 @@ async fn the_driver_calls_exactly_the_apis_its_rbac_table_grants() {
             "update".into(),
         ));
     }
+    // NB: the kube-system namespace is read by `run` (the binary's entry) before it calls
+    // `run_with`, which this test drives: that call is made by the real binary
+    // (crates/egress-proxies/tests/kube_process.rs), not here.
     let table: BTreeSet<(String, String, String)> = API_ACCESS
         .iter()
+        .filter(|a| a.resource != egress_kube::rbac::NAMESPACES.resource)
         .flat_map(|a| {
             a.verbs
                 .iter()
@@ -1328,15 +1352,57 @@ async fn a_secret_that_did_not_opt_in_is_never_used_as_credentials() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_credentials_ref_naming_another_namespace_is_never_requested() {
     let w = World::new();
+    let refs = [
+        ("p1", "kube-system/admin"),
+        ("p2", "../../kube-system/secrets/admin"),
+    ];
+    // The CRD refuses them: a credentialsRef is a Secret name (its pattern)...
+    for (name, r) in refs {
+        let mut sp = spec(IMAGE);
+        sp.proxy.credentials_ref = Some(r.to_owned());
+        let err = w
+            .proxies()
+            .create(&PostParams::default(), &Proxy::new(name, ProxyCrdSpec(sp)))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, kube::Error::Api(s) if s.code == 422
+                && s.message.contains("spec.proxy.credentialsRef in body should match")),
+            "{err:?}"
+        );
+    }
+    // ... but Proxies stored while an older CRD without the pattern was installed stay (the
+    // server ratchets unchanged values), and the operator must still never follow them.
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(w.api.client("default"));
+    let pattern = "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/proxy/properties/credentialsRef/pattern";
+    let crd = crds.get("proxies.egress-proxies.dev").await.unwrap();
+    let original = serde_json::to_value(&crd)
+        .unwrap()
+        .pointer(pattern)
+        .cloned()
+        .unwrap();
+    let edit = |op: Value| Patch::<Value>::Json(serde_json::from_value(json!([op])).unwrap());
+    crds.patch(
+        "proxies.egress-proxies.dev",
+        &PatchParams::default(),
+        &edit(json!({"op": "remove", "path": pattern})),
+    )
+    .await
+    .unwrap();
+    for (name, r) in refs {
+        create_member(&w, name, 3128, None, Some(r)).await;
+    }
+    crds.patch(
+        "proxies.egress-proxies.dev",
+        &PatchParams::default(),
+        &edit(json!({"op": "add", "path": pattern, "value": original})),
+    )
+    .await
+    .unwrap();
     let r = w.start_with("a", None, |o| {
         o.secret_poll_interval = Duration::from_millis(100);
     });
-    for (name, r) in [
-        ("p1", "kube-system/admin"),
-        ("p2", "../../kube-system/secrets/admin"),
-    ] {
-        create_member(&w, name, 3128, None, Some(r)).await;
-    }
     w.until("both wait for credentials they will never get", |w| {
         waits_for_credentials(w, "p1") && waits_for_credentials(w, "p2")
     })
@@ -1411,4 +1477,148 @@ async fn watching_one_namespace_every_namespaced_call_stays_in_it_so_a_role_ther
             }
         }
     }
+}
+
+// ---- Pool deletion by propagation policy, with the fake's garbage collector ----
+
+/// Creates pool `name` with two members and waits until both run (their VMs defined).
+async fn running_pool(w: &World, name: &str) -> Vec<String> {
+    let pool: ProxyPool = serde_json::from_value(json!({
+        "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"replicas": 2, "template": {"provider": ENTRY, "image": IMAGE,
+                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}},
+    }))
+    .unwrap();
+    Api::<ProxyPool>::namespaced(w.api.client("default"), "default")
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap();
+    w.until("two running members", |w| {
+        pool_members(w, name)
+            .iter()
+            .filter(|m| phase_of(&w.proxy_json(m)).as_deref() == Some("Running"))
+            .count()
+            == 2
+    })
+    .await;
+    let members = pool_members(w, name);
+    assert_eq!(vms(w), 2, "one VM per member");
+    members
+}
+
+fn pool_members(w: &World, pool: &str) -> Vec<String> {
+    w.api
+        .objects(GROUP, "proxies")
+        .iter()
+        .filter(|p| p["metadata"]["labels"]["egress-proxies.dev/pool"] == pool)
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn vms(w: &World) -> usize {
+    w.fakes.values().map(|f| f.domains().len()).sum()
+}
+
+async fn delete_pool(w: &World, name: &str, dp: &DeleteParams) {
+    let _ = Api::<ProxyPool>::namespaced(w.api.client("default"), "default")
+        .delete(name, dp)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_deleted_in_the_background_goes_with_its_members_and_their_vms() {
+    let w = World::new();
+    let r = w.start("a");
+    running_pool(&w, "bg").await;
+    delete_pool(&w, "bg", &DeleteParams::background()).await;
+    w.until("the pool, its members and their VMs gone", |w| {
+        w.api.object(GROUP, "proxypools", "default", "bg").is_none()
+            && pool_members(w, "bg").is_empty()
+            && vms(w) == 0
+    })
+    .await;
+    stop(r).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_deleted_in_the_foreground_waits_for_its_members_and_goes_last() {
+    let w = World::new();
+    let r = w.start("a");
+    running_pool(&w, "fg").await;
+    delete_pool(&w, "fg", &DeleteParams::foreground()).await;
+    // Garbage Collection › Foreground cascading deletion: the owner is "deletion in progress"
+    // (the members block it: the operator set blockOwnerDeletion), its members are deleted
+    // (by the collector and the operator, whichever comes first), then the owner goes.
+    let pool = w.api.object(GROUP, "proxypools", "default", "fg");
+    if let Some(p) = pool {
+        assert!(p["metadata"]["deletionTimestamp"].is_string());
+    }
+    w.until("the members and their VMs gone, then the pool", |w| {
+        w.api.object(GROUP, "proxypools", "default", "fg").is_none()
+            && pool_members(w, "fg").is_empty()
+            && vms(w) == 0
+    })
+    .await;
+    stop(r).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_deleted_with_orphan_leaves_its_members_running_without_the_owner() {
+    let w = World::new();
+    let r = w.start("a");
+    let members = running_pool(&w, "or").await;
+    delete_pool(&w, "or", &DeleteParams::orphan()).await;
+    w.until("the pool gone, its members orphaned", |w| {
+        w.api.object(GROUP, "proxypools", "default", "or").is_none()
+            && members.iter().all(|m| {
+                w.proxy_json(m)
+                    .is_some_and(|p| p["metadata"].get("ownerReferences").is_none())
+            })
+    })
+    .await;
+    // Garbage Collection › Orphaned dependents: they stay, and the operator keeps running them.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for m in &members {
+        let p = w.proxy_json(m).expect("an orphaned member stays");
+        assert!(
+            p["metadata"].get("deletionTimestamp").is_none(),
+            "{m} was deleted"
+        );
+        assert_eq!(phase_of(&Some(p)).as_deref(), Some("Running"));
+    }
+    assert_eq!(vms(&w), 2);
+    stop(r).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_copes_when_the_garbage_collector_deleted_the_members_first() {
+    let w = World::new();
+    let r = w.start("a");
+    running_pool(&w, "gc").await;
+    // The operator is down when the pool is deleted in the foreground: the collector alone
+    // deletes the members (their finalizer holds them until the operator removed their VMs).
+    stop(r).await;
+    let before = w.api.gc_deleted();
+    delete_pool(&w, "gc", &DeleteParams::foreground()).await;
+    w.until("the collector deleting both members", |w| {
+        let deleting = pool_members(w, "gc")
+            .iter()
+            .filter(|m| {
+                w.proxy_json(m)
+                    .is_some_and(|p| p["metadata"]["deletionTimestamp"].is_string())
+            })
+            .count();
+        deleting == 2 && w.api.gc_deleted() >= before + 2
+    })
+    .await;
+    let r = w.start("b");
+    w.until("the VMs, members and pool gone", |w| {
+        w.api.object(GROUP, "proxypools", "default", "gc").is_none()
+            && pool_members(w, "gc").is_empty()
+            && vms(w) == 0
+    })
+    .await;
+    stop(r).await;
 }

@@ -287,3 +287,69 @@ async fn a_service_replaced_between_the_ownership_read_and_the_apply_is_not_writ
     );
     assert_eq!(svc["spec"]["ports"][0]["port"], 80);
 }
+
+#[tokio::test]
+async fn an_endpoint_slice_changed_between_the_ownership_read_and_the_apply_is_not_written() {
+    let api = FakeApiServer::new();
+    let mut p = publisher(&api);
+    assert!(p.sync(&want(&[group("web", &["10.1.0.1"])])).await.ok());
+    let slice_path = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/web-ipv4";
+    // 1. Between the publisher's read of our slice (ours) and its apply, another writer
+    // changes it (`kubectl edit`: a replace of the whole object, which the fake records as
+    // taking no field of ours, so only the resourceVersion read tells the apply that the
+    // slice is not the one that was checked).
+    let mut edited = slice(&api, "web-ipv4").unwrap();
+    edited["metadata"]["labels"]["edited-by"] = json!("someone-else");
+    edited["endpoints"] = json!([{"addresses": ["10.9.9.9"]}]);
+    api.before_request(
+        "PATCH",
+        slice_path,
+        vec![("PUT".into(), slice_path.into(), Some(edited))],
+    );
+    let r = p
+        .sync(&want(&[group("web", &["10.1.0.1", "10.1.0.2"])]))
+        .await;
+    let (reason, msg) = refused(&r, "web").expect("the stale slice apply is refused");
+    assert_eq!(reason, REASON_FIELD_CONFLICT);
+    assert!(
+        msg.contains("EndpointSlice default/web-ipv4") && msg.contains("changed since it was read"),
+        "{msg}"
+    );
+    let s = slice(&api, "web-ipv4").unwrap();
+    assert_eq!(
+        s["endpoints"],
+        json!([{"addresses": ["10.9.9.9"]}]),
+        "the other writer's change stays"
+    );
+    assert_eq!(s["metadata"]["labels"]["edited-by"], "someone-else");
+    // 2. Between the read and the apply, our slice is deleted and another one created under
+    // its name: it is not taken over (no owner reference to our Service, no labels of ours).
+    let theirs = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "web-ipv4", "namespace": NS, "labels": {"team": "a"}},
+        "addressType": "IPv4", "endpoints": [{"addresses": ["10.8.8.8"]}]});
+    api.before_request(
+        "PATCH",
+        slice_path,
+        vec![
+            ("DELETE".into(), slice_path.into(), None),
+            (
+                "POST".into(),
+                "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices".into(),
+                Some(theirs),
+            ),
+        ],
+    );
+    let r = p
+        .sync(&want(&[group("web", &["10.1.0.1", "10.1.0.3"])]))
+        .await;
+    let (reason, msg) = refused(&r, "web").expect("the apply over a replaced slice is refused");
+    assert_eq!(reason, REASON_FIELD_CONFLICT, "{msg}");
+    let s = slice(&api, "web-ipv4").unwrap();
+    assert_eq!(
+        s["metadata"]["labels"],
+        json!({"team": "a"}),
+        "theirs, untouched"
+    );
+    assert!(s["metadata"].get("ownerReferences").is_none(), "{s}");
+    assert_eq!(s["endpoints"], json!([{"addresses": ["10.8.8.8"]}]));
+}

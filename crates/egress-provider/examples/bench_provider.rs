@@ -265,6 +265,9 @@ async fn main() {
         max_concurrent: 4,
         guest_cidr: Vec::new(),
         address_pool: None,
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     };
     let entry = LibvirtEntry {
         name: "epbench".into(),
@@ -277,6 +280,8 @@ async fn main() {
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        access: None,
+        quotas: Default::default(),
     };
     let log = CallLog::default();
     let t = Timeouts::default();
@@ -296,6 +301,8 @@ async fn main() {
         vcpus: 1,
         user_data: "#cloud-config\n{}\n".into(),
         pinned_egress: Vec::new(),
+        reserved: Vec::new(),
+        lift_internal: true,
     };
     let (ua, ub) = (
         ProxyUid(uuid::Uuid::new_v4()),

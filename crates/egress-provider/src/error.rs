@@ -112,8 +112,9 @@ impl ProviderError {
 /// Result alias.
 pub type Result<T, E = ProviderError> = std::result::Result<T, E>;
 
-/// Removes credentials (`user:pass@`), query strings and fragments from every URL in `s`.
-/// Text that is not a URL is returned unchanged.
+/// Removes credentials (`user:pass@`), query strings, fragments and path segments that are or
+/// look like tokens ([`redact_path`]) from every URL in `s`. Text that is not a URL is
+/// returned unchanged.
 pub fn redact(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
@@ -150,16 +151,105 @@ fn redact_url(url: &str) -> String {
         Some(at) => format!("REDACTED@{}", authority.get(at + 1..).unwrap_or("")),
         None => authority.to_owned(),
     };
-    let path = match path.find(['?', '#']) {
-        Some(q) => format!("{}?REDACTED", path.get(..q).unwrap_or("")),
-        None => path.to_owned(),
+    let (path, query) = match path.find(['?', '#']) {
+        Some(q) => (path.get(..q).unwrap_or(""), "?REDACTED"),
+        None => (path, ""),
     };
-    format!("{scheme}{host}{path}")
+    format!("{scheme}{host}{}{query}", redact_path(path))
+}
+
+/// Path segments named as secrets by the segment before them (`/token/SECRET/…`).
+const SECRET_KEYS: &[&str] = &[
+    "token",
+    "tokens",
+    "access_token",
+    "auth",
+    "key",
+    "keys",
+    "apikey",
+    "api-key",
+    "api_key",
+    "secret",
+    "secrets",
+    "sig",
+    "signature",
+    "password",
+    "credentials",
+];
+
+/// `path` with every segment that is, or looks like, a secret replaced by `REDACTED`: one
+/// after a segment such as `token` or `key` ([`SECRET_KEYS`]), one holding `=` or a
+/// `key:value`-style `:`, and one that reads like a random token (see [`looks_random`]). File
+/// names (with an extension), words and hex digests are kept, so a path stays readable.
+fn redact_path(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    let mut after_key = false;
+    for (i, seg) in path.split('/').enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        let secret = !seg.is_empty()
+            && (after_key || seg.contains('=') || seg.contains(':') || looks_random(seg));
+        out.push_str(if secret { "REDACTED" } else { seg });
+        after_key = SECRET_KEYS.contains(&seg.to_ascii_lowercase().as_str());
+    }
+    out
+}
+
+/// Whether a path segment reads like a random token: at least 20 characters of letters,
+/// digits, `-`, `_`, `.`, `~`, `%` or `+`, with no file extension, mixing upper- and lowercase
+/// letters with digits (base64 and similar); hex digests (one case) and words are not.
+fn looks_random(seg: &str) -> bool {
+    let ext = seg.rsplit_once('.').is_some_and(|(_, e)| {
+        (1..=5).contains(&e.len()) && e.bytes().all(|b| b.is_ascii_alphanumeric())
+    });
+    seg.len() >= 20
+        && !ext
+        && seg
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.~%+".contains(&b))
+        && seg.bytes().any(|b| b.is_ascii_uppercase())
+        && seg.bytes().any(|b| b.is_ascii_lowercase())
+        && seg.bytes().any(|b| b.is_ascii_digit())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_in_url_path_segments_are_redacted_and_file_names_kept() {
+        let m = redact(
+            "GET https://mirror.example/token/abc123/images/debian-12.qcow2 failed; \
+             https://s3.example/b/AKIAIOSFODNN7EXAMPLEx9Qz2/x.qcow2 and \
+             https://h.example/dl/sig=deadbeef/img.raw and \
+             https://h.example/user:pw-in-path/img.raw and \
+             https://h.example/sha/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef/i.qcow2",
+        );
+        for secret in [
+            "abc123",
+            "AKIAIOSFODNN7EXAMPLEx9Qz2",
+            "deadbeef",
+            "pw-in-path",
+        ] {
+            assert!(!m.contains(secret), "{secret} left in {m}");
+        }
+        assert!(
+            m.contains("https://mirror.example/token/REDACTED/images/debian-12.qcow2"),
+            "{m}"
+        );
+        assert!(m.contains("/b/REDACTED/x.qcow2"), "{m}");
+        assert!(
+            m.contains("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"),
+            "a digest is kept: {m}"
+        );
+        assert_eq!(
+            redact(
+                "https://cloud.debian.org/images/cloud/bookworm/latest/debian-12-genericcloud-amd64.qcow2"
+            ),
+            "https://cloud.debian.org/images/cloud/bookworm/latest/debian-12-genericcloud-amd64.qcow2"
+        );
+    }
 
     #[test]
     fn credentials_and_queries_are_redacted_from_every_url() {

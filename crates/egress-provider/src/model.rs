@@ -113,6 +113,13 @@ pub struct CreateRequest {
     /// provider with an address pool for the host gives exactly these or fails Permanent;
     /// empty means "allocate from the host's pool when it has one".
     pub pinned_egress: Vec<IpAddr>,
+    /// Addresses of the host's pool an allocation for this Proxy (when it pins none) must
+    /// not take: pinned by other Proxies, or held for another namespace after their
+    /// instance went away.
+    pub reserved: Vec<IpAddr>,
+    /// Whether the guest may reach the entry's `policy.allowedInternalCidrs` (its namespace
+    /// is granted them): the host's filter lifts them only then.
+    pub lift_internal: bool,
 }
 
 impl std::fmt::Debug for CreateRequest {
@@ -353,6 +360,8 @@ mod tests {
             vcpus: 1,
             user_data: "BasicAuth alice s3cr3t-pw-16chars\n".into(),
             pinned_egress: Vec::new(),
+            reserved: Vec::new(),
+            lift_internal: true,
         };
         let d = format!("{r:?}");
         assert!(!d.contains("s3cr3t"), "{d}");

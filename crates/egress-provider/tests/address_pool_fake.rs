@@ -3,8 +3,10 @@
 //! seed's network-config; concurrent creates never share one; a restarted provider rebuilds
 //! the allocations from the marks (other entries' and installations' included) before
 //! allocating; an address comes back only after the instance holding it is deleted; a pinned
-//! address taken or outside the pool is Permanent naming the holder or the ranges; an
-//! exhausted pool is QuotaExceeded naming host and family, and nothing is defined for it.
+//! address taken or outside the pool is Permanent naming the address (never its holder) or the ranges; an
+//! exhausted pool is QuotaExceeded naming host and family, and nothing is defined for it. A
+//! delete that fails, or a failed create whose cleanup could not remove its domain, leaves
+//! the address held: another Proxy asking for it is refused until the domain is gone.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -82,7 +84,12 @@ fn host(ranges: &[String]) -> HostConfig {
             }),
             ipv6: None,
             dns: vec!["203.0.113.53".into()],
+            access: None,
+            hold_released: egress_provider::libvirt::address_pool::DEFAULT_HOLD_RELEASED,
         }),
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     }
 }
 
@@ -131,6 +138,8 @@ impl Setup {
             defaults: Default::default(),
             limits: Default::default(),
             policy: Default::default(),
+            access: None,
+            quotas: Default::default(),
         };
         let pool = HostPool::new(
             entry,
@@ -167,6 +176,8 @@ fn request(u: ProxyUid, pinned: &[&str]) -> CreateRequest {
         vcpus: 1,
         user_data: "#cloud-config\n{}\n".into(),
         pinned_egress: pinned.iter().map(|s| s.parse().unwrap()).collect(),
+        reserved: Vec::new(),
+        lift_internal: true,
     }
 }
 
@@ -334,7 +345,7 @@ async fn an_address_comes_back_only_after_its_instance_is_deleted() {
 }
 
 #[tokio::test]
-async fn a_pinned_address_is_given_exactly_or_refused_naming_the_holder_or_the_ranges() {
+async fn a_pinned_address_is_given_exactly_or_refused_naming_the_address_or_the_ranges() {
     let (s, _srv) = setup(&["203.0.113.10-203.0.113.20"]).await;
     let p = s.provider();
     let a = create(&p, uid(1), &["203.0.113.15"]).await.unwrap();
@@ -342,9 +353,12 @@ async fn a_pinned_address_is_given_exactly_or_refused_naming_the_holder_or_the_r
     assert_eq!(s.mark_addresses(&uid(1)), a.egress);
     let e = create(&p, uid(2), &["203.0.113.15"]).await.unwrap_err();
     assert_eq!(e.class, ErrorClass::Permanent, "{e}");
+    // The holder may be another tenant's instance: it is not named.
     assert!(
-        e.message.contains("203.0.113.15") && e.message.contains(&names::domain(ENTRY, &uid(1))),
-        "names the holder: {}",
+        e.message.contains("203.0.113.15")
+            && e.message.contains("another instance")
+            && !e.message.contains(&uid(1).simple().to_string()),
+        "names the address, not the holder: {}",
         e.message
     );
     assert!(s.fake.domain(&names::domain(ENTRY, &uid(2))).is_none());
@@ -382,4 +396,92 @@ async fn a_failed_create_that_left_no_domain_holds_nothing() {
     assert_eq!(p.check().await[0].addresses[0].held, 0);
     let b = create(&p, uid(2), &[]).await.unwrap();
     assert_eq!(b.egress, vec![ip("203.0.113.10")]);
+}
+
+/// Another Proxy (B) asking for the pool's only address, .10, is refused: pinned, saying it
+/// is held without naming the holder `holder`'s domain (another tenant's); unpinned, QuotaExceeded. Nothing is defined for B, and the host
+/// reports the address held.
+async fn refused_while_held(s: &Setup, p: &LibvirtProvider, holder: ProxyUid, b: ProxyUid) {
+    let e = create(p, b, &["203.0.113.10"]).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::Permanent, "{e}");
+    assert!(
+        e.message.contains("already held"),
+        "says why: {}",
+        e.message
+    );
+    assert!(
+        !e.message.contains(&names::domain(ENTRY, &holder)),
+        "names no other tenant's domain: {}",
+        e.message
+    );
+    let e = create(p, b, &[]).await.unwrap_err();
+    assert_eq!(e.class, ErrorClass::QuotaExceeded, "{e}");
+    assert!(s.fake.domain(&names::domain(ENTRY, &b)).is_none());
+    assert_eq!(p.check().await[0].addresses[0].held, 1, "still held");
+}
+
+#[tokio::test]
+async fn a_failed_delete_keeps_the_address_held_until_a_delete_succeeds() {
+    let (s, _srv) = setup(&["203.0.113.10"]).await;
+    let p = s.provider();
+    let a = create(&p, uid(1), &[]).await.unwrap();
+    assert_eq!(a.egress, vec![ip("203.0.113.10")]);
+    // The delete fails at the undefine: the domain, and its mark holding .10, stay.
+    s.fake.faults().fail_calls(
+        procs::DOMAIN_UNDEFINE_FLAGS,
+        1,
+        libvirt_fake::domains::QEMU,
+        "internal error: undefine failed",
+        Some(1),
+    );
+    let e = tokio::time::timeout(CALL_BUDGET, p.delete("h1", &uid(1)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(e.message.contains("undefine failed"), "{e}");
+    assert!(s.fake.domain(&names::domain(ENTRY, &uid(1))).is_some());
+    assert_eq!(s.mark_addresses(&uid(1)), a.egress);
+    refused_while_held(&s, &p, uid(1), uid(2)).await;
+    // A complete listing still shows A: still held.
+    assert_eq!(p.list_owned().await.unwrap().len(), 1);
+    refused_while_held(&s, &p, uid(1), uid(2)).await;
+    // The delete succeeds: the address goes to B.
+    p.delete("h1", &uid(1)).await.unwrap();
+    let b = create(&p, uid(2), &["203.0.113.10"]).await.unwrap();
+    assert_eq!(b.egress, vec![ip("203.0.113.10")]);
+}
+
+#[tokio::test]
+async fn a_failed_create_whose_cleanup_left_its_domain_keeps_its_address() {
+    let (s, _srv) = setup(&["203.0.113.10"]).await;
+    let p = s.provider();
+    // Start fails, and so does the cleanup's undefine: the domain (with its mark naming .10)
+    // is left on the host.
+    s.fake.faults().fail_calls(
+        procs::DOMAIN_CREATE,
+        1,
+        libvirt_fake::domains::QEMU,
+        "internal error: start failed",
+        Some(1),
+    );
+    s.fake.faults().fail_calls(
+        procs::DOMAIN_UNDEFINE_FLAGS,
+        1,
+        libvirt_fake::domains::QEMU,
+        "internal error: undefine failed",
+        Some(1),
+    );
+    let e = create(&p, uid(1), &[]).await.unwrap_err();
+    assert!(e.message.contains("start failed"), "{e}");
+    assert!(
+        s.fake.domain(&names::domain(ENTRY, &uid(1))).is_some(),
+        "the cleanup could not remove the domain"
+    );
+    assert_eq!(s.mark_addresses(&uid(1)), vec![ip("203.0.113.10")]);
+    refused_while_held(&s, &p, uid(1), uid(2)).await;
+    // The retry of A removes the leftover and recreates it, with the same address.
+    let a = create(&p, uid(1), &[]).await.unwrap();
+    assert_eq!(a.egress, vec![ip("203.0.113.10")]);
+    assert_eq!(s.mark_addresses(&uid(1)), a.egress);
+    refused_while_held(&s, &p, uid(1), uid(2)).await;
 }

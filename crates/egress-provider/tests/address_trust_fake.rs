@@ -63,6 +63,9 @@ fn host(network: bool, guest_cidr: &[&str]) -> HostConfig {
         max_concurrent: 4,
         guest_cidr: guest_cidr.iter().map(|s| (*s).to_owned()).collect(),
         address_pool: None,
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     }
 }
 
@@ -259,6 +262,8 @@ fn provider(fake: &FakeLibvirt) -> LibvirtProvider {
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        access: None,
+        quotas: Default::default(),
     };
     let pool = HostPool::new(
         entry,

@@ -48,6 +48,9 @@ fn host(name: &str) -> HostConfig {
         max_concurrent: 4,
         guest_cidr: Vec::new(),
         address_pool: None,
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     }
 }
 
@@ -66,6 +69,8 @@ fn entry(hosts: Vec<HostConfig>, dial: Duration) -> LibvirtEntry {
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        access: None,
+        quotas: Default::default(),
     }
 }
 

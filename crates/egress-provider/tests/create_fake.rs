@@ -66,6 +66,9 @@ fn host() -> HostConfig {
         max_concurrent: 4,
         guest_cidr: Vec::new(),
         address_pool: None,
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     }
 }
 
@@ -108,6 +111,8 @@ async fn setup_on(h: HostConfig, image: Vec<u8>, route: impl FnOnce(Route) -> Ro
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        access: None,
+        quotas: Default::default(),
     };
     let pool = HostPool::new(
         entry,
@@ -139,6 +144,8 @@ fn request(u: ProxyUid, disk_gib: u64) -> CreateRequest {
         vcpus: 1,
         user_data: "#cloud-config\n{}\n".into(),
         pinned_egress: Vec::new(),
+        reserved: Vec::new(),
+        lift_internal: true,
     }
 }
 

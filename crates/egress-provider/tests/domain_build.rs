@@ -226,6 +226,7 @@ fn spec_fixture() -> DomainSpec<'static> {
             attach: NicAttach::Bridge("br0"),
             mac: "52:54:00:aa:bb:cc",
             filter: None,
+            filter_params: &[],
         }),
         uid: UID.get_or_init(uid),
         entry: "home",
@@ -353,6 +354,7 @@ fn hostile_values_are_escaped_or_refused_never_spliced_into_the_markup() {
                 attach: NicAttach::Network(evil),
                 mac: "52:54:00:aa:bb:cc",
                 filter: None,
+                filter_params: &[],
             }),
             ..spec_fixture()
         },
@@ -393,6 +395,7 @@ fn hostile_values_are_escaped_or_refused_never_spliced_into_the_markup() {
                 attach: NicAttach::Bridge("br\u{1}0"),
                 mac: "52:54:00:aa:bb:cc",
                 filter: None,
+                filter_params: &[],
             }),
             ..spec_fixture()
         },
@@ -401,6 +404,7 @@ fn hostile_values_are_escaped_or_refused_never_spliced_into_the_markup() {
                 attach: NicAttach::Bridge("br0"),
                 mac: "52:54:00:AA:BB:CC'",
                 filter: None,
+                filter_params: &[],
             }),
             ..spec_fixture()
         },
@@ -946,6 +950,7 @@ async fn a_generated_domain_defines_on_the_real_libvirtd_and_its_mark_reads_back
                     attach: NicAttach::Bridge("eptest-nobr0"),
                     mac: &mac,
                     filter: None,
+                    filter_params: &[],
                 }),
                 uid: &u,
                 entry: "eptest",

@@ -44,6 +44,9 @@ fn host(name: &str, max_concurrent: u32) -> HostConfig {
         max_concurrent,
         guest_cidr: Vec::new(),
         address_pool: None,
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     }
 }
 
@@ -63,6 +66,8 @@ fn entry(hosts: Vec<HostConfig>, dial: Duration, call: Duration) -> LibvirtEntry
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        access: None,
+        quotas: Default::default(),
     }
 }
 

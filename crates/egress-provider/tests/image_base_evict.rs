@@ -86,6 +86,8 @@ async fn the_oldest_unused_bases_make_room_and_a_base_in_use_is_never_removed() 
             defaults: Default::default(),
             limits: Default::default(),
             policy: Default::default(),
+            access: None,
+            quotas: Default::default(),
         };
         e.limits.max_bases = 3;
         e.limits.max_url_images = 2;
@@ -259,6 +261,8 @@ async fn over_max_url_images_only_an_unused_url_image_base_makes_room() {
             defaults: Default::default(),
             limits: Default::default(),
             policy: Default::default(),
+            access: None,
+            quotas: Default::default(),
         };
         e.limits.max_bases = 10;
         e.limits.max_url_images = 1;
@@ -388,6 +392,8 @@ mod real {
                 defaults: Default::default(),
                 limits: Default::default(),
                 policy: Default::default(),
+                access: None,
+                quotas: Default::default(),
             };
             e.limits.max_bases = 2;
             let scratch = tempfile::tempdir().unwrap();

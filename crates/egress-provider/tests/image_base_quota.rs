@@ -98,6 +98,8 @@ async fn a_new_base_beyond_max_bases_or_max_url_images_is_refused_before_any_dow
             defaults: Default::default(),
             limits: Default::default(),
             policy: Default::default(),
+            access: None,
+            quotas: Default::default(),
         };
         e.limits.max_bases = 3;
         e.limits.max_url_images = 1;

@@ -55,6 +55,8 @@ fn entry(url: &str, img: &[u8]) -> LibvirtEntry {
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        access: None,
+        quotas: Default::default(),
     }
 }
 

@@ -1,7 +1,9 @@
 //! Disk images that cannot reach outside themselves: qcow2 images crafted with `qemu-img`
 //! (a backing file, an external data file, LUKS encryption) and a raw LUKS container are
-//! refused from their first bytes while streaming, Permanent, naming the image and what was
-//! refused, and leave nothing in the pool — against libvirt-fake and the real libvirtd.
+//! refused from their first bytes while streaming, Permanent, naming the image and what its
+//! header shows, before any byte reaches the upload, and leave nothing in the pool — against
+//! libvirt-fake and the real libvirtd (where libvirt's own reading of an uploaded volume would
+//! also refuse a backing file, but only after the whole image was uploaded).
 //! Every file an image names is a decoy in the test's own scratch directory, never a system
 //! file (libvirt relabels the files of a backing chain).
 
@@ -17,11 +19,13 @@ mod image_support;
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use egress_provider::libvirt::config::{Firmware, ImageFormat, ImageSpec};
+use egress_provider::libvirt::image::format::SNIFF_LEN;
 use egress_provider::libvirt::image::{self, Base, BulkConnect, FetchOptions, Target};
-use egress_provider::{ErrorClass, NoProgress, ProviderError};
+use egress_provider::{ErrorClass, NoProgress, Progress, ProviderError};
 use image_fixtures::{FakeBulk, entry};
 use image_support::{ImageServer, Route, sha};
 use libvirt_fake::{FakeLibvirt, PoolSpec};
@@ -63,7 +67,8 @@ fn qemu_img(dir: &Path, format: &str, name: &str, extra: &[&str]) -> Vec<u8> {
     b
 }
 
-/// The crafted images: (route, declared format, bytes, what the refusal must say).
+/// The crafted images: (route, declared format, bytes, what the refusal must say: the field
+/// of the header that refused it).
 fn crafted(dir: &Path) -> Vec<(&'static str, ImageFormat, Vec<u8>, &'static str)> {
     let decoy = dir.join("decoy.raw");
     std::fs::write(&decoy, vec![0x5a; 1 << 16]).unwrap();
@@ -75,7 +80,7 @@ fn crafted(dir: &Path) -> Vec<(&'static str, ImageFormat, Vec<u8>, &'static str)
             "/backing.qcow2",
             ImageFormat::Qcow2,
             qemu_img(dir, "qcow2", "backing.qcow2", &["-b", &decoy, "-F", "raw"]),
-            "backing file",
+            "backing file (qcow2 header backing_file_offset",
         ),
         (
             "/datafile.qcow2",
@@ -86,7 +91,7 @@ fn crafted(dir: &Path) -> Vec<(&'static str, ImageFormat, Vec<u8>, &'static str)
                 "datafile.qcow2",
                 &["-o", &format!("data_file={data}")],
             ),
-            "external data file",
+            "external data file (qcow2 incompatible feature bit 2 set",
         ),
         (
             "/luks.qcow2",
@@ -102,7 +107,7 @@ fn crafted(dir: &Path) -> Vec<(&'static str, ImageFormat, Vec<u8>, &'static str)
                     "encrypt.format=luks,encrypt.key-secret=sec0",
                 ],
             ),
-            "encrypted (LUKS",
+            "encrypted (LUKS; qcow2 header crypt_method 2)",
         ),
         (
             "/luks.raw",
@@ -127,6 +132,39 @@ fn assert_refused(r: &Result<Base, ProviderError>, path: &str, says: &str) {
     assert!(e.message.contains("image http://127.0.0.1:"), "{e}");
     assert!(e.message.contains(path), "{e}");
     assert!(e.message.contains(says), "{path}: {e}");
+}
+
+/// The bytes an import handed on to its upload: its progress, reported as bytes are passed to
+/// libvirt.
+#[derive(Debug, Default)]
+struct HandedOn(AtomicU64);
+
+impl Progress for HandedOn {
+    fn update(&self, done: u64, _total: Option<u64>) {
+        self.0.fetch_max(done, Ordering::Relaxed);
+    }
+}
+
+/// The refusal came from the header, before the upload went further: fewer bytes than the
+/// header reached the upload (none once the first chunk holds the header), and the download
+/// stopped long before the body's end.
+fn assert_refused_before_the_upload(
+    server: &ImageServer,
+    path: &str,
+    bytes: &[u8],
+    handed: &HandedOn,
+) {
+    let up = handed.0.load(Ordering::Relaxed);
+    assert!(
+        up < SNIFF_LEN as u64,
+        "{path}: {up} bytes were handed to the upload; the header alone must refuse the image"
+    );
+    assert!(
+        server.body_bytes_sent(path) < bytes.len() as u64,
+        "{path}: refused from the first bytes, not after the whole body ({} of {})",
+        server.body_bytes_sent(path),
+        bytes.len()
+    );
 }
 
 /// Bound for each test body.
@@ -154,26 +192,22 @@ async fn images_with_a_backing_file_a_data_file_or_encryption_are_refused_while_
             e.images
                 .insert(format!("img{i}"), spec(&url, &sha(bytes), *format));
         }
-        let t = Target {
-            entry: &e,
-            host: "h1",
-            client: &client,
-            pool: &pool,
-            reserve_bytes: 0,
-            bulk: &bulk,
-            progress: &NoProgress,
-            fetch: &fetch,
-        };
         for (i, (path, _, bytes, says)) in cases.iter().enumerate() {
+            let handed = HandedOn::default();
+            let t = Target {
+                entry: &e,
+                host: "h1",
+                client: &client,
+                pool: &pool,
+                reserve_bytes: 0,
+                bulk: &bulk,
+                progress: &handed,
+                fetch: &fetch,
+            };
             let key = format!("img{i}");
             let r = image::ensure_base(&t, &key).await;
             assert_refused(&r, path, says);
-            assert!(
-                server.body_bytes_sent(path) < bytes.len() as u64,
-                "{path}: refused from the first bytes, not after the whole body ({} of {})",
-                server.body_bytes_sent(path),
-                bytes.len()
-            );
+            assert_refused_before_the_upload(&server, path, bytes, &handed);
             assert!(
                 fake.volumes(POOL).unwrap().is_empty(),
                 "{path}: the part is removed: {:?}",
@@ -254,22 +288,26 @@ mod real {
                 e.images
                     .insert(format!("img{i}"), spec(&url, &sha(bytes), *format));
             }
-            let t = Target {
-                entry: &e,
-                host: "local",
-                client: &client,
-                pool: &pool,
-                reserve_bytes: 0,
-                bulk: &bulk,
-                progress: &NoProgress,
-                fetch: &fetch,
-            };
             let decoy = scratch.path().join("decoy.raw");
             let before = std::fs::read(&decoy).unwrap();
-            for (i, (path, _, _, says)) in cases.iter().enumerate() {
+            for (i, (path, _, bytes, says)) in cases.iter().enumerate() {
+                let handed = HandedOn::default();
+                let t = Target {
+                    entry: &e,
+                    host: "local",
+                    client: &client,
+                    pool: &pool,
+                    reserve_bytes: 0,
+                    bulk: &bulk,
+                    progress: &handed,
+                    fetch: &fetch,
+                };
                 let key = format!("img{i}");
                 let r = image::ensure_base(&t, &key).await;
+                // Refused by the header, not by libvirt's reading of an uploaded volume (which
+                // refuses a backing file too, once the whole image was sent).
                 assert_refused(&r, path, says);
+                assert_refused_before_the_upload(&server, path, bytes, &handed);
                 assert!(
                     pg.files().is_empty(),
                     "{path}: nothing left in the pool: {:?}",

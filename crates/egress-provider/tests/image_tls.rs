@@ -285,6 +285,9 @@ fn fake_host() -> HostConfig {
         max_concurrent: 4,
         guest_cidr: Vec::new(),
         address_pool: None,
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     }
 }
 
@@ -311,6 +314,8 @@ fn entry_with(name: &str, host: HostConfig, images: BTreeMap<String, ImageSpec>)
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        access: None,
+        quotas: Default::default(),
     }
 }
 
@@ -348,6 +353,8 @@ fn request(u: ProxyUid, image: &str, disk_gib: u64, memory_mib: u64) -> CreateRe
         vcpus: 1,
         user_data: "#cloud-config\n{}\n".into(),
         pinned_egress: Vec::new(),
+        reserved: Vec::new(),
+        lift_internal: true,
     }
 }
 
@@ -645,6 +652,9 @@ async fn an_unpinned_https_image_is_published_and_boots_a_tcg_domain_on_the_real
         max_concurrent: 4,
         guest_cidr: Vec::new(),
         address_pool: None,
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     };
     let mut images = BTreeMap::new();
     images.insert("tiny".to_string(), unpinned(&url, Some(&pki.ca_file)));

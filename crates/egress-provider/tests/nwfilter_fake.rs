@@ -93,6 +93,8 @@ fn request(n: u8) -> CreateRequest {
         vcpus: 1,
         user_data: "#cloud-config\n{}\n".into(),
         pinned_egress: Vec::new(),
+        reserved: Vec::new(),
+        lift_internal: true,
     }
 }
 
@@ -109,7 +111,7 @@ async fn every_guest_nic_references_the_entrys_filter_defined_once_per_installat
     .await;
     let inst = s.provider.create(&request(1), &NoProgress).await.unwrap();
     let filter = names::nwfilter("home", Some("inst-a"));
-    assert_eq!(filter, "ep-home-filter-inst-a");
+    assert_eq!(filter, "ep-home-filter2-inst-a");
     let xml = s
         .fake
         .nwfilter_xml(&filter)
@@ -124,19 +126,29 @@ async fn every_guest_nic_references_the_entrys_filter_defined_once_per_installat
     );
     let dom = s.fake.domain(&inst.id.name).unwrap();
     assert_eq!(dom.state, 1, "started: the filter existed before the start");
+    // The NIC carries its own parameters: its MAC, and (no declared address) the lease
+    // libvirt learns from DHCP.
     assert!(
         dom.xml
-            .contains(&format!("<filterref filter=\"{filter}\"/>"))
-            || dom.xml.contains(&format!("<filterref filter='{filter}'/>")),
+            .contains(&format!("<filterref filter=\"{filter}\">"))
+            || dom.xml.contains(&format!("<filterref filter='{filter}'>")),
         "{}",
         dom.xml
     );
-    assert_eq!(s.fake.calls(procs::NWFILTER_DEFINE_XML), 1);
-    // A second guest on the host finds the same filter and does not redefine it (libvirt
-    // would re-apply it to every guest's interface).
+    assert!(
+        dom.xml.contains("name=\"CTRL_IP_LEARNING\" value=\"dhcp\"")
+            || dom.xml.contains("name='CTRL_IP_LEARNING' value='dhcp'"),
+        "{}",
+        dom.xml
+    );
+    // The set: four children and two roots, each defined once.
+    let set = 6;
+    assert_eq!(s.fake.calls(procs::NWFILTER_DEFINE_XML), set);
+    // A second guest on the host finds the same filters and redefines none (libvirt would
+    // re-apply them to every guest's interface).
     s.provider.create(&request(2), &NoProgress).await.unwrap();
-    assert_eq!(s.fake.calls(procs::NWFILTER_DEFINE_XML), 1);
-    assert_eq!(s.fake.calls(procs::NWFILTER_LOOKUP_BY_NAME), 2);
+    assert_eq!(s.fake.calls(procs::NWFILTER_DEFINE_XML), set);
+    assert_eq!(s.fake.calls(procs::NWFILTER_LOOKUP_BY_NAME), 2 * set);
 }
 
 #[tokio::test]

@@ -27,7 +27,7 @@ use egress_provider::libvirt::caps;
 use egress_provider::libvirt::config::{Firmware, ProxyPolicy, VirtType};
 use egress_provider::libvirt::domain_xml::{self, DiskSource, DomainSpec, Nic, NicAttach};
 use egress_provider::libvirt::names;
-use egress_provider::libvirt::nwfilter::{self, Ensured};
+use egress_provider::libvirt::nwfilter::{self, Ensured, HostFilter};
 use ep_test_support::cleanup::{self, PoolFixture, now_secs, random_u32, virsh_ok};
 use ep_test_support::e2e::{EntryGuard, LIBVIRT_NETNS, NetGuard, sweep};
 use libvirt_remote::{Client, OpenOptions, transport};
@@ -81,7 +81,16 @@ async fn the_filter_is_defined_once_read_back_as_rendered_and_replaced_in_place(
         let name = names::nwfilter(&g.entry, Some("inst-a"));
         println!("eptest: network filter {name}");
         let host: IpAddr = "203.0.113.9".parse().unwrap();
-        let xml = nwfilter::render(&name, &lifting(&["10.5.0.0/16"]), &[host]);
+        let dns: IpAddr = "10.0.0.53".parse().unwrap();
+        let policy = lifting(&["10.5.0.0/16"]);
+        let set = nwfilter::render_set(
+            &name,
+            &HostFilter {
+                policy: &policy,
+                host_addresses: &[host],
+                resolvers: &[dns],
+            },
+        );
 
         // Missing: the daemon's code, as the fake returns it.
         let e = c.nwfilter_lookup_by_name(&name).await.unwrap_err();
@@ -89,17 +98,26 @@ async fn the_filter_is_defined_once_read_back_as_rendered_and_replaced_in_place(
         assert_eq!((r.code, r.domain), (62, 33), "{e}");
 
         assert_eq!(
-            nwfilter::ensure(&c, "local", &name, &xml).await.unwrap(),
+            nwfilter::ensure_set(&c, "local", &set).await.unwrap(),
             Ensured::Defined
         );
-        // libvirt prints what we rendered: the second ensure changes nothing.
-        assert_eq!(
-            nwfilter::ensure(&c, "local", &name, &xml).await.unwrap(),
-            Ensured::Unchanged
-        );
+        // libvirt prints what we rendered, children and root: the second ensure changes
+        // nothing.
+        for (n, x) in &set {
+            assert_eq!(
+                nwfilter::ensure(&c, "local", n, x).await.unwrap(),
+                Ensured::Unchanged,
+                "{n} reads back otherwise than rendered:\n{x}\n{}",
+                virsh_ok(&["nwfilter-dumpxml", n])
+            );
+        }
+        let xml = &set.iter().find(|(n, _)| *n == name).unwrap().1;
         let dumped = virsh_ok(&["nwfilter-dumpxml", &name]);
         println!("{dumped}");
         for rule in [
+            "<filterref filter='NAME-mac'/>",
+            "<udp dstipaddr='10.0.0.53' state='NEW' dstportstart='53'/>",
+            "<all-ipv6 dstipaddr='64:ff9b::' dstipmask='96' state='NEW,INVALID'/>",
             "<all state='ESTABLISHED,RELATED'/>",
             "<all dstipaddr='10.5.0.0' dstipmask='16' state='NEW'/>",
             "<all dstipaddr='10.0.0.0' dstipmask='8' state='NEW,INVALID'/>",
@@ -107,13 +125,23 @@ async fn the_filter_is_defined_once_read_back_as_rendered_and_replaced_in_place(
             "<all dstipaddr='203.0.113.9' dstipmask='32' state='NEW,INVALID'/>",
             "<all-ipv6 dstipaddr='fc00::' dstipmask='7' state='NEW,INVALID'/>",
         ] {
-            assert!(dumped.contains(rule), "{rule} missing:\n{dumped}");
+            let rule = rule.replace("NAME", &name);
+            assert!(dumped.contains(&rule), "{rule} missing:\n{dumped}");
         }
         let uuid = nwfilter::uuid(&name).hyphenated().to_string();
         assert!(dumped.contains(&format!("<uuid>{uuid}</uuid>")), "{dumped}");
 
         // A changed policy replaces the filter in place (same name, same UUID).
-        let xml2 = nwfilter::render(&name, &lifting(&["10.6.0.0/16"]), &[host]);
+        let policy2 = lifting(&["10.6.0.0/16"]);
+        let xml2 = nwfilter::render(
+            &name,
+            &HostFilter {
+                policy: &policy2,
+                host_addresses: &[host],
+                resolvers: &[dns],
+            },
+        );
+        assert_ne!(&xml2, xml);
         assert_eq!(
             nwfilter::ensure(&c, "local", &name, &xml2).await.unwrap(),
             Ensured::Defined
@@ -131,8 +159,10 @@ async fn the_filter_is_defined_once_read_back_as_rendered_and_replaced_in_place(
 
         // Another installation's filter is another name.
         assert_ne!(names::nwfilter(&g.entry, Some("inst-b")), name);
-        let f = c.nwfilter_lookup_by_name(&name).await.unwrap();
-        c.nwfilter_undefine(&f).await.unwrap();
+        for (n, _) in set.iter().rev() {
+            let f = c.nwfilter_lookup_by_name(n).await.unwrap();
+            c.nwfilter_undefine(&f).await.unwrap();
+        }
         c.close();
     })
     .await
@@ -159,8 +189,16 @@ async fn a_started_domain_gets_the_filter_on_its_tap_and_the_filter_is_then_in_u
         std::fs::write(&seed, vec![0u8; 1 << 20]).unwrap();
 
         let name = names::nwfilter(&g.entry, None);
-        let xml = nwfilter::render(&name, &lifting(&[&format!("{gateway}/32")]), &[]);
-        nwfilter::ensure(&c, "local", &name, &xml).await.unwrap();
+        let policy = lifting(&[&format!("{gateway}/32")]);
+        let set = nwfilter::render_set(
+            &name,
+            &HostFilter {
+                policy: &policy,
+                host_addresses: &[],
+                resolvers: &[],
+            },
+        );
+        nwfilter::ensure_set(&c, "local", &set).await.unwrap();
 
         let hc = caps::probe(&c, "local", VirtType::Qemu, CALL_TIMEOUT)
             .await
@@ -169,6 +207,10 @@ async fn a_started_domain_gets_the_filter_on_its_tap_and_the_filter_is_then_in_u
         let dom_name = names::domain(&g.entry, &u);
         println!("eptest: domain {dom_name} on network {}", net.name);
         let mac = names::mac(&g.entry, &u);
+        // A declared address: the whole set is instantiated at once (a DHCP guest's waits
+        // for its lease, which this guest without an OS never asks for).
+        let declared = IpAddr::V4(net.ip(50));
+        let params = nwfilter::nic_params(&mac, &[declared], &[]);
         let dxml = domain_xml::build(
             &DomainSpec {
                 name: &dom_name,
@@ -183,6 +225,7 @@ async fn a_started_domain_gets_the_filter_on_its_tap_and_the_filter_is_then_in_u
                     attach: NicAttach::Network(&net.name),
                     mac: &mac,
                     filter: Some(&name),
+                    filter_params: &params,
                 }),
                 uid: &u,
                 entry: &g.entry,
@@ -196,7 +239,7 @@ async fn a_started_domain_gets_the_filter_on_its_tap_and_the_filter_is_then_in_u
         let dom = c.domain_define_xml(&dxml, 0).await.unwrap();
         let back = virsh_ok(&["dumpxml", &dom_name]);
         assert!(
-            back.contains(&format!("<filterref filter='{name}'/>")),
+            back.contains(&format!("<filterref filter='{name}'>")),
             "{back}"
         );
         c.domain_create(&dom).await.unwrap();
@@ -231,6 +274,23 @@ async fn a_started_domain_gets_the_filter_on_its_tap_and_the_filter_is_then_in_u
             v6.contains("-d fc00::/7 -m conntrack --ctstate INVALID,NEW -j REJECT"),
             "{v6}"
         );
+        // Anti-spoofing on the tap (ebtables): only its MAC, only its address.
+        let l2 = in_netns(&["ebtables", "-t", "nat", "-L", "--Lc"]);
+        println!("{l2}");
+        let ll = nwfilter::spoof::link_local(&mac).unwrap();
+        for want in [
+            format!("-s {mac} -j RETURN"),
+            format!("--ip6-src {ll} -j RETURN"),
+            "--ip6-icmp-type router-advertisement -j DROP".to_owned(),
+            "--ip-proto udp --ip-sport 67 -j DROP".to_owned(),
+            format!("--ip-src {declared}"),
+            format!("--arp-ip-src {declared}"),
+        ] {
+            assert!(
+                l2.to_lowercase().contains(&want.to_lowercase()),
+                "{want} missing:\n{l2}"
+            );
+        }
         // Nothing toward the guest is filtered: clients and probes connect in.
         let to_guest = in_netns(&["iptables", "-S", &format!("FO-{tap}")]);
         assert!(
@@ -245,6 +305,10 @@ async fn a_started_domain_gets_the_filter_on_its_tap_and_the_filter_is_then_in_u
         c.domain_destroy(&dom, 0).await.unwrap();
         cleanup::remove_domain(&dom_name);
         c.nwfilter_undefine(&f).await.unwrap();
+        for (n, _) in set.iter().rev().filter(|(n, _)| *n != name) {
+            let f = c.nwfilter_lookup_by_name(n).await.unwrap();
+            c.nwfilter_undefine(&f).await.unwrap();
+        }
         c.close();
     })
     .await

@@ -54,6 +54,9 @@ fn host() -> HostConfig {
         // The bridge's subnet: where the guests' agents below report their addresses.
         guest_cidr: vec!["192.168.122.0/24".into()],
         address_pool: None,
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     }
 }
 
@@ -759,6 +762,61 @@ async fn a_mark_dated_in_the_future_is_restamped_once_with_the_time_it_was_first
     let second = list::list_owned(&c2, ENTRY, None, "h1").await.unwrap();
     assert_eq!(of(&second, a), stamped);
     assert!(SystemTime::now().duration_since(of(&second, a)).unwrap() >= Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn a_future_mark_the_listing_does_not_restamp_still_reads_as_no_later_than_now() {
+    // finding: L9 — the cases the restamp leaves alone, where only the clamp keeps a creation
+    // time in the future out of the listing (and so out of a Proxy's status and the GC's age).
+    let fake = fake_with_pool();
+    let (a, b, c_uid) = (uid(32), uid(33), uid(34));
+    let far = "2099-01-01T00:00:00Z";
+    // A few seconds ahead (clock skew): within the tolerance, never rewritten.
+    let soon = SystemTime::now() + Duration::from_secs(20);
+    fake.add_domain(
+        DomainSpec::new(names::domain(ENTRY, &a))
+            .metadata(mark::NAMESPACE, mark::render(&a, ENTRY, soon)),
+    )
+    .unwrap();
+    // Far ahead, but the restamp's write fails (it is retried by a later listing).
+    fake.add_domain(
+        DomainSpec::new(names::domain(ENTRY, &b))
+            .metadata(mark::NAMESPACE, mark_xml(&b.canonical(), ENTRY, far)),
+    )
+    .unwrap();
+    // Far ahead under a name not derived from its UID: never written to.
+    fake.add_domain(
+        DomainSpec::new("renamed-by-hand")
+            .metadata(mark::NAMESPACE, mark_xml(&c_uid.canonical(), ENTRY, far)),
+    )
+    .unwrap();
+    fake.faults().fail_calls(
+        procs::DOMAIN_SET_METADATA,
+        codes::OPERATION_FAILED,
+        domains::QEMU,
+        "operation failed: metadata not writable",
+        None,
+    );
+    let c = open(&fake).await;
+    let before = SystemTime::now();
+    let got = list::list_owned(&c, ENTRY, None, "h1").await.unwrap();
+    let after = SystemTime::now();
+    assert_eq!(got.len(), 3, "{got:?}");
+    for o in &got {
+        assert!(
+            o.created_at >= before && o.created_at <= after,
+            "{}: created {:?}, listed between {before:?} and {after:?}: a mark dated later \
+             reads as the time of the listing",
+            o.id.name,
+            o.created_at
+        );
+    }
+    assert!(
+        fake.domain_metadata(&names::domain(ENTRY, &b), mark::NAMESPACE)
+            .unwrap()
+            .contains(far),
+        "the restamp did fail: the clamp alone kept the time"
+    );
 }
 
 #[tokio::test]

@@ -90,6 +90,9 @@ fn host(sshd: &Sshd, pool: &str, virt_type: VirtType) -> HostConfig {
         max_concurrent: 4,
         guest_cidr: Vec::new(),
         address_pool: None,
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     }
 }
 
@@ -127,6 +130,8 @@ fn provider_with(
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        access: None,
+        quotas: Default::default(),
     };
     let t = Timeouts::default();
     let pool = HostPool::new(e, Arc::new(SshConnector::new(&t)), PoolOptions::default()).unwrap();
@@ -144,6 +149,8 @@ fn request(uid: ProxyUid, disk_gib: u64) -> CreateRequest {
         vcpus: 1,
         user_data: "#cloud-config\n{}\n".into(),
         pinned_egress: Vec::new(),
+        reserved: Vec::new(),
+        lift_internal: true,
     }
 }
 

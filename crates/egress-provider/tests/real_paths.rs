@@ -314,6 +314,9 @@ fn host(network: Option<&str>) -> HostConfig {
         max_concurrent: 4,
         guest_cidr: Vec::new(),
         address_pool: None,
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     }
 }
 
@@ -686,6 +689,8 @@ fn entry_for(sshd: &Sshd, pool: &str) -> LibvirtEntry {
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        access: None,
+        quotas: Default::default(),
     }
 }
 

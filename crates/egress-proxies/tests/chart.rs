@@ -281,8 +281,10 @@ fn two_releases_of_one_name_in_two_namespaces_share_no_object_name() {
             }
         }
         assert_eq!(
-            foreign, 5,
-            "ClusterRole, ClusterRoleBinding, Role, RoleBinding and the dashboard ConfigMap"
+            foreign, 9,
+            "ClusterRole, ClusterRoleBinding, the watched namespace's and the Secrets' Role and \
+             RoleBinding, the Secret-type ValidatingAdmissionPolicy and its binding, and the \
+             dashboard ConfigMap"
         );
     }
     // Two names in one namespace: no object and no Lease in common either.
@@ -310,7 +312,9 @@ fn name_overrides_rename_every_object_and_keep_every_selector_matching() {
         for o in objs.iter() {
             let name = o["metadata"]["name"].as_str().unwrap();
             assert!(
-                name.starts_with(fullname) || name == format!("ops.{fullname}"),
+                name.starts_with(fullname)
+                    || name == format!("ops.{fullname}")
+                    || name.starts_with(&format!("ops.{fullname}-")),
                 "{} {name} is not named from {fullname}",
                 o["kind"]
             );

@@ -23,7 +23,7 @@ fn config(dir: &Path) -> PathBuf {
         format!(
             "providers:\n  - name: eptest-off\n    type: libvirt\n    hosts:\n      - name: h1\n        \
              address: local\n        socket: {}/no-libvirtd.sock\n        pool: eptest-none\n        \
-             network: default\n",
+             network: default\n    images:\n      none:\n        url: https://img.example/none.qcow2\n",
             dir.display()
         ),
     )
@@ -113,4 +113,79 @@ fn check_no_probe_exits_2_naming_every_bad_manifest_and_an_unknown_provider_entr
     assert_eq!(o.status.code(), Some(2));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["exitCode"], 2, "{v}");
+}
+
+/// A manifest of Proxy `name` in `namespace` with client networks `cidrs` (YAML flow list).
+fn tenant_manifest(dir: &Path, name: &str, namespace: &str, cidrs: &str) {
+    std::fs::write(
+        dir.join(format!("{name}.yaml")),
+        format!(
+            "apiVersion: egress-proxies.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n  \
+             namespace: {namespace}\nspec:\n  provider: eptest-off\n  image: none\n  proxy:\n    \
+             allowedClientCidrs: {cidrs}\n"
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn check_no_probe_refuses_tenancy_violations_with_their_field_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    // The entry: for team-a only, its client networks at most one /16 together.
+    let text = std::fs::read_to_string(&cfg).unwrap()
+        + "    access:\n      namespaces: [team-a]\n    policy:\n      maxClientSpanV4: 16\n";
+    std::fs::write(&cfg, text).unwrap();
+    let proxies = dir.path().join("proxies");
+    std::fs::create_dir(&proxies).unwrap();
+    tenant_manifest(&proxies, "ok", "team-a", "[10.1.0.0/16]");
+    tenant_manifest(&proxies, "stranger", "team-b", "[10.1.0.0/16]");
+    tenant_manifest(&proxies, "mapped", "team-a", "['::/32']");
+    let every: Vec<String> = (0..=255).map(|a| format!("{a}.0.0.0/8")).collect();
+    tenant_manifest(
+        &proxies,
+        "union",
+        "team-a",
+        &format!("[{}]", every.join(", ")),
+    );
+    tenant_manifest(&proxies, "wide", "team-a", "[10.0.0.0/8]");
+    let o = run(&[
+        "check",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--no-probe",
+        "--proxies",
+        proxies.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    let line = |file: &str| {
+        err.lines()
+            .find(|l| l.contains(file))
+            .unwrap_or_else(|| panic!("nothing about {file}:\n{err}"))
+            .to_owned()
+    };
+    let l = line("stranger.yaml");
+    assert!(
+        l.contains(
+            "spec.provider: provider entry \"eptest-off\" is not available to namespace \"team-b\""
+        ),
+        "{l}"
+    );
+    assert!(!l.contains("team-a"), "names no other tenant: {l}");
+    for file in ["mapped.yaml", "union.yaml"] {
+        let l = line(file);
+        assert!(
+            l.contains("spec.proxy.allowedClientCidrs: the list admits"),
+            "{l}"
+        );
+    }
+    // Within the CRD's ceiling but over this entry's cap: refused as the renderer would.
+    let l = line("wide.yaml");
+    assert!(
+        l.contains("spec.proxy.allowedClientCidrs: the list admits 16777216 IPv4")
+            && l.contains("policy.maxClientSpanV4"),
+        "{l}"
+    );
+    assert!(!err.contains("ok.yaml"), "{err}");
 }

@@ -276,7 +276,7 @@ fn o_wide_prints_the_table_where_a_command_prints_one() {
     assert_eq!(
         p.lines().next(),
         w.lines().next(),
-        "the same table header:\n{p}\n{w}"
+        "the same entry line above the table (wide's extra columns: cli_output_formats.rs):\n{p}\n{w}"
     );
 }
 

@@ -109,7 +109,9 @@ fn the_rendered_manifests_hold_the_operator_objects_in_its_namespace() {
             "Role",
             "RoleBinding",
             "Service",
-            "ServiceAccount"
+            "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding"
         ])
     );
     for o in &objs {
@@ -119,7 +121,12 @@ fn the_rendered_manifests_hold_the_operator_objects_in_its_namespace() {
         );
         let cluster_scoped = matches!(
             o["kind"].as_str(),
-            Some("ClusterRole" | "ClusterRoleBinding")
+            Some(
+                "ClusterRole"
+                    | "ClusterRoleBinding"
+                    | "ValidatingAdmissionPolicy"
+                    | "ValidatingAdmissionPolicyBinding"
+            )
         );
         assert_eq!(
             o["metadata"]["namespace"].as_str(),
@@ -299,28 +306,35 @@ fn granted_to(objs: &[Value], sa: &str) -> BTreeSet<Grant> {
 }
 
 /// The grants `API_ACCESS` asks for when `watched` is the one watched namespace (`None`:
-/// every namespace).
-fn wanted(watched: Option<&str>) -> BTreeSet<Grant> {
-    wanted_from(API_ACCESS, watched)
+/// every namespace) and `secrets` the namespaces granted Secret access.
+fn wanted(watched: Option<&str>, secrets: &[&str]) -> BTreeSet<Grant> {
+    wanted_from(API_ACCESS, watched, secrets)
 }
 
 /// [`wanted`] for another table (the gateway's).
-fn wanted_from(table: &[egress_kube::rbac::ApiAccess], watched: Option<&str>) -> BTreeSet<Grant> {
+fn wanted_from(
+    table: &[egress_kube::rbac::ApiAccess],
+    watched: Option<&str>,
+    secrets: &[&str],
+) -> BTreeSet<Grant> {
     table
         .iter()
         .flat_map(|a| {
-            let at = match a.scope {
-                Scope::Cluster => None,
-                Scope::OperatorNamespace => Some("egress-proxies".to_owned()),
-                Scope::WatchedNamespaces => watched.map(str::to_owned),
+            let at: Vec<Option<String>> = match a.scope {
+                Scope::Cluster => vec![None],
+                Scope::OperatorNamespace => vec![Some("egress-proxies".to_owned())],
+                Scope::WatchedNamespaces => vec![watched.map(str::to_owned)],
+                Scope::SecretNamespaces => secrets.iter().map(|n| Some((*n).to_owned())).collect(),
             };
-            a.verbs.iter().map(move |v| {
-                (
-                    at.clone(),
-                    a.group.to_owned(),
-                    a.resource.to_owned(),
-                    (*v).to_owned(),
-                )
+            at.into_iter().flat_map(move |at| {
+                a.verbs.iter().map(move |v| {
+                    (
+                        at.clone(),
+                        a.group.to_owned(),
+                        a.resource.to_owned(),
+                        (*v).to_owned(),
+                    )
+                })
             })
         })
         .collect()
@@ -359,17 +373,27 @@ fn the_gateway_runs_apart_with_read_only_grants_a_service_per_pool_and_an_option
                   "ports":[{"name":"http","port":3128},{"name":"socks5","port":1080}]}]}}"#;
     let objs = render(values);
     // Read-only, exactly the gateway's table, cluster-wide when every namespace is watched...
+    // Secrets never cluster-wide: none granted unless secretNamespaces names some...
     assert_grants(
         &granted_to(&objs, "egress-proxies-gateway"),
-        &wanted_from(GATEWAY_API_ACCESS, None),
+        &wanted_from(GATEWAY_API_ACCESS, None, &[]),
     );
     // ... and the operator's grants are unchanged.
-    assert_grants(&granted(&objs), &wanted(None));
-    // ... and only in the watched namespace when one is.
+    assert_grants(&granted(&objs), &wanted(None, &[]));
+    // ... and only in the watched namespace when one is, Secrets there too...
     let one = render(&values.replace(r#"{"gateway""#, r#"{"watchNamespace":"team-a","gateway""#));
     assert_grants(
         &granted_to(&one, "egress-proxies-gateway"),
-        &wanted_from(GATEWAY_API_ACCESS, Some("team-a")),
+        &wanted_from(GATEWAY_API_ACCESS, Some("team-a"), &["team-a"]),
+    );
+    // ... and in each namespace secretNamespaces lists.
+    let listed = render(&values.replace(
+        r#"{"gateway""#,
+        r#"{"secretNamespaces":["team-a","team-b"],"gateway""#,
+    ));
+    assert_grants(
+        &granted_to(&listed, "egress-proxies-gateway"),
+        &wanted_from(GATEWAY_API_ACCESS, None, &["team-a", "team-b"]),
     );
     let deployments: Vec<&Value> = objs.iter().filter(|o| o["kind"] == "Deployment").collect();
     assert_eq!(deployments.len(), 2);
@@ -502,20 +526,103 @@ fn the_gateway_runs_apart_with_read_only_grants_a_service_per_pool_and_an_option
 #[test]
 fn rbac_grants_exactly_the_verbs_and_resources_the_driver_calls() {
     // Every namespace watched (the defaults): the namespaced grants are cluster-wide.
-    assert_grants(&granted(&manifests()), &wanted(None));
+    assert_grants(&granted(&manifests()), &wanted(None, &[]));
+}
+
+/// Every Secret grant of `objs`: where (None: cluster-wide) and the verb.
+fn secret_grants(objs: &[Value]) -> BTreeSet<(Option<String>, String)> {
+    granted(objs)
+        .into_iter()
+        .filter(|(_, g, r, _)| g.is_empty() && r == "secrets")
+        .map(|(at, _, _, v)| (at, v))
+        .collect()
+}
+
+/// The chart's ValidatingAdmissionPolicy limiting the operator's Secret creates to its own
+/// type, bound with `Deny`, matching exactly the operator's ServiceAccount.
+fn assert_secret_type_policy(objs: &[Value]) {
+    let p = object(objs, "ValidatingAdmissionPolicy");
+    let b = object(objs, "ValidatingAdmissionPolicyBinding");
+    assert_eq!(b["spec"]["policyName"], p["metadata"]["name"]);
+    assert_eq!(strings(&b["spec"]["validationActions"]), ["Deny"]);
+    assert_eq!(p["spec"]["failurePolicy"], "Fail");
+    let rule = &p["spec"]["matchConstraints"]["resourceRules"][0];
+    assert_eq!(strings(&rule["resources"]), ["secrets"]);
+    assert_eq!(strings(&rule["operations"]), ["CREATE", "UPDATE"]);
+    let cond = p["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap();
+    assert!(
+        cond.contains("'system:serviceaccount:egress-proxies:egress-proxies'"),
+        "{cond}"
+    );
+    let v = p["spec"]["validations"][0]["expression"].as_str().unwrap();
+    assert!(
+        v.contains(&format!(
+            "object.type == '{}'",
+            egress_kube::rbac::SECRET_TYPE
+        )),
+        "{v}"
+    );
+}
+
+#[test]
+fn no_install_grants_secret_access_cluster_wide_and_creates_only_its_own_type() {
+    // The defaults (every namespace watched) and each documented variant.
+    for (values, secrets) in [
+        ("{}", &[][..]),
+        (r#"{"watchNamespace":"team-a"}"#, &["team-a"][..]),
+        (
+            r#"{"secretNamespaces":["team-a","team-b"]}"#,
+            &["team-a", "team-b"][..],
+        ),
+        (
+            r#"{"watchNamespace":"team-a","secretNamespaces":["team-b"]}"#,
+            &["team-b"][..],
+        ),
+    ] {
+        let objs = if values == "{}" {
+            manifests()
+        } else {
+            render(values)
+        };
+        let got = secret_grants(&objs);
+        assert!(
+            got.iter().all(|(at, _)| at.is_some()),
+            "{values}: Secrets granted cluster-wide: {got:?}"
+        );
+        let want: BTreeSet<(Option<String>, String)> = secrets
+            .iter()
+            .flat_map(|n| ["create", "get"].map(|v| (Some((*n).to_owned()), v.to_owned())))
+            .collect();
+        assert_eq!(got, want, "{values}");
+        let watched = serde_json::from_str::<Value>(values).unwrap()["watchNamespace"]
+            .as_str()
+            .map(str::to_owned);
+        assert_grants(&granted(&objs), &wanted(watched.as_deref(), secrets));
+        assert_secret_type_policy(&objs);
+    }
+    // The policy can be left out (a cluster older than 1.30), never the Role scoping.
+    let objs = render(r#"{"secretTypePolicy":{"enabled":false}}"#);
+    assert!(
+        !objs
+            .iter()
+            .any(|o| o["kind"] == "ValidatingAdmissionPolicy")
+    );
+    assert!(secret_grants(&objs).is_empty());
 }
 
 #[test]
 fn with_one_watched_namespace_secrets_services_slices_and_events_are_granted_only_there() {
     let objs = render(r#"{"watchNamespace":"team-a"}"#);
     let got = granted(&objs);
-    assert_grants(&got, &wanted(Some("team-a")));
+    assert_grants(&got, &wanted(Some("team-a"), &["team-a"]));
     for (at, _, resource, _) in &got {
         if at.is_none() {
             assert!(
                 matches!(
                     resource.as_str(),
-                    "providerhealths" | "providerhealths/status" | "proxies"
+                    "providerhealths" | "providerhealths/status" | "proxies" | "namespaces"
                 ),
                 "cluster-wide grant on {resource}"
             );

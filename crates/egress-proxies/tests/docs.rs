@@ -405,3 +405,276 @@ fn every_field_of_the_status_document_is_documented_for_users() {
         "fields of GET /status that docs/operations.md does not document: {missing:?}"
     );
 }
+
+// ---------------------------------------------------------------- the test tables
+
+/// Every target whose tests `cargo test --workspace --all-targets` runs, as the command that
+/// runs it alone: `cargo test -p PACKAGE --lib`, `--bin NAME` or `--test NAME` (from `cargo
+/// metadata`, so a target added by file or by `[[test]]` is found alike).
+fn workspace_test_targets() -> std::collections::BTreeSet<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args([
+            "metadata",
+            "--no-deps",
+            "--format-version",
+            "1",
+            "--offline",
+        ])
+        .current_dir(repo())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut targets = std::collections::BTreeSet::new();
+    for p in meta["packages"].as_array().unwrap() {
+        let package = p["name"].as_str().unwrap();
+        for t in p["targets"].as_array().unwrap() {
+            if t["test"] != serde_json::Value::Bool(true) {
+                continue;
+            }
+            let name = t["name"].as_str().unwrap();
+            let kinds: Vec<&str> = t["kind"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|k| k.as_str())
+                .collect();
+            let which = if kinds.contains(&"test") {
+                format!("--test {name}")
+            } else if kinds.contains(&"bin") {
+                format!("--bin {name}")
+            } else if kinds.iter().any(|k| k.ends_with("lib")) {
+                "--lib".to_owned()
+            } else {
+                continue; // examples and benches are built, not run as tests
+            };
+            targets.insert(format!("cargo test -p {package} {which}"));
+        }
+    }
+    targets
+}
+
+/// The commands in the first column of docs/testing.md's tables.
+fn documented_test_targets() -> Vec<String> {
+    let text = std::fs::read_to_string(repo().join("docs/testing.md")).unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("| `cargo test -p "))
+        .map(|rest| {
+            let cmd = rest.split('`').next().unwrap_or_default();
+            format!("cargo test -p {cmd}")
+        })
+        .collect()
+}
+
+#[test]
+fn every_test_target_of_the_workspace_has_its_row_in_the_test_tables() {
+    let targets = workspace_test_targets();
+    assert!(
+        targets.len() > 80 && targets.contains("cargo test -p egress-standalone --test soak"),
+        "cargo metadata found too few targets: {targets:?}"
+    );
+    let rows = documented_test_targets();
+    let mut seen = std::collections::BTreeSet::new();
+    let twice: Vec<&String> = rows.iter().filter(|r| !seen.insert(r.as_str())).collect();
+    assert!(twice.is_empty(), "docs/testing.md lists twice: {twice:?}");
+    let missing: Vec<&String> = targets
+        .iter()
+        .filter(|t| !seen.contains(t.as_str()))
+        .collect();
+    let stale: Vec<&&str> = seen.iter().filter(|r| !targets.contains(**r)).collect();
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "docs/testing.md's test tables drifted from the workspace's test targets:\n\
+         no row (add one: the command, what it needs, what it covers): {missing:?}\n\
+         rows naming no target: {stale:?}"
+    );
+}
+
+// ---------------------------------------------------------------- the README
+
+/// Longest sentence, in words, in the README and the pages it sends users to first.
+// NB: the README once had a 146-word sentence; 35 words is two lines of prose.
+const MAX_SENTENCE_WORDS: usize = 35;
+
+/// The prose sentences of a Markdown text: code blocks, indented blocks, tables, headings and
+/// images left out; list items and paragraphs are split at a `.`, `!` or `?` followed by a
+/// space and a capital, a digit or markup.
+fn sentences(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut para: Vec<String> = Vec::new();
+    let mut fence = false;
+    let flush = |para: &mut Vec<String>, out: &mut Vec<String>| {
+        if para.is_empty() {
+            return;
+        }
+        let joined = para.join(" ");
+        para.clear();
+        let chars: Vec<char> = joined.chars().collect();
+        let mut start = 0;
+        for i in 0..chars.len() {
+            let ends = matches!(chars[i], '.' | '!' | '?')
+                && chars.get(i + 1) == Some(&' ')
+                && chars.get(i + 2).is_some_and(|c| {
+                    c.is_uppercase() || c.is_ascii_digit() || "`([*\"".contains(*c)
+                });
+            if ends {
+                out.push(chars[start..=i].iter().collect());
+                start = i + 2;
+            }
+        }
+        if start < chars.len() {
+            out.push(chars[start..].iter().collect());
+        }
+    };
+    for line in text.lines() {
+        let t = line.trim();
+        if t.starts_with("```") {
+            fence = !fence;
+            flush(&mut para, &mut out);
+            continue;
+        }
+        if fence || (line.starts_with("    ") && para.is_empty()) {
+            continue;
+        }
+        if t.is_empty() || t.starts_with('|') || t.starts_with('#') || t.starts_with("![") {
+            flush(&mut para, &mut out);
+            continue;
+        }
+        let item = t
+            .strip_prefix("- ")
+            .or_else(|| t.strip_prefix("* "))
+            .or_else(|| {
+                let (n, rest) = t.split_once(". ")?;
+                n.chars().all(|c| c.is_ascii_digit()).then_some(rest)
+            });
+        if let Some(rest) = item {
+            flush(&mut para, &mut out);
+            para.push(rest.to_owned());
+        } else {
+            para.push(t.to_owned());
+        }
+    }
+    flush(&mut para, &mut out);
+    out
+}
+
+#[test]
+fn the_sentence_splitter_splits_prose_and_skips_code_and_tables() {
+    let text = "# Title\n\nOne two. Three `four` five.\nSix (`x`).\n\n```sh\nnot. Prose.\n```\n\n\
+                | a. B | c |\n\n- Item one. Item two\n  goes on.\n1. Numbered.\n";
+    assert_eq!(
+        sentences(text),
+        [
+            "One two.",
+            "Three `four` five.",
+            "Six (`x`).",
+            "Item one.",
+            "Item two goes on.",
+            "Numbered."
+        ]
+    );
+}
+
+#[test]
+fn the_readme_says_what_it_is_gives_the_two_commands_and_stays_short() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let lines: Vec<&str> = readme.lines().collect();
+    assert!(
+        lines.len() <= 150,
+        "README.md has {} lines: keep it a short tour and move details to docs/",
+        lines.len()
+    );
+    // A title, two lines saying what this is, then the two commands of a fresh machine.
+    let fence = lines
+        .iter()
+        .position(|l| l.starts_with("```"))
+        .expect("a code block");
+    let prose: Vec<&&str> = lines[1..fence]
+        .iter()
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    assert!(
+        lines[0].starts_with("# ") && prose.len() == 2,
+        "README.md starts with its title and two lines: {prose:?}"
+    );
+    let end = fence
+        + 1
+        + lines[fence + 1..]
+            .iter()
+            .position(|l| l.starts_with("```"))
+            .expect("the code block ends");
+    let commands: Vec<&str> = lines[fence + 1..end]
+        .iter()
+        .map(|l| l.split('#').next().unwrap_or_default().trim())
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(
+        commands,
+        ["./scripts/quickstart", "./scripts/test"],
+        "the first code block holds exactly the two commands"
+    );
+    for script in ["scripts/quickstart", "scripts/test"] {
+        let mode = std::fs::metadata(repo().join(script))
+            .unwrap()
+            .permissions();
+        assert!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o111 != 0,
+            "{script} is executable"
+        );
+    }
+    for doc in ["README.md", "docs/usage.md", "docs/kubernetes.md"] {
+        let text = std::fs::read_to_string(repo().join(doc)).unwrap();
+        let all = sentences(&text);
+        assert!(all.len() > 20, "{doc}: too few sentences found: {all:?}");
+        let long: Vec<(usize, &String)> = all
+            .iter()
+            .map(|s| (s.split_whitespace().count(), s))
+            .filter(|(n, _)| *n > MAX_SENTENCE_WORDS)
+            .collect();
+        assert!(
+            long.is_empty(),
+            "{doc}: sentences over {MAX_SENTENCE_WORDS} words: {long:#?}"
+        );
+    }
+}
+
+#[test]
+fn every_relative_link_of_the_readme_and_the_docs_names_a_file_that_exists() {
+    let root = repo();
+    let mut pages = vec![root.join("README.md")];
+    for e in std::fs::read_dir(root.join("docs")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "md") {
+            pages.push(p);
+        }
+    }
+    let mut broken = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        for (i, _) in text.match_indices("](") {
+            let rest = &text[i + 2..];
+            let target = rest.split(')').next().unwrap_or_default();
+            let path = target.split('#').next().unwrap_or_default();
+            if path.is_empty() || path.contains("://") || path.starts_with("mailto:") {
+                continue;
+            }
+            let dir = page.parent().unwrap();
+            if !dir.join(path).exists() {
+                broken.push(format!(
+                    "{}: {target}",
+                    page.strip_prefix(&root).unwrap_or(page).display()
+                ));
+            }
+        }
+    }
+    assert!(pages.len() > 10, "{pages:?}");
+    assert!(
+        broken.is_empty(),
+        "links to files that do not exist: {broken:#?}"
+    );
+}

@@ -53,15 +53,15 @@ const IMAGE_ENV: &str = "EP_KUBE_E2E_IMAGE";
 const IMAGE_SHA_ENV: &str = "EP_KUBE_E2E_IMAGE_SHA256";
 /// The whole test, image build included.
 // NB: as the standalone e2e: a first image build ~2.5 min, the cached run ~2–3 min (TCG boot
-// to an agent-reported address ~40 s–2 min, tinyproxy ~35 s later). 30 min is far above and
+// to a leased address ~40 s–2 min, tinyproxy ~35 s later). 30 min is far above and
 // inside CI's budget.
 const TEST_BUDGET: Duration = Duration::from_secs(30 * 60);
-/// From Proxy created to Running with an IP (download, import, define, boot, agent).
+/// From Proxy created to Running with an IP (download, import, define, boot, DHCP lease).
 // NB: the operator's own provisioning deadline.
 const BOOT_BUDGET: Duration = Duration::from_secs(15 * 60);
 /// From Running to tinyproxy answering, to Healthy, and to the EndpointSlice listing it.
-// NB: cloud-init's final stage ends ~10–40 s after the agent is up; Healthy follows the first
-// answer by two health intervals; the publisher runs every 5 s.
+// NB: cloud-init's final stage ends ~10–40 s after the guest has its address; Healthy follows
+// the first answer by two health intervals; the publisher runs every 5 s.
 const PROXY_BUDGET: Duration = Duration::from_secs(5 * 60);
 /// From the start to the Lease and the first ProviderHealth status.
 // NB: the Lease is taken at once; the first host check round (SSH + libvirt probes) takes

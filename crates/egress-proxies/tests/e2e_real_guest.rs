@@ -1,7 +1,8 @@
 //! End to end on the real hypervisor: the `egress-proxies` binary in standalone mode drives
 //! the real libvirtd through a real sshd to download a real Debian image (built by
 //! `scripts/build-guest-image`, served on 127.0.0.1 with its sha256 pinned), boot it under
-//! OVMF with TCG, find its address through the real guest agent, and carry a real HTTP
+//! OVMF with TCG, find its address (the libvirt network's DHCP lease for our NIC's MAC, which
+//! the operator asks before the ARP table and the guest agent), and carry a real HTTP
 //! request through the guest's tinyproxy to an echo server; a client outside the allowed
 //! CIDRs is refused; the health engine checks the proxy through itself against a real
 //! `egress-proxies echo` and records the guest's address as the egress IP; GC collects a
@@ -58,17 +59,17 @@ const IMAGE_ENV: &str = "EP_E2E_IMAGE";
 const IMAGE_SHA_ENV: &str = "EP_E2E_IMAGE_SHA256";
 /// The whole test, image build included.
 // NB: measured here: first image build ~2.5 min (mmdebstrap from the mirror), cached 0 s; the
-// cached run ~2 min (boot to an agent-reported address under TCG ~40 s, tinyproxy ~35 s
+// cached run ~2 min (boot to a leased address under TCG ~40 s, tinyproxy ~35 s
 // later). 30 min is far above and still inside CI's 90 minutes.
 const TEST_BUDGET: Duration = Duration::from_secs(30 * 60);
-/// From manifest to Running with an IP (download, import, define, boot, agent).
+/// From manifest to Running with an IP (download, import, define, boot, DHCP lease).
 // NB: TCG boot of the cloud kernel + cloud-init took ~1–2 min here; 15 min is the operator's
 // own provisioning deadline.
 const BOOT_BUDGET: Duration = Duration::from_secs(15 * 60);
 /// From Running to tinyproxy answering (cloud-init's final stage starts it), and to the health
 /// engine calling the proxy Healthy.
-// NB: cloud-init's final stage ends ~10–40 s after the agent is up here; Healthy follows the
-// first answer by HEALTH_INTERVAL × healthy_after (2).
+// NB: cloud-init's final stage ends ~10–40 s after the guest has its address here; Healthy
+// follows the first answer by HEALTH_INTERVAL × healthy_after (2).
 const PROXY_BUDGET: Duration = Duration::from_secs(5 * 60);
 /// Deleting: manifest removed → domain and instance volumes gone.
 // NB: destroy + undefine + two volume deletes take seconds; the reconcile poll is 5 s.

@@ -266,10 +266,15 @@ pub async fn run_with_providers(
         }
     }
     let providers = Arc::new(providers);
-    let controller = Arc::new(Controller::new(
-        Arc::clone(&providers),
-        opts.controller.clone(),
-    ));
+    // The health probes CONNECT through the proxies: their targets' ports are allowed.
+    let mut controller_settings = opts.controller.clone();
+    if let Some(h) = &opts.health {
+        controller_settings.allow_connect_port(h.target.port);
+        if let Some(t6) = &h.target_ipv6 {
+            controller_settings.allow_connect_port(t6.port);
+        }
+    }
+    let controller = Arc::new(Controller::new(Arc::clone(&providers), controller_settings));
     let metrics = Metrics::with_extra(opts.extra_metrics.clone());
     // Standalone acts on the fleet alone; the config was just loaded.
     metrics.set_leader(true);

@@ -413,11 +413,23 @@ impl Shared {
             return;
         }
         let hosts = self.controller.pool_hosts(&p.spec.template.provider);
+        // Bound by its entry's quotas.maxPoolReplicas (quarantined members count); a pool
+        // asking for more is held to it, and says so in the log.
+        let policy = match self.controller.max_pool_replicas(&p.spec.template.provider) {
+            Some(max) => p.policy.clone().within_quota(max).unwrap_or_else(|e| {
+                tracing::warn!(pool = %key, error = %format!("{}: {}", e.path, e.message), "pool held to its entry's quota");
+                let mut held = p.policy.clone();
+                held.replicas = max;
+                held.max_members = max;
+                held
+            }),
+            None => p.policy.clone(),
+        };
         let now = SystemTime::now();
         let d = decide(&PoolInputs {
             name: &name,
             generation,
-            policy: &p.policy,
+            policy: &policy,
             template_hash: &hash,
             members: &members,
             hosts: &hosts,
@@ -769,6 +781,7 @@ fn member_object(
         )),
         deleting: false,
         credentials: creds.cloned(),
+        namespace_labels: None,
     }
 }
 

@@ -388,6 +388,7 @@ pub(crate) fn object_of(p: &LoadedProxy, generation: i64) -> ProxyObject {
             username: c.username.clone(),
             password: c.password.clone(),
         }),
+        namespace_labels: None,
     }
 }
 

@@ -149,6 +149,8 @@ async fn each_proxy_gets_its_own_declared_address_verified_from_outside() {
         }),
         ipv6: None,
         dns: vec!["192.0.2.53".into()],
+        access: None,
+        hold_released: egress_provider::libvirt::address_pool::DEFAULT_HOLD_RELEASED,
     });
     let providers = hosts.providers_for(entry);
 
@@ -293,6 +295,8 @@ async fn a_dual_stack_proxy_is_probed_per_family_against_each_familys_target() {
             ranges: vec!["2001:db8:5::10".into()],
         }),
         dns: vec![],
+        access: None,
+        hold_released: egress_provider::libvirt::address_pool::DEFAULT_HOLD_RELEASED,
     });
     let providers = hosts.providers_for(entry);
     let mut opts = standalone_options(dir.path());

@@ -382,6 +382,8 @@ fn one_host_with_an_address_pool(server: &ImageServer) -> FakeHosts {
             }),
             ipv6: None,
             dns: vec!["203.0.113.53".into()],
+            access: None,
+            hold_released: egress_provider::libvirt::address_pool::DEFAULT_HOLD_RELEASED,
         })
 }
 

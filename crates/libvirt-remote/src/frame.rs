@@ -20,6 +20,8 @@ pub const MAX_MESSAGE: usize = 33_554_432;
 pub const MAX_PACKET: usize = LEN_SIZE + MAX_MESSAGE;
 /// Largest payload after the header.
 pub const MAX_PAYLOAD: usize = MAX_MESSAGE - HEADER_SIZE;
+/// Most buffer space reserved ahead of the bytes received while a packet is incomplete.
+pub const RESERVE_STEP: usize = 64 << 10;
 /// Payload limit for stream data that every libvirt version accepts
 /// (`VIR_NET_MESSAGE_LEGACY_PAYLOAD_MAX`).
 pub const LEGACY_STREAM_PAYLOAD: usize = 262_120;
@@ -222,8 +224,10 @@ impl Decoder for PacketCodec {
             return Err(FrameError::TooLarge(len));
         }
         if src.len() < len {
-            // Bounded by MAX_PACKET, checked above.
-            src.reserve(len - src.len());
+            // NB: reserve only a step ahead, never the whole announced length: a peer that
+            // announces a 32 MiB packet and sends nothing more costs 64 KiB, not 32 MiB, so the
+            // memory a connection holds is what its peer actually sent.
+            src.reserve((len - src.len()).min(RESERVE_STEP));
             return Ok(None);
         }
         let mut pkt = src.split_to(len);
@@ -298,6 +302,14 @@ mod tests {
             Err(FrameError::TooLarge(_))
         ));
         assert_eq!(b.capacity(), cap, "no reservation for a rejected length");
+        // An announced maximum-size packet reserves one step, not its length.
+        let mut big = BytesMut::from(&(MAX_PACKET as u32).to_be_bytes()[..]);
+        assert!(PacketCodec.decode(&mut big).unwrap().is_none());
+        assert!(
+            big.capacity() <= LEN_SIZE + RESERVE_STEP + 64,
+            "{}",
+            big.capacity()
+        );
         let mut b = BytesMut::from(&((MAX_PACKET + 1) as u32).to_be_bytes()[..]);
         assert!(PacketCodec.decode(&mut b).is_err());
         let mut b = BytesMut::from(&(MAX_PACKET as u32).to_be_bytes()[..]);

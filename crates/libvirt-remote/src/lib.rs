@@ -22,3 +22,8 @@ pub use conn::{ConnStats, Connection, ConnectionConfig, Event};
 pub use error::{DeathReason, Error, RemoteError, Result};
 pub use transport::{KillSwitch, Transport};
 pub use upload::UploadOptions;
+
+/// The crate's README, so its example is compiled with the doc tests (`cargo test --doc`).
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

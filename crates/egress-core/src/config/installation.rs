@@ -6,9 +6,11 @@
 //! 2. standalone: the file [`FILE_NAME`] next to the provider config file, read if it
 //!    exists, else created once with a fresh random ID ([`resolve_persisted`],
 //!    [`fill_standalone`]);
-//! 3. Kubernetes: derived from the namespace and name of the installation's leader-election
-//!    Lease ([`derive_kubernetes`]) — one Lease per installation, stable for its life, so
-//!    nothing needs persisting.
+//! 3. Kubernetes: derived from the cluster's identity (the UID of its `kube-system`
+//!    namespace) and the namespace and name of the installation's leader-election Lease
+//!    ([`derive_kubernetes`]) — unique per cluster, stable for the installation's life, so
+//!    nothing needs persisting. Releases before derived it from the Lease alone
+//!    ([`legacy_kubernetes`]), the same in two clusters installed with the same defaults.
 //!
 //! Guarantees: every ID returned satisfies
 //! [`egress_provider::libvirt::mark::valid_installation_id`]; the persisted file is read with
@@ -108,14 +110,38 @@ fn read_id(file: &Path) -> Result<String, InstallationError> {
 }
 
 /// The ID of a Kubernetes installation: `configured` when set, else `k8s-` and the first 32
-/// hex digits of the SHA-256 of `namespace/name` of its leader-election Lease — stable
-/// across restarts and upgrades, distinct for every Lease (neither part may contain `/`).
-pub fn derive_kubernetes(configured: Option<&str>, namespace: &str, release: &str) -> String {
+/// hex digits of the SHA-256 of `CLUSTER/namespace/name`, where CLUSTER is the UID of the
+/// cluster's `kube-system` namespace (unique per cluster, stable for its life) and
+/// `namespace/name` the installation's leader-election Lease — so two clusters installed
+/// with the same defaults never share an ID. Without the cluster's UID (`None`: it could not
+/// be read) the ID is [`legacy_kubernetes`], the same in every cluster: the driver warns, and
+/// hosts shared between clusters then need `installation.id` set.
+pub fn derive_kubernetes(
+    configured: Option<&str>,
+    cluster_uid: Option<&str>,
+    namespace: &str,
+    release: &str,
+) -> String {
     if let Some(id) = configured {
         return id.to_owned();
     }
+    let Some(cluster) = cluster_uid else {
+        return legacy_kubernetes(namespace, release);
+    };
+    hashed(&format!("{cluster}/{namespace}/{release}"))
+}
+
+/// The ID releases before the cluster-bound one derived: from `namespace/name` of the Lease
+/// alone (the same in two clusters installed with the same defaults). VMs created under it
+/// are another installation's to a release deriving [`derive_kubernetes`]'s ID: to keep
+/// them, set `installation.id` to this value (the driver logs it when it differs).
+pub fn legacy_kubernetes(namespace: &str, release: &str) -> String {
+    hashed(&format!("{namespace}/{release}"))
+}
+
+fn hashed(text: &str) -> String {
     use sha2::Digest;
-    let digest = sha2::Sha256::digest(format!("{namespace}/{release}").as_bytes());
+    let digest = sha2::Sha256::digest(text.as_bytes());
     let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
     format!("k8s-{hex}")
 }
@@ -219,12 +245,35 @@ mod tests {
     }
 
     #[test]
-    fn a_kubernetes_id_is_stable_per_namespace_and_release() {
-        let a = derive_kubernetes(None, "egress", "ep");
+    fn a_kubernetes_id_is_unique_per_cluster_and_stable_per_namespace_and_release() {
+        let c1 = Some("5b2b1d5e-0000-4000-8000-000000000001");
+        let c2 = Some("5b2b1d5e-0000-4000-8000-000000000002");
+        let a = derive_kubernetes(None, c1, "egress", "ep");
         assert!(valid_installation_id(&a), "{a}");
-        assert_eq!(a, derive_kubernetes(None, "egress", "ep"));
-        assert_ne!(a, derive_kubernetes(None, "egress2", "ep"));
-        assert_ne!(a, derive_kubernetes(None, "egress", "ep2"));
-        assert_eq!(derive_kubernetes(Some("site-a"), "egress", "ep"), "site-a");
+        assert_eq!(a, derive_kubernetes(None, c1, "egress", "ep"));
+        // Two clusters with the same defaults: two IDs.
+        assert_ne!(a, derive_kubernetes(None, c2, "egress", "ep"));
+        assert_ne!(a, derive_kubernetes(None, c1, "egress2", "ep"));
+        assert_ne!(a, derive_kubernetes(None, c1, "egress", "ep2"));
+        assert_eq!(
+            derive_kubernetes(Some("site-a"), c1, "egress", "ep"),
+            "site-a"
+        );
+        // The legacy ID (no cluster UID) is what earlier releases derived.
+        let legacy = derive_kubernetes(None, None, "egress", "ep");
+        assert_eq!(legacy, legacy_kubernetes("egress", "ep"));
+        assert_eq!(
+            legacy,
+            "k8s-".to_owned()
+                + &{
+                    use sha2::Digest;
+                    let d = sha2::Sha256::digest(b"egress/ep");
+                    d.iter()
+                        .take(16)
+                        .map(|b| format!("{b:02x}"))
+                        .collect::<String>()
+                }
+        );
+        assert_ne!(legacy, a);
     }
 }

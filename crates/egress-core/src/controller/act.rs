@@ -14,7 +14,7 @@ use super::executor::Controller;
 use super::outcome::{EventKind, Outcome};
 use super::proxy::ProxyObject;
 use super::settings::create_deadline;
-use super::state::lock;
+use super::state::{Size, lock};
 
 impl Controller {
     /// Performs the decision's action (no network here: work is spawned) and builds the
@@ -39,6 +39,80 @@ impl Controller {
         } = d;
         let settings = &self.inner.settings;
         let mut st = lock(&self.inner.state);
+        let mut action = action;
+        if let Some(h) = handle {
+            let entry = h.config.name.as_str();
+            if finalized {
+                // Its instance is gone: its addresses are held for its namespace a while.
+                st.reservations.release(&obj.uid, now);
+            } else {
+                let pins = obj.spec.egress.pinned();
+                st.reservations
+                    .register(entry, obj.uid, &obj.namespace, &pins);
+                // What its instance holds, for the hold after it goes.
+                let hold = status
+                    .host
+                    .as_deref()
+                    .and_then(|host| h.host(host))
+                    .and_then(|c| c.address_pool.as_ref())
+                    .map(|p| p.hold_released);
+                let holds: Vec<std::net::IpAddr> = status
+                    .egress_address
+                    .iter()
+                    .filter_map(|a| a.parse().ok())
+                    .collect();
+                if let Some(hold) = hold {
+                    st.reservations
+                        .note_held(entry, obj.uid, &obj.namespace, &holds, hold);
+                }
+                // Its size counts on its host's usage, and it counts in its namespace.
+                let size = decide::sizes(obj, &h.config).ok().map(|(_, m, v)| Size {
+                    memory_mib: m,
+                    vcpus: u64::from(v),
+                    namespace: obj.namespace.clone(),
+                });
+                st.set_size(obj.uid, size);
+                // A new instance (not a replacement) beyond the namespace's quota waits.
+                if let Action::Create { .. } = &action
+                    && let Some(max) = h.config.quotas.max_proxies_per_namespace
+                    && !st.counts_on(&obj.uid, entry)
+                    && st.namespace_count(entry, &obj.namespace) >= max as usize
+                {
+                    let msg = format!(
+                        "namespace {:?} has {max} Proxies on provider entry {entry:?}, its \
+                         quota (quotas.maxProxiesPerNamespace); waiting for one to go",
+                        obj.namespace
+                    );
+                    status = decide::quota_exceeded(status, obj, &msg, now);
+                    requeue_after = Some(settings.poll_provisioning);
+                    events.retain(|e| e.kind == EventKind::Warning);
+                    action = Action::None;
+                }
+                if let Action::Create { req, .. } = &mut action {
+                    if let Some(msg) = st.reservations.conflict(
+                        entry,
+                        &obj.uid,
+                        &obj.namespace,
+                        &req.pinned_egress,
+                        now,
+                    ) {
+                        status = decide::address_reserved(status, obj, &msg, now);
+                        requeue_after = Some(settings.poll_provisioning);
+                        events.retain(|e| e.kind == EventKind::Warning);
+                        action = Action::None;
+                    } else if req.pinned_egress.is_empty() {
+                        req.reserved =
+                            st.reservations
+                                .reserved_for(entry, &obj.uid, &obj.namespace, now);
+                    }
+                }
+            }
+        } else if finalized {
+            st.reservations.forget_all(&obj.uid);
+        }
+        if finalized {
+            st.set_size(obj.uid, None);
+        }
         if finalized {
             if let Some(o) = st.objects.remove(&obj.uid)
                 && let Some(op) = o.op

@@ -60,6 +60,7 @@ fn proxy() -> P {
         }),
         deleting: false,
         credentials: None,
+        namespace_labels: None,
     })
 }
 
@@ -108,7 +109,7 @@ impl P {
     fn credentials(mut self) -> Self {
         self.0.credentials = Some(ProxyCredentials {
             username: "alice".into(),
-            password: "pw".into(),
+            password: "pw-of-sixteen-chars".into(),
         });
         self
     }
@@ -407,6 +408,8 @@ fn a_pinned_address_places_the_proxy_on_the_host_whose_pool_holds_it() {
         }),
         ipv6: None,
         dns: vec![],
+        access: None,
+        hold_released: egress_provider::libvirt::address_pool::DEFAULT_HOLD_RELEASED,
     });
     let with = |p: P| {
         let mut c = case(p).load("h1", 0, None).load("h2", 5, None);
@@ -1003,7 +1006,10 @@ fn missing_credentials_wait_with_backoff_instead_of_latching() {
     let Action::Create { req, .. } = d.action else {
         panic!()
     };
-    assert!(req.user_data.contains("BasicAuth alice pw"));
+    assert!(
+        req.user_data
+            .contains("BasicAuth alice pw-of-sixteen-chars")
+    );
 }
 
 #[test]
@@ -1161,4 +1167,188 @@ fn a_changed_provider_entry_of_a_placed_proxy_is_refused_and_nothing_is_created(
         "{msg}"
     );
     assert!(d.memory.latch.is_some());
+}
+
+// ------------------------------------------------------------------ tenancy
+
+fn with_entry(mut c: Case, f: impl FnOnce(&mut LibvirtEntry)) -> Case {
+    if let Some(e) = c.entry.as_mut() {
+        f(e);
+    }
+    c
+}
+
+fn names(ns: &[&str]) -> egress_provider::libvirt::config::Namespaces {
+    egress_provider::libvirt::config::Namespaces {
+        namespaces: ns.iter().map(|s| (*s).to_owned()).collect(),
+        namespace_selector: None,
+    }
+}
+
+fn access(ns: &[&str]) -> egress_provider::libvirt::config::EntryAccess {
+    egress_provider::libvirt::config::EntryAccess {
+        namespaces: ns.iter().map(|s| (*s).to_owned()).collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_namespace_the_entry_does_not_admit_gets_a_condition_and_nothing_is_created() {
+    let d = with_entry(case(proxy()), |e| {
+        e.access = Some(access(&["team-a", "team-b"]));
+    })
+    .run();
+    assert_eq!(d.action, Action::None);
+    let (s, r, m) = ready(&d);
+    assert_eq!(
+        (s, r.as_str()),
+        (ConditionStatus::False, reason::NOT_ENTITLED)
+    );
+    assert!(
+        m.contains("namespace \"default\"") && m.contains("\"home\""),
+        "{m}"
+    );
+    assert!(
+        !m.contains("team-a") && !m.contains("team-b"),
+        "names no other tenant: {m}"
+    );
+    assert!(d.memory.latch.is_some(), "until the config or spec changes");
+    // Listed by name, or matched by a namespace label selector (labels the driver knows).
+    let ok = with_entry(case(proxy()), |e| e.access = Some(access(&["default"]))).run();
+    created_host(&ok);
+    let mut p = proxy();
+    p.0.namespace_labels = Some(std::sync::Arc::new(
+        [("tenant".to_owned(), "gold".to_owned())].into(),
+    ));
+    let sel = with_entry(case(p.clone()), |e| {
+        e.access = Some(egress_provider::libvirt::config::EntryAccess {
+            namespace_selector: Some(egress_provider::libvirt::config::LabelSelector {
+                match_labels: [("tenant".to_owned(), "gold".to_owned())].into(),
+            }),
+            ..Default::default()
+        });
+    })
+    .run();
+    created_host(&sel);
+}
+
+#[test]
+fn hosts_a_namespace_may_not_use_are_never_chosen_or_pinned() {
+    // h1 is less loaded but granted to another namespace: h2.
+    let c = with_entry(case(proxy()).load("h2", 5, None), |e| {
+        e.hosts[0].access = Some(names(&["team-a"]));
+    });
+    assert_eq!(created_host(&c.run()).0, "h2");
+    // Pinned to it: refused by name of host and namespace only.
+    let d = with_entry(case(proxy().on_host("h1")), |e| {
+        e.hosts[0].access = Some(names(&["team-a"]));
+    })
+    .run();
+    let (_, r, m) = ready(&d);
+    assert_eq!(r, reason::NOT_ENTITLED, "{m}");
+    assert!(
+        m.starts_with("spec.host: host \"h1\"") && !m.contains("team-a"),
+        "{m}"
+    );
+    // No host left at all.
+    let d = with_entry(case(proxy()), |e| {
+        for h in &mut e.hosts {
+            h.access = Some(names(&["team-a"]));
+        }
+    })
+    .run();
+    assert_eq!(ready(&d).1, reason::NOT_ENTITLED);
+    assert_eq!(d.action, Action::None);
+}
+
+#[test]
+fn features_are_granted_per_namespace() {
+    let granted = |f: &mut egress_provider::libvirt::config::EntryAccess| {
+        f.namespaces = vec!["default".into()];
+    };
+    // URL images.
+    let url = proxy().with_image(&format!(
+        "https://img.example/a.qcow2#sha256={}",
+        "a".repeat(64)
+    ));
+    let d = with_entry(case(url.clone()), |e| {
+        e.url_images.enabled = true;
+        let mut a = access(&[]);
+        granted(&mut a);
+        a.url_images = Some(names(&["team-a"]));
+        e.access = Some(a);
+    })
+    .run();
+    let (_, r, m) = ready(&d);
+    assert_eq!(r, reason::NOT_ENTITLED, "{m}");
+    assert!(
+        m.starts_with("spec.image:") && m.contains("access.urlImages"),
+        "{m}"
+    );
+    // Internal networks: lifted for a granted namespace only.
+    let run = |grant: &[&str]| {
+        let d = with_entry(case(proxy()), |e| {
+            e.policy.allowed_internal_cidrs = vec!["10.5.0.0/16".into()];
+            let mut a = access(&[]);
+            granted(&mut a);
+            a.internal_cidrs = Some(names(grant));
+            e.access = Some(a);
+        })
+        .run();
+        let Action::Create { req, .. } = d.action else {
+            panic!("{:?}", d.action)
+        };
+        (req.lift_internal, req.user_data.contains("10.5.0.0/16"))
+    };
+    assert_eq!(run(&["default"]), (true, true));
+    assert_eq!(run(&["team-a"]), (false, false));
+    // Declared addresses: a pin, and hosts with a pool.
+    let d = with_entry(case(proxy().egress(&["203.0.113.7"])), |e| {
+        let mut a = access(&[]);
+        granted(&mut a);
+        a.address_pools = Some(names(&["team-a"]));
+        e.access = Some(a);
+    })
+    .run();
+    let (_, r, m) = ready(&d);
+    assert_eq!(r, reason::NOT_ENTITLED, "{m}");
+    assert!(m.contains("access.addressPools"), "{m}");
+}
+
+#[test]
+fn a_host_full_by_memory_is_skipped_and_named_when_none_has_room() {
+    // h1 (less loaded) has 1024 MiB for this entry, 768 placed; the Proxy needs 512.
+    let c = with_entry(case(proxy()).load("h2", 4, None), |e| {
+        e.hosts[0].capacity.memory_mib = Some(1024);
+    });
+    let mut c = c;
+    c.hosts.get_mut("h1").unwrap().used_memory_mib = 768;
+    assert_eq!(created_host(&c.run()).0, "h2");
+    // Room for exactly this one: taken.
+    c.hosts.get_mut("h1").unwrap().used_memory_mib = 512;
+    assert_eq!(created_host(&c.run()).0, "h1");
+    // Both full (h2 by vCPUs): nothing created, the reason names each host's shortage.
+    let mut c = with_entry(case(proxy()), |e| {
+        e.hosts[0].capacity.memory_mib = Some(1024);
+        e.hosts[1].capacity.vcpus = Some(4);
+    });
+    c.hosts.get_mut("h1").unwrap().used_memory_mib = 1000;
+    c.hosts.get_mut("h2").unwrap().used_vcpus = 4;
+    let d = c.run();
+    assert_eq!(d.action, Action::None);
+    let (_, r, m) = ready(&d);
+    assert_eq!(r, reason::NO_USABLE_HOST, "{m}");
+    assert!(
+        m.contains("h1") && m.contains("full by memory (1000 of 1024 MiB placed, 512 MiB needed)"),
+        "{m}"
+    );
+    assert!(m.contains("full by vCPUs (4 of 4 placed, 1 needed)"), "{m}");
+    // Its own instance on the host is not counted twice (a replacement fits where it is).
+    let mut c = with_entry(case(proxy()).at("h1"), |e| {
+        e.hosts[0].capacity.memory_mib = Some(1024);
+        e.hosts[1].capacity.memory_mib = Some(0);
+    });
+    c.hosts.get_mut("h1").unwrap().used_memory_mib = 1024;
+    c.observed = Observed::NotFound("gone".into());
+    assert_eq!(created_host(&c.run()).0, "h1");
 }

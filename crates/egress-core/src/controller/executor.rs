@@ -243,6 +243,32 @@ impl Controller {
         }
     }
 
+    /// Whether any entry's `access` (or a host's, or an address pool's) uses a
+    /// `namespaceSelector`: only then does a driver need to read namespaces' labels.
+    pub fn uses_namespace_selectors(&self) -> bool {
+        self.providers().iter().any(|h| {
+            let c = &h.config;
+            let sel = |n: &Option<egress_provider::libvirt::config::Namespaces>| {
+                n.as_ref().is_some_and(|n| n.namespace_selector.is_some())
+            };
+            c.access.as_ref().is_some_and(|a| {
+                a.namespace_selector.is_some()
+                    || sel(&a.url_images)
+                    || sel(&a.internal_cidrs)
+                    || sel(&a.address_pools)
+            }) || c.hosts.iter().any(|host| {
+                sel(&host.access) || host.address_pool.as_ref().is_some_and(|p| sel(&p.access))
+            })
+        })
+    }
+
+    /// The entry's `quotas.maxPoolReplicas`, when the entry exists.
+    pub fn max_pool_replicas(&self, entry: &str) -> Option<u32> {
+        self.providers()
+            .get(entry)
+            .map(|h| h.config.quotas.max_pool_replicas)
+    }
+
     /// The hosts of `entry` in config order with their last recorded health report (what
     /// [`Controller::record_host_reports`] learnt), as the pool decision takes them; empty
     /// when the entry does not exist.
@@ -342,6 +368,8 @@ impl Controller {
             op.abort.abort();
         }
         st.clear_location(uid);
+        st.set_size(*uid, None);
+        st.reservations.forget_all(uid);
         st.created.remove(uid);
         st.forget_waiter(uid);
         st.strays.remove(uid);

@@ -34,6 +34,8 @@ struct Scripted {
     creates: AtomicU32,
     deletes: Mutex<Vec<String>>,
     made: Mutex<BTreeMap<ProxyUid, Instance>>,
+    /// Each create's `reserved` addresses, by UID.
+    reserved: Mutex<BTreeMap<ProxyUid, Vec<std::net::IpAddr>>>,
 }
 
 #[async_trait]
@@ -43,6 +45,10 @@ impl Provider for Scripted {
     }
     async fn create(&self, req: &CreateRequest, progress: &dyn Progress) -> Result<Instance> {
         self.creates.fetch_add(1, Ordering::SeqCst);
+        self.reserved
+            .lock()
+            .unwrap()
+            .insert(req.uid, req.reserved.clone());
         progress.update(312 << 20, Some(1024 << 20));
         while self.hang_create.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -360,4 +366,151 @@ async fn a_host_last_reported_unreachable_gets_no_new_proxy_even_when_least_load
             .await;
         assert_eq!(out.status.host.as_deref(), Some("h2"), "proxy {n}");
     }
+}
+
+fn in_namespace(n: u8, ns: &str, pin: &[&str]) -> super::ProxyObject {
+    let mut o = obj(n, None);
+    o.namespace = ns.into();
+    std::sync::Arc::make_mut(&mut o.spec).egress.address =
+        pin.iter().map(|a| (*a).to_owned()).collect();
+    o
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pinned_address_is_reserved_and_held_for_its_namespace_after_its_proxy_goes() {
+    let p = Arc::new(Scripted::default());
+    let mut e = entry(4);
+    // h1's pool: released addresses are held 10 minutes (the default).
+    e.hosts[0].address_pool = Some(Default::default());
+    let c = Controller::new(
+        Arc::new(Providers::from_handles([ProviderHandle::new(e, p.clone())])),
+        ControllerSettings::default(),
+    );
+    let addr: std::net::IpAddr = "203.0.113.7".parse().unwrap();
+    let a = in_namespace(1, "team-a", &["203.0.113.7"]);
+    let first = c.reconcile(&a, &ProxyStatus::default(), now()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let a_st = c.reconcile(&a, &first.status, now()).await.status;
+    assert_eq!(a_st.phase, Phase::Running);
+    assert_eq!(a_st.host.as_deref(), Some("h1"));
+    // Another tenant pinning it waits, told nothing about whose it is.
+    let b = in_namespace(2, "team-b", &["203.0.113.7"]);
+    let out = c.reconcile(&b, &ProxyStatus::default(), now()).await;
+    let cond = out.status.condition(condition::READY).unwrap();
+    assert_eq!(cond.reason, reason::ADDRESS_RESERVED);
+    assert!(
+        cond.message.contains("pinned by another Proxy"),
+        "{}",
+        cond.message
+    );
+    assert!(
+        !cond.message.contains("team-a") && !cond.message.contains(&a.uid.simple().to_string())
+    );
+    assert_eq!(
+        p.creates.load(Ordering::SeqCst),
+        1,
+        "nothing started for it"
+    );
+    // A Proxy pinning nothing is never given it.
+    let u = in_namespace(3, "team-b", &[]);
+    let _ = c.reconcile(&u, &ProxyStatus::default(), now()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(p.reserved.lock().unwrap()[&u.uid], [addr]);
+    // The owner goes: its address is held for its namespace.
+    let mut gone = a.clone();
+    gone.deleting = true;
+    let mut st = c.reconcile(&gone, &a_st, now()).await.status;
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let out = c.reconcile(&gone, &st, now()).await;
+        st = out.status;
+        if out.finalized {
+            break;
+        }
+    }
+    let out = c.reconcile(&b, &ProxyStatus::default(), now()).await;
+    let cond = out.status.condition(condition::READY).unwrap();
+    assert_eq!(cond.reason, reason::ADDRESS_RESERVED, "{}", cond.message);
+    assert!(
+        cond.message.contains("reserved for its previous holder"),
+        "{}",
+        cond.message
+    );
+    let u2 = in_namespace(4, "team-b", &[]);
+    let _ = c.reconcile(&u2, &ProxyStatus::default(), now()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        p.reserved.lock().unwrap()[&u2.uid],
+        [addr],
+        "held: not allocated"
+    );
+    // After the hold, another tenant may pin it.
+    let later = now() + Duration::from_secs(601);
+    let out = c.reconcile(&b, &ProxyStatus::default(), later).await;
+    assert_eq!(out.status.phase, Phase::Provisioning, "{:?}", out.status);
+    // Within the hold its own namespace may (a pool's replacement keeping its address).
+    let c2 = Controller::new(
+        Arc::new(Providers::from_handles([ProviderHandle::new(
+            {
+                let mut e = entry(4);
+                e.hosts[0].address_pool = Some(Default::default());
+                e
+            },
+            Arc::new(Scripted::default()),
+        )])),
+        ControllerSettings::default(),
+    );
+    let a = in_namespace(1, "team-a", &["203.0.113.7"]);
+    let first = c2.reconcile(&a, &ProxyStatus::default(), now()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let a_st = c2.reconcile(&a, &first.status, now()).await.status;
+    let mut gone = a.clone();
+    gone.deleting = true;
+    let mut st = a_st;
+    for _ in 0..4 {
+        let out = c2.reconcile(&gone, &st, now()).await;
+        st = out.status;
+        if out.finalized {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let repl = in_namespace(5, "team-a", &["203.0.113.7"]);
+    let out = c2.reconcile(&repl, &ProxyStatus::default(), now()).await;
+    assert_eq!(out.status.phase, Phase::Provisioning, "{:?}", out.status);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_namespace_at_its_quota_gets_no_new_instance_but_replacements_go_on() {
+    let p = Arc::new(Scripted::default());
+    let mut e = entry(4);
+    e.quotas.max_proxies_per_namespace = Some(1);
+    let c = Controller::new(
+        Arc::new(Providers::from_handles([ProviderHandle::new(e, p.clone())])),
+        ControllerSettings::default(),
+    );
+    let one = in_namespace(1, "team-a", &[]);
+    let first = c.reconcile(&one, &ProxyStatus::default(), now()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let st = c.reconcile(&one, &first.status, now()).await.status;
+    assert_eq!(st.phase, Phase::Running);
+    let two = in_namespace(2, "team-a", &[]);
+    let out = c.reconcile(&two, &ProxyStatus::default(), now()).await;
+    let cond = out.status.condition(condition::READY).unwrap();
+    assert_eq!(cond.reason, reason::QUOTA_EXCEEDED, "{}", cond.message);
+    assert!(
+        cond.message.contains("maxProxiesPerNamespace"),
+        "{}",
+        cond.message
+    );
+    assert_eq!(p.creates.load(Ordering::SeqCst), 1);
+    // Another namespace is not affected.
+    let other = in_namespace(3, "team-b", &[]);
+    let out = c.reconcile(&other, &ProxyStatus::default(), now()).await;
+    assert_eq!(out.status.phase, Phase::Provisioning);
+    // The first one's instance vanishes: its replacement is not refused.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    p.made.lock().unwrap().remove(&one.uid);
+    let out = c.reconcile(&one, &st, now()).await;
+    assert_eq!(out.status.phase, Phase::Provisioning, "{:?}", out.status);
 }

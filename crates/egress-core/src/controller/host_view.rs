@@ -54,6 +54,7 @@ impl HostView for LiveHosts<'_> {
         let mut load = st.load(name, host);
         let health = st.health.get(name).and_then(|m| m.get(host)).copied();
         let addresses = st.address_room(name, host);
+        let (used_memory_mib, used_vcpus) = st.usage(name, host);
         drop(st);
         if self.inner.limits.work_available(name, host, max) == 0 {
             load = load.saturating_add(FULL_HOST_LOAD);
@@ -62,16 +63,24 @@ impl HostView for LiveHosts<'_> {
             load,
             health,
             addresses,
+            used_memory_mib,
+            used_vcpus,
         }
     }
 
-    fn least_loaded(&self, _entry: &LibvirtEntry, need: u8) -> Option<String> {
+    fn least_loaded(
+        &self,
+        _entry: &LibvirtEntry,
+        need: u8,
+        eligible: &dyn Fn(&str) -> bool,
+    ) -> Option<String> {
         let name = &self.handle.config.name;
         lock(&self.inner.state).least_loaded(
             &self.handle.config,
             &self.handle.config_digest,
             need,
             |host, max| self.inner.limits.work_available(name, host, max) > 0,
+            eligible,
         )
     }
 }
@@ -93,6 +102,8 @@ pub(super) fn host_view<'a>(
                     load: st.load(entry, h),
                     health: health.and_then(|m| m.get(h)).copied(),
                     addresses: st.address_room(entry, h),
+                    used_memory_mib: st.usage(entry, h).0,
+                    used_vcpus: st.usage(entry, h).1,
                 },
             )
         })
@@ -318,18 +329,28 @@ mod tests {
                 }
             }
             let need = [FAMILY_V4, FAMILY_V6, EVERY_FAMILY][next(3) as usize];
-            let want = HostView::least_loaded(&view, e, need);
-            let got = st.least_loaded(e, &digest, need, |h, max| {
-                assert_eq!(
-                    Some(max),
-                    e.hosts
-                        .iter()
-                        .find(|c| c.name == h)
-                        .map(|c| c.max_concurrent),
-                    "step {step}: maxConcurrent of {h}"
-                );
-                !full.contains(h)
-            });
+            // A host the Proxy's namespace may not use, sometimes.
+            let barred = format!("h{}", next(8));
+            let eligible = |h: &str| h != barred;
+            let want = HostView::least_loaded(&view, e, need, &eligible);
+            let got = st.least_loaded(
+                e,
+                &digest,
+                need,
+                |h, max| {
+                    assert_eq!(
+                        Some(max),
+                        e.hosts
+                            .iter()
+                            .find(|c| c.name == h)
+                            .map(|c| c.max_concurrent),
+                        "step {step}: maxConcurrent of {h}"
+                    );
+                    !full.contains(h)
+                },
+                &eligible,
+            );
+            assert_ne!(got.as_deref(), Some(barred.as_str()), "step {step}");
             assert_eq!(got, want, "step {step}: config {config}, full {full:?}");
         }
     }

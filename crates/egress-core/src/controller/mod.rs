@@ -47,6 +47,7 @@ mod ops;
 mod outcome;
 mod proxy;
 mod reconcile;
+mod reservations;
 mod settings;
 mod state;
 mod strays;

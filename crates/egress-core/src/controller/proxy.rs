@@ -3,6 +3,7 @@
 //!
 //! Guarantees: the credentials' `Debug` never prints the password; no I/O.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -27,6 +28,9 @@ pub struct ProxyObject {
     pub deleting: bool,
     /// The credentials `spec.proxy.credentialsRef` resolves to, when it names any.
     pub credentials: Option<ProxyCredentials>,
+    /// The labels of its namespace, when the driver knows them (Kubernetes); the config's
+    /// `namespaceSelector`s match only known labels.
+    pub namespace_labels: Option<Arc<BTreeMap<String, String>>>,
 }
 
 /// Proxy credentials (basic auth for HTTP, username/password for SOCKS5). `Debug` redacts

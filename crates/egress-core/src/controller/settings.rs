@@ -68,6 +68,10 @@ pub struct ControllerSettings {
     /// On an expired provisioning deadline: replace the instance (true) or report the Proxy
     /// Failed and wait for a spec or config change (false).
     pub replace_on_deadline: bool,
+    /// Ports HTTP CONNECT may reach through a proxy whose policy lists no ports: by default
+    /// [`DEFAULT_CONNECT_PORTS`](crate::proxy_policy::DEFAULT_CONNECT_PORTS); the drivers
+    /// add their health check targets' ports (the probes CONNECT through the proxy).
+    pub connect_ports: Vec<u16>,
 }
 
 impl Default for ControllerSettings {
@@ -83,6 +87,16 @@ impl Default for ControllerSettings {
             // NB: replacing is what a user of an egress pool wants (a new VM usually boots);
             // Failed is for debugging a bad image.
             replace_on_deadline: true,
+            connect_ports: crate::proxy_policy::DEFAULT_CONNECT_PORTS.to_vec(),
+        }
+    }
+}
+
+impl ControllerSettings {
+    /// Adds `port` to [`Self::connect_ports`] (once).
+    pub fn allow_connect_port(&mut self, port: u16) {
+        if !self.connect_ports.contains(&port) {
+            self.connect_ports.push(port);
         }
     }
 }

@@ -58,6 +58,30 @@ pub(super) struct State {
     /// Hosts other than its location where a copy of a UID's instance may remain (see
     /// [`strays`](super::strays)); no entry for a UID without any.
     pub(super) strays: HashMap<ProxyUid, Strays>,
+    /// Pinned egress addresses and addresses held for a namespace (see
+    /// [`reservations`](super::reservations)).
+    pub(super) reservations: super::reservations::Reservations,
+    /// Each known Proxy's size and namespace (set by every reconcile), for the host usage
+    /// and namespace counts below.
+    sizes: HashMap<ProxyUid, Size>,
+    /// What each UID counts in [`State::usage`] and [`State::ns_counts`]: the (entry, host)
+    /// of its load and its size then.
+    usage_of: HashMap<ProxyUid, (String, String, Size)>,
+    /// Per entry, per host: memory (MiB) and vCPUs of the UIDs counting on it.
+    usage: HashMap<String, HashMap<String, (u64, u64)>>,
+    /// Per entry, per namespace: how many UIDs count on one of its hosts.
+    ns_counts: HashMap<String, HashMap<String, usize>>,
+}
+
+/// A Proxy's size and namespace, as its last reconcile computed them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Size {
+    /// Memory, MiB.
+    pub(super) memory_mib: u64,
+    /// vCPUs.
+    pub(super) vcpus: u64,
+    /// Its namespace.
+    pub(super) namespace: String,
 }
 
 impl State {
@@ -137,9 +161,106 @@ impl State {
         })
     }
 
+    /// Records `uid`'s size and namespace (from its reconcile); its host's usage follows.
+    /// `None` forgets it. O(1).
+    pub(super) fn set_size(&mut self, uid: ProxyUid, size: Option<Size>) {
+        match size {
+            Some(s) => {
+                if self.sizes.get(&uid) == Some(&s) {
+                    return;
+                }
+                self.sizes.insert(uid, s);
+            }
+            None => {
+                self.sizes.remove(&uid);
+            }
+        }
+        self.refresh_usage(&uid);
+    }
+
+    /// Memory (MiB) and vCPUs counted on `entry`'s `host`. O(1).
+    pub(super) fn usage(&self, entry: &str, host: &str) -> (u64, u64) {
+        self.usage
+            .get(entry)
+            .and_then(|m| m.get(host))
+            .copied()
+            .unwrap_or((0, 0))
+    }
+
+    /// How many UIDs of namespace `ns` count on a host of `entry`. O(1).
+    pub(super) fn namespace_count(&self, entry: &str, ns: &str) -> usize {
+        self.ns_counts
+            .get(entry)
+            .and_then(|m| m.get(ns))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Whether `uid` counts on a host of `entry` now (an instance or a create there).
+    pub(super) fn counts_on(&self, uid: &ProxyUid, entry: &str) -> bool {
+        self.usage_of.get(uid).is_some_and(|(e, _, _)| e == entry)
+    }
+
+    /// Brings `uid`'s share of the host usage and namespace counts up to date. O(1).
+    fn refresh_usage(&mut self, uid: &ProxyUid) {
+        let now = self.load_key(uid).map(|(e, h)| {
+            (
+                e.to_owned(),
+                h.to_owned(),
+                self.sizes.get(uid).cloned().unwrap_or_default(),
+            )
+        });
+        if now.as_ref() == self.usage_of.get(uid) {
+            return;
+        }
+        if let Some((e, h, size)) = self.usage_of.remove(uid) {
+            if let Some(m) = self.usage.get_mut(&e) {
+                if let Some(u) = m.get_mut(&h) {
+                    u.0 = u.0.saturating_sub(size.memory_mib);
+                    u.1 = u.1.saturating_sub(size.vcpus);
+                    if *u == (0, 0) {
+                        m.remove(&h);
+                    }
+                }
+                if m.is_empty() {
+                    self.usage.remove(&e);
+                }
+            }
+            if let Some(m) = self.ns_counts.get_mut(&e) {
+                if let Some(n) = m.get_mut(&size.namespace) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        m.remove(&size.namespace);
+                    }
+                }
+                if m.is_empty() {
+                    self.ns_counts.remove(&e);
+                }
+            }
+        }
+        if let Some((e, h, size)) = now {
+            let u = self
+                .usage
+                .entry(e.clone())
+                .or_default()
+                .entry(h.clone())
+                .or_default();
+            u.0 = u.0.saturating_add(size.memory_mib);
+            u.1 = u.1.saturating_add(size.vcpus);
+            *self
+                .ns_counts
+                .entry(e.clone())
+                .or_default()
+                .entry(size.namespace.clone())
+                .or_default() += 1;
+            self.usage_of.insert(*uid, (e, h, size));
+        }
+    }
+
     /// Brings `uid`'s share of the host loads up to date after its work in flight or its
     /// location changed (or it was forgotten). O(1); call it after every such change.
     pub(super) fn refresh_load(&mut self, uid: &ProxyUid) {
+        self.refresh_usage(uid);
         let now = self.load_key(uid);
         let before = self.load_of.get(uid);
         if now == before.map(|(e, h)| (e.as_str(), h.as_str())) {
@@ -180,7 +301,8 @@ impl State {
     /// ([`crate::hosthealth::accepts_placements`]) and whose declared-address pool is not
     /// known exhausted for a family in `need`, the least loaded one (ties: free addresses
     /// first, see [`AddressRoom::rank`]) for which
-    /// `has_slot(host, maxConcurrent)` says a work slot is free, else the least loaded one;
+    /// `has_slot(host, maxConcurrent)` says a work slot is free, else the least loaded one,
+    /// among the hosts `eligible` admits (the Proxy's namespace's, with room for its size);
     /// ties by name. The same choice as a scan of every host with a full host's load raised by
     /// [`FULL_HOST_LOAD`](super::host_view::FULL_HOST_LOAD), in O(log hosts) plus the hosts
     /// skipped.
@@ -190,6 +312,7 @@ impl State {
         digest: &str,
         need: u8,
         has_slot: impl Fn(&str, u32) -> bool,
+        eligible: &dyn Fn(&str) -> bool,
     ) -> Option<String> {
         let loads = self.loads.get(&entry.name);
         let rooms = self.addresses.get(&entry.name);
@@ -204,7 +327,10 @@ impl State {
         let mut fallback = None;
         for (_, _, host) in &order.by_load {
             let state = health.and_then(|m| m.get(host)).copied();
-            if !crate::hosthealth::accepts_placements(state) || room(host).blocks(need) {
+            if !crate::hosthealth::accepts_placements(state)
+                || room(host).blocks(need)
+                || !eligible(host)
+            {
                 continue;
             }
             if has_slot(host, order.max.get(host).copied().unwrap_or(1)) {

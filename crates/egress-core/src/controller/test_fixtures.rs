@@ -37,6 +37,9 @@ pub(super) fn host(name: &str, max_concurrent: u32) -> HostConfig {
         max_concurrent,
         guest_cidr: Vec::new(),
         address_pool: None,
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     }
 }
 
@@ -64,6 +67,8 @@ pub(super) fn entry(max_concurrent: u32) -> LibvirtEntry {
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        access: None,
+        quotas: Default::default(),
     }
 }
 
@@ -87,6 +92,7 @@ pub(super) fn obj(n: u8, host: Option<&str>) -> ProxyObject {
         }),
         deleting: false,
         credentials: None,
+        namespace_labels: None,
     }
 }
 

@@ -10,8 +10,11 @@
 //! - Works on systemd and OpenRC images (finding L10): the start script uses `systemctl` when
 //!   systemd runs, else `rc-update`/`rc-service`, and knows both images' service names.
 //! - Client policy: no client CIDR of prefix 0 or shorter than the entry's minimum
-//!   (`policy.minClientPrefixV4`/`V6`); with credentials only, a password of at least
-//!   `policy.minPasswordLength` characters.
+//!   (`policy.minClientPrefixV4`/`V6`), and the whole list within the entry's span caps
+//!   (`policy.maxClientSpanV4`/`V6`, [`crate::client_span`]: IPv4-mapped and -compatible
+//!   IPv6 entries count, and are written, as IPv4; an IPv6 network holding those ranges
+//!   admits every IPv4 client and is refused); with credentials, a password of at least
+//!   `policy.minPasswordLength` characters, whether client CIDRs are set or not.
 //! - Injection-safe: CIDRs are re-parsed, user names and passwords are restricted to
 //!   characters that need no quoting in YAML, shell single quotes or the proxies' configs,
 //!   and that tinyproxy's `BasicAuth` parser accepts (letters, digits, `-`, `.`, `_`).
@@ -24,7 +27,7 @@
 //!   host's addresses (the default gateway added at boot) unless the entry lifted them
 //!   (`policy.allowedInternalCidrs`), and outside the allowed CIDRs and ports; DNS to the resolvers of `/etc/resolv.conf` stays open. tinyproxy enforces
 //!   the domain allowlist (`Filter`, `FilterDefaultDeny`) and the ports for CONNECT
-//!   (`ConnectPort`); dante blocks denied networks (also for names, which it resolves) and
+//!   (`ConnectPort`: the allowed ports, else 443, 80 and the operator's health targets'); dante blocks denied networks (also for names, which it resolves) and
 //!   passes only allowed domains and CIDRs. If the rules cannot be applied, the proxy is not
 //!   started (fail closed).
 //! - The proxy package is installed by the start script only when its binary is missing (no
@@ -159,10 +162,19 @@ pub enum UserDataError {
         /// The shortest prefix allowed for its family.
         min: u8,
     },
-    /// Credentials only and a password shorter than the entry's minimum.
+    /// A list of client networks admitting more than the entry's caps (see
+    /// [`crate::client_span`]).
+    #[error("{path}: {message}")]
+    WideSpan {
+        /// The field path.
+        path: String,
+        /// What the list admits and the cap.
+        message: String,
+    },
+    /// A password shorter than the entry's minimum.
     #[error(
-        "credentials password: with no allowedClientCidrs, any client may try it; use at \
-         least {min} characters (the provider entry's policy.minPasswordLength)"
+        "credentials password: use at least {min} characters (the provider entry's \
+         policy.minPasswordLength)"
     )]
     ShortPassword {
         /// The minimum length.
@@ -231,27 +243,42 @@ pub fn render(
     credentials: Option<&ProxyCredentials>,
     policy: &GuestPolicy,
 ) -> Result<String, UserDataError> {
-    let mut cidrs = Vec::new();
+    // The client networks: each entry within the entry's minimum prefix, and all of them
+    // together within its span caps (IPv4-mapped and -compatible forms counted, and
+    // rendered, as IPv4).
     for (index, c) in settings.allowed_client_cidrs.iter().enumerate() {
         let (ip, len) = parse_cidr(c).ok_or_else(|| UserDataError::BadCidr {
             index,
             value: c.clone(),
         })?;
-        let min = if ip.is_ipv4() {
+        let n = crate::client_span::normalised(&Net::new(ip, len));
+        let min = if n.addr.is_ipv4() {
             policy.min_client_prefix_v4
         } else {
             policy.min_client_prefix_v6
         }
         .max(1);
-        if len < min {
+        if n.len < min {
             return Err(UserDataError::WideCidr {
                 index,
                 value: c.clone(),
                 min,
             });
         }
-        cidrs.push(format!("{ip}/{len}"));
     }
+    let cidrs: Vec<String> = crate::client_span::check(
+        "spec.proxy.allowedClientCidrs",
+        &settings.allowed_client_cidrs,
+        policy.max_client_span_v4,
+        policy.max_client_span_v6,
+    )
+    .map_err(|e| {
+        let (path, message) = e.into_iter().next().unwrap_or_default();
+        UserDataError::WideSpan { path, message }
+    })?
+    .iter()
+    .map(ToString::to_string)
+    .collect();
     if cidrs.is_empty() && credentials.is_none() {
         return Err(UserDataError::OpenRelay);
     }
@@ -259,8 +286,9 @@ pub fn render(
         return Err(UserDataError::BadDomain(d.clone()));
     }
     if let Some(c) = credentials {
-        let min = cidrs.is_empty().then_some(policy.min_password_length);
-        check_credentials(c, settings.protocol, min)?;
+        // Whoever is inside the client networks may try the password too: the minimum
+        // holds whenever credentials are set.
+        check_credentials(c, settings.protocol, Some(policy.min_password_length))?;
     }
     let (mut files, script) = match settings.protocol {
         ProxyProtocol::Http => http(settings.port, &cidrs, credentials, policy),
@@ -275,6 +303,9 @@ pub fn render(
     // NB: no `packages:` key: cloud-init refreshes the package index whenever it is set, which
     // fails (after retries) on an image with the proxy preinstalled and no network; the start
     // script installs the package only when its binary is missing.
+    // NB: a SOCKS5 user is a guest account (dante checks the system's passwords): never
+    // let a password open an SSH session, which could forward past the guest's policy.
+    out.push_str("ssh_pwauth: false\n");
     out.push_str("write_files:\n");
     let mut all = files;
     all.push(StagedFile {
@@ -356,7 +387,14 @@ fn http(
         let _ = writeln!(conf, "BasicAuth {} {}", c.username, c.password);
     }
     // Ports: tinyproxy checks them for CONNECT only; the firewall checks every request.
-    for p in &policy.ports {
+    // Without a list, CONNECT reaches HTTPS and HTTP (and the operator's health targets)
+    // only: tinyproxy without any `ConnectPort` would tunnel to every port.
+    let connect = if policy.ports.is_empty() {
+        &policy.connect_default
+    } else {
+        &policy.ports
+    };
+    for p in connect {
         let _ = writeln!(conf, "ConnectPort {p}");
     }
     let mut files = Vec::new();
@@ -506,6 +544,22 @@ fn socks5(
             u = c.username,
             p = c.password
         );
+        // The proxy's user may never log in over SSH, whatever the image allows (password
+        // logins, or a key added later): no session, so no forwarding past the policy.
+        let _ = writeln!(
+            script,
+            "if [ -d /etc/ssh ]; then\n  \
+             mkdir -p /etc/ssh/sshd_config.d\n  \
+             printf 'DenyUsers {u}\\nMatch User {u}\\n  AllowTcpForwarding no\\n  \
+             AllowStreamLocalForwarding no\\n  PermitTunnel no\\n  X11Forwarding no\\n  \
+             PermitTTY no\\n  ForceCommand /bin/false\\n' > /etc/ssh/sshd_config.d/00-egress-proxy.conf\n  \
+             if ! grep -qi '^Include /etc/ssh/sshd_config.d' /etc/ssh/sshd_config 2>/dev/null; then\n    \
+             cat /etc/ssh/sshd_config.d/00-egress-proxy.conf >> /etc/ssh/sshd_config\n  \
+             fi\n  \
+             (systemctl reload ssh || systemctl reload sshd || rc-service sshd reload) >/dev/null 2>&1 || true\n\
+             fi",
+            u = c.username
+        );
     }
     apply_firewall(&mut script, "danted");
     script.push_str(
@@ -592,6 +646,39 @@ mod tests {
         );
         assert!(conf.contains("DisableViaHeader Yes\n"), "{conf}");
         assert!(!conf.contains("BasicAuth"), "{conf}");
+    }
+
+    #[test]
+    fn connect_defaults_to_ports_443_and_80() {
+        let ud = render(
+            &settings(ProxyProtocol::Http, &["10.0.0.0/8"]),
+            None,
+            &pol(),
+        )
+        .unwrap();
+        let conf = file(&ud, "tinyproxy.conf");
+        let ports: Vec<&str> = conf
+            .lines()
+            .filter_map(|l| l.strip_prefix("ConnectPort "))
+            .collect();
+        assert_eq!(ports, ["443", "80"], "{conf}");
+        // The operator's health targets are added; an allowlist replaces the default.
+        let mut p = pol();
+        p.connect_default.push(8080);
+        let conf = file(
+            &render(&settings(ProxyProtocol::Http, &["10.0.0.0/8"]), None, &p).unwrap(),
+            "tinyproxy.conf",
+        );
+        assert!(
+            conf.contains("ConnectPort 443\nConnectPort 80\nConnectPort 8080\n"),
+            "{conf}"
+        );
+        p.ports = vec![8443];
+        let conf = file(
+            &render(&settings(ProxyProtocol::Http, &["10.0.0.0/8"]), None, &p).unwrap(),
+            "tinyproxy.conf",
+        );
+        assert!(conf.contains("ConnectPort 8443\n") && !conf.contains("ConnectPort 443\n"));
     }
 
     #[test]
@@ -764,7 +851,7 @@ mod tests {
     }
 
     #[test]
-    fn a_credentials_only_proxy_needs_a_password_of_the_entry_minimum_length() {
+    fn every_proxy_with_credentials_needs_a_password_of_the_entry_minimum_length() {
         let short = ProxyCredentials {
             username: "alice".into(),
             password: "a".repeat(15),
@@ -778,8 +865,10 @@ mod tests {
             assert_eq!(e, UserDataError::ShortPassword { min: 16 });
             assert!(!e.to_string().contains(&short.password), "never shown: {e}");
             assert!(render(&settings(proto, &[]), Some(&long), &pol()).is_ok());
-            // With client networks too, the networks are the gate.
-            assert!(render(&settings(proto, &["10.0.0.0/8"]), Some(&short), &pol()).is_ok());
+            // With client networks too: whoever is in them may try the password.
+            let e = render(&settings(proto, &["10.0.0.0/8"]), Some(&short), &pol()).unwrap_err();
+            assert_eq!(e, UserDataError::ShortPassword { min: 16 });
+            assert!(render(&settings(proto, &["10.0.0.0/8"]), Some(&long), &pol()).is_ok());
         }
     }
 
@@ -799,9 +888,50 @@ mod tests {
         }
         let c = ProxyCredentials {
             username: "alice".into(),
-            password: "Ab0-._".into(),
+            password: "Ab0-._".repeat(3),
         };
         assert!(render(&s, Some(&c), &pol()).is_ok());
+    }
+
+    #[test]
+    fn socks_users_can_never_log_in_or_forward_over_ssh() {
+        let ud = render(
+            &settings(ProxyProtocol::Socks5, &["10.0.0.0/8"]),
+            Some(&creds()),
+            &pol(),
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_saphyr::from_str(&ud).unwrap();
+        assert_eq!(v["ssh_pwauth"], false, "{ud}");
+        let script = file(&ud, "start.sh");
+        let chpasswd = script.find("| chpasswd").unwrap();
+        let deny = script
+            .find("DenyUsers alice\\nMatch User alice\\n  AllowTcpForwarding no")
+            .unwrap_or_else(|| panic!("{script}"));
+        assert!(chpasswd < deny, "{script}");
+        assert!(script.contains("ForceCommand /bin/false"), "{script}");
+        // The script stays valid shell.
+        let out = std::process::Command::new("sh")
+            .args(["-n", "-c", &script])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // And the drop-in it writes is what sshd accepts: printf expands it to these lines.
+        let printed = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "printf 'DenyUsers alice\\nMatch User alice\\n  AllowTcpForwarding no\\n'",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&printed.stdout),
+            "DenyUsers alice\nMatch User alice\n  AllowTcpForwarding no\n"
+        );
     }
 
     #[test]

@@ -124,13 +124,15 @@ impl schemars::JsonSchema for IntOrPercent {
     }
 
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        // NB: Kubernetes' structural schemas admit an int-or-string only in this form.
+        // NB: the bounds sit on the int-or-string node itself, where the API server applies
+        // `minimum` to integers and `pattern` to strings. Inside an `anyOf` they bounded
+        // nothing: a structural schema may not type the branches, and an untyped branch
+        // accepts every value of the other kind (-1 passed the `pattern` branch, "abc" the
+        // `minimum` one).
         schemars::json_schema!({
             "x-kubernetes-int-or-string": true,
-            "anyOf": [
-                {"type": "integer", "minimum": 0},
-                {"type": "string", "pattern": "^(100|[1-9]?[0-9])%$"}
-            ]
+            "minimum": 0,
+            "pattern": "^(100|[1-9]?[0-9])%$"
         })
     }
 }

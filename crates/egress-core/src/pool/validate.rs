@@ -61,6 +61,10 @@ pub struct PoolPolicy {
     pub generate_credentials: bool,
     /// Replacements for age or a template change keep the old member's addresses.
     pub keep_addresses: bool,
+    /// The most members the pool may hold at once, quarantined ones included: the provider
+    /// entry's `quotas.maxPoolReplicas` (see [`PoolPolicy::within_quota`]); no bound until
+    /// a driver applies it.
+    pub max_members: u32,
 }
 
 impl PoolPolicy {
@@ -72,6 +76,24 @@ impl PoolPolicy {
     /// The most members (of any state, quarantined ones aside) the pool may hold.
     pub fn max_total(&self) -> u32 {
         self.replicas.saturating_add(self.max_surge)
+    }
+
+    /// This policy bound by its provider entry's `quotas.maxPoolReplicas` (`max`): refused,
+    /// naming `spec.replicas`, when it asks for more; else every member counts against
+    /// `max`, quarantined ones included (a quarantined member is replaced, so quarantining
+    /// again and again never grows the pool past it).
+    pub fn within_quota(mut self, max: u32) -> Result<Self, SpecError> {
+        if self.replicas > max {
+            return Err(SpecError {
+                path: "spec.replicas".into(),
+                message: format!(
+                    "{} is above the provider entry's quotas.maxPoolReplicas ({max})",
+                    self.replicas
+                ),
+            });
+        }
+        self.max_members = max;
+        Ok(self)
     }
 }
 
@@ -272,6 +294,7 @@ impl ProxyPoolSpec {
             max_unavailable = 1;
         }
         Ok(PoolPolicy {
+            max_members: u32::MAX,
             replicas: self.replicas,
             max_surge,
             max_unavailable,

@@ -48,6 +48,7 @@ fn a_minimal_manifest_gets_the_documented_defaults() {
             scale_in: ScaleInOrder::OldestFirst,
             generate_credentials: false,
             keep_addresses: false,
+            max_members: u32::MAX,
         }
     );
     assert!(validate_pool_name(&m.metadata.name).is_none());

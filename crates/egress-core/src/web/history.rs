@@ -1,22 +1,20 @@
 //! The fleet page's short memory: per host, the last hour of "is the host Ready" and "how many
-//! of its proxies are ready", kept in memory and drawn as sparklines by [`super::page`].
+//! of its proxies are ready"; per ProxyPool, the last hour of "are all its members available"
+//! and "how many are". Kept in memory and drawn as sparklines by [`super::page`].
 //!
 //! Guarantees:
 //! - **Bounded**: each series is a ring of at most [`HISTORY_SAMPLES`] samples, and at most
-//!   [`MAX_SERIES`] series are kept; a series whose host left the status document is dropped at
-//!   the next sample. Memory is O(hosts × [`HISTORY_SAMPLES`]) whatever the number of proxies
-//!   or of events.
+//!   [`MAX_SERIES`] series are kept (hosts first, then pools); a series whose host or pool left
+//!   the status document is dropped at the next sample. Memory is O((hosts + pools) ×
+//!   [`HISTORY_SAMPLES`]) whatever the number of proxies or of events.
 //! - **Sampled, not event-driven**: [`run_sampler`] takes one sample every
 //!   [`SAMPLE_INTERVAL`] from the same rows `/status` serves. A sample is one pass over the
-//!   rows to count ready proxies per host, then O(hosts) ring writes; nothing is done per
-//!   reconcile or per health event. When the driver hands out the rows a chunk at a time
+//!   rows to count ready proxies per host, then O(hosts + pools) ring writes (a pool's sample
+//!   is its status row's counts); nothing is done per reconcile or per health event. When the driver hands out the rows a chunk at a time
 //!   ([`Endpoints::status_outline`]), the pass reads them that way and holds only the counts
 //!   (O(hosts)), not the fleet's rows ([`sample`]).
 //! - **Pure reads**: [`History::snapshot`] copies the rings out under a short lock; the page is
 //!   rendered from the copy, never while holding the lock.
-//!
-//! Pools get series of their own here once the status document has pools ([`SeriesKey`] is
-//! the place to add them).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -44,6 +42,8 @@ pub const MAX_SERIES: usize = 1024;
 pub enum SeriesKey {
     /// A host of a provider entry: `(entry, host)`.
     Host(String, String),
+    /// A ProxyPool: `(namespace, name)`.
+    Pool(String, String),
 }
 
 /// One sample of one series.
@@ -51,11 +51,13 @@ pub enum SeriesKey {
 pub struct Sample {
     /// When it was taken (seconds since the Unix epoch).
     pub at_unix: u64,
-    /// Whether the host was `Ready` (checked and accepting proxies).
+    /// Whether the host was `Ready` (checked and accepting proxies); for a pool, whether all
+    /// the members it wants were available.
     pub up: bool,
-    /// Proxies placed there that were ready (Running and, when health checks run, healthy).
+    /// Proxies placed there that were ready (Running and, when health checks run, healthy);
+    /// for a pool, its available members.
     pub ready: u32,
-    /// Proxies placed there in any phase.
+    /// Proxies placed there in any phase; for a pool, the members it wants.
     pub total: u32,
 }
 
@@ -71,6 +73,13 @@ impl HistorySnapshot {
     pub fn host(&self, entry: &str, host: &str) -> &[Sample] {
         self.series
             .get(&SeriesKey::Host(entry.to_owned(), host.to_owned()))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// The samples of one pool (empty when there are none).
+    pub fn pool(&self, namespace: &str, name: &str) -> &[Sample] {
+        self.series
+            .get(&SeriesKey::Pool(namespace.to_owned(), name.to_owned()))
             .map_or(&[], Vec::as_slice)
     }
 }
@@ -149,9 +158,20 @@ impl ProxyCounter {
     }
 }
 
-/// The samples `doc` gives, one per host row (hosts beyond [`MAX_SERIES`] are left out).
+/// The samples `doc` gives, one per host row and one per pool row (series beyond
+/// [`MAX_SERIES`] are left out, pools first).
 pub fn samples_of(doc: &StatusDocument, at: SystemTime) -> BTreeMap<SeriesKey, Sample> {
-    samples_from(&doc.hosts, &proxy_counts(doc), at)
+    samples_from(&doc.hosts, &proxy_counts(doc), &doc.pools, at)
+}
+
+/// A pool's sample from its status row: available of desired members, `up` when all are.
+pub fn pool_sample(p: &crate::status::PoolStatusRow, at_unix: u64) -> Sample {
+    Sample {
+        at_unix,
+        up: p.status.available_replicas >= p.desired,
+        ready: p.status.available_replicas,
+        total: p.desired,
+    }
 }
 
 /// [`samples_of`] `ep`'s status: its rows read a chunk at a time when the driver has an
@@ -165,12 +185,18 @@ pub fn sample(ep: &dyn Endpoints, at: SystemTime) -> BTreeMap<SeriesKey, Sample>
     for chunk in uids.chunks(super::stream::CHUNK_ROWS) {
         counter.add(&ep.status_rows(chunk));
     }
-    samples_from(&outline.hosts, &counter.per_host(&outline.hosts), at)
+    samples_from(
+        &outline.hosts,
+        &counter.per_host(&outline.hosts),
+        &outline.pools,
+        at,
+    )
 }
 
 fn samples_from(
     hosts: &[HostRow],
     counts: &BTreeMap<(String, String), (u32, u32)>,
+    pools: &[crate::status::PoolStatusRow],
     at: SystemTime,
 ) -> BTreeMap<SeriesKey, Sample> {
     let at_unix = at
@@ -194,6 +220,13 @@ fn samples_from(
                 },
             )
         })
+        .chain(pools.iter().map(|p| {
+            (
+                SeriesKey::Pool(p.namespace.clone(), p.name.clone()),
+                pool_sample(p, at_unix),
+            )
+        }))
+        .take(MAX_SERIES)
         .collect()
 }
 
@@ -203,13 +236,13 @@ impl History {
         Self::default()
     }
 
-    /// Appends one sample per host of `doc`; drops the oldest sample of a full ring and every
-    /// series whose host is no longer in `doc`.
+    /// Appends one sample per host and per pool of `doc`; drops the oldest sample of a full
+    /// ring and every series whose host or pool is no longer in `doc`.
     pub fn record(&self, doc: &StatusDocument, at: SystemTime) {
         self.record_samples(samples_of(doc, at));
     }
 
-    /// Appends `samples` (one per host, [`sample`]) as [`History::record`] does.
+    /// Appends `samples` (one per host and pool, [`sample`]) as [`History::record`] does.
     pub fn record_samples(&self, samples: BTreeMap<SeriesKey, Sample>) {
         let mut series = self.series.lock().unwrap_or_else(PoisonError::into_inner);
         series.retain(|k, _| samples.contains_key(k));
@@ -342,6 +375,36 @@ mod tests {
         let snap = h.snapshot();
         assert!(snap.host("e", "h2").is_empty(), "h2 left the document");
         assert_eq!(snap.series.len(), 1);
+    }
+
+    #[test]
+    fn each_pool_gets_a_series_of_available_of_desired_members_and_a_gone_pool_is_dropped() {
+        let pool = |name: &str, desired: u32, available: u32| crate::status::PoolStatusRow {
+            namespace: "team".into(),
+            name: name.into(),
+            desired,
+            status: crate::pool::ProxyPoolStatus {
+                available_replicas: available,
+                ..Default::default()
+            },
+            members: vec![],
+            error: None,
+        };
+        let h = History::new();
+        let mut d = doc(vec![host("h1", "Ready")], vec![]);
+        d.pools = vec![pool("web", 3, 1), pool("api", 2, 2)];
+        h.record(&d, SystemTime::UNIX_EPOCH + Duration::from_secs(60));
+        d.pools = vec![pool("web", 3, 3)];
+        h.record(&d, SystemTime::UNIX_EPOCH + Duration::from_secs(120));
+        let snap = h.snapshot();
+        let web: Vec<(bool, u32, u32, u64)> = snap
+            .pool("team", "web")
+            .iter()
+            .map(|s| (s.up, s.ready, s.total, s.at_unix))
+            .collect();
+        assert_eq!(web, [(false, 1, 3, 60), (true, 3, 3, 120)]);
+        assert!(snap.pool("team", "api").is_empty(), "api left the document");
+        assert_eq!(snap.host("e", "h1").len(), 2, "hosts keep their series");
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The fleet page served at `/`: hosts, pools (where the status document has them) and
-//! proxies at a glance, with filters and sparklines of the last hour, rendered on the server.
+//! The fleet page served at `/`: hosts, ProxyPools (when there are any) and proxies at a
+//! glance, with filters and sparklines of the last hour, rendered on the server.
 //!
 //! Guarantees:
 //! - **One source**: the page is a pure function of a [`Fleet`] (the [`StatusDocument`]
@@ -30,7 +30,7 @@ pub use super::filters::{Filters, MAX_FILTER_CHARS, MAX_QUERY_PAIRS, health_labe
 use super::filters::{HEALTH_STATES, HOST_STATES, PHASES};
 pub use super::history::entry_of;
 use super::history::{HistorySnapshot, Sample, is_ready, proxy_counts};
-use super::sparkline::sparkline;
+use super::sparkline::{Subject, sparkline};
 use crate::hosthealth::HostHealth;
 use crate::model::ConditionStatus;
 use crate::status::{HostRow, ProxyStatusRow, StatusDocument};
@@ -99,15 +99,15 @@ pub fn content_security_policy() -> &'static str {
     CSP.as_str()
 }
 
-/// A pool's line on the page. The status document has no pools yet; the section and the
-/// pool filter appear only when a [`Fleet`] carries some.
+/// A pool's line on the page, from the status document's pool rows. The section and the pool
+/// filter appear only when a [`Fleet`] carries some.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolSummary {
     /// Namespace.
     pub namespace: String,
     /// Name.
     pub name: String,
-    /// Members ready.
+    /// Members available (Running, healthy when health checks run, not quarantined).
     pub ready: u32,
     /// Members wanted.
     pub desired: u32,
@@ -120,7 +120,7 @@ pub struct Fleet<'a> {
     pub doc: &'a StatusDocument,
     /// What `/hosts` serves (the details of each host's last check).
     pub hosts: &'a [HostHealth],
-    /// Pools (empty until the status document has them).
+    /// One per ProxyPool of the status document (none without pools).
     pub pools: &'a [PoolSummary],
     /// The last hour.
     pub history: &'a HistorySnapshot,
@@ -265,7 +265,7 @@ fn hosts_section(f: &Fleet<'_>, filters: &Filters) -> Markup {
                                 }
                             } }
                             td { (now.ready) " / " (now.total) }
-                            td { (sparkline(samples)) }
+                            td { (sparkline(samples, Subject::Host)) }
                             td.err { @if let Some(e) = &h.error { (e) } }
                         }
                     }
@@ -279,17 +279,21 @@ fn hosts_section(f: &Fleet<'_>, filters: &Filters) -> Markup {
 }
 
 fn pools_section(f: &Fleet<'_>, filters: &Filters) -> Markup {
+    let at_unix = parse_time(&f.doc.generated_at)
+        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
     html! {
         @if !f.pools.is_empty() {
             section #pools {
                 h2 { "Pools" }
                 table {
-                    thead { tr { th { "Pool" } th { "Ready / desired" } } }
+                    thead { tr { th { "Pool" } th { "Ready / desired" } th { "Last hour" } } }
                     tbody {
                         @for p in f.pools.iter().filter(|p| filters.keeps_pool(p)) {
                             tr data-pool=(format!("{}/{}", p.namespace, p.name)) {
                                 td { (p.namespace) "/" (p.name) }
                                 td { (p.ready) " / " (p.desired) }
+                                td { (sparkline(&pool_samples(f, p, at_unix), Subject::Pool)) }
                             }
                         }
                     }
@@ -297,6 +301,18 @@ fn pools_section(f: &Fleet<'_>, filters: &Filters) -> Markup {
             }
         }
     }
+}
+
+/// A pool's recorded hour, then its state now (drawn last).
+fn pool_samples(f: &Fleet<'_>, p: &PoolSummary, at_unix: u64) -> Vec<Sample> {
+    let mut samples = f.history.pool(&p.namespace, &p.name).to_vec();
+    samples.push(Sample {
+        at_unix,
+        up: p.ready >= p.desired,
+        ready: p.ready,
+        total: p.desired,
+    });
+    samples
 }
 
 fn proxies_section(f: &Fleet<'_>, filters: &Filters) -> Markup {

@@ -340,11 +340,89 @@ fn the_pools_section_appears_only_when_the_fleet_has_pools() {
     let rows = all(&h, "#pools tbody tr");
     assert_eq!(rows.len(), 1);
     assert_eq!(
-        rows[0].text().collect::<Vec<_>>().concat(),
+        rows[0]
+            .select(&sel("td"))
+            .take(2)
+            .map(|td| td.text().collect::<String>())
+            .collect::<Vec<_>>()
+            .concat(),
         format!("default/{HOSTILE}2 / 3")
+    );
+    // No history yet: the sparkline is the state now, 2 of 3 available.
+    let title = rows[0]
+        .select(&sel("svg.spark title"))
+        .next()
+        .unwrap()
+        .text()
+        .collect::<String>();
+    assert_eq!(
+        title,
+        "available members now 2/3; all available in 0 of 1 samples"
     );
     assert_eq!(all(&h, "select[name=pool] option").len(), 2);
     assert_eq!(all(&h, "script").len(), 1);
+}
+
+#[test]
+fn a_pools_sparkline_draws_its_recorded_hour_plus_the_current_state() {
+    use crate::status::PoolStatusRow;
+    let history = History::new();
+    for (i, available) in [1u32, 3, 3].into_iter().enumerate() {
+        let mut d = document();
+        d.pools = vec![PoolStatusRow {
+            namespace: "team".into(),
+            name: "web".into(),
+            desired: 3,
+            status: crate::pool::ProxyPoolStatus {
+                available_replicas: available,
+                ..Default::default()
+            },
+            members: vec![],
+            error: None,
+        }];
+        history.record(
+            &d,
+            SystemTime::UNIX_EPOCH + Duration::from_secs(60 * i as u64),
+        );
+    }
+    let snapshot = history.snapshot();
+    let doc = document();
+    let hosts = details();
+    let pools = [PoolSummary {
+        namespace: "team".into(),
+        name: "web".into(),
+        ready: 2,
+        desired: 3,
+    }];
+    let h = Html::parse_document(&page::render_page(
+        &Fleet {
+            doc: &doc,
+            hosts: &hosts,
+            pools: &pools,
+            history: &snapshot,
+        },
+        &Filters::default(),
+    ));
+    let svg = &all(&h, "tr[data-pool='team/web'] svg.spark")[0];
+    let cells: Vec<&str> = svg
+        .select(&sel("rect"))
+        .filter_map(|r| r.value().attr("class"))
+        .collect();
+    assert_eq!(
+        cells,
+        ["down", "up", "up", "down"],
+        "three samples, then now"
+    );
+    let title = svg
+        .select(&sel("title"))
+        .next()
+        .unwrap()
+        .text()
+        .collect::<String>();
+    assert_eq!(
+        title,
+        "available members now 2/3; all available in 2 of 4 samples"
+    );
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! The fleet page's sparklines: inline SVG, one per host, of the last hour's samples.
+//! The fleet page's sparklines: inline SVG, one per host and one per pool, of the last hour's
+//! samples.
 //!
 //! Guarantees: the drawing is a pure function of the samples; it uses only presentation
 //! attributes and classes (no `style=`, so the page's strict CSP holds), and stays inside its
@@ -15,8 +16,18 @@ pub const SPARK_W: u32 = 120;
 /// Sparkline height.
 pub const SPARK_H: u32 = 24;
 
-/// A sparkline of ready proxies (line) over host up/down (a strip of cells), oldest first.
-pub fn sparkline(samples: &[Sample]) -> Markup {
+/// What a sparkline is about, for its title.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subject {
+    /// A host: ready proxies over the host's Ready state.
+    Host,
+    /// A ProxyPool: available members over "all members available".
+    Pool,
+}
+
+/// A sparkline of ready proxies or available members (line) over up/down (a strip of cells),
+/// oldest first.
+pub fn sparkline(samples: &[Sample], subject: Subject) -> Markup {
     let n = u32::try_from(samples.len()).unwrap_or(u32::MAX).max(1);
     let top = samples
         .iter()
@@ -57,14 +68,20 @@ pub fn sparkline(samples: &[Sample]) -> Markup {
         .collect();
     let up = samples.iter().filter(|s| s.up).count();
     let last = samples.last().copied();
-    let title = match last {
-        Some(l) => format!(
+    let title = match (last, subject) {
+        (Some(l), Subject::Host) => format!(
             "ready proxies now {}/{}; host Ready in {up} of {} samples",
             l.ready,
             l.total,
             samples.len()
         ),
-        None => "no samples yet".to_owned(),
+        (Some(l), Subject::Pool) => format!(
+            "available members now {}/{}; all available in {up} of {} samples",
+            l.ready,
+            l.total,
+            samples.len()
+        ),
+        (None, _) => "no samples yet".to_owned(),
     };
     html! {
         svg.spark width=(SPARK_W) height=(SPARK_H) viewBox=(format!("0 0 {SPARK_W} {SPARK_H}"))
@@ -109,7 +126,7 @@ mod tests {
             let samples: Vec<Sample> = (0..n)
                 .map(|i| sample(i % 2 == 0, u32::try_from(i).unwrap(), 100))
                 .collect();
-            let svg = sparkline(&samples).into_string();
+            let svg = sparkline(&samples, Subject::Host).into_string();
             let xs = numbers(&svg, "x");
             let ws = numbers(&svg, "width");
             // The first width is the svg's own.
@@ -140,7 +157,7 @@ mod tests {
 
     #[test]
     fn counts_above_the_total_are_drawn_at_the_top_not_outside() {
-        let svg = sparkline(&[sample(true, 5, 0), sample(true, 0, 0)]).into_string();
+        let svg = sparkline(&[sample(true, 5, 0), sample(true, 0, 0)], Subject::Pool).into_string();
         let pts = svg
             .split("points=\"")
             .nth(1)

@@ -434,11 +434,16 @@ fn the_history_sample_read_a_chunk_at_a_time_is_the_whole_documents() {
     let doc = fleet(700, true);
     let at = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(600);
     let want = samples_of(&doc, at);
-    assert_eq!(want.len(), 2);
+    // One series per host, counted from the rows, and one for the pool, from its status row.
+    assert_eq!(want.len(), 3);
+    let (hosts, pools): (Vec<_>, Vec<_>) = want
+        .iter()
+        .partition(|(k, _)| matches!(k, crate::web::history::SeriesKey::Host(..)));
     assert!(
-        want.values().all(|s| s.total > 200 && s.ready > 50),
+        hosts.len() == 2 && hosts.iter().all(|(_, s)| s.total > 200 && s.ready > 50),
         "{want:?}"
     );
+    assert_eq!(pools.len(), 1, "{want:?}");
     let live = Live::new(doc.clone());
     assert_eq!(sample(live.as_ref(), at), want);
     assert!(live.most_asked.load(Ordering::SeqCst) <= CHUNK_ROWS);

@@ -35,7 +35,8 @@ pub fn opted_in(secret: &Secret) -> bool {
 }
 
 /// The credentials a Proxy's `credentialsRef` names: keys `username` and `password` of the
-/// Secret in the Proxy's namespace. A missing Secret or key is `None` (the core reports it);
+/// Secret in the Proxy's namespace. A missing Secret or key is `None` (the core reports it),
+/// and so is a Secret the operator may not read (a namespace not granted Secret access);
 /// so is a name that is not a DNS subdomain (never put into an API path, so it cannot reach
 /// another namespace or resource) and a Secret that did not opt in ([`opted_in`]).
 pub(crate) async fn credentials(
@@ -52,8 +53,16 @@ pub(crate) async fn credentials(
     }
     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
     // rbac: SECRETS get
-    let Some(secret) = api.get_opt(name).await.map_err(ReconcileError::Kube)? else {
-        return Ok(None);
+    let secret = match api.get_opt(name).await {
+        Ok(Some(s)) => s,
+        Ok(None) => return Ok(None),
+        // Secrets are granted per namespace (the chart's `secretNamespaces`), never
+        // cluster-wide: elsewhere the read is forbidden, which is not an error to retry.
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            tracing::warn!(namespace = %ns, secret = %name, "the operator may not read Secrets in this namespace (grant it with the chart's secretNamespaces); credentials not read");
+            return Ok(None);
+        }
+        Err(e) => return Err(ReconcileError::Kube(e)),
     };
     if !opted_in(&secret) {
         tracing::warn!(namespace = %ns, secret = %name, "Secret is not marked for egress-proxies (label {CREDENTIALS_LABEL}=true or type {CREDENTIALS_SECRET_TYPE}); not used as credentials");

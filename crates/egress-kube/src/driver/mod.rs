@@ -283,6 +283,32 @@ impl ReconcileError {
     }
 }
 
+/// The UID of the cluster's `kube-system` namespace (the cluster's identity for the
+/// installation ID), or `None` with a warning when it cannot be read within the API deadline.
+async fn cluster_uid(client: &Client) -> Option<String> {
+    let api: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
+    // rbac: NAMESPACES get
+    match tokio::time::timeout(API_SLACK, api.get_metadata_opt("kube-system")).await {
+        Ok(Ok(Some(ns))) => ns.metadata.uid,
+        Ok(Ok(None)) => {
+            tracing::warn!(
+                "no kube-system namespace: the installation ID is the legacy one, the same in every cluster installed alike; set installation.id when hosts are shared"
+            );
+            None
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot read the kube-system namespace: the installation ID is the legacy one, the same in every cluster installed alike; set installation.id when hosts are shared");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(
+                "reading the kube-system namespace timed out: the installation ID is the legacy one; set installation.id when hosts are shared"
+            );
+            None
+        }
+    }
+}
+
 /// Runs the driver until `shutdown` is cancelled: loads the provider config (refusing to
 /// start on any error), connects to the cluster (in-cluster or kubeconfig) and runs
 /// [`run_with`] with a reload that re-reads the config file. `observer` is what `--listen`
@@ -294,21 +320,8 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let path = opts.config_path.clone();
     let (lease_ns, lease_name) = (opts.lease.namespace.clone(), opts.lease.name.clone());
-    let build = move || -> Result<Providers, RunError> {
-        let mut cfg = egress_core::config::load(&path).map_err(RunError::Config)?;
-        // This installation's ID in every mark: from the config, else its Lease's identity.
-        cfg.installation = Some(egress_core::config::installation::derive_kubernetes(
-            cfg.installation.as_deref(),
-            &lease_ns,
-            &lease_name,
-        ));
-        for w in &cfg.warnings {
-            tracing::warn!(%w, "provider config warning");
-        }
-        Providers::from_config(&cfg, &BuildOptions::default()).map_err(RunError::Providers)
-    };
-    let providers = build()?;
-    observer.set_config_loaded(true);
+    // The config is checked before anything is contacted.
+    egress_core::config::load(&path).map_err(RunError::Config)?;
     let client = match &opts.kubeconfig {
         Some(path) => {
             let err = |source| RunError::Kubeconfig {
@@ -323,6 +336,29 @@ pub async fn run(
         }
         None => Client::try_default().await.map_err(RunError::Client)?,
     };
+    let cluster_uid = cluster_uid(&client).await;
+    let build = move || -> Result<Providers, RunError> {
+        let mut cfg = egress_core::config::load(&path).map_err(RunError::Config)?;
+        // This installation's ID in every mark: from the config, else the cluster's and its
+        // Lease's identity.
+        let legacy = egress_core::config::installation::legacy_kubernetes(&lease_ns, &lease_name);
+        let id = egress_core::config::installation::derive_kubernetes(
+            cfg.installation.as_deref(),
+            cluster_uid.as_deref(),
+            &lease_ns,
+            &lease_name,
+        );
+        if cfg.installation.is_none() && id != legacy {
+            tracing::info!(installation = %id, legacy = %legacy, "installation ID derived from the cluster; VMs created by a release that derived the legacy ID are another installation's to this one: to keep them, set installation.id to the legacy ID");
+        }
+        cfg.installation = Some(id);
+        for w in &cfg.warnings {
+            tracing::warn!(%w, "provider config warning");
+        }
+        Providers::from_config(&cfg, &BuildOptions::default()).map_err(RunError::Providers)
+    };
+    let providers = build()?;
+    observer.set_config_loaded(true);
     let reload: Reload = Arc::new(move || build().map_err(|e| e.to_string()));
     run_with(
         opts,
@@ -436,7 +472,18 @@ pub(super) struct Ctx {
     creds: Mutex<HashMap<ProxyUid, Option<ProxyCredentials>>>,
     /// The decided health each Proxy was last announced with (one Event per change).
     announced: Mutex<HashMap<ProxyUid, HealthState>>,
+    /// Namespaces' labels, read for the config's `namespaceSelector`s, each for
+    /// [`NAMESPACE_LABELS_TTL`].
+    namespace_labels: Mutex<HashMap<String, (std::time::Instant, NamespaceLabels)>>,
 }
+
+/// A namespace's labels (shared with every ProxyObject of that namespace).
+pub(super) type NamespaceLabels = Arc<std::collections::BTreeMap<String, String>>;
+
+/// How long a namespace's labels are reused before they are read again.
+// NB: a namespace's labels change rarely; a minute bounds how long a change of entitlement by
+// label goes unseen, at one GET per namespace per minute whatever the number of Proxies.
+pub(super) const NAMESPACE_LABELS_TTL: Duration = Duration::from_secs(60);
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)

@@ -145,17 +145,31 @@ pub fn valid_service_name(s: &str) -> bool {
 }
 
 /// The group `p` publishes in: its pool's name (label [`POOL_LABEL`]) when it is a pool's
-/// member, else its [`GROUP_LABEL`].
+/// member — the label alone is not enough: its controller owner reference must be that
+/// ProxyPool (a Proxy labelled by hand, not made by the pool, publishes nowhere) — else its
+/// [`GROUP_LABEL`].
 pub fn group_of(p: &Proxy) -> Option<&String> {
-    p.labels()
-        .get(POOL_LABEL)
-        .or_else(|| p.labels().get(GROUP_LABEL))
+    if let Some(pool) = p.labels().get(POOL_LABEL) {
+        let owned = p.owner_references().iter().any(|o| {
+            o.controller == Some(true)
+                && o.kind == "ProxyPool"
+                && o.api_version == format!("{}/{}", crate::api::GROUP, crate::api::VERSION)
+                && &o.name == pool
+                && !o.uid.is_empty()
+        });
+        return owned.then_some(pool);
+    }
+    p.labels().get(GROUP_LABEL)
 }
 
 /// The groups `proxies` form (pure). Proxies being deleted are not members; a member's
-/// endpoint counts only when it is Running, decided Healthy and uses the group's port.
+/// endpoint counts only when it is Running, decided Healthy and uses the group's port, and
+/// its address is the one `observed` gives (the address this process read from the host for
+/// its instance), never `status.ip` as stored in the API, which whoever may write the
+/// status could set; a member with no observed address is not published.
 pub fn desired<'a>(
     proxies: impl IntoIterator<Item = &'a Proxy>,
+    observed: &dyn Fn(&Proxy) -> Option<IpAddr>,
 ) -> BTreeMap<(String, String), Group> {
     let mut members: BTreeMap<(String, String), Vec<&Proxy>> = BTreeMap::new();
     for p in proxies {
@@ -189,15 +203,16 @@ pub fn desired<'a>(
             continue;
         };
         // A quarantined member is out of publication at once, whatever its health.
-        let statuses: Vec<_> = ps
+        let mut endpoints: Vec<IpAddr> = ps
             .iter()
             .filter(|p| p.spec.proxy.port == port)
             .filter(|p| !p.annotations().contains_key(QUARANTINE_ANNOTATION))
-            .filter_map(|p| p.status.as_ref())
-            .collect();
-        let mut endpoints: Vec<IpAddr> = healthy_endpoints(statuses.iter().map(|s| (*s, port)))
-            .into_iter()
-            .map(|a| a.ip())
+            .filter(|p| {
+                p.status
+                    .as_ref()
+                    .is_some_and(|s| !healthy_endpoints([(s, port)]).is_empty())
+            })
+            .filter_map(|p| observed(p))
             .collect();
         endpoints.sort();
         endpoints.dedup();
@@ -708,7 +723,7 @@ mod tests {
             proxy("e", None, 3128, "10.1.0.5", Some(true)),
             proxy("f", Some("Bad_Name"), 3128, "10.1.0.6", Some(true)),
         ];
-        let g = desired(ps.iter());
+        let g = desired(ps.iter(), &as_stored);
         assert_eq!(g.len(), 1, "{g:?}");
         let web = &g[&("ns".to_owned(), "web".to_owned())];
         assert_eq!(web.port, 3128);
@@ -716,11 +731,68 @@ mod tests {
         assert_eq!(web.endpoints, vec!["10.1.0.1".parse::<IpAddr>().unwrap()]);
     }
 
+    /// What the operator observed, for tests: here the address the status holds.
+    fn as_stored(p: &Proxy) -> Option<IpAddr> {
+        p.status.as_ref()?.ip.as_deref()?.parse().ok()
+    }
+
+    fn owned_by_pool(p: &mut Proxy, pool: &str) {
+        p.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: format!("{}/{}", crate::api::GROUP, crate::api::VERSION),
+                kind: "ProxyPool".into(),
+                name: pool.into(),
+                uid: "0f0f0f0f-0000-4000-8000-000000000001".into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            },
+        ]);
+    }
+
+    #[test]
+    fn endpoints_are_the_addresses_the_operator_observed_never_a_stored_status_ip() {
+        let ps = [
+            proxy("a", Some("web"), 3128, "10.1.0.1", Some(true)),
+            // Its status claims an address the operator never read for it.
+            proxy("b", Some("web"), 3128, "10.9.9.9", Some(true)),
+            proxy("c", Some("web"), 3128, "10.1.0.3", Some(true)),
+        ];
+        let observed = |p: &Proxy| match p.name_any().as_str() {
+            "a" => Some("10.1.0.1".parse().unwrap()),
+            "b" => Some("10.1.0.2".parse().unwrap()),
+            _ => None,
+        };
+        let g = desired(ps.iter(), &observed);
+        let ips: Vec<String> = g[&("ns".to_owned(), "web".to_owned())]
+            .endpoints
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            ips,
+            ["10.1.0.1", "10.1.0.2"],
+            "c unobserved, b's stored ip ignored"
+        );
+    }
+
+    #[test]
+    fn a_pool_label_without_the_pool_as_controller_makes_no_member() {
+        let mut p = proxy("intruder", None, 3128, "10.1.0.9", Some(true));
+        p.metadata.labels = Some([(POOL_LABEL.to_owned(), "fleet".to_owned())].into());
+        assert_eq!(group_of(&p), None);
+        assert!(desired([&p], &as_stored).is_empty());
+        owned_by_pool(&mut p, "other-pool");
+        assert_eq!(group_of(&p), None, "owned by another pool");
+        owned_by_pool(&mut p, "fleet");
+        assert_eq!(group_of(&p).map(String::as_str), Some("fleet"));
+    }
+
     #[test]
     fn a_pools_members_publish_under_the_pools_name_without_quarantined_ones() {
         let member = |name: &str, ip: &str, quarantine: bool| {
             let mut p = proxy(name, None, 3128, ip, Some(true));
             p.metadata.labels = Some([(POOL_LABEL.to_owned(), "fleet".to_owned())].into());
+            owned_by_pool(&mut p, "fleet");
             if quarantine {
                 p.metadata.annotations =
                     Some([(QUARANTINE_ANNOTATION.to_owned(), "banned".to_owned())].into());
@@ -744,7 +816,7 @@ mod tests {
             Some("fleet"),
             "the pool wins"
         );
-        let g = desired(ps.iter());
+        let g = desired(ps.iter(), &as_stored);
         let fleet = &g[&("ns".to_owned(), "fleet".to_owned())];
         assert_eq!(fleet.members, 3);
         let ips: Vec<String> = fleet.endpoints.iter().map(ToString::to_string).collect();
@@ -754,7 +826,7 @@ mod tests {
     #[test]
     fn a_slice_lists_addresses_with_the_service_label_and_owner() {
         let ps = [proxy("a", Some("web"), 3128, "10.1.0.1", Some(true))];
-        let g = desired(ps.iter());
+        let g = desired(ps.iter(), &as_stored);
         let web = &g[&("ns".to_owned(), "web".to_owned())];
         let (name, fam, addrs) = web.slices().remove(0);
         let s = slice_body(web, &name, fam, &addrs, Some("uid-1"));

@@ -43,6 +43,34 @@ pub(super) async fn reconcile(p: Arc<Proxy>, ctx: Arc<Ctx>) -> Result<Action, Re
     }
 }
 
+/// The labels of namespace `ns`, for the config's `namespaceSelector`s: read when some entry
+/// uses one (else `None`, and no call is made), reused for
+/// [`NAMESPACE_LABELS_TTL`](super::NAMESPACE_LABELS_TTL); `None` (selectors match nothing)
+/// when the read fails.
+async fn namespace_labels(ctx: &Ctx, ns: &str) -> Option<super::NamespaceLabels> {
+    let selectors = ctx.core.uses_namespace_selectors();
+    if !selectors {
+        return None;
+    }
+    if let Some((at, l)) = lock(&ctx.namespace_labels).get(ns)
+        && at.elapsed() < super::NAMESPACE_LABELS_TTL
+    {
+        return Some(l.clone());
+    }
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ctx.client.clone());
+    // rbac: NAMESPACES get
+    let read = tokio::time::timeout(super::API_SLACK, api.get_metadata_opt(ns)).await;
+    let labels: super::NamespaceLabels = match read {
+        Ok(Ok(Some(n))) => std::sync::Arc::new(n.metadata.labels.unwrap_or_default()),
+        _ => {
+            tracing::warn!(namespace = %ns, "cannot read the namespace's labels; namespaceSelectors match nothing for it");
+            return None;
+        }
+    };
+    lock(&ctx.namespace_labels).insert(ns.to_owned(), (std::time::Instant::now(), labels.clone()));
+    Some(labels)
+}
+
 pub(super) async fn reconcile_inner(p: &Proxy, ctx: &Ctx) -> Result<Action, ReconcileError> {
     let ns = p.namespace().unwrap_or_default();
     let name = p.name_any();
@@ -72,6 +100,7 @@ pub(super) async fn reconcile_inner(p: &Proxy, ctx: &Ctx) -> Result<Action, Reco
         spec: std::sync::Arc::new(p.spec.0.clone()),
         deleting,
         credentials,
+        namespace_labels: namespace_labels(ctx, &ns).await,
     };
     let current = p.status.clone().unwrap_or_default();
     let started = std::time::Instant::now();

@@ -140,7 +140,12 @@ pub(super) async fn publish_pass(
     }
     ctx.observer
         .set_proxies(proxies.iter().map(|p| row_of(p)).collect());
-    let want = publish::desired(proxies.iter().map(|p| &**p));
+    // Each member's address is the one this process read from its host for its instance.
+    let observed = |p: &Proxy| {
+        let uid = ProxyUid::parse_strict(p.meta().uid.as_deref()?)?;
+        ctx.core.verified_address(&uid)
+    };
+    let want = publish::desired(proxies.iter().map(|p| &**p), &observed);
     let report = tokio::select! {
         () = stop.cancelled() => return false,
         r = publisher.sync(&want) => r,

@@ -46,7 +46,16 @@ pub(super) async fn run_term(
 ) {
     let stop = CancellationToken::new();
     let providers = providers_rx.borrow().clone();
-    let core = Arc::new(Core::new(providers.clone(), opts.controller.clone()));
+    // The health probes CONNECT through the proxies: their targets' ports are allowed.
+    let mut controller_settings = opts.controller.clone();
+    if let Some(engine) = observer.health() {
+        let h = engine.settings();
+        controller_settings.allow_connect_port(h.target.port);
+        if let Some(t6) = &h.target_ipv6 {
+            controller_settings.allow_connect_port(t6.port);
+        }
+    }
+    let core = Arc::new(Core::new(providers.clone(), controller_settings));
     observer.set_core(Some(core.clone()));
     let mut loops = Workers::new(stop.clone());
     {
@@ -120,6 +129,7 @@ pub(super) async fn run_term(
         observer: observer.clone(),
         creds: Mutex::new(HashMap::new()),
         announced: Mutex::new(HashMap::new()),
+        namespace_labels: Mutex::new(HashMap::new()),
     });
     let triggers = futures_util::stream::unfold(trigger_rx, |mut rx| async move {
         rx.recv().await.map(|()| ((), rx))

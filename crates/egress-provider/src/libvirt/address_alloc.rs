@@ -277,6 +277,19 @@ impl HostAddresses {
         v4: bool,
         pinned: Option<IpAddr>,
     ) -> Result<IpAddr, AllocError> {
+        self.allocate_avoiding(holder, v4, pinned, &[])
+    }
+
+    /// [`Self::allocate`], except that a free address chosen for a holder pinning nothing is
+    /// never one of `reserved` (pinned by other Proxies, or held for another namespace): those
+    /// are skipped, and stay free for their owners. Costs O(log n) per address skipped.
+    pub fn allocate_avoiding(
+        &mut self,
+        holder: &str,
+        v4: bool,
+        pinned: Option<IpAddr>,
+        reserved: &[IpAddr],
+    ) -> Result<IpAddr, AllocError> {
         if let Some(p) = pinned {
             let f = self.family(p.is_ipv4());
             if !f.is_some_and(|f| f.pool.contains(p)) {
@@ -302,17 +315,29 @@ impl HostAddresses {
             });
         };
         let like = f.pool.prefix.addr();
-        let v = match f.take_fresh() {
-            Some(v) => v,
-            None => match f.released.pop_first() {
-                Some(v) => v,
-                None => {
-                    return Err(AllocError::Exhausted {
-                        family: f.name(),
-                        size: f.pool.size(),
-                    });
-                }
-            },
+        let avoid: BTreeSet<u128> = reserved
+            .iter()
+            .filter(|a| a.is_ipv4() == v4)
+            .map(|a| num(*a))
+            .collect();
+        let mut skipped = Vec::new();
+        let found = loop {
+            let Some(v) = f.take_fresh().or_else(|| f.released.pop_first()) else {
+                break None;
+            };
+            if avoid.contains(&v) {
+                skipped.push(v);
+                continue;
+            }
+            break Some(v);
+        };
+        // Skipped addresses stay free (for their owners): back among the released ones.
+        f.released.extend(skipped);
+        let Some(v) = found else {
+            return Err(AllocError::Exhausted {
+                family: f.name(),
+                size: f.pool.size(),
+            });
         };
         let ip = from_num(like, v);
         self.record(holder, ip)

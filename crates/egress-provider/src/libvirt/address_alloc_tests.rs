@@ -17,6 +17,8 @@ fn pool(v4_ranges: &[&str], v6_ranges: &[&str]) -> ParsedPool {
         ipv4: fam("203.0.113.0/28", "203.0.113.1", v4_ranges),
         ipv6: fam("2001:db8:1::/64", "2001:db8:1::1", v6_ranges),
         dns: vec![],
+        access: None,
+        hold_released: crate::libvirt::address_pool::DEFAULT_HOLD_RELEASED,
     }
     .parse()
     .unwrap()
@@ -232,4 +234,28 @@ fn random_sequences_never_double_allocate_and_keep_counts() {
             );
         }
     }
+}
+
+#[test]
+fn an_allocation_skips_reserved_addresses_and_they_stay_free_for_their_owners() {
+    let mut a = HostAddresses::new(&pool(&["203.0.113.2-203.0.113.4"], &[]));
+    let reserved = [ip("203.0.113.2"), ip("203.0.113.3")];
+    assert_eq!(
+        a.allocate_avoiding("p1", true, None, &reserved),
+        Ok(ip("203.0.113.4"))
+    );
+    assert_eq!(
+        a.allocate_avoiding("p2", true, None, &reserved),
+        Err(AllocError::Exhausted {
+            family: "IPv4",
+            size: 3
+        }),
+        "only reserved ones left"
+    );
+    // The owners (pinning them) still get them.
+    assert_eq!(
+        a.allocate_avoiding("owner", true, Some(ip("203.0.113.3")), &reserved),
+        Ok(ip("203.0.113.3"))
+    );
+    assert_eq!(a.allocate("p3", true, None), Ok(ip("203.0.113.2")));
 }

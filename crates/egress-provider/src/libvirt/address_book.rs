@@ -235,6 +235,18 @@ impl AddressBook {
         holder: &str,
         pinned: &[IpAddr],
     ) -> Result<Option<InFlight<'_>>> {
+        self.allocate_avoiding(host, holder, pinned, &[])
+    }
+
+    /// [`Self::allocate`], never choosing one of `reserved` for a holder that pins nothing
+    /// (see [`HostAddresses::allocate_avoiding`](super::address_alloc::HostAddresses::allocate_avoiding)).
+    pub fn allocate_avoiding(
+        &self,
+        host: &str,
+        holder: &str,
+        pinned: &[IpAddr],
+        reserved: &[IpAddr],
+    ) -> Result<Option<InFlight<'_>>> {
         let Some(pool) = self.pool(host)? else {
             if let Some(p) = pinned.first() {
                 return Err(ProviderError::permanent(format!(
@@ -281,7 +293,7 @@ impl AddressBook {
                     // Its domain is gone (the caller's guarantee): the old one is free.
                     b.alloc.release(holder);
                 }
-                match b.alloc.allocate(holder, *v4, *p) {
+                match b.alloc.allocate_avoiding(holder, *v4, *p, reserved) {
                     Ok(a) => got.push(a),
                     Err(e) => {
                         if before.is_empty() {
@@ -397,8 +409,9 @@ fn alloc_error(host: &str, e: AllocError) -> ProviderError {
              ranges",
             family.to_ascii_lowercase()
         )),
-        AllocError::Taken { address, holder } => ProviderError::permanent(format!(
-            "the pinned address {address} on host {host} is already held by domain {holder}"
+        // NB: the holder is another Proxy's instance, perhaps another tenant's: not named.
+        AllocError::Taken { address, .. } => ProviderError::permanent(format!(
+            "the pinned address {address} on host {host} is already held by another instance"
         )),
         AllocError::OutsidePool { address, ranges } => {
             let fam = family_name(address.is_ipv4()).to_ascii_lowercase();
@@ -431,6 +444,8 @@ mod tests {
             }),
             ipv6: None,
             dns: vec![],
+            access: None,
+            hold_released: crate::libvirt::address_pool::DEFAULT_HOLD_RELEASED,
         };
         let mut pools = HashMap::new();
         pools.insert("h1".to_owned(), pool.parse().unwrap());

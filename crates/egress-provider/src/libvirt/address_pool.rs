@@ -21,7 +21,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 
 /// The addresses a host's guests may be given, as written in the provider config.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AddressPool {
     /// IPv4 prefix, gateway and ranges.
@@ -33,6 +33,42 @@ pub struct AddressPool {
     /// DNS servers the guests use (given to the guest with its static address).
     #[serde(default)]
     pub dns: Vec<String>,
+    /// The namespaces the pool's addresses belong to (`access: {namespaces,
+    /// namespaceSelector}`): only their proxies are placed on this host or may pin its
+    /// addresses; not set: every namespace the entry grants address pools to.
+    #[serde(default)]
+    pub access: Option<super::config::Namespaces>,
+    /// How long an address stays reserved for its last holder's namespace after its
+    /// instance is gone (`holdReleased`, e.g. `10m`): only a Proxy of that namespace may pin
+    /// it meanwhile (a pool replacing a member keeps its address so), and no other Proxy is
+    /// given it. Default [`DEFAULT_HOLD_RELEASED`].
+    #[serde(
+        default = "default_hold",
+        deserialize_with = "super::config::secs::deserialize"
+    )]
+    pub hold_released: std::time::Duration,
+}
+
+impl Default for AddressPool {
+    fn default() -> Self {
+        Self {
+            ipv4: None,
+            ipv6: None,
+            dns: Vec::new(),
+            access: None,
+            hold_released: DEFAULT_HOLD_RELEASED,
+        }
+    }
+}
+
+/// Default [`AddressPool::hold_released`]: ten minutes.
+// NB: a pool's replacement of a member with `rotation.egressAddress: Keep` pins the released
+// address within seconds to minutes (a create); ten minutes covers a slow host and a
+// restart of the replacement's create, and keeps an address out of use no longer than that.
+pub const DEFAULT_HOLD_RELEASED: std::time::Duration = std::time::Duration::from_secs(600);
+
+fn default_hold() -> std::time::Duration {
+    DEFAULT_HOLD_RELEASED
 }
 
 /// One family's part of an [`AddressPool`], as written.
@@ -386,6 +422,8 @@ mod tests {
             ipv4: Some(fam(prefix, gateway, ranges)),
             ipv6: None,
             dns: vec![],
+            access: None,
+            hold_released: crate::libvirt::address_pool::DEFAULT_HOLD_RELEASED,
         }
     }
 
@@ -411,6 +449,8 @@ mod tests {
                 &["2001:db8:1::100/120"],
             )),
             dns: vec!["203.0.113.53".into(), "2001:db8::53".into()],
+            access: None,
+            hold_released: crate::libvirt::address_pool::DEFAULT_HOLD_RELEASED,
         };
         let parsed = p.parse().unwrap();
         let v4 = parsed.ipv4.as_ref().unwrap();

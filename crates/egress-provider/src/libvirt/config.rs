@@ -45,6 +45,164 @@ pub struct LibvirtEntry {
     /// Who may use the entry's proxies and where they may connect (`policy:`).
     #[serde(default)]
     pub policy: ProxyPolicy,
+    /// Which namespaces (tenants) may use the entry, and which of its features (`access:`);
+    /// not set: every namespace, every feature.
+    #[serde(default)]
+    pub access: Option<EntryAccess>,
+    /// Per-tenant bounds (`quotas:`).
+    #[serde(default)]
+    pub quotas: EntryQuotas,
+}
+
+/// `quotas:` of an entry.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EntryQuotas {
+    /// Most instances of this entry one namespace may have (a new one beyond it waits with
+    /// reason QuotaExceeded; replacing an existing one is never refused). Not set: no bound.
+    #[serde(default)]
+    pub max_proxies_per_namespace: Option<u32>,
+    /// Most replicas a ProxyPool on this entry may ask for (its members, quarantined ones
+    /// included, never exceed it). Default [`DEFAULT_MAX_POOL_REPLICAS`].
+    #[serde(default = "default_max_pool_replicas")]
+    pub max_pool_replicas: u32,
+}
+
+/// Default [`EntryQuotas::max_pool_replicas`].
+// NB: a pool is a set of egress addresses for one purpose; a hundred is far more than one
+// needs, and bounds what one `replicas:` typo creates on an entry's hosts.
+pub const DEFAULT_MAX_POOL_REPLICAS: u32 = 100;
+
+fn default_max_pool_replicas() -> u32 {
+    DEFAULT_MAX_POOL_REPLICAS
+}
+
+impl Default for EntryQuotas {
+    fn default() -> Self {
+        Self {
+            max_proxies_per_namespace: None,
+            max_pool_replicas: DEFAULT_MAX_POOL_REPLICAS,
+        }
+    }
+}
+
+/// A set of namespaces: by name, or (Kubernetes) by their labels. A namespace is in it when
+/// its name is listed or its labels match `namespaceSelector` (every `matchLabels` pair).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Namespaces {
+    /// Namespace names.
+    #[serde(default)]
+    pub namespaces: Vec<String>,
+    /// Namespaces whose labels hold every pair of `matchLabels` (Kubernetes only: a
+    /// standalone manifest's namespace has no labels).
+    #[serde(default)]
+    pub namespace_selector: Option<LabelSelector>,
+}
+
+/// A label selector (`matchLabels` only).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LabelSelector {
+    /// Labels a namespace must carry, each with this value.
+    #[serde(default)]
+    pub match_labels: BTreeMap<String, String>,
+}
+
+impl Namespaces {
+    /// Whether namespace `ns` (with `labels`, when known) is in the set.
+    pub fn admits(&self, ns: &str, labels: Option<&BTreeMap<String, String>>) -> bool {
+        self.namespaces.iter().any(|n| n == ns)
+            || self.namespace_selector.as_ref().is_some_and(|s| {
+                !s.match_labels.is_empty()
+                    && labels
+                        .is_some_and(|l| s.match_labels.iter().all(|(k, v)| l.get(k) == Some(v)))
+            })
+    }
+}
+
+/// `access:` of an entry: who may use it, and who may use each of its features (a feature
+/// not listed is granted to every namespace that may use the entry).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EntryAccess {
+    /// Namespace names that may use the entry.
+    #[serde(default)]
+    pub namespaces: Vec<String>,
+    /// Namespaces whose labels match may use the entry (Kubernetes only).
+    #[serde(default)]
+    pub namespace_selector: Option<LabelSelector>,
+    /// Who may boot URL images (when `urlImages.enabled`).
+    #[serde(default)]
+    pub url_images: Option<Namespaces>,
+    /// Whose proxies may reach `policy.allowedInternalCidrs` (for the others those networks
+    /// stay denied).
+    #[serde(default)]
+    pub internal_cidrs: Option<Namespaces>,
+    /// Who may get declared egress addresses from the hosts' address pools (allocated or
+    /// pinned); the others are never placed on a host with a pool.
+    #[serde(default)]
+    pub address_pools: Option<Namespaces>,
+}
+
+impl EntryAccess {
+    /// The namespaces that may use the entry.
+    pub fn tenants(&self) -> Namespaces {
+        Namespaces {
+            namespaces: self.namespaces.clone(),
+            namespace_selector: self.namespace_selector.clone(),
+        }
+    }
+}
+
+/// A feature of an entry granted per namespace ([`EntryAccess`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feature {
+    /// URL images.
+    UrlImages,
+    /// `policy.allowedInternalCidrs`.
+    InternalCidrs,
+    /// Declared addresses from address pools.
+    AddressPools,
+}
+
+impl LibvirtEntry {
+    /// Whether namespace `ns` (labels `labels`, when known) may use this entry.
+    pub fn admits(&self, ns: &str, labels: Option<&BTreeMap<String, String>>) -> bool {
+        self.access
+            .as_ref()
+            .is_none_or(|a| a.tenants().admits(ns, labels))
+    }
+
+    /// Whether namespace `ns` may use `feature` of this entry (it must also be admitted).
+    pub fn grants(
+        &self,
+        ns: &str,
+        labels: Option<&BTreeMap<String, String>>,
+        feature: Feature,
+    ) -> bool {
+        let Some(a) = &self.access else { return true };
+        let g = match feature {
+            Feature::UrlImages => &a.url_images,
+            Feature::InternalCidrs => &a.internal_cidrs,
+            Feature::AddressPools => &a.address_pools,
+        };
+        a.tenants().admits(ns, labels) && g.as_ref().is_none_or(|g| g.admits(ns, labels))
+    }
+}
+
+impl HostConfig {
+    /// Whether namespace `ns` may have proxies on this host: its `access` admits it (or it
+    /// has none), and, when the host has an address pool, the pool's `namespaces` do (or it
+    /// has none).
+    pub fn admits(&self, ns: &str, labels: Option<&BTreeMap<String, String>>) -> bool {
+        self.access.as_ref().is_none_or(|a| a.admits(ns, labels))
+            && self
+                .address_pool
+                .as_ref()
+                .and_then(|p| p.access.as_ref())
+                .is_none_or(|a| a.admits(ns, labels))
+    }
 }
 
 /// Default [`ProxyPolicy::min_client_prefix_v4`]: a /8 is the widest IPv4 client network.
@@ -52,9 +210,15 @@ pub const DEFAULT_MIN_CLIENT_PREFIX_V4: u8 = 8;
 /// Default [`ProxyPolicy::min_client_prefix_v6`]: a /32 (an ISP allocation) is the widest
 /// IPv6 client network.
 pub const DEFAULT_MIN_CLIENT_PREFIX_V6: u8 = 32;
-/// Default [`ProxyPolicy::min_password_length`] for credentials-only proxies.
+/// Default [`ProxyPolicy::min_password_length`] for every proxy with credentials.
 // NB: 16 characters of the 65-character set are ~96 bits, beyond online guessing.
 pub const DEFAULT_MIN_PASSWORD_LENGTH: u32 = 16;
+/// Default (and widest allowed) [`ProxyPolicy::max_client_span_v4`]: a Proxy's client
+/// networks admit at most as many IPv4 addresses as one /8, all entries together.
+pub const DEFAULT_MAX_CLIENT_SPAN_V4: u8 = 8;
+/// Default (and widest allowed) [`ProxyPolicy::max_client_span_v6`]: a Proxy's client
+/// networks admit at most as many IPv6 /64s as one /32, all entries together.
+pub const DEFAULT_MAX_CLIENT_SPAN_V6: u8 = 32;
 
 /// The admin's policy for the proxies of an entry (`policy:` in the file). The operator
 /// renders it into every guest's proxy configuration and firewall.
@@ -67,7 +231,18 @@ pub struct ProxyPolicy {
     /// Shortest IPv6 prefix a Proxy may list in `allowedClientCidrs` (`/0` is never allowed).
     #[serde(rename = "minClientPrefixV6", default = "default_min_v6")]
     pub min_client_prefix_v6: u8,
-    /// Shortest password a credentials-only Proxy (no client CIDRs) may use.
+    /// The most IPv4 client addresses a Proxy's `allowedClientCidrs` may admit together,
+    /// as a prefix length: at most as many as one `/N` (8 to 32; default and widest 8). IPv6
+    /// entries in the IPv4-mapped or -compatible ranges count as IPv4, and an IPv6 network
+    /// containing those ranges admits every IPv4 client.
+    #[serde(rename = "maxClientSpanV4", default = "default_span_v4")]
+    pub max_client_span_v4: u8,
+    /// The most IPv6 client networks a Proxy's `allowedClientCidrs` may admit together, in
+    /// /64s, as a prefix length: at most as many as one `/N` (32 to 64; default and widest
+    /// 32).
+    #[serde(rename = "maxClientSpanV6", default = "default_span_v6")]
+    pub max_client_span_v6: u8,
+    /// Shortest password a Proxy with credentials may use (with or without client CIDRs).
     #[serde(default = "default_min_password")]
     pub min_password_length: u32,
     /// Destinations the entry's proxies may reach; empty lists restrict nothing.
@@ -100,12 +275,20 @@ fn default_min_v6() -> u8 {
 fn default_min_password() -> u32 {
     DEFAULT_MIN_PASSWORD_LENGTH
 }
+fn default_span_v4() -> u8 {
+    DEFAULT_MAX_CLIENT_SPAN_V4
+}
+fn default_span_v6() -> u8 {
+    DEFAULT_MAX_CLIENT_SPAN_V6
+}
 
 impl Default for ProxyPolicy {
     fn default() -> Self {
         Self {
             min_client_prefix_v4: DEFAULT_MIN_CLIENT_PREFIX_V4,
             min_client_prefix_v6: DEFAULT_MIN_CLIENT_PREFIX_V6,
+            max_client_span_v4: DEFAULT_MAX_CLIENT_SPAN_V4,
+            max_client_span_v6: DEFAULT_MAX_CLIENT_SPAN_V6,
             min_password_length: DEFAULT_MIN_PASSWORD_LENGTH,
             allowed_destinations: DestinationAllowlist::default(),
             allowed_internal_cidrs: Vec::new(),
@@ -283,11 +466,43 @@ pub struct HostConfig {
     /// bound (without it only the host's ARP answers for the guest's MAC are used).
     #[serde(default, deserialize_with = "one_or_many")]
     pub guest_cidr: Vec<String>,
+    /// The host's own addresses besides the one in `address` (e.g. its public address, or
+    /// every address of a host reached as `local`): guests may never connect to them. The
+    /// address in `address` and what its name resolves to are denied without being listed.
+    #[serde(default)]
+    pub host_addresses: Vec<String>,
+    /// What the host may give this entry's guests (`capacity:`): memory and vCPUs, summed
+    /// over the entry's proxies placed on it; a host that a new proxy would take past either
+    /// is skipped by placement. Not set: the memory and CPUs its last check reported (vCPUs
+    /// counted up to [`DEFAULT_VCPU_OVERCOMMIT`] per CPU), or no bound before its first check.
+    #[serde(default)]
+    pub capacity: HostCapacity,
+    /// Which namespaces may have proxies on this host (`access:`, within the entry's);
+    /// not set: every namespace the entry admits.
+    #[serde(default)]
+    pub access: Option<Namespaces>,
     /// Declared egress addresses this host's guests may be given (`addressPool:`): the
     /// guest-side prefix, gateway and ranges per family, and DNS. Validated at load; not set
     /// means the guests take what the bridge or network hands out.
     #[serde(default)]
     pub address_pool: Option<super::address_pool::AddressPool>,
+}
+
+/// vCPUs placed per host CPU when a host's `capacity.vcpus` is not set.
+// NB: a forward proxy idles most of the time; 4 vCPUs per CPU is the usual overcommit of a
+// general-purpose hypervisor and still bounds what one tenant can pile on a host.
+pub const DEFAULT_VCPU_OVERCOMMIT: u32 = 4;
+
+/// `capacity:` of a host (each not set: from its last check, see [`HostConfig::capacity`]).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct HostCapacity {
+    /// Memory for this entry's guests, MiB.
+    #[serde(rename = "memoryMiB", default)]
+    pub memory_mib: Option<u64>,
+    /// vCPUs for this entry's guests.
+    #[serde(default)]
+    pub vcpus: Option<u32>,
 }
 
 /// Reads one string or a list of strings (`guestCidr: 10.0.0.0/24` or `[a, b]`).
@@ -485,13 +700,14 @@ impl Default for Timeouts {
 /// one or more `<integer><unit>` parts with units `s`, `m`, `h` (`"30s"`, `"5m"`, `"1h30m"`),
 /// as the command line's flags take them. Anything else (a negative or fractional number,
 /// an unknown unit, an overflow) is a type error naming what is accepted.
-mod secs {
+pub(crate) mod secs {
     use std::fmt;
     use std::time::Duration;
 
     use serde::Deserializer;
     use serde::de::{self, Visitor};
 
+    /// Reads a duration (see the module docs).
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         d.deserialize_any(Secs)
     }

@@ -97,6 +97,9 @@ pub struct Nic<'a> {
     /// The libvirt network filter on the NIC (`<filterref>`; see
     /// [`nwfilter`](super::nwfilter)); `None`: no filter.
     pub filter: Option<&'a str>,
+    /// The filter's parameters for this NIC (`<parameter name value>`, in order; see
+    /// [`nwfilter::nic_params`](super::nwfilter::nic_params)).
+    pub filter_params: &'a [(&'static str, String)],
 }
 
 /// Everything one domain is built from (the platform comes from [`HostCaps`]).
@@ -364,7 +367,15 @@ fn write(spec: &DomainSpec<'_>, caps: &HostCaps, fw: &FirmwareChoice) -> io::Res
         x.empty("source", &[(key, val)])?;
         x.empty("model", &[("type", "virtio")])?;
         if let Some(f) = nic.filter {
-            x.empty("filterref", &[("filter", f)])?;
+            if nic.filter_params.is_empty() {
+                x.empty("filterref", &[("filter", f)])?;
+            } else {
+                x.open("filterref", &[("filter", f)])?;
+                for (name, value) in nic.filter_params {
+                    x.empty("parameter", &[("name", name), ("value", value.as_str())])?;
+                }
+                x.close("filterref")?;
+            }
         }
         x.close("interface")?;
     }

@@ -29,13 +29,14 @@ pub fn seed(entry: &str, uid: &ProxyUid) -> String {
     format!("{PREFIX}{entry}-{}-seed.iso", uid.simple())
 }
 
-/// The network filter of `entry` for `installation` (`None`: an installation without an ID):
-/// one per entry and installation, so two installations sharing a host never replace each
-/// other's policy.
+/// The root network filter of `entry` for `installation` (`None`: an installation without an
+/// ID): one per entry and installation, so two installations sharing a host never replace
+/// each other's policy. `filter2`: the set with anti-spoofing (guests created before
+/// reference the destination-only `…-filter…` of earlier releases, left as it is).
 pub fn nwfilter(entry: &str, installation: Option<&str>) -> String {
     match installation {
-        Some(id) => format!("{PREFIX}{entry}-filter-{id}"),
-        None => format!("{PREFIX}{entry}-filter"),
+        Some(id) => format!("{PREFIX}{entry}-filter2-{id}"),
+        None => format!("{PREFIX}{entry}-filter2"),
     }
 }
 

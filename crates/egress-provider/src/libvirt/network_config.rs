@@ -112,6 +112,8 @@ mod tests {
                 ranges: vec!["2001:db8:1::100/120".into()],
             }),
             dns: vec!["203.0.113.53".into()],
+            access: None,
+            hold_released: crate::libvirt::address_pool::DEFAULT_HOLD_RELEASED,
         }
         .parse()
         .unwrap();

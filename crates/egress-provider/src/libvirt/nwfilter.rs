@@ -1,27 +1,54 @@
-//! The libvirt network filter on every guest's NIC: the address part of the destination
-//! policy, enforced by the host (iptables/ip6tables rules libvirt instantiates for the
-//! guest's tap), so it holds even when the guest is compromised and its own firewall and
+//! The libvirt network filter on every guest's NIC: the host's enforcement of who a guest
+//! may pretend to be (anti-spoofing, ebtables rules) and where it may connect (the address
+//! part of the destination policy, iptables/ip6tables rules), instantiated by libvirt on the
+//! guest's tap, so both hold even when the guest is compromised and its own firewall and
 //! proxy configuration are gone.
 //!
-//! One filter per provider entry and installation ([`names::nwfilter`]), defined on a host
-//! before a domain that references it (`<filterref>` in the domain XML), and redefined only
-//! when its rendering changed (libvirt re-applies a redefined filter to every interface that
-//! uses it). Rules, first match wins, for traffic *leaving* the guest only (clients and the
-//! operator's health probes connect *into* the guest, which is never filtered):
+//! One filter set per provider entry and installation ([`names::nwfilter`]): a root filter
+//! and four children it references ([`render_set`]), defined on a host before a domain that
+//! references the root (`<filterref>` in the domain XML, with the NIC's own parameters,
+//! [`nic_params`]), each redefined only when its rendering changed (libvirt re-applies a
+//! redefined filter to every interface that uses it).
+//!
+//! **Who the guest may be** (layer 2, frames *leaving* the guest; [`spoof`]): the source MAC
+//! is the NIC's (`$MAC`); IPv4 packets come from the NIC's addresses (`$IP`: its declared
+//! egress address, or the address its DHCP lease gave it, which libvirt learns by watching
+//! the DHCP exchange) or are a DHCP request from 0.0.0.0; ARP packets carry the NIC's MAC
+//! and one of its IPv4 addresses (or 0.0.0.0, a probe); IPv6 packets come from the NIC's
+//! addresses (`$IPV6`: declared, or derived from the MAC in the host's IPv6 `guestCidr`) or
+//! its own link-local address (`$IPV6_LL`, derived from the MAC) or `::` (duplicate address
+//! detection), and neighbour advertisements only from `$IPV6`; the guest never sends DHCP or
+//! DHCPv6 server replies, router advertisements or redirects; every other frame type is
+//! dropped. So a guest cannot take another guest's declared or leased address, answer ARP or
+//! neighbour solicitations for it, hand out addresses or routes, or send as another MAC.
+//!
+//! **Where it may connect** (the root filter's iptables rules, first match wins, for traffic
+//! leaving the guest only: clients and the operator's health probes connect *into* the guest,
+//! which is never filtered):
 //! 1. packets of established or related connections (replies to clients and probes, and to
 //!    the guest's own connections) pass;
-//! 2. DHCP (v4 and v6), DNS (port 53, to any resolver) and ICMPv6 neighbour discovery pass;
+//! 2. DHCP requests (v4 and v6), DNS (port 53) to the resolvers the host hands out (the
+//!    address pool's `dns`, the libvirt network's own addresses where its dnsmasq answers)
+//!    and ICMPv6 neighbour discovery pass; DNS to any other resolver is judged by 3–5 like
+//!    any destination;
 //! 3. new connections to the entry's `policy.allowedInternalCidrs` pass;
-//! 4. new (or invalid) packets to [`DENIED_V4`], [`DENIED_V6`] and the host's own address
-//!    are rejected;
+//! 4. new (or invalid) packets to the shared deny list ([`crate::denylist`]: the ranges the
+//!    image guard and the guests refuse too) and the host's own addresses are rejected;
 //! 5. everything else (the Internet) passes.
 //!
-//! Guarantees: the rendering is deterministic (same policy, same XML, same UUID derived from
-//! the name), in the attribute order libvirt 11.3 prints, so an unchanged filter is never
-//! redefined; CIDRs that do not parse are skipped (the config loader refuses them first).
+//! Upgrades: the set carries a new name (`…-filter2-…`); guests created before keep the
+//! destination-only filter of the old name, which keeps working unchanged (libvirt refuses to
+//! re-instantiate a filter that references variables their NICs do not carry, so it is never
+//! updated in place), and get anti-spoofing when they are recreated.
 //!
-//! Needs on the host: libvirt's nwfilter driver and `net.bridge.bridge-nf-call-iptables=1`
-//! (and `-ip6tables`), without which bridged guest traffic bypasses iptables.
+//! Guarantees: the rendering is deterministic (same inputs, same XML, same UUIDs derived from
+//! the names), in the attribute order libvirt 11.3 prints, so an unchanged filter is never
+//! redefined; CIDRs that do not parse are skipped (the config loader refuses them first); the
+//! per-NIC parameters are addresses and a MAC we derived, never text from a Proxy.
+//!
+//! Needs on the host: libvirt's nwfilter driver (with ebtables) and
+//! `net.bridge.bridge-nf-call-iptables=1` (and `-ip6tables`), without which bridged guest
+//! traffic bypasses iptables.
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -30,39 +57,13 @@ use ipnet::IpNet;
 use libvirt_remote::Client;
 use sha2::{Digest, Sha256};
 
-use super::classify::classify;
-use super::config::ProxyPolicy;
-use crate::error::Result;
+pub mod spoof;
 
-/// IPv4 destinations a proxy refuses unless the entry lifts them.
-// NB: "this network", RFC 1918, CGNAT (RFC 6598), loopback, link-local (holds the
-// 169.254.169.254 cloud metadata address), IETF protocol assignments, benchmarking,
-// multicast and reserved/broadcast: nothing a proxy for the Internet needs to reach.
-pub const DENIED_V4: &[&str] = &[
-    "0.0.0.0/8",
-    "10.0.0.0/8",
-    "100.64.0.0/10",
-    "127.0.0.0/8",
-    "169.254.0.0/16",
-    "172.16.0.0/12",
-    "192.0.0.0/24",
-    "192.168.0.0/16",
-    "198.18.0.0/15",
-    "224.0.0.0/4",
-    "240.0.0.0/4",
-];
-/// IPv6 destinations a proxy refuses unless the entry lifts them.
-// NB: unspecified, loopback, NAT64 local-use, ULA, link-local, multicast. IPv4-mapped
-// addresses (::ffff:0:0/96) are not listed: the kernel sends them as IPv4, where the IPv4
-// rules apply, and dante refuses the notation.
-pub const DENIED_V6: &[&str] = &[
-    "::/128",
-    "::1/128",
-    "64:ff9b:1::/48",
-    "fc00::/7",
-    "fe80::/10",
-    "ff00::/8",
-];
+pub use self::spoof::nic_params;
+
+use super::classify::classify;
+use super::config::{HostConfig, ProxyPolicy};
+use crate::error::Result;
 
 /// Rule priorities (libvirt orders a filter's rules by them, lowest first).
 const PRIO_ESTABLISHED: i32 = -900;
@@ -84,6 +85,39 @@ pub fn host_ip(address: &str) -> Option<IpAddr> {
         return rest.split_once(']').and_then(|(ip, _)| ip.parse().ok());
     }
     address.split_once(':').and_then(|(ip, _)| ip.parse().ok())
+}
+
+/// Every address of `host` a guest must not reach: the IP in its `address`, its
+/// `hostAddresses`, and what the name in its `address` resolves to now (bounded by
+/// `timeout`; a failed lookup adds nothing, and is logged: the host's SSH dial resolves the
+/// same name, so a name that does not resolve also fails the create). Sorted, unique.
+pub async fn host_addresses(host: &HostConfig, timeout: std::time::Duration) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = host_ip(&host.address).into_iter().collect();
+    out.extend(
+        host.host_addresses
+            .iter()
+            .filter_map(|a| a.trim().parse::<IpAddr>().ok()),
+    );
+    if host_ip(&host.address).is_none() {
+        let name = host
+            .address
+            .rsplit_once(':')
+            .map_or(host.address.as_str(), |(n, _)| n);
+        if name != "local" && !name.is_empty() {
+            match tokio::time::timeout(timeout, tokio::net::lookup_host((name, 0))).await {
+                Ok(Ok(found)) => out.extend(found.map(|a| a.ip())),
+                Ok(Err(e)) => {
+                    tracing::warn!(host = %host.name, name, error = %e, "cannot resolve the host's name for its network filter");
+                }
+                Err(_) => {
+                    tracing::warn!(host = %host.name, name, "resolving the host's name for its network filter timed out");
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The UUID of filter `name`: derived from the name, so every definition of it (from any
@@ -125,13 +159,38 @@ fn nets(cidrs: &[&str]) -> Vec<IpNet> {
         .collect()
 }
 
-/// The filter `name` for an entry with `policy`, on a host whose own addresses are
-/// `host_addresses` (see the module docs for the rules).
-pub fn render(name: &str, policy: &ProxyPolicy, host_addresses: &[IpAddr]) -> String {
+/// What a host's filter set is rendered from.
+#[derive(Debug, Clone, Copy)]
+pub struct HostFilter<'a> {
+    /// The entry's policy.
+    pub policy: &'a ProxyPolicy,
+    /// The host's own addresses (always denied).
+    pub host_addresses: &'a [IpAddr],
+    /// The resolvers the host hands its guests (DNS to them passes).
+    pub resolvers: &'a [IpAddr],
+}
+
+/// The root filter `name` (see the module docs for the rules): the anti-spoofing children
+/// ([`spoof::children`]) referenced first, then the destination rules.
+pub fn render(name: &str, f: &HostFilter<'_>) -> String {
+    render_root(name, name, f, true)
+}
+
+/// The name of the root that lifts nothing (for guests whose namespace is not granted the
+/// entry's `allowedInternalCidrs`).
+pub fn strict_name(root: &str) -> String {
+    format!("{root}-strict")
+}
+
+/// Root `name` over the children of `base`, with the entry's lifted networks when `lift`.
+fn render_root(name: &str, base: &str, f: &HostFilter<'_>, lift: bool) -> String {
     let mut x = format!(
         "<filter name='{name}' chain='root'>\n  <uuid>{}</uuid>\n",
         uuid(name).hyphenated()
     );
+    spoof::root_rules(&mut x, base);
+    let policy = f.policy;
+    let host_addresses = f.host_addresses;
     for proto in ["all", "all-ipv6"] {
         rule(
             &mut x,
@@ -144,12 +203,23 @@ pub fn render(name: &str, policy: &ProxyPolicy, host_addresses: &[IpAddr]) -> St
     for body in [
         "<udp state='NEW' srcportstart='68' dstportstart='67'/>",
         "<udp-ipv6 state='NEW' srcportstart='546' dstportstart='547'/>",
-        "<udp state='NEW' dstportstart='53'/>",
-        "<tcp state='NEW' dstportstart='53'/>",
-        "<udp-ipv6 state='NEW' dstportstart='53'/>",
-        "<tcp-ipv6 state='NEW' dstportstart='53'/>",
     ] {
         rule(&mut x, "accept", PRIO_SERVICES, true, body);
+    }
+    let mut resolvers = f.resolvers.to_vec();
+    resolvers.sort();
+    resolvers.dedup();
+    for r in resolvers {
+        let suffix = if r.is_ipv4() { "" } else { "-ipv6" };
+        for proto in ["udp", "tcp"] {
+            rule(
+                &mut x,
+                "accept",
+                PRIO_SERVICES,
+                true,
+                &format!("<{proto}{suffix} dstipaddr='{r}' state='NEW' dstportstart='53'/>"),
+            );
+        }
     }
     for t in NDP_TYPES {
         // NB: conntrack does not track neighbour discovery: no state match.
@@ -164,13 +234,13 @@ pub fn render(name: &str, policy: &ProxyPolicy, host_addresses: &[IpAddr]) -> St
     let lifted: Vec<&str> = policy
         .allowed_internal_cidrs
         .iter()
+        .filter(|_| lift)
         .map(String::as_str)
         .collect();
     for n in nets(&lifted) {
         rule(&mut x, "accept", PRIO_LIFTED, true, &to_net(&n, "NEW"));
     }
-    let mut denied = nets(DENIED_V4);
-    denied.extend(nets(DENIED_V6));
+    let mut denied = crate::denylist::networks(crate::denylist::Scope::Everywhere);
     denied.extend(host_addresses.iter().map(|ip| IpNet::from(*ip)));
     for n in denied {
         rule(
@@ -201,6 +271,30 @@ pub enum Ensured {
     Unchanged,
     /// The filter was defined (new) or redefined (changed).
     Defined,
+}
+
+/// The whole set for `name` on one host: the children first (the roots reference them),
+/// then the root `name` and the root [`strict_name`] (the same without the entry's lifted
+/// networks); each `(name, xml)`.
+pub fn render_set(name: &str, f: &HostFilter<'_>) -> Vec<(String, String)> {
+    let mut set = spoof::children(name);
+    let strict = strict_name(name);
+    set.push((name.to_owned(), render(name, f)));
+    let x = render_root(&strict, name, f, false);
+    set.push((strict, x));
+    set
+}
+
+/// Makes the host behind `c` (named `host`) hold every filter of `set` (from [`render_set`],
+/// in order): [`ensure`] each. `Defined` when any was (re)defined.
+pub async fn ensure_set(c: &Client, host: &str, set: &[(String, String)]) -> Result<Ensured> {
+    let mut any = Ensured::Unchanged;
+    for (name, xml) in set {
+        if ensure(c, host, name, xml).await? == Ensured::Defined {
+            any = Ensured::Defined;
+        }
+    }
+    Ok(any)
 }
 
 /// Makes the host behind `c` (named `host`) hold filter `name` as `xml`: looked up, compared,
@@ -235,7 +329,7 @@ pub async fn ensure(c: &Client, host: &str, name: &str, xml: &str) -> Result<Ens
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
 
     #[test]
@@ -245,12 +339,30 @@ mod tests {
             ..ProxyPolicy::default()
         };
         let host: IpAddr = "203.0.113.9".parse().unwrap();
-        let x = render("ep-e-filter", &policy, &[host]);
+        let dns: IpAddr = "10.0.0.53".parse().unwrap();
+        let f = HostFilter {
+            policy: &policy,
+            host_addresses: &[host],
+            resolvers: &[dns],
+        };
+        let x = render("ep-e-filter", &f);
         assert!(x.starts_with("<filter name='ep-e-filter' chain='root'>"));
         assert!(x.contains(&format!("<uuid>{}</uuid>", uuid("ep-e-filter"))));
         let pos = |s: &str| x.find(s).unwrap_or_else(|| panic!("{s} missing:\n{x}"));
         let est = pos("<all state='ESTABLISHED,RELATED'/>");
         let dhcp = pos("<udp state='NEW' srcportstart='68' dstportstart='67'/>");
+        // DNS only to the resolvers handed out; NAT64, 6to4 and Teredo denied.
+        let dns = pos("<udp dstipaddr='10.0.0.53' state='NEW' dstportstart='53'/>");
+        pos("<tcp dstipaddr='10.0.0.53' state='NEW' dstportstart='53'/>");
+        assert!(!x.contains("<udp state='NEW' dstportstart='53'/>"), "{x}");
+        for n in [
+            "64:ff9b::' dstipmask='96",
+            "64:ff9b:1::' dstipmask='48",
+            "2002::' dstipmask='16",
+            "2001::' dstipmask='32",
+        ] {
+            pos(&format!("<all-ipv6 dstipaddr='{n}' state='NEW,INVALID'/>"));
+        }
         let lifted = pos("<all dstipaddr='10.5.0.0' dstipmask='16' state='NEW'/>");
         pos("<all-ipv6 dstipaddr='fd00:1::' dstipmask='64' state='NEW'/>");
         let private = pos("<all dstipaddr='10.0.0.0' dstipmask='8' state='NEW,INVALID'/>");
@@ -258,12 +370,76 @@ mod tests {
         pos("<all dstipaddr='100.64.0.0' dstipmask='10' state='NEW,INVALID'/>");
         pos("<all-ipv6 dstipaddr='fe80::' dstipmask='10' state='NEW,INVALID'/>");
         let me = pos("<all dstipaddr='203.0.113.9' dstipmask='32' state='NEW,INVALID'/>");
-        assert!(est < dhcp && dhcp < lifted && lifted < private && private < me);
+        assert!(est < dhcp && dhcp < dns && dns < lifted && lifted < private && private < me);
         // Only outgoing traffic is filtered, so clients and probes connect in.
         assert!(!x.contains("direction='in'") && !x.contains("direction='inout'"));
+        // The anti-spoofing children come first.
+        let mac = pos("<filterref filter='ep-e-filter-mac'/>");
+        assert!(mac < est);
         // Deterministic: the same policy renders the same document.
-        assert_eq!(x, render("ep-e-filter", &policy, &[host]));
+        assert_eq!(x, render("ep-e-filter", &f));
         assert_ne!(uuid("ep-e-filter"), uuid("ep-f-filter"));
+    }
+
+    #[tokio::test]
+    async fn a_host_named_by_dns_is_denied_what_its_name_resolves_to() {
+        let host: HostConfig = serde_json::from_str(
+            r#"{"name": "h1", "address": "localhost:22", "hostAddresses": ["203.0.113.9"]}"#,
+        )
+        .unwrap();
+        let own = host_addresses(&host, std::time::Duration::from_secs(10)).await;
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let public: IpAddr = "203.0.113.9".parse().unwrap();
+        assert!(own.contains(&lo) && own.contains(&public), "{own:?}");
+        let x = render(
+            "f",
+            &HostFilter {
+                policy: &ProxyPolicy::default(),
+                host_addresses: &own,
+                resolvers: &[],
+            },
+        );
+        assert!(
+            x.contains("<all dstipaddr='203.0.113.9' dstipmask='32' state='NEW,INVALID'/>"),
+            "{x}"
+        );
+        // An IP address is taken as it is; `local` is nothing to resolve.
+        let by_ip: HostConfig =
+            serde_json::from_str(r#"{"name": "h1", "address": "198.51.100.4:2222"}"#).unwrap();
+        assert_eq!(
+            host_addresses(&by_ip, std::time::Duration::from_secs(10)).await,
+            ["198.51.100.4".parse::<IpAddr>().unwrap()]
+        );
+        let local: HostConfig =
+            serde_json::from_str(r#"{"name": "h1", "address": "local"}"#).unwrap();
+        assert!(
+            host_addresses(&local, std::time::Duration::from_secs(10))
+                .await
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn the_strict_root_lifts_nothing_and_shares_the_children() {
+        let policy = ProxyPolicy {
+            allowed_internal_cidrs: vec!["10.5.0.0/16".into()],
+            ..ProxyPolicy::default()
+        };
+        let f = HostFilter {
+            policy: &policy,
+            host_addresses: &[],
+            resolvers: &[],
+        };
+        let set = render_set("r", &f);
+        let names: Vec<&str> = set.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            ["r-mac", "r-ipv4", "r-ipv6", "r-arp", "r", "r-strict"]
+        );
+        let (root, strict) = (&set[4].1, &set[5].1);
+        assert!(root.contains("dstipaddr='10.5.0.0'"));
+        assert!(!strict.contains("dstipaddr='10.5.0.0'"), "{strict}");
+        assert!(strict.contains("<filterref filter='r-mac'/>"));
     }
 
     #[test]
@@ -279,7 +455,14 @@ mod tests {
 
     #[test]
     fn whitespace_between_tags_does_not_make_a_filter_differ() {
-        let a = render("n", &ProxyPolicy::default(), &[]);
+        let a = render(
+            "n",
+            &HostFilter {
+                policy: &ProxyPolicy::default(),
+                host_addresses: &[],
+                resolvers: &[],
+            },
+        );
         let b = a.replace("\n  <rule", "\n<rule").replace("\n", "\n\n");
         assert_eq!(normalise(&a), normalise(&b));
     }

@@ -427,14 +427,37 @@ impl LibvirtProvider {
             )));
         }
         // The entry's network filter, on the host before the domain that references it.
-        let filter = if nic.is_some() && cfg.policy.network_filter {
+        // Its NIC is pinned to its MAC and addresses (the declared ones, else its DHCP
+        // lease), and DNS passes only to the resolvers this host hands out.
+        let (filter, filter_params) = if nic.is_some() && cfg.policy.network_filter {
             let fname = names::nwfilter(entry, self.installation.as_deref());
-            let own: Vec<_> = nwfilter::host_ip(&host.address).into_iter().collect();
-            let fxml = nwfilter::render(&fname, &cfg.policy, &own);
-            nwfilter::ensure(c, &host.name, &fname, &fxml).await?;
-            Some(fname)
+            let subnets = self.subnets.get(c, host, lease.generation()).await;
+            let own = nwfilter::host_addresses(host, cfg.timeouts.dial).await;
+            let mut resolvers: Vec<std::net::IpAddr> =
+                addr_pool.map(|p| p.dns.clone()).unwrap_or_default();
+            resolvers.extend(subnets.network_addresses.iter().copied());
+            let set = nwfilter::render_set(
+                &fname,
+                &nwfilter::HostFilter {
+                    policy: &cfg.policy,
+                    host_addresses: &own,
+                    resolvers: &resolvers,
+                },
+            );
+            nwfilter::ensure_set(c, &host.name, &set).await?;
+            let declared: Vec<std::net::IpAddr> = statics.iter().map(|s| s.address).collect();
+            let mut cidrs = subnets.guest_cidr.clone();
+            cidrs.extend(subnets.network.iter().flatten().copied());
+            // A guest whose namespace is not granted the entry's internal networks gets
+            // the root that lifts none.
+            let root = if req.lift_internal {
+                fname
+            } else {
+                nwfilter::strict_name(&fname)
+            };
+            (Some(root), nwfilter::nic_params(&mac, &declared, &cidrs))
         } else {
-            None
+            (None, Vec::new())
         };
         // The base's data volume, declared as the last layer (the chain ends there).
         let data = base.data_path.as_deref().map(|path| Backing {
@@ -467,6 +490,7 @@ impl LibvirtProvider {
                         attach,
                         mac: &mac,
                         filter: filter.as_deref(),
+                        filter_params: &filter_params,
                     }),
                     uid: &req.uid,
                     entry,
@@ -682,9 +706,12 @@ impl Provider for LibvirtProvider {
                 &host_name,
             )
             .await?;
-        let held = self
-            .addresses
-            .allocate(&host_name, &name, &req.pinned_egress)?;
+        let held = self.addresses.allocate_avoiding(
+            &host_name,
+            &name,
+            &req.pinned_egress,
+            &req.reserved,
+        )?;
         let egress = held.as_ref().map_or(&[][..], |h| &h.addresses[..]);
         let mut made = Made::default();
         match self

@@ -40,6 +40,8 @@ pub fn entry(name: &str) -> LibvirtEntry {
         defaults: Default::default(),
         limits: Default::default(),
         policy: Default::default(),
+        access: None,
+        quotas: Default::default(),
     }
 }
 

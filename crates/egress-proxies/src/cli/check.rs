@@ -52,6 +52,27 @@ pub struct CheckArgs {
     proxies: Option<std::path::PathBuf>,
 }
 
+impl CheckArgs {
+    /// The `-o` formats: every one with the probe (it prints a table per entry), no `wide`
+    /// with `--no-probe` (two summary lines, no table).
+    pub(super) fn accepts(&self) -> super::output::Accepts {
+        use super::output::{ALL, Accepts, NO_TABLE};
+        if self.no_probe {
+            Accepts {
+                command: "check --no-probe",
+                formats: NO_TABLE,
+                prints: "prints a summary, no table",
+            }
+        } else {
+            Accepts {
+                command: "check",
+                formats: ALL,
+                prints: "prints a table per provider entry",
+            }
+        }
+    }
+}
+
 /// What `check --no-probe` found, as printed under `-o json|yaml`.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -82,7 +103,8 @@ fn lint_manifests(
         })
         .collect();
     for (p, _) in desired.proxies.values() {
-        if !entries.contains(&p.spec.provider.as_str()) {
+        let Some(egress_core::config::ProviderEntry::Libvirt(entry)) = cfg.entry(&p.spec.provider)
+        else {
             errors.push(format!(
                 "{}: Proxy {}: spec.provider {:?} is not an entry of the provider config (entries: {})",
                 p.file.display(),
@@ -90,9 +112,64 @@ fn lint_manifests(
                 p.spec.provider,
                 entries.join(", ")
             ));
+            continue;
+        };
+        // What the controller would refuse before creating anything: the namespace's
+        // entitlement, the spec against the entry, and the guest config the entry's policy
+        // renders (client networks within its caps, passwords of its minimum length).
+        for e in proxy_errors(p, entry) {
+            errors.push(format!("{}: Proxy {}: {e}", p.file.display(), p.key()));
         }
     }
     (desired.proxies.len(), errors)
+}
+
+/// Every error the controller would report for `p` on `entry` before creating anything, each
+/// naming its field path.
+fn proxy_errors(
+    p: &egress_standalone::manifests::LoadedProxy,
+    entry: &egress_provider::libvirt::config::LibvirtEntry,
+) -> Vec<String> {
+    use egress_core::controller::decide::{entitlement_errors, lifts_internal, spec_errors};
+    let obj = egress_core::controller::ProxyObject {
+        namespace: p.namespace.clone(),
+        name: p.name.clone(),
+        uid: p.uid,
+        generation: 1,
+        spec: p.spec.clone(),
+        deleting: false,
+        credentials: p
+            .credentials
+            .as_ref()
+            .map(|c| egress_core::controller::ProxyCredentials {
+                username: c.username.clone(),
+                password: c.password.clone(),
+            }),
+        namespace_labels: None,
+    };
+    let errs = entitlement_errors(&obj, entry);
+    if !errs.is_empty() {
+        return errs;
+    }
+    let errs = spec_errors(&obj, entry);
+    if !errs.is_empty() {
+        return errs;
+    }
+    let mut policy = entry.policy.clone();
+    if !lifts_internal(&obj, entry) {
+        policy.allowed_internal_cidrs.clear();
+    }
+    let rendered = egress_core::proxy_policy::GuestPolicy::for_proxy(
+        &policy,
+        &obj.spec.proxy.allowed_destinations,
+        &[],
+    )
+    .map_err(|e| e.join("; "))
+    .and_then(|g| {
+        egress_core::controller::userdata::render(&obj.spec.proxy, obj.credentials.as_ref(), &g)
+            .map_err(|e| e.to_string())
+    });
+    rendered.err().into_iter().collect()
 }
 
 /// One host's result as printed by `--json`.
@@ -285,7 +362,10 @@ pub async fn run(a: CheckArgs) -> anyhow::Result<u8> {
     let fmt = super::output::format(a.json);
     match super::output::document(&rows, fmt)? {
         Some(doc) => println!("{doc}"),
-        None => print!("{}", render(&rows)),
+        None => print!(
+            "{}",
+            render(&rows, fmt == super::output::OutputFormat::Wide)
+        ),
     }
     let ready = rows.iter().filter(|r| r.state == "Ready").count();
     if ready == rows.len() {
@@ -371,8 +451,9 @@ fn row(h: &ProviderHandle, host: &str, report: Option<&HostReport>) -> HostRow {
     }
 }
 
-/// The human form: a table per entry, then the full error of each host not Ready.
-pub fn render(rows: &[HostRow]) -> String {
+/// The human form: a table per entry, then the full error of each host not Ready. `wide`
+/// adds each host's HOSTNAME (what the host calls itself) and shows ERROR whole.
+pub fn render(rows: &[HostRow], wide: bool) -> String {
     let mut out = String::new();
     let mut entries: Vec<&str> = Vec::new();
     for r in rows {
@@ -385,9 +466,11 @@ pub fn render(rows: &[HostRow]) -> String {
             out.push('\n');
         }
         out.push_str(&format!("provider entry {e}\n"));
-        let mut t = Table::new(&[
-            "HOST",
-            "ADDRESS",
+        let mut header = vec!["HOST", "ADDRESS"];
+        if wide {
+            header.push("HOSTNAME");
+        }
+        header.extend([
             "STATE",
             "LATENCY",
             "LIBVIRT",
@@ -398,10 +481,13 @@ pub fn render(rows: &[HostRow]) -> String {
             "MISSING",
             "ERROR",
         ]);
+        let mut t = Table::new(&header);
         for r in rows.iter().filter(|r| r.entry == *e) {
-            t.row(vec![
-                r.host.clone(),
-                r.address.clone(),
+            let mut row = vec![r.host.clone(), r.address.clone()];
+            if wide {
+                row.push(r.hostname.clone().unwrap_or_else(|| "-".into()));
+            }
+            row.extend([
                 r.state.to_owned(),
                 r.latency_ms
                     .map_or_else(|| "-".into(), |ms| format!("{ms:.1}ms")),
@@ -430,9 +516,16 @@ pub fn render(rows: &[HostRow]) -> String {
                 dash_join(&r.missing),
                 r.error.as_deref().map_or_else(
                     || "-".into(),
-                    |e| egress_core::model::truncate(e, TABLE_ERROR_CHARS),
+                    |e| {
+                        if wide {
+                            e.to_owned()
+                        } else {
+                            egress_core::model::truncate(e, TABLE_ERROR_CHARS)
+                        }
+                    },
                 ),
             ]);
+            t.row(row);
         }
         out.push_str(&t.render());
     }
@@ -526,7 +619,7 @@ mod tests {
         ];
         let mut h2 = r("home", "h2", "Ready", None);
         h2.addresses = vec![AddressRow::of(&usage("IPv4", 2, 2))];
-        let out = render(&[h1, h2, r("home", "h3", "Ready", None)]);
+        let out = render(&[h1, h2, r("home", "h3", "Ready", None)], false);
         assert!(out.contains("ADDRESSES"), "{out}");
         assert!(out.contains("IPv4 3/14 held, IPv6 3/2^64 held"), "{out}");
         assert!(out.contains("IPv4 2/2 held (exhausted)"), "{out}");
@@ -540,11 +633,12 @@ mod tests {
     #[test]
     fn each_entry_gets_a_table_and_failing_hosts_get_their_full_error() {
         let long = "x".repeat(200);
-        let out = render(&[
+        let rows = [
             r("home", "h1", "Ready", None),
             r("home", "h2", "Unreachable", Some(&long)),
             r("lab", "h1", "Ready", None),
-        ]);
+        ];
+        let out = render(&rows, false);
         assert!(out.contains("provider entry home\n"), "{out}");
         assert!(out.contains("provider entry lab\n"), "{out}");
         assert!(out.contains("10.0 GiB (reserve 5 GiB)"), "{out}");
@@ -555,6 +649,19 @@ mod tests {
             "{out}"
         );
         assert_eq!(out.matches(&long).count(), 1, "{out}");
+        assert!(!out.contains("HOSTNAME"), "{out}");
+        // Wide: the host's own name, and the error whole in the table too.
+        let mut named = rows;
+        if let Some(h1) = named.first_mut() {
+            h1.hostname = Some("kvm-01.example".into());
+        }
+        let wide = render(&named, true);
+        assert!(
+            wide.contains("HOST  ADDRESS       HOSTNAME        STATE"),
+            "{wide}"
+        );
+        assert!(wide.contains("kvm-01.example"), "{wide}");
+        assert_eq!(wide.matches(&long).count(), 2, "{wide}");
     }
 
     #[test]
@@ -564,7 +671,7 @@ mod tests {
             "storage pool egress-proxies (hosts[local].pool)".into(),
             "network default (hosts[local].network)".into(),
         ];
-        let out = render(&[row]);
+        let out = render(&[row], false);
         assert!(
             out.contains("hint: create it on the host: virsh pool-define-as egress-proxies dir"),
             "{out}"

@@ -3,8 +3,10 @@
 //! egress IP each proxy's traffic leaves from. Run it anywhere the proxies can reach and pass
 //! `--health-target http://ADDR/` to `standalone`.
 //!
-//! Guarantees: it only listens (no outgoing connection); it stops on SIGTERM/SIGINT (exit 0);
-//! an address it cannot bind is exit 1.
+//! Guarantees: it only listens (no outgoing connection); it prints the address it bound on
+//! stdout (`listening on ADDR`, or under `-o json|yaml` one document `listening: ADDR`), and
+//! keeps serving when nobody reads stdout any more; it stops on SIGTERM/SIGINT (exit 0); an
+//! address it cannot bind is exit 1.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
@@ -26,6 +28,13 @@ pub struct EchoArgs {
     listen: SocketAddr,
 }
 
+/// What `echo -o json|yaml` prints once it listens.
+#[derive(Debug, serde::Serialize)]
+struct Listening {
+    /// The address bound (the port chosen when `--listen` asked for port 0).
+    listening: SocketAddr,
+}
+
 /// Runs the echo until a signal.
 pub async fn run(a: EchoArgs) -> anyhow::Result<u8> {
     let listener = match tokio::net::TcpListener::bind(a.listen).await {
@@ -38,8 +47,21 @@ pub async fn run(a: EchoArgs) -> anyhow::Result<u8> {
     };
     let addr = listener.local_addr().unwrap_or(a.listen);
     tracing::info!(%addr, "egress-proxies echo listening");
-    // The address on stdout, so scripts started with `--listen 127.0.0.1:0` learn the port.
-    println!("listening on {addr}");
+    // The address on stdout, so scripts started with `--listen 127.0.0.1:0` learn the port:
+    // a line, or under -o json|yaml one document `{"listening": ADDR}`.
+    let said =
+        match super::output::document(&Listening { listening: addr }, super::output::format(false))
+        {
+            Ok(Some(doc)) => doc.trim_end().to_owned(),
+            _ => format!("listening on {addr}"),
+        };
+    // NB: written, not println!: a reader that has gone (a script that read the address and
+    // closed the pipe) makes the write fail, which must not stop the echo.
+    {
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{said}").and_then(|()| out.flush());
+    }
     let shutdown = shutdown_on_signals();
     echo::serve(listener, shutdown).await;
     Ok(EXIT_OK)

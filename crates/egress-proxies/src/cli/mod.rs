@@ -57,9 +57,10 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Text,
           env = "EGRESS_PROXIES_LOG_FORMAT")]
     pub log_format: LogFormat,
-    /// Result format of commands that print one: `text` or `wide` (tables), `json` or `yaml`
-    /// (one document on stdout, camelCase keys; errors too).
-    /// A command's `--json` is the same as `-o json`.
+    /// Result format: `text` (tables and lines), `wide` (the tables of `status` and `check`
+    /// with more columns), `json` or `yaml` (one document on stdout, camelCase keys; errors
+    /// too). A command that cannot print the format asked for refuses it (exit 2) before doing
+    /// anything. A command's `--json` is the same as `-o json`.
     #[arg(short = 'o', long = "output", global = true, value_enum, value_name = "FORMAT",
           default_value_t = output::OutputFormat::Text)]
     pub output: output::OutputFormat,
@@ -123,10 +124,11 @@ pub enum Command {
     /// --health-target`; the health engine then reports the egress IP of every proxy.
     #[command(after_help = AFTER_HELP)]
     Echo(echo::EchoArgs),
-    /// Print the Proxy and ProviderHealth CustomResourceDefinitions as YAML. No network.
+    /// Print the Proxy, ProxyPool and ProviderHealth CustomResourceDefinitions. No network.
     ///
-    /// Without --dir, both go to stdout as one multi-document stream (`kubectl apply -f -`).
-    /// With --dir, each is written to DIR/<name>.yaml (how deploy/crds/ is generated).
+    /// Without --dir, all three go to stdout as one multi-document YAML stream (`kubectl apply
+    /// -f -`); `-o json` or `-o yaml` prints them as one `List` document instead. With --dir,
+    /// each is written to DIR/<name>.yaml (how deploy/crds/ is generated).
     Crds(crds::CrdsArgs),
     /// Run the operator in a Kubernetes cluster: Proxy resources, ProviderHealth, leader election.
     #[command(after_help = AFTER_HELP)]
@@ -181,19 +183,27 @@ pub fn run(cli: Cli) -> ExitCode {
         env!("CARGO_PKG_VERSION"),
         option_env!("EGRESS_PROXIES_GIT_COMMIT").unwrap_or("unknown"),
     );
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(EXIT_FAILED);
+    // A format the command cannot print is refused before anything runs.
+    let res = match output::refuse(cli.output, accepts(&cli.command)) {
+        Err(e) => Err(e.into()),
+        Ok(()) => {
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the async runtime: {e}");
+                    return ExitCode::from(EXIT_FAILED);
+                }
+            };
+            let res = rt.block_on(dispatch(cli.command));
+            // NB: background connection tasks may still be parked on sockets; do not wait
+            // for them.
+            rt.shutdown_background();
+            res
         }
     };
-    let res = rt.block_on(dispatch(cli.command));
-    // NB: background connection tasks may still be parked on sockets; do not wait for them.
-    rt.shutdown_background();
     match res {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
@@ -225,6 +235,50 @@ async fn dispatch(cmd: Command) -> anyhow::Result<u8> {
         Command::Gateway(a) => gateway::run(a).await,
         Command::Completions(a) => completions::completions(&a),
         Command::Man(a) => completions::man(&a),
+    }
+}
+
+/// The `-o` formats `cmd` can print, and what it prints when it cannot print another.
+fn accepts(cmd: &Command) -> output::Accepts {
+    use output::{ALL, Accepts, NO_TABLE, TEXT_ONLY};
+    let (command, formats, prints) = match cmd {
+        Command::Version => ("version", NO_TABLE, "prints no table"),
+        Command::Check(a) => return a.accepts(),
+        Command::Images(_) => (
+            "images prefetch",
+            NO_TABLE,
+            "prints one line per host, no table",
+        ),
+        Command::Standalone(_) => (
+            "standalone",
+            NO_TABLE,
+            "prints no table (for JSON logs: --log-format json)",
+        ),
+        Command::Status(_) => ("status", ALL, "prints a table"),
+        Command::Gc(_) => ("gc", NO_TABLE, "prints a report, no table"),
+        Command::Echo(_) => (
+            "echo",
+            NO_TABLE,
+            "prints the address it listens on, no table",
+        ),
+        Command::Crds(a) => return a.accepts(),
+        Command::Kubernetes(_) => (
+            "kubernetes",
+            NO_TABLE,
+            "prints no table (for JSON logs: --log-format json)",
+        ),
+        Command::Gateway(_) => (
+            "gateway",
+            NO_TABLE,
+            "prints no table (for JSON logs: --log-format json; the access log is JSON lines)",
+        ),
+        Command::Completions(_) => ("completions", TEXT_ONLY, "prints a shell script"),
+        Command::Man(_) => ("man", TEXT_ONLY, "prints a manual page (roff)"),
+    };
+    Accepts {
+        command,
+        formats,
+        prints,
     }
 }
 

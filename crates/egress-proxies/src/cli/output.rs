@@ -5,8 +5,9 @@
 //! - Under `json` and `yaml`, stdout holds exactly one document, with the config's casing
 //!   (camelCase keys, whatever the Rust field names), and nothing else; a failure is printed
 //!   as a document too (`{"error": ..., "exitCode": ...}`), so a script always parses stdout.
-//! - `text` is the human table; `wide` is accepted for kubectl habits and prints the same
-//!   table (no command has extra columns yet).
+//! - `text` is the human table; `wide` is that table with more columns (`status`, `check`).
+//! - A command that cannot print a format refuses it before doing anything ([`refuse`]: exit
+//!   2, naming the format, the command and the formats it takes): no `-o` is ever ignored.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,8 +25,67 @@ pub enum OutputFormat {
     Json,
     /// One YAML document.
     Yaml,
-    /// Human tables (the same as `text` for now).
+    /// Human tables with more columns (only commands that print a table take it).
     Wide,
+}
+
+impl std::fmt::Display for OutputFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Text => "text",
+            Self::Json => "json",
+            Self::Yaml => "yaml",
+            Self::Wide => "wide",
+        })
+    }
+}
+
+/// Every format: what a command with a table takes.
+pub const ALL: &[OutputFormat] = &[
+    OutputFormat::Text,
+    OutputFormat::Wide,
+    OutputFormat::Json,
+    OutputFormat::Yaml,
+];
+/// The formats of a command that prints a result but no table.
+pub const NO_TABLE: &[OutputFormat] = &[OutputFormat::Text, OutputFormat::Json, OutputFormat::Yaml];
+/// The formats of a command whose output is a file of its own kind (a script, a page).
+pub const TEXT_ONLY: &[OutputFormat] = &[OutputFormat::Text];
+
+/// The formats a command takes, and what it prints (for the refusal's message).
+#[derive(Debug, Clone, Copy)]
+pub struct Accepts {
+    /// The command as the user typed it (`check --no-probe`).
+    pub command: &'static str,
+    /// The formats it can print.
+    pub formats: &'static [OutputFormat],
+    /// What it prints, as in "`crds --dir` writes YAML files".
+    pub prints: &'static str,
+}
+
+/// A usage error when `f` is not one of the formats `a` takes: `-o wide: \`version\` prints
+/// one line per fact, no table; it takes -o text, json or yaml`.
+pub fn refuse(f: OutputFormat, a: Accepts) -> Result<(), super::UsageError> {
+    if a.formats.contains(&f) {
+        return Ok(());
+    }
+    let takes = match a.formats {
+        [OutputFormat::Text] => "drop -o".to_owned(),
+        many => {
+            let names: Vec<String> = many.iter().map(ToString::to_string).collect();
+            match names.split_last() {
+                Some((last, rest)) if !rest.is_empty() => {
+                    format!("it takes -o {} or {last}", rest.join(", "))
+                }
+                Some((last, _)) => format!("it takes -o {last}"),
+                None => "drop -o".to_owned(),
+            }
+        }
+    };
+    Err(super::UsageError::new(format!(
+        "-o {f}: `egress-proxies {}` {}; {takes}",
+        a.command, a.prints
+    )))
 }
 
 impl OutputFormat {
@@ -64,6 +124,19 @@ pub(crate) fn document<T: Serialize>(value: &T, f: OutputFormat) -> anyhow::Resu
     Ok(match f {
         OutputFormat::Json => Some(serde_json::to_string_pretty(&v)?),
         OutputFormat::Yaml => Some(serde_saphyr::to_string(&v)?),
+        OutputFormat::Text | OutputFormat::Wide => None,
+    })
+}
+
+/// `value` as the document `f` asks for with its keys as they are (objects whose schema is
+/// not ours, such as Kubernetes objects), or `None` for the human formats.
+pub(crate) fn document_as_is<T: Serialize>(
+    value: &T,
+    f: OutputFormat,
+) -> anyhow::Result<Option<String>> {
+    Ok(match f {
+        OutputFormat::Json => Some(serde_json::to_string_pretty(value)?),
+        OutputFormat::Yaml => Some(serde_saphyr::to_string(value)?),
         OutputFormat::Text | OutputFormat::Wide => None,
     })
 }
@@ -117,6 +190,33 @@ fn camel(k: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_names_the_format_the_command_and_what_it_takes() {
+        let a = Accepts {
+            command: "version",
+            formats: NO_TABLE,
+            prints: "prints no table",
+        };
+        assert!(refuse(OutputFormat::Json, a).is_ok());
+        assert_eq!(
+            refuse(OutputFormat::Wide, a).map_err(|e| e.0),
+            Err(
+                "-o wide: `egress-proxies version` prints no table; it takes -o text, json or yaml"
+                    .to_owned()
+            )
+        );
+        let man = Accepts {
+            command: "man",
+            formats: TEXT_ONLY,
+            prints: "prints a manual page (roff)",
+        };
+        assert_eq!(
+            refuse(OutputFormat::Yaml, man).map_err(|e| e.0),
+            Err("-o yaml: `egress-proxies man` prints a manual page (roff); drop -o".to_owned())
+        );
+        assert!(refuse(OutputFormat::Text, man).is_ok());
+    }
 
     #[test]
     fn snake_case_keys_become_camel_case_at_every_depth_and_others_stay() {

@@ -160,7 +160,8 @@ async fn once(a: &StatusArgs) -> anyhow::Result<u8> {
     } else if let Some(text) = super::output::document(&doc, fmt)? {
         println!("{text}");
     } else {
-        print!("{}", render(&doc, SystemTime::now()));
+        let wide = fmt == super::output::OutputFormat::Wide;
+        print!("{}", render(&doc, SystemTime::now(), wide));
     }
     // A rejected manifest is a Proxy the user asked for and does not get: a failure too.
     let unhealthy = !doc.manifest_errors.is_empty()
@@ -230,9 +231,13 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     cur.to_string()
 }
 
-/// The table of proxies, then host problems and manifest errors.
-pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
-    let mut t = Table::new(&[
+/// The columns `-o wide` adds before LAST ERROR (which it does not truncate).
+pub const WIDE_COLUMNS: [&str; 5] = ["PORT", "LATENCY", "CHECKED", "FAILURES", "PROVIDER ID"];
+
+/// The table of proxies, then host problems and manifest errors. `wide` adds
+/// [`WIDE_COLUMNS`] and shows LAST ERROR whole.
+pub fn render(doc: &StatusDocument, now: SystemTime, wide: bool) -> String {
+    let mut header = vec![
         "NAMESPACE/NAME",
         "PHASE",
         "HOST",
@@ -241,14 +246,21 @@ pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
         "EGRESS IP",
         "EGRESS ADDRESS",
         "AGE",
-        "LAST ERROR",
-    ]);
-    for p in &doc.proxies {
-        let age = humantime::parse_rfc3339_weak(&p.created_at)
+    ];
+    if wide {
+        header.extend(WIDE_COLUMNS);
+    }
+    header.push("LAST ERROR");
+    let mut t = Table::new(&header);
+    let since = |at: &str| {
+        humantime::parse_rfc3339_weak(at)
             .ok()
             .and_then(|c| now.duration_since(c).ok())
-            .map_or_else(|| "-".to_owned(), table::age);
-        t.row(vec![
+            .map_or_else(|| "-".to_owned(), table::age)
+    };
+    for p in &doc.proxies {
+        let age = since(&p.created_at);
+        let mut row = vec![
             format!("{}/{}", p.namespace, p.name),
             p.phase.as_str().to_owned(),
             p.host.clone().unwrap_or_else(|| "-".into()),
@@ -275,18 +287,37 @@ pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
                 p.egress_address.join(",")
             },
             age,
-            p.last_error.as_deref().map_or_else(
-                || "-".into(),
-                |e| egress_core::model::truncate(e, TABLE_ERROR_CHARS),
-            ),
-        ]);
+        ];
+        if wide {
+            let h = p.health.as_ref();
+            row.extend([
+                p.port.map_or_else(|| "-".into(), |port| port.to_string()),
+                h.and_then(|h| h.latency_ms)
+                    .map_or_else(|| "-".into(), |ms| format!("{ms}ms")),
+                h.and_then(|h| h.last_check.as_deref())
+                    .map_or_else(|| "-".into(), |at| format!("{} ago", since(at))),
+                h.map_or_else(|| "-".into(), |h| h.consecutive_failures.to_string()),
+                p.provider_id.clone().unwrap_or_else(|| "-".into()),
+            ]);
+        }
+        row.push(p.last_error.as_deref().map_or_else(
+            || "-".into(),
+            |e| {
+                if wide {
+                    e.to_owned()
+                } else {
+                    egress_core::model::truncate(e, TABLE_ERROR_CHARS)
+                }
+            },
+        ));
+        t.row(row);
     }
     let mut out = if doc.proxies.is_empty() {
         "no Proxies\n".to_owned()
     } else {
         t.render()
     };
-    out.push_str(&super::status_pools::render(doc, now));
+    out.push_str(&super::status_pools::render(doc, now, wide));
     for h in doc.hosts.iter().filter(|h| h.state != "Ready") {
         out.push_str(&format!(
             "host {}/{} is {}{}\n",
@@ -342,7 +373,7 @@ mod tests {
             manifest_errors: vec!["a.yaml: bad".into()],
             pools: vec![],
         };
-        let out = render(&doc, now);
+        let out = render(&doc, now, false);
         let row = out.lines().nth(1).unwrap_or_default();
         assert!(
             row.starts_with(
@@ -356,6 +387,59 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("manifest error: a.yaml: bad"), "{out}");
+    }
+
+    #[test]
+    fn wide_adds_port_latency_last_check_failures_and_the_provider_id_and_keeps_the_whole_error() {
+        use egress_core::model::HealthStatus;
+        let now =
+            humantime::parse_rfc3339("2026-01-01T02:00:00Z").unwrap_or(SystemTime::UNIX_EPOCH);
+        let long = format!("{}END", "e".repeat(200));
+        let doc = StatusDocument {
+            generated_at: "2026-01-01T02:00:00Z".into(),
+            proxies: vec![ProxyStatusRow {
+                namespace: "default".into(),
+                name: "p1".into(),
+                uid: "0f8fad5b-d9cb-469f-a165-70867728950e".into(),
+                phase: Phase::Running,
+                host: Some("h1".into()),
+                ip: Some("192.0.2.1".into()),
+                provider_id: Some("libvirt://home/h1/ep-home-x".into()),
+                created_at: "2026-01-01T00:00:00Z".into(),
+                last_error: Some(long.clone()),
+                conditions: vec![],
+                port: Some(3128),
+                health: Some(HealthStatus {
+                    healthy: Some(false),
+                    latency_ms: Some(42),
+                    last_check: Some("2026-01-01T01:59:30Z".into()),
+                    consecutive_failures: 3,
+                    ..HealthStatus::default()
+                }),
+                egress_address: Vec::new(),
+            }],
+            hosts: vec![],
+            manifest_errors: vec![],
+            pools: vec![],
+        };
+        let text = render(&doc, now, false);
+        let wide = render(&doc, now, true);
+        let head = |s: &str| s.lines().next().unwrap_or_default().to_owned();
+        for c in WIDE_COLUMNS {
+            assert!(!head(&text).contains(c), "{text}");
+        }
+        assert!(
+            head(&wide).contains("AGE  PORT  LATENCY  CHECKED  FAILURES  PROVIDER ID"),
+            "{wide}"
+        );
+        assert!(head(&wide).ends_with("LAST ERROR"), "{wide}");
+        let row = wide.lines().nth(1).unwrap_or_default();
+        assert!(
+            row.contains("2h   3128  42ms     30s ago  3         libvirt://home/h1/ep-home-x"),
+            "{wide}"
+        );
+        assert!(row.ends_with(&long), "the whole error: {wide}");
+        assert!(!text.contains("END"), "truncated in text: {text}");
     }
 
     #[test]
@@ -423,7 +507,7 @@ mod tests {
             manifest_errors: vec![],
             pools: vec![],
         };
-        let out = render(&doc, SystemTime::UNIX_EPOCH);
+        let out = render(&doc, SystemTime::UNIX_EPOCH, false);
         let lines: Vec<&str> = out.lines().collect();
         assert!(
             lines
@@ -467,7 +551,7 @@ mod tests {
             manifest_errors: vec![],
             pools: vec![],
         };
-        let out = render(&doc, SystemTime::UNIX_EPOCH);
+        let out = render(&doc, SystemTime::UNIX_EPOCH, false);
         assert!(out.contains("EGRESS IP"), "{out}");
         assert!(out.contains("EGRESS ADDRESS"), "{out}");
         assert!(

@@ -12,8 +12,10 @@ use egress_core::status::StatusDocument;
 
 use super::table::{self, Table};
 
-/// The pools of `doc` as text: a header line per pool, then a table of its members.
-pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
+/// The pools of `doc` as text: a header line per pool, then a table of its members; `wide`
+/// adds each member's TEMPLATE (the hash of the template it was made from, which the pool's
+/// own hash is compared with to roll members).
+pub fn render(doc: &StatusDocument, now: SystemTime, wide: bool) -> String {
     let mut out = String::new();
     for p in &doc.pools {
         let progressing = p
@@ -41,7 +43,7 @@ pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
         if p.members.is_empty() {
             continue;
         }
-        let mut t = Table::new(&[
+        let mut header = vec![
             "  MEMBER",
             "HOST",
             "PHASE",
@@ -49,7 +51,11 @@ pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
             "AVAILABLE",
             "STATE",
             "AGE",
-        ]);
+        ];
+        if wide {
+            header.push("TEMPLATE");
+        }
+        let mut t = Table::new(&header);
         for m in &p.members {
             let age = humantime::parse_rfc3339_weak(&m.created_at)
                 .ok()
@@ -60,7 +66,7 @@ pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
                 (Some(why), false) => format!("quarantined: {why}"),
                 (None, false) => "-".to_owned(),
             };
-            t.row(vec![
+            let mut row = vec![
                 format!("  {}", m.name),
                 m.host.clone().unwrap_or_else(|| "-".into()),
                 m.phase.as_str().to_owned(),
@@ -72,7 +78,15 @@ pub fn render(doc: &StatusDocument, now: SystemTime) -> String {
                 if m.available { "yes" } else { "no" }.to_owned(),
                 state,
                 age,
-            ]);
+            ];
+            if wide {
+                row.push(if m.template_hash == p.status.template_hash {
+                    format!("{} (current)", m.template_hash)
+                } else {
+                    m.template_hash.clone()
+                });
+            }
+            t.row(row);
         }
         out.push_str(&t.render());
     }
@@ -104,6 +118,7 @@ mod tests {
         q.quarantine = Some("banned".into());
         let mut d = member("web-3", false);
         d.deleting = true;
+        d.template_hash = "old".into();
         let doc = StatusDocument {
             generated_at: String::new(),
             proxies: vec![],
@@ -116,6 +131,7 @@ mod tests {
                 status: egress_core::pool::ProxyPoolStatus {
                     available_replicas: 1,
                     quarantined: vec!["web-2".into()],
+                    template_hash: "abc".into(),
                     ..Default::default()
                 },
                 members: vec![pinned, q, d],
@@ -124,7 +140,7 @@ mod tests {
         };
         let now =
             humantime::parse_rfc3339("2026-01-01T02:00:00Z").unwrap_or(SystemTime::UNIX_EPOCH);
-        let text = render(&doc, now);
+        let text = render(&doc, now, false);
         assert!(
             text.starts_with(
                 "pool default/web: 1 of 2 available, 0 updated, -, quarantined: web-2\n"
@@ -146,10 +162,26 @@ mod tests {
         assert!(web2.contains(" Running  - "), "{text}");
         assert!(text.contains("deleting"), "{text}");
         assert!(text.contains("2h"), "{text}");
+        assert!(!text.contains("TEMPLATE"), "{text}");
+        let wide = render(&doc, now, true);
+        let web1 = wide
+            .lines()
+            .find(|l| l.contains("web-1"))
+            .unwrap_or_default();
+        assert!(wide.contains("  AGE  TEMPLATE"), "{wide}");
+        assert!(web1.ends_with("  abc (current)"), "{wide}");
+        let web3 = wide
+            .lines()
+            .find(|l| l.contains("web-3"))
+            .unwrap_or_default();
+        assert!(
+            web3.ends_with("  old"),
+            "not the pool's current template: {wide}"
+        );
         let empty = StatusDocument {
             pools: vec![],
             ..doc
         };
-        assert_eq!(render(&empty, now), "");
+        assert_eq!(render(&empty, now, true), "");
     }
 }

@@ -108,8 +108,17 @@ pub struct ApiServer {
 }
 
 impl Drop for ApiServer {
+    /// Stops serving; and, unless the test already failed, fails when the server pruned a
+    /// field anyone wrote (the schema does not declare it: a real cluster would lose it).
     fn drop(&mut self) {
         self.stop.cancel();
+        if !std::thread::panicking() {
+            let dropped = self.api.dropped_fields();
+            assert!(
+                dropped.is_empty(),
+                "the API server pruned fields the operator wrote: {dropped:#?}"
+            );
+        }
     }
 }
 

@@ -151,6 +151,12 @@ def proxy(name, image="debian-12", labels=None, finalizers=None):
     }
 
 
+def condition(type_, status):
+    """A condition as the committed CRDs' schema requires one (every field but none extra)."""
+    return {"type": type_, "status": status, "reason": "Test", "message": "set by a test",
+            "lastTransitionTime": "2020-01-01T00:00:00Z", "observedGeneration": 1}
+
+
 def status_of(exc):
     """The Status object of an ApiException's body."""
     import json

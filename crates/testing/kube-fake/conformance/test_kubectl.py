@@ -13,7 +13,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from conftest import GROUP, VERSION, proxy, repo_root
+from conftest import GROUP, VERSION, condition, proxy, repo_root
 
 P = (GROUP, VERSION)
 def columns_of(crd_file):
@@ -39,8 +39,8 @@ def test_kubectl_get_proxies_prints_the_crd_printer_columns(kubectl, co, ns):
     co.patch_namespaced_custom_object_status(
         *P, ns, "proxies", "shown",
         {"status": {"phase": "Running", "host": "host-a", "ip": "10.9.8.7",
-                    "conditions": [{"type": "Ready", "status": "False"},
-                                   {"type": "Healthy", "status": "True"}]}},
+                    "conditions": [condition("Ready", "False"),
+                                   condition("Healthy", "True")]}},
         _content_type="application/merge-patch+json")
     lines = kubectl("get", "proxies", "-n", ns).stdout.splitlines()
     # CRD task page › Additional printer columns: kubectl get shows NAME then each column
@@ -56,11 +56,11 @@ def test_kubectl_get_proxies_prints_the_crd_printer_columns(kubectl, co, ns):
 def test_kubectl_get_providerhealths_prints_integer_and_date_columns(kubectl, co):
     co.create_cluster_custom_object(*P, "providerhealths", {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "ProviderHealth",
-        "metadata": {"name": "kubectl-ph"}})
+        "metadata": {"name": "kubectl-ph"}, "spec": {"provider": "kubectl-ph"}})
     co.patch_cluster_custom_object_status(
         *P, "providerhealths", "kubectl-ph",
         {"status": {"hostCount": 3, "readyHosts": 2, "checkedAt": "2020-01-01T00:00:00Z",
-                    "conditions": [{"type": "Ready", "status": "True"}]}},
+                    "conditions": [condition("Ready", "True")]}},
         _content_type="application/merge-patch+json")
     lines = kubectl("get", "providerhealths", "kubectl-ph").stdout.splitlines()
     assert lines[0].split() == ["NAME"] + columns_of("providerhealths.egress-proxies.dev.yaml")

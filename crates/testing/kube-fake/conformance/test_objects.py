@@ -67,8 +67,12 @@ def test_the_committed_crds_are_established_and_their_resources_discoverable(api
     assert not by_name["providerhealths"].namespaced
     # CRD task page › Subresources › Status subresource: declared, so `/status` is served.
     assert "proxies/status" in by_name
-    # CRD task page › Subresources › Scale subresource: not declared, so not served.
+    # CRD task page › Subresources › Scale subresource: served only where declared: the
+    # Proxy CRD declares none, the ProxyPool CRD declares one (autoscaling/v1 Scale).
     assert "proxies/scale" not in by_name
+    assert "proxypools/status" in by_name and "proxypools/scale" in by_name
+    assert (by_name["proxypools/scale"].kind, by_name["proxypools/scale"].group,
+            by_name["proxypools/scale"].version) == ("Scale", "autoscaling", "v1")
 
 
 def test_create_answers_201_with_the_metadata_the_server_owns(co, ns):
@@ -288,11 +292,14 @@ def test_the_status_subresource_splits_status_writes_from_spec_writes(co, ns):
     out = co.patch_namespaced_custom_object_status(
         *P, ns, "proxies", "st", {"status": {"phase": "Running"}, "spec": {"image": "i3"}},
         _content_type=MERGE)
-    assert out["status"] == {"phase": "Running"} and out["spec"]["image"] == "i2"
+    # The status written is defaulted by the schema (CRD task page › Defaulting: `conditions`
+    # defaults to [] and `observedGeneration` to 0 in the committed CRD).
+    want = {"phase": "Running", "conditions": [], "observedGeneration": 0}
+    assert out["status"] == want and out["spec"]["image"] == "i2"
     assert out["metadata"]["generation"] == gen
     # GET of /status returns the object.
     got = co.get_namespaced_custom_object_status(*P, ns, "proxies", "st")
-    assert got["status"] == {"phase": "Running"}
+    assert got["status"] == want
 
 
 def test_the_scale_subresource_of_a_crd_that_declares_none_is_404(co, ns):

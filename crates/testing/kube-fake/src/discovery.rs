@@ -239,6 +239,14 @@ pub(crate) fn resources(crds: &[Value]) -> Vec<ResourceInfo> {
     out
 }
 
+/// The plural and scope of a built-in kind the fake advertises.
+pub(crate) fn builtin(group: &str, kind: &str) -> Option<(String, bool)> {
+    BUILTIN
+        .iter()
+        .find(|b| b.group == group && b.kind == kind)
+        .map(|b| (b.plural.to_owned(), b.namespaced))
+}
+
 /// The advertised type of `group`/`version`/`plural`, if any.
 pub(crate) fn find(
     crds: &[Value],

@@ -56,8 +56,10 @@
 //! front).
 
 mod discovery;
+mod gc;
 pub mod https;
 mod scale;
+mod schema;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::convert::Infallible;
@@ -172,6 +174,27 @@ struct State {
     /// Injected interleavings: before the first (method, exact path) request, these
     /// (method, path, JSON body) requests are served first (once).
     before: Vec<(String, String, Requests)>,
+    /// The compiled schema of every served custom resource version, by (group, version,
+    /// plural); rebuilt on every CRD write.
+    types: BTreeMap<(String, String, String), Arc<schema::TypeSchema>>,
+    /// Fields pruned from written objects (see [`FakeApiServer::dropped_fields`]).
+    dropped: Vec<DroppedField>,
+    /// The garbage collector's indexes and queue (`gc.rs`).
+    gc: gc::Gc,
+    /// The collector is held (see [`FakeApiServer::set_gc_paused`]).
+    gc_paused: bool,
+}
+
+/// A field the server dropped from a written object because the type's schema does not
+/// declare it (a real server drops it too, with a warning unless `fieldValidation=Strict`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DroppedField {
+    /// The request's method.
+    pub method: String,
+    /// The object's path (`/apis/GROUP/VERSION/namespaces/NS/PLURAL/NAME`).
+    pub object: String,
+    /// The field (`spec.foo`, `metadata.bar`).
+    pub field: String,
 }
 
 /// Requests to serve as another client's: (method, path, optional JSON body).
@@ -182,6 +205,9 @@ pub type Requests = Vec<(String, String, Option<Value>)>;
 #[derive(Clone, Default)]
 pub struct FakeApiServer {
     state: Arc<Mutex<State>>,
+    /// Wakes the garbage collector task (started by the first request).
+    gc_wake: Arc<tokio::sync::Notify>,
+    gc_started: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for FakeApiServer {
@@ -381,6 +407,13 @@ impl ApiError {
     fn conflict(message: impl Into<String>) -> Self {
         Self::new(StatusCode::CONFLICT, "Conflict", message)
     }
+    /// The 422 `Invalid` of `errs` on the object `name` of `kind` in `group`.
+    fn invalid(group: &str, kind: &str, name: &str, errs: &[schema::field::FieldError]) -> Self {
+        let (message, details) = schema::field::invalid_status(group, kind, name, errs);
+        let mut e = Self::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);
+        e.details = Some(details);
+        e
+    }
 }
 
 fn full(code: StatusCode, v: &Value) -> Response<Body> {
@@ -523,6 +556,13 @@ impl State {
             w.tx.try_send(rec.line.clone()).is_ok()
         });
         self.history.push_back(rec);
+        let gc_key = (
+            group.to_owned(),
+            plural.to_owned(),
+            str_at(&object, "/metadata/namespace"),
+            str_at(&object, "/metadata/name"),
+        );
+        self.gc.observe(kind, gc_key, &object);
         if let Some(limit) = self.history_limit
             && self.history.len() > limit
         {
@@ -538,6 +578,151 @@ impl State {
         self.status_sub
             .contains(&(r.group.clone(), r.plural.clone()))
     }
+
+    /// The compiled schema of `r`'s type, when a stored CRD serves it.
+    fn type_schema(&self, r: &Route) -> Option<Arc<schema::TypeSchema>> {
+        self.types
+            .get(&(r.group.clone(), r.version.clone(), r.plural.clone()))
+            .cloned()
+    }
+
+    /// Recompiles the schemas of every stored CRD (after a CRD write) and enables the status
+    /// subresource of every version that declares one.
+    fn rebuild_types(&mut self) {
+        let crds: Vec<Value> = of_type(&self.objects, CRD_GROUP, CRD_PLURAL)
+            .map(|(_, s)| s.object.clone())
+            .collect();
+        let mut types = BTreeMap::new();
+        for crd in &crds {
+            let declares_status = crd
+                .pointer("/spec/versions")
+                .and_then(Value::as_array)
+                .is_some_and(|vs| {
+                    vs.iter().any(|v| {
+                        v.pointer("/subresources/status")
+                            .is_some_and(Value::is_object)
+                    })
+                });
+            for t in schema::compile_crd(crd).unwrap_or_default() {
+                if declares_status {
+                    self.status_sub.insert((t.group.clone(), t.plural.clone()));
+                }
+                types.insert(
+                    (t.group.clone(), t.version.clone(), t.plural.clone()),
+                    Arc::new(t),
+                );
+            }
+        }
+        self.types = types;
+    }
+
+    /// Prunes and defaults a written custom resource (request decoding), records what was
+    /// dropped, and answers `fieldValidation=Strict` with a 400 when something was; returns the
+    /// `Warning` headers a real server sends otherwise.
+    fn decode(
+        &mut self,
+        ts: Option<&schema::TypeSchema>,
+        obj: &mut Value,
+        method: &str,
+        object_path: String,
+        q: &BTreeMap<String, String>,
+    ) -> Result<Vec<String>, ApiError> {
+        let Some(ts) = ts else {
+            return Ok(Vec::new());
+        };
+        let dropped = ts.decode(obj);
+        if dropped.is_empty() {
+            return Ok(Vec::new());
+        }
+        let unknown: Vec<String> = dropped
+            .iter()
+            .map(|f| format!("unknown field {}", schema::field::go_quote(f)))
+            .collect();
+        match q.get("fieldValidation").map(String::as_str) {
+            Some("Strict") => Err(ApiError::bad(format!(
+                "strict decoding error: {}",
+                unknown.join(", ")
+            ))),
+            mode => {
+                self.dropped.extend(dropped.iter().map(|f| DroppedField {
+                    method: method.to_owned(),
+                    object: object_path.clone(),
+                    field: f.clone(),
+                }));
+                Ok(if mode == Some("Ignore") {
+                    Vec::new()
+                } else {
+                    unknown
+                })
+            }
+        }
+    }
+}
+
+fn str_at(v: &Value, ptr: &str) -> String {
+    v.pointer(ptr)
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// The garbage collector: woken after writes (and every second), it works through its queue in
+/// batches, releasing the lock between them; it ends when the server is dropped.
+async fn gc_task(state: std::sync::Weak<Mutex<State>>, wake: Arc<tokio::sync::Notify>) {
+    // NB: the periodic tick only notices that the server is gone; work always comes with a
+    // wake-up.
+    const TICK: Duration = Duration::from_secs(1);
+    loop {
+        let _ = tokio::time::timeout(TICK, wake.notified()).await;
+        let Some(state) = state.upgrade() else {
+            return;
+        };
+        loop {
+            let more = {
+                let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
+                if st.gc_paused {
+                    break;
+                }
+                st.gc_steps(gc::BATCH)
+            };
+            if !more {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+/// Adds a `Warning: 299 - "TEXT"` header per warning, as a real server sends them.
+fn with_warnings(mut resp: Response<Body>, warnings: &[String]) -> Response<Body> {
+    for w in warnings {
+        let text = w.replace('\\', "\\\\").replace('"', "\\\"");
+        if let Ok(v) = http::HeaderValue::from_str(&format!("299 - \"{text}\"")) {
+            resp.headers_mut().append(http::header::WARNING, v);
+        }
+    }
+    resp
+}
+
+/// The path of an object, as recorded for [`DroppedField`].
+fn object_path(r: &Route, name: &str) -> String {
+    let base = if r.group.is_empty() {
+        format!("/api/{}", r.version)
+    } else {
+        format!("/apis/{}/{}", r.group, r.version)
+    };
+    match &r.namespace {
+        Some(ns) => format!("{base}/namespaces/{ns}/{}/{name}", r.plural),
+        None => format!("{base}/{}/{name}", r.plural),
+    }
+}
+
+/// The kind named in a built-in object's errors (`Kind` from the body, or the plural).
+fn kind_for_errors(obj: &Value, r: &Route) -> String {
+    obj.get("kind")
+        .and_then(Value::as_str)
+        .filter(|k| !k.is_empty())
+        .map_or_else(|| r.plural.clone(), str::to_owned)
 }
 
 impl Watcher {
@@ -661,6 +846,51 @@ impl FakeApiServer {
             .collect()
     }
 
+    /// Stores a CustomResourceDefinition as a client's create would (checked like one: a CRD
+    /// whose rules do not compile or exceed the cost limits is refused), so its resources are
+    /// served with its schema, rules and subresources.
+    pub fn install_crd(&self, crd: &Value) -> Result<(), String> {
+        let route = parse_route("/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
+            .ok_or("bad CRD route")?;
+        let body = Bytes::from(crd.to_string());
+        match self.dispatch(
+            &Method::POST,
+            &route,
+            &BTreeMap::new(),
+            "application/json",
+            &body,
+        ) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.message),
+        }
+    }
+
+    /// Installs every CRD manifest (`*.yaml`, one document each) in `dir` with
+    /// [`FakeApiServer::install_crd`]; returns how many.
+    pub fn install_crds_from_dir(&self, dir: &std::path::Path) -> Result<usize, String> {
+        let mut paths: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+            .collect();
+        paths.sort();
+        for p in &paths {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let crd: Value =
+                serde_saphyr::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+            self.install_crd(&crd)
+                .map_err(|e| format!("{}: {e}", p.display()))?;
+        }
+        Ok(paths.len())
+    }
+
+    /// Every field the server dropped from a written custom resource because its CRD's schema
+    /// does not declare it (pruning; a real server drops it too). Tests of a client assert this
+    /// is empty: what a client writes and the server drops is lost.
+    pub fn dropped_fields(&self) -> Vec<DroppedField> {
+        self.lock().dropped.clone()
+    }
+
     /// The current resourceVersion (the number of writes so far).
     pub fn resource_version(&self) -> u64 {
         self.lock().rv
@@ -709,6 +939,40 @@ impl FakeApiServer {
         self.lock()
             .before
             .push((method.to_owned(), path.to_owned(), first));
+    }
+
+    /// Starts the garbage collector task on first use (the server may be made outside a
+    /// runtime; requests are served inside one), and wakes it when work is queued.
+    fn wake_gc(&self) {
+        use std::sync::atomic::Ordering;
+        if !self.gc_started.swap(true, Ordering::SeqCst) {
+            let state = Arc::downgrade(&self.state);
+            let wake = self.gc_wake.clone();
+            tokio::spawn(gc_task(state, wake));
+        }
+        if self.lock().gc.pending() {
+            self.gc_wake.notify_one();
+        }
+    }
+
+    /// Holds (`true`) or releases the garbage collector: while held, deletions still set
+    /// finalizers and remove objects, but no dependent is collected. Lets a test choose who
+    /// acts first, the collector or a client.
+    pub fn set_gc_paused(&self, paused: bool) {
+        self.lock().gc_paused = paused;
+        if !paused {
+            self.gc_wake.notify_one();
+        }
+    }
+
+    /// Runs the garbage collector until it has nothing left to do (even while paused), at once.
+    pub fn collect_garbage(&self) {
+        while self.lock().gc_steps(gc::BATCH) {}
+    }
+
+    /// How many objects the garbage collector has deleted so far.
+    pub fn gc_deleted(&self) -> u64 {
+        self.lock().gc.deleted
     }
 
     async fn serve(self, req: Request<kube::client::Body>) -> Response<Body> {
@@ -776,6 +1040,7 @@ impl FakeApiServer {
             Some(route) => self.dispatch(&parts.method, &route, &query, &content_type, &body),
         };
         let resp = resp.unwrap_or_else(|e| error_response(&e));
+        self.wake_gc();
         let mut st = self.lock();
         if st.requests.len() >= MAX_RECORDED_REQUESTS {
             // NB: a VecDeque: dropping the oldest of 100,000 is O(1), not a shift of them all
@@ -1109,17 +1374,21 @@ impl FakeApiServer {
                 format!("{} \"{name}\" already exists", r.plural),
             ));
         }
+        // As the server decodes the body: pruned, null-pruned and defaulted by the schema.
+        let ts = st.type_schema(r);
+        let warnings = st.decode(ts.as_deref(), &mut obj, "POST", object_path(r, &name), q)?;
         if st.status_sub(r)
             && let Some(o) = obj.as_object_mut()
         {
             o.remove("status");
         }
-        if r.group == CRD_GROUP && r.plural == CRD_PLURAL {
+        let is_crd = r.group == CRD_GROUP && r.plural == CRD_PLURAL;
+        if is_crd {
+            schema::compile_crd(&obj).map_err(|errs| {
+                ApiError::invalid(CRD_GROUP, "CustomResourceDefinition", &name, &errs)
+            })?;
             set_crd_status(&mut obj);
         }
-        st.uid_counter = st.uid_counter.saturating_add(1);
-        let uid = format!("00000000-0000-4000-8000-{:012x}", st.uid_counter);
-        let rv = st.next_rv();
         if let Some(o) = obj.as_object_mut() {
             o.insert("apiVersion".into(), Value::String(r.api_version()));
         }
@@ -1128,10 +1397,30 @@ impl FakeApiServer {
         for f in SERVER_META {
             meta.remove(*f);
         }
-        meta.insert("name".into(), Value::String(name));
+        meta.insert("name".into(), Value::String(name.clone()));
         if let Some(ns) = &r.namespace {
             meta.insert("namespace".into(), Value::String(ns.clone()));
         }
+        meta.insert("generation".into(), json!(1));
+        let errs = match &ts {
+            Some(ts) => ts.validate_create(&obj),
+            None => schema::meta::validate(
+                &obj,
+                schema::meta::NameRule::of_builtin(&r.group, &r.plural),
+                r.namespace.is_some(),
+                false,
+            ),
+        };
+        if !errs.is_empty() {
+            let kind = ts
+                .as_ref()
+                .map_or_else(|| kind_for_errors(&obj, r), |t| t.kind.clone());
+            return Err(ApiError::invalid(&r.group, &kind, &name, &errs));
+        }
+        st.uid_counter = st.uid_counter.saturating_add(1);
+        let uid = format!("00000000-0000-4000-8000-{:012x}", st.uid_counter);
+        let rv = st.next_rv();
+        let meta = meta_mut(&mut obj).ok_or_else(|| ApiError::bad("object expected"))?;
         meta.insert("uid".into(), Value::String(uid));
         meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
         meta.insert("generation".into(), json!(1));
@@ -1152,7 +1441,10 @@ impl FakeApiServer {
         let out = stored.object.clone();
         st.objects.insert(k, stored);
         st.record(&r.group, &r.plural, "ADDED", out.clone());
-        Ok(full(StatusCode::CREATED, &out))
+        if is_crd {
+            st.rebuild_types();
+        }
+        Ok(with_warnings(full(StatusCode::CREATED, &out), &warnings))
     }
 
     fn write(
@@ -1291,6 +1583,14 @@ impl FakeApiServer {
                 .managers
                 .insert((m.clone(), "Update".into(), sub.to_owned()));
         }
+        // As the server decodes the body: pruned, null-pruned and defaulted by the schema.
+        let ts = st.type_schema(r);
+        let method = if matches!(op, "Apply") {
+            "PATCH"
+        } else {
+            "PUT/PATCH"
+        };
+        let warnings = st.decode(ts.as_deref(), &mut new, method, object_path(r, name), q)?;
         // Status subresource rules.
         if status_sub {
             let old_status = old_obj.get("status").cloned();
@@ -1343,13 +1643,33 @@ impl FakeApiServer {
                 ));
             }
         }
-        if r.group == CRD_GROUP && r.plural == CRD_PLURAL {
+        let errs = match (&ts, status_write) {
+            (Some(ts), false) => ts.validate_update(&new, &old_obj),
+            (Some(ts), true) => ts.validate_status(&new, &old_obj),
+            (None, _) => schema::meta::validate(
+                &new,
+                schema::meta::NameRule::of_builtin(&r.group, &r.plural),
+                r.namespace.is_some(),
+                true,
+            ),
+        };
+        if !errs.is_empty() {
+            let kind = ts
+                .as_ref()
+                .map_or_else(|| kind_for_errors(&new, r), |t| t.kind.clone());
+            return Err(ApiError::invalid(&r.group, &kind, name, &errs));
+        }
+        let is_crd = r.group == CRD_GROUP && r.plural == CRD_PLURAL;
+        if is_crd {
+            schema::compile_crd(&new).map_err(|errs| {
+                ApiError::invalid(CRD_GROUP, "CustomResourceDefinition", name, &errs)
+            })?;
             set_crd_status(&mut new);
         }
         if new == old_obj {
             // A no-op write changes nothing (no new version, no event), as on a real server.
             st.objects.insert(k, stored);
-            return Ok(full(StatusCode::OK, &old_obj));
+            return Ok(with_warnings(full(StatusCode::OK, &old_obj), &warnings));
         }
         let generation = old_obj
             .pointer("/metadata/generation")
@@ -1374,13 +1694,16 @@ impl FakeApiServer {
             st.objects.insert(k, stored);
             st.record(&r.group, &r.plural, "MODIFIED", out.clone());
         }
-        Ok(full(StatusCode::OK, &out))
+        if is_crd {
+            st.rebuild_types();
+        }
+        Ok(with_warnings(full(StatusCode::OK, &out), &warnings))
     }
 
     fn delete(&self, r: &Route, name: &str, opts: &Value) -> Result<Response<Body>, ApiError> {
         let mut st = self.lock();
         let k = key(r, name);
-        let Some(mut stored) = st.objects.get(&k).cloned() else {
+        let Some(stored) = st.objects.get(&k).cloned() else {
             return Err(ApiError::not_found(r, name));
         };
         // As a real API server: a precondition that does not hold is a 409 Conflict and
@@ -1404,31 +1727,24 @@ impl FakeApiServer {
                 }
             }
         }
-        if has_finalizers(&stored.object) {
-            if stored
-                .object
-                .pointer("/metadata/deletionTimestamp")
-                .is_none()
-            {
-                let rv = st.next_rv();
-                if let Some(meta) = meta_mut(&mut stored.object) {
-                    meta.insert("deletionTimestamp".into(), Value::String(now_rfc3339()));
-                    meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
-                }
-                let out = stored.object.clone();
-                st.objects.insert(k, stored);
-                st.record(&r.group, &r.plural, "MODIFIED", out);
+        let policy = gc::Policy::of(opts).map_err(|m| {
+            let kind = kind_for_errors(&stored.object, r);
+            let mut e = ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid",
+                format!("DeleteOptions.meta.k8s.io {name:?} is invalid: {m}"),
+            );
+            e.details = Some(json!({"name": name, "kind": kind}));
+            e
+        })?;
+        if let Some(gone) = st.delete_with(&k, policy) {
+            if r.group == CRD_GROUP && r.plural == CRD_PLURAL {
+                st.rebuild_types();
             }
-            let out = st.objects.get(&key(r, name)).map(|s| s.object.clone());
-            return Ok(full(StatusCode::ACCEPTED, &out.unwrap_or(Value::Null)));
+            return Ok(full(StatusCode::OK, &gone));
         }
-        let rv = st.next_rv();
-        if let Some(meta) = meta_mut(&mut stored.object) {
-            meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
-        }
-        st.objects.remove(&k);
-        st.record(&r.group, &r.plural, "DELETED", stored.object.clone());
-        Ok(full(StatusCode::OK, &stored.object))
+        let out = st.objects.get(&k).map(|s| s.object.clone());
+        Ok(full(StatusCode::ACCEPTED, &out.unwrap_or(Value::Null)))
     }
 }
 

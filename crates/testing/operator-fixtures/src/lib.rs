@@ -112,6 +112,9 @@ pub fn host_config(name: &str, pool_reserve_gib: u64, max_concurrent: u32) -> Ho
         // The provider uses only guest addresses inside the host's guest subnets.
         guest_cidr: GUEST_CIDRS.iter().map(|c| (*c).to_owned()).collect(),
         address_pool: None,
+        host_addresses: Vec::new(),
+        capacity: Default::default(),
+        access: None,
     }
 }
 
@@ -203,6 +206,8 @@ impl FakeHosts {
                 defaults: Default::default(),
                 limits: Default::default(),
                 policy: Default::default(),
+                access: None,
+                quotas: Default::default(),
             },
             fakes,
             pool_options: PoolOptions::default(),

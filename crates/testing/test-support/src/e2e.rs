@@ -244,11 +244,14 @@ impl Drop for EntryGuard {
                 let _ = virsh(&["undefine", &d, "--nvram"]);
             }
         }
-        // The entry's network filters, once no domain uses them.
-        for f in nwfilter_names() {
-            if f.starts_with(&format!("{prefix}filter")) {
-                println!("eptest: removing network filter {f}");
-                let _ = virsh(&["nwfilter-undefine", &f]);
+        // The entry's network filters, once no domain uses them; twice, since a filter
+        // another one references (a filter set's children) is removed after its parent.
+        for _ in 0..2 {
+            for f in nwfilter_names() {
+                if f.starts_with(&format!("{prefix}filter")) {
+                    println!("eptest: removing network filter {f}");
+                    let _ = virsh(&["nwfilter-undefine", &f]);
+                }
             }
         }
     }

@@ -137,14 +137,23 @@ namespace is watched.
   resources: ["events"]
   verbs: ["create", "patch"]
 - apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["create", "get"]
-- apiGroups: [""]
   resources: ["services"]
   verbs: ["create", "delete", "get", "list", "patch"]
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["create", "delete", "get", "list", "patch"]
+{{- end -}}
+
+{{/*
+The namespaces whose Secrets the operator may read (by name) and create: `secretNamespaces`,
+else the watched namespace when one is set, else none. Never cluster-wide.
+*/}}
+{{- define "egress-proxies.secretNamespaces" -}}
+{{- $ns := .Values.secretNamespaces -}}
+{{- if and (not $ns) .Values.watchNamespace -}}
+{{- $ns = list .Values.watchNamespace -}}
+{{- end -}}
+{{- toJson (uniq $ns) -}}
 {{- end -}}
 
 {{/*
@@ -176,7 +185,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/*
 The pool gateway's grants (crates/egress-kube/src/rbac.rs, GATEWAY_API_ACCESS): read-only,
-where the pools are watched.
+where the pools are watched (Secrets apart: gateway-rbac.yaml grants `get` in the
+secretNamespaces only).
 */}}
 {{- define "egress-proxies.gatewayRules" -}}
 - apiGroups: ["egress-proxies.dev"]
@@ -185,9 +195,6 @@ where the pools are watched.
 - apiGroups: ["egress-proxies.dev"]
   resources: ["proxies"]
   verbs: ["list", "watch"]
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["get"]
 {{- end -}}
 
 {{/* Whole seconds of a duration value (`30s`, `2m`, `1h`, `1m30s`). */}}

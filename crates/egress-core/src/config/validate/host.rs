@@ -80,6 +80,14 @@ pub(super) fn host<'a>(
         libvirt_name(r, &format!("{hp}.network"), n, MAX_LIBVIRT_NAME_LEN);
     }
     guest_cidr(r, hp, h);
+    for (i, a) in h.host_addresses.iter().enumerate() {
+        if a.trim().parse::<std::net::IpAddr>().is_err() {
+            r.err(
+                &format!("{hp}.hostAddresses[{i}]"),
+                format!("{a:?} is not an IP address (e.g. 203.0.113.9 or 2001:db8::9)"),
+            );
+        }
+    }
     // NB: `address: local` is this machine's libvirt socket, reached without SSH: the key
     // and known_hosts are then optional (still checked when given).
     let local = h.address == crate::providers::LOCAL_ADDRESS;

@@ -95,7 +95,8 @@ impl Report {
 /// - `urlImages.allowedHosts` is non-empty when URL images are enabled, and each is a host
 ///   (DNS name, IPv4, `[IPv6]`) with an optional `:port` 1–65535 (no scheme or path);
 /// - `maxImageBytes` > 0;
-/// - `policy`: `minClientPrefixV4` 1–32, `minClientPrefixV6` 1–128, `minPasswordLength`
+/// - `policy`: `minClientPrefixV4` 1–32, `minClientPrefixV6` 1–128, `maxClientSpanV4` 8–32,
+///   `maxClientSpanV6` 32–64, `minPasswordLength`
 ///   8–128; `allowedDestinations` domains are `example.com` or `*.example.com`, CIDRs parse,
 ///   ports are not 0, at most 64 of each; `allowedInternalCidrs` parse (a `/0` warns);
 /// - `guest.vendorData` is a payload cloud-init recognises (L13);
@@ -277,6 +278,84 @@ pub(super) fn libvirt_entry<'a>(
     }
     timeouts(r, &format!("{path}.timeouts"), &e.timeouts);
     sizes(r, path, e);
+    access(r, path, e);
+}
+
+/// `access` (namespace names are DNS labels, a selector has labels) and its absence where a
+/// feature is worth restricting (a warning: the entry is open to every namespace).
+fn access(r: &mut Report, path: &str, e: &LibvirtEntry) {
+    use egress_provider::libvirt::config::Namespaces;
+    let names = |r: &mut Report, p: &str, n: &Namespaces| {
+        for (i, ns) in n.namespaces.iter().enumerate() {
+            if !crate::model::is_dns_label(ns) {
+                r.err(
+                    &format!("{p}.namespaces[{i}]"),
+                    format!(
+                        "{ns:?} is not a namespace name (a DNS label: a-z 0-9 '-', at most 63)"
+                    ),
+                );
+            }
+        }
+        if n.namespace_selector
+            .as_ref()
+            .is_some_and(|s| s.match_labels.is_empty())
+        {
+            r.err(
+                &format!("{p}.namespaceSelector.matchLabels"),
+                "empty: a selector must name at least one label (it would match no namespace)",
+            );
+        }
+    };
+    match &e.access {
+        Some(a) => {
+            let ap = format!("{path}.access");
+            names(r, &ap, &a.tenants());
+            for (field, g) in [
+                ("urlImages", &a.url_images),
+                ("internalCidrs", &a.internal_cidrs),
+                ("addressPools", &a.address_pools),
+            ] {
+                if let Some(g) = g {
+                    names(r, &format!("{ap}.{field}"), g);
+                }
+            }
+        }
+        None => {
+            let features: Vec<&str> = [
+                ("URL images", e.url_images.enabled),
+                (
+                    "policy.allowedInternalCidrs",
+                    !e.policy.allowed_internal_cidrs.is_empty(),
+                ),
+                (
+                    "address pools",
+                    e.hosts.iter().any(|h| h.address_pool.is_some()),
+                ),
+            ]
+            .into_iter()
+            .filter(|(_, on)| *on)
+            .map(|(f, _)| f)
+            .collect();
+            if !features.is_empty() {
+                r.warn(
+                    &format!("{path}.access"),
+                    format!(
+                        "not set: every namespace may use this entry and its {}; grant them to \
+                         the namespaces that need them (docs/security.md)",
+                        features.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+    for (j, h) in e.hosts.iter().enumerate() {
+        if let Some(a) = &h.access {
+            names(r, &format!("{path}.hosts[{j}].access"), a);
+        }
+        if let Some(a) = h.address_pool.as_ref().and_then(|p| p.access.as_ref()) {
+            names(r, &format!("{path}.hosts[{j}].addressPool.access"), a);
+        }
+    }
 }
 
 #[cfg(test)]

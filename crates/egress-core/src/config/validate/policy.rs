@@ -3,6 +3,7 @@
 use egress_provider::libvirt::config::ProxyPolicy;
 
 use super::Report;
+use crate::client_span::{CEILING_SPAN_V4, CEILING_SPAN_V6, FLOOR_SPAN_V6};
 use crate::controller::userdata::MAX_PASSWORD;
 use crate::proxy_policy::{Net, check_list};
 
@@ -30,6 +31,27 @@ pub(super) fn policy(r: &mut Report, path: &str, p: &ProxyPolicy) {
             format!(
                 "{} is not an IPv6 prefix length from 1 to 128 (/0 would admit every client)",
                 p.min_client_prefix_v6
+            ),
+        );
+    }
+    if !(CEILING_SPAN_V4..=32).contains(&p.max_client_span_v4) {
+        r.err(
+            &format!("{path}.maxClientSpanV4"),
+            format!(
+                "{} is outside {CEILING_SPAN_V4}..=32: a Proxy's client networks may admit at \
+                 most as many IPv4 addresses as one /{CEILING_SPAN_V4} together (the Proxy \
+                 resource enforces that ceiling for every namespace)",
+                p.max_client_span_v4
+            ),
+        );
+    }
+    if !(CEILING_SPAN_V6..=FLOOR_SPAN_V6).contains(&p.max_client_span_v6) {
+        r.err(
+            &format!("{path}.maxClientSpanV6"),
+            format!(
+                "{} is outside {CEILING_SPAN_V6}..={FLOOR_SPAN_V6}: IPv6 client networks are \
+                 counted in /64s, at most as many as one /{CEILING_SPAN_V6} together",
+                p.max_client_span_v6
             ),
         );
     }
@@ -91,6 +113,10 @@ mod tests {
         assert_eq!(e.policy.min_client_prefix_v4, 8);
         assert_eq!(e.policy.min_client_prefix_v6, 32);
         assert_eq!(e.policy.min_password_length, 16);
+        assert_eq!(
+            (e.policy.max_client_span_v4, e.policy.max_client_span_v6),
+            (8, 32)
+        );
         assert!(e.policy.allowed_destinations.domains.is_empty());
         assert!(e.policy.allowed_internal_cidrs.is_empty());
     }
@@ -101,6 +127,8 @@ mod tests {
             "{BASE}    policy:
       minClientPrefixV4: 0
       minClientPrefixV6: 129
+      maxClientSpanV4: 4
+      maxClientSpanV6: 65
       minPasswordLength: 4
       allowedDestinations:
         domains: [example.com, 'Bad Domain']
@@ -116,6 +144,8 @@ mod tests {
             [
                 "providers[0].policy.minClientPrefixV4",
                 "providers[0].policy.minClientPrefixV6",
+                "providers[0].policy.maxClientSpanV4",
+                "providers[0].policy.maxClientSpanV6",
                 "providers[0].policy.minPasswordLength",
                 "providers[0].policy.allowedDestinations.domains[1]",
                 "providers[0].policy.allowedDestinations.cidrs[0]",
@@ -123,6 +153,42 @@ mod tests {
                 "providers[0].policy.allowedInternalCidrs[1]",
             ],
             "{errs}"
+        );
+    }
+
+    #[test]
+    fn access_names_are_namespace_names_and_an_open_entry_with_features_warns() {
+        let text = format!(
+            "{BASE}    urlImages:\n      enabled: true\n      allowedHosts: [img.example]\n"
+        );
+        let cfg = parse(&text, "test.yaml").unwrap();
+        let w: Vec<&str> = cfg.warnings.iter().map(|w| w.path.as_str()).collect();
+        assert!(w.contains(&"providers[0].access"), "{w:?}");
+        assert!(
+            cfg.warnings
+                .iter()
+                .any(|w| w.message.contains("URL images"))
+        );
+        let text = format!(
+            "{text}    access:\n      namespaces: [team-a, 'Bad_NS']\n      urlImages:\n        \
+             namespaceSelector:\n          matchLabels: {{}}\n"
+        );
+        let errs = parse(&text, "test.yaml").unwrap_err();
+        let paths: Vec<&str> = errs.errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "providers[0].access.namespaces[1]",
+                "providers[0].access.urlImages.namespaceSelector.matchLabels"
+            ],
+            "{errs}"
+        );
+        assert!(
+            !errs
+                .warnings
+                .iter()
+                .any(|w| w.path == "providers[0].access"),
+            "granted: no warning"
         );
     }
 

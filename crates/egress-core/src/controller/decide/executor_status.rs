@@ -56,6 +56,53 @@ pub fn host_busy(
     status
 }
 
+/// Status while a pinned egress address is reserved (pinned by another Proxy, or held for
+/// another namespace after its instance went away; called by the executor, which knows the
+/// reservations): Ready/Provisioned False with reason AddressReserved and `msg`, which names
+/// no other Proxy or namespace; nothing is started.
+pub fn address_reserved(
+    mut status: ProxyStatus,
+    obj: &ProxyObject,
+    msg: &str,
+    now: SystemTime,
+) -> ProxyStatus {
+    let now_s = fmt_time(now);
+    for c in [condition::PROVISIONED, condition::READY] {
+        status.set_condition(Condition::new(
+            c,
+            ConditionStatus::False,
+            reason::ADDRESS_RESERVED,
+            msg,
+            &now_s,
+            obj.generation,
+        ));
+    }
+    if status.phase == Phase::Provisioning && status.provider_id.is_none() {
+        status.phase = Phase::Pending;
+        status.provisioning_since = None;
+        status.host = None;
+    }
+    status
+}
+
+/// Status while a new instance would take its namespace past the entry's quota (called by
+/// the executor, which counts the namespace's instances): Ready/Provisioned False with
+/// reason QuotaExceeded and `msg`; nothing is started.
+pub fn quota_exceeded(
+    status: ProxyStatus,
+    obj: &ProxyObject,
+    msg: &str,
+    now: SystemTime,
+) -> ProxyStatus {
+    let mut status = address_reserved(status, obj, msg, now);
+    for c in &mut status.conditions {
+        if c.reason == reason::ADDRESS_RESERVED {
+            c.reason = reason::QUOTA_EXCEEDED.into();
+        }
+    }
+    status
+}
+
 /// Status when the controller is shutting down and started nothing.
 pub fn shutting_down(mut status: ProxyStatus, obj: &ProxyObject, now: SystemTime) -> ProxyStatus {
     status.set_condition(Condition::new(

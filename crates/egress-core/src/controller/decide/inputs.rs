@@ -74,6 +74,10 @@ pub struct HostInfo {
     pub health: Option<HostState>,
     /// Its declared-address pool as its last report showed it.
     pub addresses: AddressRoom,
+    /// Memory (MiB) of the entry's proxies counted on it (instances and creates in flight).
+    pub used_memory_mib: u64,
+    /// vCPUs of the entry's proxies counted on it.
+    pub used_vcpus: u64,
 }
 
 /// The IPv4 bit of a set of address families.
@@ -163,8 +167,13 @@ pub trait HostView: std::fmt::Debug {
     /// ([`crate::hosthealth::accepts_placements`]) and whose address pool is not known
     /// exhausted for a family in `need` ([`AddressRoom::blocks`]), the one with the least
     /// load, ties by [`AddressRoom::rank`] (free addresses first), then by name; `None` when
-    /// no host qualifies.
-    fn least_loaded(&self, entry: &LibvirtEntry, need: u8) -> Option<String>;
+    /// no host qualifies. Only hosts `eligible` admits are considered.
+    fn least_loaded(
+        &self,
+        entry: &LibvirtEntry,
+        need: u8,
+        eligible: &dyn Fn(&str) -> bool,
+    ) -> Option<String>;
 }
 
 impl HostView for BTreeMap<String, HostInfo> {
@@ -172,13 +181,20 @@ impl HostView for BTreeMap<String, HostInfo> {
         self.get(host).copied().unwrap_or_default()
     }
 
-    fn least_loaded(&self, entry: &LibvirtEntry, need: u8) -> Option<String> {
+    fn least_loaded(
+        &self,
+        entry: &LibvirtEntry,
+        need: u8,
+        eligible: &dyn Fn(&str) -> bool,
+    ) -> Option<String> {
         entry
             .hosts
             .iter()
             .map(|h| (h.name.as_str(), self.info(&h.name)))
-            .filter(|(_, i)| {
-                crate::hosthealth::accepts_placements(i.health) && !i.addresses.blocks(need)
+            .filter(|(n, i)| {
+                crate::hosthealth::accepts_placements(i.health)
+                    && !i.addresses.blocks(need)
+                    && eligible(n)
             })
             .min_by(|(a, x), (b, y)| {
                 (x.load, x.addresses.rank(), a).cmp(&(y.load, y.addresses.rank(), b))

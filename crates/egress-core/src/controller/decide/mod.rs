@@ -32,6 +32,7 @@
 
 mod ctx;
 mod decision;
+mod entitlement;
 mod executor_status;
 mod finalize;
 mod inputs;
@@ -48,7 +49,10 @@ use crate::model::{ConditionStatus, Phase, condition};
 use self::ctx::Ctx;
 pub use self::ctx::fmt_time;
 pub use self::decision::{Action, Decision};
-pub use self::executor_status::{host_busy, reconcile_timed_out, shutting_down};
+pub use self::entitlement::{eligible, entitlement_errors, lifts_internal};
+pub use self::executor_status::{
+    address_reserved, host_busy, quota_exceeded, reconcile_timed_out, shutting_down,
+};
 use self::finalize::finalize;
 pub use self::inputs::{
     AddressRoom, EVERY_FAMILY, EntryView, FAMILY_V4, FAMILY_V6, HostInfo, HostView, Inputs, Latch,
@@ -106,6 +110,13 @@ pub fn decide(i: &Inputs<'_>) -> Decision {
         let action = cancel_if_creating(i.op);
         return cx.latch(reason::INVALID_SPEC, &msg, action);
     };
+    // What the Proxy's namespace may use (the entry's access), before anything else about
+    // the entry: a refusal names no other tenant, and nothing is placed or created.
+    let errs = entitlement_errors(i.obj, entry.config);
+    if !errs.is_empty() {
+        let action = cancel_if_creating(i.op);
+        return cx.latch(reason::NOT_ENTITLED, &errs.join("; "), action);
+    }
     let errs = spec_errors(i.obj, entry.config);
     if !errs.is_empty() {
         let action = cancel_if_creating(i.op);

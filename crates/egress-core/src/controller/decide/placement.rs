@@ -22,43 +22,83 @@ use super::inputs::HostView;
 /// ([`super::families_needed`]): a host whose address pool is known exhausted for one of them
 /// gets no new proxy of it, and among hosts of equal load one with free addresses goes first
 /// ([`HostView::least_loaded`]). A pinned host is taken whatever its pool says (the create
-/// then fails naming the host and its pool).
+/// then fails naming the host and its pool). Only hosts `eligible` says yes to are taken
+/// (the hosts the Proxy's namespace may use, with room for its size).
 pub fn place(
     entry: &LibvirtEntry,
     pinned: Option<&str>,
     hosts: &dyn HostView,
     need: u8,
+    eligible: &dyn Fn(&str) -> bool,
 ) -> Option<String> {
     if let Some(p) = pinned {
-        let usable = crate::hosthealth::accepts_placements(hosts.info(p).health);
+        let usable = crate::hosthealth::accepts_placements(hosts.info(p).health) && eligible(p);
         return usable.then(|| p.to_owned());
     }
-    hosts.least_loaded(entry, need)
+    hosts.least_loaded(entry, need, eligible)
 }
 
-/// Why no host was chosen: each host with its last state.
+/// Why `host` cannot take `need` by its `capacity` (configured memory or vCPUs), if so.
+pub(super) fn capacity_short(
+    entry: &LibvirtEntry,
+    host: &str,
+    info: &super::inputs::HostInfo,
+    need: (u64, u64),
+    own: (u64, u64),
+) -> Option<String> {
+    let cap = entry.hosts.iter().find(|h| h.name == host)?.capacity;
+    let mem = info.used_memory_mib.saturating_sub(own.0);
+    let cpu = info.used_vcpus.saturating_sub(own.1);
+    if let Some(c) = cap.memory_mib
+        && mem.saturating_add(need.0) > c
+    {
+        return Some(format!(
+            "full by memory ({mem} of {c} MiB placed, {} MiB needed)",
+            need.0
+        ));
+    }
+    if let Some(c) = cap.vcpus
+        && cpu.saturating_add(need.1) > u64::from(c)
+    {
+        return Some(format!(
+            "full by vCPUs ({cpu} of {c} placed, {} needed)",
+            need.1
+        ));
+    }
+    None
+}
+
+/// Why no host was chosen: each host with its last state (and, for a host without room
+/// for `need` (memory MiB, vCPUs), what it lacks).
 pub(super) fn no_usable_host(
     entry: &LibvirtEntry,
     pinned: Option<&str>,
     hosts: &dyn HostView,
+    need: (u64, u64),
+    own: &dyn Fn(&str) -> (u64, u64),
 ) -> String {
     let state = |n: &str| {
         let info = hosts.info(n);
         let health = info
             .health
             .map_or_else(|| "unchecked".to_owned(), |s| format!("{s:?}"));
-        if info.addresses.full == 0 {
+        let mut s = if info.addresses.full == 0 {
             health
         } else {
             format!(
                 "{health} with its {} address pool exhausted",
                 info.addresses.full_families()
             )
+        };
+        if let Some(why) = capacity_short(entry, n, &info, need, own(n)) {
+            s = format!("{s}, {why}");
         }
+        s
     };
     match pinned {
         Some(p) => format!(
-            "host {p} (spec.host) is {}: no new proxies on a host that is not Ready; waiting",
+            "host {p} (spec.host) is {}: no new proxies on a host that is not Ready or has no \
+             room; waiting",
             state(p)
         ),
         None => {
@@ -80,13 +120,18 @@ pub(super) fn no_usable_host(
 /// `pinned` among its allocatable ranges; `None` without pins or when no host's pool holds
 /// them all (the create then fails naming the pools). Reads each host's pool: O(hosts), paid
 /// only when a Proxy that pins addresses is placed.
-pub(super) fn host_holding(entry: &LibvirtEntry, pinned: &[std::net::IpAddr]) -> Option<String> {
+pub(super) fn host_holding(
+    entry: &LibvirtEntry,
+    pinned: &[std::net::IpAddr],
+    eligible: &dyn Fn(&str) -> bool,
+) -> Option<String> {
     if pinned.is_empty() {
         return None;
     }
     entry
         .hosts
         .iter()
+        .filter(|h| eligible(&h.name))
         .find(|h| {
             h.address_pool
                 .as_ref()

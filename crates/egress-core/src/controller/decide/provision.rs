@@ -26,13 +26,53 @@ pub(super) fn start_create(
 ) -> Decision {
     let i = cx.i;
     let pinned_egress = i.obj.spec.egress.pinned();
+    // Only hosts the Proxy's namespace may use (the entry's and the hosts' access).
+    let open = entry.config.access.is_none()
+        && entry.config.hosts.iter().all(|h| {
+            h.access.is_none() && h.address_pool.as_ref().is_none_or(|p| p.access.is_none())
+        });
+    // What it needs on a host (its own instance there, when it has one, is not counted
+    // twice), and the hosts with room for it by their configured capacity.
+    let size = super::sizes(i.obj, entry.config)
+        .map(|(_, m, v)| (m, u64::from(v)))
+        .unwrap_or_default();
+    let own = |h: &str| {
+        if i.location.is_some_and(|l| l.host == h) {
+            size
+        } else {
+            (0, 0)
+        }
+    };
+    let bounded = entry
+        .config
+        .hosts
+        .iter()
+        .any(|h| h.capacity.memory_mib.is_some() || h.capacity.vcpus.is_some());
+    let eligible = |h: &str| {
+        (open
+            || entry
+                .config
+                .hosts
+                .iter()
+                .find(|c| c.name == h)
+                .is_some_and(|c| super::eligible(i.obj, entry.config, c)))
+            && (!bounded
+                || super::placement::capacity_short(
+                    entry.config,
+                    h,
+                    &i.hosts.info(h),
+                    size,
+                    own(h),
+                )
+                .is_none())
+    };
     // Pinned addresses come from one host's pool: that host, as if `spec.host` named it.
     let holder = i
         .obj
         .spec
         .host
         .is_none()
-        .then(|| host_holding(entry.config, &pinned_egress))
+        .then(|| host_holding(entry.config, &pinned_egress, &eligible))
         .flatten();
     let pin = i.obj.spec.host.as_deref().or(holder.as_deref());
     let need = super::families_needed(&pinned_egress);
@@ -45,13 +85,13 @@ pub(super) fn start_create(
         return cx.latch(reason::INVALID_SPEC, &msg, Action::None);
     }
     // A preferred (sticky) host that stopped accepting placements yields to the others.
-    let chosen = place(entry.config, pinned, i.hosts, need).or_else(|| {
+    let chosen = place(entry.config, pinned, i.hosts, need, &eligible).or_else(|| {
         pin.is_none()
-            .then(|| place(entry.config, None, i.hosts, need))
+            .then(|| place(entry.config, None, i.hosts, need, &eligible))
             .flatten()
     });
     let Some(host) = chosen else {
-        let mut msg = no_usable_host(entry.config, pin, i.hosts);
+        let mut msg = no_usable_host(entry.config, pin, i.hosts, size, &own);
         if i.obj.spec.host.is_none() && holder.is_some() {
             msg = msg.replacen(
                 "(spec.host)",
@@ -61,7 +101,7 @@ pub(super) fn start_create(
         }
         return cx.retry(reason::NO_USABLE_HOST, &msg, Action::None);
     };
-    let req = match request(i.obj, entry.config, &host) {
+    let req = match request(i.obj, entry.config, &host, &i.settings.connect_ports) {
         Ok(r) => r,
         Err((true, msg)) => return cx.latch(reason::INVALID_SPEC, &msg, Action::None),
         Err((false, msg)) => return cx.retry(reason::CREDENTIALS_MISSING, &msg, Action::None),
@@ -108,7 +148,7 @@ pub(super) fn replace(
     msg: &str,
 ) -> Decision {
     let i = cx.i;
-    let req = match request(i.obj, entry.config, host) {
+    let req = match request(i.obj, entry.config, host, &i.settings.connect_ports) {
         Ok(r) => r,
         Err((true, m)) => return cx.latch(reason::INVALID_SPEC, &m, Action::None),
         Err((false, m)) => return cx.retry(reason::CREDENTIALS_MISSING, &m, Action::None),

@@ -15,6 +15,11 @@ pub const ADDRESS_GAP: &str = "AddressGap";
 pub const HOST_BUSY: &str = "HostBusy";
 /// The spec is invalid for this provider entry.
 pub const INVALID_SPEC: &str = "InvalidSpec";
+/// The Proxy's namespace may not use the provider entry, host or feature its spec asks for
+/// (the entry's `access`); nothing is created.
+pub const NOT_ENTITLED: &str = "NotEntitled";
+/// A pinned egress address belongs to no pool this namespace may use, or is reserved.
+pub const ADDRESS_RESERVED: &str = "AddressReserved";
 /// The credentials the spec references are not available (yet).
 pub const CREDENTIALS_MISSING: &str = "CredentialsMissing";
 /// A transient provider failure.

@@ -7,6 +7,7 @@
 
 use egress_provider::libvirt::config::LibvirtEntry;
 use egress_provider::libvirt::image::source::is_url;
+use egress_provider::libvirt::nwfilter::host_ip;
 use egress_provider::model::CreateRequest;
 
 use crate::controller::{ProxyObject, userdata};
@@ -106,13 +107,16 @@ pub(super) fn request(
     obj: &ProxyObject,
     entry: &LibvirtEntry,
     host: &str,
+    connect_ports: &[u16],
 ) -> Result<CreateRequest, (bool, String)> {
     let (disk_gib, memory_mib, vcpus) = sizes(obj, entry).map_err(|e| (true, e.join("; ")))?;
     if obj.spec.proxy.credentials_ref.is_some() && obj.credentials.is_none() {
         return Err((
             false,
             format!(
-                "spec.proxy.credentialsRef: {:?} could not be read yet",
+                "spec.proxy.credentialsRef: {:?} could not be read yet (missing, without \
+                 both keys username and password, not marked for egress-proxies, or in a \
+                 namespace whose Secrets the operator is not granted)",
                 obj.spec
                     .proxy
                     .credentials_ref
@@ -121,18 +125,40 @@ pub(super) fn request(
             ),
         ));
     }
+    // The host's own addresses the guest firewall denies: the IP in its address and its
+    // `hostAddresses` (the host's network filter also denies what its name resolves to).
     let host_addrs: Vec<std::net::IpAddr> = entry
         .hosts
         .iter()
         .filter(|h| h.name == host)
-        .filter_map(|h| host_ip(&h.address))
+        .flat_map(|h| {
+            host_ip(&h.address).into_iter().chain(
+                h.host_addresses
+                    .iter()
+                    .filter_map(|a| a.trim().parse::<std::net::IpAddr>().ok()),
+            )
+        })
         .collect();
+    // The entry's internal networks are lifted only for namespaces granted them.
+    let lift_internal = super::lifts_internal(obj, entry);
+    let strict;
+    let entry_policy = if lift_internal {
+        &entry.policy
+    } else {
+        strict = egress_provider::libvirt::config::ProxyPolicy {
+            allowed_internal_cidrs: Vec::new(),
+            ..entry.policy.clone()
+        };
+        &strict
+    };
     let policy = GuestPolicy::for_proxy(
-        &entry.policy,
+        entry_policy,
         &obj.spec.proxy.allowed_destinations,
         &host_addrs,
     )
     .map_err(|e| (true, e.join("; ")))?;
+    let mut policy = policy;
+    policy.connect_default = connect_ports.to_vec();
     let user_data = userdata::render(&obj.spec.proxy, obj.credentials.as_ref(), &policy)
         .map_err(|e| (true, e.to_string()))?;
     Ok(CreateRequest {
@@ -145,19 +171,10 @@ pub(super) fn request(
         vcpus,
         user_data,
         pinned_egress: obj.spec.egress.pinned(),
+        // Filled by the executor, which knows every Proxy's pins and the holds.
+        reserved: Vec::new(),
+        lift_internal,
     })
-}
-
-/// The IP address of a host's `address` (`ip`, `ip:port`, `[v6]:port`), when it is one;
-/// a DNS name or `local` gives `None`.
-fn host_ip(address: &str) -> Option<std::net::IpAddr> {
-    if let Ok(ip) = address.parse() {
-        return Some(ip);
-    }
-    if let Some(rest) = address.strip_prefix('[') {
-        return rest.split_once(']').and_then(|(ip, _)| ip.parse().ok());
-    }
-    address.split_once(':').and_then(|(ip, _)| ip.parse().ok())
 }
 
 #[cfg(test)]
@@ -186,6 +203,7 @@ mod tests {
             }),
             deleting: false,
             credentials: None,
+            namespace_labels: None,
         }
     }
 
@@ -204,11 +222,11 @@ mod tests {
     }
 
     #[test]
-    fn the_guest_firewall_denies_the_placed_hosts_address_and_a_bad_allowlist_is_permanent() {
+    fn the_guest_firewall_denies_the_hosts_address_and_host_addresses() {
         let mut e = entry(2);
         e.hosts[0].address = "198.51.100.9:22".into();
         e.hosts[1].address = "198.51.100.10".into();
-        let r = request(&obj(), &e, "h1").unwrap();
+        let r = request(&obj(), &e, "h1", &[443, 80]).unwrap();
         assert!(
             r.user_data.contains("elements = { 198.51.100.9/32 }"),
             "{}",
@@ -218,12 +236,21 @@ mod tests {
             !r.user_data.contains("198.51.100.10"),
             "only the placed host"
         );
+        // Its hostAddresses too (e.g. its public address, or a host reached by name).
+        e.hosts[0].host_addresses = vec!["203.0.113.44".into()];
+        let r = request(&obj(), &e, "h1", &[443, 80]).unwrap();
+        assert!(
+            r.user_data
+                .contains("elements = { 198.51.100.9/32, 203.0.113.44/32 }"),
+            "{}",
+            r.user_data
+        );
         let mut o = obj();
         std::sync::Arc::make_mut(&mut o.spec)
             .proxy
             .allowed_destinations
             .cidrs = vec!["10.1.0.0/16".into()];
-        let (permanent, msg) = request(&o, &e, "h1").unwrap_err();
+        let (permanent, msg) = request(&o, &e, "h1", &[443, 80]).unwrap_err();
         assert!(permanent, "{msg}");
         assert!(
             msg.starts_with("spec.proxy.allowedDestinations.cidrs[0]"),

@@ -225,9 +225,13 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
     } else {
         fresh.len()
     };
+    // Quarantined members count against the entry's quota (`max_members`): replacing them
+    // never grows the pool past it.
+    let max_members = usize::try_from(p.max_members).unwrap_or(usize::MAX);
     let wanted = replicas
         .saturating_sub(occupied)
-        .min(max_total.saturating_sub(remaining.len() + held + pinned.len()));
+        .min(max_total.saturating_sub(remaining.len() + held + pinned.len()))
+        .min(max_members.saturating_sub(remaining.len() + r.quarantined + held + pinned.len()));
     let placed = place::place(
         wanted,
         p,
@@ -297,9 +301,12 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
             }
             continue;
         }
-        total_budget -= 1;
+        // NB: saturating, though `allowed` keeps both positive: were that check ever wrong, the
+        // removal beyond the budget shows in the property tests' budget assertions in every
+        // build, not as an overflow panic in debug builds only.
+        total_budget = total_budget.saturating_sub(1);
         if m.available {
-            available_budget -= 1;
+            available_budget = available_budget.saturating_sub(1);
         }
         delete(&mut d, m, cause);
         if p.keep_addresses {

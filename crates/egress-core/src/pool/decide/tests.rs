@@ -555,3 +555,42 @@ fn a_rollout_over_members_not_ready_yet_removes_no_more_than_it_replaces() {
     assert_eq!(d.creates.len(), 1);
     assert_eq!(deleted(&d), [("web-0", DeleteCause::Template)]);
 }
+
+#[test]
+fn quarantined_members_count_toward_max_pool_replicas() {
+    // A pool of 2 on an entry allowing 3 members: one quarantined member is replaced...
+    let quarantined = |name: &str, host: &str| {
+        let mut q = member(name, host, 0);
+        q.quarantine = Some("banned".into());
+        q
+    };
+    let p = policy("replicas: 2\n").within_quota(3).unwrap();
+    let mut c = Case::new(
+        p.clone(),
+        vec![quarantined("web-q1", "h1"), member("web-b", "h2", 0)],
+        &["h1", "h2"],
+    );
+    assert_eq!(c.run().creates.len(), 1);
+    // ...a second is not: 2 quarantined and 1 serving are the entry's 3.
+    c.members = vec![
+        quarantined("web-q1", "h1"),
+        quarantined("web-q2", "h2"),
+        member("web-b", "h2", 0),
+    ];
+    assert!(
+        c.run().creates.is_empty(),
+        "never more than maxPoolReplicas members"
+    );
+    // Without the quota the same pool would replace it.
+    let mut unbounded = Case::new(policy("replicas: 2\n"), c.members.clone(), &["h1", "h2"]);
+    assert_eq!(unbounded.run().creates.len(), 1);
+    unbounded.members.clear();
+    // A pool asking for more than the quota is refused, naming spec.replicas.
+    let e = policy("replicas: 4\n").within_quota(3).unwrap_err();
+    assert_eq!(e.path, "spec.replicas");
+    assert!(
+        e.message.contains("quotas.maxPoolReplicas"),
+        "{}",
+        e.message
+    );
+}

@@ -1,7 +1,9 @@
 //! The update budget over random histories: members boot, fail, turn unhealthy and recover,
 //! the template changes, members age, replicas change, hosts go down; after every round
 //! the decision's own removals never take available members below
-//! `min(available before, replicas - maxUnavailable)`, creates never take the pool above
+//! `min(available before, replicas - maxUnavailable)` nor the pool's members (this round's
+//! creates included) below `min(members, replicas - maxUnavailable)` (both budgets asserted
+//! as counts, in every build profile), creates never take the pool above
 //! `replicas + maxSurge`, and placement respects host health and `maxPerHost`. Then, left
 //! alone, the pool converges to `replicas` current, available members.
 
@@ -88,21 +90,38 @@ fn run_history(seed: u64, replicas: u32, spec: &str, steps: usize) {
             .iter()
             .filter(|m| m.quarantine.is_none())
             .collect();
-        let avail_before = counted.iter().filter(|m| m.available).count();
         let gone = |m: &Member| d.deletes.iter().any(|x| x.name == m.name);
-        let avail_after = counted.iter().filter(|m| m.available && !gone(m)).count();
-        let min = (p.min_available() as usize).min(avail_before);
+        let healing =
+            |x: &DeleteMember| matches!(x.cause, DeleteCause::Failed | DeleteCause::Unhealthy);
+        let healed = d.deletes.iter().filter(|x| healing(x)).count();
+        // The budgets, counted from the round's inputs and asserted as such (not through an
+        // arithmetic overflow, which release builds would not report): the pool's own
+        // removals take neither its available members nor its members (this round's creates
+        // included, the ones autohealing removed not) below `replicas - maxUnavailable`, or
+        // below what there was when that was fewer already.
+        let min_available = p.min_available() as usize;
+        let removals: Vec<&DeleteMember> = d.deletes.iter().filter(|x| !healing(x)).collect();
+        let avail_before = counted.iter().filter(|m| m.available).count();
+        let avail_removed = counted.iter().filter(|m| m.available && gone(m)).count();
+        let available_budget = avail_before.saturating_sub(min_available);
         assert!(
-            avail_after >= min,
-            "seed {seed} step {step}: available {avail_before} -> {avail_after}, below {min}; deletes {:?}",
+            avail_removed <= available_budget,
+            "seed {seed} step {step}: {avail_removed} available members removed, over the \
+             available budget {available_budget} ({avail_before} available, replicas - \
+             maxUnavailable = {min_available}); deletes {:?}",
             d.deletes
         );
-        let healed = d
-            .deletes
-            .iter()
-            .filter(|x| matches!(x.cause, DeleteCause::Failed | DeleteCause::Unhealthy))
-            .count();
-        let after = counted.len() - healed + d.creates.len();
+        let members = counted.len() - healed + d.creates.len();
+        let total_budget = members.saturating_sub(min_available);
+        assert!(
+            removals.len() <= total_budget,
+            "seed {seed} step {step}: {} members removed, over the total budget {total_budget} \
+             ({members} members with this round's creates, replicas - maxUnavailable = \
+             {min_available}); deletes {:?}",
+            removals.len(),
+            d.deletes
+        );
+        let after = members;
         assert!(
             d.creates.is_empty() || after <= p.max_total() as usize,
             "seed {seed} step {step}: {after} members after creates, above {}",

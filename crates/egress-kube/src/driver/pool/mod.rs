@@ -18,7 +18,10 @@
 //!   reconciled by the Proxy controller like any Proxy.
 //! - Deleting a pool deletes its members explicitly and waits for them to be gone (the
 //!   finalizer [`POOL_FINALIZER`]): the members' VMs are removed even where no garbage
-//!   collector runs, and the pool disappears last.
+//!   collector runs, and the pool disappears last. The garbage collector may delete members
+//!   first (a foreground deletion, or the finalizer removed by hand): a member already gone or
+//!   being deleted is not an error. A pool deleted with `propagationPolicy: Orphan` leaves its
+//!   members: only members that still name the pool as their owner are deleted with it.
 //! - A member the pool created is counted until the watch shows it (expectations), so a
 //!   reconcile that runs before the watch caught up never creates it twice.
 //! - Metrics as in standalone mode: members by state on every reconcile; a replacement counted

@@ -102,13 +102,28 @@ async fn reconcile_inner(
         if !has_finalizer {
             return Ok(Action::await_change());
         }
-        for p in objects
+        // NB: only members that still name this pool as their owner go with it: a pool deleted
+        // with `propagationPolicy: Orphan` has the garbage collector remove that reference,
+        // and its members stay (as the user asked), whichever of us acts first.
+        let pool_uid = pool.meta().uid.clone();
+        let owned: Vec<&Arc<Proxy>> = objects
             .iter()
-            .filter(|p| p.meta().deletion_timestamp.is_none())
-        {
-            delete_member(&proxies, p).await?;
+            .filter(|p| {
+                p.owner_references()
+                    .iter()
+                    .any(|o| Some(&o.uid) == pool_uid.as_ref())
+            })
+            .collect();
+        let orphaning = pool.finalizers().iter().any(|f| f == ORPHAN_FINALIZER);
+        if !orphaning {
+            for p in owned
+                .iter()
+                .filter(|p| p.meta().deletion_timestamp.is_none())
+            {
+                delete_member(&proxies, p).await?;
+            }
         }
-        if objects.is_empty() {
+        if orphaning || owned.is_empty() {
             let keep: Vec<String> = pool
                 .finalizers()
                 .iter()
@@ -133,7 +148,14 @@ async fn reconcile_inner(
     let generation = pool.meta().generation.unwrap_or(0);
     let current = pool.status.clone().unwrap_or_default();
     let spec = &pool.spec.0;
-    let validated = spec.validate();
+    // Bound by its entry's quotas.maxPoolReplicas (quarantined members count).
+    let validated =
+        spec.validate().and_then(
+            |p| match ctx.core.max_pool_replicas(&spec.template.provider) {
+                Some(max) => p.within_quota(max).map_err(|e| vec![e]),
+                None => Ok(p),
+            },
+        );
     let errors: Vec<String> = validate_pool_name(name)
         .into_iter()
         .chain(validated.clone().err().unwrap_or_default())
@@ -438,6 +460,9 @@ async fn write_status(
     .await?;
     Ok(())
 }
+
+/// The finalizer the API server sets on an object deleted with `propagationPolicy: Orphan`.
+const ORPHAN_FINALIZER: &str = "orphan";
 
 /// Replaces the pool's finalizers with `list`, guarded by the resourceVersion read.
 async fn set_finalizers(

@@ -1,15 +1,15 @@
 //! Which network addresses a URL image may be fetched from (finding M12).
 //!
-//! Guarantees: [`forbidden`] refuses every address that reaches the operator's own network
-//! or host: unspecified, loopback, private (RFC 1918, ULA), link-local, CGNAT (100.64/10),
+//! Guarantees: [`forbidden`] refuses every address of the shared deny list
+//! ([`crate::denylist`], the one the guests and the host filter apply too), which reaches the
+//! operator's own network or host: unspecified, loopback, private (RFC 1918, ULA), link-local, CGNAT (100.64/10),
 //! multicast, broadcast and reserved ranges, the documentation ranges (192.0.2.0/24,
 //! 198.51.100.0/24, 203.0.113.0/24, 2001:db8::/32, 3fff::/20), the cloud metadata addresses
 //! (169.254.169.254, fd00:ec2::254, both inside refused ranges), IPv6 forms that embed an
-//! IPv4 address (mapped, compatible, well-known NAT64 `64:ff9b::/96`) when the embedded
-//! address is refused, and every address of the translation and tunnel ranges whose far end
-//! no one on this side controls: 6to4 (`2002::/16`), Teredo (`2001::/32`), local-use NAT64
-//! (`64:ff9b:1::/48`) and IPv4-translated (`::ffff:0:0:0/96`) — refused whole, whatever they
-//! embed, since a relay or translator on the path turns them into an IPv4 destination (the
+//! IPv4 address (mapped, compatible) when the embedded address is refused, and every address
+//! of the translation and tunnel ranges whose far end no one on this side controls: NAT64
+//! (`64:ff9b::/96`, `64:ff9b:1::/48`), 6to4 (`2002::/16`), Teredo (`2001::/32`) and
+//! IPv4-translated (`::ffff:0:0:0/96`) — refused whole, whatever they embed, since a relay or translator on the path turns them into an IPv4 destination (the
 //! reason names the embedded IPv4 address when it is itself refused). [`GuardedResolver`]
 //! applies it to every address a name resolves to, at connect time, so a DNS answer that
 //! changes between check and use cannot slip through; IP-literal hosts never reach a
@@ -19,7 +19,6 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ipnet::{Ipv4Net, Ipv6Net};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 /// Deadline for one DNS resolution of an image host.
@@ -27,75 +26,17 @@ use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 // without letting a dead one hold an import.
 pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// IPv4 ranges a URL image may never reach, with the reason shown in errors.
-const V4_FORBIDDEN: &[(&str, &str)] = &[
-    ("0.0.0.0/8", "unspecified"),
-    ("10.0.0.0/8", "private"),
-    ("100.64.0.0/10", "CGNAT"),
-    ("127.0.0.0/8", "loopback"),
-    ("169.254.0.0/16", "link-local or metadata"),
-    ("172.16.0.0/12", "private"),
-    ("192.0.0.0/24", "IETF protocol assignments"),
-    ("192.0.2.0/24", "documentation (TEST-NET-1)"),
-    ("192.88.99.0/24", "6to4 relay anycast"),
-    ("192.168.0.0/16", "private"),
-    ("198.18.0.0/15", "benchmarking"),
-    ("198.51.100.0/24", "documentation (TEST-NET-2)"),
-    ("203.0.113.0/24", "documentation (TEST-NET-3)"),
-    ("224.0.0.0/4", "multicast"),
-    ("240.0.0.0/4", "reserved or broadcast"),
-];
-
-/// IPv6 ranges a URL image may never reach.
-const V6_FORBIDDEN: &[(&str, &str)] = &[
-    ("::/128", "unspecified"),
-    ("::1/128", "loopback"),
-    (
-        "fc00::/7",
-        "unique-local (private, includes the fd00:ec2::254 metadata address)",
-    ),
-    ("fe80::/10", "link-local"),
-    ("fec0::/10", "site-local"),
-    ("ff00::/8", "multicast"),
-    ("100::/64", "discard"),
-    ("2001:db8::/32", "documentation"),
-    ("3fff::/20", "documentation"),
-    // NB: an embedded IPv4 address is checked first (see `forbidden`); these ranges are
-    // refused even when it is public, because a relay or translator we do not control
-    // carries the traffic on.
-    (
-        "2002::/16",
-        "6to4 (a relay reaches the IPv4 address inside it)",
-    ),
-    (
-        "2001::/32",
-        "Teredo (a relay reaches the IPv4 address inside it)",
-    ),
-    ("64:ff9b:1::/48", "local-use NAT64 (a local translator)"),
-    ("::ffff:0:0:0/96", "IPv4-translated (SIIT)"),
-];
-
-/// Why `ip` must not be fetched from, or `None` when it is a public address.
+/// Why `ip` must not be fetched from, or `None` when it is a public address: the first row
+/// of the shared deny list ([`crate::denylist`], image scope) holding the IPv4 address
+/// embedded in it, else holding `ip` itself.
 pub fn forbidden(ip: IpAddr) -> Option<&'static str> {
-    match ip {
-        IpAddr::V4(v4) => forbidden_v4(v4),
-        IpAddr::V6(v6) => {
-            if let Some(why) = embedded_v4(v6).and_then(forbidden_v4) {
-                return Some(why);
-            }
-            V6_FORBIDDEN.iter().find_map(|(net, why)| {
-                let net: Ipv6Net = net.parse().ok()?;
-                net.contains(&v6).then_some(*why)
-            })
-        }
+    let images = crate::denylist::Scope::Images;
+    if let IpAddr::V6(v6) = ip
+        && let Some(r) = embedded_v4(v6).and_then(|v4| crate::denylist::lookup(v4.into(), images))
+    {
+        return Some(r.why);
     }
-}
-
-fn forbidden_v4(ip: Ipv4Addr) -> Option<&'static str> {
-    V4_FORBIDDEN.iter().find_map(|(net, why)| {
-        let net: Ipv4Net = net.parse().ok()?;
-        net.contains(&ip).then_some(*why)
-    })
+    crate::denylist::lookup(ip, images).map(|r| r.why)
 }
 
 /// The IPv4 address inside an IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible (`::a.b.c.d`),
@@ -232,6 +173,7 @@ mod tests {
             ("2002:808:808::1", "6to4"),
             ("2001:0:4136:e378:8000:63bf:f7f7:f7f7", "Teredo"),
             ("64:ff9b:1::808:808", "local-use NAT64"),
+            ("64:ff9b::808:808", "NAT64"),
             ("::ffff:0:808:808", "IPv4-translated"),
             // ... and named for what they embed when that is refused.
             ("2002:a00:1::1", "private"),
@@ -258,7 +200,6 @@ mod tests {
             "2003::1",
             "2001:1::1",
             "2001:4860:4860::8888",
-            "64:ff9b::808:808",
             "64:ff9b:2::1",
             "4000::1",
             "192.0.3.1",

@@ -48,6 +48,9 @@ pub struct Subnets {
     pub network: Option<Vec<IpNet>>,
     /// The host's `guestCidr` (empty: not set).
     pub guest_cidr: Vec<IpNet>,
+    /// The libvirt network's own addresses (its `<ip address>`s: where its dnsmasq answers
+    /// DNS and DHCP for the guests); empty without a readable network.
+    pub network_addresses: Vec<IpAddr>,
 }
 
 impl Subnets {
@@ -108,6 +111,7 @@ pub async fn read(client: &Client, host: &HostConfig) -> (Subnets, bool) {
             Subnets {
                 network: None,
                 guest_cidr,
+                network_addresses: Vec::new(),
             },
             true,
         );
@@ -118,11 +122,13 @@ pub async fn read(client: &Client, host: &HostConfig) -> (Subnets, bool) {
     };
     match xml.await {
         Ok(xml) => {
-            let subnets = parse_network_subnets(&xml);
+            let ips = parse_network_ips(&xml);
+            let subnets: Vec<IpNet> = ips.iter().map(IpNet::trunc).collect();
             (
                 Subnets {
                     network: (!subnets.is_empty()).then_some(subnets),
                     guest_cidr,
+                    network_addresses: ips.iter().map(IpNet::addr).collect(),
                 },
                 true,
             )
@@ -135,6 +141,7 @@ pub async fn read(client: &Client, host: &HostConfig) -> (Subnets, bool) {
                 Subnets {
                     network: None,
                     guest_cidr,
+                    network_addresses: Vec::new(),
                 },
                 false,
             )
@@ -145,6 +152,12 @@ pub async fn read(client: &Client, host: &HostConfig) -> (Subnets, bool) {
 /// The subnets of every top-level `<ip>` element of a libvirt network XML (address and
 /// `prefix`, or an IPv4 `netmask` of contiguous ones). Elements that do not parse are skipped.
 pub fn parse_network_subnets(xml: &str) -> Vec<IpNet> {
+    parse_network_ips(xml).iter().map(IpNet::trunc).collect()
+}
+
+/// Every top-level `<ip>` element of a libvirt network XML as the network's own address
+/// with its prefix (not truncated). Elements that do not parse are skipped.
+pub fn parse_network_ips(xml: &str) -> Vec<IpNet> {
     use quick_xml::events::Event;
     let mut reader = quick_xml::Reader::from_str(xml);
     let mut depth = 0usize;
@@ -178,7 +191,7 @@ pub fn parse_network_subnets(xml: &str) -> Vec<IpNet> {
             if let (Some(a), Some(p)) = (addr, prefix)
                 && let Ok(n) = IpNet::new(a, p)
             {
-                out.push(n.trunc());
+                out.push(n);
             }
         }
         if opens {
@@ -264,6 +277,14 @@ mod tests {
             parse_network_subnets(xml),
             vec![net("192.168.122.0/24"), net("fd00::/64")]
         );
+        let own: Vec<IpAddr> = parse_network_ips(xml).iter().map(IpNet::addr).collect();
+        assert_eq!(
+            own,
+            [
+                "192.168.122.1".parse::<IpAddr>().unwrap(),
+                "fd00::1".parse().unwrap()
+            ]
+        );
         assert!(parse_network_subnets("<network><name>b</name></network>").is_empty());
         assert!(parse_network_subnets("<not xml").is_empty());
     }
@@ -273,6 +294,7 @@ mod tests {
         let s = Subnets {
             network: Some(vec![net("192.168.122.0/24")]),
             guest_cidr: vec![net("192.168.122.128/25")],
+            network_addresses: Vec::new(),
         };
         assert!(s.admits("192.168.122.200".parse().unwrap()));
         assert!(
@@ -283,6 +305,7 @@ mod tests {
         let only_cidr = Subnets {
             network: None,
             guest_cidr: vec![net("10.20.0.0/16")],
+            network_addresses: Vec::new(),
         };
         assert!(only_cidr.admits("10.20.3.4".parse().unwrap()));
         assert!(!only_cidr.admits("10.21.3.4".parse().unwrap()));

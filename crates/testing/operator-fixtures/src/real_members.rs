@@ -71,11 +71,17 @@ fn staged(user_data: &str, name: &str) -> String {
 }
 
 /// The targets are on loopback, which a guest's policy denies; the entry lifts it.
+/// The entry's policy with loopback lifted, and CONNECT to every port: the tests' targets
+/// listen on ephemeral ports (the operator renders 443, 80 and its health targets' ports
+/// when no port list is set; an empty list renders no `ConnectPort`, which tinyproxy takes
+/// as every port).
 fn loopback_allowed() -> GuestPolicy {
-    GuestPolicy::from_entry(&ProxyPolicy {
+    let mut p = GuestPolicy::from_entry(&ProxyPolicy {
         allowed_internal_cidrs: vec!["127.0.0.0/8".into()],
         ..ProxyPolicy::default()
-    })
+    });
+    p.connect_default.clear();
+    p
 }
 
 /// A member daemon: a child in its own process group, killed on drop.

@@ -150,8 +150,25 @@ pub async fn tinyproxy(i: u8, user: &str, password: &str) -> Daemon {
 
 /// [`tinyproxy`] with `MaxClients` raised to `max_clients` (the benchmark's idle tunnels).
 pub async fn tinyproxy_with(i: u8, user: &str, password: &str, max_clients: Option<u32>) -> Daemon {
+    let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+    tinyproxy_on(listen, i, user, password, max_clients).await
+}
+
+/// [`tinyproxy`] listening on `listen` (an address of a network namespace where a member's
+/// guest address is local), leaving from [`egress`]`(i)`.
+pub async fn tinyproxy_at(listen: SocketAddr, i: u8, user: &str, password: &str) -> Daemon {
+    tinyproxy_on(listen, i, user, password, None).await
+}
+
+async fn tinyproxy_on(
+    listen: SocketAddr,
+    i: u8,
+    user: &str,
+    password: &str,
+    max_clients: Option<u32>,
+) -> Daemon {
     require("/usr/bin/tinyproxy");
-    let port = free_port();
+    let port = listen.port();
     let c = creds(user, password);
     let settings = ProxySettings {
         port,
@@ -163,7 +180,7 @@ pub async fn tinyproxy_with(i: u8, user: &str, password: &str, max_clients: Opti
     if let Some(n) = max_clients {
         rendered = rendered.replace("MaxClients 100", &format!("MaxClients {n}"));
     }
-    let conf = format!("Listen 127.0.0.1\nBind {}\n{rendered}", egress(i));
+    let conf = format!("Listen {}\nBind {}\n{rendered}", listen.ip(), egress(i));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tinyproxy.conf");
     std::fs::write(&path, conf).unwrap();
@@ -173,7 +190,7 @@ pub async fn tinyproxy_with(i: u8, user: &str, password: &str, max_clients: Opti
             .arg("-c")
             .arg(&path),
     );
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let addr = listen;
     wait_listening(addr).await;
     Daemon {
         child: Some(child),

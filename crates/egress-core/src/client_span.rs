@@ -35,7 +35,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::model::parse_cidr;
+use crate::model::net::parse_cidr;
 use crate::proxy_policy::Net;
 
 /// The widest total of IPv4 client addresses any entry may allow, as a prefix length: one

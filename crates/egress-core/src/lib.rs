@@ -9,25 +9,24 @@
 //! - [`providers`]: the registry of configured provider entries and their hosts.
 //! - [`controller`]: pure reconcile decisions and the executor that carries them out.
 //! - [`gc`]: the orphan garbage collector (a pure plan, then checked deletions).
-//! - [`health`]: proxy health checked through each proxy; [`hosthealth`]: per-host checks.
-//! - [`metrics`]: the Prometheus registry of the operator; [`exposition`]: the `/metrics`
-//!   text both drivers serve.
-//! - [`background`]: the background workers both drivers run (GC, host checks, proxy health,
+//! - [`health`]: proxy health checked through each proxy; [`host_health`]: per-host checks.
+//! - [`metrics`]: the Prometheus registry of the operator (served by `egress-web`).
+//! - [`background`]: the background tasks both drivers run (GC, host checks, proxy health,
 //!   config watch) and the process's stop signal.
-//! - [`status`]: the status document both drivers serve; [`web`]: its HTTP server.
+//!
+//! What the operator serves (the status listener, the fleet page, `/status` streaming, the
+//! metrics exposition) is the `egress-web` crate above this one: the core has no HTTP server
+//! and no HTML dependency (a test, `tests/no_web_dependency.rs`, holds it to that).
 
 pub mod background;
 pub mod client_span;
 pub mod config;
 pub mod controller;
-pub mod exposition;
 pub mod gc;
 pub mod health;
-pub mod hosthealth;
+pub mod host_health;
 pub mod metrics;
 pub mod model;
 pub mod pool;
 pub mod providers;
 pub mod proxy_policy;
-pub mod status;
-pub mod web;

@@ -1,5 +1,5 @@
 //! The Proxy model shared by both drivers (Kubernetes and standalone): the manifest a user
-//! writes, its spec, and the status the operator reports. No Kubernetes types: the Kubernetes
+//! writes and its spec here, the status the operator reports in [`status`]. No Kubernetes types: the Kubernetes
 //! driver wraps these in its custom resource; standalone mode reads the same YAML from files.
 //!
 //! Guarantees:
@@ -10,22 +10,25 @@
 //!   [`egress_provider::error::redact`] and truncate it), so status never carries credentials
 //!   (finding D5) or unbounded remote strings (finding L18).
 
-use std::net::IpAddr;
-
 use egress_provider::error::redact;
 use serde::{Deserialize, Serialize};
 
+pub mod destinations;
 mod egress;
+pub mod net;
+pub mod status;
+pub use destinations::Destinations;
 pub use egress::{EgressSpec, family};
+pub use net::{is_dns_label, is_dns_subdomain, parse_cidr, parse_ip_or_cidr, prefix_contains};
+pub use status::{
+    Condition, ConditionStatus, HealthStatus, MAX_MESSAGE_CHARS, Phase, ProxyStatus, condition,
+    truncate,
+};
 
 /// The API group/version of a Proxy manifest.
 pub const API_VERSION: &str = "egress-proxies.dev/v1alpha1";
 /// The kind of a Proxy manifest.
 pub const KIND: &str = "Proxy";
-/// Longest message kept in a condition (finding L18).
-// NB: enough for a classified provider error with its host, setting and both sizes; status
-// objects stay small when hundreds of proxies fail the same way.
-pub const MAX_MESSAGE_CHARS: usize = 1024;
 /// Longest `spec.provider` and `spec.host` (entry and host names are identifiers of at most
 /// 32 characters in the provider config).
 pub const MAX_NAME_CHARS: usize = 32;
@@ -66,8 +69,8 @@ fn default_namespace() -> String {
     "default".into()
 }
 
-/// What a Proxy asks for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// What a Proxy asks for. (`Default` is an empty spec, which does not validate: a placeholder.)
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[cfg_attr(feature = "schema", schemars(extend("x-kubernetes-validations" = [{
     "rule": "has(self.proxy) && ((has(self.proxy.allowedClientCidrs) && size(self.proxy.allowedClientCidrs) > 0) || has(self.proxy.credentialsRef))",
@@ -198,41 +201,6 @@ pub struct ProxySettings {
     pub allowed_destinations: Destinations,
 }
 
-/// An allowlist of destinations. Each non-empty list must match: `domains` the name a
-/// client asks for (`example.com` exactly, `*.example.com` any subdomain; a client asking
-/// for an IP address then matches none), `cidrs` the address the proxy connects to after
-/// resolving, `ports` the destination port. Empty lists restrict nothing.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct Destinations {
-    /// Domains: `example.com` (exactly) or `*.example.com` (any subdomain), lowercase.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(feature = "schema", schemars(length(max = 64), extend(
-        "items" = {"type": "string", "maxLength": 253}
-    )))]
-    pub domains: Vec<String>,
-    /// Networks (CIDR notation) of the addresses the proxy connects to.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(feature = "schema", schemars(length(max = 64), extend(
-        "items" = {"type": "string", "maxLength": 64}
-    )))]
-    pub cidrs: Vec<String>,
-    /// Destination TCP ports.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(feature = "schema", schemars(length(max = 64), extend(
-        "items" = {"type": "integer", "minimum": 1, "maximum": 65535}
-    )))]
-    pub ports: Vec<u16>,
-}
-
-impl Destinations {
-    /// Whether no list is set (nothing restricted).
-    pub fn is_empty(&self) -> bool {
-        self.domains.is_empty() && self.cidrs.is_empty() && self.ports.is_empty()
-    }
-}
-
 fn default_port() -> u16 {
     DEFAULT_PROXY_PORT
 }
@@ -338,7 +306,7 @@ impl ProxySpec {
                 err(path, message);
             }
         }
-        for (path, message) in crate::proxy_policy::check_list(
+        for (path, message) in destinations::check_list(
             "spec.proxy.allowedDestinations",
             &self.proxy.allowed_destinations.domains,
             &self.proxy.allowed_destinations.cidrs,
@@ -367,285 +335,6 @@ impl ProxySpec {
         }
         errs
     }
-}
-
-/// Whether `s` is a DNS subdomain (RFC 1123) as Kubernetes object names must be: 1 to 253
-/// characters, dot-separated labels of lowercase letters, digits and `-`, each starting and
-/// ending with a letter or digit. A `credentialsRef` must be one before it names a Secret in
-/// an API path.
-pub fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|l| {
-            let b = l.as_bytes();
-            !b.is_empty()
-                && b.len() <= 63
-                && b.iter()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-                && b.first().is_some_and(u8::is_ascii_alphanumeric)
-                && b.last().is_some_and(u8::is_ascii_alphanumeric)
-        })
-}
-
-/// Whether `s` is a DNS label (RFC 1123) as Kubernetes namespace names are: 1 to 63 of
-/// lowercase letters, digits and `-`, starting and ending with a letter or digit.
-pub fn is_dns_label(s: &str) -> bool {
-    s.len() <= 63 && !s.contains('.') && is_dns_subdomain(s)
-}
-
-/// Parses `addr/len` with the length within the address family's bounds.
-pub fn parse_cidr(s: &str) -> Option<(IpAddr, u8)> {
-    let (a, l) = s.split_once('/')?;
-    let ip: IpAddr = a.parse().ok()?;
-    let len: u8 = l.parse().ok()?;
-    let max = if ip.is_ipv4() { 32 } else { 128 };
-    (len <= max && l == len.to_string()).then_some((ip, len))
-}
-
-/// Parses an IP (as a host-length CIDR) or `addr/len`; `None` when it is neither.
-pub fn parse_ip_or_cidr(s: &str) -> Option<(IpAddr, u8)> {
-    match s.parse::<IpAddr>() {
-        Ok(ip) => Some((ip, if ip.is_ipv4() { 32 } else { 128 })),
-        Err(_) => parse_cidr(s),
-    }
-}
-
-/// Whether `ip` is inside `net/len` (an address of another family never is).
-pub fn prefix_contains(net: IpAddr, len: u8, ip: IpAddr) -> bool {
-    match (net, ip) {
-        (IpAddr::V4(n), IpAddr::V4(a)) => {
-            let mask = u32::MAX
-                .checked_shl(32 - u32::from(len.min(32)))
-                .unwrap_or(0);
-            u32::from(n) & mask == u32::from(a) & mask
-        }
-        (IpAddr::V6(n), IpAddr::V6(a)) => {
-            let mask = u128::MAX
-                .checked_shl(128 - u32::from(len.min(128)))
-                .unwrap_or(0);
-            u128::from(n) & mask == u128::from(a) & mask
-        }
-        _ => false,
-    }
-}
-
-/// Where a Proxy is in its life.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub enum Phase {
-    /// Not yet placed or created.
-    #[default]
-    Pending,
-    /// Created; waiting for it to run and report an address.
-    Provisioning,
-    /// Running with an address.
-    Running,
-    /// Paused by the hypervisor (e.g. storage full); never destroyed for it.
-    Paused,
-    /// A permanent failure or an expired provisioning deadline; see the conditions.
-    Failed,
-    /// Being deleted.
-    Terminating,
-}
-
-impl Phase {
-    /// The name shown in status tables and metrics labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "Pending",
-            Self::Provisioning => "Provisioning",
-            Self::Running => "Running",
-            Self::Paused => "Paused",
-            Self::Failed => "Failed",
-            Self::Terminating => "Terminating",
-        }
-    }
-}
-
-/// Condition types a Proxy reports.
-pub mod condition {
-    /// The instance exists on a host.
-    pub const PROVISIONED: &str = "Provisioned";
-    /// The proxy answers through itself (set by the health engine).
-    pub const HEALTHY: &str = "Healthy";
-    /// Usable by clients.
-    pub const READY: &str = "Ready";
-}
-
-/// A condition's truth value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub enum ConditionStatus {
-    /// Holds.
-    True,
-    /// Does not hold.
-    False,
-    /// Not known yet.
-    Unknown,
-}
-
-/// One condition, as in Kubernetes' `metav1.Condition`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "camelCase")]
-pub struct Condition {
-    /// `Provisioned`, `Healthy` or `Ready`.
-    #[serde(rename = "type")]
-    pub type_: String,
-    /// True / False / Unknown.
-    pub status: ConditionStatus,
-    /// A CamelCase reason (stable: used as an event reason and a metrics label).
-    pub reason: String,
-    /// Human-readable, redacted, bounded.
-    pub message: String,
-    /// When `status` last changed (RFC 3339).
-    pub last_transition_time: String,
-    /// The spec generation this condition was computed from.
-    pub observed_generation: i64,
-}
-
-impl Condition {
-    /// A condition with a redacted, truncated message.
-    pub fn new(
-        type_: &str,
-        status: ConditionStatus,
-        reason: &str,
-        message: &str,
-        now: &str,
-        generation: i64,
-    ) -> Self {
-        Self {
-            type_: type_.to_owned(),
-            status,
-            reason: reason.to_owned(),
-            message: truncate(&redact(message), MAX_MESSAGE_CHARS),
-            last_transition_time: now.to_owned(),
-            observed_generation: generation,
-        }
-    }
-}
-
-/// What the operator reports about a Proxy.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "camelCase")]
-pub struct ProxyStatus {
-    /// Where the Proxy is in its life: `Pending`, `Provisioning`, `Running`, `Paused` (the
-    /// hypervisor paused it, e.g. storage full; never destroyed for it), `Failed` (see the
-    /// conditions) or `Terminating`.
-    pub phase: Phase,
-    /// The host the instance is on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
-    /// Where the instance is: `libvirt://ENTRY/HOST/NAME`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub provider_id: Option<String>,
-    /// The instance's address (kept through short Provisioning gaps).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ip: Option<String>,
-    /// The declared egress address(es) the instance holds from its host's address pool (at
-    /// most one IPv4 and one IPv6 address; absent when the host has no pool). The health
-    /// check expects exactly these as the egress the world sees (`health.egressIp`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub egress_address: Vec<String>,
-    /// `Provisioned`, `Healthy` and `Ready`, each with a stable reason (also the Event reason)
-    /// and a redacted message.
-    // NB: a map keyed by `type` for server-side apply, as Kubernetes' own conditions are.
-    #[serde(default)]
-    #[cfg_attr(feature = "schema", schemars(extend(
-        "x-kubernetes-list-type" = "map",
-        "x-kubernetes-list-map-keys" = ["type"]
-    )))]
-    pub conditions: Vec<Condition>,
-    /// The spec generation last acted on.
-    #[serde(default)]
-    pub observed_generation: i64,
-    /// When the current provisioning attempt began (RFC 3339).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub provisioning_since: Option<String>,
-    /// When the address was last seen (RFC 3339).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ip_seen_at: Option<String>,
-    /// What the proxy health engine last saw through the proxy (absent while health checks
-    /// are off or before the first check).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub health: Option<HealthStatus>,
-}
-
-/// The proxy health engine's view of one Proxy, as published in its status.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "camelCase")]
-pub struct HealthStatus {
-    /// `true` healthy, `false` unhealthy, absent until enough consecutive results decided.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub healthy: Option<bool>,
-    /// The address the check target saw the last successful check come from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub egress_ip: Option<String>,
-    /// With declared egress addresses (`egressAddress`): the address the check target saw
-    /// through each family's probe, in the order of `egressAddress` (the first is `egressIp`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub egress_ips: Vec<String>,
-    /// When the last check finished (RFC 3339).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_check: Option<String>,
-    /// Latency of the last successful probe (connect through the proxy to the answer), ms.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub latency_ms: Option<u64>,
-    /// Consecutive failed checks (0 after a success).
-    #[serde(default)]
-    pub consecutive_failures: u32,
-    /// Consecutive successful checks (0 after a failure).
-    #[serde(default)]
-    pub consecutive_successes: u32,
-    /// Why the last check failed (redacted, bounded), absent after a success.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
-}
-
-impl ProxyStatus {
-    /// The condition of `type_`, if set.
-    pub fn condition(&self, type_: &str) -> Option<&Condition> {
-        self.conditions.iter().find(|c| c.type_ == type_)
-    }
-
-    /// What `lastError` (and the LAST ERROR column of `egress-proxies status`) shows: the
-    /// message of the first False condition that has one. The controller sets the failing
-    /// condition and every condition still claiming progress to the cause, so this is the
-    /// cause, not a stale "creating"; redacted and at most [`MAX_MESSAGE_CHARS`] characters
-    /// (as every condition message is).
-    pub fn last_error(&self) -> Option<String> {
-        self.conditions
-            .iter()
-            .find(|c| c.status == ConditionStatus::False && !c.message.is_empty())
-            .map(|c| truncate(&c.message, MAX_MESSAGE_CHARS))
-    }
-
-    /// Sets a condition; keeps its transition time when the status value does not change.
-    /// The message is redacted and truncated.
-    pub fn set_condition(&mut self, new: Condition) {
-        let mut new = new;
-        new.message = truncate(&redact(&new.message), MAX_MESSAGE_CHARS);
-        if let Some(old) = self.conditions.iter_mut().find(|c| c.type_ == new.type_) {
-            if old.status == new.status {
-                new.last_transition_time = old.last_transition_time.clone();
-            }
-            *old = new;
-        } else {
-            self.conditions.push(new);
-        }
-    }
-}
-
-/// Truncates `s` to at most `max` characters, marking the cut (finding L18).
-pub fn truncate(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        return s.to_owned();
-    }
-    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
-    out.push('…');
-    out
 }
 
 #[cfg(test)]

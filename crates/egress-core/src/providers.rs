@@ -2,6 +2,9 @@
 //! the entry's configuration beside it so the reconciler can read defaults, limits, hosts and
 //! the catalogue.
 //!
+//! Every command and driver builds its registry with [`open`], naming the
+//! [`Installation`] it acts as.
+//!
 //! Guarantees:
 //! - Building the registry does no I/O: no host is dialed, no key file read (connections are
 //!   made on first use by the host pool). A config that built once builds the same way again.
@@ -25,7 +28,8 @@ use egress_provider::provider::Provider;
 use libvirt_remote::transport::Transport;
 use sha2::{Digest, Sha256};
 
-use crate::config::{ProviderConfig, ProviderEntry};
+use crate::config::installation::Installation;
+use crate::config::{ConfigErrors, ProviderConfig, ProviderEntry};
 
 /// The `address` that means "the libvirt socket on this machine, without SSH".
 pub const LOCAL_ADDRESS: &str = "local";
@@ -67,6 +71,42 @@ impl ProviderHandle {
     }
 }
 
+/// Why [`open`] built no providers.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The installation ID could not be resolved (an unreadable or invalid ID file), as a
+    /// config error at `installation.id`.
+    #[error("{0}")]
+    Installation(#[source] ConfigErrors),
+    /// The providers could not be built from the config (e.g. an SSH key readable by others).
+    #[error("cannot build the providers: {0}")]
+    Build(#[source] ProviderError),
+}
+
+/// The providers of `cfg` acting as `installation`: its ID resolved
+/// ([`Installation::id`]: the config's `installation.id`, else the kind's own default) and
+/// written into every mark they make. Every command and driver opens its providers here, so
+/// two of them given one config and one installation act as one installation.
+///
+/// No host is dialed; the only I/O is a standalone installation's ID file.
+pub fn open(cfg: &ProviderConfig, installation: &Installation) -> Result<Providers, OpenError> {
+    open_with(cfg, installation, &BuildOptions::default())
+}
+
+/// [`open`] with build options other than the defaults.
+pub fn open_with(
+    cfg: &ProviderConfig,
+    installation: &Installation,
+    opts: &BuildOptions,
+) -> Result<Providers, OpenError> {
+    let id = installation.id(cfg).map_err(OpenError::Installation)?;
+    let cfg = ProviderConfig {
+        installation: id,
+        ..cfg.clone()
+    };
+    Providers::from_config(&cfg, opts).map_err(OpenError::Build)
+}
+
 /// Every provider entry by name.
 #[derive(Debug, Clone, Default)]
 pub struct Providers {
@@ -91,7 +131,7 @@ impl Providers {
     /// Refuses (Permanent) a config whose SSH private key file, for a host reached over SSH,
     /// is readable by others ([`check_private_key_file`]: OpenSSH's rule), naming the field,
     /// the file and its mode, so an operator never starts on an exposed key.
-    pub fn from_config(cfg: &ProviderConfig, opts: &BuildOptions) -> Result<Self, ProviderError> {
+    fn from_config(cfg: &ProviderConfig, opts: &BuildOptions) -> Result<Self, ProviderError> {
         let mut handles = Vec::new();
         for (i, entry) in cfg.providers.iter().enumerate() {
             let ProviderEntry::Libvirt(e) = entry;

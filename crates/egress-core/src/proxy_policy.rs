@@ -19,12 +19,10 @@ use std::net::IpAddr;
 
 use egress_provider::libvirt::config::{DestinationAllowlist, ProxyPolicy};
 
-use crate::model::{Destinations, parse_cidr};
+use crate::model::destinations::{Destinations, check_list};
+use crate::model::net::parse_cidr;
 
-/// Most entries in each destination list (domains, CIDRs, ports).
-// NB: bounds the rendered configs and firewall sets; an allowlist longer than this is a
-// job for an upstream filtering proxy.
-pub const MAX_DESTINATIONS: usize = 64;
+pub use crate::model::destinations::{MAX_DESTINATIONS, is_domain_pattern};
 
 /// A network: its (masked) address and prefix length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,28 +89,6 @@ pub fn denied_networks() -> Vec<Net> {
         .collect()
 }
 
-/// Whether `s` is a destination domain pattern: a lowercase DNS name of at least two labels
-/// (`example.com`), optionally prefixed by `*.` (any subdomain of it, not the name itself).
-pub fn is_domain_pattern(s: &str) -> bool {
-    let name = s.strip_prefix("*.").unwrap_or(s);
-    name.len() <= 253
-        && name.contains('.')
-        && name.split('.').all(|l| {
-            let b = l.as_bytes();
-            !b.is_empty()
-                && b.len() <= 63
-                && b.iter()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-                && b.first().is_some_and(u8::is_ascii_alphanumeric)
-                && b.last().is_some_and(u8::is_ascii_alphanumeric)
-        })
-        // An all-numeric last label would make the pattern look like an IP address.
-        && name
-            .rsplit('.')
-            .next()
-            .is_some_and(|tld| tld.bytes().any(|c| c.is_ascii_lowercase()))
-}
-
 /// Whether every name `inner` matches is matched by `outer` (both [`is_domain_pattern`]).
 fn domain_within(outer: &str, inner: &str) -> bool {
     match outer.strip_prefix("*.") {
@@ -122,53 +98,6 @@ fn domain_within(outer: &str, inner: &str) -> bool {
             name.ends_with(&format!(".{suffix}")) || (inner.starts_with("*.") && name == suffix)
         }
     }
-}
-
-/// Checks one allowlist's shape; `path` names it (e.g. `spec.proxy.allowedDestinations`).
-/// Returns `(field path, message)` pairs, every violation at once.
-pub fn check_list(
-    path: &str,
-    domains: &[String],
-    cidrs: &[String],
-    ports: &[u16],
-) -> Vec<(String, String)> {
-    let mut errs = Vec::new();
-    for (field, n) in [
-        ("domains", domains.len()),
-        ("cidrs", cidrs.len()),
-        ("ports", ports.len()),
-    ] {
-        if n > MAX_DESTINATIONS {
-            errs.push((
-                format!("{path}.{field}"),
-                format!("{n} entries; at most {MAX_DESTINATIONS} are allowed"),
-            ));
-        }
-    }
-    for (i, d) in domains.iter().enumerate() {
-        if !is_domain_pattern(d) {
-            errs.push((
-                format!("{path}.domains[{i}]"),
-                format!(
-                    "{d:?} is not a domain: use a lowercase name (example.com) or *.example.com"
-                ),
-            ));
-        }
-    }
-    for (i, c) in cidrs.iter().enumerate() {
-        if Net::parse(c).is_none() {
-            errs.push((
-                format!("{path}.cidrs[{i}]"),
-                format!("{c:?} is not a CIDR (e.g. 203.0.113.0/24 or 2001:db8::/32)"),
-            ));
-        }
-    }
-    for (i, p) in ports.iter().enumerate() {
-        if *p == 0 {
-            errs.push((format!("{path}.ports[{i}]"), "0 is not a port".into()));
-        }
-    }
-    errs
 }
 
 /// The policy one guest enforces, ready to render.

@@ -13,9 +13,9 @@ use async_trait::async_trait;
 use egress_core::background::config_watch::{self, Compare, Reload, WatchedFiles};
 use egress_core::background::gc::{self as gc_worker, GcDriver};
 use egress_core::background::host_checks::{self, HostCheckDriver, HostCheckSettings};
-use egress_core::background::{Workers, sleep_or_stop};
+use egress_core::background::{Tasks, sleep_or_stop};
 use egress_core::gc::{GcReport, GcSettings};
-use egress_core::hosthealth::EntryCheck;
+use egress_core::host_health::EntryCheck;
 use egress_core::providers::{ProviderHandle, Providers};
 use egress_provider::error::{ProviderError, Result as ProviderResult};
 use egress_provider::model::{
@@ -427,7 +427,7 @@ async fn a_changed_config_reloads_once_and_a_refused_reload_keeps_the_running_pr
 #[tokio::test(start_paused = true)]
 async fn shutdown_stops_every_worker_even_one_that_ignores_its_stop_token() {
     let stop = CancellationToken::new();
-    let mut workers = Workers::new(stop.clone());
+    let mut workers = Tasks::new(stop.clone());
     let (a, b) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     {
         let (a, stop) = (Arc::clone(&a), workers.stop_token());

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use egress_core::controller::{Controller, ControllerSettings, ProxyObject};
-use egress_core::hosthealth::{HostHealth, check_all};
+use egress_core::host_health::{HostHealth, check_all};
 use egress_core::model::{ProxySettings, ProxySpec, ProxyStatus, Resources, condition};
 use egress_core::providers::Providers;
 use egress_provider::ProxyUid;

@@ -1,6 +1,6 @@
 //! The proxy health engine through real proxies on loopback: an in-process HTTP CONNECT proxy
 //! and SOCKS5 proxy (ep_operator_fixtures::health_proxies) in front of the real echo target
-//! (`health::echo::serve`). Everything listens and connects on 127.0.0.1 only.
+//! (`egress_web::echo::serve`). Everything listens and connects on 127.0.0.1 only.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

@@ -38,7 +38,7 @@ pub const CREDENTIALS_LABEL: &str = "egress-proxies.dev/credentials";
 /// The Secret `type` that, like [`CREDENTIALS_LABEL`], marks a Secret as credentials for
 /// egress-proxies.
 pub const CREDENTIALS_SECRET_TYPE: &str = "egress-proxies.dev/credentials";
-/// Longest remote string kept in a [`HostHealth`] field (finding L18).
+/// Longest remote string kept in a [`ProviderHostStatus`] field (finding L18).
 // NB: the same bound as a Proxy condition's message: enough for a classified provider error
 // naming a host and a setting; 100 hosts × 4 strings stays far below etcd's object limit.
 pub const MAX_HOST_STRING_CHARS: usize = egress_core::model::MAX_MESSAGE_CHARS;
@@ -140,7 +140,7 @@ pub struct ProviderHealthStatus {
     /// One entry per host of the provider entry, in config order.
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["host"]))]
-    pub hosts: Vec<HostHealth>,
+    pub hosts: Vec<ProviderHostStatus>,
     /// Number of hosts in the entry.
     #[serde(default)]
     pub host_count: u32,
@@ -161,7 +161,7 @@ pub struct ProviderHealthStatus {
 
 /// A host's state, as the last check classified it from the host's own result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub enum HostHealthState {
+pub enum ProviderHostState {
     /// Reachable and usable.
     Ready,
     /// Could not connect.
@@ -172,7 +172,7 @@ pub enum HostHealthState {
     Degraded,
 }
 
-impl From<HostState> for HostHealthState {
+impl From<HostState> for ProviderHostState {
     fn from(s: HostState) -> Self {
         match s {
             HostState::Ready => Self::Ready,
@@ -187,13 +187,13 @@ impl From<HostState> for HostHealthState {
 /// error is redacted (it never carries credentials).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct HostHealth {
+pub struct ProviderHostStatus {
     /// The host's name in the provider entry.
     pub host: String,
     /// `Ready` (reachable and usable), `Unreachable` (could not connect), `Timeout` (the host's
     /// own call hit its deadline) or `Degraded` (reachable, but something required is missing
     /// or low).
-    pub state: HostHealthState,
+    pub state: ProviderHostState,
     /// Latency of the probe call alone (not the connection setup), in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<u64>,
@@ -222,7 +222,7 @@ pub struct HostHealth {
 
 const GIB: u64 = 1 << 30;
 
-impl HostHealth {
+impl ProviderHostStatus {
     /// The status entry for a provider's [`HostReport`] checked at `checked_at` (RFC 3339):
     /// strings truncated, the error redacted again (defence in depth), bytes as whole GiB.
     pub fn from_report(r: &HostReport, checked_at: &str) -> Self {
@@ -514,8 +514,8 @@ mod tests {
             error: Some("fetch https://user:secret@example.com/img failed".into()),
             addresses: Vec::new(),
         };
-        let h = HostHealth::from_report(&r, "2026-01-01T00:00:00Z");
-        assert_eq!(h.state, HostHealthState::Degraded);
+        let h = ProviderHostStatus::from_report(&r, "2026-01-01T00:00:00Z");
+        assert_eq!(h.state, ProviderHostState::Degraded);
         assert_eq!(h.latency_ms, Some(12));
         assert_eq!(h.pool_free_gib, Some(5));
         assert!(h.hostname.unwrap().chars().count() <= MAX_HOST_STRING_CHARS);

@@ -124,8 +124,8 @@ impl State {
             return None;
         }
         let g = pool.spec.gateway.as_ref()?;
-        let own =
-            pool.spec.credentials.generate || pool.spec.template.proxy.credentials_ref.is_some();
+        let own = pool.spec.credentials.generate
+            || pool.spec.template.spec.proxy.credentials_ref.is_some();
         let policy = match g.validate(own) {
             Ok(p) => p,
             Err(errs) => {
@@ -138,7 +138,7 @@ impl State {
         let own_ref = if pool.spec.credentials.generate {
             Some(crate::driver::pool::secret::secret_name(name))
         } else {
-            pool.spec.template.proxy.credentials_ref.clone()
+            pool.spec.template.spec.proxy.credentials_ref.clone()
         };
         let mut clients = Vec::new();
         if policy.client_credentials.is_empty() {
@@ -198,7 +198,7 @@ impl State {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
             policy,
-            template: pool.spec.template.clone(),
+            template: pool.spec.template.spec.clone(),
             clients,
             members,
         })

@@ -3,7 +3,7 @@
 //! `/healthz`,
 //! `/readyz`, and the same read-only views as standalone mode (`/status`, `/proxies`,
 //! `/hosts`, `/healthy.txt`) built from the driver's watch cache. The HTTP server is the standalone one
-//! ([`egress_core::web::serve`]); this module only implements its
+//! ([`egress_web::serve`]); this module only implements its
 //! [`Endpoints`].
 //!
 //! Guarantees:
@@ -18,18 +18,19 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use egress_core::controller::Controller as Core;
-use egress_core::exposition::Exposition;
 use egress_core::health::{HealthEngine, HealthSettings};
-use egress_core::hosthealth::HostHealth;
+use egress_core::host_health::HostHealth;
 use egress_core::metrics::{Metrics, MetricsFormat};
 use egress_core::model::Phase;
-use egress_core::status::{HostRow, PoolStatusRow, ProxyStatusRow, StatusDocument};
-use egress_core::web::Endpoints;
 use egress_provider::model::HostReport;
+use egress_provider::sync::lock;
+use egress_web::Endpoints;
+use egress_web::exposition::Exposition;
+use egress_web::status::{HostStatusRow, PoolStatusRow, ProxyStatusRow, StatusDocument};
 
 /// The driver's observable state, shared between the driver (writer) and the HTTP server
 /// (reader). Create one per process with [`Observer::new`].
@@ -45,10 +46,6 @@ pub struct Observer {
     rows: Mutex<Vec<ProxyStatusRow>>,
     hosts: Mutex<BTreeMap<(String, String), HostHealth>>,
     pools: Mutex<BTreeMap<(String, String), PoolStatusRow>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Observer {
@@ -168,13 +165,7 @@ impl Endpoints for Observer {
             proxies: lock(&self.rows).clone(),
             hosts: lock(&self.hosts)
                 .values()
-                .map(|h| HostRow {
-                    entry: h.entry.clone(),
-                    host: h.host.clone(),
-                    state: h.state.clone(),
-                    latency_ms: h.latency_ms,
-                    error: h.error.clone(),
-                })
+                .map(HostStatusRow::from)
                 .collect(),
             manifest_errors: Vec::new(),
             pools: lock(&self.pools).values().cloned().collect(),
@@ -209,7 +200,7 @@ impl Endpoints for Observer {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use egress_core::web::handle;
+    use egress_web::handle;
     use hyper::{Method, StatusCode};
 
     #[test]

@@ -160,12 +160,17 @@ const ALWAYS: &[(&str, &str)] = &[
     ("gateway.clientCredentials", r#"["gateway-clients"]"#),
 ];
 
+/// Properties a CEL rule requires though the schema does not (by whole path): synthesized as
+/// if required (a pool's `template.spec` is optional in the schema so that the rule asking for
+/// it can show the shape to write).
+const ALSO_REQUIRED: &[&str] = &["spec.template.spec"];
+
 /// Fields a CEL rule forbids outright, by the end of their path: any value at their bounds is
 /// refused with the rule's message, so their "at the bound" object must be refused by it.
 fn forbidden_by_rule(segs: &[Seg]) -> Option<&'static str> {
     let p = pattern(segs);
     let under_template_host = p.starts_with("spec.template") && p.ends_with(".host");
-    under_template_host.then_some("spec.template.host must not be set")
+    under_template_host.then_some("spec.template.spec.host must not be set")
 }
 
 fn ty(s: &Value) -> &str {
@@ -241,6 +246,12 @@ fn synth(s: &Value, path: &str, i: usize) -> Value {
                 let k = k.as_str().unwrap();
                 // An item's required fields take its index (items distinct where they must be).
                 m.insert(k.into(), synth(&props.unwrap()[k], &join(path, k), i));
+            }
+            for (k, sub) in props.into_iter().flatten() {
+                let p = join(path, k);
+                if ALSO_REQUIRED.contains(&p.as_str()) && !m.contains_key(k) {
+                    m.insert(k.clone(), synth(sub, &p, 0));
+                }
             }
             for (suffix, v) in ALWAYS {
                 for (k, _) in props.into_iter().flatten() {
@@ -411,7 +422,7 @@ fn cel_cases() -> Vec<(
             false,
         ),
         (
-            "set spec.credentials.generate, template.proxy.allowedClientCidrs or template.proxy.credentialsRef",
+            "set spec.credentials.generate, template.spec.proxy.allowedClientCidrs or template.spec.proxy.credentialsRef",
             vec![("proxy", json!({"allowedClientCidrs": []}))],
             vec![
                 ("proxy", json!({"allowedClientCidrs": []})),
@@ -420,13 +431,25 @@ fn cel_cases() -> Vec<(
             false,
         ),
         (
-            "spec.template.host must not be set",
-            vec![("template.host", json!("h1"))],
+            "spec.template takes the shape of a Kubernetes Pod template",
+            // A flat template: its fields are unknown to the schema and pruned, no spec left.
+            vec![("template", json!({"metadata": {"labels": {"team": "a"}}}))],
+            vec![(
+                "template",
+                json!({"metadata": {"labels": {"team": "a"}}, "spec": {
+                    "provider": "home", "image": "debian-12",
+                    "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}}),
+            )],
+            false,
+        ),
+        (
+            "spec.template.spec.host must not be set",
+            vec![("template.spec.host", json!("h1"))],
             vec![("placement", json!({"hosts": ["h1"]}))],
             false,
         ),
         (
-            "spec.credentials.generate conflicts with spec.template.proxy.credentialsRef",
+            "spec.credentials.generate conflicts with spec.template.spec.proxy.credentialsRef",
             vec![
                 ("credentials", json!({"generate": true})),
                 ("proxy.credentialsRef", json!("proxy-creds")),

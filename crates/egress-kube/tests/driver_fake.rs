@@ -94,6 +94,9 @@ impl Drop for World {
     }
 }
 
+/// The pool the flat-template test writes in the shape of earlier versions.
+const FLAT_POOL: &str = "flat-template";
+
 /// The address a guest reports unless the test chose one.
 const DEFAULT_IP: &str = "192.168.122.10";
 
@@ -120,7 +123,13 @@ impl World {
     /// Fails when the fake dropped a field the operator wrote: the schema does not declare it,
     /// so on a real cluster it would be lost.
     fn assert_nothing_pruned(&self) {
-        let dropped = self.api.dropped_fields();
+        // NB: the flat-template test writes unknown fields itself, to see them refused.
+        let dropped: Vec<_> = self
+            .api
+            .dropped_fields()
+            .into_iter()
+            .filter(|d| !d.object.ends_with(&format!("/proxypools/{FLAT_POOL}")))
+            .collect();
         assert!(
             dropped.is_empty(),
             "the API server pruned fields the operator wrote: {dropped:#?}"
@@ -504,9 +513,9 @@ async fn a_frozen_host_cannot_hold_a_reconcile_past_its_deadline() {
 // ---- health, publishing, ProviderHealth, credentials, RBAC ----
 
 use egress_core::health::probe::CheckTarget;
-use egress_core::web::{Endpoints, healthy_list};
 use egress_kube::api::{ProviderHealth, ProviderHealthSpec};
 use egress_kube::driver::publish::GROUP_LABEL;
+use egress_web::{Endpoints, healthy_list};
 use k8s_openapi::api::core::v1::Secret;
 
 /// 192.0.2.N:P → 127.0.0.N:P, where the test's in-process proxies listen.
@@ -877,7 +886,7 @@ async fn the_driver_calls_exactly_the_apis_its_rbac_table_grants() {
     let pool: ProxyPool = serde_json::from_value(json!({
         "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
         "metadata": {"name": "tour", "namespace": "default"},
-        "spec": {"replicas": 1, "template": {"provider": ENTRY, "image": IMAGE},
+        "spec": {"replicas": 1, "template": {"spec": {"provider": ENTRY, "image": IMAGE}},
                  "credentials": {"generate": true}},
     }))
     .unwrap();
@@ -1034,8 +1043,8 @@ async fn a_pools_healthy_members_are_its_service_and_a_quarantined_one_leaves_it
     let pool: ProxyPool = serde_json::from_value(json!({
         "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
         "metadata": {"name": "fleet", "namespace": "default"},
-        "spec": {"replicas": 2, "template": {"provider": ENTRY, "image": IMAGE,
-                 "proxy": {"port": port, "allowedClientCidrs": ["10.0.0.0/8"]}}},
+        "spec": {"replicas": 2, "template": {"spec": {"provider": ENTRY, "image": IMAGE,
+                 "proxy": {"port": port, "allowedClientCidrs": ["10.0.0.0/8"]}}}},
     }))
     .unwrap();
     pools.create(&PostParams::default(), &pool).await.unwrap();
@@ -1094,7 +1103,7 @@ async fn a_pools_healthy_members_are_its_service_and_a_quarantined_one_leaves_it
     )
     .await;
     // The operator's status views list the pool with its members.
-    use egress_core::web::Endpoints;
+    use egress_web::Endpoints;
     w.until("the pool in the status document", |_| {
         r.observer.status().pools.iter().any(|p| {
             p.name == "fleet"
@@ -1120,8 +1129,8 @@ async fn an_invalid_pool_is_reported_with_every_field_at_fault_and_gets_no_membe
     let pool: ProxyPool = serde_json::from_value(json!({
         "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
         "metadata": {"name": "bad", "namespace": "default"},
-        "spec": {"replicas": 2, "template": {"provider": ENTRY, "image": IMAGE,
-                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}},
+        "spec": {"replicas": 2, "template": {"spec": {"provider": ENTRY, "image": IMAGE,
+                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}},
                  "update": {"maxSurge": 0, "maxUnavailable": 0},
                  "rotation": {"maxAge": "10s"}},
     }))
@@ -1171,6 +1180,69 @@ async fn an_invalid_pool_is_reported_with_every_field_at_fault_and_gets_no_membe
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_in_the_flat_template_shape_is_refused_with_the_new_shape_and_wedges_nothing() {
+    let w = World::new();
+    let r = w.start("a");
+    // Written as earlier versions took it (the Proxy's fields directly under `template`):
+    // raw JSON, not through the typed API. The API server prunes the unknown fields and the
+    // CRD's rule refuses a template without `spec`, showing the shape to write. (A pool stored
+    // in that shape before an upgrade is refused by the operator with the same shape: the
+    // core's `pool::validate_tests` and standalone's manifest tests.)
+    let ar = kube::api::ApiResource::erase::<ProxyPool>(&());
+    let dynamic: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(w.api.client("default"), "default", &ar);
+    let flat: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": FLAT_POOL, "namespace": "default"},
+        "spec": {"replicas": 1, "template": {"provider": ENTRY, "image": IMAGE,
+                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}},
+    }))
+    .unwrap();
+    let err = dynamic
+        .create(&PostParams::default(), &flat)
+        .await
+        .unwrap_err();
+    let kube::Error::Api(status) = err else {
+        panic!("not an API refusal: {err}");
+    };
+    assert_eq!(status.code, 422, "{status:?}");
+    for needle in ["spec.template", "template.spec", "metadata", "v1alpha1"] {
+        assert!(
+            status.message.contains(needle),
+            "{needle}: {}",
+            status.message
+        );
+    }
+    // Its watch is not wedged: a pool in the new shape beside it gets its member.
+    let pool: ProxyPool = serde_json::from_value(json!({
+        "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": "new", "namespace": "default"},
+        "spec": {"replicas": 1, "template": {"spec": {"provider": ENTRY, "image": IMAGE,
+                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}}},
+    }))
+    .unwrap();
+    Api::<ProxyPool>::namespaced(w.api.client("default"), "default")
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap();
+    w.until("the new pool's member exists", |w| {
+        w.api
+            .objects(GROUP, "proxies")
+            .iter()
+            .any(|p| p["metadata"]["labels"]["egress-proxies.dev/pool"] == "new")
+    })
+    .await;
+    assert!(
+        !w.api
+            .objects(GROUP, "proxies")
+            .iter()
+            .any(|p| p["metadata"]["labels"]["egress-proxies.dev/pool"] == FLAT_POOL),
+        "no member of the refused pool"
+    );
+    stop(r).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_named_like_an_unowned_service_leaves_it_alone_and_marks_its_members() {
     use k8s_openapi::api::core::v1::Service;
     let w = World::new();
@@ -1190,8 +1262,8 @@ async fn a_pool_named_like_an_unowned_service_leaves_it_alone_and_marks_its_memb
     let pool: ProxyPool = serde_json::from_value(json!({
         "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
         "metadata": {"name": "db", "namespace": "default"},
-        "spec": {"replicas": 1, "template": {"provider": ENTRY, "image": IMAGE,
-                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}},
+        "spec": {"replicas": 1, "template": {"spec": {"provider": ENTRY, "image": IMAGE,
+                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}}},
     }))
     .unwrap();
     Api::<ProxyPool>::namespaced(w.api.client("default"), "default")
@@ -1486,8 +1558,8 @@ async fn running_pool(w: &World, name: &str) -> Vec<String> {
     let pool: ProxyPool = serde_json::from_value(json!({
         "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
         "metadata": {"name": name, "namespace": "default"},
-        "spec": {"replicas": 2, "template": {"provider": ENTRY, "image": IMAGE,
-                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}},
+        "spec": {"replicas": 2, "template": {"spec": {"provider": ENTRY, "image": IMAGE,
+                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}}},
     }))
     .unwrap();
     Api::<ProxyPool>::namespaced(w.api.client("default"), "default")
@@ -1588,6 +1660,47 @@ async fn a_pool_deleted_with_orphan_leaves_its_members_running_without_the_owner
         );
         assert_eq!(phase_of(&Some(p)).as_deref(), Some("Running"));
     }
+    assert_eq!(vms(&w), 2);
+    stop(r).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_deleted_with_orphan_leaves_its_members_when_the_operator_acts_before_the_collector()
+{
+    let w = World::new();
+    let r = w.start("a");
+    let members = running_pool(&w, "or2").await;
+    // The collector has not removed the owner references yet when the operator sees the
+    // deletion: the `orphan` finalizer alone says the members stay.
+    w.api.set_gc_paused(true);
+    delete_pool(&w, "or2", &DeleteParams::orphan()).await;
+    w.until(
+        "the operator let the pool go (its finalizer removed)",
+        |w| {
+            w.api
+                .object(GROUP, "proxypools", "default", "or2")
+                .is_none_or(|p| {
+                    !p["metadata"]["finalizers"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|f| f.as_str().is_some_and(|f| f.contains("egress-proxies")))
+                })
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for m in &members {
+        let p = w
+            .proxy_json(m)
+            .expect("a member of an orphaning pool stays");
+        assert!(
+            p["metadata"].get("deletionTimestamp").is_none(),
+            "{m} was deleted"
+        );
+    }
+    w.api.set_gc_paused(false);
+    w.api.collect_garbage();
     assert_eq!(vms(&w), 2);
     stop(r).await;
 }

@@ -6,6 +6,7 @@ pub mod error;
 pub mod libvirt;
 pub mod model;
 pub mod provider;
+pub mod sync;
 
 pub use error::{ErrorClass, ProviderError, Result};
 pub use model::{

@@ -312,7 +312,7 @@ fn canned_server(body: String) -> String {
 /// A status document with one Proxy (health checked, a long error) and one pool member.
 fn status_document() -> String {
     use egress_core::model::{HealthStatus, Phase};
-    use egress_core::status::{PoolMemberRow, PoolStatusRow, ProxyStatusRow, StatusDocument};
+    use egress_web::status::{PoolMemberRow, PoolStatusRow, ProxyStatusRow, StatusDocument};
     let now = humantime_now();
     let doc = StatusDocument {
         generated_at: now.clone(),

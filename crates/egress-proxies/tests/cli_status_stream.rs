@@ -19,9 +19,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cli_support::BIN;
-use egress_core::status::{Filters, ProxyStatusRow, StatusDocument};
+use egress_web::filters::Filters;
+use egress_web::status::{ProxyStatusRow, StatusDocument};
 
-/// Proxies written: more than two chunks of rows ([`egress_core::web::stream::CHUNK_ROWS`]).
+/// Proxies written: more than two chunks of rows ([`egress_web::stream::CHUNK_ROWS`]).
 const PROXIES: usize = 600;
 const DEADLINE: Duration = Duration::from_secs(60);
 

@@ -285,7 +285,7 @@ fn json_keys(v: &serde_json::Value, out: &mut std::collections::BTreeSet<String>
 #[test]
 fn every_field_of_the_status_document_is_documented_for_users() {
     use egress_core::model::{Condition, ConditionStatus, HealthStatus, Phase};
-    use egress_core::status::{HostRow, ProxyStatusRow, StatusDocument};
+    use egress_web::status::{HostStatusRow, ProxyStatusRow, StatusDocument};
     // Every optional field set, so every key is serialized.
     let doc = StatusDocument {
         generated_at: "2026-01-01T00:00:00Z".into(),
@@ -320,7 +320,7 @@ fn every_field_of_the_status_document_is_documented_for_users() {
             }),
             egress_address: vec!["203.0.113.7".into()],
         }],
-        hosts: vec![HostRow {
+        hosts: vec![HostStatusRow {
             entry: "local".into(),
             host: "h1".into(),
             state: "Ready".into(),
@@ -328,7 +328,7 @@ fn every_field_of_the_status_document_is_documented_for_users() {
             error: Some("e".into()),
         }],
         manifest_errors: vec!["a.yaml: bad".into()],
-        pools: vec![egress_core::status::PoolStatusRow {
+        pools: vec![egress_web::status::PoolStatusRow {
             namespace: "default".into(),
             name: "web".into(),
             desired: 2,
@@ -363,7 +363,7 @@ fn every_field_of_the_status_document_is_documented_for_users() {
                 members_omitted: 1,
                 ..Default::default()
             },
-            members: vec![egress_core::status::PoolMemberRow {
+            members: vec![egress_web::status::PoolMemberRow {
                 name: "web-b".into(),
                 host: Some("h1".into()),
                 phase: Phase::Running,

@@ -322,9 +322,9 @@ async fn inside_the_namespace() {
         dir.join("rot.yaml"),
         format!(
             "apiVersion: egress-proxies.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: {POOL_NAME}\n\
-             spec:\n  replicas: 2\n  template:\n    provider: {entry}\n    image: {IMAGE_KEY}\n    \
-             proxy:\n      port: {PROXY_PORT}\n      protocol: http\n      \
-             allowedClientCidrs: [{gateway}/32]\n  rotation:\n    maxAge: {MAX_AGE}\n  \
+             spec:\n  replicas: 2\n  template:\n    spec:\n      provider: {entry}\n      \
+             image: {IMAGE_KEY}\n      proxy:\n        port: {PROXY_PORT}\n        \
+             protocol: http\n        allowedClientCidrs: [{gateway}/32]\n  rotation:\n    maxAge: {MAX_AGE}\n  \
              update:\n    maxSurge: 1\n    maxUnavailable: 0\n  autohealing:\n    \
              unhealthyAfter: {UNHEALTHY_AFTER}\n  credentials:\n    generate: true\n  \
              gateway:\n    listeners: [{{port: {GATEWAY_PORT}}}]\n    drainGrace: 30s\n"

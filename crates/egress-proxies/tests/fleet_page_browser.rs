@@ -28,7 +28,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use egress_core::model::Phase;
-use egress_core::status::StatusDocument;
+use egress_web::status::StatusDocument;
 use ep_operator_fixtures::{GIB, POOL, dhcp_network, publish_base, run_dhcp, write_proxy_manifest};
 use fantoccini::wd::WebDriverCompatibleCommand;
 use fantoccini::{Client, ClientBuilder, Locator};

@@ -106,8 +106,9 @@ fn pool_manifest(dir: &Path, gateway: bool) {
         "fleet.yaml",
         &format!(
             "apiVersion: egress-proxies.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: fleet\n\
-             spec:\n  replicas: {REPLICAS}\n  template:\n    provider: {ENTRY}\n    image: {IMAGE}\n    \
-             proxy:\n      port: {MEMBER_PORT}\n      credentialsRef: members.cred\n{gw}"
+             spec:\n  replicas: {REPLICAS}\n  template:\n    spec:\n      provider: {ENTRY}\n      \
+             image: {IMAGE}\n      proxy:\n        port: {MEMBER_PORT}\n        \
+             credentialsRef: members.cred\n{gw}"
         ),
     );
 }
@@ -116,9 +117,11 @@ fn pool_manifest(dir: &Path, gateway: bool) {
 async fn get(addr: SocketAddr, path: &str) -> Option<String> {
     let go = async {
         let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
-            .await
-            .ok()?;
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .ok()?;
         let mut buf = String::new();
         s.read_to_string(&mut buf).await.ok()?;
         match ep_test_support::http::response(&buf)? {
@@ -218,7 +221,10 @@ fn standalone_serves_a_pools_gateway_from_its_own_member_state() {
         seen.push('\n');
     }
     let status = child.wait().unwrap();
-    assert!(status.success(), "the run inside the namespace failed: {status}");
+    assert!(
+        status.success(),
+        "the run inside the namespace failed: {status}"
+    );
     if let Err(e) = ep_test_support::e2e::check_ran_exactly(&seen, TEST) {
         panic!("the run inside the namespace: {e}");
     }
@@ -228,7 +234,8 @@ async fn inside() {
     let work = tempfile::tempdir().unwrap();
     // The host: a libvirt-fake on a unix socket, the image published, addresses by "DHCP".
     let fake = FakeLibvirt::new();
-    fake.add_pool(PoolSpec::new(POOL).capacity(100 * GIB)).unwrap();
+    fake.add_pool(PoolSpec::new(POOL).capacity(100 * GIB))
+        .unwrap();
     fake.add_network(dhcp_network("default")).unwrap();
     publish_base(&fake, ENTRY, IMAGE, &digest());
     let sock = work.path().join("h1.sock");
@@ -246,7 +253,10 @@ async fn inside() {
     let mut members: BTreeMap<Ipv4Addr, Daemon> = BTreeMap::new();
     for k in 0..SLOTS {
         let at = SocketAddr::from((slot_addr(k), MEMBER_PORT));
-        members.insert(slot_addr(k), tinyproxy_at(at, k, MEMBER_USER, MEMBER_PW).await);
+        members.insert(
+            slot_addr(k),
+            tinyproxy_at(at, k, MEMBER_USER, MEMBER_PW).await,
+        );
     }
     let egress_of = |ip: &str| members[&ip.parse::<Ipv4Addr>().unwrap()].egress.to_string();
 
@@ -267,7 +277,11 @@ async fn inside() {
     .unwrap();
     let dir = work.path().join("manifests");
     std::fs::create_dir(&dir).unwrap();
-    write(&dir, "members.cred", &format!("{MEMBER_USER}:{MEMBER_PW}\n"));
+    write(
+        &dir,
+        "members.cred",
+        &format!("{MEMBER_USER}:{MEMBER_PW}\n"),
+    );
     write(&dir, "alice.cred", &format!("alice:{ALICE_PW}\n"));
     write(&dir, "bob.cred", &format!("bob:{BOB_PW}\n"));
     pool_manifest(&dir, true);
@@ -300,7 +314,11 @@ async fn inside() {
         if m.len() == REPLICAS {
             break m;
         }
-        assert!(op.child.try_wait().unwrap().is_none(), "standalone exited\n{}", op.tail());
+        assert!(
+            op.child.try_wait().unwrap().is_none(),
+            "standalone exited\n{}",
+            op.tail()
+        );
         assert!(
             t0.elapsed() < DEADLINE,
             "members {m:?} after {DEADLINE:?}: {:?}\n{}",
@@ -309,9 +327,14 @@ async fn inside() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    println!("eptest: {REPLICAS} members healthy after {:.1} s: {pool:?}", t0.elapsed().as_secs_f64());
-    let egress: BTreeMap<String, String> =
-        pool.iter().map(|(n, ip)| (egress_of(ip), n.clone())).collect();
+    println!(
+        "eptest: {REPLICAS} members healthy after {:.1} s: {pool:?}",
+        t0.elapsed().as_secs_f64()
+    );
+    let egress: BTreeMap<String, String> = pool
+        .iter()
+        .map(|(n, ip)| (egress_of(ip), n.clone()))
+        .collect();
     // NB: the listeners may be up before the gateway has seen the members (each such
     // connection is refused and logged as `no_member`).
     let mut early = 0usize;
@@ -321,13 +344,20 @@ async fn inside() {
             Err(err) => {
                 assert!(err.starts_with("HTTP/1.1 503"), "{err}");
                 early += 1;
-                assert!(t0.elapsed() < DEADLINE, "the gateway never served: {err}\n{}", op.tail());
+                assert!(
+                    t0.elapsed() < DEADLINE,
+                    "the gateway never served: {err}\n{}",
+                    op.tail()
+                );
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let mut connections = early + 1;
-    assert!(egress.contains_key(&first), "{first} is no member's egress: {egress:?}");
+    assert!(
+        egress.contains_key(&first),
+        "{first} is no member's egress: {egress:?}"
+    );
 
     // Round robin reaches every member.
     let mut seen = BTreeSet::from([first]);
@@ -335,7 +365,11 @@ async fn inside() {
         seen.insert(via("alice", ALICE_PW, &e).await.unwrap());
         connections += 1;
     }
-    assert_eq!(seen, egress.keys().cloned().collect(), "round robin over every member");
+    assert_eq!(
+        seen,
+        egress.keys().cloned().collect(),
+        "round robin over every member"
+    );
 
     // The second identity, over SOCKS5; a wrong password is refused without a hint.
     let socks = SocketAddr::from((Ipv4Addr::LOCALHOST, SOCKS_PORT));
@@ -354,7 +388,11 @@ async fn inside() {
         sessions.insert(user, ip);
         connections += 1;
     }
-    let (s0, s0_ip) = sessions.iter().next().map(|(u, ip)| (u.clone(), ip.clone())).unwrap();
+    let (s0, s0_ip) = sessions
+        .iter()
+        .next()
+        .map(|(u, ip)| (u.clone(), ip.clone()))
+        .unwrap();
     for _ in 0..20 {
         assert_eq!(via(&s0, ALICE_PW, &e).await.unwrap(), s0_ip, "{s0} sticks");
         connections += 1;
@@ -376,7 +414,9 @@ async fn inside() {
     let dead_name = egress[&s0_ip].clone();
     let dead_ip: Ipv4Addr = pool[&dead_name].parse().unwrap();
     drop(members.remove(&dead_ip));
-    let moved = via(&s0, ALICE_PW, &e).await.expect("no client error after its member died");
+    let moved = via(&s0, ALICE_PW, &e)
+        .await
+        .expect("no client error after its member died");
     connections += 1;
     assert_ne!(moved, s0_ip);
     for (user, ip) in &sessions {
@@ -396,7 +436,11 @@ async fn inside() {
         if l.len() >= connections {
             break l;
         }
-        assert!(t1.elapsed() < DEADLINE, "{} access-log lines for {connections} connections", l.len());
+        assert!(
+            t1.elapsed() < DEADLINE,
+            "{} access-log lines for {connections} connections",
+            l.len()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(lines.len(), connections, "one line per connection");
@@ -411,31 +455,65 @@ async fn inside() {
             continue;
         }
         assert_eq!(l["outcome"], "ok", "{l}");
-        assert!(["alice", "bob"].contains(&l["identity"].as_str().unwrap()), "{l}");
-        assert!(names.contains(&l["member"].as_str().unwrap().to_owned()), "{l}");
+        assert!(
+            ["alice", "bob"].contains(&l["identity"].as_str().unwrap()),
+            "{l}"
+        );
+        assert!(
+            names.contains(&l["member"].as_str().unwrap().to_owned()),
+            "{l}"
+        );
         assert!(l["bytes_down"].as_u64().unwrap() > 0, "{l}");
     }
-    assert_eq!(lines.iter().filter(|l| l["outcome"] == "auth_failed").count(), 1);
-    assert_eq!(lines.iter().filter(|l| l["outcome"] == "no_member").count(), early);
-    assert_eq!(lines.iter().filter(|l| l["listener"] == "socks5").count(), 1);
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l["outcome"] == "auth_failed")
+            .count(),
+        1
+    );
+    assert_eq!(
+        lines.iter().filter(|l| l["outcome"] == "no_member").count(),
+        early
+    );
+    assert_eq!(
+        lines.iter().filter(|l| l["listener"] == "socks5").count(),
+        1
+    );
     assert!(
-        lines.iter().any(|l| l["session"] == "s0" && l["attempts"] == 2 && l["outcome"] == "ok"),
+        lines
+            .iter()
+            .any(|l| l["session"] == "s0" && l["attempts"] == 2 && l["outcome"] == "ok"),
         "the failover is logged as two attempts"
     );
 
     // No gateway in the manifest: its listeners close.
     pool_manifest(&dir, false);
     let t2 = Instant::now();
-    while tokio::net::TcpStream::connect(("127.0.0.1", HTTP_PORT)).await.is_ok()
-        || tokio::net::TcpStream::connect(("127.0.0.1", SOCKS_PORT)).await.is_ok()
+    while tokio::net::TcpStream::connect(("127.0.0.1", HTTP_PORT))
+        .await
+        .is_ok()
+        || tokio::net::TcpStream::connect(("127.0.0.1", SOCKS_PORT))
+            .await
+            .is_ok()
     {
-        assert!(t2.elapsed() < DEADLINE, "the gateway still listens\n{}", op.tail());
+        assert!(
+            t2.elapsed() < DEADLINE,
+            "the gateway still listens\n{}",
+            op.tail()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
     // SIGTERM: exit 0.
     let pid = op.child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
     let t3 = Instant::now();
     let status = loop {
         if let Some(s) = op.child.try_wait().unwrap() {

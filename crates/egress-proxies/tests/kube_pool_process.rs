@@ -172,7 +172,7 @@ async fn a_pool_owns_its_members_scales_through_the_scale_subresource_quarantine
     let p: ProxyPool = serde_json::from_value(json!({
         "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
         "metadata": {"name": POOL, "namespace": ns},
-        "spec": {"replicas": 2, "template": {"provider": ENTRY, "image": IMAGE},
+        "spec": {"replicas": 2, "template": {"spec": {"provider": ENTRY, "image": IMAGE}},
                  "credentials": {"generate": true}},
     }))
     .unwrap();

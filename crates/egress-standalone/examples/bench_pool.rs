@@ -25,7 +25,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use egress_core::status::StatusDocument;
+use egress_web::status::StatusDocument;
 use ep_operator_fixtures::POOL;
 
 const ENTRY: &str = "bench";
@@ -136,8 +136,9 @@ fn manifest(replicas: usize, max_age: Option<Duration>) -> String {
         .unwrap_or_default();
     format!(
         "apiVersion: egress-proxies.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: bench\n\
-         spec:\n  replicas: {replicas}\n  template:\n    provider: {ENTRY}\n    image: {IMAGE}\n    \
-         proxy:\n      allowedClientCidrs: [10.0.0.0/8]\n  update:\n    maxSurge: 10%\n    \
+         spec:\n  replicas: {replicas}\n  template:\n    spec:\n      provider: {ENTRY}\n      \
+         image: {IMAGE}\n      proxy:\n        allowedClientCidrs: [10.0.0.0/8]\n  update:\n    \
+         maxSurge: 10%\n    \
          maxUnavailable: 0\n{rotation}"
     )
 }

@@ -39,8 +39,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use egress_core::model::Phase;
-use egress_core::status::StatusDocument;
 use egress_provider::libvirt::names;
+use egress_web::status::StatusDocument;
 use ep_operator_fixtures::health_proxies::{ProxyBehaviour, TestProxy, serve};
 use ep_operator_fixtures::{POOL, publish_base, run_dhcp};
 use libvirt_fake::{FakeLibvirt, Interface, NetworkSpec, PoolSpec, domain_state};

@@ -15,14 +15,15 @@ use std::time::Duration;
 
 use egress_core::controller::ProxyCredentials;
 use egress_core::pool::gateway::{GatewaySource, published_member};
-use egress_core::pool::{MemberMeta, credentials_file};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::lock;
-use crate::pool_manifests::LoadedPool;
-use crate::pools::member_uid;
-use crate::shared::Shared;
+use crate::context::Context;
+use crate::manifests::pool::LoadedPool;
+use crate::pool::credentials;
+use crate::pool::member_uid;
+use crate::store::Store;
+use egress_provider::sync::lock;
 
 /// Every pool gateway's source, by `namespace/name`.
 pub type GatewaySources = BTreeMap<String, Arc<GatewaySource>>;
@@ -31,14 +32,14 @@ pub type GatewaySources = BTreeMap<String, Arc<GatewaySource>>;
 // NB: member changes wake the feed at once; this only bounds what arrives otherwise.
 pub const REFRESH: Duration = Duration::from_secs(1);
 
-impl Shared {
+impl Store {
     /// The gateway source of pool `key`; `None` when it declares no gateway (or its manifest
     /// is gone).
-    fn gateway_source(&self, key: &str) -> Option<GatewaySource> {
+    fn gateway_source(&self, ctx: &Context, key: &str) -> Option<GatewaySource> {
         let (namespace, name, p, recs, quarantine) = {
             let all = lock(&self.pools);
-            let rt = all.by_key.get(key)?;
-            let (p, _) = rt.loaded.clone()?;
+            let rt = all.by_key.get(key).filter(|rt| !rt.removed)?;
+            let (p, _) = rt.loaded.clone();
             (
                 rt.namespace.clone(),
                 rt.name.clone(),
@@ -48,10 +49,11 @@ impl Shared {
             )
         };
         let g = p.spec.gateway.as_ref()?;
-        let own = p.policy.generate_credentials || p.spec.template.proxy.credentials_ref.is_some();
+        let own =
+            p.policy.generate_credentials || p.spec.template.spec.proxy.credentials_ref.is_some();
         let policy = g.validate(own).ok()?;
         let clients: Vec<ProxyCredentials> = if p.gateway_clients.is_empty() {
-            self.own_credentials(&p).into_iter().collect()
+            own_credentials(ctx, &p).into_iter().collect()
         } else {
             p.gateway_clients
                 .iter()
@@ -61,7 +63,7 @@ impl Shared {
                 })
                 .collect()
         };
-        let health_checks = self.health.is_some();
+        let health_checks = ctx.health.is_some();
         let members = {
             let objects = lock(&self.objects);
             recs.iter()
@@ -69,14 +71,10 @@ impl Shared {
                     let uid = member_uid(&namespace, &name, &r.name);
                     let o = objects.get(&uid)?;
                     published_member(
-                        MemberMeta {
-                            name: r.name.clone(),
-                            host: Some(r.host.clone()),
-                            template_hash: r.template_hash.clone(),
-                            created: std::time::SystemTime::UNIX_EPOCH,
-                            quarantine: quarantine.get(&r.name).cloned(),
-                            deleting: r.deleting || o.object.deleting,
-                        },
+                        r.meta(
+                            quarantine.get(&r.name).cloned(),
+                            r.deleting || o.object.deleting,
+                        ),
                         &uid.to_string(),
                         &o.status,
                         &o.object.spec,
@@ -90,22 +88,9 @@ impl Shared {
             namespace,
             name,
             policy,
-            template: p.spec.template.clone(),
+            template: p.spec.template.spec.clone(),
             clients,
             members,
-        })
-    }
-
-    /// The pool's own credentials (generated, or its template's), read without creating any.
-    fn own_credentials(&self, p: &LoadedPool) -> Option<ProxyCredentials> {
-        if p.policy.generate_credentials {
-            let path =
-                credentials_file::credentials_path(&self.manifest_dir, &p.namespace, &p.name);
-            return credentials_file::read(&path).ok().flatten();
-        }
-        p.credentials.as_ref().map(|c| ProxyCredentials {
-            username: c.username.clone(),
-            password: c.password.clone(),
         })
     }
 
@@ -114,27 +99,36 @@ impl Shared {
         lock(&self.pools)
             .by_key
             .iter()
-            .filter(|(_, rt)| {
-                rt.loaded
-                    .as_ref()
-                    .is_some_and(|(p, _)| p.spec.gateway.is_some())
-            })
+            .filter(|(_, rt)| !rt.removed && rt.loaded.0.spec.gateway.is_some())
             .map(|(k, _)| k.clone())
             .collect()
     }
 }
 
+/// The pool's own credentials (generated, or its template's), read without creating any.
+fn own_credentials(ctx: &Context, p: &LoadedPool) -> Option<ProxyCredentials> {
+    if p.policy.generate_credentials {
+        let path = credentials::credentials_path(&ctx.manifest_dir, &p.namespace, &p.name);
+        return credentials::read(&path).ok().flatten();
+    }
+    p.credentials.as_ref().map(|c| ProxyCredentials {
+        username: c.username.clone(),
+        password: c.password.clone(),
+    })
+}
+
 /// Keeps `tx` up to date until `stop`.
 pub(crate) async fn run(
-    sh: Arc<Shared>,
+    store: &Store,
+    ctx: &Context,
     tx: watch::Sender<Arc<GatewaySources>>,
     stop: CancellationToken,
 ) {
     loop {
         let prev = Arc::clone(&tx.borrow());
         let mut next = GatewaySources::new();
-        for key in sh.gateway_pools() {
-            let Some(src) = sh.gateway_source(&key) else {
+        for key in store.gateway_pools() {
+            let Some(src) = store.gateway_source(ctx, &key) else {
                 continue;
             };
             let kept = prev.get(&key).filter(|p| ***p == src).cloned();
@@ -149,7 +143,7 @@ pub(crate) async fn run(
         }
         tokio::select! {
             () = stop.cancelled() => return,
-            () = sh.pool_queue.gateway_wake.notified() => {}
+            () = ctx.pool_queue.gateway_wake.notified() => {}
             () = tokio::time::sleep(REFRESH) => {}
         }
     }

@@ -39,94 +39,63 @@
 //!   [`ADOPT_DEADLINE`], checks by [`CHECK_DEADLINE`], GC by its own budgets. No lock is held
 //!   across an `.await`.
 //!
-//! Where things are: this file is the wiring (options, start-up, shutdown); `shared.rs`
-//! holds the state everything shares; `queue.rs` the work queue; `loops.rs` the driver's own
-//! loops (manifests, adoption, resync, reconcile workers); `workers.rs` its side of the
-//! background workers written once in the core ([`egress_core::background`]: GC, host
-//! checks, proxy health, config watch); `endpoints.rs` what it serves over HTTP.
+//! Where things are (the same file names as the Kubernetes driver's for the same jobs):
+//! this file is the wiring (options, start-up, shutdown); the state is split in two —
+//! `store.rs` what the driver knows (every Proxy and pool, host rows, adoption) and
+//! `context.rs` what it acts through (the controller, the providers, the queues, metrics);
+//! `watch.rs` merges the manifest directory (`manifests/`) into the store; `adoption.rs`
+//! lists each entry's instances before its Proxies are reconciled; `reconcile.rs` the
+//! reconcile workers; `pool/` ProxyPools; `observe.rs` what it serves over HTTP. `gc.rs`,
+//! `host_checks.rs`, `proxy_health.rs` and `config_watch.rs` are its side of the background
+//! tasks written once in the core ([`egress_core::background`]); `queue.rs` and
+//! `timers.rs` the work queues and requeue timers; `gateway_feed.rs` the pool gateways'
+//! membership, read from the store.
 
-mod endpoints;
+mod adoption;
+mod config_watch;
+mod context;
 pub mod gateway_feed;
-mod loops;
+mod gc;
+mod host_checks;
 pub mod manifests;
-pub mod pool_manifests;
-pub mod pools;
+mod observe;
+pub mod pool;
+mod proxy_health;
 mod queue;
-mod shared;
+mod reconcile;
+mod settings;
+mod store;
 mod timers;
-mod workers;
+mod watch;
 
-use std::collections::{BTreeMap, HashSet};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use egress_core::background::{self, Workers};
+use egress_core::background::{self, Tasks};
+use egress_core::config::installation::Installation;
 use egress_core::config::{self, ConfigErrors, ProviderConfig};
 use egress_core::controller::{Controller, ControllerSettings};
-use egress_core::exposition::Exposition;
-use egress_core::gc::{self, GcSettings};
+use egress_core::gc::GcSettings;
 use egress_core::health::{HealthEngine, HealthSettings};
 use egress_core::metrics::Metrics;
-use egress_core::providers::{BuildOptions, Providers};
+use egress_core::providers::{self, OpenError, Providers};
 use egress_provider::error::ProviderError;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use self::context::Context;
+use self::gc::StandaloneGc;
+use self::host_checks::HostChecks;
 use self::manifests::ManifestStore;
-use self::queue::WorkQueue;
-use self::shared::Shared;
+use self::observe::Observe;
+use self::proxy_health::ProxyHealth;
+use self::store::Store;
 
-/// unix socket (`address: local`), pool `egress-proxies`, network `default`, TCG guests.
-pub const DEFAULT_CONFIG: &str = include_str!("default_config.yaml");
-
-/// Default listen address of the status endpoint.
-// NB: 9464 is the port OpenTelemetry's Prometheus exporter made conventional for a process's
-// own metrics; loopback only, since /status shows hosts and addresses.
-pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9464));
-/// Default number of reconcile workers.
-// NB: a reconcile is bounded and mostly waits on one `get`; creates run as spawned tasks in
-// the controller. Four workers keep 1000 proxies moving on 2 cores, and the per-host limits
-// (not the worker count) bound the load on each host.
-pub const DEFAULT_WORKERS: usize = 4;
-/// Default interval between GC passes.
-// NB: orphans only appear after crashes or manual edits; every 10 minutes bounds how long one
-// lingers (plus GC's minimum age) at the cost of one listing per entry.
-pub const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(600);
-/// Default interval between host checks.
-// NB: placement skips hosts that are not Ready; 30 s notices a host going away well before a
-// user does, for one cheap probe per host.
-pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(30);
-/// Default time given to work in flight at shutdown.
-// NB: a create that is uploading a base may need minutes, but a service manager's stop
-// timeout is typically 90 s; 60 s finishes most creates and stays within it. What is cut is
-// converged by the next start (creates are idempotent, bases are published only verified).
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(60);
-/// How often the manifest directory (and the config file) is polled for changes.
-// NB: polling rather than inotify (`notify`): a directory of small files is listed and
-// stat()ed in microseconds, polling sees changes inotify misses (NFS, bind mounts, editors
-// that replace files), and it adds no dependency. Two seconds feels immediate to a user.
-pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
-/// Longest one entry's adoption listing may take.
-// NB: the same as GC's listing budget: a listing of 1000 domains takes seconds; a frozen host
-// ends it as a failure (retried after [`ADOPT_RETRY`]), never a hang.
-pub const ADOPT_DEADLINE: Duration = gc::LIST_BUDGET;
-/// Delay before retrying an entry whose adoption listing failed, and before re-queuing an
-/// object whose entry is not adopted yet.
-// NB: long enough not to hammer a down host, short enough that a host that comes back is
-// serving within seconds.
-pub const ADOPT_RETRY: Duration = Duration::from_secs(10);
-/// Longest one entry's host check may take.
-// NB: `check` bounds each host by the entry's dial and call timeouts (70 s by default); this
-// is a backstop above them.
-pub const CHECK_DEADLINE: Duration = Duration::from_secs(120);
-/// Every known Proxy is reconciled at least this often, whatever its requeue said.
-// NB: catches drift nobody announced (an instance deleted by hand); 5 minutes costs 1000
-// proxies ~3 gets/s.
-pub const RESYNC_INTERVAL: Duration = Duration::from_secs(300);
+pub use self::settings::*;
 
 /// How standalone mode runs.
 #[derive(Debug, Clone)]
@@ -163,6 +132,15 @@ pub struct StandaloneOptions {
 }
 
 impl StandaloneOptions {
+    /// The installation these options run as: the ID file beside the config file (or above
+    /// the manifest directory on the embedded default config), as the `gc` command finds it.
+    pub fn installation(&self) -> Installation {
+        Installation::Standalone {
+            config_path: self.config_path.clone(),
+            proxies_dir: self.proxies_dir.clone(),
+        }
+    }
+
     /// Options with every default and the given manifest directory.
     pub fn new(proxies_dir: impl Into<PathBuf>) -> Self {
         Self {
@@ -226,16 +204,15 @@ pub async fn run(
     opts: StandaloneOptions,
     shutdown: CancellationToken,
 ) -> Result<(), StandaloneError> {
-    let mut cfg = load_config(opts.config_path.as_deref()).map_err(StandaloneError::Config)?;
-    // This installation's ID in every mark: from the config, else kept in a file.
-    let id_dir =
-        config::installation::standalone_dir(opts.config_path.as_deref(), &opts.proxies_dir);
-    config::installation::fill_standalone(&mut cfg, &id_dir).map_err(StandaloneError::Config)?;
+    let cfg = load_config(opts.config_path.as_deref()).map_err(StandaloneError::Config)?;
     for w in &cfg.warnings {
         tracing::warn!(%w, "provider config warning");
     }
-    let providers = Providers::from_config(&cfg, &BuildOptions::default())
-        .map_err(StandaloneError::Providers)?;
+    // This installation's ID in every mark: from the config, else kept in a file.
+    let providers = providers::open(&cfg, &opts.installation()).map_err(|e| match e {
+        OpenError::Installation(e) => StandaloneError::Config(e),
+        OpenError::Build(e) => StandaloneError::Providers(e),
+    })?;
     let listener =
         TcpListener::bind(opts.listen)
             .await
@@ -279,52 +256,40 @@ pub async fn run_with_providers(
     // Standalone acts on the fleet alone; the config was just loaded.
     metrics.set_leader(true);
     metrics.config_loaded(true);
-    let shared = Arc::new(Shared {
+    let health = opts
+        .health
+        .clone()
+        .map(|h| Arc::new(HealthEngine::with_metrics(h, metrics.health())));
+    let store = Arc::new(Store::default());
+    let ctx = Arc::new(Context::new(
         controller,
-        providers: RwLock::new(providers),
-        objects: Mutex::new(shared::Objects::default()),
-        hosts: Mutex::new(BTreeMap::new()),
-        manifest_errors: Mutex::new(Vec::new()),
-        adopted: Mutex::new(HashSet::new()),
-        directory_ok: AtomicBool::new(false),
-        ready: AtomicBool::new(false),
-        stopping: AtomicBool::new(false),
-        health: opts
-            .health
-            .clone()
-            .map(|h| Arc::new(HealthEngine::with_metrics(h, metrics.health()))),
+        providers,
         metrics,
-        exposition: Exposition::new(),
-        host_health: Mutex::new(BTreeMap::new()),
-        queue: WorkQueue::default(),
-        timers: timers::Timers::default(),
-        manifest_dir: opts.proxies_dir.clone(),
-        pools: Mutex::new(pools::Pools::default()),
-        pool_queue: pools::PoolQueue::default(),
-    });
-    shared.seed_host_rows();
+        health,
+        opts.proxies_dir.clone(),
+    ));
+    host_checks::seed_rows(&store, &ctx);
     // A finished create/delete, or a freed host slot, queues the Proxy at once (a weak
-    // reference: the controller lives inside `shared`).
-    let weak = Arc::downgrade(&shared);
-    shared.controller.set_waker(Arc::new(move |uid| {
-        if let Some(sh) = weak.upgrade() {
-            sh.queue.add(uid);
+    // reference: the controller lives inside the context).
+    let weak = Arc::downgrade(&ctx);
+    ctx.controller.set_waker(Arc::new(move |uid| {
+        if let Some(ctx) = weak.upgrade() {
+            ctx.queue.add(uid);
         }
     }));
 
     // Loops stop on `stop`; the HTTP server outlives them until everything is down.
     let stop = shutdown.child_token();
     let http_stop = CancellationToken::new();
-    let http_task = tokio::spawn(egress_core::web::serve(
+    let http_task = tokio::spawn(egress_web::serve(
         listener,
-        Arc::clone(&shared) as Arc<dyn egress_core::web::Endpoints>,
+        Arc::new(Observe::new(Arc::clone(&store), Arc::clone(&ctx))),
         http_stop.clone(),
     ));
 
-    let mut store = ManifestStore::new(opts.proxies_dir.clone());
-    let (s, desired) = loops::scan(store).await;
-    store = s;
-    shared.apply_desired(&desired);
+    let manifests = ManifestStore::new(opts.proxies_dir.clone());
+    let (manifests, desired) = watch::scan(manifests).await;
+    watch::apply_desired(&store, &ctx, &desired);
     if desired.proxies.is_empty() && desired.pools.is_empty() && !opts.gc_allow_empty {
         tracing::warn!(
             proxies = %opts.proxies_dir.display(),
@@ -333,29 +298,34 @@ pub async fn run_with_providers(
         );
     }
 
-    let waits = loops::AdoptionWaits::default();
-    let mut tasks = Workers::new(stop.clone());
-    tasks.spawn(
-        "adoption",
-        loops::adoption_loop(Arc::clone(&shared), Arc::clone(&waits), stop.clone()),
-    );
-    tasks.spawn(
-        "manifests",
-        loops::manifest_loop(Arc::clone(&shared), store, stop.clone()),
-    );
+    let waits = adoption::AdoptionWaits::default();
+    let mut tasks = Tasks::new(stop.clone());
+    {
+        let (store, ctx, waits, stop) = (store.clone(), ctx.clone(), waits.clone(), stop.clone());
+        tasks.spawn("adoption", async move {
+            adoption::run(&store, &ctx, waits, stop).await;
+        });
+    }
+    {
+        let (store, ctx, stop) = (store.clone(), ctx.clone(), stop.clone());
+        tasks.spawn("manifests", async move {
+            watch::run(&store, &ctx, manifests, stop).await;
+        });
+    }
     tasks.spawn(
         "host checks",
         background::host_checks::run(
-            Arc::clone(&shared),
-            workers::host_check_settings(opts.check_interval),
+            Arc::new(HostChecks::new(Arc::clone(&store), Arc::clone(&ctx))),
+            host_checks::host_check_settings(opts.check_interval),
             stop.clone(),
         ),
     );
     tasks.spawn(
         "gc",
         background::gc::run(
-            Arc::new(workers::StandaloneGc::new(
-                Arc::clone(&shared),
+            Arc::new(StandaloneGc::new(
+                Arc::clone(&store),
+                Arc::clone(&ctx),
                 opts.gc_allow_empty,
             )),
             opts.gc.clone(),
@@ -363,57 +333,74 @@ pub async fn run_with_providers(
             stop.clone(),
         ),
     );
-    tasks.spawn("pools", pools::run(Arc::clone(&shared), stop.clone()));
-    if let Some(tx) = opts.gateway.clone() {
-        tasks.spawn(
-            "gateway feed",
-            gateway_feed::run(Arc::clone(&shared), tx, stop.clone()),
-        );
+    {
+        let (store, ctx, stop) = (store.clone(), ctx.clone(), stop.clone());
+        tasks.spawn("pools", async move {
+            pool::reconcile::run(&store, &ctx, stop).await;
+        });
     }
-    tasks.spawn("timers", timers::run(Arc::clone(&shared), stop.clone()));
-    tasks.spawn(
-        "resync",
-        loops::resync_loop(Arc::clone(&shared), stop.clone()),
-    );
-    if let Some(engine) = shared.health.clone() {
+    if let Some(tx) = opts.gateway.clone() {
+        let (store, ctx, stop) = (store.clone(), ctx.clone(), stop.clone());
+        tasks.spawn("gateway feed", async move {
+            gateway_feed::run(&store, &ctx, tx, stop).await;
+        });
+    }
+    {
+        let (ctx, stop) = (ctx.clone(), stop.clone());
+        tasks.spawn("timers", async move {
+            ctx.timers.fire_until(|uid| ctx.queue.add(uid), &stop).await;
+        });
+    }
+    {
+        let (store, ctx, stop) = (store.clone(), ctx.clone(), stop.clone());
+        tasks.spawn("resync", async move {
+            reconcile::resync_loop(&store, &ctx, stop).await;
+        });
+    }
+    if let Some(engine) = ctx.health.clone() {
         tasks.spawn(
             "proxy health",
-            background::proxy_health::run(Arc::clone(&shared), engine, stop.clone()),
+            background::proxy_health::run(
+                Arc::new(ProxyHealth::new(Arc::clone(&store))),
+                engine,
+                stop.clone(),
+            ),
         );
     }
     if let Some(p) = opts.config_path.clone() {
-        let sh = Arc::clone(&shared);
+        let (store, ctx2) = (Arc::clone(&store), Arc::clone(&ctx));
         let path = p.clone();
         tasks.spawn(
             "config watch",
             background::config_watch::run(
-                workers::watched_config(&p),
+                config_watch::watched_config(&p),
                 POLL_INTERVAL,
-                workers::reload_from(p),
-                move |providers| sh.providers_reloaded(providers, &path),
-                shared.metrics.clone(),
+                config_watch::reload_from(p, opts.installation()),
+                move |providers| {
+                    config_watch::providers_reloaded(&store, &ctx2, providers, &path);
+                },
+                ctx.metrics.clone(),
                 stop.clone(),
             ),
         );
     }
     let mut reconcilers = JoinSet::new();
     for _ in 0..opts.workers.max(1) {
-        reconcilers.spawn(loops::worker(
-            Arc::clone(&shared),
-            Arc::clone(&waits),
-            stop.clone(),
-        ));
+        let (store, ctx, waits, stop) = (store.clone(), ctx.clone(), waits.clone(), stop.clone());
+        reconcilers.spawn(async move {
+            reconcile::worker(&store, &ctx, waits, stop).await;
+        });
     }
 
     stop.cancelled().await;
     tracing::info!("standalone: stopping; no new work is started");
     // Workers finish the reconcile they are in (each bounded by the reconcile deadline).
     tasks.abort();
-    shared.stopping.store(true, Ordering::SeqCst);
-    shared.abort_timers();
+    ctx.stopping.store(true, Ordering::SeqCst);
+    ctx.timers.clear();
     let grace = opts.shutdown_grace;
     let drain = async {
-        shared.controller.shutdown(grace).await;
+        ctx.controller.shutdown(grace).await;
         while reconcilers.join_next().await.is_some() {}
     };
     if tokio::time::timeout(
@@ -425,17 +412,12 @@ pub async fn run_with_providers(
     {
         reconcilers.abort_all();
     }
-    shared.abort_timers();
+    ctx.timers.clear();
     tasks.join().await;
     http_stop.cancel();
     let _ = http_task.await;
     tracing::info!("standalone: stopped");
     Ok(())
-}
-
-/// Locks a std mutex, recovering from poisoning (every update leaves the data consistent).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -1,18 +1,20 @@
-//! The de-duplicating work queue that feeds the reconcile workers.
+//! The de-duplicating queues of the standalone driver: the work queue that feeds the
+//! reconcile workers ([`WorkQueue`], by Proxy UID) and the pools to decide again
+//! ([`PoolQueue`], by pool key).
 //!
 //! Guarantees: a UID is queued at most once and handed to one worker at a time; an `add`
 //! while it is being worked on queues it once more after [`WorkQueue::done`]; a waiting
-//! worker returns `None` as soon as the stop token is cancelled. No lock is held across an
-//! `.await`.
+//! worker returns `None` as soon as the stop token is cancelled. A pool is marked dirty at
+//! most once until the pool loop takes the set. No lock is held across an `.await`.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::sync::Mutex;
 
 use egress_provider::ProxyUid;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::lock;
+use egress_provider::sync::lock;
 
 /// A de-duplicating work queue: a UID is queued at most once, and handed to one worker at a
 /// time; an `add` while it is being worked on queues it again after [`WorkQueue::done`].
@@ -90,6 +92,36 @@ impl WorkQueue {
         if again {
             self.add(uid);
         }
+    }
+}
+
+/// Pools to decide again soon (de-duplicated), by `namespace/name`.
+#[derive(Debug, Default)]
+pub(crate) struct PoolQueue {
+    dirty: Mutex<BTreeSet<String>>,
+    notify: Notify,
+    /// Wakes the gateway feed ([`crate::gateway_feed`]) on the same changes.
+    pub(crate) gateway_wake: Notify,
+}
+
+impl PoolQueue {
+    /// Marks `key` to be decided again (and wakes the gateway feed).
+    pub(crate) fn add(&self, key: &str) {
+        if lock(&self.dirty).insert(key.to_owned()) {
+            self.notify.notify_one();
+        }
+        self.gateway_wake.notify_one();
+    }
+
+    /// Every pool marked since the last take.
+    pub(crate) fn take(&self) -> BTreeSet<String> {
+        std::mem::take(&mut *lock(&self.dirty))
+    }
+
+    /// Waits until a pool is marked (a mark made meanwhile is not lost: `Notify` keeps a
+    /// permit).
+    pub(crate) async fn marked(&self) {
+        self.notify.notified().await;
     }
 }
 

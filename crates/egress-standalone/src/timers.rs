@@ -1,5 +1,5 @@
 //! Requeue timers: when each Proxy is reconciled again, kept in one ordered map and fired by
-//! one task ([`run`]) instead of a sleeping task per Proxy.
+//! one task ([`Timers::fire_until`]) instead of a sleeping task per Proxy.
 //!
 //! Guarantees: at most one timer per UID (a new one replaces the old); a timer fires once, at
 //! or after its time, unless cancelled or replaced first; scheduling, cancelling and firing
@@ -11,7 +11,7 @@
 //! 10,000 Proxies), besides its abort handle in a map; an entry here is two map entries.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use egress_provider::ProxyUid;
@@ -19,8 +19,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::lock;
-use crate::shared::Shared;
+use egress_provider::sync::lock;
 
 /// The pending timers.
 #[derive(Default)]
@@ -120,17 +119,11 @@ impl Timers {
     }
 }
 
-/// The timer task of standalone mode: queues each Proxy whose requeue time came.
-pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
-    shared
-        .timers
-        .fire_until(|uid| shared.queue.add(uid), &stop)
-        .await;
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
 
     use super::*;
 

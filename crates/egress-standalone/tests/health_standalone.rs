@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 
 use egress_core::health::HealthSettings;
 use egress_core::health::probe::CheckTarget;
-use egress_core::hosthealth::HostHealth;
+use egress_core::host_health::HostHealth;
 use egress_core::model::condition;
-use egress_core::status::ProxyStatusRow;
 use egress_provider::libvirt::names;
 use egress_standalone::manifests::uid_for;
+use egress_web::status::ProxyStatusRow;
 use ep_operator_fixtures::{FakeHosts, get, standalone_options, start_standalone};
 use health_support::{ProxyBehaviour, http_proxy, start_echo};
 use libvirt_fake::{FakeLibvirt, Interface, domain_state};

@@ -18,9 +18,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use egress_core::model::Phase;
-use egress_core::status::{PoolStatusRow, StatusDocument};
 use egress_provider::libvirt::names;
-use egress_standalone::pools::member_uid;
+use egress_standalone::pool::member_uid;
+use egress_web::status::{PoolStatusRow, StatusDocument};
 use ep_operator_fixtures::{
     Dhcp, FakeHosts, GIB, get, qcow2_image, standalone_options, start_standalone, status,
     wait_status,
@@ -61,8 +61,9 @@ fn write_pool(dir: &Path, name: &str, replicas: u32, memory: u32, extra: &str) {
         dir.join(format!("{name}.yaml")),
         format!(
             "apiVersion: egress-proxies.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: {name}\n\
-             spec:\n  replicas: {replicas}\n  template:\n    provider: {ENTRY}\n    image: tiny\n    \
-             resources: {{diskGiB: 4, memoryMiB: {memory}}}\n  credentials: {{generate: true}}\n{extra}"
+             spec:\n  replicas: {replicas}\n  template:\n    spec:\n      provider: {ENTRY}\n      \
+             image: tiny\n      resources: {{diskGiB: 4, memoryMiB: {memory}}}\n  \
+             credentials: {{generate: true}}\n{extra}"
         ),
     )
     .unwrap();
@@ -261,8 +262,9 @@ async fn editing_the_generated_credentials_rolls_the_members_and_each_namespace_
         w.dir.path().join("team-web.yaml"),
         format!(
             "apiVersion: egress-proxies.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: web\n  \
-             namespace: team\nspec:\n  replicas: 1\n  template:\n    provider: {ENTRY}\n    \
-             image: tiny\n    resources: {{diskGiB: 4, memoryMiB: 256}}\n  credentials: {{generate: true}}\n"
+             namespace: team\nspec:\n  replicas: 1\n  template:\n    spec:\n      \
+             provider: {ENTRY}\n      image: tiny\n      resources: {{diskGiB: 4, memoryMiB: 256}}\n  \
+             credentials: {{generate: true}}\n"
         ),
     )
     .unwrap();

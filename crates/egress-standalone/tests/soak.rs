@@ -28,7 +28,6 @@ use async_trait::async_trait;
 use egress_core::gc::GcSettings;
 use egress_core::model::{MAX_MESSAGE_CHARS, Phase};
 use egress_core::providers::{ProviderHandle, Providers};
-use egress_core::status::StatusDocument;
 use egress_provider::ProviderError;
 use egress_provider::libvirt::check::CheckOptions;
 use egress_provider::libvirt::config::{HostConfig, LibvirtEntry};
@@ -37,6 +36,7 @@ use egress_provider::libvirt::image::fetch::FetchOptions;
 use egress_provider::libvirt::names;
 use egress_provider::libvirt::provider_impl::LibvirtProvider;
 use egress_standalone::manifests::uid_for;
+use egress_web::status::StatusDocument;
 use ep_operator_fixtures::{
     FakeHosts, GIB, POOL, SHORT_PERMIT_WAIT, qcow2_image, standalone_options, start_standalone,
     status, wait_status, write_proxy_manifest,

@@ -19,13 +19,13 @@ use std::time::{Duration, Instant};
 use egress_core::gc::GcSettings;
 use egress_core::model::Phase;
 use egress_core::providers::Providers;
-use egress_core::status::StatusDocument;
 use egress_provider::ProxyUid;
 use egress_provider::libvirt::config::LibvirtEntry;
 use egress_provider::libvirt::mark;
 use egress_provider::libvirt::names;
 use egress_standalone::manifests::uid_for;
 use egress_standalone::{StandaloneError, StandaloneOptions, run};
+use egress_web::status::StatusDocument;
 use ep_operator_fixtures::{
     Dhcp, FakeHosts, GIB, POOL, get, qcow2_image, standalone_options, start_standalone, status,
     wait_status, write_proxy_manifest,

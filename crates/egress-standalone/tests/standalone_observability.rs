@@ -17,11 +17,11 @@ use std::time::{Duration, SystemTime};
 
 use egress_core::model::Phase;
 use egress_core::providers::Providers;
-use egress_core::status::StatusDocument;
 use egress_provider::libvirt::mark;
 use egress_provider::libvirt::names;
 use egress_standalone::manifests::uid_for;
 use egress_standalone::{POLL_INTERVAL, StandaloneOptions};
+use egress_web::status::StatusDocument;
 use ep_operator_fixtures::{
     Dhcp, FakeHosts, GIB, get, qcow2_image, standalone_options, start_standalone, status,
     wait_status, write_proxy_manifest,

@@ -19,10 +19,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use egress_core::model::Phase;
-use egress_core::status::StatusDocument;
 use egress_provider::libvirt::names;
 use egress_standalone::manifests::uid_for;
 use egress_standalone::{StandaloneOptions, run};
+use egress_web::status::StatusDocument;
 use ep_test_support::cleanup::{self, DomainGuard, PoolFixture};
 use ep_test_support::sshd::Sshd;
 use image_support::{ImageServer, Route, sha};

@@ -1,4 +1,4 @@
-//! The config watch worker: every `interval`, fingerprints the provider config file and the
+//! The config watch task: every `interval`, fingerprints the provider config file and the
 //! directories of SSH material; on a change, rebuilds the providers off the async threads and
 //! hands a good result to the driver.
 //!
@@ -7,7 +7,7 @@
 //!   with the reason); the next change is tried again.
 //! - File reads and the rebuild run on the blocking pool, never on the async threads; a file
 //!   over [`MAX_FINGERPRINT_FILE`] is fingerprinted by size and modification time only.
-//! - The first fingerprint is taken when the worker starts: only later changes reload.
+//! - The first fingerprint is taken when the task starts: only later changes reload.
 //! - Every load after a change is counted in `metrics` (`config_reloads_total` by result,
 //!   the last load's success and the time of the last successful one).
 

@@ -1,4 +1,4 @@
-//! The orphan GC worker: every `interval` (first after one interval), one [`crate::gc::collect`]
+//! The orphan GC task: every `interval` (first after one interval), one [`crate::gc::collect`]
 //! pass over the driver's current providers against the live set the driver gives.
 //!
 //! Guarantees:
@@ -20,7 +20,7 @@ use super::sleep_or_stop;
 use crate::gc::{self, GcReport, GcSettings};
 use crate::providers::Providers;
 
-/// What the GC worker needs from a driver.
+/// What the GC task needs from a driver.
 pub trait GcDriver: Send + Sync + 'static {
     /// The providers to collect over now.
     fn providers(&self) -> Arc<Providers>;

@@ -1,4 +1,4 @@
-//! The host check worker: every `interval` (first at once), every entry's hosts are checked
+//! The host check task: every `interval` (first at once), every entry's hosts are checked
 //! ([`egress_provider::Provider::check`]) with at most `max_parallel_entries` entries at once,
 //! each within `deadline`; the driver gets each entry's result as soon as it is in, then the
 //! end of the round.
@@ -20,7 +20,7 @@ use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::sleep_or_stop;
-use crate::hosthealth::EntryCheck;
+use crate::host_health::EntryCheck;
 use crate::providers::Providers;
 
 /// How often and how widely hosts are checked.
@@ -34,7 +34,7 @@ pub struct HostCheckSettings {
     pub max_parallel_entries: usize,
 }
 
-/// What the host check worker needs from a driver.
+/// What the host check task needs from a driver.
 pub trait HostCheckDriver: Send + Sync + 'static {
     /// The providers to check now (read at the start of each round).
     fn providers(&self) -> Arc<Providers>;

@@ -1,4 +1,4 @@
-//! The proxy health worker: runs the [`HealthEngine`]'s rounds over the targets the driver
+//! The proxy health task: runs the [`HealthEngine`]'s rounds over the targets the driver
 //! gives; after each round, drops the state of Proxies the driver no longer knows and hands
 //! the round to the driver (which merges the new states into status or wakes its publisher).
 //!
@@ -6,7 +6,7 @@
 //! - A Proxy's health state is dropped only when the driver no longer knows it (deleted); a
 //!   Proxy that is only not probed this round (no address for a moment) keeps its state
 //!   (finding H3).
-//! - The worker stops at the next wait once its stop token is cancelled (the engine's own
+//! - The task stops at the next wait once its stop token is cancelled (the engine's own
 //!   rounds are bounded by its probe deadlines).
 
 use std::collections::HashSet;
@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::health::{HealthEngine, ProbeTarget, RoundReport};
 
-/// What the proxy health worker needs from a driver.
+/// What the proxy health task needs from a driver.
 pub trait ProxyHealthDriver: Send + Sync + 'static {
     /// The Proxies to probe now: Running, with an address, not being deleted.
     fn targets(&self) -> Vec<ProbeTarget>;

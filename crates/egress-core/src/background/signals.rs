@@ -1,5 +1,5 @@
 //! The process's stop signal: a token cancelled on the first SIGTERM or SIGINT, which every
-//! command that runs until stopped (standalone, kubernetes, echo) hands to its workers; a
+//! command that runs until stopped (standalone, kubernetes, echo) hands to its background tasks; a
 //! second signal ends the process at once.
 //!
 //! Guarantees: the token is cancelled exactly once, on the first of the two signals; a second

@@ -12,6 +12,10 @@
 //!    nothing needs persisting. Releases before derived it from the Lease alone
 //!    ([`legacy_kubernetes`]), the same in two clusters installed with the same defaults.
 //!
+//! Which of these applies is an [`Installation`]: every command and driver names its own
+//! and hands it to [`crate::providers::open`], so the `gc` command and the standalone
+//! operator it cleans up after cannot compute two different IDs from one config.
+//!
 //! Guarantees: every ID returned satisfies
 //! [`egress_provider::libvirt::mark::valid_installation_id`]; the persisted file is read with
 //! a size bound and a file that does not hold a valid ID is an error (never silently
@@ -156,6 +160,70 @@ pub fn standalone_dir(config_path: Option<&Path>, proxies_dir: &Path) -> PathBuf
         .to_path_buf()
 }
 
+/// Who a process acts as: where its installation ID comes from when the provider config
+/// sets no `installation.id` (which always wins).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Installation {
+    /// A standalone installation (the `standalone` driver and the `gc` command): the ID
+    /// kept in [`FILE_NAME`] in [`standalone_dir`] of these two paths, created once.
+    Standalone {
+        /// The provider config file; `None` when running on the embedded default config.
+        config_path: Option<PathBuf>,
+        /// The manifest directory (its parent keeps the ID when there is no config file).
+        proxies_dir: PathBuf,
+    },
+    /// A Kubernetes installation: derived from its cluster's identity and its
+    /// leader-election Lease ([`derive_kubernetes`]); nothing is written.
+    Kubernetes {
+        /// The UID of the cluster's `kube-system` namespace (`None`: it could not be read,
+        /// and the ID is [`legacy_kubernetes`]).
+        cluster_uid: Option<String>,
+        /// The Lease's namespace.
+        lease_namespace: String,
+        /// The Lease's name.
+        lease_name: String,
+    },
+    /// A command that writes no ownership mark (`check`, `images`): the config's own ID when
+    /// it sets one, none otherwise; nothing is read or created on disk.
+    ConfigOnly,
+}
+
+impl Installation {
+    /// This installation's ID under `cfg` (`None` only for [`Installation::ConfigOnly`]
+    /// with a config that sets none). A standalone ID file is created on first use; a
+    /// failure is a config error at `installation.id`.
+    pub fn id(
+        &self,
+        cfg: &crate::config::ProviderConfig,
+    ) -> Result<Option<String>, crate::config::ConfigErrors> {
+        match self {
+            Self::Standalone {
+                config_path,
+                proxies_dir,
+            } => {
+                let mut c = crate::config::ProviderConfig {
+                    providers: Vec::new(),
+                    warnings: Vec::new(),
+                    installation: cfg.installation.clone(),
+                };
+                fill_standalone(&mut c, &standalone_dir(config_path.as_deref(), proxies_dir))?;
+                Ok(c.installation)
+            }
+            Self::Kubernetes {
+                cluster_uid,
+                lease_namespace,
+                lease_name,
+            } => Ok(Some(derive_kubernetes(
+                cfg.installation.as_deref(),
+                cluster_uid.as_deref(),
+                lease_namespace,
+                lease_name,
+            ))),
+            Self::ConfigOnly => Ok(cfg.installation.clone()),
+        }
+    }
+}
+
 /// Fills `cfg.installation` for a standalone driver keeping its ID in `dir` (see
 /// [`standalone_dir`]): kept when the config sets it, else [`resolve_persisted`] with
 /// [`FILE_NAME`] in `dir`. A failure is returned as a config error at `installation.id`.
@@ -228,6 +296,43 @@ mod tests {
         again.installation = None;
         fill_standalone(&mut again, &d).unwrap();
         assert_eq!(again.installation, Some(id));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn each_installation_kind_takes_its_id_from_its_own_place_and_the_config_wins() {
+        let d = dir("kinds");
+        let mut cfg = crate::config::parse(
+            include_str!("../../../../examples/providers.yaml"),
+            "example",
+        )
+        .unwrap();
+        cfg.installation = None;
+        let standalone = Installation::Standalone {
+            config_path: Some(d.join("providers.yaml")),
+            proxies_dir: PathBuf::from("/elsewhere/proxies"),
+        };
+        let id = standalone.id(&cfg).unwrap().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(d.join(FILE_NAME)).unwrap(),
+            format!("{id}\n"),
+            "kept beside the config file"
+        );
+        assert_eq!(standalone.id(&cfg).unwrap().unwrap(), id, "read back");
+        let kube = Installation::Kubernetes {
+            cluster_uid: Some("c1".into()),
+            lease_namespace: "egress".into(),
+            lease_name: "ep".into(),
+        };
+        assert_eq!(
+            kube.id(&cfg).unwrap(),
+            Some(derive_kubernetes(None, Some("c1"), "egress", "ep"))
+        );
+        assert_eq!(Installation::ConfigOnly.id(&cfg).unwrap(), None);
+        cfg.installation = Some("site-a".into());
+        for i in [&standalone, &kube, &Installation::ConfigOnly] {
+            assert_eq!(i.id(&cfg).unwrap().as_deref(), Some("site-a"), "{i:?}");
+        }
         std::fs::remove_dir_all(&d).unwrap();
     }
 

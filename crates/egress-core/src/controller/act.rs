@@ -14,7 +14,8 @@ use super::executor::Controller;
 use super::outcome::{EventKind, Outcome};
 use super::proxy::ProxyObject;
 use super::settings::create_deadline;
-use super::state::{Size, lock};
+use super::state::Size;
+use egress_provider::sync::lock;
 
 impl Controller {
     /// Performs the decision's action (no network here: work is spawned) and builds the

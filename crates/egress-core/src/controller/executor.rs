@@ -20,11 +20,12 @@ use crate::model::ProxyStatus;
 use crate::providers::Providers;
 
 use super::decide::AddressRoom;
+use super::inflight::{OpKind, op_finished};
 use super::limits::HostLimits;
 use super::metrics::{ControllerCounters, Counters};
-use super::ops::{OpKind, op_finished};
 use super::settings::ControllerSettings;
-use super::state::{State, lock};
+use super::state::State;
+use egress_provider::sync::lock;
 
 /// How the controller tells its driver that a Proxy's reconcile can make progress now: its
 /// create or delete finished, or a host slot it was refused freed up. The driver queues the

@@ -20,7 +20,7 @@ use super::decide::{HostInfo, HostView};
 use super::executor::Inner;
 #[cfg(test)]
 use super::state::State;
-use super::state::lock;
+use egress_provider::sync::lock;
 
 /// Load added, in the placement's view, to a host whose work slots are all taken.
 // NB: placement picks the least loaded host; without this a Proxy refused on a full host is
@@ -120,7 +120,7 @@ mod tests {
     use egress_provider::model::{ProviderId, ProxyUid};
 
     use super::super::decide::{AddressRoom, EVERY_FAMILY, FAMILY_V4, FAMILY_V6, HostView};
-    use super::super::ops::{OpKind, ProgressCell, RunningOp};
+    use super::super::inflight::{OpKind, ProgressCell, RunningOp};
     use super::*;
 
     const ENTRIES: [&str; 2] = ["a", "b"];

@@ -26,8 +26,9 @@
 //!   instance is found at its location the copy there is deleted (`strays`).
 //!
 //! Where each step lives: `reconcile` (the pipeline: read → observe → decide → act),
-//! [`decide`] (pure decisions), `act` (acting in one place), `ops` (spawned work and its
-//! results), `state`, `host_order` and `host_view` (what the executor knows), `strays` (second copies), `executor` (the
+//! [`decide`] (pure decisions), `act` (acting in one place), `ops` (spawning work) and
+//! `inflight` (the work in flight and its results), `state`, `host_order` and `host_view`
+//! (what the executor knows), `strays` (sweeping second copies), `executor` (the
 //! [`Controller`] handle and its non-reconcile calls), `settings`, `proxy` and `outcome`
 //! (the types a driver exchanges with it; all re-exported here).
 
@@ -41,6 +42,7 @@ mod executor;
 mod executor_tests;
 mod host_order;
 mod host_view;
+mod inflight;
 pub mod limits;
 pub mod metrics;
 mod ops;

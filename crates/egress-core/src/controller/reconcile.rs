@@ -21,10 +21,10 @@ use crate::model::ProxyStatus;
 use super::decide::{self, Inputs, Observed, OpView};
 use super::executor::Controller;
 use super::host_view::LiveHosts;
-use super::ops::take_op_view;
+use super::inflight::take_op_view;
 use super::outcome::Outcome;
 use super::proxy::ProxyObject;
-use super::state::lock;
+use egress_provider::sync::lock;
 
 /// Share of the reconcile deadline a provider `get` may use (numerator / denominator).
 // NB: three quarters leaves the rest for deciding and reporting; the outer deadline still
@@ -103,7 +103,7 @@ impl Controller {
                     .and_then(|s| s.parse::<ProviderId>().ok())
             });
             let o = st.objects.entry(obj.uid).or_default();
-            let op_view = take_op_view(o);
+            let op_view = take_op_view(&mut o.op);
             let memory = o.memory.clone();
             // A finished op's result was just taken: the UID's load moves to its location.
             st.refresh_load(&obj.uid);

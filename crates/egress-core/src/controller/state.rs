@@ -2,9 +2,9 @@
 //! instance is, host health, creation times, and the queues of Proxies waiting for a host's
 //! work slot.
 //!
-//! Guarantees: plain data behind one mutex ([`lock`] recovers it from poisoning, since every
-//! update leaves it consistent); each UID waits at most once per host, so the queues are
-//! bounded by the number of Proxies; no I/O. Each host's load (see
+//! Guarantees: plain data behind one mutex (`egress_provider::sync::lock` recovers it from
+//! poisoning, since every update leaves it consistent); each UID waits at most once per
+//! host, so the queues are bounded by the number of Proxies; no I/O. Each host's load (see
 //! [`host_view`](super::host_view)) is kept as a count updated on every change of a UID's
 //! location or work in flight ([`State::set_location`], [`State::clear_location`],
 //! [`State::refresh_load`]), so reading it costs O(1) per host whatever the fleet's size;
@@ -13,8 +13,7 @@
 //! ([`State::least_loaded`]) costs O(log hosts) plus the hosts it skips (unhealthy, or with
 //! no free work slot).
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::SystemTime;
 
 use egress_provider::libvirt::config::LibvirtEntry;
@@ -22,8 +21,7 @@ use egress_provider::model::{HostState, ProviderId, ProxyUid};
 
 use super::decide::{AddressRoom, Memory};
 use super::host_order::HostOrders;
-use super::ops::{OpKind, RunningOp};
-use super::strays::Strays;
+use super::inflight::{OpKind, RunningOp};
 
 #[derive(Default)]
 pub(super) struct ObjState {
@@ -298,7 +296,7 @@ impl State {
 
     /// Where a new instance of `entry` (config digest `digest`) goes when nothing pins it:
     /// among the hosts that accept placements
-    /// ([`crate::hosthealth::accepts_placements`]) and whose declared-address pool is not
+    /// ([`crate::host_health::accepts_placements`]) and whose declared-address pool is not
     /// known exhausted for a family in `need`, the least loaded one (ties: free addresses
     /// first, see [`AddressRoom::rank`]) for which
     /// `has_slot(host, maxConcurrent)` says a work slot is free, else the least loaded one,
@@ -327,7 +325,7 @@ impl State {
         let mut fallback = None;
         for (_, _, host) in &order.by_load {
             let state = health.and_then(|m| m.get(host)).copied();
-            if !crate::hosthealth::accepts_placements(state)
+            if !crate::host_health::accepts_placements(state)
                 || room(host).blocks(need)
                 || !eligible(host)
             {
@@ -423,8 +421,71 @@ impl State {
     }
 }
 
-/// Locks a std mutex, recovering the data if a panicking thread poisoned it (the state is
-/// plain data and every update leaves it consistent).
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+/// The hosts of one entry where a copy of a UID's instance may remain (`strays` explains
+/// how a second copy comes to be and sweeps them).
+#[derive(Debug, Default)]
+pub(super) struct Strays {
+    pub(super) entry: String,
+    pub(super) hosts: BTreeSet<String>,
+    /// A sweep of these hosts is running.
+    pub(super) sweeping: bool,
+    /// Sweeps that failed in a row.
+    pub(super) failures: u32,
+    /// No sweep before this time (after a failure; the reconciles' clock).
+    pub(super) not_before: Option<SystemTime>,
+}
+
+impl State {
+    /// Notes `entry`'s `host` as a place where a copy of `uid`'s instance may remain, unless
+    /// it is where the instance is. O(log hosts noted).
+    pub(super) fn note_stray(&mut self, uid: ProxyUid, entry: &str, host: &str) {
+        if self
+            .locations
+            .get(&uid)
+            .is_some_and(|l| l.entry == entry && l.host == host)
+        {
+            return;
+        }
+        let s = self.strays.entry(uid).or_default();
+        if s.entry != entry {
+            // NB: a placed Proxy's entry never changes (decide refuses it): a new entry means
+            // the old notes belong to a config that is gone.
+            s.entry = entry.to_owned();
+            s.hosts.clear();
+        }
+        s.hosts.insert(host.to_owned());
+    }
+
+    /// `uid`'s instance is on `entry`'s `host`: no longer a place for a second copy.
+    pub(super) fn unnote_stray(&mut self, uid: &ProxyUid, entry: &str, host: &str) {
+        if let Some(s) = self.strays.get_mut(uid)
+            && s.entry == entry
+        {
+            s.hosts.remove(host);
+            if s.hosts.is_empty() && !s.sweeping {
+                self.strays.remove(uid);
+            }
+        }
+    }
+
+    /// The hosts noted for `uid` (a delete of the Proxy covers them). Allocates only when
+    /// there are some.
+    pub(super) fn stray_hosts(&self, uid: &ProxyUid) -> Vec<String> {
+        self.strays
+            .get(uid)
+            .map(|s| s.hosts.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether a sweep of `uid` is running (no create of it may start meanwhile).
+    pub(super) fn sweeping(&self, uid: &ProxyUid) -> bool {
+        self.strays.get(uid).is_some_and(|s| s.sweeping)
+    }
+
+    /// Whether a sweep of `uid` is running on `entry`'s `host`.
+    pub(super) fn sweeping_host(&self, uid: &ProxyUid, entry: &str, host: &str) -> bool {
+        self.strays
+            .get(uid)
+            .is_some_and(|s| s.sweeping && s.entry == entry && s.hosts.contains(host))
+    }
 }

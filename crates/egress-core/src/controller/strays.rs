@@ -25,7 +25,6 @@
 //! - a deleted Proxy's delete covers the noted hosts too (see `decide`'s finalize);
 //! - every step costs O(hosts noted for that UID): nothing walks the fleet.
 
-use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
@@ -35,76 +34,9 @@ use egress_provider::model::ProxyUid;
 use super::backoff::backoff;
 use super::executor::Controller;
 use super::settings::DELETE_DEADLINE;
-use super::state::{State, lock};
+use super::state::State;
 use crate::providers::ProviderHandle;
-
-/// The hosts of one entry where a copy of a UID's instance may remain.
-#[derive(Debug, Default)]
-pub(super) struct Strays {
-    entry: String,
-    hosts: BTreeSet<String>,
-    /// A sweep of these hosts is running.
-    sweeping: bool,
-    /// Sweeps that failed in a row.
-    failures: u32,
-    /// No sweep before this time (after a failure; the reconciles' clock).
-    not_before: Option<SystemTime>,
-}
-
-impl State {
-    /// Notes `entry`'s `host` as a place where a copy of `uid`'s instance may remain, unless
-    /// it is where the instance is. O(log hosts noted).
-    pub(super) fn note_stray(&mut self, uid: ProxyUid, entry: &str, host: &str) {
-        if self
-            .locations
-            .get(&uid)
-            .is_some_and(|l| l.entry == entry && l.host == host)
-        {
-            return;
-        }
-        let s = self.strays.entry(uid).or_default();
-        if s.entry != entry {
-            // NB: a placed Proxy's entry never changes (decide refuses it): a new entry means
-            // the old notes belong to a config that is gone.
-            s.entry = entry.to_owned();
-            s.hosts.clear();
-        }
-        s.hosts.insert(host.to_owned());
-    }
-
-    /// `uid`'s instance is on `entry`'s `host`: no longer a place for a second copy.
-    pub(super) fn unnote_stray(&mut self, uid: &ProxyUid, entry: &str, host: &str) {
-        if let Some(s) = self.strays.get_mut(uid)
-            && s.entry == entry
-        {
-            s.hosts.remove(host);
-            if s.hosts.is_empty() && !s.sweeping {
-                self.strays.remove(uid);
-            }
-        }
-    }
-
-    /// The hosts noted for `uid` (a delete of the Proxy covers them). Allocates only when
-    /// there are some.
-    pub(super) fn stray_hosts(&self, uid: &ProxyUid) -> Vec<String> {
-        self.strays
-            .get(uid)
-            .map(|s| s.hosts.iter().cloned().collect())
-            .unwrap_or_default()
-    }
-
-    /// Whether a sweep of `uid` is running (no create of it may start meanwhile).
-    pub(super) fn sweeping(&self, uid: &ProxyUid) -> bool {
-        self.strays.get(uid).is_some_and(|s| s.sweeping)
-    }
-
-    /// Whether a sweep of `uid` is running on `entry`'s `host`.
-    pub(super) fn sweeping_host(&self, uid: &ProxyUid, entry: &str, host: &str) -> bool {
-        self.strays
-            .get(uid)
-            .is_some_and(|s| s.sweeping && s.entry == entry && s.hosts.contains(host))
-    }
-}
+use egress_provider::sync::lock;
 
 impl Controller {
     /// Starts a sweep of the hosts noted for `uid`, when there are some and no earlier sweep

@@ -21,7 +21,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::{HealthState, ProbeResult};
-use crate::metrics::HostLabel;
+use crate::metrics::labels::HostLabel;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProxyLabel {

@@ -1,6 +1,7 @@
 //! The proxy health engine: every proxy with an address is checked *through itself* on an
 //! interval — a tunnel through the proxy (HTTP CONNECT or SOCKS5, with its credentials) to a
-//! check target that answers with the caller's address ([`echo`]) — recording success, the
+//! check target that answers with the caller's address (`egress_web::echo`, or any target
+//! of the same format) — recording success, the
 //! probe's latency and the egress IP the world sees.
 //!
 //! Guarantees:
@@ -32,17 +33,16 @@
 //!
 //! One piece (about 650 lines with its docs): the engine's round loop, its state per proxy
 //! and the hysteresis that decides from it share one lock and one set of invariants; the
-//! probe itself, the echo target, the probes of declared addresses ([`declared`]) and the
-//! metrics already live in submodules.
+//! probe itself, the probes of declared addresses ([`declared`]) and the metrics already
+//! live in submodules; the echo target is served by `egress-web`.
 
 pub mod declared;
-pub mod echo;
 pub mod metrics;
 pub mod probe;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use egress_provider::ProxyUid;
@@ -58,6 +58,7 @@ use crate::model::{
 
 use self::metrics::HealthMetrics;
 use self::probe::{CheckTarget, ProbeError, ProbeSuccess, ProxyEndpoint};
+use egress_provider::sync::lock;
 
 /// Probes in flight at once by default.
 // NB: a probe mostly waits on the network (two round trips through the proxy); 64 sockets
@@ -406,10 +407,6 @@ pub struct HealthEngine {
     settings: HealthSettings,
     states: Mutex<HashMap<ProxyUid, ProxyHealth>>,
     metrics: HealthMetrics,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl HealthEngine {

@@ -14,7 +14,7 @@
 //!   operator copy that service's banner or page into status; they never carry the
 //!   credentials either (only ever sent, never formatted).
 //! - The answer format ([`parse_echo_body`]): the body is the caller's IP on one line (what
-//!   [`super::echo`] serves), or a JSON object with an `"ip"` string field (ipify, httpbin's
+//!   `egress_web::echo` serves), or a JSON object with an `"ip"` string field (ipify, httpbin's
 //!   `origin`-less variants, ifconfig.co's `/json`).
 //!
 //! NB: hand-written rather than reqwest: reqwest tunnels with CONNECT only for `https://`

@@ -7,7 +7,7 @@
 //! results) or pool keys (`namespace/name`, bounded by the pool objects).
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -15,10 +15,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::controller::ControllerCounters;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use egress_provider::sync::lock;
 
 /// One label, `key="value"`, for a collector's series.
 #[derive(Debug, Clone, Hash, PartialEq, Eq)]

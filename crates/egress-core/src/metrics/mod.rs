@@ -17,15 +17,17 @@
 
 mod collect;
 mod format;
+pub(crate) mod labels;
 mod pool;
 #[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
+use egress_provider::sync::lock;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -37,6 +39,7 @@ use prometheus_client::registry::Registry;
 pub use self::collect::PoolReplicas;
 use self::collect::{ControllerCollector, PoolCollector};
 pub use self::format::{MetricsFormat, OPENMETRICS_CONTENT_TYPE};
+use self::labels::HostLabel;
 use crate::controller::ControllerCounters;
 use crate::health::metrics::HealthMetrics;
 use crate::model::Phase;
@@ -94,13 +97,6 @@ struct PhaseLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: String,
-}
-
-/// `entry`/`host` labels.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
-pub(crate) struct HostLabel {
-    pub(crate) entry: String,
-    pub(crate) host: String,
 }
 
 /// `entry`/`host`/`family`/`state` labels of a host's declared-address pool usage.
@@ -549,8 +545,4 @@ fn address_label(l: &HostLabel, family: &str, state: &'static str) -> AddressLab
         family: family.to_owned(),
         state,
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -11,6 +11,7 @@ use std::time::SystemTime;
 use sha2::{Digest, Sha256};
 
 use crate::model::{ConditionStatus, Phase, ProxySpec, ProxyStatus, condition};
+use crate::pool::spec::ProxyTemplate;
 
 /// Label on every member naming its pool.
 pub const LABEL_POOL: &str = "egress-proxies.dev/pool";
@@ -54,6 +55,10 @@ pub struct Member {
     pub deleting: bool,
     /// The declared egress addresses it holds (its `status.egressAddress`; empty when none).
     pub egress_address: Vec<String>,
+    /// Its address on the host's network (its `status.ip`).
+    pub ip: Option<String>,
+    /// The address the world sees its traffic from, as its health check last saw it.
+    pub egress_ip: Option<String>,
 }
 
 /// What a driver knows of a member Proxy besides its status.
@@ -106,20 +111,48 @@ impl Member {
             quarantine: meta.quarantine,
             deleting: meta.deleting,
             egress_address: status.egress_address.clone(),
+            ip: status.ip.clone(),
+            egress_ip: status.health.as_ref().and_then(|h| h.egress_ip.clone()),
+        }
+    }
+
+    /// A member the driver created and has not observed yet: Pending on its host, made from
+    /// `template_hash` at `created`.
+    pub fn expected(name: &str, host: &str, template_hash: &str, created: SystemTime) -> Self {
+        Self {
+            name: name.to_owned(),
+            host: Some(host.to_owned()),
+            template_hash: template_hash.to_owned(),
+            created,
+            phase: Phase::Pending,
+            ready: false,
+            available: false,
+            unhealthy_since: None,
+            failure: None,
+            quarantine: None,
+            deleting: false,
+            egress_address: Vec::new(),
+            ip: None,
+            egress_ip: None,
         }
     }
 }
 
 /// The hash members made from `template` with credentials of digest `credentials_digest`
-/// carry ("" when the pool generates none). A change of either changes it, which replaces
-/// the members through the update budget.
-pub fn template_hash(template: &ProxySpec, credentials_digest: &str) -> String {
+/// carry ("" when the pool generates none). A change of the spec, the metadata or the
+/// credentials changes it, which replaces the members through the update budget.
+pub fn template_hash(template: &ProxyTemplate, credentials_digest: &str) -> String {
     let mut h = Sha256::new();
     // NB: serde_json writes struct fields in declaration order, so equal templates hash
-    // equally; a field added later with its default skipped keeps old hashes.
-    h.update(serde_json::to_vec(template).unwrap_or_default());
+    // equally; a field added later with its default skipped keeps old hashes, and so does a
+    // template without metadata (hashed as the spec alone, as before metadata existed).
+    h.update(serde_json::to_vec(&template.spec).unwrap_or_default());
     h.update([0]);
     h.update(credentials_digest.as_bytes());
+    if !template.metadata.is_empty() {
+        h.update([0]);
+        h.update(serde_json::to_vec(&template.metadata).unwrap_or_default());
+    }
     let d = h.finalize();
     let mut out = String::with_capacity(TEMPLATE_HASH_LEN);
     for b in d.iter().take(TEMPLATE_HASH_LEN / 2) {

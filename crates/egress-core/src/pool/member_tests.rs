@@ -8,6 +8,7 @@ use super::member::{Member, MemberMeta, member_name, member_spec, template_hash}
 use crate::model::{
     Condition, ConditionStatus, HealthStatus, Phase, ProxySpec, ProxyStatus, condition,
 };
+use crate::pool::spec::ProxyTemplate;
 
 fn at(s: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + s)
@@ -94,15 +95,37 @@ fn template() -> ProxySpec {
 
 #[test]
 fn the_template_hash_follows_the_template_and_the_credentials_only() {
-    let t = template();
+    let t = ProxyTemplate {
+        spec: template(),
+        ..ProxyTemplate::default()
+    };
     let h = template_hash(&t, "");
     assert_eq!(h.len(), 10);
     assert!(h.bytes().all(|b| b.is_ascii_hexdigit()));
     assert_eq!(template_hash(&t.clone(), ""), h, "stable");
     let mut t2 = t.clone();
-    t2.image = "debian-13".into();
+    t2.spec.image = "debian-13".into();
     assert_ne!(template_hash(&t2, ""), h);
     assert_ne!(template_hash(&t, "creds-digest"), h);
+    // The members' labels and annotations are part of the template too.
+    let mut t3 = t.clone();
+    t3.metadata.labels.insert("team".into(), "a".into());
+    assert_ne!(template_hash(&t3, ""), h);
+    let mut t4 = t.clone();
+    t4.metadata.annotations.insert("note".into(), "x".into());
+    assert_ne!(template_hash(&t4, ""), h);
+    assert_ne!(template_hash(&t4, ""), template_hash(&t3, ""));
+    // Without metadata the hash is the spec's alone, by the formula members made before
+    // metadata existed carry: upgrading replaces no member.
+    use sha2::{Digest, Sha256};
+    let mut old = Sha256::new();
+    old.update(serde_json::to_vec(&t.spec).unwrap());
+    old.update([0]);
+    let old: String = old.finalize()[..5]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(h, old, "the hash of a template without metadata changed");
 }
 
 #[test]
@@ -140,13 +163,13 @@ fn a_member_and_its_status_row_carry_its_declared_egress_addresses() {
     st.egress_address = vec!["203.0.113.7".into(), "2001:db8::7".into()];
     let m = Member::observe(meta(), &st, true);
     assert_eq!(m.egress_address, ["203.0.113.7", "2001:db8::7"]);
-    let row = super::status::PoolMemberStatus::of(&m.name, Some("h1"), &st, true, false);
+    let row = super::status::PoolMemberStatus::of_member(&m);
     assert_eq!(row.egress_address, ["203.0.113.7", "2001:db8::7"]);
     // In the pool's status as `egressAddress`, left out when it holds none.
     let json = serde_json::to_value(&row).unwrap();
     assert_eq!(json["egressAddress"][1], "2001:db8::7");
     st.egress_address.clear();
-    let row = super::status::PoolMemberStatus::of(&m.name, Some("h1"), &st, true, false);
+    let row = super::status::PoolMemberStatus::of_member(&Member::observe(meta(), &st, true));
     assert!(
         serde_json::to_value(&row)
             .unwrap()

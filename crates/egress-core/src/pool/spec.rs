@@ -5,6 +5,8 @@
 //! Guarantees: shape only (unknown fields are refused); the values are checked by
 //! [`ProxyPoolSpec::validate`](super::validate), which names the field and the value at fault.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::quantity::IntOrPercent;
@@ -53,9 +55,10 @@ pub struct ProxyPoolSpec {
     /// How many members the pool keeps (default 1; 0 keeps none).
     #[serde(default = "default_replicas")]
     pub replicas: u32,
-    /// The spec of every member Proxy. `host` must not be set: the pool places its members
-    /// (see `placement`).
-    pub template: ProxySpec,
+    /// What every member is made from, shaped like a Deployment's Pod template:
+    /// `metadata` (labels and annotations the members get) and `spec` (the member Proxy's
+    /// spec; `host` must not be set: the pool places its members, see `placement`).
+    pub template: ProxyTemplate,
     /// Where members go: spread over the provider entry's hosts as evenly as host health and
     /// capacity allow, optionally at most `maxPerHost` per host and only on `hosts`.
     #[serde(default, skip_serializing_if = "Placement::is_default")]
@@ -92,6 +95,118 @@ pub struct ProxyPoolSpec {
 
 fn default_replicas() -> u32 {
     DEFAULT_REPLICAS
+}
+
+/// What every member of a pool is made from, shaped like a Kubernetes Pod template (a
+/// Deployment's, or KubeVirt's VirtualMachinePool's): `metadata` for the members, `spec`
+/// for their Proxy spec.
+///
+/// A template written flat (the Proxy's fields directly under `template`, the shape of
+/// earlier versions) is read, not rejected outright, so that a stored object of that shape
+/// still loads: it carries [`ProxyTemplate::shape_error`], which validation reports with the
+/// new shape, and the pool does nothing until it is rewritten.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProxyTemplate {
+    /// Labels and annotations every member gets (Kubernetes: on each member Proxy, beside the
+    /// labels the pool sets itself). A change replaces the members, as a change of `spec`
+    /// does.
+    #[serde(default, skip_serializing_if = "TemplateMetadata::is_empty")]
+    pub metadata: TemplateMetadata,
+    /// The member Proxies' spec: provider, image, resources and proxy settings. `host` and
+    /// `egress` must not be set: the pool places its members and their addresses come from
+    /// their hosts.
+    pub spec: ProxySpec,
+    /// Why the template cannot be used as written (a flat template, or one without `spec`):
+    /// reported by [`ProxyPoolSpec::validate`]. Never written out.
+    #[serde(skip)]
+    #[cfg_attr(feature = "schema", schemars(skip))]
+    pub shape_error: Option<String>,
+}
+
+/// The labels and annotations of a pool's members.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TemplateMetadata {
+    /// Labels every member gets. The pool's own (`egress-proxies.dev/pool`,
+    /// `egress-proxies.dev/template-hash`) may not be set here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations every member gets. `egress-proxies.dev/quarantine` may not be set here
+    /// (it would hold every member out of the pool).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl TemplateMetadata {
+    /// Whether neither labels nor annotations are set.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.annotations.is_empty()
+    }
+}
+
+/// The fields of a Proxy spec: a template that names one of them directly is flat.
+const PROXY_SPEC_FIELDS: &[&str] = &["provider", "host", "image", "resources", "proxy", "egress"];
+
+/// What a flat template is told (the shape to write instead).
+pub const FLAT_TEMPLATE: &str = "the template takes the shape of a Kubernetes Pod template: \
+     `template: {metadata: {labels: {...}, annotations: {...}}, spec: {provider: ..., image: \
+     ..., proxy: {...}}}`; move the Proxy fields written directly under `template` (provider, \
+     image, resources, proxy) into `template.spec` (metadata is optional). ProxyPool is \
+     v1alpha1: its shape may change between versions without a compatibility promise";
+
+impl<'de> Deserialize<'de> for ProxyTemplate {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = ProxyTemplate;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a Proxy template with `metadata` and `spec`")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<ProxyTemplate, A::Error> {
+                use serde::de::Error;
+                let mut metadata = None;
+                let mut spec = None;
+                let mut flat = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "metadata" if metadata.is_some() => {
+                            return Err(A::Error::duplicate_field("metadata"));
+                        }
+                        "spec" if spec.is_some() => return Err(A::Error::duplicate_field("spec")),
+                        "metadata" => metadata = Some(map.next_value()?),
+                        "spec" => spec = Some(map.next_value()?),
+                        k if PROXY_SPEC_FIELDS.contains(&k) => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                            flat.push(key);
+                        }
+                        k => return Err(A::Error::unknown_field(k, &["metadata", "spec"])),
+                    }
+                }
+                let shape_error = match (&spec, flat.is_empty()) {
+                    (_, false) => Some(format!(
+                        "{} written directly under template: {FLAT_TEMPLATE}",
+                        flat.join(", ")
+                    )),
+                    (None, true) => Some(format!("no spec: {FLAT_TEMPLATE}")),
+                    (Some(_), true) => None,
+                };
+                Ok(ProxyTemplate {
+                    metadata: metadata.unwrap_or_default(),
+                    spec: spec.unwrap_or_default(),
+                    shape_error,
+                })
+            }
+        }
+        d.deserialize_struct("ProxyTemplate", &["metadata", "spec"], V)
+    }
 }
 
 /// Where a pool's members go: spread over the provider entry's hosts, as evenly as health

@@ -144,8 +144,8 @@ fn is_zero(n: &u32) -> bool {
 // object size limit (1.5 MB) at the largest pool allowed.
 pub const MAX_STATUS_MEMBERS: usize = 500;
 
-/// One member as the pool's status lists it (filled by the driver from the member's own
-/// status; the decision leaves the list as it was).
+/// One member as the pool's status lists it (filled by the pool round from the member's own
+/// status, [`crate::pool::round`]; the decision leaves the list as it was).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
@@ -176,23 +176,17 @@ pub struct PoolMemberStatus {
 }
 
 impl PoolMemberStatus {
-    /// The row of member `name` on `host` from its Proxy `status`.
-    pub fn of(
-        name: &str,
-        host: Option<&str>,
-        status: &crate::model::ProxyStatus,
-        available: bool,
-        quarantined: bool,
-    ) -> Self {
+    /// The row of `m`: available only when it counts towards the pool (not quarantined).
+    pub fn of_member(m: &crate::pool::member::Member) -> Self {
         Self {
-            name: name.to_owned(),
-            host: status.host.clone().or_else(|| host.map(str::to_owned)),
-            phase: status.phase,
-            ip: status.ip.clone(),
-            egress_ip: status.health.as_ref().and_then(|h| h.egress_ip.clone()),
-            egress_address: status.egress_address.clone(),
-            available,
-            quarantined,
+            name: m.name.clone(),
+            host: m.host.clone(),
+            phase: m.phase,
+            ip: m.ip.clone(),
+            egress_ip: m.egress_ip.clone(),
+            egress_address: m.egress_address.clone(),
+            available: m.available && m.quarantine.is_none(),
+            quarantined: m.quarantine.is_some(),
         }
     }
 }

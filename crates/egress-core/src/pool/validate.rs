@@ -11,6 +11,7 @@ use super::duration::parse_duration;
 use super::quantity::Rounding;
 use super::spec::{EgressAddressPolicy, ProxyPoolSpec, ScaleInOrder};
 use crate::model::{SpecError, is_dns_subdomain};
+use crate::pool::member::{ANNOTATION_QUARANTINE, LABEL_POOL, LABEL_TEMPLATE_HASH};
 
 /// Most members one pool may ask for.
 // NB: ten times the benchmarked fleet (1,000 on 10 hosts); a typo of extra zeros is refused
@@ -97,6 +98,52 @@ impl PoolPolicy {
     }
 }
 
+/// Most bytes of a template's annotations, keys and values together (Kubernetes' own
+/// limit for an object's annotations).
+pub const MAX_ANNOTATION_BYTES: usize = 256 * 1024;
+
+/// Why `k` is not a Kubernetes label or annotation key (`[prefix/]name`: the prefix a DNS
+/// subdomain of at most 253 characters, the name 1 to 63 characters of letters, digits, `-`,
+/// `_` and `.`, starting and ending with a letter or digit), if it is not.
+pub fn label_key_fault(k: &str) -> Option<String> {
+    let (prefix, name) = match k.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    if let Some(p) = prefix
+        && (p.len() > 253 || !is_dns_subdomain(p))
+    {
+        return Some(format!(
+            "{k:?}: the prefix before '/' must be a DNS subdomain (lowercase letters, digits, \
+             '-' and '.', at most 253 characters)"
+        ));
+    }
+    label_name_fault(name).map(|why| format!("{k:?}: the name {why}"))
+}
+
+/// Why `v` is not a Kubernetes label value (empty, or a label name), if it is not.
+pub fn label_value_fault(v: &str) -> Option<String> {
+    if v.is_empty() {
+        return None;
+    }
+    label_name_fault(v).map(|why| format!("value {v:?}: {why}"))
+}
+
+fn label_name_fault(n: &str) -> Option<String> {
+    let b = n.as_bytes();
+    let ok = !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric);
+    (!ok).then(|| {
+        "must be 1 to 63 letters, digits, '-', '_' or '.', starting and ending with a letter \
+         or digit"
+            .to_owned()
+    })
+}
+
 /// Checks a pool's name: a DNS label-like name short enough to be a label value.
 pub fn validate_pool_name(name: &str) -> Option<SpecError> {
     (!is_dns_subdomain(name) || name.contains('.') || name.len() > MAX_POOL_NAME).then(|| {
@@ -126,44 +173,11 @@ impl ProxyPoolSpec {
                 format!("{} is above the limit of {MAX_REPLICAS}", self.replicas),
             );
         }
-        if let Some(h) = &self.template.host {
-            err(
-                "spec.template.host",
-                format!("{h:?}: a pool places its members; choose hosts with spec.placement.hosts"),
-            );
-        }
-        if !self.template.egress.is_empty() {
-            err(
-                "spec.template.egress.address",
-                format!(
-                    "{}: every member would pin the same address; members get distinct \
-                     addresses from their hosts' address pools",
-                    self.template.egress.address.join(", ")
-                ),
-            );
-        }
-        let mut template = self.template.clone();
-        template.host = None;
-        template.egress = crate::model::EgressSpec::default();
-        if self.credentials.generate {
-            if let Some(r) = &self.template.proxy.credentials_ref {
-                err(
-                    "spec.credentials.generate",
-                    format!(
-                        "true conflicts with spec.template.proxy.credentialsRef {r:?}: the pool \
-                         either generates its credentials or uses yours"
-                    ),
-                );
-            }
-            // The generated credentials will be referenced; check the rest as it will be.
-            template.proxy.credentials_ref = Some("generated".into());
-        }
-        for e in template.validate() {
-            let path = match e.path.strip_prefix("spec.") {
-                Some(rest) => format!("spec.template.{rest}"),
-                None => e.path,
-            };
-            err(&path, e.message);
+        if let Some(why) = &self.template.shape_error {
+            // The spec is a placeholder: checking it would only add noise.
+            err("spec.template", why.clone());
+        } else {
+            self.validate_template(&mut err);
         }
         if self.placement.max_per_host == Some(0) {
             err(
@@ -275,7 +289,8 @@ impl ProxyPoolSpec {
             );
         }
         if let Some(g) = &self.gateway {
-            let own = self.credentials.generate || self.template.proxy.credentials_ref.is_some();
+            let own =
+                self.credentials.generate || self.template.spec.proxy.credentials_ref.is_some();
             for e in g.validate(own).err().unwrap_or_default() {
                 err(&e.path, e.message);
             }
@@ -309,5 +324,87 @@ impl ProxyPoolSpec {
             generate_credentials: self.credentials.generate,
             keep_addresses: self.rotation.egress_address == EgressAddressPolicy::Keep,
         })
+    }
+
+    /// The template's checks: metadata, and the member spec as a Proxy's (under
+    /// `spec.template.spec`), with what a pool forbids in it.
+    fn validate_template(&self, err: &mut impl FnMut(&str, String)) {
+        let meta = &self.template.metadata;
+        for (k, v) in &meta.labels {
+            let path = format!("spec.template.metadata.labels[{k:?}]");
+            if [LABEL_POOL, LABEL_TEMPLATE_HASH].contains(&k.as_str()) {
+                err(
+                    &path,
+                    "is set by the pool itself on every member; remove it".into(),
+                );
+            } else if let Some(why) = label_key_fault(k) {
+                err(&path, why);
+            } else if let Some(why) = label_value_fault(v) {
+                err(&path, why);
+            }
+        }
+        for k in meta.annotations.keys() {
+            let path = format!("spec.template.metadata.annotations[{k:?}]");
+            if k == ANNOTATION_QUARANTINE {
+                err(
+                    &path,
+                    "would quarantine every member as it is made; quarantine members one by \
+                     one on the member Proxies"
+                        .into(),
+                );
+            } else if let Some(why) = label_key_fault(k) {
+                err(&path, why);
+            }
+        }
+        let annotations: usize = meta
+            .annotations
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum();
+        if annotations > MAX_ANNOTATION_BYTES {
+            err(
+                "spec.template.metadata.annotations",
+                format!("{annotations} bytes; at most {MAX_ANNOTATION_BYTES} in all"),
+            );
+        }
+        if let Some(h) = &self.template.spec.host {
+            err(
+                "spec.template.spec.host",
+                format!("{h:?}: a pool places its members; choose hosts with spec.placement.hosts"),
+            );
+        }
+        if !self.template.spec.egress.is_empty() {
+            err(
+                "spec.template.spec.egress.address",
+                format!(
+                    "{}: every member would pin the same address; members get distinct \
+                     addresses from their hosts' address pools",
+                    self.template.spec.egress.address.join(", ")
+                ),
+            );
+        }
+        let mut template = self.template.spec.clone();
+        template.host = None;
+        template.egress = crate::model::EgressSpec::default();
+        if self.credentials.generate {
+            if let Some(r) = &self.template.spec.proxy.credentials_ref {
+                err(
+                    "spec.credentials.generate",
+                    format!(
+                        "true conflicts with spec.template.spec.proxy.credentialsRef {r:?}: the pool \
+                         either generates its credentials or uses yours"
+                    ),
+                );
+            }
+            // The generated credentials will be referenced; check the rest as it will be.
+            template.proxy.credentials_ref = Some("generated".into());
+        }
+        for e in template.validate() {
+            let path = match e.path.strip_prefix("spec.") {
+                Some(rest) => format!("spec.template.spec.{rest}"),
+                None => e.path,
+            };
+            err(&path, e.message);
+        }
     }
 }

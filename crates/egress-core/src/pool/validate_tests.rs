@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::spec::{ProxyPoolManifest, ProxyPoolSpec, ScaleInOrder};
 use super::validate::{PoolPolicy, validate_pool_name};
 
-const TEMPLATE: &str = "template:\n  provider: home\n  image: debian-12\n  proxy:\n    allowedClientCidrs: [10.0.0.0/8]\n";
+const TEMPLATE: &str = "template:\n  spec:\n    provider: home\n    image: debian-12\n    proxy:\n      allowedClientCidrs: [10.0.0.0/8]\n";
 
 fn spec(extra: &str) -> ProxyPoolSpec {
     serde_saphyr::from_str(&format!("{TEMPLATE}{extra}")).unwrap()
@@ -90,7 +90,7 @@ fn every_bad_value_is_reported_at_once_with_its_path_and_value() {
 #[test]
 fn the_template_is_checked_as_a_proxy_under_spec_template() {
     let s: ProxyPoolSpec = serde_saphyr::from_str(
-        "template:\n  provider: home\n  host: h1\n  image: ''\n  proxy:\n    port: 0\n",
+        "template:\n  spec:\n    provider: home\n    host: h1\n    image: ''\n    proxy:\n      port: 0\n",
     )
     .unwrap();
     let paths: Vec<String> = s
@@ -102,10 +102,10 @@ fn the_template_is_checked_as_a_proxy_under_spec_template() {
     assert_eq!(
         paths,
         [
-            "spec.template.host",
-            "spec.template.image",
-            "spec.template.proxy.port",
-            "spec.template.proxy"
+            "spec.template.spec.host",
+            "spec.template.spec.image",
+            "spec.template.spec.proxy.port",
+            "spec.template.spec.proxy"
         ]
     );
 }
@@ -113,25 +113,25 @@ fn the_template_is_checked_as_a_proxy_under_spec_template() {
 #[test]
 fn a_template_pinning_an_egress_address_is_refused() {
     let s: ProxyPoolSpec = serde_saphyr::from_str(
-        "template:\n  provider: home\n  image: debian-12\n  proxy:\n    allowedClientCidrs: \
-         [10.0.0.0/8]\n  egress:\n    address: [203.0.113.7]\n",
+        "template:\n  spec:\n    provider: home\n    image: debian-12\n    proxy:\n      \
+         allowedClientCidrs: [10.0.0.0/8]\n    egress:\n      address: [203.0.113.7]\n",
     )
     .unwrap();
     let e = s.validate().unwrap_err();
     assert_eq!(e.len(), 1, "{e:?}");
-    assert_eq!(e[0].path, "spec.template.egress.address");
+    assert_eq!(e[0].path, "spec.template.spec.egress.address");
     assert!(e[0].message.contains("203.0.113.7"), "{e:?}");
 }
 
 #[test]
 fn generated_credentials_close_the_relay_and_conflict_with_a_credentials_ref() {
     let s: ProxyPoolSpec = serde_saphyr::from_str(
-        "template:\n  provider: home\n  image: debian-12\ncredentials:\n  generate: true\n",
+        "template:\n  spec:\n    provider: home\n    image: debian-12\ncredentials:\n  generate: true\n",
     )
     .unwrap();
     assert!(s.validate().unwrap().generate_credentials);
     let mut s2 = s.clone();
-    s2.template.proxy.credentials_ref = Some("mine".into());
+    s2.template.spec.proxy.credentials_ref = Some("mine".into());
     let e = s2.validate().unwrap_err();
     assert_eq!(e[0].path, "spec.credentials.generate");
     assert!(e[0].message.contains("\"mine\""));
@@ -268,4 +268,90 @@ fn keeping_egress_addresses_needs_max_unavailable() {
         ))
         .is_err()
     );
+}
+
+#[test]
+fn a_flat_template_is_refused_with_the_new_shape_and_no_compatibility_promise() {
+    // The shape of earlier versions: the Proxy's fields directly under `template`.
+    let flat: ProxyPoolSpec = serde_saphyr::from_str(
+        "template:\n  provider: home\n  image: debian-12\n  proxy:\n    allowedClientCidrs: \
+         [10.0.0.0/8]\n",
+    )
+    .unwrap();
+    let e = flat.validate().unwrap_err();
+    assert_eq!(e.len(), 1, "one error, not the placeholder spec's: {e:?}");
+    assert_eq!(e[0].path, "spec.template");
+    for needle in [
+        "provider, image, proxy written directly under template",
+        "metadata: {labels:",
+        "spec: {provider:",
+        "template.spec",
+        "v1alpha1",
+        "without a compatibility promise",
+    ] {
+        assert!(
+            e[0].message.contains(needle),
+            "{needle:?} not in {}",
+            e[0].message
+        );
+    }
+    // A template with no spec at all (what an API server leaves of a flat one after pruning
+    // the fields its schema does not know) is refused the same way.
+    let empty: ProxyPoolSpec = serde_json::from_str(r#"{"template": {}}"#).unwrap();
+    let e = empty.validate().unwrap_err();
+    assert_eq!(e[0].path, "spec.template");
+    assert!(e[0].message.starts_with("no spec: "), "{e:?}");
+    // Written out, the refused template is not turned into a valid-looking one.
+    assert!(flat.template.shape_error.is_some());
+    // Anything else unknown under template is a shape error, as everywhere else.
+    let r = serde_saphyr::from_str::<ProxyPoolSpec>("template:\n  labels: {a: b}\n");
+    assert!(r.unwrap_err().to_string().contains("labels"));
+}
+
+#[test]
+fn the_members_labels_and_annotations_are_checked_and_the_pools_own_are_refused() {
+    let ok = spec("").template;
+    assert!(ok.metadata.is_empty() && ok.shape_error.is_none());
+    let s: ProxyPoolSpec = serde_saphyr::from_str(
+        "template:\n  metadata:\n    labels:\n      team: payments\n      \
+         example.com/tier: gold\n      empty: ''\n    annotations:\n      \
+         example.com/owner: 'Jane Doe <jane@example.com>'\n  spec:\n    provider: home\n    \
+         image: debian-12\n    proxy:\n      allowedClientCidrs: [10.0.0.0/8]\n",
+    )
+    .unwrap();
+    assert!(s.validate().is_ok(), "{:?}", s.validate());
+    assert_eq!(s.template.metadata.labels["team"], "payments");
+    let e = errors_of(
+        "template:\n  metadata:\n    labels:\n      egress-proxies.dev/pool: other\n      \
+         egress-proxies.dev/template-hash: x\n      bad key: v\n      ok: 'not ok'\n    \
+         annotations:\n      egress-proxies.dev/quarantine: all\n      Bad_Prefix/x: y\n  \
+         spec:\n    provider: home\n    image: debian-12\n    proxy:\n      \
+         allowedClientCidrs: [10.0.0.0/8]\n",
+    );
+    let paths: Vec<&str> = e.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "spec.template.metadata.labels[\"bad key\"]",
+            "spec.template.metadata.labels[\"egress-proxies.dev/pool\"]",
+            "spec.template.metadata.labels[\"egress-proxies.dev/template-hash\"]",
+            "spec.template.metadata.labels[\"ok\"]",
+            "spec.template.metadata.annotations[\"Bad_Prefix/x\"]",
+            "spec.template.metadata.annotations[\"egress-proxies.dev/quarantine\"]",
+        ],
+        "{e:?}"
+    );
+    assert!(e[1].1.contains("set by the pool itself"), "{e:?}");
+    assert!(e[3].1.contains("not ok"), "{e:?}");
+    assert!(e[5].1.contains("quarantine every member"), "{e:?}");
+}
+
+fn errors_of(yaml: &str) -> Vec<(String, String)> {
+    serde_saphyr::from_str::<ProxyPoolSpec>(yaml)
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .into_iter()
+        .map(|e| (e.path, e.message))
+        .collect()
 }

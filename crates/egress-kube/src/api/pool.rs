@@ -5,6 +5,9 @@
 //! Guarantees:
 //! - **Scale subresource**: `spec.replicas` / `status.replicas` / `status.selector`, so
 //!   `kubectl scale` and a HorizontalPodAutoscaler work; a status subresource beside it.
+//! - **The template is shaped like a Pod template** (`template.metadata`, `template.spec`);
+//!   a template without `spec` is refused with a message showing the shape (a flat template's
+//!   fields are unknown to the schema and pruned by the API server).
 //! - **The template is checked as a pool's, not as a Proxy's**: the Proxy's open-relay rule is
 //!   replaced on the pool by one that also accepts generated credentials (members made from
 //!   such a template get `credentialsRef` to the pool's Secret, so each member still passes
@@ -21,31 +24,42 @@ use serde_json::{Value, json};
 /// The rules of a pool's spec, as CEL (message, rule).
 const POOL_RULES: &[(&str, &str)] = &[
     (
-        "set spec.credentials.generate, template.proxy.allowedClientCidrs or \
-         template.proxy.credentialsRef: a proxy open to everyone is an open relay",
+        "spec.template takes the shape of a Kubernetes Pod template: template.metadata \
+         (labels and annotations for the members) and template.spec (the member Proxy's spec: \
+         provider, image, proxy...); move fields written directly under template into \
+         template.spec. ProxyPool is v1alpha1: its shape may change between versions without \
+         a compatibility promise",
+        "has(self.template.spec)",
+    ),
+    (
+        "set spec.credentials.generate, template.spec.proxy.allowedClientCidrs or \
+         template.spec.proxy.credentialsRef: a proxy open to everyone is an open relay",
         "(has(self.credentials) && has(self.credentials.generate) && self.credentials.generate) \
-         || (has(self.template.proxy) && ((has(self.template.proxy.allowedClientCidrs) && \
-         size(self.template.proxy.allowedClientCidrs) > 0) || \
-         has(self.template.proxy.credentialsRef)))",
+         || (has(self.template.spec) && has(self.template.spec.proxy) && \
+         ((has(self.template.spec.proxy.allowedClientCidrs) && \
+         size(self.template.spec.proxy.allowedClientCidrs) > 0) || \
+         has(self.template.spec.proxy.credentialsRef)))",
     ),
     (
-        "spec.template.host must not be set: the pool places its members (use \
+        "spec.template.spec.host must not be set: the pool places its members (use \
          spec.placement.hosts)",
-        "!has(self.template.host)",
+        "!has(self.template.spec) || !has(self.template.spec.host)",
     ),
     (
-        "spec.credentials.generate conflicts with spec.template.proxy.credentialsRef: the pool \
-         either generates its credentials or uses yours",
+        "spec.credentials.generate conflicts with spec.template.spec.proxy.credentialsRef: the \
+         pool either generates its credentials or uses yours",
         "!(has(self.credentials) && has(self.credentials.generate) && self.credentials.generate \
-         && has(self.template.proxy) && has(self.template.proxy.credentialsRef))",
+         && has(self.template.spec) && has(self.template.spec.proxy) && \
+         has(self.template.spec.proxy.credentialsRef))",
     ),
     (
         "spec.gateway needs client credentials: list them in spec.gateway.clientCredentials, \
-         or set spec.credentials.generate or spec.template.proxy.credentialsRef",
+         or set spec.credentials.generate or spec.template.spec.proxy.credentialsRef",
         "!has(self.gateway) || (has(self.gateway.clientCredentials) && \
          size(self.gateway.clientCredentials) > 0) || (has(self.credentials) && \
          has(self.credentials.generate) && self.credentials.generate) || \
-         (has(self.template.proxy) && has(self.template.proxy.credentialsRef))",
+         (has(self.template.spec) && has(self.template.spec.proxy) && \
+         has(self.template.spec.proxy.credentialsRef))",
     ),
 ];
 
@@ -117,22 +131,32 @@ impl JsonSchema for ProxyPoolCrdSpec {
 
 /// The pool's rules in place of the Proxy's (see the module doc).
 fn adjust(spec: &mut Value) {
+    if let Some(member) = spec
+        .pointer_mut("/properties/template/properties/spec")
+        .and_then(Value::as_object_mut)
+    {
+        member.remove("x-kubernetes-validations");
+        member.insert(
+            "description".into(),
+            json!(
+                "The spec of every member Proxy: provider, image, resources and proxy settings. \
+                 `host` and `egress` must not be set: the pool places its members and their \
+                 addresses come from their hosts. Changing it replaces the members through the \
+                 update budget."
+            ),
+        );
+    }
+    // NB: `template.spec` is not `required` in the schema: a flat template (its fields
+    // pruned as unknown) then meets the rule whose message shows the shape to write, rather
+    // than a bare "Required value"; the operator refuses a template without it all the same.
     if let Some(template) = spec
         .pointer_mut("/properties/template")
         .and_then(Value::as_object_mut)
     {
-        template.remove("x-kubernetes-validations");
-        template.insert(
-            "description".into(),
-            json!(
-                "The spec of every member Proxy: provider, image, resources and proxy settings. \
-                 `host` must not be set: the pool places its members (see `placement`). \
-                 Changing it replaces the members through the update budget."
-            ),
-        );
+        template.remove("required");
     }
     if let Some(provider) = spec
-        .pointer_mut("/properties/template/properties/provider")
+        .pointer_mut("/properties/template/properties/spec/properties/provider")
         .and_then(Value::as_object_mut)
     {
         provider.remove("x-kubernetes-validations");
@@ -165,9 +189,9 @@ mod tests {
     use kube::core::cel::{validate_cel, validate_cel_update};
 
     fn spec(cidrs: &[&str], generate: bool, credentials_ref: Option<&str>) -> ProxyPoolSpec {
-        let y = "replicas: 2\ntemplate:\n  provider: home\n  image: debian-12\n";
+        let y = "replicas: 2\ntemplate:\n  spec:\n    provider: home\n    image: debian-12\n";
         let mut s: ProxyPoolSpec = serde_saphyr::from_str(y).unwrap();
-        s.template.proxy = ProxySettings {
+        s.template.spec.proxy = ProxySettings {
             allowed_client_cidrs: cidrs.iter().map(|c| (*c).to_owned()).collect(),
             credentials_ref: credentials_ref.map(str::to_owned),
             ..ProxySettings::default()
@@ -243,12 +267,15 @@ mod tests {
         let errs = validate_cel(&pool(spec(&[], true, Some("users")))).unwrap_err();
         assert!(format!("{errs:?}").contains("conflicts"), "{errs:?}");
         let mut pinned = spec(&["10.0.0.0/8"], false, None);
-        pinned.template.host = Some("h1".into());
+        pinned.template.spec.host = Some("h1".into());
         let errs = validate_cel(&pool(pinned)).unwrap_err();
-        assert!(format!("{errs:?}").contains("template.host"), "{errs:?}");
+        assert!(
+            format!("{errs:?}").contains("template.spec.host"),
+            "{errs:?}"
+        );
         // A member made from the generating template passes the Proxy's own rule.
         let member = egress_core::pool::member::member_spec(
-            &spec(&[], true, None).template,
+            &spec(&[], true, None).template.spec,
             "h1",
             &[],
             Some("web-credentials"),
@@ -256,7 +283,7 @@ mod tests {
         validate_cel(&crate::api::Proxy::new("web-bcdfgh", member.into())).unwrap();
         // A replacement keeping its predecessor's address pins it: the Proxy's rule allows it.
         let member = egress_core::pool::member::member_spec(
-            &spec(&[], true, None).template,
+            &spec(&[], true, None).template.spec,
             "h1",
             &["192.0.2.7".parse().unwrap()],
             Some("web-credentials"),
@@ -299,11 +326,35 @@ mod tests {
     }
 
     #[test]
+    fn a_template_without_spec_is_refused_with_the_pod_template_shape() {
+        // What the API server leaves of a template written flat (its fields are unknown to
+        // the schema and pruned): the rule names the shape to write.
+        let flat = json!({"replicas": 2, "template": {}});
+        let errs =
+            kube::core::cel::validate_cel_schema::<ProxyPoolCrdSpec>(&flat, None).unwrap_err();
+        let text = format!("{errs:?}");
+        for needle in [
+            "template.metadata",
+            "template.spec",
+            "v1alpha1",
+            "compatibility",
+        ] {
+            assert!(text.contains(needle), "{needle}: {text}");
+        }
+        // The Kubernetes shape with metadata passes.
+        let ok = json!({"replicas": 2, "template": {
+            "metadata": {"labels": {"team": "a"}},
+            "spec": {"provider": "home", "image": "debian-12",
+                     "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}}});
+        kube::core::cel::validate_cel_schema::<ProxyPoolCrdSpec>(&ok, None).unwrap();
+    }
+
+    #[test]
     fn the_template_provider_may_change_unlike_a_proxys() {
         let old = pool(spec(&["10.0.0.0/8"], false, None));
         let mut moved = spec(&["10.0.0.0/8"], false, None);
-        moved.template.provider = "work".into();
+        moved.template.spec.provider = "work".into();
         validate_cel_update(&pool(moved), &old).unwrap();
-        let _ = ProxySpec::clone(&old.spec.template);
+        let _ = ProxySpec::clone(&old.spec.template.spec);
     }
 }

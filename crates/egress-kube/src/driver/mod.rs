@@ -48,8 +48,8 @@
 //! `term.rs` one leadership term (the controller and every leader-only loop);
 //! `reconcile.rs` one reconcile and the error policy; `credentials.rs` the credentials
 //! Secrets; `status.rs` the publishing pass and [`publish`] the Services and EndpointSlices.
-//! GC, host checks, proxy health and the config watch are the core's shared workers
-//! ([`egress_core::background`]); `orphans.rs`, `provider_health.rs` and `proxy_health.rs`
+//! GC, host checks, proxy health and the config watch are the core's shared background tasks
+//! ([`egress_core::background`]); `gc.rs`, `host_checks.rs` and `proxy_health.rs`
 //! are this driver's side of them (the live set from the API server, ProviderHealth writes,
 //! targets from the watch cache).
 
@@ -57,9 +57,9 @@ mod cache;
 pub(crate) mod credentials;
 pub(crate) use cache::strip as strip_cached;
 mod events;
-mod orphans;
+mod gc;
+mod host_checks;
 pub mod pool;
-mod provider_health;
 mod proxy_health;
 pub mod publish;
 mod reconcile;
@@ -69,14 +69,15 @@ mod term;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use egress_core::background::config_watch::{self, Compare, WatchedFiles};
+use egress_core::config::installation::Installation;
 use egress_core::controller::{Controller as Core, ControllerSettings, ProxyCredentials};
-use egress_core::gc::{self, GcSettings};
+use egress_core::gc::GcSettings;
 use egress_core::health::HealthState;
-use egress_core::providers::{BuildOptions, Providers};
+use egress_core::providers::{self, OpenError, Providers};
 use egress_provider::ProxyUid;
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::watch;
@@ -86,6 +87,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::Proxy;
 use crate::leader::{Elector, LeaseSettings};
 use crate::observe::Observer;
+pub(crate) use egress_provider::sync::lock;
 use term::run_term;
 
 /// The one field manager of every server-side apply the operator makes.
@@ -122,7 +124,7 @@ pub const DEFAULT_WATCH_INTERVAL: Duration = Duration::from_secs(5);
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
 /// Longest adoption listing of one entry at the start of a term.
-pub const ADOPT_DEADLINE: Duration = gc::LIST_BUDGET;
+pub const ADOPT_DEADLINE: Duration = egress_core::gc::LIST_BUDGET;
 
 /// Longest one entry's host check may take.
 // NB: `check` bounds each host by the entry's dial and call timeouts (70 s by default).
@@ -336,26 +338,29 @@ pub async fn run(
         }
         None => Client::try_default().await.map_err(RunError::Client)?,
     };
-    let cluster_uid = cluster_uid(&client).await;
+    // This installation's ID in every mark: from the config, else the cluster's and its
+    // Lease's identity.
+    let legacy = egress_core::config::installation::legacy_kubernetes(&lease_ns, &lease_name);
+    let installation = Installation::Kubernetes {
+        cluster_uid: cluster_uid(&client).await,
+        lease_namespace: lease_ns,
+        lease_name,
+    };
     let build = move || -> Result<Providers, RunError> {
-        let mut cfg = egress_core::config::load(&path).map_err(RunError::Config)?;
-        // This installation's ID in every mark: from the config, else the cluster's and its
-        // Lease's identity.
-        let legacy = egress_core::config::installation::legacy_kubernetes(&lease_ns, &lease_name);
-        let id = egress_core::config::installation::derive_kubernetes(
-            cfg.installation.as_deref(),
-            cluster_uid.as_deref(),
-            &lease_ns,
-            &lease_name,
-        );
-        if cfg.installation.is_none() && id != legacy {
-            tracing::info!(installation = %id, legacy = %legacy, "installation ID derived from the cluster; VMs created by a release that derived the legacy ID are another installation's to this one: to keep them, set installation.id to the legacy ID");
-        }
-        cfg.installation = Some(id);
+        let cfg = egress_core::config::load(&path).map_err(RunError::Config)?;
         for w in &cfg.warnings {
             tracing::warn!(%w, "provider config warning");
         }
-        Providers::from_config(&cfg, &BuildOptions::default()).map_err(RunError::Providers)
+        if cfg.installation.is_none()
+            && let Ok(Some(id)) = installation.id(&cfg)
+            && id != legacy
+        {
+            tracing::info!(installation = %id, legacy = %legacy, "installation ID derived from the cluster; VMs created by a release that derived the legacy ID are another installation's to this one: to keep them, set installation.id to the legacy ID");
+        }
+        providers::open(&cfg, &installation).map_err(|e| match e {
+            OpenError::Installation(e) => RunError::Config(e),
+            OpenError::Build(e) => RunError::Providers(e),
+        })
     };
     let providers = build()?;
     observer.set_config_loaded(true);
@@ -484,10 +489,6 @@ pub(super) type NamespaceLabels = Arc<std::collections::BTreeMap<String, String>
 // NB: a namespace's labels change rarely; a minute bounds how long a change of entitlement by
 // label goes unseen, at one GET per namespace per minute whatever the number of Proxies.
 pub(super) const NAMESPACE_LABELS_TTL: Duration = Duration::from_secs(60);
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 pub(super) fn uid_of(p: &Proxy) -> Option<ProxyUid> {
     p.meta().uid.as_deref().and_then(ProxyUid::parse_strict)

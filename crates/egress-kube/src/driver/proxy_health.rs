@@ -1,4 +1,4 @@
-//! The Kubernetes driver's side of the shared proxy health worker
+//! The Kubernetes driver's side of the shared proxy health task
 //! ([`egress_core::background::proxy_health`]): targets and the set of known Proxies come
 //! from the controller's watch cache, the credentials from what each Proxy's last reconcile
 //! read, and the address probed from the core controller (the one the provider reported,
@@ -8,7 +8,7 @@
 //! Guarantees: the first round starts only once the watch cache holds a complete first
 //! listing (so no Proxy's state is dropped for being missing from a partial cache); Proxies
 //! gone from the cache are dropped from the engine, a Proxy only not probed this round keeps
-//! its state (finding H3). The worker runs only while this replica leads (it is started with
+//! its state (finding H3). The task runs only while this replica leads (it is started with
 //! the term's stop token).
 
 use std::collections::{HashMap, HashSet};

@@ -1,4 +1,4 @@
-//! Status publishing: the publishing pass that merges health (from the proxy health worker,
+//! Status publishing: the publishing pass that merges health (from the proxy health task,
 //! [`super::proxy_health`]) into each Proxy's status and announces changes as Events, and
 //! the observer's rows.
 //!
@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime};
 
 use egress_core::health::{self, HealthState};
 use egress_core::model::{Condition, ConditionStatus};
-use egress_core::status::ProxyStatusRow;
 use egress_provider::ProxyUid;
+use egress_web::status::ProxyStatusRow;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::runtime::reflector::Store;

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use egress_core::background::{self, Workers};
+use egress_core::background::{self, Tasks};
 use egress_core::controller::Controller as Core;
 use egress_core::providers::Providers;
 use futures_util::StreamExt;
@@ -20,9 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::cache;
 use super::credentials::credentials_loop;
-use super::orphans::ClusterGc;
+use super::gc::ClusterGc;
+use super::host_checks::{ProviderHealthWriter, host_check_settings};
 use super::pool;
-use super::provider_health::{ProviderHealthWriter, host_check_settings};
 use super::proxy_health;
 use super::reconcile::{error_policy, reconcile};
 use super::status::publish_loop;
@@ -57,7 +57,7 @@ pub(super) async fn run_term(
     }
     let core = Arc::new(Core::new(providers.clone(), controller_settings));
     observer.set_core(Some(core.clone()));
-    let mut loops = Workers::new(stop.clone());
+    let mut loops = Tasks::new(stop.clone());
     {
         let (stop, shutdown) = (stop.clone(), shutdown.clone());
         loops.spawn("leadership", async move {

@@ -24,7 +24,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use libvirt_remote::Client;
@@ -36,6 +36,7 @@ use super::hostpool::HostPool;
 use super::ops::list::{self, Claim};
 use crate::error::{ProviderError, Result};
 use crate::model::{AddressUsage, HostReport, HostState};
+use crate::sync::lock;
 
 /// One host's allocation state.
 #[derive(Debug)]
@@ -89,10 +90,6 @@ impl Drop for InFlight<'_> {
             b.ended.insert(self.holder.clone(), s);
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn family_name(v4: bool) -> &'static str {

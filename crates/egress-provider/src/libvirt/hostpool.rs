@@ -28,7 +28,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -42,6 +42,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::classify::classify;
 use super::config::{DEFAULT_SSH_PORT, HostConfig, LibvirtEntry, Timeouts};
 use crate::error::{ProviderError, Result};
+use crate::sync::lock;
 
 /// How long [`HostPool::acquire`] waits for one of a host's operation slots by default.
 // NB: control operations take seconds; a host whose slots stay taken for 30 s is busy with
@@ -119,13 +120,6 @@ enum Control {
     Idle,
     Dialing { generation: u64, dial: SharedDial },
     Ready { generation: u64, client: Client },
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(poisoned) => poisoned.into_inner(),
-    }
 }
 
 /// The whole-dial budget for `timeouts`: `timeouts.dial` × [`DIAL_PHASES`].

@@ -14,7 +14,7 @@
 //! sibling modules, and a create's undo record must be visible to every step that adds to it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -42,6 +42,7 @@ use crate::model::{
     ProviderId, ProxyUid,
 };
 use crate::provider::Provider;
+use crate::sync::lock;
 
 /// How long a create waits for another create/delete of the same name in this process.
 // NB: a create holding the lock may be importing an image (minutes); waiting longer than a
@@ -554,14 +555,6 @@ impl LibvirtProvider {
             mac,
             egress: egress.to_vec(),
         })
-    }
-}
-
-/// Locks a cache mutex; a poisoned one (a panic elsewhere) still holds usable data.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
     }
 }
 

@@ -20,7 +20,8 @@ use serde::Serialize;
 
 use super::table::{self, Table};
 use super::{EXIT_FAILED, EXIT_OK, UsageError, load_config};
-use egress_core::providers::{BuildOptions, ProviderHandle, Providers};
+use egress_core::config::installation::Installation;
+use egress_core::providers::{self, ProviderHandle, Providers};
 
 /// Deadline of the whole check, over every entry.
 // NB: each entry's round is bounded by the check options' round timeout (60 s by default:
@@ -175,7 +176,7 @@ fn proxy_errors(
 /// One host's result as printed by `--json`.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct HostRow {
+pub struct CheckedHost {
     /// Provider entry.
     pub entry: String,
     /// Host name in the entry.
@@ -316,8 +317,9 @@ pub async fn run(a: CheckArgs) -> anyhow::Result<u8> {
         }
     };
     missing_ssh_files(&cfg)?;
-    let providers = Providers::from_config(&cfg, &BuildOptions::default())
-        .map_err(|e| UsageError::new(format!("cannot build the providers: {e}")))?;
+    // NB: a check writes no ownership mark and creates no ID file: the config's own ID, if any.
+    let providers = providers::open(&cfg, &Installation::ConfigOnly)
+        .map_err(|e| UsageError::new(e.to_string()))?;
     let manifests = a.proxies.as_deref().map(|d| lint_manifests(d, &cfg));
     if let Some((_, errors)) = &manifests
         && !errors.is_empty()
@@ -382,7 +384,7 @@ pub async fn run(a: CheckArgs) -> anyhow::Result<u8> {
 }
 
 /// Checks every entry concurrently; one row per configured host, in config order.
-pub async fn check_all(providers: &Providers) -> Vec<HostRow> {
+pub async fn check_all(providers: &Providers) -> Vec<CheckedHost> {
     let work = join_all(providers.iter().map(|h| async move {
         let reports = h.provider.check().await;
         (h, reports)
@@ -409,12 +411,12 @@ pub async fn check_all(providers: &Providers) -> Vec<HostRow> {
     rows
 }
 
-fn row(h: &ProviderHandle, host: &str, report: Option<&HostReport>) -> HostRow {
+fn row(h: &ProviderHandle, host: &str, report: Option<&HostReport>) -> CheckedHost {
     let cfg = h.host(host);
     let address = cfg.map(|c| c.address.clone()).unwrap_or_default();
     let pool_reserve_gib = cfg.map(|c| c.pool_reserve_gib).unwrap_or_default();
     let Some(r) = report else {
-        return HostRow {
+        return CheckedHost {
             entry: h.config.name.clone(),
             host: host.to_owned(),
             address,
@@ -433,7 +435,7 @@ fn row(h: &ProviderHandle, host: &str, report: Option<&HostReport>) -> HostRow {
             addresses: Vec::new(),
         };
     };
-    HostRow {
+    CheckedHost {
         entry: h.config.name.clone(),
         host: host.to_owned(),
         address,
@@ -453,7 +455,7 @@ fn row(h: &ProviderHandle, host: &str, report: Option<&HostReport>) -> HostRow {
 
 /// The human form: a table per entry, then the full error of each host not Ready. `wide`
 /// adds each host's HOSTNAME (what the host calls itself) and shows ERROR whole.
-pub fn render(rows: &[HostRow], wide: bool) -> String {
+pub fn render(rows: &[CheckedHost], wide: bool) -> String {
     let mut out = String::new();
     let mut entries: Vec<&str> = Vec::new();
     for r in rows {
@@ -529,7 +531,7 @@ pub fn render(rows: &[HostRow], wide: bool) -> String {
         }
         out.push_str(&t.render());
     }
-    let failing: Vec<&HostRow> = rows.iter().filter(|r| r.state != "Ready").collect();
+    let failing: Vec<&CheckedHost> = rows.iter().filter(|r| r.state != "Ready").collect();
     if !failing.is_empty() {
         out.push('\n');
         for r in failing {
@@ -589,8 +591,8 @@ fn dash_join(v: &[String]) -> String {
 mod tests {
     use super::*;
 
-    fn r(entry: &str, host: &str, state: &'static str, error: Option<&str>) -> HostRow {
-        HostRow {
+    fn r(entry: &str, host: &str, state: &'static str, error: Option<&str>) -> CheckedHost {
+        CheckedHost {
             entry: entry.into(),
             host: host.into(),
             address: "127.0.0.1:22".into(),

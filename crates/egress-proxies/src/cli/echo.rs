@@ -1,5 +1,5 @@
 //! `egress-proxies echo [--listen ADDR]`: the health check target. Answers every `GET` with
-//! the caller's IP on one line ([`egress_core::health::echo`]), so the health engine learns the
+//! the caller's IP on one line ([`egress_web::echo`]), so the health engine learns the
 //! egress IP each proxy's traffic leaves from. Run it anywhere the proxies can reach and pass
 //! `--health-target http://ADDR/` to `standalone`.
 //!
@@ -12,7 +12,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
 use super::{EXIT_FAILED, EXIT_OK};
 use egress_core::background::signals::shutdown_on_signals;
-use egress_core::health::echo;
+use egress_web::echo;
 
 /// Default listen address of the echo.
 // NB: 9465 sits next to the status endpoint's 9464; all interfaces, since the callers are

@@ -21,13 +21,13 @@ use egress_core::metrics::MetricsFormat;
 use egress_core::model::ProxyProtocol;
 use egress_core::pool::gateway::{GatewayMode, GatewaySource};
 use egress_core::proxy_policy::GuestPolicy;
-use egress_core::web::{Endpoints, Routes};
 use egress_gateway::{
     AccessLog, Balance, ByteBudget, Credential, Destinations, GatewayMetrics, GatewaySet, Limits,
     Listener, ListenerProtocol, LogTarget, Member, MemberProtocol, Net, PoolSettings, PoolView,
     Sessions, Timeouts, Views,
 };
 use egress_provider::libvirt::config::ProxyPolicy;
+use egress_web::{Endpoints, Routes};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -268,8 +268,8 @@ struct GatewayEndpoints {
 }
 
 impl Endpoints for GatewayEndpoints {
-    fn status(&self) -> egress_core::status::StatusDocument {
-        egress_core::status::StatusDocument {
+    fn status(&self) -> egress_web::status::StatusDocument {
+        egress_web::status::StatusDocument {
             generated_at: String::new(),
             proxies: Vec::new(),
             hosts: Vec::new(),
@@ -351,7 +351,7 @@ pub async fn run(a: GatewayArgs) -> anyhow::Result<u8> {
         .with_context(|| format!("cannot listen on {}", a.listen))?;
     tracing::info!(listen = %a.listen, "serving /metrics, /healthz, /readyz");
     let stop_http = CancellationToken::new();
-    let http = tokio::spawn(egress_core::web::serve_routes(
+    let http = tokio::spawn(egress_web::serve_routes(
         listener,
         Arc::clone(&endpoints) as Arc<dyn Endpoints>,
         Routes::Probes,
@@ -459,7 +459,10 @@ mod tests {
         );
         assert_eq!(s.balance, Balance::LeastConnections);
         assert_eq!(s.sessions.default_ttl, Some(Duration::from_secs(600)));
-        assert_eq!((s.attempts, s.timeouts.connect), (2, Duration::from_secs(3)));
+        assert_eq!(
+            (s.attempts, s.timeouts.connect),
+            (2, Duration::from_secs(3))
+        );
         assert_eq!(s.drain_grace, Duration::from_secs(60));
         assert_eq!(
             s.limits.bytes,
@@ -470,15 +473,24 @@ mod tests {
         );
         assert_eq!(s.destinations.ports, [443]);
         let t = |a: &str| egress_gateway::target::Target::parse_authority(a).unwrap();
-        assert!(s.destinations.check(&t("10.1.0.1:443")).is_err(), "internal");
-        assert!(s.destinations.check(&t("10.9.1.1:443")).is_ok(), "lifted by the entry");
+        assert!(
+            s.destinations.check(&t("10.1.0.1:443")).is_err(),
+            "internal"
+        );
+        assert!(
+            s.destinations.check(&t("10.9.1.1:443")).is_ok(),
+            "lifted by the entry"
+        );
         assert!(s.destinations.check(&t("203.0.113.1:80")).is_err(), "port");
         assert_eq!(v.members[0].protocol, MemberProtocol::Socks5);
         assert_eq!(v.clients[0].username, "alice");
         // Kubernetes: the bind address replaces the spec's, internal networks are the
         // members' to refuse (the entry is unknown).
         let k = view(&src, Some("127.0.0.3".parse().unwrap()), None);
-        assert_eq!(k.settings.listeners[0].addr, "127.0.0.3:3128".parse().unwrap());
+        assert_eq!(
+            k.settings.listeners[0].addr,
+            "127.0.0.3:3128".parse().unwrap()
+        );
         assert!(k.settings.destinations.check(&t("10.1.0.1:443")).is_ok());
         assert!(k.settings.destinations.check(&t("10.1.0.1:80")).is_err());
     }

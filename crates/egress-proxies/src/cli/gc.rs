@@ -21,8 +21,9 @@ use std::time::{Duration, SystemTime};
 use egress_provider::ProxyUid;
 
 use super::{ConfigArg, EXIT_FAILED, EXIT_OK, UsageError, load_config};
+use egress_core::config::installation::Installation;
 use egress_core::gc::{self, Action, GcSettings};
-use egress_core::providers::{BuildOptions, Providers};
+use egress_core::providers;
 use egress_standalone::manifests::ManifestStore;
 
 /// Arguments of `gc`.
@@ -77,20 +78,26 @@ pub fn live_set(dir: &std::path::Path, allow_empty: bool) -> Result<HashSet<Prox
     Ok(desired.proxies.keys().copied().collect())
 }
 
+/// The installation `gc` collects for: the standalone operator's that runs on the same
+/// `--config` and `--proxies` (the same [`Installation`], so the same ID, as
+/// `standalone`'s [`egress_standalone::StandaloneOptions::installation`]).
+pub fn installation(a: &GcArgs) -> Installation {
+    Installation::Standalone {
+        config_path: Some(a.config.config.clone()),
+        proxies_dir: a.proxies.clone(),
+    }
+}
+
 /// Runs `gc`.
 pub async fn run(a: GcArgs) -> anyhow::Result<u8> {
     super::output::format(a.json); // failures print as JSON under --json too
-    let mut cfg = load_config(&a.config.config)?;
+    let cfg = load_config(&a.config.config)?;
     let live = live_set(&a.proxies, a.allow_empty)?;
     // A key file that is missing is the config's problem (exit 2), not a failed listing.
     super::check::missing_ssh_files(&cfg)?;
-    // The standalone operator's installation ID (same file), so its marks are ours here.
-    let id_dir =
-        egress_core::config::installation::standalone_dir(Some(&a.config.config), &a.proxies);
-    egress_core::config::installation::fill_standalone(&mut cfg, &id_dir)
-        .map_err(|e| UsageError::new(e.to_string()))?;
-    let providers = Providers::from_config(&cfg, &BuildOptions::default())
-        .map_err(|e| UsageError::new(format!("cannot build the providers: {e}")))?;
+    // The standalone operator's installation (the same ID file), so its marks are ours here.
+    let providers =
+        providers::open(&cfg, &installation(&a)).map_err(|e| UsageError::new(e.to_string()))?;
     let settings = GcSettings {
         min_age: a.min_age,
         dry_run: a.dry_run,
@@ -149,6 +156,74 @@ mod tests {
             Ok(true),
             "{live:?}"
         );
+    }
+
+    /// The command as `egress-proxies ARGS…` parses it.
+    fn parse(args: &[&std::ffi::OsStr]) -> super::super::Command {
+        let argv =
+            std::iter::once(std::ffi::OsStr::new("egress-proxies")).chain(args.iter().copied());
+        match <super::super::Cli as clap::Parser>::try_parse_from(argv) {
+            Ok(cli) => cli.command,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn gc_and_standalone_derive_the_same_installation_id_from_the_same_config() {
+        #![allow(clippy::unwrap_used, clippy::panic)]
+        let dir = tempfile::tempdir().unwrap();
+        let example =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/providers.yaml");
+        // Twice: with the operator run first and with gc run first, each time a fresh
+        // installation (no ID file yet, none in the config).
+        for (round, standalone_first) in [(0, true), (1, false)] {
+            let home = dir.path().join(format!("site-{round}"));
+            let proxies = dir.path().join(format!("proxies-{round}"));
+            std::fs::create_dir_all(&home).unwrap();
+            std::fs::create_dir_all(&proxies).unwrap();
+            let cfg_path = home.join("providers.yaml");
+            std::fs::copy(&example, &cfg_path).unwrap();
+            let cfg = load_config(&cfg_path).unwrap();
+            assert_eq!(
+                cfg.installation, None,
+                "the example sets no installation.id"
+            );
+            let args = |cmd: &'static str| {
+                parse(&[
+                    cmd.as_ref(),
+                    "--config".as_ref(),
+                    cfg_path.as_os_str(),
+                    "--proxies".as_ref(),
+                    proxies.as_os_str(),
+                ])
+            };
+            let standalone_id = || match args("standalone") {
+                super::super::Command::Standalone(a) => super::super::standalone::options(a)
+                    .unwrap()
+                    .installation()
+                    .id(&cfg)
+                    .unwrap(),
+                other => panic!("{other:?}"),
+            };
+            let gc_id = || match args("gc") {
+                super::super::Command::Gc(a) => installation(&a).id(&cfg).unwrap(),
+                other => panic!("{other:?}"),
+            };
+            let (first, second) = if standalone_first {
+                (standalone_id(), gc_id())
+            } else {
+                (gc_id(), standalone_id())
+            };
+            assert!(first.is_some());
+            assert_eq!(
+                first, second,
+                "gc would see the operator's instances as foreign"
+            );
+            let file =
+                std::fs::read_to_string(home.join(egress_core::config::installation::FILE_NAME))
+                    .unwrap();
+            assert_eq!(Some(file.trim_end()), first.as_deref());
+        }
     }
 
     #[test]

@@ -20,7 +20,8 @@ use indicatif::MultiProgress;
 use super::progress::Bar;
 use super::table;
 use super::{ConfigArg, EXIT_FAILED, EXIT_OK, UsageError, load_config};
-use egress_core::providers::{BuildOptions, ProviderHandle, Providers};
+use egress_core::config::installation::Installation;
+use egress_core::providers::{self, ProviderHandle, Providers};
 
 /// Hosts importing at once.
 // NB: each import streams an image from one HTTP source through this process to a host; 4
@@ -152,8 +153,9 @@ fn keys(h: &ProviderHandle) -> String {
 async fn prefetch(a: PrefetchArgs) -> anyhow::Result<u8> {
     let cfg = load_config(&a.config.config)?;
     super::check::missing_ssh_files(&cfg)?;
-    let providers = Providers::from_config(&cfg, &BuildOptions::default())
-        .map_err(|e| UsageError::new(format!("cannot build the providers: {e}")))?;
+    // NB: a prefetch writes bases, never an ownership mark: the config's own ID, if any.
+    let providers = providers::open(&cfg, &Installation::ConfigOnly)
+        .map_err(|e| UsageError::new(e.to_string()))?;
     let jobs = targets(&providers, &a)?;
     let multi = MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::stderr());
     let key = a.key.as_str();

@@ -1,7 +1,7 @@
 //! `egress-proxies kubernetes`: the Kubernetes driver ([`egress_kube::run`]) with `/metrics`,
 //! `/healthz` and `/readyz` on `--listen`, and the status views (`/status`, `/proxies`,
 //! `/hosts`, `/healthy.txt`) only on `--status-listen` when it is given, both served by the
-//! shared HTTP server ([`egress_core::web::serve_routes`]).
+//! shared HTTP server ([`egress_web::serve_routes`]).
 //!
 //! Guarantees: the flags are exactly those the Helm chart (deploy/helm/egress-proxies) passes;
 //! GC, deadline, shutdown and health flags are the same definition as `standalone`'s
@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use egress_core::web::Routes;
+use egress_web::Routes;
 
 use super::{ConfigArg, DriverArgs, EXIT_OK, UsageError};
 
@@ -107,7 +107,7 @@ pub async fn run(a: KubernetesArgs) -> anyhow::Result<u8> {
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         tracing::info!(listen = %addr, "serving {what}");
-        servers.push(tokio::spawn(egress_core::web::serve_routes(
+        servers.push(tokio::spawn(egress_web::serve_routes(
             listener,
             observer.clone(),
             routes,

@@ -47,10 +47,10 @@ pub struct StandaloneArgs {
     gateway: super::gateway::GatewayLogArgs,
 }
 
-/// Runs `standalone` until a signal.
-pub async fn run(a: StandaloneArgs) -> anyhow::Result<u8> {
+/// The options `a` asks for (a usage error for a value out of range).
+pub fn options(a: StandaloneArgs) -> Result<StandaloneOptions, UsageError> {
     if a.workers == 0 {
-        return Err(UsageError::new("--workers must be at least 1").into());
+        return Err(UsageError::new("--workers must be at least 1"));
     }
     let mut opts = StandaloneOptions::new(a.proxies);
     opts.config_path = a.config;
@@ -67,6 +67,13 @@ pub async fn run(a: StandaloneArgs) -> anyhow::Result<u8> {
         .shutdown_grace
         .unwrap_or(standalone::DEFAULT_SHUTDOWN_GRACE);
     opts.health = d.health.settings()?;
+    Ok(opts)
+}
+
+/// Runs `standalone` until a signal.
+pub async fn run(a: StandaloneArgs) -> anyhow::Result<u8> {
+    let gateway_args = a.gateway.clone();
+    let mut opts = options(a)?;
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         listen = %opts.listen,
@@ -75,7 +82,7 @@ pub async fn run(a: StandaloneArgs) -> anyhow::Result<u8> {
         "egress-proxies standalone starting"
     );
     // The pool gateways: every pool declaring `spec.gateway`, from the driver's member state.
-    let (set, metrics) = super::gateway::start(&a.gateway)?;
+    let (set, metrics) = super::gateway::start(&gateway_args)?;
     opts.extra_metrics = Some(Arc::new(metrics));
     let (tx, rx) = tokio::sync::watch::channel(Arc::new(super::gateway::Sources::new()));
     opts.gateway = Some(tx);
@@ -98,7 +105,7 @@ pub async fn run(a: StandaloneArgs) -> anyhow::Result<u8> {
         entries,
         shutdown.clone(),
     ));
-    let grace = a.gateway.gateway_shutdown_grace;
+    let grace = gateway_args.gateway_shutdown_grace;
     let gateway_stop = {
         let set = set.clone();
         let s = shutdown.clone();

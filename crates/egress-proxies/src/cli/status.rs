@@ -18,7 +18,8 @@ use std::time::{Duration, SystemTime};
 use super::table::{self, Table};
 use super::{EXIT_FAILED, EXIT_OK, UsageError};
 use egress_core::model::Phase;
-use egress_core::status::{Filters, StatusDocument};
+use egress_web::filters::Filters;
+use egress_web::status::StatusDocument;
 
 /// Where `standalone` serves by default.
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:9464";
@@ -339,7 +340,7 @@ pub fn render(doc: &StatusDocument, now: SystemTime, wide: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use egress_core::status::{HostRow, ProxyStatusRow};
+    use egress_web::status::{HostStatusRow, ProxyStatusRow};
 
     #[test]
     fn the_table_shows_age_and_a_truncated_last_error_and_names_unready_hosts() {
@@ -363,7 +364,7 @@ mod tests {
                 health: None,
                 egress_address: Vec::new(),
             }],
-            hosts: vec![HostRow {
+            hosts: vec![HostStatusRow {
                 entry: "home".into(),
                 host: "h2".into(),
                 state: "Unreachable".into(),

@@ -8,7 +8,7 @@
 use std::time::SystemTime;
 
 use egress_core::pool::status::condition;
-use egress_core::status::StatusDocument;
+use egress_web::status::StatusDocument;
 
 use super::table::{self, Table};
 
@@ -97,7 +97,7 @@ pub fn render(doc: &StatusDocument, now: SystemTime, wide: bool) -> String {
 mod tests {
     use super::*;
     use egress_core::model::Phase;
-    use egress_core::status::{PoolMemberRow, PoolStatusRow};
+    use egress_web::status::{PoolMemberRow, PoolStatusRow};
 
     #[test]
     fn a_pool_line_then_its_members_with_their_state() {

@@ -21,9 +21,9 @@ DEADLINE_S = 20
 
 def pool(name):
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProxyPool", "metadata": {"name": name},
-            "spec": {"replicas": 2, "template": {
+            "spec": {"replicas": 2, "template": {"spec": {
                 "provider": "local", "image": "debian-12",
-                "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}}}
+                "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}}}}
 
 
 def owned(co, ns, owner, name, block=True, finalizers=None):

@@ -124,8 +124,9 @@ def test_kubectl_scale_of_a_proxypool_writes_its_replicas_through_the_scale_subr
         kubectl, co, ns):
     pool = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProxyPool",
             "metadata": {"name": "fleet"},
-            "spec": {"replicas": 2, "template": {"provider": "home", "image": "debian-12",
-                                                 "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}}}
+            "spec": {"replicas": 2,
+                     "template": {"spec": {"provider": "home", "image": "debian-12",
+                                           "proxy": {"allowedClientCidrs": ["10.0.0.0/8"]}}}}}
     co.create_namespaced_custom_object(*P, ns, "proxypools", pool)
     co.patch_namespaced_custom_object_status(
         *P, ns, "proxypools", "fleet",

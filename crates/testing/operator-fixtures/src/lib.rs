@@ -30,7 +30,6 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use egress_core::controller::ControllerSettings;
 use egress_core::providers::{ProviderHandle, Providers};
-use egress_core::status::StatusDocument;
 use egress_provider::ProviderError;
 use egress_provider::libvirt::check::CheckOptions;
 use egress_provider::libvirt::config::{
@@ -41,6 +40,7 @@ use egress_provider::libvirt::image::fetch::FetchOptions;
 use egress_provider::libvirt::names::{self, ImageSource};
 use egress_provider::libvirt::provider_impl::LibvirtProvider;
 use egress_standalone::{StandaloneError, StandaloneOptions, run_with_providers};
+use egress_web::status::StatusDocument;
 use libvirt_fake::{FakeLibvirt, Interface, NetworkSpec, PoolSpec, VolumeSpec, domain_state};
 use libvirt_remote::Transport;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -5,7 +5,8 @@ use egress_provider::libvirt::config::ProxyPolicy;
 use super::Report;
 use crate::client_span::{CEILING_SPAN_V4, CEILING_SPAN_V6, FLOOR_SPAN_V6};
 use crate::controller::userdata::MAX_PASSWORD;
-use crate::proxy_policy::{Net, check_list};
+use crate::model::destinations::check_list;
+use crate::proxy_policy::Net;
 
 /// Shortest `minPasswordLength` an admin may set.
 // NB: below 8 characters a credentials-only proxy, reachable by anyone, falls to online

@@ -164,7 +164,7 @@ pub trait HostView: std::fmt::Debug {
     /// Load and last health of `host` (no load and no report when the view has none).
     fn info(&self, host: &str) -> HostInfo;
     /// Among `entry`'s hosts that accept placements
-    /// ([`crate::hosthealth::accepts_placements`]) and whose address pool is not known
+    /// ([`crate::host_health::accepts_placements`]) and whose address pool is not known
     /// exhausted for a family in `need` ([`AddressRoom::blocks`]), the one with the least
     /// load, ties by [`AddressRoom::rank`] (free addresses first), then by name; `None` when
     /// no host qualifies. Only hosts `eligible` admits are considered.
@@ -192,7 +192,7 @@ impl HostView for BTreeMap<String, HostInfo> {
             .iter()
             .map(|h| (h.name.as_str(), self.info(&h.name)))
             .filter(|(n, i)| {
-                crate::hosthealth::accepts_placements(i.health)
+                crate::host_health::accepts_placements(i.health)
                     && !i.addresses.blocks(need)
                     && eligible(n)
             })

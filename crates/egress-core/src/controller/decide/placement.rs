@@ -13,7 +13,7 @@ use super::inputs::HostView;
 
 /// Where to place: the pin when it accepts placements, else the host accepting placements
 /// with the fewest proxies of this entry (ties by name). A host accepts placements only when
-/// its last report is Ready or it has none yet ([`crate::hosthealth::accepts_placements`]):
+/// its last report is Ready or it has none yet ([`crate::host_health::accepts_placements`]):
 /// an unhealthy host, or one whose pool is at or below its reserve (reported Degraded), gets
 /// no new proxies. `None` when no host qualifies. Costs what `hosts` answers in: O(log
 /// hosts) from the executor's ordered view.
@@ -32,7 +32,7 @@ pub fn place(
     eligible: &dyn Fn(&str) -> bool,
 ) -> Option<String> {
     if let Some(p) = pinned {
-        let usable = crate::hosthealth::accepts_placements(hosts.info(p).health) && eligible(p);
+        let usable = crate::host_health::accepts_placements(hosts.info(p).health) && eligible(p);
         return usable.then(|| p.to_owned());
     }
     hosts.least_loaded(entry, need, eligible)

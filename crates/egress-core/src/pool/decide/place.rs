@@ -58,7 +58,7 @@ pub(super) fn place(
         let count = |h: &str| counts.get(h).copied().unwrap_or(0);
         let best = candidates
             .iter()
-            .filter(|h| crate::hosthealth::accepts_placements(h.state))
+            .filter(|h| crate::host_health::accepts_placements(h.state))
             .filter(|h| p.max_per_host.is_none_or(|m| count(&h.name) < m))
             .filter(|h| backoff_until(&h.name).is_none())
             .min_by_key(|h| count(&h.name))
@@ -85,7 +85,7 @@ fn refuse(
     let mut only_backoff = !candidates.is_empty();
     for h in candidates {
         let count = counts.get(&h.name).copied().unwrap_or(0);
-        let why = if !crate::hosthealth::accepts_placements(h.state) {
+        let why = if !crate::host_health::accepts_placements(h.state) {
             only_backoff = false;
             h.state
                 .map_or_else(|| "unchecked".to_owned(), |s| format!("{s:?}"))

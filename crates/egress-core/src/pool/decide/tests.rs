@@ -24,7 +24,7 @@ pub(super) fn at(secs: u64) -> SystemTime {
 /// A pool policy from the YAML of a spec (template filled in).
 pub(super) fn policy(extra: &str) -> PoolPolicy {
     let y = format!(
-        "template:\n  provider: home\n  image: debian-12\n  proxy:\n    allowedClientCidrs: [10.0.0.0/8]\n{extra}"
+        "template:\n  spec:\n    provider: home\n    image: debian-12\n    proxy:\n      allowedClientCidrs: [10.0.0.0/8]\n{extra}"
     );
     let spec: ProxyPoolSpec = serde_saphyr::from_str(&y).unwrap();
     spec.validate().unwrap()
@@ -55,6 +55,8 @@ pub(super) fn member(name: &str, host: &str, created: u64) -> Member {
         quarantine: None,
         deleting: false,
         egress_address: Vec::new(),
+        ip: None,
+        egress_ip: None,
     }
 }
 

@@ -134,7 +134,7 @@ fn run_history(seed: u64, replicas: u32, spec: &str, steps: usize) {
         for cr in &d.creates {
             let h = c.hosts.iter().find(|h| h.name == cr.host).unwrap();
             assert!(
-                crate::hosthealth::accepts_placements(h.state),
+                crate::host_health::accepts_placements(h.state),
                 "seed {seed}: placed on {h:?}"
             );
             let n = per_host.entry(&cr.host).or_default();

@@ -11,9 +11,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use egress_core::model::Phase;
-use egress_core::pool::CreateMember;
 use egress_core::pool::member::{ANNOTATION_QUARANTINE, LABEL_TEMPLATE_HASH, Member, MemberMeta};
+use egress_core::pool::{AvailabilityMemory, CreateMember};
 use kube::{Resource, ResourceExt};
 
 use super::EXPECTATION_TTL;
@@ -26,11 +25,9 @@ pub(in crate::driver) struct PoolExpectations {
     pub(in crate::driver) created: HashMap<String, (CreateMember, SystemTime)>,
     /// Members whose delete was sent: name → when.
     pub(in crate::driver) deleted: HashMap<String, SystemTime>,
-    /// Members seen available (their create-to-available time recorded), pruned to the
-    /// pool's members on every [`newly_available`].
-    pub(in crate::driver) seen_available: HashSet<String>,
-    /// [`newly_available`] ran once for this pool in this process.
-    pub(in crate::driver) primed: bool,
+    /// Members whose create-to-available time was recorded (by this process: a new leader
+    /// starts with a fresh memory, which records nothing on its first round).
+    pub(in crate::driver) availability: AvailabilityMemory,
 }
 
 fn fresh(t: SystemTime, now: SystemTime) -> bool {
@@ -78,68 +75,9 @@ pub(in crate::driver) fn observe(
         members.push(Member::observe(meta, &status, health_checks));
     }
     for (name, (c, t)) in &exp.created {
-        members.push(Member {
-            name: name.clone(),
-            host: Some(c.host.clone()),
-            template_hash: c.template_hash.clone(),
-            created: *t,
-            phase: Phase::Pending,
-            ready: false,
-            available: false,
-            unhealthy_since: None,
-            failure: None,
-            quarantine: None,
-            deleting: false,
-            egress_address: Vec::new(),
-        });
+        members.push(Member::expected(name, &c.host, &c.template_hash, *t));
     }
     members
-}
-
-/// The members by state, in the order of `egress_core::metrics::MEMBER_STATES` (available,
-/// unavailable, quarantined, deleting); a quarantined or deleting member counts only there.
-pub(in crate::driver) fn state_counts(members: &[Member]) -> [u64; 4] {
-    let mut counts = [0u64; 4];
-    for m in members {
-        let i = if m.deleting {
-            3
-        } else if m.quarantine.is_some() {
-            2
-        } else if m.available {
-            0
-        } else {
-            1
-        };
-        if let Some(c) = counts.get_mut(i) {
-            *c = c.saturating_add(1);
-        }
-    }
-    counts
-}
-
-/// The create-to-available times (seconds) of the members available for the first time,
-/// each member once: remembered in `exp`, forgotten when the member leaves `members`. On the
-/// pool's first call in this process (a new leader) the members already available are only
-/// remembered: their first availability was before, and was recorded by then.
-pub(in crate::driver) fn newly_available(
-    members: &[Member],
-    exp: &mut PoolExpectations,
-    now: SystemTime,
-) -> Vec<f64> {
-    let names: HashSet<&str> = members.iter().map(|m| m.name.as_str()).collect();
-    exp.seen_available.retain(|n| names.contains(n.as_str()));
-    let record = std::mem::replace(&mut exp.primed, true);
-    let mut times = Vec::new();
-    for m in members.iter().filter(|m| m.available) {
-        if exp.seen_available.insert(m.name.clone()) && record {
-            times.push(
-                now.duration_since(m.created)
-                    .unwrap_or_default()
-                    .as_secs_f64(),
-            );
-        }
-    }
-    times
 }
 
 /// Notes a member delete the API server answered (`accepted`: it took the delete; otherwise
@@ -164,6 +102,8 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use std::time::Duration;
 
+    use egress_core::model::Phase;
+
     use egress_core::pool::{PoolInputs, ProxyPoolSpec, ProxyPoolStatus, decide};
 
     use super::*;
@@ -184,8 +124,8 @@ mod tests {
 
     fn creates(members: &[Member], replicas: u32, now: SystemTime) -> usize {
         let spec: ProxyPoolSpec = serde_saphyr::from_str(&format!(
-            "replicas: {replicas}\ntemplate:\n  provider: home\n  image: tiny\n  proxy:\n    \
-             allowedClientCidrs: [10.0.0.0/8]\n"
+            "replicas: {replicas}\ntemplate:\n  spec:\n    provider: home\n    image: tiny\n    \
+             proxy:\n      allowedClientCidrs: [10.0.0.0/8]\n"
         ))
         .unwrap();
         let policy = spec.validate().unwrap();
@@ -256,52 +196,6 @@ mod tests {
         assert!(m[0].deleting && exp.deleted.is_empty());
     }
 
-    fn running(name: &str, available: bool) -> Member {
-        Member {
-            name: name.into(),
-            host: Some("a".into()),
-            template_hash: "h1".into(),
-            created: SystemTime::UNIX_EPOCH + Duration::from_secs(100),
-            phase: Phase::Running,
-            ready: available,
-            available,
-            unhealthy_since: None,
-            failure: None,
-            quarantine: None,
-            deleting: false,
-            egress_address: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn a_member_s_create_to_available_time_is_recorded_once_and_forgotten_with_it() {
-        let at = |s: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
-        let mut exp = PoolExpectations::default();
-        // The first round of this process: nothing available yet.
-        assert!(newly_available(&[running("web-a", false)], &mut exp, at(101)).is_empty());
-        // Available: recorded once, from its creationTimestamp.
-        let m = [running("web-a", true), running("web-b", false)];
-        assert_eq!(newly_available(&m, &mut exp, at(130)), vec![30.0]);
-        assert!(newly_available(&m, &mut exp, at(140)).is_empty(), "twice");
-        // Unavailable, then available again: still once.
-        let m2 = [running("web-a", false), running("web-b", true)];
-        assert_eq!(newly_available(&m2, &mut exp, at(150)), vec![50.0]);
-        assert!(newly_available(&m, &mut exp, at(160)).is_empty(), "again");
-        // Gone: forgotten, the memory bounded by the live members.
-        assert!(newly_available(&[running("web-b", true)], &mut exp, at(170)).is_empty());
-        assert_eq!(exp.seen_available.iter().collect::<Vec<_>>(), vec!["web-b"]);
-    }
-
-    #[test]
-    fn members_available_when_a_new_leader_first_sees_the_pool_are_not_recorded_again() {
-        let mut exp = PoolExpectations::default();
-        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
-        let m = [running("web-a", true), running("web-b", false)];
-        assert!(newly_available(&m, &mut exp, now).is_empty());
-        let m = [running("web-a", true), running("web-b", true)];
-        assert_eq!(newly_available(&m, &mut exp, now), vec![900.0]);
-    }
-
     #[test]
     fn a_delete_counts_once_not_when_retried_seen_or_refused() {
         let now = SystemTime::now();
@@ -317,16 +211,5 @@ mod tests {
         let _ = observe(&[member("web-a", true)], &mut exp, now, false);
         assert!(exp.deleted.is_empty());
         assert!(!note_delete(&mut exp, &member("web-a", true), true, now));
-    }
-
-    #[test]
-    fn members_are_counted_by_state_each_once() {
-        let mut q = running("web-q", true);
-        q.quarantine = Some("banned".into());
-        let mut d = running("web-d", true);
-        d.quarantine = Some("banned".into());
-        d.deleting = true;
-        let m = [running("web-a", true), running("web-b", false), q, d];
-        assert_eq!(state_counts(&m), [1, 1, 1, 1]);
     }
 }

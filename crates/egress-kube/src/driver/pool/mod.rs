@@ -1,14 +1,16 @@
 //! The ProxyPool controller: a kube-runtime `Controller` on ProxyPools, woken by its own
 //! watch and by every change of a member Proxy (through the [`index::MemberIndex`] the Proxy
-//! watch feeds), running the core's pure pool decision ([`egress_core::pool::decide`]) and
-//! carrying it out: member Proxies created (owned by the pool, labelled) and deleted, the
-//! generated-credentials Secret made once, Events, and the pool's status.
+//! watch feeds), running the core's pool round ([`egress_core::pool::round`]: removal,
+//! validation, credentials, the decision, status, metrics) and doing its Kubernetes I/O:
+//! member Proxies created (owned by the pool, labelled) and deleted, the generated-credentials
+//! Secret made once, Events, the pool's status and its finalizer.
 //!
-//! Pipeline of one reconcile (`reconcile.rs`): the pool from the watch cache → deletion
-//! (delete every member, then drop the finalizer: network) or the finalizer ensured (network)
-//! → spec validated (pure) → credentials Secret read or created (network) → members read from
-//! the Proxy cache by the index, plus the creates not seen yet (pure, `members.rs`) → decide
-//! (pure) → creates, deletes, Events (network) → status written when it changed (network).
+//! Pipeline of one reconcile (`reconcile.rs`): the pool from the watch cache → the finalizer
+//! ensured (network) → credentials Secret read or created, for a pool that will act
+//! (network) → members read from the Proxy cache by the index, plus the creates not seen yet
+//! (pure, `members.rs`) → the core's round planned (pure) → carried out through this driver's
+//! `PoolDriver`: creates, deletes, Events, status (network) → the finalizer dropped once a
+//! deleted pool has no member left (network).
 //!
 //! Guarantees:
 //! - Per-event cost independent of the number of pools and members: an event wakes only the

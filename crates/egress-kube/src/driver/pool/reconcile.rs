@@ -1,22 +1,17 @@
 //! One reconcile of a ProxyPool (see the pipeline in the module doc of `pool`) and its error
 //! policy.
 
-use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use egress_core::controller::backoff::backoff;
-use egress_core::controller::{EventKind, decide::fmt_time};
-use egress_core::metrics::PoolReplicas;
-use egress_core::model::{Condition, ConditionStatus};
+use egress_core::controller::{Event, EventKind};
 use egress_core::pool::credentials;
-use egress_core::pool::member::{
-    ANNOTATION_QUARANTINE, LABEL_POOL, LABEL_TEMPLATE_HASH, member_spec, template_hash,
-};
-use egress_core::pool::status::{MAX_STATUS_MEMBERS, PoolMemberStatus, condition, reason};
-use egress_core::pool::validate::validate_pool_name;
-use egress_core::pool::{PoolInputs, ProxyPoolStatus, decide};
-use egress_core::status::{PoolMemberRow, PoolStatusRow};
+use egress_core::pool::member::{LABEL_POOL, LABEL_TEMPLATE_HASH, member_spec};
+use egress_core::pool::round::{self, PoolCredentials, PoolDriver, Quota, Round, RoundInputs};
+use egress_core::pool::status::reason as pool_reason;
+use egress_core::pool::{CreateMember, ProxyPoolStatus, ProxyTemplate};
+use egress_web::status::{PoolMemberRow, PoolStatusRow};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType};
@@ -31,9 +26,6 @@ use crate::api::{Proxy, ProxyCrdSpec, ProxyPool};
 use crate::driver::{
     API_BACKOFF_BASE, API_BACKOFF_MAX, API_SLACK, FIELD_MANAGER, api_version, lock,
 };
-
-/// Condition reason: the generated-credentials Secret exists but cannot be used.
-pub(crate) const REASON_CREDENTIALS_UNUSABLE: &str = "CredentialsUnusable";
 
 /// How soon a deleted pool is looked at again while its members go (their own deletions
 /// wake it too).
@@ -90,282 +82,255 @@ async fn reconcile_inner(
     let pools: Api<ProxyPool> = Api::namespaced(ctx.client.clone(), ns);
     let proxies: Api<Proxy> = Api::namespaced(ctx.client.clone(), ns);
     let now = SystemTime::now();
-    let objects: Vec<Arc<Proxy>> = ctx
+    let mut objects: Vec<Arc<Proxy>> = ctx
         .index
         .members(key)
         .iter()
         .filter_map(|m| ctx.proxies.get(&ObjectRef::new(m).within(ns)))
         .collect();
     let has_finalizer = pool.finalizers().iter().any(|f| f == POOL_FINALIZER);
-
-    if pool.meta().deletion_timestamp.is_some() {
-        if !has_finalizer {
-            return Ok(Action::await_change());
-        }
-        // NB: only members that still name this pool as their owner go with it: a pool deleted
-        // with `propagationPolicy: Orphan` has the garbage collector remove that reference,
-        // and its members stay (as the user asked), whichever of us acts first.
+    let deleting = pool.meta().deletion_timestamp.is_some();
+    if deleting {
+        // NB: only members that still name this pool as their owner go with it: a pool
+        // deleted with `propagationPolicy: Orphan` has the garbage collector remove that
+        // reference, and its members stay (as the user asked), whichever of us acts first.
         let pool_uid = pool.meta().uid.clone();
-        let owned: Vec<&Arc<Proxy>> = objects
-            .iter()
-            .filter(|p| {
-                p.owner_references()
+        let orphaning = pool.finalizers().iter().any(|f| f == ORPHAN_FINALIZER);
+        objects.retain(|p| {
+            !orphaning
+                && p.owner_references()
                     .iter()
                     .any(|o| Some(&o.uid) == pool_uid.as_ref())
-            })
-            .collect();
-        let orphaning = pool.finalizers().iter().any(|f| f == ORPHAN_FINALIZER);
-        if !orphaning {
-            for p in owned
-                .iter()
-                .filter(|p| p.meta().deletion_timestamp.is_none())
-            {
-                delete_member(&proxies, p).await?;
-            }
-        }
-        if orphaning || owned.is_empty() {
-            let keep: Vec<String> = pool
-                .finalizers()
-                .iter()
-                .filter(|f| *f != POOL_FINALIZER)
-                .cloned()
-                .collect();
-            set_finalizers(&pools, pool, keep).await?;
-            ctx.observer.metrics().forget_pool(&format!("{ns}/{name}"));
-            ctx.observer.forget_pool(ns, name);
-            lock(&ctx.expectations).pools.remove(key);
-            return Ok(Action::await_change());
-        }
-        return Ok(Action::requeue(DELETION_RECHECK));
+        });
     }
     if !has_finalizer {
-        let mut list = pool.finalizers().to_vec();
-        list.push(POOL_FINALIZER.to_owned());
-        set_finalizers(&pools, pool, list).await?;
+        if !deleting {
+            let mut list = pool.finalizers().to_vec();
+            list.push(POOL_FINALIZER.to_owned());
+            set_finalizers(&pools, pool, list).await?;
+        }
         return Ok(Action::await_change());
     }
 
     let generation = pool.meta().generation.unwrap_or(0);
     let current = pool.status.clone().unwrap_or_default();
     let spec = &pool.spec.0;
-    // Bound by its entry's quotas.maxPoolReplicas (quarantined members count).
-    let validated =
-        spec.validate().and_then(
-            |p| match ctx.core.max_pool_replicas(&spec.template.provider) {
-                Some(max) => p.within_quota(max).map_err(|e| vec![e]),
-                None => Ok(p),
-            },
-        );
-    let errors: Vec<String> = validate_pool_name(name)
-        .into_iter()
-        .chain(validated.clone().err().unwrap_or_default())
-        .map(|e| format!("{}: {}", e.path, e.message))
-        .collect();
-    let policy = match validated {
-        Ok(p) if errors.is_empty() => p,
-        _ => {
-            let msg = errors.join("; ");
-            refuse(
-                ctx,
-                &pools,
-                pool,
-                &current,
-                reason::INVALID_SPEC,
-                &msg,
-                generation,
-                now,
-            )
-            .await?;
-            return Ok(Action::await_change());
-        }
-    };
-
-    // Credentials: read, or generated once.
+    // Credentials: read, or generated once (only for a pool that acts).
     let mut credentials_ref = None;
     let mut digest = String::new();
-    if policy.generate_credentials {
+    let mut unusable = None;
+    let mut pending = false;
+    // Bound by its entry's quotas.maxPoolReplicas (quarantined members count).
+    let quota = ctx
+        .core
+        .max_pool_replicas(&spec.template.spec.provider)
+        .map_or(Quota::Unbounded, Quota::Refuse);
+    let generate =
+        !deleting && round::check(name, spec, quota).is_ok_and(|p| p.generate_credentials);
+    if generate {
         match secret::ensure(&ctx.client, pool).await? {
             Some(PoolSecret::Present(c)) => {
                 credentials_ref = Some(secret::secret_name(name));
                 digest = credentials::digest(&c);
             }
-            Some(PoolSecret::Unusable(msg)) => {
-                refuse(
-                    ctx,
-                    &pools,
-                    pool,
-                    &current,
-                    REASON_CREDENTIALS_UNUSABLE,
-                    &msg,
-                    generation,
-                    now,
-                )
-                .await?;
-                return Ok(Action::requeue(ctx.secret_poll));
-            }
+            Some(PoolSecret::Unusable(msg)) => unusable = Some(msg),
             // Made by someone else meanwhile: read on the next round.
-            None => return Ok(Action::requeue(Duration::from_secs(1))),
+            None => pending = true,
         }
     }
-    let hash = template_hash(&spec.template, &digest);
-    let hosts = ctx.core.pool_hosts(&spec.template.provider);
+    let credentials = match (&unusable, pending) {
+        (Some(msg), _) => PoolCredentials::Unusable(msg),
+        (None, true) => PoolCredentials::Pending,
+        (None, false) => PoolCredentials::Ready { digest: &digest },
+    };
+    let hosts = ctx.core.pool_hosts(&spec.template.spec.provider);
     let health_checks = ctx.observer.health().is_some();
 
     // Members: the pool's Proxies from the cache, and the creates the watch has not shown.
-    let members = {
+    let (members, round) = {
         let mut e = lock(&ctx.expectations);
-        members::observe(
-            &objects,
-            e.pools.entry(key.clone()).or_default(),
-            now,
-            health_checks,
-        )
-    };
-
-    let d = decide(&PoolInputs {
-        name,
-        generation,
-        policy: &policy,
-        template_hash: &hash,
-        members: &members,
-        hosts: &hosts,
-        status: &current,
-        credentials_present: true,
-        now,
-    });
-
-    let metrics = ctx.observer.metrics();
-    let pool_key = format!("{ns}/{name}");
-    metrics.set_pool_members(&pool_key, members::state_counts(&members));
-    let ready = {
-        let mut e = lock(&ctx.expectations);
-        members::newly_available(&members, e.pools.entry(key.clone()).or_default(), now)
-    };
-    for secs in ready {
-        metrics.pool_member_ready(&pool_key, secs);
-    }
-
-    let mut first_error: Option<PoolError> = None;
-    for c in &d.creates {
-        let body = member_body(pool, c, &spec.template, credentials_ref.as_deref());
-        // rbac: PROXIES create
-        match bounded(proxies.create(&PostParams::default(), &body)).await {
-            Ok(_) => {
-                lock(&ctx.expectations)
-                    .pools
-                    .entry(key.clone())
-                    .or_default()
-                    .created
-                    .insert(c.name.clone(), (c.clone(), now));
-            }
-            Err(e) if code(&e) == Some(409) => {}
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
-        }
-    }
-    for del in &d.deletes {
-        let Some(p) = objects.iter().find(|p| p.name_any() == del.name) else {
-            continue;
-        };
-        match delete_member(&proxies, p).await {
-            Ok(accepted) => {
-                let first = members::note_delete(
-                    lock(&ctx.expectations)
-                        .pools
-                        .entry(key.clone())
-                        .or_default(),
-                    p,
-                    accepted,
-                    now,
-                );
-                if first {
-                    metrics.pool_member_replaced(&pool_key, del.cause.as_str());
-                }
-            }
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
-        }
-    }
-    let reference = pool.object_ref(&());
-    for e in &d.events {
-        publish_event(ctx, &reference, e.kind, &e.reason, &e.message).await;
-    }
-
-    let mut status = d.status.clone();
-    status.selector = format!("{LABEL_POOL}={name}");
-    // A quarantined member is out of the pool's accounting: never listed as available.
-    let available: HashSet<&str> = members
-        .iter()
-        .filter(|m| m.available && m.quarantine.is_none())
-        .map(|m| m.name.as_str())
-        .collect();
-    let mut rows: BTreeMap<String, PoolMemberStatus> = BTreeMap::new();
-    for p in objects
-        .iter()
-        .filter(|p| p.meta().deletion_timestamp.is_none())
-    {
-        let n = p.name_any();
-        let row = PoolMemberStatus::of(
-            &n,
-            p.spec.host.as_deref(),
-            &p.status.clone().unwrap_or_default(),
-            available.contains(n.as_str()),
-            p.annotations().contains_key(ANNOTATION_QUARANTINE),
+        let exp = e.pools.entry(key.clone()).or_default();
+        let members = members::observe(&objects, exp, now, health_checks);
+        let round = round::plan(
+            &RoundInputs {
+                namespace: ns,
+                name,
+                generation,
+                spec,
+                deleting,
+                quota,
+                status: &current,
+                credentials,
+                members: &members,
+                hosts: &hosts,
+                now,
+            },
+            &mut exp.availability,
         );
-        rows.insert(n, row);
-    }
-    status.members_omitted =
-        u32::try_from(rows.len().saturating_sub(MAX_STATUS_MEMBERS)).unwrap_or(u32::MAX);
-    status.members = rows.into_values().take(MAX_STATUS_MEMBERS).collect();
-    if status != current {
-        write_status(&pools, name, &status).await?;
-    }
-    ctx.observer.set_pool(PoolStatusRow {
-        namespace: ns.to_owned(),
-        name: name.to_owned(),
-        desired: policy.replicas,
-        status: status.clone(),
-        members: status_rows(&members),
-        error: None,
-    });
-    metrics.set_pool(
-        &pool_key,
-        PoolReplicas {
-            desired: u64::from(policy.replicas),
-            available: u64::from(status.available_replicas),
-        },
-    );
-    if let Some(e) = first_error {
-        return Err(e);
-    }
-    let mut next = d.requeue_after.map_or(POOL_RESYNC, |r| r.min(POOL_RESYNC));
-    if policy.generate_credentials {
-        next = next.min(ctx.secret_poll);
-    }
-    Ok(Action::requeue(next.max(Duration::from_millis(100))))
+        (members, round)
+    };
+
+    let pool_key = format!("{ns}/{name}");
+    let io = KubePool {
+        ctx,
+        pool,
+        key,
+        pools: &pools,
+        proxies: &proxies,
+        objects: &objects,
+        members: &members,
+        credentials_ref: credentials_ref.as_deref(),
+        now,
+    };
+    let done = round::carry_out(&io, ctx.observer.metrics(), &pool_key, &round, &current).await?;
+    Ok(match &round {
+        Round::Remove { .. } if done.finished => {
+            ctx.observer.forget_pool(ns, name);
+            lock(&ctx.expectations).pools.remove(key);
+            Action::await_change()
+        }
+        Round::Remove { .. } => Action::requeue(DELETION_RECHECK),
+        Round::Refused { reason, .. } if *reason == pool_reason::INVALID_SPEC => {
+            Action::await_change()
+        }
+        Round::Refused { .. } => Action::requeue(ctx.secret_poll),
+        Round::Wait(d) => Action::requeue(*d),
+        Round::Act(plan) => {
+            let mut next = done
+                .requeue_after
+                .map_or(POOL_RESYNC, |r| r.min(POOL_RESYNC));
+            if plan.policy.generate_credentials {
+                next = next.min(ctx.secret_poll);
+            }
+            Action::requeue(next.max(Duration::from_millis(100)))
+        }
+    })
 }
 
-/// The member Proxy `c` of `pool`: owned by it, labelled, pinned to its host.
+/// One pool's round as the Kubernetes API carries it out: members are Proxy objects owned by
+/// the pool, events are Kubernetes Events on it, its status goes through the status
+/// subresource, and its finalizer holds it until its members are gone.
+struct KubePool<'a> {
+    ctx: &'a PoolCtx,
+    pool: &'a ProxyPool,
+    key: &'a (String, String),
+    pools: &'a Api<ProxyPool>,
+    proxies: &'a Api<Proxy>,
+    /// The member Proxies in the watch cache.
+    objects: &'a [Arc<Proxy>],
+    /// The members as the round saw them (for the `/status` rows).
+    members: &'a [egress_core::pool::Member],
+    credentials_ref: Option<&'a str>,
+    now: SystemTime,
+}
+
+impl PoolDriver for KubePool<'_> {
+    type Error = PoolError;
+
+    async fn create(&self, c: &CreateMember) -> Result<(), PoolError> {
+        let body = member_body(
+            self.pool,
+            c,
+            &self.pool.spec.0.template,
+            self.credentials_ref,
+        );
+        // rbac: PROXIES create
+        match bounded(self.proxies.create(&PostParams::default(), &body)).await {
+            Ok(_) => {
+                lock(&self.ctx.expectations)
+                    .pools
+                    .entry(self.key.clone())
+                    .or_default()
+                    .created
+                    .insert(c.name.clone(), (c.clone(), self.now));
+                Ok(())
+            }
+            Err(e) if code(&e) == Some(409) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn delete(&self, name: &str) -> Result<bool, PoolError> {
+        let Some(p) = self.objects.iter().find(|p| p.name_any() == name) else {
+            // A create the watch has not shown yet: deleted once it is seen.
+            return Ok(false);
+        };
+        let accepted = delete_member(self.proxies, p).await?;
+        Ok(members::note_delete(
+            lock(&self.ctx.expectations)
+                .pools
+                .entry(self.key.clone())
+                .or_default(),
+            p,
+            accepted,
+            self.now,
+        ))
+    }
+
+    async fn event(&self, e: &Event) {
+        publish_event(
+            self.ctx,
+            &self.pool.object_ref(&()),
+            e.kind,
+            &e.reason,
+            &e.message,
+        )
+        .await;
+    }
+
+    async fn write_status(&self, status: &ProxyPoolStatus, changed: bool) -> Result<(), PoolError> {
+        if changed {
+            write_status(self.pools, &self.pool.name_any(), status).await?;
+        }
+        self.ctx.observer.set_pool(PoolStatusRow {
+            namespace: self.key.0.clone(),
+            name: self.key.1.clone(),
+            desired: self.pool.spec.0.replicas,
+            status: status.clone(),
+            members: status_rows(self.members),
+            error: None,
+        });
+        Ok(())
+    }
+
+    async fn forget(&self) -> Result<(), PoolError> {
+        let keep: Vec<String> = self
+            .pool
+            .finalizers()
+            .iter()
+            .filter(|f| *f != POOL_FINALIZER)
+            .cloned()
+            .collect();
+        set_finalizers(self.pools, self.pool, keep).await
+    }
+}
+
+/// The member Proxy `c` of `pool`: owned by it, with the template's labels and annotations
+/// and the pool's own labels, pinned to its host.
 pub(crate) fn member_body(
     pool: &ProxyPool,
     c: &egress_core::pool::CreateMember,
-    template: &egress_core::model::ProxySpec,
+    template: &ProxyTemplate,
     credentials_ref: Option<&str>,
 ) -> Proxy {
     let mut p = Proxy::new(
         &c.name,
-        ProxyCrdSpec(member_spec(template, &c.host, &c.pin, credentials_ref)),
+        ProxyCrdSpec(member_spec(
+            &template.spec,
+            &c.host,
+            &c.pin,
+            credentials_ref,
+        )),
     );
     p.metadata.namespace = pool.namespace();
-    p.metadata.labels = Some(
-        [
-            (LABEL_POOL.to_owned(), pool.name_any()),
-            (LABEL_TEMPLATE_HASH.to_owned(), c.template_hash.clone()),
-        ]
-        .into(),
-    );
+    let mut labels = template.metadata.labels.clone();
+    // NB: validation refuses a template setting these; they win all the same.
+    labels.insert(LABEL_POOL.to_owned(), pool.name_any());
+    labels.insert(LABEL_TEMPLATE_HASH.to_owned(), c.template_hash.clone());
+    p.metadata.labels = Some(labels);
+    if !template.metadata.annotations.is_empty() {
+        p.metadata.annotations = Some(template.metadata.annotations.clone());
+    }
     p.metadata.owner_references = secret::owner_reference(pool).map(|o| vec![o]);
     p
 }
@@ -386,38 +351,6 @@ async fn delete_member(api: &Api<Proxy>, p: &Proxy) -> Result<bool, PoolError> {
         Err(e) if matches!(code(&e), Some(404 | 409)) => Ok(false),
         Err(e) => Err(e),
     }
-}
-
-/// Sets `Progressing` False and `ReplicaFailure` True with `why` (an invalid spec, unusable
-/// credentials), announcing it once per change.
-#[allow(clippy::too_many_arguments)]
-async fn refuse(
-    ctx: &PoolCtx,
-    pools: &Api<ProxyPool>,
-    pool: &ProxyPool,
-    current: &ProxyPoolStatus,
-    why: &str,
-    msg: &str,
-    generation: i64,
-    now: SystemTime,
-) -> Result<(), PoolError> {
-    let t = fmt_time(now);
-    let mut status = current.clone();
-    status.observed_generation = generation;
-    status.selector = format!("{LABEL_POOL}={}", pool.name_any());
-    for type_ in [condition::PROGRESSING, condition::REPLICA_FAILURE] {
-        let s = if type_ == condition::PROGRESSING {
-            ConditionStatus::False
-        } else {
-            ConditionStatus::True
-        };
-        status.set_condition(Condition::new(type_, s, why, msg, &t, generation));
-    }
-    if status != *current {
-        write_status(pools, &pool.name_any(), &status).await?;
-        publish_event(ctx, &pool.object_ref(&()), EventKind::Warning, why, msg).await;
-    }
-    Ok(())
 }
 
 async fn publish_event(
@@ -488,20 +421,7 @@ async fn set_finalizers(
 /// The members as `/status` lists them, by name (the pool's creates the watch has not shown
 /// included: they exist in the API).
 fn status_rows(members: &[egress_core::pool::Member]) -> Vec<PoolMemberRow> {
-    let mut rows: Vec<PoolMemberRow> = members
-        .iter()
-        .map(|m| PoolMemberRow {
-            name: m.name.clone(),
-            host: m.host.clone(),
-            phase: m.phase,
-            available: m.available && m.quarantine.is_none() && !m.deleting,
-            template_hash: m.template_hash.clone(),
-            created_at: fmt_time(m.created),
-            quarantine: m.quarantine.clone(),
-            deleting: m.deleting,
-            egress_address: m.egress_address.clone(),
-        })
-        .collect();
+    let mut rows: Vec<PoolMemberRow> = members.iter().map(PoolMemberRow::of).collect();
     rows.sort_by(|a, b| a.name.cmp(&b.name));
     rows
 }
@@ -541,7 +461,7 @@ mod tests {
     fn a_member_body_pins_the_kept_egress_addresses_of_its_create() {
         #![allow(clippy::unwrap_used)]
         let spec: egress_core::pool::spec::ProxyPoolSpec = serde_saphyr::from_str(
-            "replicas: 1\ntemplate:\n  provider: home\n  image: tiny\n  proxy:\n    \
+            "replicas: 1\ntemplate:\n  spec:\n    provider: home\n    image: tiny\n    proxy:\n      \
              allowedClientCidrs: [10.0.0.0/8]\n",
         )
         .unwrap();
@@ -558,5 +478,29 @@ mod tests {
         c.pin.clear();
         let p = member_body(&pool, &c, &spec.template, None);
         assert!(p.spec.0.egress.address.is_empty());
+    }
+
+    #[test]
+    fn a_member_body_carries_the_template_metadata_and_the_pools_own_labels() {
+        #![allow(clippy::unwrap_used)]
+        let spec: egress_core::pool::spec::ProxyPoolSpec = serde_saphyr::from_str(
+            "replicas: 1\ntemplate:\n  metadata:\n    labels: {team: payments}\n    \
+             annotations: {example.com/owner: jane}\n  spec:\n    provider: home\n    \
+             image: tiny\n    proxy:\n      allowedClientCidrs: [10.0.0.0/8]\n",
+        )
+        .unwrap();
+        let pool = ProxyPool::new("web", spec.clone().into());
+        let c = egress_core::pool::CreateMember {
+            name: "web-bcdfgh".into(),
+            host: "h1".into(),
+            template_hash: "abc".into(),
+            pin: Vec::new(),
+        };
+        let p = member_body(&pool, &c, &spec.template, None);
+        let labels = p.metadata.labels.unwrap();
+        assert_eq!(labels["team"], "payments");
+        assert_eq!(labels[LABEL_POOL], "web");
+        assert_eq!(labels[LABEL_TEMPLATE_HASH], "abc");
+        assert_eq!(p.metadata.annotations.unwrap()["example.com/owner"], "jane");
     }
 }

@@ -180,7 +180,7 @@ mod tests {
         serde_json::from_value(serde_json::json!({
             "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
             "metadata": {"name": "web", "namespace": "ns", "uid": "u-1"},
-            "spec": {"replicas": 2, "template": {"provider": "home", "image": "tiny"},
+            "spec": {"replicas": 2, "template": {"spec": {"provider": "home", "image": "tiny"}},
                      "credentials": {"generate": true}},
         }))
         .unwrap()

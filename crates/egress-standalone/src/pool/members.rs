@@ -1,0 +1,165 @@
+//! A pool's members as the standalone driver records them: the member file beside the
+//! manifests (`.NAMESPACE.NAME.pool-members.json`, [`state_path`]) that survives restarts,
+//! the quarantine file (`NAMESPACE.NAME.quarantine`, [`quarantine_path`]), each member's
+//! derived UID ([`member_uid`]) and object ([`member_object`]), and every pool as this
+//! process runs it ([`Pools`]).
+//!
+//! Guarantees: the member file is written atomically (a temporary file, fsync, rename); a
+//! member file or quarantine file that cannot be read counts as empty, bounded to
+//! [`MAX_QUARANTINE_BYTES`] for the quarantine file, and never blocks on a FIFO; a member's UID
+//! is a pure function of the pool and its name, so a restart finds its instance.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use egress_core::controller::{ProxyCredentials, ProxyObject};
+use egress_core::model::{Phase, ProxyStatus, condition};
+use egress_core::pool::member::member_spec;
+use egress_core::pool::{MemberMeta, ProxyPoolStatus};
+use egress_provider::ProxyUid;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::manifests::{LoadedPool, UID_NAMESPACE};
+use crate::pool::credentials::CREDENTIALS_SUFFIX;
+use crate::store::MemberRec;
+
+/// The suffix of a pool's quarantine file beside its manifest: `NAMESPACE.NAME.quarantine`
+/// (namespaced like the credentials file: two pools of one name never share it).
+pub const QUARANTINE_SUFFIX: &str = ".quarantine";
+/// Largest quarantine file read.
+pub(crate) const MAX_QUARANTINE_BYTES: u64 = 1 << 20;
+/// The UID of member `member` of pool `namespace/pool`: UUIDv5 of `pool:NS/POOL/MEMBER` under
+/// [`UID_NAMESPACE`] (never equal to a manifest Proxy's UID, which has no `pool:` prefix).
+pub fn member_uid(namespace: &str, pool: &str, member: &str) -> ProxyUid {
+    ProxyUid(Uuid::new_v5(
+        &UID_NAMESPACE,
+        format!("pool:{namespace}/{pool}/{member}").as_bytes(),
+    ))
+}
+
+/// Where pool `namespace/name`'s quarantine file is read from in manifest directory `dir`.
+pub fn quarantine_path(dir: &Path, namespace: &str, name: &str) -> PathBuf {
+    dir.join(format!("{namespace}.{name}{QUARANTINE_SUFFIX}"))
+}
+
+/// Where pool `namespace/name`'s member list is kept in manifest directory `dir`.
+pub fn state_path(dir: &Path, namespace: &str, name: &str) -> PathBuf {
+    dir.join(format!(".{namespace}.{name}.pool-members.json"))
+}
+
+/// The member file.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct StateFile {
+    pub(crate) members: Vec<MemberRec>,
+    #[serde(default)]
+    pub(crate) status: ProxyPoolStatus,
+}
+
+impl MemberRec {
+    /// What the pool decision needs of this member besides its status.
+    pub(crate) fn meta(&self, quarantine: Option<String>, deleting: bool) -> MemberMeta {
+        MemberMeta {
+            name: self.name.clone(),
+            host: Some(self.host.clone()),
+            template_hash: self.template_hash.clone(),
+            created: parse_time(&self.created),
+            quarantine,
+            deleting,
+        }
+    }
+}
+
+impl StateFile {
+    /// The member file at `path`; empty when it is missing or does not parse.
+    pub(crate) fn read(path: &Path) -> Self {
+        std::fs::read(path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    /// Writes the member file to `path` atomically.
+    pub(crate) fn write(&self, path: &Path) -> std::io::Result<()> {
+        write_atomic(path, &serde_json::to_vec_pretty(self).unwrap_or_default())
+    }
+}
+
+pub(crate) fn now_text(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+pub(crate) fn parse_time(t: &str) -> SystemTime {
+    humantime::parse_rfc3339_weak(t).unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+/// Writes `path` atomically (temporary file, fsync, rename).
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Reads a quarantine file: `MEMBER REASON` per line, `#` comments.
+pub(crate) fn read_quarantine(path: &Path) -> BTreeMap<String, String> {
+    let Ok(bytes) = crate::manifests::read_regular_bounded(path, MAX_QUARANTINE_BYTES, true) else {
+        return BTreeMap::new();
+    };
+    String::from_utf8_lossy(&bytes)
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| match l.split_once(char::is_whitespace) {
+            Some((m, why)) => (m.to_owned(), why.trim().to_owned()),
+            None => (l.to_owned(), "quarantined".to_owned()),
+        })
+        .collect()
+}
+
+/// The state of a member's status that its pool cares about (a change re-decides the pool).
+pub(crate) fn pool_view(s: &ProxyStatus) -> (Phase, bool, Option<bool>) {
+    (
+        s.phase,
+        s.condition(condition::READY)
+            .is_some_and(|c| c.status == egress_core::model::ConditionStatus::True),
+        s.health.as_ref().and_then(|h| h.healthy),
+    )
+}
+
+/// A member's object: the template pinned to its host, with the pool's credentials.
+pub(crate) fn member_object(
+    p: &LoadedPool,
+    rec: &MemberRec,
+    uid: ProxyUid,
+    creds: Option<&ProxyCredentials>,
+) -> ProxyObject {
+    let reference = if p.policy.generate_credentials {
+        Some(format!("{}{}", p.name, CREDENTIALS_SUFFIX))
+    } else {
+        None
+    };
+    ProxyObject {
+        namespace: p.namespace.clone(),
+        name: rec.name.clone(),
+        uid,
+        generation: 1,
+        spec: std::sync::Arc::new(member_spec(
+            &p.spec.template.spec,
+            &rec.host,
+            &rec.pin,
+            reference.as_deref(),
+        )),
+        deleting: false,
+        credentials: creds.cloned(),
+        namespace_labels: None,
+    }
+}
+
+#[cfg(test)]
+#[path = "members_tests.rs"]
+mod tests;

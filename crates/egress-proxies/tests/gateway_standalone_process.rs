@@ -403,7 +403,7 @@ async fn inside() {
     );
 
     // -egress- picks that member.
-    for (ip, _) in &egress {
+    for ip in egress.keys() {
         let user = format!("alice-egress-{ip}");
         assert_eq!(&via(&user, ALICE_PW, &e).await.unwrap(), ip);
         connections += 1;

@@ -279,7 +279,7 @@ pub async fn echo() -> Echo {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let stop = CancellationToken::new();
-    tokio::spawn(egress_core::health::echo::serve(l, stop.clone()));
+    tokio::spawn(egress_web::echo::serve(l, stop.clone()));
     Echo { addr, stop }
 }
 

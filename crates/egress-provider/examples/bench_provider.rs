@@ -18,12 +18,11 @@
 )]
 
 use std::collections::{BTreeMap, HashMap};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Instant;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use egress_provider::libvirt::check::CheckOptions;
 use egress_provider::libvirt::config::{
     HostConfig, ImageFormat, ImageSpec, LibvirtEntry, Timeouts, VirtType,
@@ -32,67 +31,41 @@ use egress_provider::libvirt::hostpool::{Connector, HostPool, PoolOptions, SshCo
 use egress_provider::libvirt::image::fetch::FetchOptions;
 use egress_provider::libvirt::provider_impl::LibvirtProvider;
 use egress_provider::{CreateRequest, NoProgress, Provider, ProviderError, ProxyUid};
+use futures_util::future::BoxFuture;
 use libvirt_remote::Transport;
+use libvirt_remote::transport::PacketSink;
 use sha2::Digest;
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWrite;
 
-/// Records `(procedure, time)` of every remote CALL written through it.
+/// Records `(procedure, time)` of every remote CALL sent through it.
 #[derive(Clone, Default)]
 struct CallLog(Arc<Mutex<Vec<(i32, Instant)>>>);
 
-struct CountingWriter {
-    inner: Box<dyn AsyncWrite + Send + Unpin>,
+/// The transport's packet sink, observed: every packet the connection sends is one whole
+/// packet, so its header is at its start. The packets pass on untouched (the SSH transport
+/// still sends them without a copy).
+struct CountingSink {
+    inner: Box<dyn PacketSink>,
     log: CallLog,
-    header: Vec<u8>,
-    skip: usize,
 }
 
-impl CountingWriter {
-    fn observe(&mut self, mut buf: &[u8]) {
-        while !buf.is_empty() {
-            if self.skip > 0 {
-                let n = self.skip.min(buf.len());
-                self.skip -= n;
-                buf = &buf[n..];
-                continue;
-            }
-            let need = 28 - self.header.len();
-            let n = need.min(buf.len());
-            self.header.extend_from_slice(&buf[..n]);
-            buf = &buf[n..];
-            if self.header.len() == 28 {
-                let h = &self.header;
-                let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize;
-                let prog = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
-                let proc_ = i32::from_be_bytes([h[12], h[13], h[14], h[15]]);
-                let mtype = i32::from_be_bytes([h[16], h[17], h[18], h[19]]);
-                if prog == 0x2000_8086 && mtype == 0 {
-                    self.log.0.lock().unwrap().push((proc_, Instant::now()));
-                }
-                self.skip = len.saturating_sub(28);
-                self.header.clear();
+impl PacketSink for CountingSink {
+    fn send(&mut self, packet: Bytes) -> BoxFuture<'_, std::io::Result<()>> {
+        if let Some(h) = packet.get(..28) {
+            let prog = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
+            let proc_ = i32::from_be_bytes([h[12], h[13], h[14], h[15]]);
+            let mtype = i32::from_be_bytes([h[16], h[17], h[18], h[19]]);
+            if prog == 0x2000_8086 && mtype == 0 {
+                self.log.0.lock().unwrap().push((proc_, Instant::now()));
             }
         }
+        self.inner.send(packet)
     }
-}
-
-impl AsyncWrite for CountingWriter {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = r {
-            self.observe(&buf[..n]);
-        }
-        r
+    fn flush(&mut self) -> BoxFuture<'_, std::io::Result<()>> {
+        self.inner.flush()
     }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+    fn into_async_write(self: Box<Self>) -> Box<dyn AsyncWrite + Send + Unpin> {
+        self.inner.into_async_write()
     }
 }
 
@@ -105,14 +78,12 @@ struct CountingConnector {
 impl Connector for CountingConnector {
     async fn connect(&self, host: &HostConfig) -> Result<Transport, ProviderError> {
         let t = self.inner.connect(host).await?;
-        let (r, w, kill, peer) = t.into_parts();
-        let w = CountingWriter {
+        let (r, w, kill, peer) = t.into_sink_parts();
+        let w = CountingSink {
             inner: w,
             log: self.log.clone(),
-            header: Vec::with_capacity(28),
-            skip: 0,
         };
-        Ok(Transport::new(r, w, kill, peer))
+        Ok(Transport::with_sink(r, w, kill, peer))
     }
 }
 
@@ -135,21 +106,23 @@ fn vm_hwm_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// Serves one file over HTTP/1.1 on 127.0.0.1 (HEAD and GET, Content-Length).
+/// Serves one file over HTTP/1.1 on 127.0.0.1 (HEAD and GET, Content-Length), from a thread
+/// of its own with `std::io::copy` (which Linux turns into `sendfile`), like a real image
+/// server: the bytes never pass through this process's memory, so the import is not charged
+/// for a server it would not run in production.
 async fn serve_file(path: String) -> String {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = l.accept().await else {
-                return;
-            };
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
             let path = path.clone();
-            tokio::spawn(async move {
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
                 let mut req = Vec::new();
                 let mut b = [0u8; 1024];
                 while !req.windows(4).any(|w| w == b"\r\n\r\n") {
-                    let n = s.read(&mut b).await.unwrap_or(0);
+                    let n = s.read(&mut b).unwrap_or(0);
                     if n == 0 {
                         return;
                     }
@@ -159,15 +132,12 @@ async fn serve_file(path: String) -> String {
                 let head = format!(
                     "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
                 );
-                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(head.as_bytes());
                 if req.starts_with(b"GET") {
-                    // NB: 1 MiB reads: tokio's file I/O costs a blocking-pool hop per read,
-                    // and 8 KiB reads made this server, not the provider, the bottleneck.
-                    let f = tokio::fs::File::open(&path).await.unwrap();
-                    let mut f = tokio::io::BufReader::with_capacity(1 << 20, f);
-                    let _ = tokio::io::copy_buf(&mut f, &mut s).await;
+                    let mut f = std::fs::File::open(&path).unwrap();
+                    let _ = std::io::copy(&mut f, &mut s);
                 }
-                let _ = s.shutdown().await;
+                let _ = s.shutdown(std::net::Shutdown::Both);
             });
         }
     });

@@ -7,6 +7,7 @@
 
 use async_trait::async_trait;
 
+use crate::bases::{BaseGcSettings, BaseVerdict};
 use crate::error::Result;
 use crate::model::{
     CreateRequest, HostReport, Instance, OwnedInstance, OwnedVolume, Progress, ProviderId, ProxyUid,
@@ -69,5 +70,17 @@ pub trait Provider: Send + Sync {
             "provider entry {} does not support prefetching images (asked for {image})",
             self.entry()
         )))
+    }
+
+    /// Removes the entry's cached base images that nothing on their host uses and that have
+    /// been unused for the grace period (`settings.grace`, else the entry's own), host by
+    /// host; one verdict per base, and one per host that could not be read (name `*`,
+    /// [`BaseAction::Failed`](crate::bases::BaseAction::Failed)). A base any domain or
+    /// volume on its host uses is never removed. Never fails as a whole.
+    ///
+    /// The default (for providers that cache no images) collects nothing.
+    async fn collect_bases(&self, settings: &BaseGcSettings) -> Vec<BaseVerdict> {
+        let _ = settings;
+        Vec::new()
     }
 }

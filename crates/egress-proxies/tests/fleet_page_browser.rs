@@ -55,6 +55,8 @@ const COMMAND_DEADLINE: Duration = Duration::from_secs(30);
 const LIVE_DEADLINE: Duration = Duration::from_secs(90);
 /// Pause between two looks at the page or at `/status`.
 const POLL: Duration = Duration::from_millis(250);
+/// How many times a read starts again because the live page replaced the element it read.
+const STALE_RETRIES: usize = 20;
 /// How long the operator and chromedriver get to exit after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 /// The Chromium flags this machine needs (no sandbox as root, no network beyond loopback).
@@ -412,34 +414,60 @@ impl Browser {
             .unwrap()
     }
 
-    /// The values of `attr` on every element matching `css`.
+    /// The values of `attr` on every element matching `css`. The live page replaces rows while
+    /// it is read: an element gone between the find and the read (a stale reference) makes the
+    /// whole read start again, a bounded number of times.
     async fn attrs(&self, css: &str, attr: &str) -> Vec<String> {
-        let found = tokio::time::timeout(COMMAND_DEADLINE, self.c().find_all(Locator::Css(css)))
-            .await
-            .expect("find deadline")
-            .unwrap();
-        let mut out = Vec::new();
-        for e in found {
-            if let Some(v) = tokio::time::timeout(COMMAND_DEADLINE, e.attr(attr))
+        self.fresh(css, |c| async move {
+            let found = tokio::time::timeout(COMMAND_DEADLINE, c.find_all(Locator::Css(css)))
                 .await
-                .expect("attr deadline")
-                .unwrap()
-            {
-                out.push(v);
+                .expect("find deadline")?;
+            let mut out = Vec::new();
+            for e in found {
+                if let Some(v) = tokio::time::timeout(COMMAND_DEADLINE, e.attr(attr))
+                    .await
+                    .expect("attr deadline")?
+                {
+                    out.push(v);
+                }
             }
-        }
-        out
+            Ok(out)
+        })
+        .await
     }
 
+    /// The text of the first element matching `css` (read again if the page replaced it).
     async fn text(&self, css: &str) -> String {
-        let e = tokio::time::timeout(COMMAND_DEADLINE, self.c().find(Locator::Css(css)))
-            .await
-            .expect("find deadline")
-            .unwrap();
-        tokio::time::timeout(COMMAND_DEADLINE, e.text())
-            .await
-            .expect("text deadline")
-            .unwrap()
+        self.fresh(css, |c| async move {
+            let e = tokio::time::timeout(COMMAND_DEADLINE, c.find(Locator::Css(css)))
+                .await
+                .expect("find deadline")?;
+            tokio::time::timeout(COMMAND_DEADLINE, e.text())
+                .await
+                .expect("text deadline")
+        })
+        .await
+    }
+
+    /// Runs `read` until it does not hit an element the page replaced meanwhile (at most
+    /// `STALE_RETRIES` times); any other error fails the test.
+    async fn fresh<'a, T, F, Fut>(&'a self, css: &str, read: F) -> T
+    where
+        F: Fn(&'a Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, fantoccini::error::CmdError>>,
+    {
+        for _ in 0..STALE_RETRIES {
+            match read(self.c()).await {
+                Ok(v) => return v,
+                Err(fantoccini::error::CmdError::Standard(e))
+                    if e.error == fantoccini::error::ErrorStatus::StaleElementReference =>
+                {
+                    tokio::time::sleep(POLL).await;
+                }
+                Err(e) => panic!("reading {css}: {e}"),
+            }
+        }
+        panic!("{css}: the page replaced the element {STALE_RETRIES} times in a row");
     }
 
     /// Waits until `attrs(css, attr)` contains `want`.

@@ -61,6 +61,7 @@ pub mod manifests;
 mod observe;
 pub mod pool;
 mod proxy_health;
+pub mod quarantine;
 mod queue;
 mod reconcile;
 mod settings;

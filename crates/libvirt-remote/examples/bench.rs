@@ -1,11 +1,15 @@
 //! The benchmark driver behind `scripts/bench` (which compares it with virsh and prints the
 //! ratios). Subcommands:
-//!   upload   CONN --pool P --name V --file F [--chunk BYTES]
+//!   upload   CONN --pool P --name V --file F [--chunk BYTES] [--keep] [--mem | --tokio-file]
+//!            (the volume is deleted after the upload unless --keep; the file is read with
+//!            `vol_upload_file`, or through tokio's File, or from memory)
 //!   define   CONN --prefix X --count N        (N inactive TCG domains with metadata)
 //!   metadata CONN --prefix X --expect N       (list all, then read every metadata, pipelined)
 //!   cleanup  CONN --prefix X                  (undefine every domain named X-*)
 //! CONN is `--unix [--socket PATH]` or `--host H --port P --user U --key K --known-hosts F
-//! [--cipher C]`. Prints the elapsed seconds of the measured part on stdout's last line.
+//! [--cipher C] [--socket PATH]`, optionally `--uri URI` (default `qemu:///system`; a private
+//! session daemon is `qemu:///session`). Prints the elapsed seconds of the measured part on
+//! stdout's last line.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
@@ -18,7 +22,7 @@ const BENCH_NS: &str = "https://egress-proxies.dev/bench";
 /// Calls in flight at once for the pipelined phases.
 const PIPELINE: usize = 128;
 
-type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
+type AnyResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 fn parse(args: &[String]) -> HashMap<String, String> {
     let mut m = HashMap::new();
@@ -45,7 +49,11 @@ async fn connect(o: &HashMap<String, String>) -> AnyResult<Client> {
     } else {
         ssh_transport(o).await?
     };
-    Ok(Client::open(t, OpenOptions::default()).await?)
+    let mut open = OpenOptions::default();
+    if let Some(uri) = o.get("uri") {
+        open.uri = uri.clone();
+    }
+    Ok(Client::open(t, open).await?)
 }
 
 async fn ssh_transport(o: &HashMap<String, String>) -> AnyResult<transport::Transport> {
@@ -58,6 +66,10 @@ async fn ssh_transport(o: &HashMap<String, String>) -> AnyResult<transport::Tran
         ClientKey::from_file(get("key")?),
     )
     .with_port(get("port")?.parse()?);
+    let target = match o.get("socket") {
+        Some(s) => target.with_socket_path(s.clone()),
+        None => target,
+    };
     let mut opts = SshOptions::default();
     if let Some(c) = o.get("cipher") {
         opts.ciphers = vec![c.clone()];
@@ -72,7 +84,12 @@ async fn main() -> AnyResult<()> {
     let o = parse(args.get(1..).unwrap_or_default());
     let client = connect(&o).await?;
     match cmd.as_str() {
-        "upload" => upload(&client, &o).await?,
+        // NB: the upload runs as a task on the runtime's workers, as it does in the operator,
+        // not on the main thread that `block_on` drives.
+        "upload" => {
+            let (c, o) = (client.clone(), o.clone());
+            tokio::spawn(async move { upload(&c, &o).await }).await??
+        }
         "define" => define(&client, &o).await?,
         "metadata" => metadata(&client, &o).await?,
         "cleanup" => cleanup(&client, &o).await?,
@@ -99,18 +116,60 @@ async fn upload(c: &Client, o: &HashMap<String, String>) -> AnyResult<()> {
     if let Some(ch) = o.get("chunk") {
         opts.chunk_size = ch.parse()?;
     }
-    let src = tokio::fs::File::open(file).await?;
-    let start = Instant::now();
-    let n = c.vol_upload(&vol, 0, size, src, &opts).await?;
+    let (start, cpu0);
+    let hwm0 = vm_hwm_kib();
+    let n = if o.contains_key("mem") {
+        let data = std::fs::read(file)?;
+        (start, cpu0) = (Instant::now(), cpu_secs());
+        c.vol_upload(&vol, 0, size, &data[..], &opts).await?
+    } else if o.contains_key("tokio-file") {
+        let src = tokio::fs::File::open(file).await?;
+        (start, cpu0) = (Instant::now(), cpu_secs());
+        c.vol_upload(&vol, 0, size, src, &opts).await?
+    } else {
+        let src = std::fs::File::open(file)?;
+        (start, cpu0) = (Instant::now(), cpu_secs());
+        c.vol_upload_file(&vol, 0, size, src, &opts).await?
+    };
     let secs = start.elapsed().as_secs_f64();
+    let cpu = cpu_secs() - cpu0;
+    let hwm1 = vm_hwm_kib();
     assert_eq!(n, size, "short upload");
-    c.vol_delete(&vol, 0).await?;
+    if !o.contains_key("keep") {
+        c.vol_delete(&vol, 0).await?;
+    }
     eprintln!(
-        "uploaded {n} bytes in {secs:.3} s ({:.1} MiB/s)",
-        n as f64 / secs / 1048576.0
+        "uploaded {n} bytes in {secs:.3} s ({:.1} MiB/s), {cpu:.2} s CPU in this process, \
+         peak RSS {} -> {} MiB (+{} MiB)",
+        n as f64 / secs / 1048576.0,
+        hwm0 / 1024,
+        hwm1 / 1024,
+        hwm1.saturating_sub(hwm0) / 1024
     );
     println!("{secs:.3}");
     Ok(())
+}
+
+/// This process's peak resident set (VmHWM), KiB.
+fn vm_hwm_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// User + system CPU seconds of this process (all threads), from /proc/self/stat.
+fn cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let rest = stat.rsplit(')').next().unwrap_or_default();
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat(5), 12 and 13 after the name.
+    let ticks: u64 = f
+        .get(11..13)
+        .map_or(0, |t| t.iter().filter_map(|x| x.parse::<u64>().ok()).sum());
+    ticks as f64 / 100.0
 }
 
 async fn define(c: &Client, o: &HashMap<String, String>) -> AnyResult<()> {

@@ -16,7 +16,7 @@ use crate::conn::{Connection, ConnectionConfig};
 use crate::error::{Error, Result};
 use crate::proto::{self, procs::*, *};
 use crate::transport::Transport;
-use crate::upload::UploadOptions;
+use crate::upload::{FileSource, UploadOptions};
 use crate::xdr;
 
 /// The URI opened on the daemon by default.
@@ -767,7 +767,7 @@ impl Client {
     /// `STORAGE_VOL_UPLOAD`: streams `src` into `vol` at `offset`; at most `length` bytes are
     /// sent (`length` 0: to the end of the source). Returns the bytes sent. Run it on a
     /// dedicated connection.
-    pub async fn vol_upload<R: AsyncRead + Unpin>(
+    pub async fn vol_upload<R: AsyncRead + Unpin + Send>(
         &self,
         vol: &StorageVol,
         offset: u64,
@@ -785,6 +785,28 @@ impl Client {
         // send past it.
         let limit = if length == 0 { u64::MAX } else { length };
         let src = tokio::io::AsyncReadExt::take(src, limit);
+        self.conn.upload(STORAGE_VOL_UPLOAD, args, src, opts).await
+    }
+
+    /// [`Client::vol_upload`] from a local file, read from its current position straight
+    /// into the stream's frames on tokio's blocking pool ([`FileSource`]: no copy between
+    /// the read and the send, a few frames per blocking call). At most `length` bytes are
+    /// sent (`length` 0: to the end of the file). Returns the bytes sent.
+    pub async fn vol_upload_file(
+        &self,
+        vol: &StorageVol,
+        offset: u64,
+        length: u64,
+        file: std::fs::File,
+        opts: &UploadOptions,
+    ) -> Result<u64> {
+        let args = xdr::to_bytes(&StorageVolUploadArgs {
+            vol: vol.clone(),
+            offset,
+            length,
+            flags: 0,
+        });
+        let src = FileSource::new(file, (length != 0).then_some(length));
         self.conn.upload(STORAGE_VOL_UPLOAD, args, src, opts).await
     }
 }

@@ -24,7 +24,6 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::codec::FramedRead;
@@ -33,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{DeathReason, Error, RemoteError, Result};
 use crate::frame::{self, FrameError, Header, MessageType, Packet, PacketCodec, Status};
 use crate::proto::{self, RemoteErrorWire};
-use crate::transport::{KillSwitch, Transport};
+use crate::transport::{KillSwitch, PacketSink, Transport};
 use crate::xdr::{self, Xdr};
 
 /// Default deadline for one call.
@@ -281,6 +280,18 @@ impl Shared {
     }
 }
 
+/// The header of a packet for the remote program.
+pub(crate) fn remote_header(proc_: i32, mtype: MessageType, serial: u32, status: Status) -> Header {
+    Header {
+        prog: proto::REMOTE_PROGRAM,
+        vers: proto::REMOTE_VERSION,
+        proc_,
+        mtype,
+        serial,
+        status,
+    }
+}
+
 /// Builds the bytes of one packet for the remote program.
 pub(crate) fn remote_packet(
     proc_: i32,
@@ -289,17 +300,7 @@ pub(crate) fn remote_packet(
     status: Status,
     payload: &[u8],
 ) -> Result<Bytes> {
-    packet_bytes(
-        Header {
-            prog: proto::REMOTE_PROGRAM,
-            vers: proto::REMOTE_VERSION,
-            proc_,
-            mtype,
-            serial,
-            status,
-        },
-        payload,
-    )
+    packet_bytes(remote_header(proc_, mtype, serial, status), payload)
 }
 
 fn packet_bytes(header: Header, payload: &[u8]) -> Result<Bytes> {
@@ -636,7 +637,7 @@ fn dispatch(shared: &Shared, pkt: Packet) {
 
 async fn writer_task(
     shared: Arc<Shared>,
-    mut writer: Box<dyn AsyncWrite + Send + Unpin>,
+    mut writer: Box<dyn PacketSink>,
     mut rx: mpsc::Receiver<Bytes>,
 ) {
     loop {
@@ -647,7 +648,7 @@ async fn writer_task(
         };
         let Some(bytes) = next else { break };
         let write = async {
-            writer.write_all(&bytes).await?;
+            writer.send(bytes).await?;
             if rx.is_empty() {
                 writer.flush().await?;
             }

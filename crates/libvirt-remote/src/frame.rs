@@ -156,21 +156,35 @@ impl Packet {
 
 /// Encodes a header and payload, length word included, into `dst`.
 pub fn encode_parts(header: &Header, payload: &[u8], dst: &mut BytesMut) -> Result<(), FrameError> {
-    if payload.len() > MAX_PAYLOAD {
-        return Err(FrameError::TooLarge(MIN_PACKET + payload.len()));
-    }
-    let total = MIN_PACKET + payload.len();
-    dst.reserve(total);
-    // NB: total ≤ MAX_PACKET < u32::MAX, checked just above.
-    dst.put_u32(u32::try_from(total).map_err(|_| FrameError::TooLarge(total))?);
-    dst.put_u32(header.prog);
-    dst.put_u32(header.vers);
-    dst.put_i32(header.proc_);
-    dst.put_i32(header.mtype.to_wire());
-    dst.put_u32(header.serial);
-    dst.put_i32(header.status.to_wire());
+    let prefix = packet_prefix(header, payload.len())?;
+    dst.reserve(prefix.len() + payload.len());
+    dst.put_slice(&prefix);
     dst.put_slice(payload);
     Ok(())
+}
+
+/// The first [`MIN_PACKET`] bytes of a packet whose payload is `payload_len` bytes: the
+/// length word, then the header. Lets a sender build a packet in place, the payload read
+/// straight into the buffer after room for this prefix, instead of copying it into a new one.
+///
+/// Fails if the payload exceeds [`MAX_PAYLOAD`].
+pub fn packet_prefix(header: &Header, payload_len: usize) -> Result<[u8; MIN_PACKET], FrameError> {
+    if payload_len > MAX_PAYLOAD {
+        return Err(FrameError::TooLarge(MIN_PACKET.saturating_add(payload_len)));
+    }
+    let total = MIN_PACKET + payload_len;
+    // NB: total ≤ MAX_PACKET < u32::MAX, checked just above.
+    let len = u32::try_from(total).map_err(|_| FrameError::TooLarge(total))?;
+    let mut out = [0u8; MIN_PACKET];
+    let mut w = &mut out[..];
+    w.put_u32(len);
+    w.put_u32(header.prog);
+    w.put_u32(header.vers);
+    w.put_i32(header.proc_);
+    w.put_i32(header.mtype.to_wire());
+    w.put_u32(header.serial);
+    w.put_i32(header.status.to_wire());
+    Ok(out)
 }
 
 /// Why the byte stream is not a valid packet sequence. Any of these ends the connection.
@@ -314,6 +328,20 @@ mod tests {
         assert!(PacketCodec.decode(&mut b).is_err());
         let mut b = BytesMut::from(&(MAX_PACKET as u32).to_be_bytes()[..]);
         assert!(PacketCodec.decode(&mut b).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_packet_built_in_place_equals_the_encoded_one() {
+        let payload = [9u8; 1000];
+        let mut expected = BytesMut::new();
+        encode_parts(&hdr(), &payload, &mut expected).unwrap();
+        let mut in_place = packet_prefix(&hdr(), payload.len()).unwrap().to_vec();
+        in_place.extend_from_slice(&payload);
+        assert_eq!(&expected[..], &in_place[..]);
+        assert!(matches!(
+            packet_prefix(&hdr(), MAX_PAYLOAD + 1),
+            Err(FrameError::TooLarge(_))
+        ));
     }
 
     #[test]

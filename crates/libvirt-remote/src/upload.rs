@@ -10,18 +10,25 @@
 //!
 //! Uploads should run on a dedicated connection, so that killing it never hurts other callers.
 
+pub mod source;
+
+pub use source::{FileSource, UploadSource};
+
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt};
+use bytes::{BufMut, Bytes, BytesMut};
 use tokio::sync::mpsc;
 
 use crate::conn::{
-    Connection, STREAM_QUEUE, Shared, Waiter, remote_packet, reply_result, stream_error,
+    Connection, OUTBOUND_QUEUE, STREAM_QUEUE, Shared, Waiter, remote_header, remote_packet,
+    reply_result, stream_error,
 };
 use crate::error::{DeathReason, Error, Kind, Result};
-use crate::frame::{LEGACY_STREAM_PAYLOAD, MAX_PAYLOAD, MessageType, Packet, Status};
+use crate::frame::{
+    LEGACY_STREAM_PAYLOAD, MAX_PAYLOAD, MIN_PACKET, MessageType, Packet, Status, packet_prefix,
+};
 
 /// Default upload chunk: the largest stream payload every libvirt version accepts.
 pub const DEFAULT_CHUNK: usize = LEGACY_STREAM_PAYLOAD;
@@ -154,31 +161,60 @@ fn interrupted(shared: &Shared, pkt: Option<Packet>) -> Error {
     }
 }
 
-/// Reads up to `chunk` bytes, stopping early only at end of input.
-async fn fill<R: AsyncRead + Unpin>(
-    src: &mut R,
-    buf: &mut BytesMut,
-    chunk: usize,
-) -> std::io::Result<()> {
-    while buf.len() < chunk {
-        let before = buf.len();
-        let mut limited = (&mut *src).take((chunk - before) as u64);
-        let n = limited.read_buf(buf).await?;
-        if n == 0 {
-            break;
+/// How many sent frames an upload remembers to take their buffers back. Above the most that
+/// can be in flight at once (the connection's queue, the one being written, and the SSH
+/// session's own queue), so in a steady upload the oldest is free again by the time it is
+/// needed.
+const FRAME_POOL: usize = OUTBOUND_QUEUE + 4;
+
+/// The frame buffers of one upload, reused: a sent frame is remembered (a reference) and
+/// its allocation taken back once the transport has dropped its own references. No frame is
+/// allocated in a steady upload; when the oldest remembered frame is still in use (the
+/// transport lags), it is forgotten (it is freed when the transport drops it) and a new one
+/// allocated, so at most `FRAME_POOL` buffers are held here beyond those in flight.
+struct Frames {
+    sent: VecDeque<Bytes>,
+    /// Buffers allocated (for tests and the benchmark's accounting).
+    allocated: u64,
+}
+
+impl Frames {
+    fn new() -> Self {
+        Self {
+            sent: VecDeque::with_capacity(FRAME_POOL),
+            allocated: 0,
         }
     }
-    Ok(())
+
+    /// An empty buffer: a reused one, or a new one of `capacity`.
+    fn take(&mut self, capacity: usize) -> BytesMut {
+        if self.sent.front().is_some_and(Bytes::is_unique)
+            && let Some(front) = self.sent.pop_front()
+            && let Ok(mut b) = front.try_into_mut()
+        {
+            b.clear();
+            return b;
+        }
+        if self.sent.len() >= FRAME_POOL {
+            self.sent.pop_front();
+        }
+        self.allocated += 1;
+        BytesMut::with_capacity(capacity)
+    }
+
+    fn keep(&mut self, frame: Bytes) {
+        self.sent.push_back(frame);
+    }
 }
 
 impl Connection {
     /// Runs an upload stream for procedure `proc_` with XDR-encoded `args`, sending every
     /// byte of `src`. Returns the number of bytes sent.
-    pub async fn upload<R: AsyncRead + Unpin>(
+    pub async fn upload<S: UploadSource>(
         &self,
         proc_: i32,
         args: Bytes,
-        mut src: R,
+        mut src: S,
         opts: &UploadOptions,
     ) -> Result<u64> {
         if opts.chunk_size == 0 || opts.chunk_size > MAX_PAYLOAD {
@@ -257,43 +293,71 @@ impl Connection {
 }
 
 /// Sends the body; on a source error returns it without aborting (the caller aborts).
-async fn send_body<R: AsyncRead + Unpin>(
+///
+/// Each frame is built in place: the data is read straight into a buffer after room for the
+/// packet's length word and header, which are written last, and the buffer itself is queued
+/// (no copy into a separate packet). The connection's bounded queue keeps the writer busy
+/// while the next frame is read, and bounds the data in flight.
+async fn send_body<S: UploadSource>(
     shared: &Arc<Shared>,
     guard: &mut StreamGuard,
-    src: &mut R,
+    src: &mut S,
     opts: &UploadOptions,
 ) -> Result<u64> {
     let serial = guard.serial;
     let proc_ = guard.proc_;
+    let header = remote_header(proc_, MessageType::Stream, serial, Status::Continue);
+    let frame_len = MIN_PACKET + opts.chunk_size;
     let mut sent: u64 = 0;
-    // NB: the buffer starts at most INITIAL_BUFFER and grows (doubling, in `fill`'s reads) up
-    // to the chunk size, so a small body (a 50 KiB seed) never holds a whole 256 KiB chunk
-    // while hundreds of uploads run at once; a bulk upload reaches the chunk size on its
-    // first chunk and keeps it.
-    let mut buf = BytesMut::with_capacity(opts.chunk_size.min(INITIAL_BUFFER));
+    let mut frames = Frames::new();
+    // NB: until a first frame is full, a new buffer starts at most INITIAL_BUFFER and grows
+    // (in a reader's reads) as the body needs, so a small body (a 50 KiB seed) never holds a
+    // whole chunk while hundreds of uploads run at once; after it, a bulk upload allocates
+    // whole frames, and its reused buffers keep their size.
+    let mut new_buffer = frame_len.min(MIN_PACKET + INITIAL_BUFFER);
     loop {
-        buf.clear();
+        let mut buf = frames.take(new_buffer);
+        buf.put_bytes(0, MIN_PACKET);
         let rx = guard.rx()?;
         let read = tokio::select! {
             biased;
             pkt = rx.recv() => return Err(interrupted(shared, pkt)),
-            r = fill(src, &mut buf, opts.chunk_size) => r,
+            r = src.fill(buf, frame_len) => r,
         };
-        if let Err(e) = read {
-            return Err(Error::new(Kind::Source(Arc::new(e))));
-        }
-        if buf.is_empty() {
+        let mut buf = match read {
+            Ok(b) if b.len() >= MIN_PACKET && b.len() <= frame_len => b,
+            Ok(b) => {
+                return Err(Error::protocol(format!(
+                    "the upload source returned a frame of {} bytes (expected {MIN_PACKET} to \
+                     {frame_len})",
+                    b.len()
+                )));
+            }
+            Err(e) => return Err(Error::new(Kind::Source(Arc::new(e)))),
+        };
+        let n = buf.len() - MIN_PACKET;
+        if n == 0 {
             break;
         }
-        let pkt = remote_packet(proc_, MessageType::Stream, serial, Status::Continue, &buf)?;
+        if buf.len() == frame_len {
+            new_buffer = frame_len;
+        }
+        let prefix = packet_prefix(&header, n)
+            .map_err(|e| Error::protocol(format!("cannot encode packet: {e}")))?;
+        if let Some(room) = buf.get_mut(..MIN_PACKET) {
+            room.copy_from_slice(&prefix);
+        }
+        let pkt = buf.freeze();
+        frames.keep(pkt.clone());
         let rx = guard.rx()?;
         tokio::select! {
             biased;
             pkt = rx.recv() => return Err(interrupted(shared, pkt)),
             r = shared.send(pkt) => r?,
         }
-        sent = sent.saturating_add(buf.len() as u64);
+        sent = sent.saturating_add(n as u64);
     }
+    tracing::trace!(serial, sent, buffers = frames.allocated, "upload body sent");
     // End of data: send the finish packet, then wait for the daemon's confirmation.
     let fin = remote_packet(proc_, MessageType::Stream, serial, Status::Ok, &[])?;
     let rx = guard.rx()?;
@@ -314,6 +378,48 @@ async fn send_body<R: AsyncRead + Unpin>(
         Ok(pkt) => {
             guard.finished = true;
             Err(interrupted(shared, pkt))
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn sent(frames: &mut Frames, fill: u8) -> Bytes {
+        let mut b = frames.take(1000);
+        b.put_bytes(fill, 1000);
+        let f = b.freeze();
+        frames.keep(f.clone());
+        f
+    }
+
+    #[test]
+    fn a_frame_buffer_is_reused_once_the_transport_has_dropped_it() {
+        let mut frames = Frames::new();
+        let first = sent(&mut frames, 1);
+        let addr = first.as_ptr();
+        drop(first); // the transport is done with it
+        let again = frames.take(1000);
+        assert_eq!(again.as_ptr(), addr, "the same allocation, taken back");
+        assert!(again.is_empty() && again.capacity() >= 1000);
+        assert_eq!(frames.allocated, 1);
+    }
+
+    #[test]
+    fn a_lagging_transport_gets_new_buffers_and_the_pool_stays_bounded() {
+        let mut frames = Frames::new();
+        // The transport still holds every frame: each take allocates, none is reused, and
+        // the remembered frames never pass FRAME_POOL.
+        let held: Vec<Bytes> = (0..3 * FRAME_POOL)
+            .map(|i| sent(&mut frames, i as u8))
+            .collect();
+        assert_eq!(frames.allocated, held.len() as u64);
+        assert!(frames.sent.len() <= FRAME_POOL);
+        // Every frame kept its own bytes (no buffer was reused while still in use).
+        for (i, f) in held.iter().enumerate() {
+            assert!(f.iter().all(|b| *b == i as u8), "frame {i} was overwritten");
         }
     }
 }

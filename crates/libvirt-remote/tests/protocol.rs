@@ -767,9 +767,19 @@ async fn failed_uploads_body() {
     let metrics = tokio::runtime::Handle::current().metrics();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    // A sparse file far larger than the socket buffers and the queues: its uploads block.
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("image");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
     let base_tasks = metrics.num_alive_tasks();
     let base_fds = open_fds();
-    for round in 0..3 {
+    // Rounds: 0 the source fails, 1 the deadline passes, 2 the daemon fails midway; 3 and 4
+    // as 1 and 2 from a file (FileSource: a batch read may be running on the blocking pool
+    // and holds the file), 5 a file upload dropped mid-stream.
+    for round in 0..6 {
         let (srv, client_transport) = tokio::join!(listener.accept(), async {
             libvirt_remote::transport::tcp::connect(addr, Duration::from_secs(5)).await
         });
@@ -783,12 +793,14 @@ async fn failed_uploads_body() {
             ..Default::default()
         };
         let c = client.clone();
+        let file = std::fs::File::open(&image).unwrap();
         let up = tokio::spawn(async move {
             match round {
                 0 => {
                     c.vol_upload(&vol(), 0, 0, FailingSource { left: 300_000 }, &opts)
                         .await
                 }
+                3.. => c.vol_upload_file(&vol(), 0, 0, file, &opts).await,
                 _ => {
                     c.vol_upload(&vol(), 0, 0, tokio::io::repeat(0), &opts)
                         .await
@@ -800,7 +812,16 @@ async fn failed_uploads_body() {
             .send(reply_to(&call, Status::Ok, Bytes::new()))
             .await
             .unwrap();
-        if round == 2 {
+        if round == 5 {
+            // Dropped while the file's frames flow: the background abort goes unconfirmed.
+            let _ = peer_io.next().await;
+            up.abort();
+            assert!(up.await.unwrap_err().is_cancelled());
+            drop(client);
+            drop(peer_io);
+            continue;
+        }
+        if round == 2 || round == 4 {
             // Daemon fails midway.
             let _ = peer_io.next().await;
             peer_io
@@ -1017,4 +1038,109 @@ async fn upload_never_sends_past_the_declared_length() {
     }
     assert_eq!(data, 300_000);
     assert_eq!(up.await.unwrap().unwrap(), 300_000);
+}
+
+/// Receives an accepted upload's stream packets until the finish packet, confirms it, and
+/// returns the data payload sizes and bytes.
+async fn receive_upload(peer: &mut Peer, call: &Packet) -> (Vec<usize>, Vec<u8>) {
+    let (mut sizes, mut data) = (Vec::new(), Vec::new());
+    loop {
+        let p = peer.recv_remote().await;
+        assert_eq!(p.header.serial, call.header.serial);
+        assert_eq!(p.header.mtype, MessageType::Stream);
+        match p.header.status {
+            Status::Continue => {
+                sizes.push(p.payload.len());
+                data.extend_from_slice(&p.payload);
+            }
+            Status::Ok => {
+                assert!(p.payload.is_empty());
+                peer.send(reply_to(&p, Status::Ok, Bytes::new())).await;
+                return (sizes, data);
+            }
+            s => panic!("unexpected status {s:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_upload_sends_the_file_in_order_in_full_frames_and_stops_at_the_declared_length() {
+    // FileSource reads 4 frames per blocking call, one batch ahead: every size around the
+    // frame and batch boundaries, with and without a declared length below the file's.
+    const CHUNK: usize = 1000;
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(usize, u64); 8] = [
+        (1, 0),
+        (CHUNK, 0),
+        (4 * CHUNK, 0),
+        (4 * CHUNK + 1, 0),
+        (8 * CHUNK, 0),
+        (9 * CHUNK + 77, 0),
+        (9 * CHUNK + 77, 5 * CHUNK as u64 + 3),
+        (9 * CHUNK + 77, 4 * CHUNK as u64),
+    ];
+    for (i, (file_len, length)) in cases.into_iter().enumerate() {
+        let path = dir.path().join(format!("img{i}"));
+        let content: Vec<u8> = (0..file_len).map(|b| (b * 7 % 253) as u8).collect();
+        std::fs::write(&path, &content).unwrap();
+        let (client, mut peer) = pair(quiet());
+        let c = client.clone();
+        let file = std::fs::File::open(&path).unwrap();
+        let opts = UploadOptions {
+            chunk_size: CHUNK,
+            ..Default::default()
+        };
+        let up =
+            tokio::spawn(async move { c.vol_upload_file(&vol(), 0, length, file, &opts).await });
+        let call = accept_upload(&mut peer).await;
+        let (sizes, data) = receive_upload(&mut peer, &call).await;
+        let want = if length == 0 {
+            file_len
+        } else {
+            length as usize
+        };
+        let what = format!("file of {file_len} bytes, length {length}");
+        assert_eq!(up.await.unwrap().unwrap(), want as u64, "{what}");
+        assert_eq!(data, content[..want], "{what}: the bytes differ");
+        let (last, full) = sizes.split_last().unwrap();
+        assert!(full.iter().all(|n| *n == CHUNK), "{what}: {sizes:?}");
+        assert!(*last > 0 && *last <= CHUNK, "{what}: {sizes:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_file_that_cannot_be_read_aborts_the_upload_with_its_error() {
+    // finding: H2 — the source's failure (here: a descriptor opened for writing only) aborts
+    // the stream on the wire and comes back as the source's error.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wo");
+    std::fs::write(&path, vec![1u8; 10_000]).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let (client, mut peer) = pair(quiet());
+    let c = client.clone();
+    let up = tokio::spawn(async move {
+        c.vol_upload_file(&vol(), 0, 0, file, &UploadOptions::default())
+            .await
+    });
+    let call = accept_upload(&mut peer).await;
+    let abort = peer.recv_remote().await;
+    assert_eq!(abort.header.serial, call.header.serial);
+    assert_eq!(abort.header.mtype, MessageType::Stream);
+    assert_eq!(abort.header.status, Status::Error);
+    peer.send(Packet {
+        header: Header {
+            mtype: MessageType::Reply,
+            status: Status::Error,
+            ..call.header
+        },
+        payload: error_payload(39, "stream aborted at client request"),
+    })
+    .await;
+    let err = tokio::time::timeout(Duration::from_secs(10), up)
+        .await
+        .expect("upload wedged")
+        .unwrap()
+        .unwrap_err();
+    assert!(err.source_error().is_some(), "{err}");
+    assert!(client.connection().is_alive());
 }

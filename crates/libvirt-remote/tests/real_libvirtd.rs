@@ -91,6 +91,17 @@ async fn a_256_mib_upload_reads_back_identical() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_upload_stops_at_its_declared_length_and_reads_back_identical() {
+    run(
+        "file upload",
+        &Unix,
+        TEST_BUDGET,
+        bodies::file_upload(&Unix),
+    )
+    .await;
+}
+
 // finding: H2
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_whose_source_fails_midway_returns_the_source_error_and_leaks_nothing() {
@@ -212,6 +223,12 @@ async fn a_volume_is_created_uploaded_inspected_and_deleted_in_a_dir_pool_throug
 async fn a_256_mib_upload_reads_back_identical_through_sshd() {
     let d = Ssh::start();
     run("256 MiB upload", &d, TEST_BUDGET, bodies::big_upload(&d)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_upload_stops_at_its_declared_length_and_reads_back_identical_through_sshd() {
+    let d = Ssh::start();
+    run("file upload", &d, TEST_BUDGET, bodies::file_upload(&d)).await;
 }
 
 // finding: H2

@@ -59,6 +59,7 @@ pub(crate) use cache::strip as strip_cached;
 mod events;
 mod gc;
 mod host_checks;
+mod pins;
 pub mod pool;
 mod proxy_health;
 pub mod publish;

@@ -141,7 +141,9 @@ pub(super) async fn run_term(
     let (pool_tx, pool_rx) = mpsc::unbounded_channel();
     let controller = {
         let index = index.clone();
+        let pins = super::pins::PinFeed::new(core.clone());
         cache::proxy_controller(proxies, move |ev| {
+            pins.observe(ev);
             for k in index.observe(ev) {
                 // NB: the receiver is gone only when the pool controller stopped (end of term).
                 let _ = pool_tx.send(k);

@@ -11,6 +11,11 @@
 //! Guarantees: read-only on every host (the check refreshes the pool's figures and nothing
 //! else); every host of every entry appears exactly once in the output, even when the round
 //! deadline expires (as `Timeout`); errors are the provider's redacted strings.
+//!
+//! One piece (about 600 lines before its tests, 490 of them code): one command read top to
+//! bottom — the offline lint, the probe round and the table with its hints — whose stages
+//! share the [`CheckedHost`] row and the exit-code rule; split, each part would be a file of
+//! its own used by nothing but this command.
 
 use std::time::Duration;
 

@@ -10,8 +10,9 @@
 //!   causes; configuration errors list every violation with its field path (redacted by the
 //!   loader). Results go to stdout, logs and progress bars to stderr.
 //! - **No surprise side effects**: `version` and `status` never contact a libvirt host;
-//!   `check` only reads; `images prefetch` only adds verified bases; `gc` deletes nothing
-//!   without the orphan rules of [`egress_core::gc`].
+//!   `check` only reads; `images prefetch` only adds verified bases; `images gc` removes
+//!   only bases nothing on their host uses; `gc` deletes nothing without the orphan rules of
+//!   [`egress_core::gc`].
 
 mod check;
 mod completions;
@@ -20,9 +21,11 @@ mod echo;
 mod gateway;
 mod gc;
 mod images;
+mod images_gc;
 mod kubernetes;
 mod messages;
 mod output;
+mod pools;
 mod progress;
 mod standalone;
 mod status;
@@ -104,6 +107,10 @@ pub enum Command {
     /// SIGTERM or SIGINT (exit 0). A rejected config or manifest directory is exit 2.
     #[command(after_help = AFTER_HELP)]
     Standalone(standalone::StandaloneArgs),
+    /// Quarantine or release a member of a standalone ProxyPool (edits the pool's
+    /// quarantine file beside its manifest; the running operator acts on its next round).
+    #[command(subcommand)]
+    Pools(pools::PoolsCommand),
     /// Show the Proxies of a running `standalone` as a table.
     ///
     /// Reads GET /status from --server. Exit 1 when nothing answers there or a Proxy is
@@ -228,6 +235,7 @@ async fn dispatch(cmd: Command) -> anyhow::Result<u8> {
         Command::Images(c) => images::run(c).await,
         Command::Standalone(a) => standalone::run(a).await,
         Command::Status(a) => status::run(a).await,
+        Command::Pools(c) => pools::run(c),
         Command::Gc(a) => gc::run(a).await,
         Command::Echo(a) => echo::run(a).await,
         Command::Crds(a) => crds::run(a),
@@ -244,17 +252,21 @@ fn accepts(cmd: &Command) -> output::Accepts {
     let (command, formats, prints) = match cmd {
         Command::Version => ("version", NO_TABLE, "prints no table"),
         Command::Check(a) => return a.accepts(),
-        Command::Images(_) => (
+        Command::Images(images::ImagesCommand::Prefetch(_)) => (
             "images prefetch",
             NO_TABLE,
             "prints one line per host, no table",
         ),
+        Command::Images(images::ImagesCommand::Gc(_)) => {
+            ("images gc", NO_TABLE, "prints a report, no table")
+        }
         Command::Standalone(_) => (
             "standalone",
             NO_TABLE,
             "prints no table (for JSON logs: --log-format json)",
         ),
         Command::Status(_) => ("status", ALL, "prints a table"),
+        Command::Pools(_) => ("pools", NO_TABLE, "prints one line, no table"),
         Command::Gc(_) => ("gc", NO_TABLE, "prints a report, no table"),
         Command::Echo(_) => (
             "echo",
@@ -364,9 +376,11 @@ pub struct HealthArgs {
         requires = "health_target"
     )]
     pub health_target_ipv6: Option<String>,
-    /// Pause between health rounds (a random jitter of up to 10% is added).
+    /// Pause between health rounds (a random jitter of up to 10% is added). A failed check
+    /// is re-checked at once and two failures unpublish a proxy: with 5s, a proxy that
+    /// stopped answering is unpublished within 10 s.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
-          default_value = "30s")]
+          default_value = "5s")]
     pub health_interval: std::time::Duration,
     /// Health probes in flight at once.
     #[arg(long, value_name = "N", default_value_t = egress_core::health::DEFAULT_CONCURRENCY)]

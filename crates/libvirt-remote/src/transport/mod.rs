@@ -3,12 +3,16 @@
 //!
 //! Guarantees: [`KillSwitch::kill`] returns immediately, never waits on the peer, and is
 //! idempotent; after it, any read or write blocked on the socket completes with an error.
+//! Outbound packets go through a [`PacketSink`] as owned [`Bytes`], so a transport that can
+//! send a buffer without copying it (the SSH channel) does; any `AsyncWrite` is a sink.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite};
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use crate::error::{Error, Result};
 
@@ -80,10 +84,58 @@ impl KillSwitch {
     }
 }
 
+/// Where a connection's outbound packets go: one whole packet at a time, handed over as owned
+/// bytes (cheap to clone), so the transport may keep them without copying.
+///
+/// Asked of an implementation: `send` returns once the transport holds the bytes (they go
+/// out in order, before any later packet) or with an error if they never will. A `send`
+/// future dropped midway may leave part of a packet sent: the connection drops a future only
+/// when it is dead, and never uses the sink again.
+pub trait PacketSink: Send {
+    /// Hands one whole packet (length word included) to the transport.
+    fn send(&mut self, packet: Bytes) -> BoxFuture<'_, std::io::Result<()>>;
+    /// Pushes out anything buffered; called when no further packet is queued.
+    fn flush(&mut self) -> BoxFuture<'_, std::io::Result<()>>;
+    /// The sink as a plain byte writer (e.g. to wrap it for tracing); it may copy where the
+    /// sink did not.
+    fn into_async_write(self: Box<Self>) -> Box<dyn AsyncWrite + Send + Unpin>;
+}
+
+impl<S: PacketSink + ?Sized> PacketSink for Box<S> {
+    fn send(&mut self, packet: Bytes) -> BoxFuture<'_, std::io::Result<()>> {
+        (**self).send(packet)
+    }
+
+    fn flush(&mut self) -> BoxFuture<'_, std::io::Result<()>> {
+        (**self).flush()
+    }
+
+    fn into_async_write(self: Box<Self>) -> Box<dyn AsyncWrite + Send + Unpin> {
+        (*self).into_async_write()
+    }
+}
+
+/// Any byte writer as a [`PacketSink`] (`write_all` of each packet).
+pub struct IoSink<W>(pub W);
+
+impl<W: AsyncWrite + Send + Unpin + 'static> PacketSink for IoSink<W> {
+    fn send(&mut self, packet: Bytes) -> BoxFuture<'_, std::io::Result<()>> {
+        Box::pin(async move { self.0.write_all(&packet).await })
+    }
+
+    fn flush(&mut self) -> BoxFuture<'_, std::io::Result<()>> {
+        Box::pin(self.0.flush())
+    }
+
+    fn into_async_write(self: Box<Self>) -> Box<dyn AsyncWrite + Send + Unpin> {
+        Box::new(self.0)
+    }
+}
+
 /// A connected byte stream, split for one reader and one writer, with its kill switch.
 pub struct Transport {
     pub(crate) reader: Box<dyn AsyncRead + Send + Unpin>,
-    pub(crate) writer: Box<dyn AsyncWrite + Send + Unpin>,
+    pub(crate) writer: Box<dyn PacketSink>,
     pub(crate) kill: KillSwitch,
     pub(crate) peer: String,
 }
@@ -104,9 +156,19 @@ impl Transport {
         kill: KillSwitch,
         peer: impl Into<String>,
     ) -> Self {
+        Self::with_sink(reader, IoSink(writer), kill, peer)
+    }
+
+    /// A transport from a reader and a packet sink.
+    pub fn with_sink(
+        reader: impl AsyncRead + Send + Unpin + 'static,
+        sink: impl PacketSink + 'static,
+        kill: KillSwitch,
+        peer: impl Into<String>,
+    ) -> Self {
         Self {
             reader: Box::new(reader),
-            writer: Box::new(writer),
+            writer: Box::new(sink),
             kill,
             peer: peer.into(),
         }
@@ -123,13 +185,33 @@ impl Transport {
     }
 
     /// Takes the transport apart (e.g. to wrap its halves for tracing or counting) so it can
-    /// be rebuilt with [`Transport::new`].
+    /// be rebuilt with [`Transport::new`]. The writer is the sink as a byte writer, which may
+    /// copy where the sink did not; [`Transport::into_sink_parts`] keeps the sink.
     #[allow(clippy::type_complexity)]
     pub fn into_parts(
         self,
     ) -> (
         Box<dyn AsyncRead + Send + Unpin>,
         Box<dyn AsyncWrite + Send + Unpin>,
+        KillSwitch,
+        String,
+    ) {
+        (
+            self.reader,
+            self.writer.into_async_write(),
+            self.kill,
+            self.peer,
+        )
+    }
+
+    /// Takes the transport apart, keeping its packet sink, so it can be rebuilt with
+    /// [`Transport::with_sink`].
+    #[allow(clippy::type_complexity)]
+    pub fn into_sink_parts(
+        self,
+    ) -> (
+        Box<dyn AsyncRead + Send + Unpin>,
+        Box<dyn PacketSink>,
         KillSwitch,
         String,
     ) {

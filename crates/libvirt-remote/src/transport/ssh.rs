@@ -45,14 +45,17 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use futures_util::stream::{Stream, StreamExt};
 use russh::client::{self, AuthResult, DisconnectReason, Handle, Handler, Msg};
 use russh::keys::ssh_key::HashAlg;
 use russh::keys::{PrivateKey, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
-use russh::{ChannelOpenFailure, ChannelStream, Preferred};
+use russh::{ChannelMsg, ChannelOpenFailure, ChannelReadHalf, ChannelWriteHalf, Preferred};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::{DEFAULT_SOCKET, KillSwitch, Transport};
+use super::{DEFAULT_SOCKET, KillSwitch, PacketSink, Transport};
 use crate::error::{Error, Result};
 
 mod known_hosts;
@@ -90,17 +93,55 @@ pub const DEFAULT_KEEPALIVE_MAX: u32 = 3;
 // can, yet a stuck write is still bounded far below the seed's 15-minute wedge.
 pub const DEFAULT_INACTIVITY_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Ciphers offered by default, most preferred first.
-// NB: measured here (russh 0.65 + ring, 1 GiB through a direct-streamlocal channel to OpenSSH
-// 9.2 on loopback): aes128-gcm 1.55–1.8 s, aes256-gcm 2.1 s, chacha20-poly1305 3.0–3.3 s,
-// aes128-ctr 5.2 s. russh's own order starts with chacha20-poly1305 and omits aes128-gcm, so
-// we prefer AES-GCM (hardware AES on every x86 host we target) and keep ChaCha20 for
-// servers or CPUs without it.
+/// Ciphers offered by default on a CPU with AES and carry-less multiplication instructions
+/// (AES-NI and PCLMULQDQ on x86-64, the crypto extension on aarch64), most preferred first.
+// NB: measured (russh 0.65 + aws-lc-rs, 1 GiB through a direct-streamlocal channel to OpenSSH
+// 9.2 on loopback, CPU seconds of the client per GiB; docs/benchmarks.md): aes128-gcm is
+// the cheapest by far with AES-NI (its encryption is 6–13 % of the client's perf samples,
+// chacha20-poly1305's ~40 %; ~1.0 against ~1.5 CPU-s per GiB); aes256-gcm costs a little
+// more than aes128-gcm; aes*-ctr with an HMAC is several times slower. russh's own order starts with chacha20-poly1305 and omits
+// aes128-gcm.
 pub const DEFAULT_CIPHERS: &[&str] = &[
     "aes128-gcm@openssh.com",
     "aes256-gcm@openssh.com",
     "chacha20-poly1305@openssh.com",
 ];
+
+/// Ciphers offered by default on a CPU without those instructions: ChaCha20-Poly1305 first,
+/// since AES-GCM in software is several times slower (and table-based AES leaks timing).
+pub const CHACHA_FIRST_CIPHERS: &[&str] = &[
+    "chacha20-poly1305@openssh.com",
+    "aes128-gcm@openssh.com",
+    "aes256-gcm@openssh.com",
+];
+
+/// The default cipher order for the CPU this runs on: [`DEFAULT_CIPHERS`] where AES-GCM
+/// runs in hardware, else [`CHACHA_FIRST_CIPHERS`].
+pub fn default_ciphers() -> &'static [&'static str] {
+    if hardware_aes_gcm() {
+        DEFAULT_CIPHERS
+    } else {
+        CHACHA_FIRST_CIPHERS
+    }
+}
+
+/// Whether this CPU runs AES-GCM in hardware (AES rounds and the GHASH multiplication).
+fn hardware_aes_gcm() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("aes")
+            && std::arch::is_x86_feature_detected!("pclmulqdq")
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        std::arch::is_aarch64_feature_detected!("aes")
+            && std::arch::is_aarch64_feature_detected!("pmull")
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        false
+    }
+}
 
 /// Where the host keys trusted for a target come from.
 #[derive(Clone)]
@@ -335,7 +376,8 @@ pub struct SshOptions {
     pub inactivity_timeout: Duration,
     /// Ciphers to offer, most preferred first, by SSH name (e.g. `aes128-gcm@openssh.com`,
     /// `aes256-gcm@openssh.com`, `chacha20-poly1305@openssh.com`, `aes256-ctr`). Defaults to
-    /// [`DEFAULT_CIPHERS`]; empty means russh's own order (chacha20-poly1305 first, no
+    /// [`default_ciphers`] (AES-GCM first where the CPU has AES instructions, ChaCha20-Poly1305
+    /// first elsewhere); empty means russh's own order (chacha20-poly1305 first, no
     /// aes128-gcm).
     pub ciphers: Vec<String>,
 }
@@ -348,7 +390,7 @@ impl Default for SshOptions {
             keepalive_interval: DEFAULT_KEEPALIVE_INTERVAL,
             keepalive_max: DEFAULT_KEEPALIVE_MAX,
             inactivity_timeout: DEFAULT_INACTIVITY_TIMEOUT,
-            ciphers: DEFAULT_CIPHERS.iter().map(|c| (*c).to_owned()).collect(),
+            ciphers: default_ciphers().iter().map(|c| (*c).to_owned()).collect(),
         }
     }
 }
@@ -589,12 +631,21 @@ async fn establish(
     let info = shared.info();
     let peer = format!("ssh:{who}{}", target.socket_path);
     tracing::debug!(%peer, cipher = %info.cipher, kex = %info.kex, host_key = %info.host_key_algorithm, "SSH channel open");
-    let stream = SshStream {
-        inner: channel.into_stream(),
-        shared,
-        kill: kill.clone(),
+    // NB: split, not `into_stream`: the write half takes whole packets as shared buffers.
+    let (read_half, write_half) = channel.split();
+    let last = Arc::new(KillOnLastDrop(kill.clone()));
+    let reader = SshReader {
+        data: channel_data(read_half),
+        pending: Bytes::new(),
+        shared: shared.clone(),
+        _kill: last.clone(),
     };
-    Ok((Transport::from_stream(stream, kill, peer), info))
+    let sink = SshSink {
+        half: write_half,
+        shared,
+        kill: last,
+    };
+    Ok((Transport::with_sink(reader, sink, kill, peer), info))
 }
 
 async fn authenticate(
@@ -862,69 +913,138 @@ impl Handler for Verifier {
     }
 }
 
-/// The channel as a byte stream. A read that hits the end of the channel because the SSH
-/// session died reports why, as an error. Dropping it runs the kill switch.
-struct SshStream {
-    inner: ChannelStream<Msg>,
-    shared: Arc<SessionShared>,
-    kill: KillSwitch,
-}
+/// Runs the kill switch when the last half of the channel (reader or sink) is dropped.
+struct KillOnLastDrop(KillSwitch);
 
-impl SshStream {
-    fn session_error(&self) -> Option<std::io::Error> {
-        self.shared.ended().map(|why| {
-            std::io::Error::new(
-                std::io::ErrorKind::ConnectionAborted,
-                format!("SSH session ended: {why}"),
-            )
-        })
-    }
-}
-
-impl Drop for SshStream {
+impl Drop for KillOnLastDrop {
     fn drop(&mut self) {
-        self.kill.kill();
+        self.0.kill();
     }
 }
 
-impl AsyncRead for SshStream {
+/// Why the session ended, as the I/O error a channel operation reports.
+fn session_error(shared: &SessionShared) -> Option<std::io::Error> {
+    shared.ended().map(|why| {
+        std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            format!("SSH session ended: {why}"),
+        )
+    })
+}
+
+type ChannelData = Pin<Box<dyn Stream<Item = Bytes> + Send>>;
+
+/// The data messages of the channel, in order, until its end of file or close.
+fn channel_data(half: ChannelReadHalf) -> ChannelData {
+    Box::pin(
+        futures_util::stream::unfold(half, |mut half| async move {
+            loop {
+                match half.wait().await {
+                    Some(ChannelMsg::Data { data }) => return Some((data, half)),
+                    Some(ChannelMsg::Eof) | None => return None,
+                    // NB: nothing else on a direct-streamlocal channel carries the stream.
+                    Some(_) => {}
+                }
+            }
+        })
+        .fuse(),
+    )
+}
+
+/// The channel's inbound bytes. A read that hits the end of the channel because the SSH
+/// session died reports why, as an error.
+struct SshReader {
+    data: ChannelData,
+    pending: Bytes,
+    shared: Arc<SessionShared>,
+    _kill: Arc<KillOnLastDrop>,
+}
+
+impl AsyncRead for SshReader {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        match Pin::new(&mut self.inner).poll_read(cx, buf) {
-            Poll::Ready(Ok(())) if buf.filled().len() == before && buf.remaining() > 0 => {
-                match self.session_error() {
-                    Some(e) => Poll::Ready(Err(e)),
-                    None => Poll::Ready(Ok(())),
+        while self.pending.is_empty() {
+            match std::task::ready!(self.data.as_mut().poll_next(cx)) {
+                Some(b) => self.pending = b,
+                None => {
+                    return Poll::Ready(match session_error(&self.shared) {
+                        Some(e) => Err(e),
+                        None => Ok(()),
+                    });
                 }
             }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(self.session_error().unwrap_or(e))),
-            other => other,
         }
+        let n = self.pending.len().min(buf.remaining());
+        let chunk = self.pending.split_to(n);
+        buf.put_slice(&chunk);
+        Poll::Ready(Ok(()))
     }
 }
 
-impl AsyncWrite for SshStream {
+/// The channel's outbound side: each packet is handed to the SSH session as the same
+/// reference-counted buffer (`data_bytes`), cut into SSH packets without being copied first.
+struct SshSink {
+    half: ChannelWriteHalf<Msg>,
+    shared: Arc<SessionShared>,
+    kill: Arc<KillOnLastDrop>,
+}
+
+impl PacketSink for SshSink {
+    fn send(&mut self, packet: Bytes) -> BoxFuture<'_, std::io::Result<()>> {
+        Box::pin(async move {
+            self.half.data_bytes(packet).await.map_err(|e| {
+                session_error(&self.shared).unwrap_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::BrokenPipe,
+                        format!("SSH channel closed: {e}"),
+                    )
+                })
+            })
+        })
+    }
+
+    fn flush(&mut self) -> BoxFuture<'_, std::io::Result<()>> {
+        // NB: the session task writes out whatever it holds on every turn of its loop.
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn into_async_write(self: Box<Self>) -> Box<dyn AsyncWrite + Send + Unpin> {
+        Box::new(SshWriter {
+            inner: Box::pin(self.half.make_writer()),
+            shared: self.shared,
+            _kill: self.kill,
+        })
+    }
+}
+
+/// The channel's outbound side as a byte writer (copies each SSH packet's worth).
+struct SshWriter {
+    inner: Pin<Box<dyn AsyncWrite + Send>>,
+    shared: Arc<SessionShared>,
+    _kill: Arc<KillOnLastDrop>,
+}
+
+impl AsyncWrite for SshWriter {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write(cx, buf) {
-            Poll::Ready(Err(e)) => Poll::Ready(Err(self.session_error().unwrap_or(e))),
+        match self.inner.as_mut().poll_write(cx, buf) {
+            Poll::Ready(Err(e)) => Poll::Ready(Err(session_error(&self.shared).unwrap_or(e))),
             other => other,
         }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        self.inner.as_mut().poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        self.inner.as_mut().poll_shutdown(cx)
     }
 }
 
@@ -991,6 +1111,27 @@ mod tests {
             });
             assert!(e.to_string().contains("ciphers"), "{e}");
             assert!(e.to_string().contains("aes128-gcm@openssh.com"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_default_order_puts_aes_gcm_first_only_where_the_cpu_runs_it_in_hardware() {
+        let order = default_ciphers();
+        assert_eq!(order.len(), 3);
+        let aes_first = order.first() == Some(&"aes128-gcm@openssh.com");
+        assert_eq!(aes_first, hardware_aes_gcm(), "{order:?}");
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            aes_first,
+            std::arch::is_x86_feature_detected!("aes")
+                && std::arch::is_x86_feature_detected!("pclmulqdq")
+        );
+        for o in [DEFAULT_CIPHERS, CHACHA_FIRST_CIPHERS] {
+            let opts = SshOptions {
+                ciphers: o.iter().map(|c| (*c).to_owned()).collect(),
+                ..SshOptions::default()
+            };
+            opts.validate().unwrap();
         }
     }
 

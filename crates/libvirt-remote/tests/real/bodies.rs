@@ -553,6 +553,60 @@ pub async fn big_upload(d: &impl Dialer) {
     c.close_by(Instant::now() + Duration::from_secs(1)).await;
 }
 
+/// Size of the file-upload volume: not a multiple of a frame or of a read batch.
+const FILE_UPLOAD: u64 = 64 * MIB + 54_321;
+
+/// A local file (longer than the volume) uploaded with `vol_upload_file`, its declared
+/// length the volume's: the volume reads back as the file's first `FILE_UPLOAD` bytes.
+pub async fn file_upload(d: &impl Dialer) {
+    let pool = PoolFixture::create("uploadfile");
+    let c = d.open().await;
+    let p = c
+        .pool_lookup_by_name(&pool.name)
+        .await
+        .expect("pool lookup");
+    let vname = unique_name("volume", "uploadfile-vol");
+    let vol = c
+        .vol_create_xml(&p, &raw_volume_xml(&vname, FILE_UPLOAD), 0)
+        .await
+        .expect("create volume");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("image.raw");
+    let mut src = Generated::new(0xf11e, FILE_UPLOAD);
+    let mut content = Vec::with_capacity(FILE_UPLOAD as usize + 100_000);
+    tokio::io::AsyncReadExt::read_to_end(&mut src, &mut content)
+        .await
+        .expect("generate");
+    let want = src.digest();
+    content.extend_from_slice(&[0xee; 100_000]);
+    std::fs::write(&path, &content).expect("write the source file");
+
+    let up = d.open().await;
+    let file = std::fs::File::open(&path).expect("open the source file");
+    let t0 = Instant::now();
+    let sent = up
+        .vol_upload_file(&vol, 0, FILE_UPLOAD, file, &UploadOptions::default())
+        .await
+        .expect("file upload");
+    let took = t0.elapsed();
+    assert_eq!(sent, FILE_UPLOAD);
+    up.close_by(Instant::now() + Duration::from_secs(1)).await;
+    let got = sha256_file(pool.file(&vname)).await;
+    assert_eq!(
+        hex(&got),
+        hex(&want),
+        "the volume's bytes differ from the file's first {FILE_UPLOAD}"
+    );
+    println!(
+        "eptest: THROUGHPUT {} MiB file upload over {}: {:.2} s",
+        FILE_UPLOAD / MIB,
+        d.describe(),
+        took.as_secs_f64()
+    );
+    c.vol_delete(&vol, 0).await.expect("delete volume");
+    c.close_by(Instant::now() + Duration::from_secs(1)).await;
+}
+
 /// Prints every packet the daemon sent for the upload procedure, decoding error payloads.
 /// Returns the `(type, status, payload length, error code)` of each.
 fn upload_packets(tap: &Tap) -> Vec<(MessageType, Status, usize, Option<i32>)> {

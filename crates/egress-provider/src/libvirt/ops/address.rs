@@ -17,9 +17,14 @@
 //! - a source that is merely unavailable (agent not configured or not connected, the domain
 //!   not running, the source unsupported) is "no address from it"; only when every source
 //!   consulted answered and none had an address is the result `None` ("no address yet");
+//! - a source that fails otherwise (e.g. the host's ARP table after a libvirtd restart:
+//!   "malformed netlink response message") is named with its error and the others are still
+//!   asked: when another answers, its answer counts and the failure is reported beside a
+//!   "no address yet" ([`AddressRead::note`]);
 //! - a connection-class failure or a timeout while reading fails the read Transient, never
 //!   "no address" (finding H3); a domain that vanished meanwhile is NotFound (finding L6); a
-//!   read where no source answered at all is Transient, naming each source's error.
+//!   read where no source answered at all is Transient, naming each source's error and each
+//!   source not consulted with why.
 //!   Address-read failures are never Permanent: they must not latch a running proxy Failed.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -100,15 +105,54 @@ pub async fn address_within(
     host: &HostConfig,
     subnets: &Subnets,
 ) -> Result<Option<IpAddr>, ProviderError> {
+    read_address_within(client, dom, mac, host, subnets)
+        .await
+        .map(|r| r.ip)
+}
+
+/// What [`read_address_within`] learnt.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AddressRead {
+    /// The trusted address of our NIC, when a source knows it.
+    pub ip: Option<IpAddr>,
+    /// When no address is known: each source that failed, with its error, and each source
+    /// not consulted, with why — for the Proxy's condition; `None` when every source
+    /// consulted answered.
+    pub note: Option<String>,
+}
+
+/// [`address_within`], also saying which sources failed when no address is known: a source
+/// that errors is named with its error, and the remaining sources are still asked.
+pub async fn read_address_within(
+    client: &Client,
+    dom: &Domain,
+    mac: &str,
+    host: &HostConfig,
+    subnets: &Subnets,
+) -> Result<AddressRead, ProviderError> {
     // finding: M22
     // NB: the host's own sources first: a guest agent may report any address it likes.
     let mut sources = Vec::with_capacity(3);
+    let mut skipped = Vec::new();
     if host.network.is_some() {
         sources.push(Source::Lease);
+    } else {
+        skipped.push(format!(
+            "{}: not consulted, the host has no network (hosts[{}].network)",
+            Source::Lease.describe(),
+            host.name
+        ));
     }
     sources.push(Source::Arp);
     if subnets.known() {
         sources.push(Source::Agent);
+    } else {
+        skipped.push(format!(
+            "{}: not asked, the host's guest subnets are unknown (set hosts[{}].guestCidr to \
+             trust its answers inside them)",
+            Source::Agent.describe(),
+            host.name
+        ));
     }
 
     let mut answered = false;
@@ -118,7 +162,10 @@ pub async fn address_within(
             Ok(ifaces) => {
                 answered = true;
                 if let Some(ip) = pick_trusted(&ifaces, mac, subnets) {
-                    return Ok(Some(ip));
+                    return Ok(AddressRead {
+                        ip: Some(ip),
+                        note: None,
+                    });
                 }
                 if let Some(ip) = pick(&ifaces, mac) {
                     tracing::warn!(domain = %dom.name, host = %host.name,
@@ -148,23 +195,25 @@ pub async fn address_within(
                 answered = true;
             }
             Err(e) => {
-                tracing::debug!(domain = %dom.name, host = %host.name, source = src.describe(),
-                    error = %e, "address source failed");
+                tracing::warn!(domain = %dom.name, host = %host.name, source = src.describe(),
+                    error = %e, "address source failed; trying the others");
                 failures.push((src, e));
             }
         }
     }
-    if answered {
-        return Ok(None);
-    }
     let detail = failures
         .iter()
-        .map(|(s, e)| format!("{}: {e}", s.describe()))
+        .map(|(s, e)| format!("{} failed: {e}", s.describe()))
+        .chain(skipped)
         .collect::<Vec<_>>()
         .join("; ");
+    if answered {
+        let note = (!failures.is_empty()).then(|| format!("no address known yet ({detail})"));
+        return Ok(AddressRead { ip: None, note });
+    }
     let code = failures.first().and_then(|(_, e)| e.libvirt_code());
     Err(ProviderError::transient(format!(
-        "reading the address of domain {} on host {}: every source failed ({detail})",
+        "reading the address of domain {} on host {}: no source could answer ({detail})",
         dom.name, host.name
     ))
     .with_code(code))

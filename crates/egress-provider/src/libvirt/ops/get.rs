@@ -91,24 +91,28 @@ pub async fn get_cached(
     let (st, reason) = client.domain_state(&dom).await.map_err(vanished)?;
     let mac = names::mac(entry, uid);
     let declared = declared_address(host, &m.addresses);
-    let ip = if state::wants_address(st) && declared.is_some() {
-        declared
+    let read = if state::wants_address(st) && declared.is_some() {
+        address::AddressRead {
+            ip: declared,
+            note: None,
+        }
     } else if state::wants_address(st) {
         let subnets = match cache {
             Some((c, connection)) => c.get(client, host, connection).await,
             None => Arc::new(trust::read(client, host).await.0),
         };
-        address::address_within(client, &dom, &mac, host, &subnets).await?
+        address::read_address_within(client, &dom, &mac, host, &subnets).await?
     } else {
-        None
+        address::AddressRead::default()
     };
     Ok(Instance {
         id: id.clone(),
         uid: *uid,
-        state: state::map(st, reason, ip.is_some()),
-        ip,
+        state: state::map(st, reason, read.ip.is_some()),
+        ip: read.ip,
         mac,
         egress: m.addresses,
+        address_note: read.note,
     })
 }
 

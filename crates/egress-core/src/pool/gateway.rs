@@ -8,6 +8,11 @@
 //! [`published_member`] uses the same availability rule as the pool and its publishing
 //! (Ready, Running, healthy through itself when health checks run), never a quarantined
 //! member or one being deleted. Pure: no I/O.
+//!
+//! One piece (about 560 lines before its tests, most of them the spec's documented fields):
+//! the spec's types, their defaults and their validation are read together (each field's
+//! default, bound and error path sit next to each other), and the source a driver publishes
+//! is the validated spec plus its members; splitting would scatter one field across files.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;

@@ -151,10 +151,29 @@ impl Default for Metrics {
     }
 }
 
+/// A shared collector registered in the operator's registry.
+#[derive(Debug)]
+struct Extra(Arc<dyn prometheus_client::collector::Collector>);
+
+impl prometheus_client::collector::Collector for Extra {
+    fn encode(
+        &self,
+        encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+}
+
 impl Metrics {
     /// A fresh registry with every family registered, each at zero where it has no
     /// per-host or per-object label.
     pub fn new() -> Self {
+        Self::with_extra(None)
+    }
+
+    /// [`Metrics::new`] with `extra`'s families too (under the same `egress_proxies_`
+    /// prefix): how a driver adds the pool gateway's to its `/metrics`.
+    pub fn with_extra(extra: Option<Arc<dyn prometheus_client::collector::Collector>>) -> Self {
         let mut root = Registry::default();
         let reg = root.sub_registry_with_prefix(PREFIX);
         let build = BUILD.get().cloned().unwrap_or_else(|| BuildLabels {
@@ -256,6 +275,9 @@ impl Metrics {
         let pools = Arc::new(PoolCollector::default());
         reg.register_collector(Box::new(Arc::clone(&pools)));
         let pool_members = pool::PoolMetrics::register(reg);
+        if let Some(e) = extra {
+            reg.register_collector(Box::new(Extra(e)));
+        }
         let health = HealthMetrics::register(reg.sub_registry_with_prefix("health"));
         let reputation = crate::reputation::metrics::ReputationMetrics::register(
             reg.sub_registry_with_prefix("reputation"),

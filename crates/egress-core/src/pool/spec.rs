@@ -89,6 +89,12 @@ pub struct ProxyPoolSpec {
     /// the operator checks (`onListed`: `Ignore`, the default; `Unpublish`; `Replace`).
     #[serde(default, skip_serializing_if = "ReputationPolicy::is_default")]
     pub reputation: ReputationPolicy,
+    /// A front proxy for the pool (the pool gateway): one endpoint that authenticates
+    /// clients, spreads their connections over the published members or keeps a session on
+    /// one, fails over before the first byte, and logs and counts every connection. Unset:
+    /// no gateway. See docs/gateway.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<super::gateway::GatewaySpec>,
 }
 
 fn default_replicas() -> u32 {

@@ -293,6 +293,13 @@ impl ProxyPoolSpec {
                 ),
             );
         }
+        if let Some(g) = &self.gateway {
+            let own =
+                self.credentials.generate || self.template.spec.proxy.credentials_ref.is_some();
+            for e in g.validate(own).err().unwrap_or_default() {
+                err(&e.path, e.message);
+            }
+        }
         if !errs.is_empty() {
             return Err(errs);
         }

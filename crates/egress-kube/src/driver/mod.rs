@@ -62,7 +62,8 @@
 //! targets from the watch cache), and `reputation.rs` of the reputation worker.
 
 mod cache;
-mod credentials;
+pub(crate) mod credentials;
+pub(crate) use cache::strip as strip_cached;
 mod events;
 mod gc;
 mod host_checks;

@@ -18,6 +18,7 @@ mod check;
 mod completions;
 mod crds;
 mod echo;
+mod gateway;
 mod gc;
 mod images;
 mod images_gc;
@@ -139,6 +140,16 @@ pub enum Command {
     /// Run the operator in a Kubernetes cluster: Proxy resources, ProviderHealth, leader election.
     #[command(after_help = AFTER_HELP)]
     Kubernetes(kubernetes::KubernetesArgs),
+    /// Serve the pool gateways in a Kubernetes cluster: one front proxy per ProxyPool that
+    /// declares `spec.gateway`.
+    ///
+    /// Reads ProxyPools, their member Proxies and the credentials Secrets (read-only, no
+    /// leader: run as many replicas as needed); listens on each pool's ports on
+    /// --bind-address; serves /metrics, /healthz and /readyz on --listen; writes one access-log
+    /// line per connection. SIGTERM/SIGINT stop accepting and give open connections
+    /// --gateway-shutdown-grace (exit 0). See docs/gateway.md.
+    #[command(after_help = AFTER_HELP)]
+    Gateway(gateway::GatewayArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell). No network.
     ///
     /// E.g. `egress-proxies completions bash > /etc/bash_completion.d/egress-proxies`.
@@ -229,6 +240,7 @@ async fn dispatch(cmd: Command) -> anyhow::Result<u8> {
         Command::Echo(a) => echo::run(a).await,
         Command::Crds(a) => crds::run(a),
         Command::Kubernetes(a) => kubernetes::run(a).await,
+        Command::Gateway(a) => gateway::run(a).await,
         Command::Completions(a) => completions::completions(&a),
         Command::Man(a) => completions::man(&a),
     }
@@ -267,6 +279,11 @@ fn accepts(cmd: &Command) -> output::Accepts {
             NO_TABLE,
             "prints no table (for JSON logs: --log-format json)",
         ),
+        Command::Gateway(_) => (
+            "gateway",
+            NO_TABLE,
+            "prints no table (for JSON logs: --log-format json; the access log is JSON lines)",
+        ),
         Command::Completions(_) => ("completions", TEXT_ONLY, "prints a shell script"),
         Command::Man(_) => ("man", TEXT_ONLY, "prints a manual page (roff)"),
     };
@@ -280,7 +297,10 @@ fn accepts(cmd: &Command) -> output::Accepts {
 /// `info` for the long-running commands (their log is their output), `warn` for the rest.
 fn default_log_level(cmd: &Command) -> &'static str {
     match cmd {
-        Command::Standalone(_) | Command::Echo(_) | Command::Kubernetes(_) => "info",
+        Command::Standalone(_)
+        | Command::Echo(_)
+        | Command::Kubernetes(_)
+        | Command::Gateway(_) => "info",
         _ => "warn",
     }
 }

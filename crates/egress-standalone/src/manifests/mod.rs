@@ -567,6 +567,11 @@ impl ManifestStore {
                     .iter()
                     .filter_map(|p| p.spec.template.spec.proxy.credentials_ref.as_ref()),
             )
+            .chain(
+                pools
+                    .iter()
+                    .flat_map(|p| p.spec.gateway.iter().flat_map(|g| &g.client_credentials)),
+            )
             .map(|r| {
                 let cp = self.dir.join(r);
                 let (m, s) = file_stamp(&cp);

@@ -37,7 +37,7 @@
 pub(in crate::driver) mod index;
 mod members;
 mod reconcile;
-pub(in crate::driver) mod secret;
+pub(crate) mod secret;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

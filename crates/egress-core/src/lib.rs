@@ -10,9 +10,10 @@
 //! - [`controller`]: pure reconcile decisions and the executor that carries them out.
 //! - [`gc`]: the orphan garbage collector (a pure plan, then checked deletions).
 //! - [`health`]: proxy health checked through each proxy; [`host_health`]: per-host checks.
+//! - [`reputation`]: the egress addresses checked in DNS blocklists, the results in status.
 //! - [`metrics`]: the Prometheus registry of the operator (served by `egress-web`).
 //! - [`background`]: the background tasks both drivers run (GC, host checks, proxy health,
-//!   config watch) and the process's stop signal.
+//!   reputation checks, config watch) and the process's stop signal.
 //!
 //! What the operator serves (the status listener, the fleet page, `/status` streaming, the
 //! metrics exposition) is the `egress-web` crate above this one: the core has no HTTP server
@@ -30,3 +31,4 @@ pub mod model;
 pub mod pool;
 pub mod providers;
 pub mod proxy_policy;
+pub mod reputation;

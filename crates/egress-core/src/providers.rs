@@ -111,6 +111,8 @@ pub fn open_with(
 #[derive(Debug, Clone, Default)]
 pub struct Providers {
     entries: BTreeMap<String, ProviderHandle>,
+    /// The config's `reputation:` settings (the defaults, no zones, when built from handles).
+    reputation: Arc<egress_reputation::Settings>,
 }
 
 /// Options for building real providers from a config.
@@ -159,7 +161,30 @@ impl Providers {
             }
             handles.push(ProviderHandle::new(e.clone(), Arc::new(provider)));
         }
-        Ok(Self::from_handles(handles))
+        Ok(Self::from_handles(handles).with_reputation(cfg.reputation.clone()))
+    }
+
+    /// Every provider consults `retired` (the process's retired addresses: one registry for
+    /// the whole process, handed to the providers of every config load) before it hands out
+    /// a declared egress address.
+    pub fn with_retired_ref(
+        &self,
+        retired: &Arc<egress_provider::libvirt::retired::RetiredAddresses>,
+    ) {
+        for h in self.entries.values() {
+            h.provider.use_retired(Arc::clone(retired));
+        }
+    }
+
+    /// These providers with the config's `reputation:` settings.
+    pub fn with_reputation(mut self, settings: egress_reputation::Settings) -> Self {
+        self.reputation = Arc::new(settings);
+        self
+    }
+
+    /// The config's `reputation:` settings (no zones: no checks).
+    pub fn reputation(&self) -> &egress_reputation::Settings {
+        &self.reputation
     }
 
     /// A registry of ready-made handles (later duplicates of a name replace earlier ones).
@@ -169,6 +194,7 @@ impl Providers {
                 .into_iter()
                 .map(|h| (h.config.name.clone(), h))
                 .collect(),
+            reputation: Arc::default(),
         }
     }
 

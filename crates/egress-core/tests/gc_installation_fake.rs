@@ -152,6 +152,7 @@ async fn gc_never_touches_another_installations_instances_and_adopts_unclaimed_m
     let settings = GcSettings {
         min_age: Duration::from_secs(1),
         dry_run: false,
+        ..GcSettings::default()
     };
     let op = operator(&fake, OURS);
 
@@ -194,6 +195,7 @@ async fn gc_never_touches_another_installations_instances_and_adopts_unclaimed_m
         &GcSettings {
             min_age: Duration::from_secs(1),
             dry_run: true,
+            ..GcSettings::default()
         },
     )
     .await;

@@ -151,6 +151,18 @@ async fn with_no_usable_host_a_proxy_waits_and_nothing_is_created_until_one_reco
     let ready = out.status.condition(condition::READY).unwrap();
     assert_eq!(ready.reason, "NoUsableHost", "{ready:?}");
     assert!(ready.message.contains("h1 Degraded") && ready.message.contains("h2 Degraded"));
+    // Each host's reason is on the Proxy, not only on the host's row: its pool at the reserve,
+    // in GiB.
+    for h in ["h1", "h2"] {
+        assert!(
+            ready.message.contains(&format!(
+                "{h} Degraded: missing free space in storage pool {POOL}: 1.0 GiB free, at or \
+                 below its 2 GiB reserve (hosts[{h}].poolReserveGiB)"
+            )),
+            "{}",
+            ready.message
+        );
+    }
     assert!(out.requeue_after.is_some(), "retried, not latched");
     assert_eq!(domains_on(&s, "h1") + domains_on(&s, "h2"), 0);
 

@@ -179,11 +179,8 @@ async fn the_socks5_path_works_with_and_without_credentials() {
     assert_eq!(authed.tunnels.load(Ordering::SeqCst), 1);
 }
 
-#[tokio::test]
-async fn a_dead_proxy_flips_to_unhealthy_only_after_n_consecutive_failures() {
-    let (echo, _e) = start_echo().await;
-    let p = http_proxy("127.0.0.1:0", ProxyBehaviour::default()).await;
-    let engine = HealthEngine::new(settings(echo));
+/// A proxy that is Healthy after two rounds through `engine`, and its target.
+async fn healthy(engine: &HealthEngine, p: &health_support::TestProxy) -> ProbeTarget {
     let t = ptarget(1, endpoint(p.addr, ProxyProtocol::Http, None), None);
     engine.round(vec![t.clone()]).await;
     assert_eq!(engine.get(&uid(1)).unwrap().state, HealthState::Unknown);
@@ -191,13 +188,25 @@ async fn a_dead_proxy_flips_to_unhealthy_only_after_n_consecutive_failures() {
     let h = engine.get(&uid(1)).unwrap();
     assert_eq!(h.state, HealthState::Healthy);
     assert_eq!(h.egress_ip.unwrap().to_string(), "127.0.0.1");
+    t
+}
+
+#[tokio::test]
+async fn without_the_recheck_a_dead_proxy_flips_to_unhealthy_only_after_n_consecutive_failures() {
+    let (echo, _e) = start_echo().await;
+    let p = http_proxy("127.0.0.1:0", ProxyBehaviour::default()).await;
+    let mut s = settings(echo);
+    s.recheck = false;
+    s.unhealthy_after = 3;
+    let engine = HealthEngine::new(s);
+    let t = healthy(&engine, &p).await;
     // The proxy dies (its port now refuses connections).
     p.stop();
     drop(p);
     tokio::time::sleep(Duration::from_millis(50)).await;
-    for i in 1..DEFAULT_UNHEALTHY_AFTER {
+    for i in 1..3 {
         let r = engine.round(vec![t.clone()]).await;
-        assert_eq!(r.succeeded, 0);
+        assert_eq!((r.succeeded, r.rechecked), (0, 0));
         let h = engine.get(&uid(1)).unwrap();
         assert_eq!(
             h.state,
@@ -211,6 +220,155 @@ async fn a_dead_proxy_flips_to_unhealthy_only_after_n_consecutive_failures() {
     assert_eq!(h.state, HealthState::Unhealthy);
     assert_eq!(h.reason, reason::PROBE_FAILED);
     assert!(h.message.contains("ProxyUnreachable"), "{}", h.message);
+}
+
+#[tokio::test]
+async fn a_failed_check_is_rechecked_at_once_so_a_dead_proxy_goes_in_one_round() {
+    let (echo, _e) = start_echo().await;
+    let p = http_proxy("127.0.0.1:0", ProxyBehaviour::default()).await;
+    let engine = HealthEngine::new(settings(echo));
+    assert_eq!(DEFAULT_UNHEALTHY_AFTER, 2);
+    let t = healthy(&engine, &p).await;
+    p.stop();
+    drop(p);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let r = engine.round(vec![t.clone()]).await;
+    assert_eq!((r.probed, r.succeeded, r.rechecked), (1, 0, 1));
+    let h = engine.get(&uid(1)).unwrap();
+    assert_eq!(h.state, HealthState::Unhealthy, "{h:?}");
+    assert_eq!(h.consecutive_failures, 2);
+    assert!(h.message.contains("ProxyUnreachable"), "{}", h.message);
+    // Unhealthy: the next failure is not re-checked (nothing to decide).
+    let r = engine.round(vec![t.clone()]).await;
+    assert_eq!(r.rechecked, 0);
+}
+
+#[tokio::test]
+async fn one_lost_probe_whose_recheck_passes_keeps_the_proxy_published() {
+    let (echo, _e) = start_echo().await;
+    // The proxy drops its 3rd connection: the first check after it became Healthy.
+    let p = http_proxy(
+        "127.0.0.1:0",
+        ProxyBehaviour {
+            drop: 3..4,
+            ..ProxyBehaviour::default()
+        },
+    )
+    .await;
+    let engine = HealthEngine::new(settings(echo));
+    let t = healthy(&engine, &p).await;
+    let r = engine.round(vec![t.clone()]).await;
+    assert_eq!((r.succeeded, r.rechecked), (1, 1), "lost probe re-checked");
+    let h = engine.get(&uid(1)).unwrap();
+    assert_eq!(h.state, HealthState::Healthy, "{h:?}");
+    assert_eq!(h.consecutive_failures, 0);
+    assert_eq!(
+        p.tunnels.load(Ordering::SeqCst),
+        3,
+        "two rounds and the re-check"
+    );
+}
+
+#[tokio::test]
+async fn a_host_reported_down_makes_one_failure_enough_and_wakes_the_engine() {
+    use egress_provider::model::{HostReport, HostState};
+    let (echo, _e) = start_echo().await;
+    let p = http_proxy("127.0.0.1:0", ProxyBehaviour::default()).await;
+    // Without the re-check and with three failures needed, only the host report can make
+    // one failure enough.
+    let mut s = settings(echo);
+    s.interval = Duration::from_secs(3600);
+    s.jitter = Duration::ZERO;
+    s.recheck = false;
+    s.unhealthy_after = 3;
+    let engine = std::sync::Arc::new(HealthEngine::new(s));
+    let t = healthy(&engine, &p).await;
+    let live = http_proxy("127.0.0.1:0", ProxyBehaviour::default()).await;
+    let mut other = ptarget(2, endpoint(live.addr, ProxyProtocol::Http, None), None);
+    other.host = "h1".into();
+    p.stop();
+    drop(p);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The engine runs rounds an hour apart; it has done its first one.
+    let rounds = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (e2, r2, targets) = (
+        engine.clone(),
+        rounds.clone(),
+        vec![t.clone(), other.clone()],
+    );
+    let run = tokio::spawn(e2.run(
+        move || targets.clone(),
+        move |_| {
+            r2.fetch_add(1, Ordering::SeqCst);
+        },
+        stop.clone(),
+    ));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rounds.load(Ordering::SeqCst) < 1 {
+        assert!(Instant::now() < deadline, "first round");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // One failure: still Healthy.
+    assert_eq!(engine.get(&uid(1)).unwrap().state, HealthState::Healthy);
+    let report = |state| HostReport {
+        host: "h1".into(),
+        state,
+        latency: None,
+        hostname: None,
+        libvirt_version: None,
+        virt_types: Vec::new(),
+        uefi: false,
+        pool_free_bytes: None,
+        missing: Vec::new(),
+        error: None,
+        addresses: Vec::new(),
+    };
+    let woken = Instant::now();
+    engine.hosts_reported("local", &[report(HostState::Unreachable)]);
+    while rounds.load(Ordering::SeqCst) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the report ends the hour's pause"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    println!("round after the host report: {:?}", woken.elapsed());
+    let h = engine.get(&uid(1)).unwrap();
+    assert_eq!(h.state, HealthState::Unhealthy, "{h:?}");
+    assert_eq!(h.consecutive_failures, 2);
+    assert!(
+        h.message.contains("its host h1 is reported down"),
+        "{}",
+        h.message
+    );
+    // The proxy on the down host that still answers through itself stays Healthy.
+    let h = engine.get(&uid(2)).unwrap();
+    assert_eq!(h.consecutive_successes, 2, "probed in the woken round");
+    // Reported again down: not newly down, no extra round; reported Ready, then down again:
+    // woken again.
+    engine.hosts_reported("local", &[report(HostState::Unreachable)]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(rounds.load(Ordering::SeqCst), 2);
+    engine.hosts_reported("local", &[report(HostState::Ready)]);
+    engine.hosts_reported("local", &[report(HostState::Timeout)]);
+    while rounds.load(Ordering::SeqCst) < 3 {
+        assert!(Instant::now() < deadline, "woken again");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.cancel();
+    run.await.unwrap();
+}
+
+#[test]
+fn the_default_detection_bound_is_under_ten_seconds() {
+    let s = HealthSettings::new(CheckTarget::parse("http://127.0.0.1:9/").unwrap());
+    let b = egress_core::health::detection_bound(&s, Duration::from_millis(500));
+    println!("detection bound with the defaults and a 0.5 s round: {b:?}");
+    assert!(b <= Duration::from_secs(10), "{b:?}");
+    let mut off = s.clone();
+    off.recheck = false;
+    assert!(egress_core::health::detection_bound(&off, Duration::ZERO) > b);
 }
 
 #[tokio::test]

@@ -242,6 +242,7 @@ mod tests {
             conditions: vec![],
             port: Some(3128),
             health: None,
+            reputation: None,
             egress_address: Vec::new(),
         }]);
         let t = Endpoints::metrics(&o, MetricsFormat::Prometheus);
@@ -279,6 +280,7 @@ mod tests {
                 family: "IPv4",
                 size: 14,
                 held: 5,
+                retired: 0,
             }],
         };
         let now = SystemTime::now();

@@ -182,6 +182,35 @@ pub const NAMESPACES: ApiAccess = ApiAccess {
     verbs: &["get"],
 };
 
+/// The pool gateway (`egress-proxies gateway`, its own Deployment and ServiceAccount):
+/// ProxyPools listed and watched, read-only.
+pub const GATEWAY_PROXY_POOLS: ApiAccess = ApiAccess {
+    scope: Scope::WatchedNamespaces,
+    group: crate::api::GROUP,
+    resource: "proxypools",
+    verbs: &["list", "watch"],
+};
+/// The pool gateway: member Proxies listed and watched (by the pool label), read-only.
+pub const GATEWAY_PROXIES: ApiAccess = ApiAccess {
+    scope: Scope::WatchedNamespaces,
+    group: crate::api::GROUP,
+    resource: "proxies",
+    verbs: &["list", "watch"],
+};
+/// The pool gateway: the credentials Secrets (the pool's, its members', its clients') read
+/// by name, never listed or watched, and only in the namespaces granted Secret access (as
+/// the operator's own grant: never cluster-wide).
+pub const GATEWAY_SECRETS: ApiAccess = ApiAccess {
+    scope: Scope::SecretNamespaces,
+    group: "",
+    resource: "secrets",
+    verbs: &["get"],
+};
+
+/// Every grant the pool gateway needs: read-only, and nothing else.
+pub const GATEWAY_API_ACCESS: &[ApiAccess] =
+    &[GATEWAY_PROXY_POOLS, GATEWAY_PROXIES, GATEWAY_SECRETS];
+
 /// Every grant the operator needs, and nothing else.
 pub const API_ACCESS: &[ApiAccess] = &[
     PROXIES,
@@ -239,12 +268,31 @@ mod tests {
     }
 
     #[test]
+    fn the_gateway_only_reads() {
+        for a in GATEWAY_API_ACCESS {
+            assert!(
+                a.verbs.iter().all(|v| ["get", "list", "watch"].contains(v)),
+                "{a:?}"
+            );
+        }
+        assert_eq!(GATEWAY_PROXY_POOLS.scope, Scope::WatchedNamespaces);
+        assert_eq!(GATEWAY_PROXIES.scope, Scope::WatchedNamespaces);
+        assert_eq!(
+            GATEWAY_SECRETS.scope,
+            Scope::SecretNamespaces,
+            "never cluster-wide"
+        );
+    }
+
+    #[test]
     fn every_grant_lists_sorted_unique_verbs_and_each_resource_once() {
-        let mut seen = std::collections::BTreeSet::new();
-        for a in API_ACCESS {
-            assert!(seen.insert((a.scope, a.group, a.resource)), "{a:?} twice");
-            assert!(a.verbs.windows(2).all(|w| w.first() < w.last()), "{a:?}");
-            assert!(!a.verbs.is_empty());
+        for table in [API_ACCESS, GATEWAY_API_ACCESS] {
+            let mut seen = std::collections::BTreeSet::new();
+            for a in table {
+                assert!(seen.insert((a.scope, a.group, a.resource)), "{a:?} twice");
+                assert!(a.verbs.windows(2).all(|w| w.first() < w.last()), "{a:?}");
+                assert!(!a.verbs.is_empty());
+            }
         }
     }
 }

@@ -153,8 +153,12 @@ fn longest(path: &str, n: usize) -> Option<String> {
 }
 
 /// Properties filled even when not required, by the end of their path: what the CRDs' rules
-/// need of a valid object (a proxy must not be an open relay).
-const ALWAYS: &[(&str, &str)] = &[("proxy", r#"{"allowedClientCidrs": ["10.0.0.0/8"]}"#)];
+/// need of a valid object (a proxy must not be an open relay; a pool gateway needs client
+/// credentials).
+const ALWAYS: &[(&str, &str)] = &[
+    ("proxy", r#"{"allowedClientCidrs": ["10.0.0.0/8"]}"#),
+    ("gateway.clientCredentials", r#"["gateway-clients"]"#),
+];
 
 /// Properties a CEL rule requires though the schema does not (by whole path): synthesized as
 /// if required (a pool's `template.spec` is optional in the schema so that the rule asking for
@@ -240,7 +244,8 @@ fn synth(s: &Value, path: &str, i: usize) -> Value {
                 .flatten()
             {
                 let k = k.as_str().unwrap();
-                m.insert(k.into(), synth(&props.unwrap()[k], &join(path, k), 0));
+                // An item's required fields take its index (items distinct where they must be).
+                m.insert(k.into(), synth(&props.unwrap()[k], &join(path, k), i));
             }
             for (k, sub) in props.into_iter().flatten() {
                 let p = join(path, k);
@@ -267,6 +272,10 @@ fn synth(s: &Value, path: &str, i: usize) -> Value {
             )
         }
         "string" => json!(valid_string(s, path, i)),
+        // A gateway's listeners each take their own port (a rule wants each port once).
+        "integer" if path.ends_with("gateway.listeners[].port") => {
+            json!(num(s, "minimum").unwrap_or(0.0).max(0.0) as usize + i)
+        }
         "integer" | "number" => json!(num(s, "minimum").unwrap_or(0.0).max(0.0) as i64),
         "boolean" => json!(false),
         _ => json!({}),
@@ -449,6 +458,27 @@ fn cel_cases() -> Vec<(
                 ("credentials", json!({"generate": false})),
                 ("proxy.credentialsRef", json!("proxy-creds")),
             ],
+            false,
+        ),
+        (
+            "spec.gateway needs client credentials",
+            vec![("gateway", json!({"listeners": [{"port": 3128}]}))],
+            vec![(
+                "gateway",
+                json!({"listeners": [{"port": 3128}], "clientCredentials": ["gateway-clients"]}),
+            )],
+            false,
+        ),
+        (
+            "spec.gateway.listeners: each port once",
+            vec![(
+                "listeners",
+                json!([{"port": 3128}, {"port": 3128, "protocol": "socks5"}]),
+            )],
+            vec![(
+                "listeners",
+                json!([{"port": 3128}, {"port": 1080, "protocol": "socks5"}]),
+            )],
             false,
         ),
     ]

@@ -1,6 +1,7 @@
 //! Proxies as instances: the [`Provider`] trait, its model and error classes, and the libvirt
 //! implementation. Nothing here depends on Kubernetes.
 
+pub mod bases;
 pub mod denylist;
 pub mod error;
 pub mod libvirt;

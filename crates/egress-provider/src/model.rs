@@ -177,6 +177,10 @@ pub struct Instance {
     /// pool (at most one per family, as its mark records them); empty when the host has no
     /// pool. The health check expects exactly these as the observed egress.
     pub egress: Vec<IpAddr>,
+    /// When no address is known and a source of it failed: each failed source with its
+    /// error (and each source not consulted with why), for the Proxy's condition; `None`
+    /// otherwise.
+    pub address_note: Option<String>,
 }
 
 /// An instance found by listing, with its verified mark.
@@ -219,6 +223,25 @@ pub struct HostReport {
     pub addresses: Vec<AddressUsage>,
 }
 
+impl HostReport {
+    /// Why the host takes no new proxies, in a few words, when it is not Ready: what is
+    /// missing (`; `-joined), else its error (without a leading `host NAME: `), else its
+    /// state. `None` for a Ready host.
+    pub fn reason(&self) -> Option<String> {
+        if self.state == HostState::Ready {
+            return None;
+        }
+        if !self.missing.is_empty() {
+            return Some(format!("missing {}", self.missing.join("; ")));
+        }
+        let own = format!("host {}: ", self.host);
+        Some(match &self.error {
+            Some(e) => e.strip_prefix(&own).unwrap_or(e).to_owned(),
+            None => format!("{:?}", self.state),
+        })
+    }
+}
+
 /// How much of one family of a host's address pool is held.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AddressUsage {
@@ -228,6 +251,8 @@ pub struct AddressUsage {
     pub size: u128,
     /// Addresses held by instances (as far as this process knows).
     pub held: u64,
+    /// Addresses not held but retired (after a blocklist listing): not handed out either.
+    pub retired: u64,
 }
 
 /// A host's state.

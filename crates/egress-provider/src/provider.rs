@@ -7,6 +7,7 @@
 
 use async_trait::async_trait;
 
+use crate::bases::{BaseGcSettings, BaseVerdict};
 use crate::error::Result;
 use crate::model::{
     CreateRequest, HostReport, Instance, OwnedInstance, OwnedVolume, Progress, ProviderId, ProxyUid,
@@ -59,6 +60,13 @@ pub trait Provider: Send + Sync {
         )))
     }
 
+    /// Consults `retired` (the process's retired addresses, see
+    /// [`crate::libvirt::retired`]) before handing out any declared egress address from now
+    /// on. The default (a provider without address pools) ignores it.
+    fn use_retired(&self, retired: std::sync::Arc<crate::libvirt::retired::RetiredAddresses>) {
+        let _ = retired;
+    }
+
     /// Makes sure the base for catalogue key (or allowed URL) `image` is cached, verified and
     /// published on `host`, importing it if needed and reporting bytes through `progress`.
     /// Idempotent: a cached base is reused without a download. Never creates an instance.
@@ -69,5 +77,17 @@ pub trait Provider: Send + Sync {
             "provider entry {} does not support prefetching images (asked for {image})",
             self.entry()
         )))
+    }
+
+    /// Removes the entry's cached base images that nothing on their host uses and that have
+    /// been unused for the grace period (`settings.grace`, else the entry's own), host by
+    /// host; one verdict per base, and one per host that could not be read (name `*`,
+    /// [`BaseAction::Failed`](crate::bases::BaseAction::Failed)). A base any domain or
+    /// volume on its host uses is never removed. Never fails as a whole.
+    ///
+    /// The default (for providers that cache no images) collects nothing.
+    async fn collect_bases(&self, settings: &BaseGcSettings) -> Vec<BaseVerdict> {
+        let _ = settings;
+        Vec::new()
     }
 }

@@ -1,9 +1,10 @@
 //! The `egress-proxies` binary as a user runs it: exit codes, messages, and `check` / `images
-//! prefetch` against the REAL libvirtd through a real sshd on 127.0.0.1.
+//! prefetch` / `images gc` against the REAL libvirtd through a real sshd on 127.0.0.1.
 //!
 //! Real resources: a transient `eptest-` dir pool per test (its directory, and so every base
 //! volume imported into it, is removed by the pool fixture's Drop on every path) and unique
-//! `eptest-` provider entry names; both are printed before use. No domain is ever created.
+//! `eptest-` provider entry names; both are printed before use. No domain is ever created
+//! (`images gc` is shown a volume made by hand on a base instead).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -440,7 +441,245 @@ async fn images_prefetch_exits_1_when_a_host_fails_and_says_why() {
     );
 }
 
+/// `virsh vol-list POOL` on the shared libvirtd, names only.
+fn vol_list(pool: &PoolFixture) -> Vec<String> {
+    let out = Command::new("timeout")
+        .args([
+            "60",
+            "virsh",
+            "-q",
+            "-c",
+            "qemu:///system",
+            "vol-list",
+            &pool.name,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut v: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_gc_removes_only_bases_nothing_uses_and_lists_the_pool_before_and_after() {
+    let sshd = Sshd::start();
+    let pool = PoolFixture::create("cli-images-gc");
+    let entry = unique_name("provider entry", "cg");
+    let server = ImageServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = qcow2_image("1G", dir.path());
+    let b = qcow2_image("2G", dir.path());
+    let (ua, ub) = (
+        server.route("/a.qcow2", Route::new(a.clone())),
+        server.route("/b.qcow2", Route::new(b.clone())),
+    );
+    let cfg = write(
+        dir.path(),
+        "providers.yaml",
+        &format!(
+            "providers:\n  - name: {entry}\n    type: libvirt\n    hosts:\n{}    images:\n      \
+             a:\n        url: {ua}\n        sha256: {}\n        format: qcow2\n      \
+             b:\n        url: {ub}\n        sha256: {}\n        format: qcow2\n",
+            host_yaml("h1", &format!("127.0.0.1:{}", sshd.port), &pool.name, &sshd),
+            sha(&a),
+            sha(&b)
+        ),
+    );
+    let cfg = cfg.to_str().unwrap().to_owned();
+    let cli = |args: &[&str]| -> Vec<String> {
+        let mut v = vec!["images".to_owned()];
+        v.extend(args.iter().map(|s| (*s).to_owned()));
+        v.extend(["--config".to_owned(), cfg.clone()]);
+        v
+    };
+    for k in ["a", "b"] {
+        let o = run_async(cli(&["prefetch", k])).await;
+        assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    }
+    let base_of = |k: &str| {
+        let prefix = format!("ep-{entry}-base-img-{k}-");
+        pool_files(&pool)
+            .into_iter()
+            .find(|f| f.starts_with(&prefix) && f.ends_with(".qcow2"))
+            .unwrap()
+    };
+    let (base_a, base_b) = (base_of("a"), base_of("b"));
+    // A live overlay on a's base (made by hand, no domain): it keeps a in use.
+    let overlay = "eptest-overlay-on-a.qcow2";
+    let path_a = pool.file(&base_a);
+    let made = Command::new("timeout")
+        .args(["60", "virsh", "-q", "-c", "qemu:///system", "vol-create-as"])
+        .args([
+            &pool.name,
+            overlay,
+            "1G",
+            "--format",
+            "qcow2",
+            "--backing-vol",
+        ])
+        .arg(&path_a)
+        .args(["--backing-vol-format", "qcow2"])
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let before = vol_list(&pool);
+    println!("eptest: pool {} before: {before:#?}", pool.name);
+    let line = |s: &str, base: &str| -> String {
+        s.lines()
+            .find(|l| l.contains(base))
+            .unwrap_or_else(|| panic!("no line for {base}: {s}"))
+            .to_owned()
+    };
+
+    // A dry run with no grace: b would go, a is in use by the overlay; nothing changes.
+    let o = run_async(cli(&["gc", "--dry-run", "--grace", "0s"])).await;
+    let s = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{s}");
+    assert!(line(&s, &base_b).contains("base: would delete"), "{s}");
+    let la = line(&s, &base_a);
+    assert!(la.contains("base: kept") && la.contains(overlay), "{la}");
+    assert_eq!(vol_list(&pool), before, "a dry run removes nothing");
+
+    // The default grace (60 minutes from the upload): b was uploaded just now, it stays.
+    let o = run_async(cli(&["gc"])).await;
+    let s = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{s}");
+    assert!(line(&s, &base_b).contains("less than the grace"), "{s}");
+    assert_eq!(vol_list(&pool), before);
+
+    // No grace: b goes with its marker and data volume; a and its overlay stay.
+    let o = run_async(cli(&["gc", "--grace", "0s"])).await;
+    let s = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{s}");
+    assert!(line(&s, &base_b).contains("base: deleted"), "{s}");
+    let after = vol_list(&pool);
+    println!("eptest: pool {} after: {after:#?}", pool.name);
+    let data_b = before
+        .iter()
+        .find(|v| v.starts_with(&format!("ep-{entry}-base-img-b-")) && v.contains(".part-"))
+        .unwrap();
+    for gone in [&base_b, &format!("{base_b}.marker"), data_b] {
+        assert!(!after.contains(gone), "{gone} removed: {after:?}");
+    }
+    let b_volumes: Vec<&String> = before
+        .iter()
+        .filter(|v| v.starts_with(&format!("ep-{entry}-base-img-b-")))
+        .collect();
+    assert_eq!(b_volumes.len(), 3, "base, marker, data volume: {before:?}");
+    assert_eq!(after.len(), before.len() - 3, "{after:?}");
+    assert!(after.contains(&base_a) && after.contains(&overlay.to_owned()));
+
+    // The overlay goes: a is unused now and goes too; only foreign volumes are left.
+    let del = Command::new("timeout")
+        .args([
+            "60",
+            "virsh",
+            "-q",
+            "-c",
+            "qemu:///system",
+            "vol-delete",
+            overlay,
+        ])
+        .args(["--pool", &pool.name])
+        .output()
+        .unwrap();
+    assert!(
+        del.status.success(),
+        "{}",
+        String::from_utf8_lossy(&del.stderr)
+    );
+    let o = run_async(cli(&["gc", "--grace", "0s"])).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let last = vol_list(&pool);
+    println!("eptest: pool {} at the end: {last:#?}", pool.name);
+    assert!(
+        !last.iter().any(|v| v.starts_with(&format!("ep-{entry}-"))),
+        "{last:?}"
+    );
+}
+
 /// A 127.0.0.1 port nothing listens on (bound, read, closed).
+#[test]
+fn pools_quarantine_and_release_edit_the_pools_file_and_refuse_an_unknown_member() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(".default.web.pool-members.json"),
+        r#"{"members":[{"name":"web-a","host":"h1","templateHash":"x","created":"2026-01-01T00:00:00Z"}]}"#,
+    )
+    .unwrap();
+    let file = || std::fs::read_to_string(dir.path().join("default.web.quarantine")).unwrap();
+    let d = dir.path().to_str().unwrap();
+    let o = run(&[
+        "pools",
+        "quarantine",
+        "--proxies",
+        d,
+        "web",
+        "web-a",
+        "--reason",
+        "inspect it",
+    ]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(
+        stdout(&o).contains("quarantined (inspect it)"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(file(), "web-a inspect it\n");
+    let o = run(&[
+        "-o",
+        "json",
+        "pools",
+        "release",
+        "--proxies",
+        d,
+        "web",
+        "web-a",
+    ]);
+    assert_eq!(o.status.code(), Some(0));
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(doc["changed"], true);
+    assert_eq!(doc["quarantined"], false);
+    assert_eq!(file(), "");
+    let o = run(&["pools", "quarantine", "--proxies", d, "web", "web-z"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("no member \"web-z\" (its members: web-a)"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["pools", "release", "--proxies", d, "nope", "web-a"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("pool default/nope has no members"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&[
+        "-o",
+        "wide",
+        "pools",
+        "release",
+        "--proxies",
+        d,
+        "web",
+        "web-a",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "no table: wide refused");
+}
+
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()

@@ -1,7 +1,8 @@
 //! Declared egress addresses through the real binary, against a libvirt-fake host on a unix
 //! socket whose config declares a dual-stack address pool of two addresses per family:
 //! `check -o json` and `check` report the pool's usage; `standalone` gives a Proxy pinning
-//! `spec.egress.address` exactly its pins and another Proxy the pool's free addresses, shows
+//! `spec.egress.address` exactly its pins and another Proxy the pool's free addresses (never
+//! a pinned one, though the pins are the addresses it would take first), shows
 //! them as `egressAddress` in `/status` (and in `egress-proxies status`), and reports the
 //! pool allocated/free per family in `/metrics`.
 #![allow(
@@ -152,17 +153,17 @@ async fn check_status_and_metrics_show_each_hosts_pool_and_each_proxys_addresses
     );
 
     // standalone: one Proxy pins an address of each family, the other gets the rest. The pins
-    // are each range's highest address: a fresh allocation takes the lowest free one, so the
-    // outcome does not depend on which Proxy is created first (a pin taken by an earlier
-    // unpinned Proxy is refused, naming the holder, as documented).
+    // are each range's lowest address, the one a fresh allocation would take first: pinned
+    // addresses are reserved, so the unpinned Proxy never takes them, whichever is created
+    // first (its manifest sorts first, "a-pooled").
     let proxies = dir.path().join("proxies");
     std::fs::create_dir(&proxies).unwrap();
     manifest(
         &proxies,
         "pinned",
-        "  egress:\n    address: [192.0.2.3, \"2001:db8:5::11\"]\n",
+        "  egress:\n    address: [192.0.2.2, \"2001:db8:5::10\"]\n",
     );
-    manifest(&proxies, "pooled", "");
+    manifest(&proxies, "a-pooled", "");
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
@@ -220,17 +221,17 @@ async fn check_status_and_metrics_show_each_hosts_pool_and_each_proxys_addresses
     };
     assert_eq!(
         by("pinned")["egressAddress"],
-        serde_json::json!(["192.0.2.3", "2001:db8:5::11"]),
-        "{doc:#}"
-    );
-    assert_eq!(
-        by("pooled")["egressAddress"],
         serde_json::json!(["192.0.2.2", "2001:db8:5::10"]),
         "{doc:#}"
     );
     assert_eq!(
+        by("a-pooled")["egressAddress"],
+        serde_json::json!(["192.0.2.3", "2001:db8:5::11"]),
+        "{doc:#}"
+    );
+    assert_eq!(
         by("pinned")["ip"],
-        "192.0.2.3",
+        "192.0.2.2",
         "the declared IPv4 address is the proxy's"
     );
 
@@ -264,7 +265,7 @@ async fn check_status_and_metrics_show_each_hosts_pool_and_each_proxys_addresses
     .await;
     let table = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(table.contains("EGRESS ADDRESS"), "{table}");
-    assert!(table.contains("192.0.2.3,2001:db8:5::11"), "{table}");
     assert!(table.contains("192.0.2.2,2001:db8:5::10"), "{table}");
+    assert!(table.contains("192.0.2.3,2001:db8:5::11"), "{table}");
     drop(op);
 }

@@ -66,11 +66,12 @@ fn a_config_that_does_not_parse_is_a_json_error_naming_the_file_with_exit_2_for_
     std::fs::create_dir(&proxies).unwrap();
     let proxies = proxies.to_str().unwrap();
     let listen = format!("127.0.0.1:{}", free_port());
-    let commands: [&[&str]; 6] = [
+    let commands: [&[&str]; 7] = [
         &["check", "--config", cfg],
         &["check", "--no-probe", "--config", cfg],
         &["gc", "--config", cfg, "--proxies", proxies],
         &["images", "prefetch", "--config", cfg, "k"],
+        &["images", "gc", "--config", cfg],
         &[
             "standalone",
             "--config",
@@ -179,10 +180,11 @@ fn a_missing_key_file_is_a_configuration_error_for_every_command_that_dials() {
     let proxies = dir.path().join("proxies");
     std::fs::create_dir(&proxies).unwrap();
     let proxies = proxies.to_str().unwrap();
-    let commands: [&[&str]; 3] = [
+    let commands: [&[&str]; 4] = [
         &["check", "--config", cfg],
         &["gc", "--config", cfg, "--proxies", proxies, "--allow-empty"],
         &["images", "prefetch", "--config", cfg, "k"],
+        &["images", "gc", "--config", cfg, "--dry-run"],
     ];
     for args in commands {
         let o = run(args);

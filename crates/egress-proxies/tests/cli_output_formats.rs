@@ -113,6 +113,11 @@ fn every_command_without_a_table_refuses_o_wide_and_pure_text_commands_refuse_ev
         ),
         (
             "wide",
+            "images gc",
+            vec!["images", "gc", "--config", &cfg, "--dry-run"],
+        ),
+        (
+            "wide",
             "gc",
             vec![
                 "gc",
@@ -335,6 +340,7 @@ fn status_document() -> String {
                 consecutive_failures: 0,
                 ..HealthStatus::default()
             }),
+            reputation: None,
             egress_address: vec![],
         }],
         hosts: vec![],

@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use egress_kube::rbac::{API_ACCESS, Scope};
+use egress_kube::rbac::{API_ACCESS, GATEWAY_API_ACCESS, Scope};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies");
@@ -258,6 +258,12 @@ type Grant = (Option<String>, String, String, String);
 /// (where, group, resource, verb) for every grant of the rendered Roles and ClusterRoles,
 /// each bound to the operator's ServiceAccount by a binding of the same name and namespace.
 fn granted(objs: &[Value]) -> BTreeSet<Grant> {
+    granted_to(objs, "egress-proxies")
+}
+
+/// [`granted`] for the roles bound to ServiceAccount `sa` (of namespace egress-proxies);
+/// every role is bound to one of the chart's ServiceAccounts.
+fn granted_to(objs: &[Value], sa: &str) -> BTreeSet<Grant> {
     let mut out = BTreeSet::new();
     for role in objs
         .iter()
@@ -265,18 +271,24 @@ fn granted(objs: &[Value]) -> BTreeSet<Grant> {
     {
         let ns = role["metadata"]["namespace"].as_str().map(str::to_owned);
         let binding = format!("{}Binding", role["kind"].as_str().unwrap());
-        let bound = objs.iter().any(|b| {
-            b["kind"] == binding.as_str()
-                && b["metadata"]["namespace"] == role["metadata"]["namespace"]
-                && b["roleRef"]["name"] == role["metadata"]["name"]
-                && b["subjects"][0]["name"] == "egress-proxies"
-                && b["subjects"][0]["namespace"] == "egress-proxies"
-        });
+        let bound_to = |who: &str| {
+            objs.iter().any(|b| {
+                b["kind"] == binding.as_str()
+                    && b["metadata"]["namespace"] == role["metadata"]["namespace"]
+                    && b["roleRef"]["name"] == role["metadata"]["name"]
+                    && b["subjects"][0]["name"] == who
+                    && b["subjects"][0]["namespace"] == "egress-proxies"
+            })
+        };
         assert!(
-            bound,
+            bound_to("egress-proxies") || bound_to("egress-proxies-gateway"),
             "{} {} is bound",
-            role["kind"], role["metadata"]["name"]
+            role["kind"],
+            role["metadata"]["name"]
         );
+        if !bound_to(sa) {
+            continue;
+        }
         for rule in role["rules"].as_array().unwrap() {
             assert!(rule["resourceNames"].is_null() && rule["nonResourceURLs"].is_null());
             for g in strings(&rule["apiGroups"]) {
@@ -297,7 +309,16 @@ fn granted(objs: &[Value]) -> BTreeSet<Grant> {
 /// The grants `API_ACCESS` asks for when `watched` is the one watched namespace (`None`:
 /// every namespace) and `secrets` the namespaces granted Secret access.
 fn wanted(watched: Option<&str>, secrets: &[&str]) -> BTreeSet<Grant> {
-    API_ACCESS
+    wanted_from(API_ACCESS, watched, secrets)
+}
+
+/// [`wanted`] for another table (the gateway's).
+fn wanted_from(
+    table: &[egress_kube::rbac::ApiAccess],
+    watched: Option<&str>,
+    secrets: &[&str],
+) -> BTreeSet<Grant> {
+    table
         .iter()
         .flat_map(|a| {
             let at: Vec<Option<String>> = match a.scope {
@@ -344,6 +365,163 @@ fn render(values: &str) -> Vec<Value> {
     let text = String::from_utf8(out.stdout).unwrap();
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
     docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+#[test]
+fn the_gateway_runs_apart_with_read_only_grants_a_service_per_pool_and_an_optional_autoscaler() {
+    let values = r#"{"gateway":{"enabled":true,"replicas":3,
+        "pools":[{"namespace":"team-a","name":"web",
+                  "ports":[{"name":"http","port":3128},{"name":"socks5","port":1080}]}]}}"#;
+    let objs = render(values);
+    // Read-only, exactly the gateway's table, cluster-wide when every namespace is watched...
+    // Secrets never cluster-wide: none granted unless secretNamespaces names some...
+    assert_grants(
+        &granted_to(&objs, "egress-proxies-gateway"),
+        &wanted_from(GATEWAY_API_ACCESS, None, &[]),
+    );
+    // ... and the operator's grants are unchanged.
+    assert_grants(&granted(&objs), &wanted(None, &[]));
+    // ... and only in the watched namespace when one is, Secrets there too...
+    let one = render(&values.replace(r#"{"gateway""#, r#"{"watchNamespace":"team-a","gateway""#));
+    assert_grants(
+        &granted_to(&one, "egress-proxies-gateway"),
+        &wanted_from(GATEWAY_API_ACCESS, Some("team-a"), &["team-a"]),
+    );
+    // ... and in each namespace secretNamespaces lists.
+    let listed = render(&values.replace(
+        r#"{"gateway""#,
+        r#"{"secretNamespaces":["team-a","team-b"],"gateway""#,
+    ));
+    assert_grants(
+        &granted_to(&listed, "egress-proxies-gateway"),
+        &wanted_from(GATEWAY_API_ACCESS, None, &["team-a", "team-b"]),
+    );
+    let deployments: Vec<&Value> = objs.iter().filter(|o| o["kind"] == "Deployment").collect();
+    assert_eq!(deployments.len(), 2);
+    let gw = deployments
+        .iter()
+        .find(|d| d["metadata"]["name"] == "egress-proxies-gateway")
+        .unwrap();
+    let op = deployments
+        .iter()
+        .find(|d| d["metadata"]["name"] == "egress-proxies")
+        .unwrap();
+    assert_eq!(gw["spec"]["replicas"], 3);
+    let pod = &gw["spec"]["template"];
+    assert_eq!(pod["spec"]["serviceAccountName"], "egress-proxies-gateway");
+    // Neither Deployment's selector (nor the operator's Services) takes the other's pods.
+    let labels_of = |d: &Value| d["spec"]["template"]["metadata"]["labels"].clone();
+    let selects = |sel: &Value, labels: &Value| {
+        sel.as_object()
+            .unwrap()
+            .iter()
+            .all(|(k, v)| &labels[k] == v)
+    };
+    assert!(!selects(
+        &op["spec"]["selector"]["matchLabels"],
+        &labels_of(gw)
+    ));
+    assert!(!selects(
+        &gw["spec"]["selector"]["matchLabels"],
+        &labels_of(op)
+    ));
+    let services: Vec<&Value> = objs.iter().filter(|o| o["kind"] == "Service").collect();
+    for svc in &services {
+        let sel = &svc["spec"]["selector"];
+        assert!(
+            selects(sel, &labels_of(gw)) != selects(sel, &labels_of(op)),
+            "{} selects exactly one of the two: {sel}",
+            svc["metadata"]["name"]
+        );
+    }
+    let web = services
+        .iter()
+        .find(|s| s["metadata"]["name"] == "egress-proxies-gw-team-a-web")
+        .unwrap();
+    assert!(selects(&web["spec"]["selector"], &labels_of(gw)));
+    let ports: Vec<(String, u64)> = web["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_owned(),
+                p["port"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(ports, [("http".into(), 3128), ("socks5".into(), 1080)]);
+    // The pod: non-root, read-only, probes on its metrics port, flags the binary accepts.
+    let c = &pod["spec"]["containers"][0];
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(pod["spec"]["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(
+        pod["spec"]["terminationGracePeriodSeconds"], 45,
+        "grace 30 s + 15"
+    );
+    let args = strings(&c["args"]);
+    assert_eq!(args[0], "gateway");
+    assert!(
+        args.contains(&"--health-checks=false".to_owned()),
+        "{args:?}"
+    );
+    let help = Command::new(BIN)
+        .args(["gateway", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    for a in &args[1..] {
+        let flag = a.split('=').next().unwrap();
+        assert!(
+            help.contains(&format!("{flag} ")),
+            "`gateway` has no {flag}:\n{help}"
+        );
+    }
+    assert!(objs.iter().all(|o| o["kind"] != "HorizontalPodAutoscaler"));
+    // With an autoscaler the HPA owns the count; with health checks on, only healthy members.
+    let scaled = render(
+        &values
+            .replace(
+                r#""replicas":3,"#,
+                r#""replicas":3,"autoscaling":{"enabled":true,"minReplicas":2,"maxReplicas":6},"#,
+            )
+            .replace(
+                r#"{"gateway""#,
+                r#"{"health":{"target":"http://192.0.2.1:9465/"},"gateway""#,
+            ),
+    );
+    let hpa = scaled
+        .iter()
+        .find(|o| o["kind"] == "HorizontalPodAutoscaler")
+        .unwrap();
+    assert_eq!(
+        hpa["spec"]["scaleTargetRef"]["name"],
+        "egress-proxies-gateway"
+    );
+    assert_eq!(
+        (
+            hpa["spec"]["minReplicas"].as_u64(),
+            hpa["spec"]["maxReplicas"].as_u64()
+        ),
+        (Some(2), Some(6))
+    );
+    let gw = scaled
+        .iter()
+        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "egress-proxies-gateway")
+        .unwrap();
+    assert!(gw["spec"]["replicas"].is_null());
+    let args = strings(&gw["spec"]["template"]["spec"]["containers"][0]["args"]);
+    assert!(
+        args.contains(&"--health-checks=true".to_owned()),
+        "{args:?}"
+    );
+    // Off by default: the committed manifests hold no gateway object.
+    assert!(
+        manifests()
+            .iter()
+            .all(|o| !o["metadata"]["name"].as_str().unwrap().contains("gateway"))
+    );
 }
 
 #[test]

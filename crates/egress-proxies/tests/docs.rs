@@ -318,6 +318,23 @@ fn every_field_of_the_status_document_is_documented_for_users() {
                 last_error: Some("e".into()),
                 egress_ips: vec!["203.0.113.7".into()],
             }),
+            reputation: Some(egress_core::reputation::ProxyReputation {
+                addresses: vec!["203.0.113.7".into()],
+                listed: vec![egress_core::reputation::engine::status::ListingStatus {
+                    address: "203.0.113.7".into(),
+                    zone: "bl.example".into(),
+                    since: "2026-01-01T00:00:00Z".into(),
+                    codes: vec!["SBL".into()],
+                }],
+                failed: vec![egress_core::reputation::engine::status::FailedCheck {
+                    address: "203.0.113.7".into(),
+                    zone: "zen.example".into(),
+                    since: "2026-01-01T00:00:00Z".into(),
+                    reason: "timeout".into(),
+                    message: "m".into(),
+                }],
+                last_check: Some("2026-01-01T00:00:00Z".into()),
+            }),
             egress_address: vec!["203.0.113.7".into()],
         }],
         hosts: vec![HostStatusRow {
@@ -361,6 +378,14 @@ fn every_field_of_the_status_document_is_documented_for_users() {
                     quarantined: true,
                 }],
                 members_omitted: 1,
+                retired_addresses: vec![egress_core::pool::status::RetiredAddress {
+                    host: "h1".into(),
+                    address: "203.0.113.9".into(),
+                    member: "web-a".into(),
+                    reason: "listed".into(),
+                    since: "2026-01-01T00:00:00Z".into(),
+                    until: "2026-01-08T00:00:00Z".into(),
+                }],
                 ..Default::default()
             },
             members: vec![egress_web::status::PoolMemberRow {
@@ -677,4 +702,89 @@ fn every_relative_link_of_the_readme_and_the_docs_names_a_file_that_exists() {
         broken.is_empty(),
         "links to files that do not exist: {broken:#?}"
     );
+}
+
+// ---------------------------------------------------------------- long files
+
+/// Longest product source file that needs no reason in its module doc.
+const LONG_FILE_LINES: usize = 600;
+
+/// The reason a long file gives in its module doc: the `//!` paragraph that starts with
+/// `One piece`, if it says more than the two words (at least [`MIN_REASON_WORDS`] words).
+fn long_file_reason(text: &str) -> Option<String> {
+    let doc: Vec<&str> = text
+        .lines()
+        .take_while(|l| l.starts_with("//!"))
+        .map(|l| l.trim_start_matches("//!").trim())
+        .collect();
+    let start = doc.iter().position(|l| l.starts_with("One piece"))?;
+    let paragraph = doc[start..]
+        .iter()
+        .take_while(|l| !l.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ");
+    (paragraph.split_whitespace().count() >= MIN_REASON_WORDS).then_some(paragraph)
+}
+
+/// Fewest words a long file's reason may have: enough to name what would drift if split.
+const MIN_REASON_WORDS: usize = 15;
+
+#[test]
+fn every_product_file_over_600_lines_says_in_its_module_doc_why_it_is_one_piece() {
+    let mut files = Vec::new();
+    files_under(&repo().join("crates"), &mut files);
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for f in files {
+        let rel = f
+            .strip_prefix(repo())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let name = f.file_name().unwrap().to_string_lossy();
+        let product = rel.ends_with(".rs")
+            && rel.contains("/src/")
+            && !rel.starts_with("crates/testing/")
+            && !rel.contains("/tests/")
+            && name != "tests.rs"
+            && !name.ends_with("_tests.rs");
+        if !product {
+            continue;
+        }
+        checked += 1;
+        let text = std::fs::read_to_string(&f).unwrap();
+        let lines = text.lines().count();
+        if lines > LONG_FILE_LINES && long_file_reason(&text).is_none() {
+            missing.push(format!("{rel} ({lines} lines)"));
+        }
+    }
+    assert!(
+        checked > 100,
+        "only {checked} product files found: wrong root?"
+    );
+    assert!(
+        missing.is_empty(),
+        "product files over {LONG_FILE_LINES} lines without a `//! One piece …` paragraph in \
+         their module doc saying why they are not split (see docs/architecture.md, \"Long \
+         files\"), or split them: {missing:?}"
+    );
+}
+
+#[test]
+fn a_long_file_reason_is_a_module_doc_paragraph_of_its_own() {
+    let why = "//! The job.\n//!\n//! One piece: the parser, the tree and the deserializer share \
+               one private\n//! node type; split, each would export it to the others.\n\nuse x;\n";
+    assert!(
+        long_file_reason(why)
+            .unwrap()
+            .starts_with("One piece: the parser")
+    );
+    // Two words are no reason.
+    assert_eq!(long_file_reason("//! Job.\n//!\n//! One piece.\n"), None);
+    // Outside the module doc (a comment further down) does not count.
+    let later = "//! The job.\n\n// One piece: the parser, the tree and the deserializer share one \
+                 private node type; split, each would export it.\n";
+    assert_eq!(long_file_reason(later), None);
+    assert_eq!(long_file_reason("//! Only the job, no reason.\n"), None);
 }

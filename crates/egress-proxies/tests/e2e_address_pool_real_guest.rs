@@ -31,10 +31,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use egress_provider::libvirt::{mark, names};
 use egress_standalone::manifests::uid_for;
-use ep_test_support::cleanup::{self, PoolFixture, virsh};
+use ep_test_support::cleanup::{self, PoolFixture};
 use ep_test_support::e2e::{
-    EchoProcess, EntryGuard, GuestImage, ImageHost, LIBVIRT_NETNS, build_image, echo_server, env,
-    http, reexec_in_netns, run_ok, status_code, sweep, volumes,
+    EchoProcess, EntryGuard, GuestImage, ImageHost, LIBVIRT_NETNS, StaticNet, build_image,
+    echo_server, env, http, reexec_in_netns, run_ok, status_code, sweep, volumes,
 };
 use ep_test_support::sshd::Sshd;
 
@@ -91,92 +91,6 @@ fn repo_root() -> PathBuf {
         .join("../..")
         .canonicalize()
         .unwrap()
-}
-
-/// An isolated libvirt network without DHCP (bridge address `.1` of a random /24 of
-/// 198.18.0.0/15, no `<dhcp>`, no `<forward>`), plus `::1` of a random ULA /64 added to the
-/// bridge by hand (a libvirt network with IPv6 would send router advertisements, and the
-/// guests would add addresses of their own); destroyed when dropped.
-struct StaticNet {
-    name: String,
-    bridge: String,
-    prefix: [u8; 3],
-    prefix6: [u16; 3],
-}
-
-impl StaticNet {
-    fn create() -> Self {
-        for _ in 0..16 {
-            let name = cleanup::unique_name("net", "eap");
-            let bridge = format!("eptbr{:08x}", cleanup::random_u32());
-            let r = cleanup::random_u32();
-            let prefix = [198, 18 + (r & 1) as u8, (r >> 8) as u8];
-            let [a, b, c] = prefix;
-            println!(
-                "eptest: creating network {name} (bridge {bridge}, {a}.{b}.{c}.0/24, no DHCP)"
-            );
-            let xml = format!(
-                "<network><name>{name}</name><bridge name='{bridge}' stp='off'/>\
-                 <ip address='{a}.{b}.{c}.1' netmask='255.255.255.0'/></network>"
-            );
-            let file = std::env::temp_dir().join(format!("{name}.xml"));
-            std::fs::write(&file, xml).unwrap();
-            let r6 = cleanup::random_u32();
-            let g = Self {
-                name,
-                bridge,
-                prefix,
-                prefix6: [0xfd00 | (r6 >> 24) as u16, r6 as u16, (r >> 16) as u16],
-            };
-            let out = virsh(&["net-create", file.to_str().unwrap()]);
-            let _ = std::fs::remove_file(&file);
-            if out.status.success() {
-                // NB: libvirt turns IPv6 off on the bridge of a network without IPv6.
-                run_ok(
-                    Command::new("sysctl")
-                        .args(["-qw", &format!("net.ipv6.conf.{}.disable_ipv6=0", g.bridge)]),
-                );
-                run_ok(Command::new("ip").args([
-                    "-6",
-                    "addr",
-                    "add",
-                    &format!("{}/64", g.ip6(1)),
-                    "dev",
-                    &g.bridge,
-                    "nodad",
-                ]));
-                println!("eptest: bridge {} also holds {}/64", g.bridge, g.ip6(1));
-                return g;
-            }
-            println!(
-                "eptest: network {} not created: {}",
-                g.name,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        panic!("no isolated network could be created");
-    }
-
-    fn ip(&self, host: u8) -> Ipv4Addr {
-        let [a, b, c] = self.prefix;
-        Ipv4Addr::new(a, b, c, host)
-    }
-
-    fn ip6(&self, host: u16) -> Ipv6Addr {
-        let [a, b, c] = self.prefix6;
-        Ipv6Addr::new(a, b, c, 0, 0, 0, 0, host)
-    }
-}
-
-impl Drop for StaticNet {
-    fn drop(&mut self) {
-        if cleanup::keep_requested() {
-            println!("eptest: keeping network {}", self.name);
-            return;
-        }
-        let _ = virsh(&["net-destroy", &self.name]);
-        let _ = std::fs::remove_file(format!("/var/lib/libvirt/dnsmasq/{}.status", self.bridge));
-    }
 }
 
 /// The operator process: SIGTERM, then SIGKILL after [`STOP_GRACE`], when dropped.
@@ -413,7 +327,7 @@ async fn inside_the_namespace() {
     let _entry_guard = EntryGuard {
         entry: entry.clone(),
     };
-    let net = StaticNet::create();
+    let net = StaticNet::create("eap");
     let gateway = net.ip(1);
     let gateway6 = net.ip6(1);
     let (echo, seen) = echo_server(gateway).await;
@@ -437,7 +351,7 @@ async fn inside_the_namespace() {
         net.ip6(u16::from(POOL_FIRST)),
         net.ip6(u16::from(POOL_LAST)),
     );
-    let [a, b, c] = net.prefix;
+    let [a, b, c, _] = net.ip(0).octets();
     let prefix6 = format!("{}/64", net.ip6(0));
     std::fs::write(
         &config,

@@ -5,6 +5,12 @@
 //! deleted, and `/pools/NAME/healthy.txt`, sampled every second and printed
 //! (`eptest: sample` lines), never empties during the rotation.
 //!
+//! The pool also declares a gateway (`spec.gateway`, with generated credentials): every
+//! second during the rotation a request goes through the standalone operator's gateway to
+//! the echo, as a plain connection and as a sticky session, and must reach the echo from a
+//! published member's address, never failing (failover and drain keep it whole while members
+//! come and go), the session staying on one member while that member is published.
+//!
 //! Isolation and resources as in `e2e_real_guest.rs` (finding M19): the test re-executes
 //! itself inside libvirtd's network namespace; every name is unique and printed before it
 //! exists; guards remove the operator, the echo, the entry's domains, the pool, the network
@@ -59,6 +65,8 @@ const PROXY_PORT: u16 = 3128;
 const IMAGE_KEY: &str = "debian-12-ep";
 const IMAGE_PATH: &str = "/debian-12-ep.qcow2";
 const POOL_NAME: &str = "rot";
+/// The pool gateway's HTTP port (inside the test's network namespace, on 127.0.0.1).
+const GATEWAY_PORT: u16 = 18128;
 
 fn test_name() -> &'static str {
     "a_real_pool_of_two_rotates_each_member_after_its_replacement_is_healthy_and_never_empties"
@@ -187,6 +195,45 @@ async fn members(addr: SocketAddr) -> Option<BTreeMap<String, (bool, bool)>> {
     )
 }
 
+/// The IP the echo at `echo` saw for a `GET` through the pool gateway's HTTP listener at
+/// `gw` as `user`.
+async fn via_gateway(
+    gw: SocketAddr,
+    user: &str,
+    password: &str,
+    echo: SocketAddr,
+) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let go = async {
+        let mut s = tokio::net::TcpStream::connect(gw)
+            .await
+            .map_err(|e| e.to_string())?;
+        let auth = {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+        };
+        s.write_all(
+            format!(
+                "GET http://{echo}/ HTTP/1.1\r\nHost: {echo}\r\nProxy-Authorization: Basic {auth}\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)
+            .await
+            .map_err(|e| e.to_string())?;
+        match out.split_once("\r\n\r\n") {
+            Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.trim().to_owned()),
+            _ => Err(out),
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), go)
+        .await
+        .unwrap_or_else(|_| Err("no answer within 30 s".into()))
+}
+
 #[test]
 fn a_real_pool_of_two_rotates_each_member_after_its_replacement_is_healthy_and_never_empties() {
     if std::env::var_os(IN_NETNS_ENV).is_none() {
@@ -279,7 +326,8 @@ async fn inside_the_namespace() {
              image: {IMAGE_KEY}\n      proxy:\n        port: {PROXY_PORT}\n        \
              protocol: http\n        allowedClientCidrs: [{gateway}/32]\n  rotation:\n    maxAge: {MAX_AGE}\n  \
              update:\n    maxSurge: 1\n    maxUnavailable: 0\n  autohealing:\n    \
-             unhealthyAfter: {UNHEALTHY_AFTER}\n"
+             unhealthyAfter: {UNHEALTHY_AFTER}\n  credentials:\n    generate: true\n  \
+             gateway:\n    listeners: [{{port: {GATEWAY_PORT}}}]\n    drainGrace: 30s\n"
         ),
     )
     .unwrap();
@@ -318,6 +366,31 @@ async fn inside_the_namespace() {
         "eptest: timing: manifest → both members healthy {:.1} s: {originals:?}",
         t0.elapsed().as_secs_f64()
     );
+    // The gateway's client credentials: the pool's generated ones, beside the manifest.
+    let creds =
+        std::fs::read_to_string(dir.join(format!("default.{POOL_NAME}.credentials"))).unwrap();
+    let (user, password) = creds.trim().split_once(':').unwrap();
+    let (user, password) = (user.to_owned(), password.to_owned());
+    let gw = SocketAddr::from(([127, 0, 0, 1], GATEWAY_PORT));
+    let t_gw = Instant::now();
+    let first = loop {
+        match via_gateway(gw, &user, &password, health_echo.addr).await {
+            Ok(ip) => break ip,
+            Err(e) => assert!(
+                t_gw.elapsed() < Duration::from_secs(60),
+                "the pool's gateway does not serve: {e}\n{}",
+                op.log_tail()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    println!("eptest: through the gateway the echo saw {first}");
+    let mut session_ip: Option<String> = None;
+    let mut gateway_samples = 0u32;
+    let mut seen_via_gateway: BTreeSet<String> = BTreeSet::from([first]);
+    let mut ever_published: BTreeSet<String> = BTreeSet::new();
+    let mut last_published: Option<BTreeSet<String>> = None;
+    let (mut membership_changes, mut session_moves) = (0u32, 0u32);
 
     // The rotation, sampled every second.
     let t1 = Instant::now();
@@ -348,6 +421,47 @@ async fn inside_the_namespace() {
             op.log_tail()
         );
         fewest = fewest.min(lines.len());
+        // Through the gateway: always answered, from a published member's address.
+        let published: Vec<&str> = lines
+            .iter()
+            .filter_map(|l| l.rsplit_once(':').map(|(ip, _)| ip))
+            .collect();
+        let plain = via_gateway(gw, &user, &password, health_echo.addr).await;
+        let sticky = via_gateway(
+            gw,
+            &format!("{user}-session-e2e"),
+            &password,
+            health_echo.addr,
+        )
+        .await;
+        println!("eptest: gateway t={t:6.1}s plain={plain:?} session={sticky:?}");
+        let (plain, sticky) = (
+            plain.unwrap_or_else(|e| {
+                panic!(
+                    "the gateway failed a client at t={t:.1}s: {e}\n{}",
+                    op.log_tail()
+                )
+            }),
+            sticky.unwrap_or_else(|e| {
+                panic!(
+                    "the gateway failed a session at t={t:.1}s: {e}\n{}",
+                    op.log_tail()
+                )
+            }),
+        );
+        gateway_samples += 1;
+        seen_via_gateway.insert(plain.clone());
+        seen_via_gateway.insert(sticky.clone());
+        let now_published: BTreeSet<String> = published.iter().map(|p| (*p).to_owned()).collect();
+        ever_published.extend(now_published.iter().cloned());
+        if last_published.as_ref().is_some_and(|l| *l != now_published) {
+            membership_changes += 1;
+        }
+        last_published = Some(now_published);
+        if session_ip.as_ref().is_some_and(|prev| *prev != sticky) {
+            session_moves += 1;
+        }
+        session_ip = Some(sticky);
         assert!(
             !lines.is_empty(),
             "healthy.txt empty at t={t:.1}s during the rotation\n{}",
@@ -394,6 +508,22 @@ async fn inside_the_namespace() {
         t1.elapsed().as_secs_f64()
     );
     assert!(fewest >= 1);
+    assert!(gateway_samples > 0);
+    // Every address the echo saw through the gateway is a member's that healthy.txt listed.
+    assert!(
+        seen_via_gateway.is_subset(&ever_published),
+        "through the gateway {seen_via_gateway:?}, members published {ever_published:?}"
+    );
+    // A session moves only when the members change (a member leaves, or one joins that
+    // outweighs its current one), never between two samples of the same membership.
+    assert!(
+        session_moves <= membership_changes + 1,
+        "the session moved {session_moves} times over {membership_changes} membership changes"
+    );
+    println!(
+        "eptest: {gateway_samples} requests through the gateway during the rotation, none failed; \
+         session moves {session_moves}, membership changes {membership_changes}"
+    );
 
     // Removing the manifest deletes every member's VM.
     std::fs::remove_file(dir.join("rot.yaml")).unwrap();

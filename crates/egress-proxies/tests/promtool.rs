@@ -55,6 +55,11 @@ const NOT_FROM_START: &[&str] = &[
     "egress_proxies_pool_members",
     "egress_proxies_pool_replacements_total",
     "egress_proxies_pool_member_ready_seconds",
+    // Per configured blocklist zone (none in these configs).
+    "egress_proxies_reputation_listed_addresses",
+    "egress_proxies_reputation_failing_addresses",
+    "egress_proxies_reputation_checks_total",
+    "egress_proxies_reputation_check_failures_total",
 ];
 
 fn repo() -> PathBuf {
@@ -243,10 +248,31 @@ fn has_sample(text: &str, name: &str) -> bool {
     })
 }
 
-/// The families docs/metrics.md lists (the first column of its tables).
+/// The families docs/metrics.md lists (the first column of its tables) for the operator
+/// (every section but the pool gateway's).
 fn documented() -> BTreeSet<String> {
+    documented_in(|section| section != "Pool gateway")
+}
+
+/// The pool gateway's families (docs/metrics.md, section "Pool gateway"), but its process's
+/// build info.
+fn documented_gateway() -> BTreeSet<String> {
+    let mut d = documented_in(|section| section == "Pool gateway");
+    d.remove("egress_proxies_gateway_build_info");
+    d
+}
+
+/// The families listed in the sections `keep` accepts.
+fn documented_in(keep: impl Fn(&str) -> bool) -> BTreeSet<String> {
     let doc = std::fs::read_to_string(repo().join("docs/metrics.md")).unwrap();
+    let mut section = String::new();
     doc.lines()
+        .filter(|l| {
+            if let Some(h) = l.strip_prefix("## ") {
+                section = h.trim().to_owned();
+            }
+            keep(&section)
+        })
         .filter_map(|l| l.strip_prefix("| `egress_proxies_"))
         .filter_map(|l| l.split_once('`'))
         .map(|(name, _)| format!("egress_proxies_{name}"))
@@ -293,6 +319,13 @@ fn check_exposition(mode: &str, port: u16) -> String {
 fn check_families(mode: &str, text: &str, later: &[&str]) {
     let docs = documented();
     assert!(docs.len() >= 25, "docs/metrics.md lists {docs:?}");
+    check_families_of(mode, text, later, &docs);
+}
+
+/// [`check_families`] against the families `docs` (standalone adds the gateway's).
+fn check_families_of(mode: &str, text: &str, later: &[&str], docs: &BTreeSet<String>) {
+    let docs = docs.clone();
+    assert!(docs.len() >= 14, "docs/metrics.md lists {docs:?}");
     let served = families(text);
     let undocumented: Vec<&String> = served.difference(&docs).collect();
     assert!(
@@ -321,7 +354,17 @@ fn standalone_metrics_pass_promtool_and_every_family_is_present_from_the_first_s
     // The first scrape that answers: nothing has been reconciled or probed yet.
     let (op, port) = start("standalone", dir.path(), |_| true);
     let first = check_exposition("standalone", port);
-    check_families("standalone", &first, NOT_FROM_START);
+    // Standalone serves the pool gateway's families too (their series come with a pool's
+    // gateway; the access log's counter is there from start).
+    let with_gateway: BTreeSet<String> =
+        documented().union(&documented_gateway()).cloned().collect();
+    let mut later: Vec<&str> = NOT_FROM_START.to_vec();
+    let gateway_per_pool: Vec<String> = documented_gateway()
+        .into_iter()
+        .filter(|f| f != "egress_proxies_gateway_access_log_dropped_total")
+        .collect();
+    later.extend(gateway_per_pool.iter().map(String::as_str));
+    check_families_of("standalone", &first, &later, &with_gateway);
     // After the host's first check, its series are there too (the host is down).
     let start = Instant::now();
     let text = loop {
@@ -596,4 +639,58 @@ fn alerts_and_dashboard_use_served_metrics(text: &str) {
             "{name} (used by a rule or the dashboard) is not served:\n{text}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_metrics_pass_promtool_and_are_the_documented_gateway_families() {
+    let srv = ApiServer::start().await;
+    srv.apply_committed_crds().await;
+    let g = kube_support::GatewayProcess::start(
+        &srv.kubeconfig(),
+        "default",
+        std::net::Ipv4Addr::LOCALHOST,
+        &[],
+    );
+    let (code, ct, text) = wait_for("the gateway's /metrics", RUNNING_DEADLINE, || async {
+        g.get("/metrics", None).await.filter(|(c, _, _)| *c == 200)
+    })
+    .await;
+    assert_eq!(code, 200);
+    assert!(ct.starts_with("text/plain; version=0.0.4"), "{ct}");
+    let (ok, out) = run_promtool(&["check", "metrics"], &text);
+    assert!(
+        ok && out.trim().is_empty(),
+        "promtool check metrics:\n{out}"
+    );
+    let (_, om_ct, om) = g
+        .get("/metrics", Some(PROMETHEUS_SCRAPE_ACCEPT))
+        .await
+        .unwrap();
+    assert!(
+        om_ct.starts_with("application/openmetrics-text; version=1.0.0"),
+        "{om_ct}"
+    );
+    assert_eq!(om.matches("# EOF").count(), 1);
+    // Exactly the gateway's families and its build info; none of the operator's. No pool
+    // declares a gateway: the per-pool families are listed without series.
+    let mut docs = documented_gateway();
+    docs.insert("egress_proxies_gateway_build_info".into());
+    let per_pool: Vec<String> = docs
+        .iter()
+        .filter(|f| {
+            ![
+                "egress_proxies_gateway_build_info",
+                "egress_proxies_gateway_access_log_dropped_total",
+            ]
+            .contains(&f.as_str())
+        })
+        .cloned()
+        .collect();
+    let later: Vec<&str> = per_pool.iter().map(String::as_str).collect();
+    check_families_of("gateway", &text, &later, &docs);
+    // Ready once the pools and Proxies were listed (none here).
+    wait_for("/readyz 200", RUNNING_DEADLINE, || async {
+        g.get("/readyz", None).await.filter(|(c, _, _)| *c == 200)
+    })
+    .await;
 }

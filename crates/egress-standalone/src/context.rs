@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use egress_core::controller::Controller;
@@ -16,6 +16,7 @@ use egress_core::health::HealthEngine;
 use egress_core::metrics::Metrics;
 use egress_core::providers::Providers;
 use egress_provider::ProxyUid;
+use egress_provider::sync::{read, write};
 use egress_web::exposition::Exposition;
 
 use crate::queue::{PoolQueue, WorkQueue};
@@ -70,19 +71,13 @@ impl Context {
 
     /// The providers in effect.
     pub(crate) fn providers(&self) -> Arc<Providers> {
-        self.providers
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        read(&self.providers).clone()
     }
 
     /// Puts `p` in effect, for the controller too.
     pub(crate) fn set_providers(&self, p: Arc<Providers>) {
         self.controller.set_providers(Arc::clone(&p));
-        *self
-            .providers
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = p;
+        *write(&self.providers) = p;
     }
 
     /// Re-queues `uid` after `after`, replacing any earlier timer of it (nothing once

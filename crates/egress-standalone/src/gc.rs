@@ -85,7 +85,7 @@ impl GcDriver for StandaloneGc {
     }
 
     fn collected(&self, report: &GcReport) {
-        let deleted = report.with_action(gc::Action::Deleted).count();
+        let deleted = report.deleted_of(gc::ItemKind::Instance);
         for i in report.with_action(gc::Action::Deleted) {
             tracing::info!(entry = %i.entry, host = %i.host, name = %i.name, reason = %i.reason, "GC deleted");
         }

@@ -79,6 +79,9 @@ impl HostCheckDriver for HostChecks {
             None => host_checks::timeout_reports(&check),
         };
         self.ctx.controller.record_host_reports(&entry, &reports);
+        if let Some(engine) = &self.ctx.health {
+            engine.hosts_reported(&entry, &reports);
+        }
         let mut hosts = lock(&self.store.hosts);
         for row in rows {
             let report = check

@@ -48,17 +48,20 @@
 //! reconcile workers; `pool/` ProxyPools; `observe.rs` what it serves over HTTP. `gc.rs`,
 //! `host_checks.rs`, `proxy_health.rs` and `config_watch.rs` are its side of the background
 //! tasks written once in the core ([`egress_core::background`]); `queue.rs` and
-//! `timers.rs` the work queues and requeue timers.
+//! `timers.rs` the work queues and requeue timers; `gateway_feed.rs` the pool gateways'
+//! membership, read from the store.
 
 mod adoption;
 mod config_watch;
 mod context;
+pub mod gateway_feed;
 mod gc;
 mod host_checks;
 pub mod manifests;
 mod observe;
 pub mod pool;
 mod proxy_health;
+pub mod quarantine;
 mod queue;
 mod reconcile;
 mod settings;
@@ -125,6 +128,11 @@ pub struct StandaloneOptions {
     /// Proxy health checks through each proxy; `None` turns them off (then `Ready` is the
     /// controller's alone and `/healthy.txt` is empty).
     pub health: Option<HealthSettings>,
+    /// Where the pool gateways' membership is published (every pool declaring
+    /// `spec.gateway`); `None`: no gateway is served.
+    pub gateway: Option<tokio::sync::watch::Sender<Arc<gateway_feed::GatewaySources>>>,
+    /// More metric families for `/metrics` (the gateway's).
+    pub extra_metrics: Option<Arc<dyn prometheus_client::collector::Collector>>,
 }
 
 impl StandaloneOptions {
@@ -152,6 +160,8 @@ impl StandaloneOptions {
             gc_allow_empty: false,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             health: None,
+            gateway: None,
+            extra_metrics: None,
         }
     }
 }
@@ -203,6 +213,14 @@ pub async fn run(
     for w in &cfg.warnings {
         tracing::warn!(%w, "provider config warning");
     }
+    if cfg.reputation.enabled() {
+        // NB: the reputation worker runs in the Kubernetes driver only (docs/reputation.md).
+        tracing::warn!(
+            zones = cfg.reputation.zones.len(),
+            "reputation: zones are configured, but standalone mode runs no blocklist checks: \
+             no address is checked, listed or retired here (Kubernetes mode only)"
+        );
+    }
     // This installation's ID in every mark: from the config, else kept in a file.
     let providers = providers::open(&cfg, &opts.installation()).map_err(|e| match e {
         OpenError::Installation(e) => StandaloneError::Config(e),
@@ -247,7 +265,7 @@ pub async fn run_with_providers(
         }
     }
     let controller = Arc::new(Controller::new(Arc::clone(&providers), controller_settings));
-    let metrics = Metrics::new();
+    let metrics = Metrics::with_extra(opts.extra_metrics.clone());
     // Standalone acts on the fleet alone; the config was just loaded.
     metrics.set_leader(true);
     metrics.config_loaded(true);
@@ -334,6 +352,12 @@ pub async fn run_with_providers(
         let (store, ctx, stop) = (store.clone(), ctx.clone(), stop.clone());
         tasks.spawn("pools", async move {
             pool::reconcile::run(&store, &ctx, stop).await;
+        });
+    }
+    if let Some(tx) = opts.gateway.clone() {
+        let (store, ctx, stop) = (store.clone(), ctx.clone(), stop.clone());
+        tasks.spawn("gateway feed", async move {
+            gateway_feed::run(&store, &ctx, tx, stop).await;
         });
     }
     {

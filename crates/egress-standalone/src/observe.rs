@@ -113,6 +113,7 @@ impl Observe {
             conditions: o.status.conditions.clone(),
             port: Some(o.object.spec.proxy.port),
             health: o.status.health.clone(),
+            reputation: o.status.reputation.clone(),
             egress_address: o.status.egress_address.clone(),
         }
     }

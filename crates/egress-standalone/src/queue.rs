@@ -100,14 +100,17 @@ impl WorkQueue {
 pub(crate) struct PoolQueue {
     dirty: Mutex<BTreeSet<String>>,
     notify: Notify,
+    /// Wakes the gateway feed ([`crate::gateway_feed`]) on the same changes.
+    pub(crate) gateway_wake: Notify,
 }
 
 impl PoolQueue {
-    /// Marks `key` to be decided again.
+    /// Marks `key` to be decided again (and wakes the gateway feed).
     pub(crate) fn add(&self, key: &str) {
         if lock(&self.dirty).insert(key.to_owned()) {
             self.notify.notify_one();
         }
+        self.gateway_wake.notify_one();
     }
 
     /// Every pool marked since the last take.

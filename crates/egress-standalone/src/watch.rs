@@ -100,14 +100,19 @@ pub(crate) fn apply_desired(store: &Store, ctx: &Context, d: &Desired) {
                     || o.object.spec != p.spec
                 {
                     o.object = object_of(p, *generation);
+                    ctx.controller.note_pins(&o.object);
                     changed.push(*uid);
                 }
                 continue;
             }
+            let object = object_of(p, *generation);
+            // NB: every manifest's pins are known before any of them is reconciled, so an
+            // unpinned Proxy never takes an address a later one pins.
+            ctx.controller.note_pins(&object);
             objects.insert(
                 *uid,
                 Obj {
-                    object: object_of(p, *generation),
+                    object,
                     status: ProxyStatus::default(),
                     first_seen: now,
                     pool: None,

@@ -319,6 +319,7 @@ async fn soak(length: Duration) {
     opts.gc = GcSettings {
         min_age: Duration::from_secs(1),
         dry_run: false,
+        ..GcSettings::default()
     };
 
     let name = |i: u64| format!("p{i}");

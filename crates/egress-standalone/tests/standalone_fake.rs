@@ -276,6 +276,7 @@ async fn a_restart_mid_create_converges_without_leaks() {
     second.gc = GcSettings {
         min_age: Duration::ZERO,
         dry_run: false,
+        ..GcSettings::default()
     };
     let r = start_standalone(second, w.providers()).await;
     wait_status(
@@ -360,6 +361,7 @@ async fn gc_refuses_padded_case_changed_and_mismatched_marks_and_takes_a_true_or
     o.gc = GcSettings {
         min_age: Duration::ZERO,
         dry_run: false,
+        ..GcSettings::default()
     };
     let r = start_standalone(o, w.providers()).await;
     wait_status(r.addr, "live Running", WAIT, all_running(&["live".into()])).await;
@@ -429,6 +431,7 @@ async fn a_second_copy_of_a_live_proxys_instance_on_another_host_is_deleted_afte
     o.gc = GcSettings {
         min_age: Duration::ZERO,
         dry_run: false,
+        ..GcSettings::default()
     };
     let r = start_standalone(o, w.providers()).await;
     let t0 = Instant::now();

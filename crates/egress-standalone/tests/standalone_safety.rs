@@ -54,6 +54,7 @@ async fn gc_in_standalone_deletes_nothing_while_the_manifest_directory_is_empty_
         o.gc = GcSettings {
             min_age: Duration::ZERO,
             dry_run: false,
+            ..GcSettings::default()
         };
         o.gc_allow_empty = allow_empty;
         let r = start_standalone(o, hosts.providers()).await;

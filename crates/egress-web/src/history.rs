@@ -17,12 +17,13 @@
 //!   rendered from the copy, never while holding the lock.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
 use egress_core::model::Phase;
+use egress_provider::sync::lock;
 
 use crate::endpoints::Endpoints;
 use crate::status::{HostStatusRow, ProxyStatusRow, StatusDocument, entry_of};
@@ -239,7 +240,7 @@ impl History {
 
     /// Appends `samples` (one per host and pool, [`sample`]) as [`History::record`] does.
     pub fn record_samples(&self, samples: BTreeMap<SeriesKey, Sample>) {
-        let mut series = self.series.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut series = lock(&self.series);
         series.retain(|k, _| samples.contains_key(k));
         for (k, s) in samples {
             let ring = series
@@ -254,7 +255,7 @@ impl History {
 
     /// A copy of every series.
     pub fn snapshot(&self) -> HistorySnapshot {
-        let series = self.series.lock().unwrap_or_else(PoisonError::into_inner);
+        let series = lock(&self.series);
         HistorySnapshot {
             series: series
                 .iter()
@@ -319,6 +320,7 @@ mod tests {
                 healthy: Some(h),
                 ..HealthStatus::default()
             }),
+            reputation: None,
             egress_address: Vec::new(),
         }
     }

@@ -313,6 +313,28 @@ fn pool_samples(f: &Fleet<'_>, p: &PoolSummary, at_unix: u64) -> Vec<Sample> {
     samples
 }
 
+/// The listings of `p`, one per line (the `Listed` cell's tooltip).
+fn listed_title(p: &ProxyStatusRow) -> String {
+    p.reputation
+        .as_ref()
+        .map(|r| {
+            r.listed
+                .iter()
+                .map(|l| {
+                    format!(
+                        "{} in {} ({}) since {}",
+                        l.address,
+                        l.zone,
+                        l.codes.join(", "),
+                        l.since
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
 fn proxies_section(f: &Fleet<'_>, filters: &Filters) -> Markup {
     let rows: Vec<&ProxyStatusRow> = f
         .doc
@@ -326,7 +348,7 @@ fn proxies_section(f: &Fleet<'_>, filters: &Filters) -> Markup {
             table {
                 thead { tr {
                     th { "Proxy" } th { "Phase" } th { "Host" } th { "Address" } th { "Health" }
-                    th { "Egress address" } th { "Age" } th { "Last error" }
+                    th { "Egress address" } th { "Listed" } th { "Age" } th { "Last error" }
                 } }
                 tbody {
                     @for p in &rows {
@@ -354,6 +376,12 @@ fn proxies_section(f: &Fleet<'_>, filters: &Filters) -> Markup {
                                 Some(ip) => code { (ip) },
                                 None => span.muted { "—" },
                             } }
+                            td.listed { @match p.listed_cell().as_str() {
+                                "-" => span.muted { "—" },
+                                "no" => span.muted { "no" },
+                                "?" => span title="some blocklist checks failed" { "?" },
+                                zones => span.s-Failed title=(listed_title(p)) { (zones) },
+                            } }
                             td { @match age(&p.created_at, &f.doc.generated_at) {
                                 Some(a) => span title=(p.created_at) { (a) },
                                 None => span.muted { "—" },
@@ -370,7 +398,7 @@ fn proxies_section(f: &Fleet<'_>, filters: &Filters) -> Markup {
                         }
                     }
                     @if rows.is_empty() {
-                        tr { td colspan="8" .muted { "No proxy matches the filters." } }
+                        tr { td colspan="9" .muted { "No proxy matches the filters." } }
                     }
                 }
             }

@@ -42,6 +42,7 @@ fn proxy(name: &str, host: Option<&str>, phase: Phase) -> ProxyStatusRow {
         conditions: vec![],
         port: Some(3128),
         health: None,
+        reputation: None,
         egress_address: Vec::new(),
     }
 }
@@ -69,12 +70,32 @@ fn healthy(mut p: ProxyStatusRow, egress: &str) -> ProxyStatusRow {
     p
 }
 
+/// `p` with `203.0.113.7` listed in `zone` (a hostile zone text stays text).
+fn listed(mut p: ProxyStatusRow, zone: &str) -> ProxyStatusRow {
+    use egress_core::reputation::engine::status::ListingStatus;
+    p.reputation = Some(egress_core::reputation::ProxyReputation {
+        addresses: vec!["203.0.113.7".into()],
+        listed: vec![ListingStatus {
+            address: "203.0.113.7".into(),
+            zone: zone.into(),
+            since: "2026-01-01T01:00:00Z".into(),
+            codes: vec!["SBL".into()],
+        }],
+        failed: vec![],
+        last_check: Some("2026-01-01T02:00:00Z".into()),
+    });
+    p
+}
+
 fn document() -> StatusDocument {
     StatusDocument {
         generated_at: "2026-01-01T02:03:04Z".into(),
         proxies: vec![
             healthy(proxy("alpha", Some("h1"), Phase::Running), "203.0.113.7"),
-            proxy("bravo", Some("h1"), Phase::Provisioning),
+            listed(
+                proxy("bravo", Some("h1"), Phase::Provisioning),
+                "zen.example",
+            ),
             failing(
                 proxy("charlie", Some("h2"), Phase::Failed),
                 "CreateFailed",
@@ -168,7 +189,14 @@ fn the_page_has_one_row_per_host_and_per_proxy_with_their_states() {
     assert_eq!(alpha[3], "192.0.2.10:3128");
     assert_eq!(alpha[4], "Healthy 42 ms");
     assert_eq!(alpha[5], "203.0.113.7");
-    assert_eq!(alpha[6], "2h3m", "age against the document's generatedAt");
+    assert_eq!(alpha[6], "—", "not checked: no listing shown");
+    assert_eq!(alpha[7], "2h3m", "age against the document's generatedAt");
+    let bravo = all(&h, "tr[data-proxy='default/bravo'] td.listed span");
+    assert_eq!(text(&bravo[0]), "zen.example");
+    assert_eq!(
+        bravo[0].value().attr("title"),
+        Some("203.0.113.7 in zen.example (SBL) since 2026-01-01T01:00:00Z")
+    );
     let charlie = all(&h, "tr[data-proxy='default/charlie'] td.err");
     assert_eq!(
         text(&charlie[0]),

@@ -153,6 +153,10 @@ pub struct ProxyStatusRow {
     /// before the first check): healthy, egress IP, latency, last check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthStatus>,
+    /// The egress addresses' DNS blocklist results (`status.reputation`; absent while no
+    /// blocklist is configured or before the first check).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reputation: Option<egress_core::reputation::ProxyReputation>,
 }
 
 impl ProxyStatusRow {
@@ -169,6 +173,20 @@ impl ProxyStatusRow {
         }
         let ip: std::net::IpAddr = self.ip.as_deref()?.parse().ok()?;
         Some(std::net::SocketAddr::new(ip, self.port?))
+    }
+
+    /// The reputation in one cell (the `LISTED` column of `egress-proxies status` and the
+    /// fleet page): the zones an address is listed in (comma-separated), `no` when every
+    /// check answered and none lists it, `?` when none lists it but some check failed, `-`
+    /// when checks are off or before the first check.
+    pub fn listed_cell(&self) -> String {
+        use egress_core::reputation::engine::status::Summary;
+        match self.reputation.as_ref().map(|r| r.summary()) {
+            None | Some(Summary::Unchecked) => "-".into(),
+            Some(Summary::Listed(zones)) => zones.join(","),
+            Some(Summary::Failing) => "?".into(),
+            Some(Summary::Clean) => "no".into(),
+        }
     }
 }
 
@@ -252,6 +270,7 @@ mod tests {
                     egress_ip: Some("203.0.113.7".into()),
                     ..HealthStatus::default()
                 }),
+                reputation: None,
                 egress_address: Vec::new(),
             }],
             hosts: vec![HostStatusRow {
@@ -292,6 +311,7 @@ mod tests {
                 healthy: Some(h),
                 ..HealthStatus::default()
             }),
+            reputation: None,
             egress_address: Vec::new(),
         }
     }

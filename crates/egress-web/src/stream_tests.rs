@@ -50,6 +50,7 @@ fn fleet(n: usize, pools: bool) -> StatusDocument {
                 healthy: Some(i % 8 == 2),
                 ..HealthStatus::default()
             }),
+            reputation: None,
         })
         .collect();
     proxies.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));

@@ -1,5 +1,6 @@
 //! Background work both drivers run, written once: the orphan GC loop ([`gc`]), the host
-//! check loop ([`host_checks`]), the proxy health loop ([`proxy_health`]), the provider config
+//! check loop ([`host_checks`]), the proxy health loop ([`proxy_health`]), the reputation
+//! check loop ([`reputation`]), the provider config
 //! and SSH material watch ([`config_watch`]), and the process's stop signal ([`signals`]).
 //!
 //! Each background task is a plain `async fn` that runs until its stop token is cancelled,
@@ -21,6 +22,7 @@ pub mod config_watch;
 pub mod gc;
 pub mod host_checks;
 pub mod proxy_health;
+pub mod reputation;
 pub mod signals;
 
 use std::future::Future;

@@ -205,6 +205,7 @@ impl Installation {
                     providers: Vec::new(),
                     warnings: Vec::new(),
                     installation: cfg.installation.clone(),
+                    reputation: egress_reputation::Settings::default(),
                 };
                 fill_standalone(&mut c, &standalone_dir(config_path.as_deref(), proxies_dir))?;
                 Ok(c.installation)

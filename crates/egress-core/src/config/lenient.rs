@@ -11,10 +11,10 @@
 //! The caller then validates the value it got, dropping rule errors at or under a path that
 //! already has a shape error (the neutral value would otherwise be reported a second time).
 //!
-//! One piece (over 600 lines with its tests): the loose tree, the path-aware deserializer
-//! over it and the walk that sets nodes aside share their private types (the tree, the error
-//! that carries a path, the path segments); split, each part would expose the others'
-//! internals.
+//! One piece (about 730 lines before its tests, 590 of them code): the loose tree, the
+//! path-aware deserializer over it and the walk that sets nodes aside share their private types
+//! (the tree, the error that carries a path, the path segments); split, each part would expose
+//! the others' internals.
 //!
 //! Guarantees: no I/O; nothing lost on bad input — a syntax error is returned as such, and
 //! each shape error found is returned (at most [`MAX_SHAPE_ERRORS`]); the work is bounded

@@ -4,7 +4,9 @@
 //! `name`, a `type` (only `libvirt` today) and the fields of
 //! [`egress_provider::libvirt::config::LibvirtEntry`], and an optional `installation: { id }`
 //! naming this installation in every ownership mark (see [`installation`] for the default
-//! when it is absent). See `examples/providers.yaml` for a commented example.
+//! when it is absent), and an optional `reputation:` section, the DNS blocklist checks of the
+//! egress addresses (checked by [`egress_reputation::config::validate`], its errors under
+//! `reputation.`). See `examples/providers.yaml` for a commented example.
 //!
 //! Guarantees:
 //! - **All errors at once.** A file that parses is validated completely; every violation is
@@ -56,6 +58,8 @@ pub struct ProviderConfig {
     /// none: the driver then fills in its default ([`installation`]) before building
     /// providers.
     pub installation: Option<String>,
+    /// `reputation:`: the DNS blocklist checks of the egress addresses (no zones: none).
+    pub reputation: egress_reputation::Settings,
 }
 
 impl ProviderConfig {
@@ -88,6 +92,8 @@ struct RawFile {
     providers: Vec<ProviderEntry>,
     #[serde(default)]
     installation: Option<RawInstallation>,
+    #[serde(default)]
+    reputation: Option<egress_reputation::RawReputation>,
 }
 
 /// `installation:` as written.
@@ -112,6 +118,40 @@ fn validate_installation(raw: Option<&RawInstallation>) -> Vec<ConfigError> {
             )]
         }
         _ => Vec::new(),
+    }
+}
+
+/// The rule errors and warnings of `reputation:` (paths under `reputation.`), and the
+/// settings (the defaults, no zones, when it is absent or has errors).
+fn validate_reputation(
+    raw: Option<&egress_reputation::RawReputation>,
+) -> (
+    egress_reputation::Settings,
+    Vec<ConfigError>,
+    Vec<ConfigWarning>,
+) {
+    let Some(raw) = raw else {
+        return (
+            egress_reputation::Settings::default(),
+            Vec::new(),
+            Vec::new(),
+        );
+    };
+    let at = |p: &str| format!("reputation.{p}");
+    let (out, warnings) = egress_reputation::config::validate(raw);
+    let warnings = warnings
+        .into_iter()
+        .map(|w| ConfigWarning::new(at(&w.path), w.message))
+        .collect();
+    match out {
+        Ok(s) => (s, Vec::new(), warnings),
+        Err(es) => (
+            egress_reputation::Settings::default(),
+            es.into_iter()
+                .map(|e| ConfigError::new(at(&e.path), e.message))
+                .collect(),
+            warnings,
+        ),
     }
 }
 
@@ -246,8 +286,11 @@ fn shape_errors(text: &str, origin: &str, first: &str) -> ConfigErrors {
         .collect();
     let mut warnings = Vec::new();
     if let Some(raw) = &collected.value {
-        let (mut rule_errors, w) = validate(&raw.providers);
+        let (mut rule_errors, mut w) = validate(&raw.providers);
         rule_errors.extend(validate_installation(raw.installation.as_ref()));
+        let (_, rep_errors, rep_warnings) = validate_reputation(raw.reputation.as_ref());
+        rule_errors.extend(rep_errors);
+        w.extend(rep_warnings);
         errors.extend(
             rule_errors
                 .into_iter()
@@ -295,13 +338,17 @@ pub fn parse(text: &str, origin: &str) -> Result<ProviderConfig, ConfigErrors> {
         Ok(raw) => raw,
         Err(first) => return Err(shape_errors(text, origin, &first.to_string())),
     };
-    let (mut errors, warnings) = validate(&raw.providers);
+    let (mut errors, mut warnings) = validate(&raw.providers);
     errors.extend(validate_installation(raw.installation.as_ref()));
+    let (reputation, rep_errors, rep_warnings) = validate_reputation(raw.reputation.as_ref());
+    errors.extend(rep_errors);
+    warnings.extend(rep_warnings);
     if errors.is_empty() {
         Ok(ProviderConfig {
             providers: raw.providers,
             warnings,
             installation: raw.installation.map(|i| i.id),
+            reputation,
         })
     } else {
         Err(ConfigErrors {

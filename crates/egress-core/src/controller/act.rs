@@ -101,6 +101,14 @@ impl Controller {
                         requeue_after = Some(settings.poll_provisioning);
                         events.retain(|e| e.kind == EventKind::Warning);
                         action = Action::None;
+                    } else if req.pinned_egress.is_empty()
+                        && !self.inner.pins_known.load(Ordering::SeqCst)
+                    {
+                        // Some Proxy's pins are not known yet (the driver is listing): an
+                        // address chosen now might be one of them.
+                        requeue_after = Some(settings.poll_provisioning);
+                        events.retain(|e| e.kind == EventKind::Warning);
+                        action = Action::None;
                     } else if req.pinned_egress.is_empty() {
                         req.reserved =
                             st.reservations

@@ -14,8 +14,8 @@ use egress_provider::libvirt::config::LibvirtEntry;
 use egress_provider::model::{HostState, Instance, InstanceState, ProviderId};
 
 use super::decide::{
-    Action, AddressRoom, Decision, EVERY_FAMILY, EntryView, FAMILY_V4, FAMILY_V6, HostInfo, Inputs,
-    Latch, Memory, Observed, OpView, decide, fmt_time, reason,
+    Action, AddressRoom, Decision, EVERY_FAMILY, EntryView, FAMILY_V4, FAMILY_V6, HostInfo,
+    HostView, Inputs, Latch, Memory, Observed, OpView, decide, fmt_time, reason,
 };
 use super::test_fixtures::uid;
 use super::{ControllerSettings, EventKind, ProxyCredentials, ProxyObject};
@@ -131,6 +131,7 @@ fn inst(h: &str, state: InstanceState, ip: Option<&str>) -> Instance {
         ip: ip.map(|s| s.parse().unwrap()),
         mac: "52:54:00:00:00:01".into(),
         egress: Vec::new(),
+        address_note: None,
     }
 }
 
@@ -177,9 +178,35 @@ struct Case {
     observed: Observed,
     op: OpView,
     hosts: BTreeMap<String, HostInfo>,
+    /// Why each host is not Ready, as its last report said.
+    reasons: BTreeMap<String, String>,
     memory: Memory,
     now: SystemTime,
     settings: ControllerSettings,
+}
+
+/// The case's hosts with their reasons.
+#[derive(Debug)]
+struct Hosts<'a> {
+    info: &'a BTreeMap<String, HostInfo>,
+    reasons: &'a BTreeMap<String, String>,
+}
+
+impl HostView for Hosts<'_> {
+    fn info(&self, host: &str) -> HostInfo {
+        self.info.info(host)
+    }
+    fn least_loaded(
+        &self,
+        entry: &LibvirtEntry,
+        need: u8,
+        eligible: &dyn Fn(&str) -> bool,
+    ) -> Option<String> {
+        self.info.least_loaded(entry, need, eligible)
+    }
+    fn reason(&self, host: &str) -> Option<String> {
+        self.reasons.get(host).cloned()
+    }
 }
 
 fn case(p: P) -> Case {
@@ -193,6 +220,7 @@ fn case(p: P) -> Case {
             .map(|h| (h.name.clone(), HostInfo::default()))
             .collect(),
         entry: Some(e),
+        reasons: BTreeMap::new(),
         digest: DIGEST.into(),
         location: None,
         strays: Vec::new(),
@@ -237,6 +265,11 @@ impl Case {
         );
         self
     }
+    /// Why `h`'s last report is not Ready.
+    fn reason(mut self, h: &str, why: &str) -> Self {
+        self.reasons.insert(h.into(), why.into());
+        self
+    }
     /// `h`'s address pool as reported: `pool` families, `full` of them exhausted.
     fn room(mut self, h: &str, pool: u8, full: u8) -> Self {
         self.hosts.entry(h.into()).or_default().addresses = AddressRoom { pool, full };
@@ -271,7 +304,10 @@ impl Case {
             strays: &self.strays,
             observed: &self.observed,
             op: &self.op,
-            hosts: &self.hosts,
+            hosts: &Hosts {
+                info: &self.hosts,
+                reasons: &self.reasons,
+            },
             memory: &self.memory,
             now: self.now,
             settings: &self.settings,
@@ -351,6 +387,35 @@ fn placement_never_uses_a_host_whose_last_report_is_not_ready() {
         assert!(ready.message.contains("Degraded"), "{}", ready.message);
         assert!(d.requeue_after.is_some());
     }
+}
+
+#[test]
+fn a_proxy_waiting_for_hosts_names_each_hosts_reason() {
+    let reserve = "missing free space in storage pool default: 3.1 GiB free, at or below its \
+                   4 GiB reserve (hosts[h1].poolReserveGiB)";
+    let d = case(proxy())
+        .load("h1", 0, Some(HostState::Degraded))
+        .reason("h1", reserve)
+        .load("h2", 0, Some(HostState::Unreachable))
+        .reason("h2", "could not connect within 9.0s")
+        .run();
+    let (_, why, msg) = ready(&d);
+    assert_eq!(why, "NoUsableHost");
+    assert!(msg.contains(&format!("h1 Degraded: {reserve}")), "{msg}");
+    assert!(
+        msg.contains("h2 Unreachable: could not connect within 9.0s"),
+        "{msg}"
+    );
+    // Pinned: the one host's reason.
+    let d = case(proxy().on_host("h1"))
+        .load("h1", 0, Some(HostState::Degraded))
+        .reason("h1", reserve)
+        .run();
+    let (_, _, msg) = ready(&d);
+    assert!(
+        msg.contains(&format!("host h1 (spec.host) is Degraded: {reserve}")),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -454,8 +519,8 @@ fn every_pool_exhausted_places_nothing_and_says_which_pools() {
     let (st, why, msg) = ready(&d);
     assert_eq!((st, why.as_str()), (ConditionStatus::False, "NoUsableHost"));
     assert!(
-        msg.contains("h1 unchecked with its IPv4 address pool exhausted")
-            && msg.contains("h2 unchecked with its IPv4 and IPv6 address pool exhausted"),
+        msg.contains("h1 unchecked: its IPv4 address pool exhausted")
+            && msg.contains("h2 unchecked: its IPv4 and IPv6 address pool exhausted"),
         "{msg}"
     );
 }
@@ -527,6 +592,34 @@ fn the_pinned_egress_goes_into_the_create_request_and_the_held_one_into_status()
         .observed(Observed::NotFound("gone".into()))
         .run();
     assert!(d.status.egress_address.is_empty(), "{:?}", d.status);
+}
+
+#[test]
+fn an_address_source_that_failed_is_named_while_waiting_for_the_address() {
+    let mut p = provisioning("h1");
+    p.address_note = Some(
+        "no address known yet (the host's ARP table failed: internal error: malformed netlink \
+         response message)"
+            .into(),
+    );
+    let d = case(proxy())
+        .status(provisioning_status("h1", t0()))
+        .at("h1")
+        .observed(Observed::Found(p))
+        .run();
+    let (st, why, msg) = ready(&d);
+    assert_eq!(
+        (st, why.as_str()),
+        (ConditionStatus::False, "WaitingForAddress")
+    );
+    assert!(
+        msg.contains(
+            "waiting for it to report an address; no address known yet (the host's ARP \
+                      table failed: internal error: malformed netlink response message)"
+        ),
+        "{msg}"
+    );
+    assert_eq!(d.status.phase, Phase::Provisioning);
 }
 
 #[test]

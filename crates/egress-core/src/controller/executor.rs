@@ -25,7 +25,7 @@ use super::limits::HostLimits;
 use super::metrics::{ControllerCounters, Counters};
 use super::settings::ControllerSettings;
 use super::state::State;
-use egress_provider::sync::lock;
+use egress_provider::sync::{lock, read, write};
 
 /// How the controller tells its driver that a Proxy's reconcile can make progress now: its
 /// create or delete finished, or a host slot it was refused freed up. The driver queues the
@@ -51,6 +51,9 @@ pub(super) struct Inner {
     /// The declared egress addresses each Proxy's instance held at the provider's last report
     /// of it (see [`Controller::declared_egress`]); no entry when it holds none.
     pub(super) declared: Mutex<HashMap<ProxyUid, Vec<IpAddr>>>,
+    /// Whether the driver has shown every Proxy's pins (see [`Controller::set_pins_known`]):
+    /// until then no create that pins nothing is started.
+    pub(super) pins_known: AtomicBool,
 }
 
 impl Inner {
@@ -85,11 +88,7 @@ impl Inner {
 
     /// Wakes `uids` through the driver's waker (no lock of ours is held while it runs).
     pub(super) fn wake(&self, uids: impl IntoIterator<Item = ProxyUid>) {
-        let w = self
-            .waker
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let w = read(&self.waker).clone();
         if let Some(w) = w {
             for u in uids {
                 w(u);
@@ -127,8 +126,39 @@ impl Controller {
                 waker: RwLock::new(None),
                 verified: Mutex::new(HashMap::new()),
                 declared: Mutex::new(HashMap::new()),
+                pins_known: AtomicBool::new(true),
             }),
         }
+    }
+
+    /// Records the addresses `obj` pins (what every reconcile of it does too), so a Proxy
+    /// that pins nothing never takes them (see [`super::reservations`]). A driver that learns
+    /// its Proxies in batches calls it for each before any is reconciled. O(its pins).
+    pub fn note_pins(&self, obj: &super::ProxyObject) {
+        self.note_pins_of(
+            &obj.spec.provider,
+            obj.uid,
+            &obj.namespace,
+            &obj.spec.egress.pinned(),
+        );
+    }
+
+    /// [`note_pins`](Self::note_pins) from a Proxy's parts: `uid` (namespace `ns`) pins
+    /// `pins` in provider entry `entry` (nothing is recorded for an unknown entry).
+    pub fn note_pins_of(&self, entry: &str, uid: ProxyUid, ns: &str, pins: &[std::net::IpAddr]) {
+        if self.providers().get(entry).is_none() {
+            return;
+        }
+        lock(&self.inner.state)
+            .reservations
+            .register(entry, uid, ns, pins);
+    }
+
+    /// Tells whether the driver has shown every Proxy's pins ([`note_pins`](Self::note_pins)):
+    /// while it has not (a watch listing), a create that pins no address waits, so it never
+    /// takes an address a Proxy not seen yet pins. Known from the start unless set otherwise.
+    pub fn set_pins_known(&self, known: bool) {
+        self.inner.pins_known.store(known, Ordering::SeqCst);
     }
 
     /// Sets the driver's waker: called with a Proxy's UID when its create or delete finished
@@ -137,31 +167,19 @@ impl Controller {
     /// waker, those Proxies are reconciled at their requeue time as before; with one, they
     /// still are (waking only brings a reconcile forward).
     pub fn set_waker(&self, waker: Waker) {
-        *self
-            .inner
-            .waker
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(waker);
+        *write(&self.inner.waker) = Some(waker);
     }
 
     /// Replaces the providers after a config reload. Work in flight keeps the provider it
     /// started with; latched failures of an entry whose digest changed are released on the
     /// next reconcile.
     pub fn set_providers(&self, providers: Arc<Providers>) {
-        let mut p = self
-            .inner
-            .providers
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut p = write(&self.inner.providers);
         *p = providers;
     }
 
     pub(super) fn providers(&self) -> Arc<Providers> {
-        self.inner
-            .providers
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        read(&self.inner.providers).clone()
     }
 
     /// Learns where instances are from a complete `list_owned` of `entry` (the driver calls
@@ -238,6 +256,13 @@ impl Controller {
         let hosts = st.health.entry(entry.to_owned()).or_default();
         for r in reports {
             hosts.insert(r.host.clone(), r.state);
+        }
+        let reasons = st.host_reasons.entry(entry.to_owned()).or_default();
+        for r in reports {
+            match r.reason() {
+                Some(why) => reasons.insert(r.host.clone(), why),
+                None => reasons.remove(&r.host),
+            };
         }
         for r in reports {
             st.set_address_room(entry, &r.host, AddressRoom::of(&r.addresses));

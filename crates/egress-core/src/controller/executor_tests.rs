@@ -65,6 +65,7 @@ impl Provider for Scripted {
             mac: "52:54:00:00:00:07".into(),
             // What a host's address pool gives: the pinned addresses (none without a pin).
             egress: req.pinned_egress.clone(),
+            address_note: None,
         };
         self.made.lock().unwrap().insert(req.uid, inst.clone());
         Ok(inst)
@@ -513,4 +514,43 @@ async fn a_namespace_at_its_quota_gets_no_new_instance_but_replacements_go_on() 
     p.made.lock().unwrap().remove(&one.uid);
     let out = c.reconcile(&one, &st, now()).await;
     assert_eq!(out.status.phase, Phase::Provisioning, "{:?}", out.status);
+}
+
+#[tokio::test(start_paused = true)]
+async fn while_the_pins_are_not_known_no_unpinned_create_starts_and_noted_pins_are_reserved() {
+    let p = Arc::new(Scripted::default());
+    let mut e = entry(4);
+    e.hosts[0].address_pool = Some(Default::default());
+    let c = Controller::new(
+        Arc::new(Providers::from_handles([ProviderHandle::new(e, p.clone())])),
+        ControllerSettings::default(),
+    );
+    let addr: std::net::IpAddr = "203.0.113.7".parse().unwrap();
+    // The driver is listing: an unpinned Proxy waits, a pinned one goes ahead.
+    c.set_pins_known(false);
+    let u = in_namespace(1, "team-a", &[]);
+    let out = c.reconcile(&u, &ProxyStatus::default(), now()).await;
+    assert!(out.requeue_after.is_some());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(p.creates.load(Ordering::SeqCst), 0, "no unpinned create");
+    let pinned = in_namespace(2, "team-a", &["203.0.113.8"]);
+    let _ = c.reconcile(&pinned, &ProxyStatus::default(), now()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        p.creates.load(Ordering::SeqCst),
+        1,
+        "a pinned create starts"
+    );
+    // The list showed a Proxy pinning .7 that was never reconciled: the unpinned one, once
+    // the pins are known, is created with .7 reserved.
+    c.note_pins(&in_namespace(3, "team-b", &["203.0.113.7"]));
+    c.set_pins_known(true);
+    let _ = c.reconcile(&u, &ProxyStatus::default(), now()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(p.creates.load(Ordering::SeqCst), 2);
+    assert!(
+        p.reserved.lock().unwrap()[&u.uid].contains(&addr),
+        "{:?}",
+        p.reserved.lock().unwrap()
+    );
 }

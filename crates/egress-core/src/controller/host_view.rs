@@ -68,6 +68,15 @@ impl HostView for LiveHosts<'_> {
         }
     }
 
+    fn reason(&self, host: &str) -> Option<String> {
+        let name = &self.handle.config.name;
+        lock(&self.inner.state)
+            .host_reasons
+            .get(name)
+            .and_then(|m| m.get(host))
+            .cloned()
+    }
+
     fn least_loaded(
         &self,
         _entry: &LibvirtEntry,

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use egress_provider::sync::lock;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// One taken slot; dropping it frees the slot.
@@ -38,10 +39,7 @@ impl HostLimits {
         // rejects it, and here it is read as 1.
         let max = max.max(1);
         let sem = {
-            let mut pools = self
-                .pools
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut pools = lock(&self.pools);
             pools
                 .entry((entry.to_owned(), host.to_owned(), max, kind))
                 .or_insert_with(|| Arc::new(Semaphore::new(max as usize)))
@@ -64,10 +62,7 @@ impl HostLimits {
     /// slot is taken, so the answer may be stale by the time a caller acts on it).
     pub fn work_available(&self, entry: &str, host: &str, max: u32) -> usize {
         let max = max.max(1);
-        let pools = self
-            .pools
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let pools = lock(&self.pools);
         pools
             .get(&(entry.to_owned(), host.to_owned(), max, Kind::Work))
             .map_or(max as usize, |s| s.available_permits())

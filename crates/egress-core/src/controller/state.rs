@@ -37,6 +37,11 @@ pub(super) struct State {
     /// Last reported health per entry, per host (nested, so a lookup by `&str` allocates
     /// nothing).
     pub(super) health: HashMap<String, HashMap<String, HostState>>,
+    /// Per entry, per host: why its last report is not Ready ([`HostReport::reason`]); no
+    /// entry for a Ready host.
+    ///
+    /// [`HostReport::reason`]: egress_provider::model::HostReport::reason
+    pub(super) host_reasons: HashMap<String, HashMap<String, String>>,
     /// When each UID's instance was created: its mark's time from a listing, or when a
     /// create of it succeeded in this process.
     pub(super) created: HashMap<ProxyUid, SystemTime>,

@@ -66,6 +66,7 @@ fn instance(host: &str, uid: ProxyUid) -> Instance {
         ip: Some("192.0.2.7".parse().unwrap()),
         mac: "52:54:00:00:00:07".into(),
         egress: Vec::new(),
+        address_note: None,
     }
 }
 

@@ -10,11 +10,12 @@ use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
 use egress_provider::ProxyUid;
+use egress_provider::bases::{BaseAction, BaseGcSettings, BaseVerdict, UnusedClock};
 
-use crate::providers::Providers;
+use crate::providers::{ProviderHandle, Providers};
 
 use super::plan::{EntryListing, plan};
-use super::planned::Target;
+use super::planned::{ItemKind, Target};
 use super::report::{Action, EntryReport, GcItem, GcReport};
 use super::settings::{DELETE_BUDGET, GcSettings, LIST_BUDGET};
 
@@ -82,6 +83,18 @@ pub async fn collect(
             reason,
         });
     }
+    if let Some(clock) = settings.bases {
+        // NB: an entry whose listing failed in this pass loses nothing in it, bases included
+        // (its host is likely failing anyway).
+        for l in listings
+            .iter()
+            .filter(|l| l.instances.is_ok() && l.volumes.is_ok())
+        {
+            if let Some(h) = providers.get(&l.entry) {
+                items.extend(entry_bases(h, settings.dry_run, clock, now).await);
+            }
+        }
+    }
     let entries = listings
         .into_iter()
         .map(|l| {
@@ -101,6 +114,48 @@ pub async fn collect(
         dry_run: settings.dry_run,
         entries,
         items,
+    }
+}
+
+/// One entry's base step: its unused bases
+/// ([`Provider::collect_bases`](egress_provider::Provider::collect_bases), each host bounded
+/// by the provider), as report items of kind [`ItemKind::Base`].
+async fn entry_bases(
+    h: &ProviderHandle,
+    dry_run: bool,
+    clock: UnusedClock,
+    now: SystemTime,
+) -> Vec<GcItem> {
+    let settings = BaseGcSettings {
+        dry_run,
+        clock,
+        grace: None,
+        now,
+    };
+    h.provider
+        .collect_bases(&settings)
+        .await
+        .into_iter()
+        .map(base_item)
+        .collect()
+}
+
+/// A provider's verdict on a base as a report item.
+pub fn base_item(v: BaseVerdict) -> GcItem {
+    GcItem {
+        entry: v.entry,
+        host: v.host,
+        name: v.name,
+        kind: ItemKind::Base,
+        uid: None,
+        action: match v.action {
+            BaseAction::Removed => Action::Deleted,
+            BaseAction::WouldRemove => Action::WouldDelete,
+            BaseAction::Kept => Action::Kept,
+            BaseAction::Failed => Action::Failed,
+        },
+        rule: v.rule,
+        reason: v.reason,
     }
 }
 

@@ -23,6 +23,11 @@
 //!   re-checks right before deleting that no domain named for its UID exists (M3, M2);
 //! - a temporary image upload is deleted only when older than the entry's import deadline
 //!   plus the minimum age, so a running import never loses its part;
+//! - a cached base image is removed (with [`GcSettings::bases`]) only when nothing on its
+//!   host uses it — read on the host, any domain's disks or any volume backed by it — and it
+//!   has been unused for its entry's grace (`limits.unusedBaseGraceMinutes`), by the
+//!   provider's own re-checked path ([`Provider::collect_bases`](egress_provider::Provider::collect_bases)),
+//!   and only for an entry whose instances and volumes were both listed in this pass;
 //! - with [`GcSettings::dry_run`] nothing is deleted; the report says what would go and why;
 //! - the live set is taken by the caller before listing: a Proxy created after that is
 //!   protected by the minimum age.
@@ -39,7 +44,7 @@ mod settings;
 #[cfg(test)]
 mod tests;
 
-pub use self::execute::collect;
+pub use self::execute::{base_item, collect};
 pub use self::plan::{EntryListing, plan};
 pub use self::planned::{ItemKind, Planned, Reason, Target};
 pub use self::report::{Action, EntryReport, GcItem, GcReport};

@@ -22,6 +22,8 @@ pub enum ItemKind {
     Seed,
     /// A temporary image upload volume.
     Part,
+    /// A cached base image (with its marker and data volume).
+    Base,
     /// The entry as a whole (a listing failed).
     Entry,
 }
@@ -34,6 +36,7 @@ impl ItemKind {
             Self::Overlay => "overlay",
             Self::Seed => "seed",
             Self::Part => "part",
+            Self::Base => "base",
             Self::Entry => "entry",
         }
     }

@@ -97,6 +97,13 @@ impl GcReport {
         self.items.iter().filter(move |i| i.action == action)
     }
 
+    /// How many items of `kind` this pass deleted.
+    pub fn deleted_of(&self, kind: ItemKind) -> usize {
+        self.with_action(Action::Deleted)
+            .filter(|i| i.kind == kind)
+            .count()
+    }
+
     /// Whether every entry was listed completely and no deletion failed.
     pub fn is_clean(&self) -> bool {
         self.entries

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use egress_provider::bases::UnusedClock;
+
 /// Default [`GcSettings::min_age`].
 // NB: an instance becomes visible to the driver's live set within one watch event (seconds),
 // and a create that raced a GC pass needs at most the reconcile deadline plus the start wait
@@ -31,14 +33,20 @@ pub struct GcSettings {
     pub min_age: Duration,
     /// Delete nothing; report what would go.
     pub dry_run: bool,
+    /// Whether the pass also removes the cached base images nothing uses (each entry's
+    /// `limits.unusedBaseGraceMinutes` after they went unused), and how their unused time is
+    /// counted; `None` leaves bases alone.
+    pub bases: Option<UnusedClock>,
 }
 
 impl Default for GcSettings {
-    /// [`DEFAULT_MIN_AGE`], not a dry run.
+    /// [`DEFAULT_MIN_AGE`], not a dry run, unused bases collected with their unused time
+    /// counted from the first pass that found them unused (a periodic worker's setting).
     fn default() -> Self {
         Self {
             min_age: DEFAULT_MIN_AGE,
             dry_run: false,
+            bases: Some(UnusedClock::FirstSeen),
         }
     }
 }

@@ -54,7 +54,13 @@ pub async fn probe_target(t: &ProbeTarget, settings: &HealthSettings) -> Vec<Pro
         Err(e) => ProbeResult::Failed(e),
     };
     if t.declared.is_empty() {
-        let r = probe::probe(&ep, &settings.target, settings.probe_timeout).await;
+        let r = probe::probe_within(
+            &ep,
+            &settings.target,
+            settings.probe_timeout,
+            settings.connect_timeout,
+        )
+        .await;
         return vec![Probed {
             declared: None,
             result: result(r),
@@ -62,7 +68,13 @@ pub async fn probe_target(t: &ProbeTarget, settings: &HealthSettings) -> Vec<Pro
     }
     let mut out = Vec::with_capacity(t.declared.len());
     for d in &t.declared {
-        let r = probe::probe(&ep, settings.target_for(*d), settings.probe_timeout).await;
+        let r = probe::probe_within(
+            &ep,
+            settings.target_for(*d),
+            settings.probe_timeout,
+            settings.connect_timeout,
+        )
+        .await;
         out.push(Probed {
             declared: Some(*d),
             result: result(r),

@@ -3,7 +3,8 @@
 //! send `GET <path>` over it and read the address the target saw.
 //!
 //! Guarantees:
-//! - The whole probe (TCP connect, handshake, request, answer) runs under one deadline; the
+//! - The whole probe (TCP connect, handshake, request, answer) runs under one deadline, the
+//!   TCP connect to the proxy under a shorter one of its own ([`probe_within`]); the
 //!   measured latency covers exactly that and nothing after the answer is read: closing the
 //!   socket is not timed (finding L15).
 //! - Every read is bounded: the proxy's reply headers by [`MAX_PROXY_REPLY`], the target's
@@ -198,11 +199,30 @@ pub async fn probe(
     target: &CheckTarget,
     deadline: Duration,
 ) -> Result<ProbeSuccess, ProbeError> {
+    probe_within(proxy, target, deadline, deadline).await
+}
+
+/// Probes `target` through `proxy` within `deadline`, the TCP connect to the proxy itself
+/// within `connect` (at most `deadline`): a proxy that answers no SYN (its VM or host gone)
+/// fails as [`ProbeError::Connect`] after `connect`, while a slow tunnel or target still has
+/// the whole `deadline`.
+pub async fn probe_within(
+    proxy: &ProxyEndpoint,
+    target: &CheckTarget,
+    deadline: Duration,
+    connect: Duration,
+) -> Result<ProbeSuccess, ProbeError> {
     let start = Instant::now();
+    let connect = connect.min(deadline);
     let run = async {
-        let mut s = TcpStream::connect(proxy.addr)
-            .await
-            .map_err(|e| ProbeError::Connect(e.to_string()))?;
+        let mut s = match tokio::time::timeout(connect, TcpStream::connect(proxy.addr)).await {
+            Ok(r) => r.map_err(|e| ProbeError::Connect(e.to_string()))?,
+            Err(_) => {
+                return Err(ProbeError::Connect(format!(
+                    "no answer to the connection within {connect:?}"
+                )));
+            }
+        };
         // NB: small request/response exchanges; Nagle would add a delayed-ACK round trip.
         let _ = s.set_nodelay(true);
         match proxy.protocol {

@@ -106,7 +106,7 @@ struct AddressLabel {
     host: String,
     /// `IPv4` or `IPv6`.
     family: String,
-    /// `allocated` or `free`.
+    /// `allocated`, `retired` or `free`.
     state: &'static str,
 }
 
@@ -125,6 +125,7 @@ pub struct Metrics {
     pools: Arc<PoolCollector>,
     pool_members: pool::PoolMetrics,
     health: HealthMetrics,
+    reputation: crate::reputation::metrics::ReputationMetrics,
     leader: Gauge,
     proxies: Family<PhaseLabel, Gauge>,
     reconciles: Family<ResultLabel, Counter>,
@@ -150,10 +151,29 @@ impl Default for Metrics {
     }
 }
 
+/// A shared collector registered in the operator's registry.
+#[derive(Debug)]
+struct Extra(Arc<dyn prometheus_client::collector::Collector>);
+
+impl prometheus_client::collector::Collector for Extra {
+    fn encode(
+        &self,
+        encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+}
+
 impl Metrics {
     /// A fresh registry with every family registered, each at zero where it has no
     /// per-host or per-object label.
     pub fn new() -> Self {
+        Self::with_extra(None)
+    }
+
+    /// [`Metrics::new`] with `extra`'s families too (under the same `egress_proxies_`
+    /// prefix): how a driver adds the pool gateway's to its `/metrics`.
+    pub fn with_extra(extra: Option<Arc<dyn prometheus_client::collector::Collector>>) -> Self {
         let mut root = Registry::default();
         let reg = root.sub_registry_with_prefix(PREFIX);
         let build = BUILD.get().cloned().unwrap_or_else(|| BuildLabels {
@@ -202,7 +222,8 @@ impl Metrics {
         reg.register(
             "host_egress_addresses",
             "Declared egress addresses of the host's address pool by family and state: \
-             allocated (held by instances) or free",
+             allocated (held by instances), retired (after a blocklist listing; not handed \
+             out) or free",
             host_addresses.clone(),
         );
         let gc_deleted = Counter::default();
@@ -254,7 +275,13 @@ impl Metrics {
         let pools = Arc::new(PoolCollector::default());
         reg.register_collector(Box::new(Arc::clone(&pools)));
         let pool_members = pool::PoolMetrics::register(reg);
+        if let Some(e) = extra {
+            reg.register_collector(Box::new(Extra(e)));
+        }
         let health = HealthMetrics::register(reg.sub_registry_with_prefix("health"));
+        let reputation = crate::reputation::metrics::ReputationMetrics::register(
+            reg.sub_registry_with_prefix("reputation"),
+        );
         for p in PHASES {
             proxies
                 .get_or_create(&PhaseLabel {
@@ -283,6 +310,7 @@ impl Metrics {
             pools,
             pool_members,
             health,
+            reputation,
             leader,
             proxies,
             reconciles,
@@ -306,6 +334,12 @@ impl Metrics {
     /// [`HealthEngine::with_metrics`](crate::health::HealthEngine::with_metrics).
     pub fn health(&self) -> HealthMetrics {
         self.health.clone()
+    }
+
+    /// The reputation checks' families (registered in this registry): hand them to
+    /// [`ReputationService::new`](crate::reputation::ReputationService::new).
+    pub fn reputation(&self) -> crate::reputation::metrics::ReputationMetrics {
+        self.reputation.clone()
     }
 
     /// Records whether this process acts on the fleet (leads).
@@ -382,11 +416,20 @@ impl Metrics {
         known.clear();
         for u in usage {
             let held = u128::from(u.held);
+            let retired = u128::from(u.retired);
             // NB: f64 gauges: an IPv6 pool's size does not fit an i64; counts this large are
             // read as magnitudes anyway.
             #[allow(clippy::cast_precision_loss)]
-            let (allocated, free) = (held as f64, u.size.saturating_sub(held) as f64);
-            for (state, v) in [("allocated", allocated), ("free", free)] {
+            let (allocated, retired_f, free) = (
+                held as f64,
+                retired as f64,
+                u.size.saturating_sub(held).saturating_sub(retired) as f64,
+            );
+            for (state, v) in [
+                ("allocated", allocated),
+                ("retired", retired_f),
+                ("free", free),
+            ] {
                 self.host_addresses
                     .get_or_create(&address_label(&l, u.family, state))
                     .set(v);
@@ -399,7 +442,7 @@ impl Metrics {
     }
 
     fn remove_address_series(&self, l: &HostLabel, family: &str) {
-        for state in ["allocated", "free"] {
+        for state in ["allocated", "retired", "free"] {
             self.host_addresses.remove(&address_label(l, family, state));
         }
     }

@@ -206,7 +206,12 @@ fn a_check_without_an_answer_drops_the_stale_latency_but_keeps_the_host_down() {
 #[test]
 fn a_hosts_address_pool_usage_is_exported_per_family_and_removed_with_the_host() {
     let m = Metrics::new();
-    let usage = |family, size, held| AddressUsage { family, size, held };
+    let usage = |family, size, held| AddressUsage {
+        family,
+        size,
+        held,
+        retired: 0,
+    };
     m.host_checked("local", "h1", true, Some(0.004));
     m.host_addresses(
         "local",

@@ -55,6 +55,9 @@ pub mod condition {
     pub const HEALTHY: &str = "Healthy";
     /// Usable by clients.
     pub const READY: &str = "Ready";
+    /// An egress address is listed in a configured DNS blocklist (set by the reputation
+    /// checks).
+    pub const LISTED: &str = "Listed";
 }
 
 /// A condition's truth value.
@@ -155,6 +158,12 @@ pub struct ProxyStatus {
     /// are off or before the first check).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthStatus>,
+    /// The reputation of the proxy's egress addresses (declared and observed) in the
+    /// configured DNS blocklists: which are listed in which zone since when, which checks
+    /// fail, and the last check (absent while no blocklist is configured or before the first
+    /// check).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reputation: Option<egress_reputation::ProxyReputation>,
 }
 
 /// The proxy health engine's view of one Proxy, as published in its status.

@@ -11,7 +11,7 @@ use std::time::SystemTime;
 use sha2::{Digest, Sha256};
 
 use crate::model::{ConditionStatus, Phase, ProxySpec, ProxyStatus, condition};
-use crate::pool::spec::ProxyTemplate;
+use crate::pool::spec::{OnListed, ProxyTemplate};
 
 /// Label on every member naming its pool.
 pub const LABEL_POOL: &str = "egress-proxies.dev/pool";
@@ -59,6 +59,12 @@ pub struct Member {
     pub ip: Option<String>,
     /// The address the world sees its traffic from, as its health check last saw it.
     pub egress_ip: Option<String>,
+    /// Its egress addresses (declared or observed) listed in a DNS blocklist now (its
+    /// `status.reputation.listed`), each once, sorted; empty when none.
+    pub listed: Vec<String>,
+    /// The listings, for messages (`ADDRESS in ZONE (CODES) since TIME; ...`); empty when
+    /// none.
+    pub listed_note: String,
 }
 
 /// What a driver knows of a member Proxy besides its status.
@@ -83,6 +89,43 @@ impl Member {
     /// only when the health engine saw it healthy through itself; with them off, Ready
     /// (running with an address) is all there is to go by.
     pub fn observe(meta: MemberMeta, status: &ProxyStatus, health_checks: bool) -> Self {
+        Self::observe_with(meta, status, health_checks, OnListed::Ignore)
+    }
+
+    /// [`Self::observe`] under the pool's `reputation.onListed`: with `Unpublish`, a member
+    /// with a listed address is not available (not published) while it is listed, and is
+    /// not counted as unhealthy for it (so autohealing does not replace it for a listing).
+    pub fn observe_with(
+        meta: MemberMeta,
+        status: &ProxyStatus,
+        health_checks: bool,
+        on_listed: OnListed,
+    ) -> Self {
+        let mut listed: Vec<String> = status
+            .reputation
+            .as_ref()
+            .map(|r| r.listed.iter().map(|l| l.address.clone()).collect())
+            .unwrap_or_default();
+        listed.sort();
+        listed.dedup();
+        let listed_note = status
+            .reputation
+            .as_ref()
+            .map(|r| {
+                r.listed
+                    .iter()
+                    .map(|l| {
+                        let codes = if l.codes.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", l.codes.join(", "))
+                        };
+                        format!("{} in {}{codes} since {}", l.address, l.zone, l.since)
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+            .unwrap_or_default();
         let ready_cond = status.condition(condition::READY);
         let ready = ready_cond.is_some_and(|c| c.status == ConditionStatus::True);
         let verified =
@@ -105,12 +148,15 @@ impl Member {
             created: meta.created,
             phase: status.phase,
             ready,
-            available,
             unhealthy_since,
             failure,
             quarantine: meta.quarantine,
             deleting: meta.deleting,
             egress_address: status.egress_address.clone(),
+            // NB: after `unhealthy_since`: a listing alone never starts the autohealing clock.
+            available: available && (on_listed != OnListed::Unpublish || listed.is_empty()),
+            listed,
+            listed_note,
             ip: status.ip.clone(),
             egress_ip: status.health.as_ref().and_then(|h| h.egress_ip.clone()),
         }
@@ -134,7 +180,19 @@ impl Member {
             egress_address: Vec::new(),
             ip: None,
             egress_ip: None,
+            listed: Vec::new(),
+            listed_note: String::new(),
         }
+    }
+
+    /// Its listed addresses that it holds from its host's address pool (declared): the ones a
+    /// replacement at a fresh address leaves behind, and that can be retired.
+    pub fn listed_declared(&self) -> Vec<String> {
+        self.listed
+            .iter()
+            .filter(|a| self.egress_address.contains(a))
+            .cloned()
+            .collect()
     }
 }
 

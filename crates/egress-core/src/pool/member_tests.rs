@@ -177,3 +177,47 @@ fn a_member_and_its_status_row_carry_its_declared_egress_addresses() {
             .is_none()
     );
 }
+
+#[test]
+fn unpublish_makes_a_listed_member_unavailable_without_starting_autohealing() {
+    use crate::pool::spec::OnListed;
+    let mut st = status(Phase::Running, ConditionStatus::True, 10, Some(true));
+    st.egress_address = vec!["192.0.2.1".into()];
+    st.reputation = Some(egress_reputation::ProxyReputation {
+        addresses: vec!["192.0.2.1".into()],
+        listed: vec![egress_reputation::status::ListingStatus {
+            address: "192.0.2.1".into(),
+            zone: "bl.test".into(),
+            since: "2027-01-15T08:00:00Z".into(),
+            codes: vec!["SBL".into()],
+        }],
+        failed: vec![],
+        last_check: Some("2027-01-15T08:00:00Z".into()),
+    });
+    let m = Member::observe_with(meta(), &st, true, OnListed::Unpublish);
+    assert!(!m.available, "not published while listed");
+    assert!(
+        m.unhealthy_since.is_none(),
+        "a listing is not a health failure"
+    );
+    assert_eq!(m.listed, ["192.0.2.1"]);
+    assert_eq!(m.listed_declared(), ["192.0.2.1"]);
+    assert!(
+        m.listed_note.contains("192.0.2.1 in bl.test (SBL) since"),
+        "{}",
+        m.listed_note
+    );
+    for policy in [OnListed::Ignore, OnListed::Replace] {
+        assert!(
+            Member::observe_with(meta(), &st, true, policy).available,
+            "{policy:?}"
+        );
+    }
+    // A listing of an observed address it does not hold: nothing to retire.
+    st.egress_address = vec!["192.0.2.2".into()];
+    assert!(
+        Member::observe(meta(), &st, true)
+            .listed_declared()
+            .is_empty()
+    );
+}

@@ -14,6 +14,8 @@
 //! - [`status`]: the pool's status, conditions and reasons.
 //! - [`credentials`]: generated credentials (a driver keeps them: a Secret in Kubernetes, a
 //!   0600 file beside a standalone manifest).
+//! - [`gateway`]: `spec.gateway`, the pool's front proxy, and the membership a driver
+//!   publishes to it.
 //!
 //! Members are ordinary Proxies reconciled by the Proxy controller, so every guarantee a
 //! Proxy has holds for a member; the pool only decides which members exist.
@@ -21,6 +23,7 @@
 pub mod credentials;
 pub mod decide;
 pub mod duration;
+pub mod gateway;
 pub mod member;
 #[cfg(test)]
 mod member_tests;

@@ -18,7 +18,8 @@
 //! 6. **Metrics**: members by state, each member's create-to-available time once
 //!    ([`AvailabilityMemory`]), replacements by cause, desired and available replicas.
 //!
-//! [`carry_out`] acts in this order: creates, deletes, events, then the status; a create or
+//! [`carry_out`] acts in this order: retirements (when they changed), creates, deletes,
+//! events, then the status; a create or
 //! delete that fails does not stop the others, the status is still recorded, and the first
 //! failure is returned (the driver retries the round).
 //!
@@ -89,6 +90,9 @@ pub struct RoundInputs<'a> {
     pub members: &'a [Member],
     /// The hosts of its provider entry with their last health report.
     pub hosts: &'a [PoolHost],
+    /// How long an address a member is replaced for (`reputation.onListed: Replace`) stays
+    /// retired: the operator's `reputation.retireFor`.
+    pub retire_for: Duration,
     /// The clock.
     pub now: SystemTime,
 }
@@ -272,10 +276,11 @@ pub fn plan(i: &RoundInputs<'_>, memory: &mut AvailabilityMemory) -> Round {
             finished: i.members.is_empty(),
         };
     }
-    let policy = match check(i.name, i.spec, i.quota) {
+    let mut policy = match check(i.name, i.spec, i.quota) {
         Ok(p) => p,
         Err(errors) => return refuse(i, reason::INVALID_SPEC, &errors),
     };
+    policy.retire_for = i.retire_for;
     let digest = match i.credentials {
         PoolCredentials::Ready { digest } => digest,
         PoolCredentials::Unusable(why) => return refuse(i, REASON_CREDENTIALS_UNUSABLE, why),
@@ -365,6 +370,12 @@ pub trait PoolDriver: Sync {
     /// Publishes one of the pool's events.
     fn event(&self, event: &Event) -> impl Future<Output = ()> + Send;
 
+    /// Puts the pool's retired addresses (`status.retiredAddresses` of the round) in effect
+    /// where addresses are handed out; called before any create or delete of a round that
+    /// changed them, so an address a replaced member leaves behind is never handed out. No
+    /// I/O.
+    fn retire(&self, status: &ProxyPoolStatus);
+
     /// Records the pool's new `status` (`changed`: it differs from the status the round
     /// read). The round's last step: a driver whose creates and deletes take effect only once
     /// recorded makes them take effect here.
@@ -428,6 +439,9 @@ pub async fn carry_out<D: PoolDriver>(
             metrics.set_pool_members(key, plan.member_counts);
             for secs in &plan.newly_available {
                 metrics.pool_member_ready(key, *secs);
+            }
+            if plan.status.retired_addresses != current.retired_addresses {
+                driver.retire(&plan.status);
             }
             let mut first_error = None;
             for c in &plan.decision.creates {

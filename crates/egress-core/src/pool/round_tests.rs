@@ -67,6 +67,7 @@ fn inputs<'a>(
         credentials: PoolCredentials::Ready { digest: "" },
         members,
         hosts,
+        retire_for: Duration::from_secs(3600),
         now: at(100),
     }
 }
@@ -283,6 +284,10 @@ impl PoolDriver for Recorder {
 
     async fn event(&self, event: &Event) {
         lock(&self.calls).push(format!("event {}", event.reason));
+    }
+
+    fn retire(&self, status: &ProxyPoolStatus) {
+        lock(&self.calls).push(format!("retire {}", status.retired_addresses.len()));
     }
 
     async fn write_status(&self, status: &ProxyPoolStatus, changed: bool) -> Result<(), String> {

@@ -85,6 +85,16 @@ pub struct ProxyPoolSpec {
     /// owns; editing or deleting them replaces the members.
     #[serde(default, skip_serializing_if = "CredentialsPolicy::is_default")]
     pub credentials: CredentialsPolicy,
+    /// What the pool does with a member whose egress address is listed in a DNS blocklist
+    /// the operator checks (`onListed`: `Ignore`, the default; `Unpublish`; `Replace`).
+    #[serde(default, skip_serializing_if = "ReputationPolicy::is_default")]
+    pub reputation: ReputationPolicy,
+    /// A front proxy for the pool (the pool gateway): one endpoint that authenticates
+    /// clients, spreads their connections over the published members or keeps a session on
+    /// one, fails over before the first byte, and logs and counts every connection. Unset:
+    /// no gateway. See docs/gateway.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<super::gateway::GatewaySpec>,
 }
 
 fn default_replicas() -> u32 {
@@ -385,6 +395,39 @@ pub enum ScaleInOrder {
     OldestFirst,
     /// The newest member goes first.
     NewestFirst,
+}
+
+/// What the pool does about members whose egress addresses are listed in a DNS blocklist.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReputationPolicy {
+    /// `Ignore` (default): a listing is only reported. `Unpublish`: a listed member stops
+    /// being available (clients no longer get it) until it is delisted, and is not replaced
+    /// for it. `Replace`: a member whose declared egress address is listed is replaced, within
+    /// the `update` budget, by one with a fresh address, and the listed address is retired
+    /// from its host's address pool for the operator's `reputation.retireFor`.
+    #[serde(default)]
+    pub on_listed: OnListed,
+}
+
+impl ReputationPolicy {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// `reputation.onListed`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub enum OnListed {
+    /// Report only.
+    #[default]
+    Ignore,
+    /// Stop publishing the member while it is listed.
+    Unpublish,
+    /// Replace the member with one at a fresh address and retire the listed address.
+    Replace,
 }
 
 /// Credentials the operator makes for the pool.

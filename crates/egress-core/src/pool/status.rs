@@ -56,6 +56,39 @@ pub mod reason {
     pub const MEMBER_DELETED: &str = "MemberDeleted";
     /// A member was quarantined and is being replaced (event).
     pub const MEMBER_QUARANTINED: &str = "MemberQuarantined";
+    /// Members whose declared egress address is listed are replaced (`onListed: Replace`).
+    pub const REPLACING_LISTED: &str = "ReplacingListed";
+    /// A listed egress address was retired from its host's address pool (event).
+    pub const ADDRESS_RETIRED: &str = "AddressRetired";
+}
+
+/// Most entries of `status.retiredAddresses` (the newest are kept).
+pub const MAX_RETIRED: usize = 1000;
+
+/// An egress address retired from its host's address pool: no Proxy is given it before
+/// `until`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct RetiredAddress {
+    /// The host whose address pool it belongs to.
+    #[cfg_attr(feature = "schema", schemars(length(max = 253)))]
+    pub host: String,
+    /// The address.
+    #[cfg_attr(feature = "schema", schemars(length(max = 45)))]
+    pub address: String,
+    /// The member that held it when it was retired.
+    #[cfg_attr(feature = "schema", schemars(length(max = 253)))]
+    pub member: String,
+    /// Why (the listing: zone, meaning, since when).
+    #[cfg_attr(feature = "schema", schemars(length(max = 1024)))]
+    pub reason: String,
+    /// When it was retired (RFC 3339).
+    #[cfg_attr(feature = "schema", schemars(length(max = 32)))]
+    pub since: String,
+    /// When the retirement ends (RFC 3339).
+    #[cfg_attr(feature = "schema", schemars(length(max = 32)))]
+    pub until: String,
 }
 
 /// A replaced member's egress addresses, waiting for the member to be gone.
@@ -118,6 +151,12 @@ pub struct ProxyPoolStatus {
     /// created there with them once it is gone. At most `replicas` entries.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_addresses: Vec<PendingAddress>,
+    /// Egress addresses retired from their host's address pool because the member holding
+    /// them was listed in a DNS blocklist (`reputation.onListed: Replace`): no Proxy is given
+    /// one before its `until`. At most 1000 entries (the newest).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "schema", schemars(length(max = 1000)))]
+    pub retired_addresses: Vec<RetiredAddress>,
     /// The label selector of the pool's members (`egress-proxies.dev/pool=NAME`), as the
     /// `scale` subresource reports it to `kubectl scale` and autoscalers.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -208,6 +247,29 @@ pub struct HostFailures {
 }
 
 impl ProxyPoolStatus {
+    /// Puts this status's `retiredAddresses` (of provider entry `entry`) in effect in the
+    /// process's `registry` as the retirements of pool `key` (`NAMESPACE/NAME`), replacing
+    /// what the pool had there; entries that do not parse are skipped.
+    pub fn sync_retired(
+        &self,
+        registry: &egress_provider::libvirt::retired::RetiredAddresses,
+        key: &str,
+        entry: &str,
+        now: std::time::SystemTime,
+    ) {
+        let entries = self.retired_addresses.iter().filter_map(|r| {
+            Some(egress_provider::libvirt::retired::Retired {
+                entry: entry.to_owned(),
+                host: r.host.clone(),
+                address: r.address.parse().ok()?,
+                until: humantime::parse_rfc3339_weak(&r.until).ok()?,
+                reason: format!("member {}: {}", r.member, r.reason),
+                owner: String::new(),
+            })
+        });
+        registry.sync(&format!("pool {key}"), entries, now);
+    }
+
     /// The condition of `type_`, if set.
     pub fn condition(&self, type_: &str) -> Option<&Condition> {
         self.conditions.iter().find(|c| c.type_ == type_)

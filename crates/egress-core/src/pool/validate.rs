@@ -62,6 +62,11 @@ pub struct PoolPolicy {
     pub generate_credentials: bool,
     /// Replacements for age or a template change keep the old member's addresses.
     pub keep_addresses: bool,
+    /// What a member listed in a DNS blocklist gets.
+    pub on_listed: super::spec::OnListed,
+    /// How long a listed address a replacement leaves behind stays retired: the operator's
+    /// `reputation.retireFor` (drivers set it; the default otherwise).
+    pub retire_for: Duration,
     /// The most members the pool may hold at once, quarantined ones included: the provider
     /// entry's `quotas.maxPoolReplicas` (see [`PoolPolicy::within_quota`]); no bound until
     /// a driver applies it.
@@ -288,6 +293,13 @@ impl ProxyPoolSpec {
                 ),
             );
         }
+        if let Some(g) = &self.gateway {
+            let own =
+                self.credentials.generate || self.template.spec.proxy.credentials_ref.is_some();
+            for e in g.validate(own).err().unwrap_or_default() {
+                err(&e.path, e.message);
+            }
+        }
         if !errs.is_empty() {
             return Err(errs);
         }
@@ -316,6 +328,8 @@ impl ProxyPoolSpec {
             scale_in: self.scale_in.order,
             generate_credentials: self.credentials.generate,
             keep_addresses: self.rotation.egress_address == EgressAddressPolicy::Keep,
+            on_listed: self.reputation.on_listed,
+            retire_for: egress_reputation::config::DEFAULT_RETIRE_FOR,
         })
     }
 

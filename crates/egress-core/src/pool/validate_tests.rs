@@ -48,6 +48,8 @@ fn a_minimal_manifest_gets_the_documented_defaults() {
             scale_in: ScaleInOrder::OldestFirst,
             generate_credentials: false,
             keep_addresses: false,
+            on_listed: crate::pool::spec::OnListed::Ignore,
+            retire_for: egress_reputation::config::DEFAULT_RETIRE_FOR,
             max_members: u32::MAX,
         }
     );

@@ -52,6 +52,15 @@ const POOL_RULES: &[(&str, &str)] = &[
          && has(self.template.spec) && has(self.template.spec.proxy) && \
          has(self.template.spec.proxy.credentialsRef))",
     ),
+    (
+        "spec.gateway needs client credentials: list them in spec.gateway.clientCredentials, \
+         or set spec.credentials.generate or spec.template.spec.proxy.credentialsRef",
+        "!has(self.gateway) || (has(self.gateway.clientCredentials) && \
+         size(self.gateway.clientCredentials) > 0) || (has(self.credentials) && \
+         has(self.credentials.generate) && self.credentials.generate) || \
+         (has(self.template.spec) && has(self.template.spec.proxy) && \
+         has(self.template.spec.proxy.credentialsRef))",
+    ),
 ];
 
 /// What the pool asks for: the same fields as the `spec` of a standalone ProxyPool manifest.
@@ -280,6 +289,40 @@ mod tests {
             Some("web-credentials"),
         );
         validate_cel(&crate::api::Proxy::new("web-bcdfgh", member.into())).unwrap();
+    }
+
+    #[test]
+    fn a_gateway_needs_client_credentials_and_each_port_once() {
+        let with = |g: &str, generate: bool| {
+            let mut s = spec(&["10.0.0.0/8"], generate, None);
+            s.gateway = Some(serde_saphyr::from_str(g).unwrap());
+            pool(s)
+        };
+        validate_cel(&with("listeners: [{port: 3128}]\n", true)).unwrap();
+        validate_cel(&with(
+            "listeners: [{port: 3128}]\nclientCredentials: [alice]\n",
+            false,
+        ))
+        .unwrap();
+        let errs = validate_cel(&with("listeners: [{port: 3128}]\n", false)).unwrap_err();
+        assert!(
+            format!("{errs:?}").contains("needs client credentials"),
+            "{errs:?}"
+        );
+        let errs = validate_cel(&with(
+            "listeners: [{port: 3128}, {port: 3128, protocol: socks5}]\n",
+            true,
+        ))
+        .unwrap_err();
+        assert!(format!("{errs:?}").contains("each port once"), "{errs:?}");
+        let crd = serde_json::to_value(ProxyPool::crd()).unwrap();
+        let g = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+            ["gateway"];
+        assert_eq!(g["properties"]["listeners"]["maxItems"], 4, "{g}");
+        assert_eq!(
+            g["properties"]["failover"]["properties"]["attempts"]["maximum"], 10.0,
+            "{g}"
+        );
     }
 
     #[test]

@@ -38,7 +38,7 @@ pub(super) fn proxy_controller(
 
 /// Drops from `p` what the cache does not need: its `managedFields` (each field manager's
 /// set of owned fields, as a JSON tree) and the last-applied annotation.
-pub(super) fn strip(p: &mut Proxy) {
+pub(crate) fn strip(p: &mut Proxy) {
     p.metadata.managed_fields = None;
     if let Some(a) = p.metadata.annotations.as_mut() {
         a.remove(LAST_APPLIED);

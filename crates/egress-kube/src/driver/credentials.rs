@@ -39,7 +39,7 @@ pub fn opted_in(secret: &Secret) -> bool {
 /// and so is a Secret the operator may not read (a namespace not granted Secret access);
 /// so is a name that is not a DNS subdomain (never put into an API path, so it cannot reach
 /// another namespace or resource) and a Secret that did not opt in ([`opted_in`]).
-pub(super) async fn credentials(
+pub(crate) async fn credentials(
     client: &Client,
     ns: &str,
     name: Option<&str>,

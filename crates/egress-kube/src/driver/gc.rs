@@ -85,7 +85,7 @@ impl GcDriver for ClusterGc {
     fn collected(&self, report: &GcReport) {
         self.stats.gc_passes.fetch_add(1, Ordering::Relaxed);
         tracing::info!(%report, "GC pass");
-        let deleted = report.with_action(gc::Action::Deleted).count();
+        let deleted = report.deleted_of(gc::ItemKind::Instance);
         self.metrics.gc_ran(
             if report.is_clean() {
                 "ok"

@@ -77,6 +77,9 @@ impl HostCheckDriver for ProviderHealthWriter {
             return;
         };
         self.core.record_host_reports(&h.config.name, reports);
+        if let Some(engine) = self.observer.health() {
+            engine.hosts_reported(&h.config.name, reports);
+        }
         self.observer.record_hosts(&h.config.name, reports, now);
         let now = rfc3339(now);
         let hosts: Vec<ProviderHostStatus> = reports

@@ -31,6 +31,14 @@
 //!   reconciles and by a publishing pass after each round, and a change of a Proxy's decided
 //!   health is an Event (`Healthy`, or the failure's reason). Health state outlives terms and
 //!   is dropped only when the Proxy is deleted (finding H3).
+//! - Reputation (when the provider config's `reputation:` names blocklist zones): on the
+//!   leader, every Proxy's declared and observed egress addresses are checked
+//!   ([`egress_core::reputation`]); the results are merged into status (`reputation`, the
+//!   `Listed` condition) by reconciles and by the publishing pass after each round, which
+//!   also announces each change as one Event (`Listed`, `Delisted`, `ReputationCheckFailed`).
+//!   Pools act on listings (`reputation.onListed`); the addresses they retire are kept in
+//!   one registry for the process, read back from every pool's status at the start of each
+//!   term before any address is handed out.
 //! - Publishing ([`publish`]): after every health round and every `publish_interval`, groups
 //!   of Proxies labelled `egress-proxies.dev/group` get a selector-less Service and
 //!   EndpointSlices listing only healthy members.
@@ -51,17 +59,20 @@
 //! GC, host checks, proxy health and the config watch are the core's shared background tasks
 //! ([`egress_core::background`]); `gc.rs`, `host_checks.rs` and `proxy_health.rs`
 //! are this driver's side of them (the live set from the API server, ProviderHealth writes,
-//! targets from the watch cache).
+//! targets from the watch cache), and `reputation.rs` of the reputation worker.
 
 mod cache;
-mod credentials;
+pub(crate) mod credentials;
+pub(crate) use cache::strip as strip_cached;
 mod events;
 mod gc;
 mod host_checks;
+mod pins;
 pub mod pool;
 mod proxy_health;
 pub mod publish;
 mod reconcile;
+mod reputation;
 mod status;
 mod term;
 
@@ -390,10 +401,20 @@ pub async fn run_with(
     shutdown: CancellationToken,
 ) {
     observer.set_config_loaded(true);
+    // One reputation service and one registry of retired addresses for the process, shared
+    // by every term and every config load; nothing is allocated until a term's pool
+    // controller read the pools' retirements back.
+    let reputation = Arc::new(egress_core::reputation::ReputationService::new(
+        providers.reputation().clone(),
+        observer.metrics().reputation(),
+    ));
+    let retired = Arc::new(egress_provider::libvirt::retired::RetiredAddresses::unprimed());
+    providers.with_retired_ref(&retired);
     let (providers_tx, providers_rx) = watch::channel(Arc::new(providers));
     let mut side = JoinSet::new();
     {
         let stats = stats.clone();
+        let (reputation, retired) = (reputation.clone(), retired.clone());
         side.spawn(config_watch::run(
             WatchedFiles {
                 config: opts.config_path.clone(),
@@ -405,6 +426,8 @@ pub async fn run_with(
             move |p| {
                 tracing::info!("provider config or SSH material changed: providers rebuilt");
                 stats.reloads.fetch_add(1, Ordering::Relaxed);
+                p.with_retired_ref(&retired);
+                reputation.set_settings(p.reputation().clone());
                 providers_tx.send_replace(Arc::new(p));
             },
             observer.metrics().clone(),
@@ -436,6 +459,10 @@ pub async fn run_with(
             leader.clone(),
             &stats,
             &observer,
+            &term::Shared {
+                reputation: reputation.clone(),
+                retired: retired.clone(),
+            },
             &shutdown,
         )
         .await;
@@ -476,6 +503,12 @@ pub(super) struct Ctx {
     creds: Mutex<HashMap<ProxyUid, Option<ProxyCredentials>>>,
     /// The decided health each Proxy was last announced with (one Event per change).
     announced: Mutex<HashMap<ProxyUid, HealthState>>,
+    /// The DNS blocklist checks of the egress addresses (outlives terms).
+    reputation: Arc<egress_core::reputation::ReputationService>,
+    /// The reputation each Proxy's status showed when its last change was announced (one
+    /// Event per change, whether a reconcile or the publishing pass wrote it first).
+    reputation_announced:
+        Mutex<HashMap<ProxyUid, Option<egress_core::reputation::ProxyReputation>>>,
     /// Namespaces' labels, read for the config's `namespaceSelector`s, each for
     /// [`NAMESPACE_LABELS_TTL`].
     namespace_labels: Mutex<HashMap<String, (std::time::Instant, NamespaceLabels)>>,

@@ -38,7 +38,7 @@
 //!   whose name is not a valid Service name is skipped with a warning.
 //! - Every call is bounded by the driver's API deadline.
 //!
-//! One piece (about 640 lines of product code, the rest tests): the read-check-apply-delete
+//! One piece (about 680 lines before its tests, 510 of them code): the read-check-apply-delete
 //! protocol of one pass holds its ownership and precondition rules in one place; the pure part
 //! ([`desired`]) is already separate, and splitting the network half would spread one
 //! protocol's invariants over several files.

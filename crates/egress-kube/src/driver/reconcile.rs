@@ -114,6 +114,14 @@ pub(super) async fn reconcile_inner(p: &Proxy, ctx: &Ctx) -> Result<Action, Reco
             obj.generation,
         );
     }
+    // The reputation results as of now (the publishing pass announces their changes).
+    let _ = egress_core::reputation::apply_to_status(
+        &mut out.status,
+        ctx.reputation_view(&uid),
+        ctx.reputation.enabled(),
+        SystemTime::now(),
+        obj.generation,
+    );
     let error_class = out
         .events
         .iter()
@@ -156,6 +164,7 @@ pub(super) async fn reconcile_inner(p: &Proxy, ctx: &Ctx) -> Result<Action, Reco
         }
         lock(&ctx.creds).remove(&uid);
         lock(&ctx.announced).remove(&uid);
+        lock(&ctx.reputation_announced).remove(&uid);
         return Ok(Action::await_change());
     }
     Ok(match out.requeue_after {

@@ -1,9 +1,12 @@
 //! Status publishing: the publishing pass that merges health (from the proxy health task,
-//! [`super::proxy_health`]) into each Proxy's status and announces changes as Events, and
-//! the observer's rows.
+//! [`super::proxy_health`]) and reputation (from the reputation task,
+//! [`super::reputation`]) into each Proxy's status and announces changes as Events, and the
+//! observer's rows.
 //!
 //! Guarantees: a status write is guarded by the cached resourceVersion (a stale cache never
-//! overwrites a newer status); one Event per change of decided health.
+//! overwrites a newer status); one Event per change of decided health; one Event per change
+//! of reputation, decided against the reputation last announced (a reconcile that merged
+//! the same results first does not swallow it), published once the status shows it.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -52,6 +55,15 @@ pub(super) async fn publish_loop(
     if !wait_synced(&mut synced, &stop).await {
         return;
     }
+    // What the stored statuses show was announced before (by an earlier term or process).
+    {
+        let mut a = lock(&ctx.reputation_announced);
+        for p in store.state() {
+            if let (Some(uid), Some(st)) = (uid_of(&p), p.status.as_ref()) {
+                a.entry(uid).or_insert_with(|| st.reputation.clone());
+            }
+        }
+    }
     loop {
         if publish_pass(&ctx, &store, &mut publisher, &stop).await {
             stats.publish_passes.fetch_add(1, Ordering::Relaxed);
@@ -84,7 +96,7 @@ pub(super) async fn publish_pass(
         if stop.is_cancelled() {
             return false;
         }
-        let (Some(uid), Some(engine)) = (uid_of(p), ctx.observer.health()) else {
+        let Some(uid) = uid_of(p) else {
             continue;
         };
         if p.meta().deletion_timestamp.is_some() {
@@ -94,15 +106,23 @@ pub(super) async fn publish_pass(
             // Not reconciled yet: the first reconcile writes a status.
             continue;
         };
-        let h = engine.get(&uid);
+        let generation = p.meta().generation.unwrap_or(0);
+        let h = ctx.observer.health().and_then(|e| e.get(&uid));
         let mut next = current.clone();
-        health::apply_to_status(
+        if ctx.observer.health().is_some() {
+            health::apply_to_status(&mut next, h.as_ref(), Some(&current), now, generation);
+        }
+        // NB: a reconcile may have merged the same results first (it announces nothing):
+        // the Event is decided against the reputation the status showed before either.
+        next.reputation = announced_reputation(ctx, &uid);
+        let reputation_event = egress_core::reputation::apply_to_status(
             &mut next,
-            h.as_ref(),
-            Some(&current),
+            ctx.reputation_view(&uid),
+            ctx.reputation.enabled(),
             now,
-            p.meta().generation.unwrap_or(0),
+            generation,
         );
+        let mut written = next == current;
         if next != current {
             let ns = p.namespace().unwrap_or_default();
             let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &ns);
@@ -116,8 +136,9 @@ pub(super) async fn publish_pass(
             let w = api.patch_status(&name, &pp, &patch);
             match tokio::time::timeout(API_SLACK, w).await {
                 Ok(Ok(_)) => {
+                    written = true;
                     let mut copy = (**p).clone();
-                    copy.status = Some(next);
+                    copy.status = Some(next.clone());
                     *p = Arc::new(copy);
                 }
                 Ok(Err(kube::Error::Api(e))) if e.code == 409 => {
@@ -136,6 +157,12 @@ pub(super) async fn publish_pass(
         }
         if let Some(h) = h {
             announce(ctx, p, &uid, &h).await;
+        }
+        if written {
+            lock(&ctx.reputation_announced).insert(uid, next.reputation.clone());
+            if let Some(ev) = reputation_event {
+                announce_reputation(ctx, p, &ev).await;
+            }
         }
     }
     ctx.observer
@@ -243,6 +270,34 @@ async fn mark_refused_groups(
     ok
 }
 
+/// The reputation `uid`'s status showed when its last reputation change was announced: the
+/// stored one for a Proxy the term found at its start, none for a Proxy new since (whose
+/// first listing a reconcile may have written already, unannounced).
+fn announced_reputation(
+    ctx: &Ctx,
+    uid: &ProxyUid,
+) -> Option<egress_core::reputation::ProxyReputation> {
+    lock(&ctx.reputation_announced).get(uid).cloned().flatten()
+}
+
+/// Publishes a reputation Event (`Listed`, `Delisted`, `ReputationCheckFailed`).
+async fn announce_reputation(ctx: &Ctx, p: &Proxy, ev: &egress_core::controller::Event) {
+    let ev = KubeEvent {
+        type_: match ev.kind {
+            egress_core::controller::EventKind::Normal => EventType::Normal,
+            egress_core::controller::EventKind::Warning => EventType::Warning,
+        },
+        reason: ev.reason.clone(),
+        note: Some(ev.message.clone()),
+        action: "ReputationCheck".into(),
+        secondary: None,
+    };
+    // rbac: EVENTS create
+    if let Err(e) = ctx.recorder.publish(&ev, &p.object_ref(&())).await {
+        tracing::warn!(proxy = %key_of(p), error = %e, "cannot publish a reputation event");
+    }
+}
+
 /// Publishes an Event when a Proxy's decided health changed since the last announcement:
 /// Normal `Healthy`, or Warning with the failure's reason (`ProbeFailed`, `EgressMismatch`).
 /// Undecided states are not announced.
@@ -294,6 +349,7 @@ pub(super) fn row_of(p: &Proxy) -> ProxyStatusRow {
         conditions: st.conditions.clone(),
         port: Some(p.spec.proxy.port),
         health: st.health.clone(),
+        reputation: st.reputation.clone(),
         egress_address: st.egress_address.clone(),
     }
 }

@@ -33,8 +33,18 @@ use super::{
 use crate::api::{Proxy, ProxyPool};
 use crate::observe::Observer;
 
+/// What outlives a term: the reputation service and the process's retired addresses.
+pub(super) struct Shared {
+    /// The DNS blocklist checks.
+    pub(super) reputation: Arc<egress_core::reputation::ReputationService>,
+    /// The pools' retired addresses (the pool controller restores and primes them).
+    pub(super) retired: Arc<egress_provider::libvirt::retired::RetiredAddresses>,
+}
+
 /// One leadership term: adopt, then run the controller and the leader-only loops until the
 /// Lease is lost or `shutdown` is cancelled.
+// NB: each argument is a different part of the process the term borrows for its life.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn run_term(
     opts: &KubeOptions,
     client: &Client,
@@ -42,6 +52,7 @@ pub(super) async fn run_term(
     mut leader: watch::Receiver<bool>,
     stats: &Arc<DriverStats>,
     observer: &Arc<Observer>,
+    shared: &Shared,
     shutdown: &CancellationToken,
 ) {
     let stop = CancellationToken::new();
@@ -129,6 +140,8 @@ pub(super) async fn run_term(
         observer: observer.clone(),
         creds: Mutex::new(HashMap::new()),
         announced: Mutex::new(HashMap::new()),
+        reputation: shared.reputation.clone(),
+        reputation_announced: Mutex::new(HashMap::new()),
         namespace_labels: Mutex::new(HashMap::new()),
     });
     let triggers = futures_util::stream::unfold(trigger_rx, |mut rx| async move {
@@ -141,7 +154,9 @@ pub(super) async fn run_term(
     let (pool_tx, pool_rx) = mpsc::unbounded_channel();
     let controller = {
         let index = index.clone();
+        let pins = super::pins::PinFeed::new(core.clone());
         cache::proxy_controller(proxies, move |ev| {
+            pins.observe(ev);
             for k in index.observe(ev) {
                 // NB: the receiver is gone only when the pool controller stopped (end of term).
                 let _ = pool_tx.send(k);
@@ -171,6 +186,8 @@ pub(super) async fn run_term(
                 expectations: Mutex::new(pool::Expectations::default()),
                 failures: Mutex::new(HashMap::new()),
                 secret_poll: opts.secret_poll_interval,
+                reputation: shared.reputation.clone(),
+                retired: shared.retired.clone(),
             }),
             pool_rx,
             stop.clone(),
@@ -212,6 +229,16 @@ pub(super) async fn run_term(
             ),
         );
     }
+    loops.spawn(
+        "reputation",
+        super::reputation::run(
+            ctx.clone(),
+            store.clone(),
+            synced.clone(),
+            wake.clone(),
+            stop.clone(),
+        ),
+    );
     loops.spawn(
         "publish",
         publish_loop(

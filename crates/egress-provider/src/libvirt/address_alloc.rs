@@ -17,6 +17,9 @@
 //! - fresh addresses (never handed out since the operator started) go first, in ascending
 //!   order, then released ones, lowest first: an address a just-deleted proxy used (perhaps
 //!   rotated away from because it was banned) is reused last;
+//! - a retired address (see [`super::retired`]) is never handed out by
+//!   [`HostAddresses::allocate_excluding`], pinned or free; retirement is not a holding and
+//!   not a release: it is a list the caller passes in;
 //! - every operation is O(log n) in the number of held addresses (amortised for the skip over
 //!   addresses the listing said were held), never a scan of the pool or the fleet; the pool's
 //!   size does not matter (an IPv6 /64 costs what a /28 costs).
@@ -52,6 +55,12 @@ pub enum AllocError {
         family: &'static str,
         /// How many addresses the pool has.
         size: u128,
+    },
+    /// The pinned address is retired (see [`super::retired`]): no one is given it now.
+    #[error("{address} is retired")]
+    Retired {
+        /// The address asked for.
+        address: IpAddr,
     },
     /// The holder already holds another address of this family.
     #[error("{holder} already holds {held}, not {asked}")]
@@ -341,6 +350,32 @@ impl HostAddresses {
         };
         let ip = from_num(like, v);
         self.record(holder, ip)
+    }
+
+    /// [`Self::allocate_avoiding`], never handing out one of `retired` either (a separate
+    /// state: those may still be held by the instance they were retired from, and are not
+    /// freed by this): a pinned retired address is refused ([`AllocError::Retired`]) unless
+    /// `holder` already holds it; a free one is skipped and stays free (among the released,
+    /// so it comes back last once its retirement ends). Costs O(log n) per address skipped.
+    pub fn allocate_excluding(
+        &mut self,
+        holder: &str,
+        v4: bool,
+        pinned: Option<IpAddr>,
+        reserved: &[IpAddr],
+        retired: &[IpAddr],
+    ) -> Result<IpAddr, AllocError> {
+        if let Some(p) = pinned
+            && retired.contains(&p)
+            && self.held_by(holder, p.is_ipv4()) != Some(p)
+        {
+            return Err(AllocError::Retired { address: p });
+        }
+        if retired.is_empty() {
+            return self.allocate_avoiding(holder, v4, pinned, reserved);
+        }
+        let avoid: Vec<IpAddr> = reserved.iter().chain(retired).copied().collect();
+        self.allocate_avoiding(holder, v4, pinned, &avoid)
     }
 
     /// Frees every address `holder` holds. Call only once its instance is confirmed gone.

@@ -237,6 +237,57 @@ fn random_sequences_never_double_allocate_and_keep_counts() {
 }
 
 #[test]
+fn a_retired_address_is_never_handed_out_pinned_or_free_and_comes_back_last() {
+    let mut a = HostAddresses::new(&pool(&["203.0.113.2-203.0.113.5"], &[]));
+    let listed = a.allocate("old", true, None).unwrap();
+    assert_eq!(listed, ip("203.0.113.2"));
+    let retired = [listed, ip("203.0.113.3")];
+    // Still held by the listed member: a replacement gets another one; the fresh retired
+    // .3 is skipped too.
+    assert_eq!(
+        a.allocate_excluding("new", true, None, &[], &retired),
+        Ok(ip("203.0.113.4"))
+    );
+    // The listed member is gone: its address is free, and still not handed out.
+    a.release("old");
+    assert_eq!(
+        a.allocate_excluding("p3", true, None, &[], &retired),
+        Ok(ip("203.0.113.5"))
+    );
+    assert_eq!(
+        a.allocate_excluding("p4", true, None, &[], &retired),
+        Err(AllocError::Exhausted {
+            family: "IPv4",
+            size: 4
+        })
+    );
+    // Pinned: refused, whoever asks.
+    assert_eq!(
+        a.allocate_excluding("p4", true, Some(listed), &[], &retired),
+        Err(AllocError::Retired { address: listed })
+    );
+    assert_eq!(a.held_by("p4", true), None, "a refusal holds nothing");
+    // Retirement over: the retired addresses are free again (the skipped ones among the
+    // released, so they come last).
+    assert_eq!(a.allocate_excluding("p4", true, None, &[], &[]), Ok(listed));
+    assert_eq!(a.allocate("p5", true, None), Ok(ip("203.0.113.3")));
+}
+
+#[test]
+fn the_holder_of_a_retired_address_keeps_it() {
+    let mut a = HostAddresses::new(&pool(&["203.0.113.2-203.0.113.3"], &[]));
+    let mine = a.allocate("old", true, None).unwrap();
+    assert_eq!(
+        a.allocate_excluding("old", true, None, &[], &[mine]),
+        Ok(mine)
+    );
+    assert_eq!(
+        a.allocate_excluding("old", true, Some(mine), &[], &[mine]),
+        Ok(mine)
+    );
+}
+
+#[test]
 fn an_allocation_skips_reserved_addresses_and_they_stay_free_for_their_owners() {
     let mut a = HostAddresses::new(&pool(&["203.0.113.2-203.0.113.4"], &[]));
     let reserved = [ip("203.0.113.2"), ip("203.0.113.3")];

@@ -20,12 +20,15 @@
 //! - a failed allocation holds nothing it did not hold before; its error names the host and
 //!   the pool's family (exhaustion: QuotaExceeded) or the holder or the ranges (a pinned
 //!   address taken or outside the pool: Permanent);
+//! - **retired addresses are never handed out** (see [`super::retired`]): the process's
+//!   retirements for the host are read before every allocation, and while they have not been
+//!   read back after a start (the registry is not primed) nothing is allocated (Transient);
 //! - the lock is a std mutex held for in-memory work only, never across an `.await`.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use libvirt_remote::Client;
 
@@ -34,6 +37,7 @@ use super::address_pool::ParsedPool;
 use super::config::LibvirtEntry;
 use super::hostpool::HostPool;
 use super::ops::list::{self, Claim};
+use super::retired::RetiredAddresses;
 use crate::error::{ProviderError, Result};
 use crate::model::{AddressUsage, HostReport, HostState};
 use crate::sync::lock;
@@ -62,6 +66,10 @@ pub struct AddressBook {
     books: Mutex<HashMap<String, HostBook>>,
     /// One first listing per host at a time.
     rebuilding: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The entry's name (retirements are kept per entry and host).
+    entry: String,
+    /// Addresses no one is given now (shared by every provider of the process).
+    retired: Mutex<Arc<RetiredAddresses>>,
 }
 
 /// A create in flight for a holder: while it lives, no listing releases the holder's
@@ -120,8 +128,20 @@ impl AddressBook {
         Self {
             pools,
             invalid,
+            entry: entry.name.clone(),
             ..Self::default()
         }
+    }
+
+    /// Consults `retired` (the process's retirements) before it hands out an address.
+    pub fn use_retired(&self, retired: Arc<RetiredAddresses>) {
+        *lock(&self.retired) = retired;
+    }
+
+    fn retired_of(&self, host: &str) -> Option<Vec<IpAddr>> {
+        let reg = Arc::clone(&lock(&self.retired));
+        reg.of_host(&self.entry, host, SystemTime::now())
+            .map(|v| v.iter().map(|r| r.address).collect())
     }
 
     /// The host's parsed pool; `Ok(None)` without one, Permanent when it is invalid.
@@ -272,6 +292,12 @@ impl AddressBook {
                 }
             }
         }
+        let Some(retired) = self.retired_of(host) else {
+            return Err(ProviderError::transient(format!(
+                "the retired addresses of host {host}'s address pool have not been read back \
+                 yet; retrying"
+            )));
+        };
         let res = self.with_book(host, |b| {
             if !b.rebuilt {
                 return Err(ProviderError::transient(format!(
@@ -290,13 +316,16 @@ impl AddressBook {
                     // Its domain is gone (the caller's guarantee): the old one is free.
                     b.alloc.release(holder);
                 }
-                match b.alloc.allocate_avoiding(holder, *v4, *p, reserved) {
+                match b
+                    .alloc
+                    .allocate_excluding(holder, *v4, *p, reserved, &retired)
+                {
                     Ok(a) => got.push(a),
                     Err(e) => {
                         if before.is_empty() {
                             b.alloc.release(holder);
                         }
-                        return Err(alloc_error(host, e));
+                        return Err(alloc_error(host, e, &retired));
                     }
                 }
             }
@@ -338,6 +367,7 @@ impl AddressBook {
         let Some(pool) = self.pools.get(host) else {
             return Vec::new();
         };
+        let retired = self.retired_of(host).unwrap_or_default();
         self.with_book(host, |b| {
             if !b.rebuilt {
                 return Vec::new();
@@ -345,12 +375,21 @@ impl AddressBook {
             [(true, pool.ipv4.as_ref()), (false, pool.ipv6.as_ref())]
                 .into_iter()
                 .filter_map(|(v4, f)| {
-                    let size = f?.size();
+                    let f = f?;
+                    let size = f.size();
+                    // Retired and not held (a held one counts as held).
+                    let retired = retired
+                        .iter()
+                        .filter(|a| {
+                            a.is_ipv4() == v4 && f.contains(**a) && b.alloc.holder_of(**a).is_none()
+                        })
+                        .count();
                     Some(AddressUsage {
                         family: family_name(v4),
                         size,
                         held: u64::try_from(size.saturating_sub(b.alloc.free(v4)))
                             .unwrap_or(u64::MAX),
+                        retired: u64::try_from(retired).unwrap_or(u64::MAX),
                     })
                 })
                 .collect()
@@ -398,13 +437,30 @@ impl AddressBook {
 }
 
 /// The provider error for an allocation refused on `host`.
-fn alloc_error(host: &str, e: AllocError) -> ProviderError {
+fn alloc_error(host: &str, e: AllocError, retired: &[IpAddr]) -> ProviderError {
     match e {
-        AllocError::Exhausted { family, size } => ProviderError::quota(format!(
-            "host {host}'s {family} address pool is exhausted: all {size} addresses of \
-             addressPool.{} are held; free one (delete a Proxy on this host) or widen the \
-             ranges",
-            family.to_ascii_lowercase()
+        AllocError::Exhausted { family, size } => {
+            let v4 = family == "IPv4";
+            let n = retired.iter().filter(|a| a.is_ipv4() == v4).count();
+            let held = if n == 0 {
+                "are held".to_owned()
+            } else {
+                format!(
+                    "are held or retired ({n} retired after a blocklist listing: see \
+                     `egress-proxies status` or the pools' status.retiredAddresses)"
+                )
+            };
+            ProviderError::quota(format!(
+                "host {host}'s {family} address pool is exhausted: all {size} addresses of \
+                 addressPool.{} {held}; free one (delete a Proxy on this host) or widen the \
+                 ranges",
+                family.to_ascii_lowercase()
+            ))
+        }
+        AllocError::Retired { address } => ProviderError::transient(format!(
+            "the pinned address {address} on host {host} is retired (listed in a DNS \
+             blocklist; see the pools' status.retiredAddresses): no Proxy is given it until its \
+             retirement ends"
         )),
         // NB: the holder is another Proxy's instance, perhaps another tenant's: not named.
         AllocError::Taken { address, .. } => ProviderError::permanent(format!(

@@ -60,9 +60,10 @@ pub const MAX_ERROR_CHARS: usize = 512;
 // NB: every call here is cheap (version, hostname, capabilities, lookups, one pool refresh of
 // a directory); a healthy host answers in milliseconds. 10 s tolerates a loaded host. It is
 // also what bounds how late a frozen host is *reported*: the first check round after the
-// freeze reads Timeout (or, once keepalive killed the link 30 s after the host last
-// answered, Unreachable) within this long, so at most the check interval + 10 s after the
-// freeze (40 s with the default 30 s interval; 36 s was observed).
+// freeze reads Timeout within this long, or Unreachable sooner once keepalive killed the link
+// (at most 30 s after the host last answered), so at most 30 s after the freeze with the
+// default 30 s interval (the round ends by the link's death), at most interval + 10 s with a
+// longer one (tests/frozen_host_budget.rs).
 pub const DEFAULT_CHECK_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Budget for all of a host's calls after the dial, by default.
@@ -542,9 +543,10 @@ async fn probe(
             r.pool_free_bytes = Some(free);
             if free == 0 {
                 r.missing.push(format!(
-                    "free space in storage pool {p}: {} bytes available, reserve {} GiB \
+                    "free space in storage pool {p}: {} free, at or below its {} GiB reserve \
                      (hosts[{h}].poolReserveGiB)",
-                    info.available, cfg.pool_reserve_gib
+                    human_bytes(info.available),
+                    cfg.pool_reserve_gib
                 ));
             }
         }
@@ -553,9 +555,32 @@ async fn probe(
     Ok(())
 }
 
+/// `n` bytes for people: GiB or MiB with one decimal, else bytes.
+fn human_bytes(n: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+    // NB: the casts only lose precision past 2^53 bytes, far beyond one decimal's worth.
+    #[allow(clippy::cast_precision_loss)]
+    let f = n as f64;
+    if n >= GIB {
+        format!("{:.1} GiB", f / GIB as f64)
+    } else if n >= MIB {
+        format!("{:.1} MiB", f / MIB as f64)
+    } else {
+        format!("{n} bytes")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_counts_read_in_gib_or_mib() {
+        assert_eq!(human_bytes(3_328_599_654), "3.1 GiB");
+        assert_eq!(human_bytes(5 << 20), "5.0 MiB");
+        assert_eq!(human_bytes(512), "512 bytes");
+    }
 
     #[test]
     fn versions_read_as_major_minor_micro() {

@@ -19,5 +19,6 @@ pub mod network_config;
 pub mod nwfilter;
 pub mod ops;
 pub mod provider_impl;
+pub mod retired;
 pub mod seed;
 pub mod volumes;

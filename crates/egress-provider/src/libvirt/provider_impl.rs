@@ -59,6 +59,13 @@ const _: () = assert!(seed::MAX_SEED_BYTES as u64 <= CREATE_SPACE);
 const SEED_UPLOAD_BUDGET: Duration = Duration::from_secs(30);
 /// Deadline for removing what a failed create made.
 const CLEANUP_BUDGET: Duration = Duration::from_secs(30);
+/// Deadline for one host's base collection.
+// NB: a pool listing, a few reads per base and per domain (8 in flight) and three deletes per
+// removed base, each under the call deadline; 180 s is three default call deadlines, so a
+// frozen host ends as that host's failure, never a hang.
+const BASE_GC_HOST_BUDGET: Duration = Duration::from_secs(180);
+/// Hosts whose bases are collected at once.
+const BASE_GC_PARALLEL: usize = 4;
 
 /// A provider for one libvirt entry.
 pub struct LibvirtProvider {
@@ -75,6 +82,8 @@ pub struct LibvirtProvider {
     installation: Option<String>,
     /// Declared egress addresses per host (see [`AddressBook`]).
     addresses: AddressBook,
+    /// When each base was first found unused by [`Provider::collect_bases`].
+    unused_bases: image::gc::UnusedSince,
 }
 
 impl std::fmt::Debug for LibvirtProvider {
@@ -116,6 +125,7 @@ impl LibvirtProvider {
             pools: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
             installation: None,
+            unused_bases: image::gc::UnusedSince::default(),
         }
     }
 
@@ -141,6 +151,40 @@ impl LibvirtProvider {
     /// The host pool.
     pub fn pool(&self) -> &HostPool {
         &self.pool
+    }
+
+    /// Removes what failed uploads left ([`image::debris`]) on each host that answered this
+    /// check, each host within one call deadline; a host that fails keeps its notes.
+    async fn clear_debris(&self, reports: &[HostReport]) {
+        let cfg = self.entry_cfg();
+        for r in reports {
+            let answered = matches!(r.state, HostState::Ready | HostState::Degraded);
+            let Ok(h) = self.pool.host(&r.host) else {
+                continue;
+            };
+            if !answered || image::debris::noted(&r.host, &h.pool).is_empty() {
+                continue;
+            }
+            let work = async {
+                let c = self.pool.control(&r.host).await?;
+                let pool = self.pool_handle(&c, h).await?;
+                image::debris::clear(&c, &pool, &r.host, &cfg.name).await
+            };
+            match tokio::time::timeout(cfg.timeouts.call, work).await {
+                Ok(Ok(gone)) if !gone.is_empty() => {
+                    tracing::info!(host = %r.host, ?gone, "removed temporary volumes failed uploads left");
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(host = %r.host, "removing what failed uploads left: {e}");
+                }
+                Err(_) => tracing::warn!(
+                    host = %r.host,
+                    "removing what failed uploads left took over {:?}",
+                    cfg.timeouts.call
+                ),
+            }
+        }
     }
 
     fn entry_cfg(&self) -> &LibvirtEntry {
@@ -554,6 +598,7 @@ impl LibvirtProvider {
             ip: declared,
             mac,
             egress: egress.to_vec(),
+            address_note: None,
         })
     }
 }
@@ -666,6 +711,10 @@ async fn undo(c: &Client, made: Made, host: &str) -> bool {
 impl Provider for LibvirtProvider {
     fn entry(&self) -> &str {
         &self.entry_cfg().name
+    }
+
+    fn use_retired(&self, retired: std::sync::Arc<super::retired::RetiredAddresses>) {
+        self.addresses.use_retired(retired);
     }
 
     async fn create(&self, req: &CreateRequest, progress: &dyn Progress) -> Result<Instance> {
@@ -791,6 +840,7 @@ impl Provider for LibvirtProvider {
     async fn check(&self) -> Vec<HostReport> {
         match check::check_all(&self.pool, &self.check).await {
             Ok(mut r) => {
+                self.clear_debris(&r).await;
                 let (entry, budget) = (&self.entry_cfg().name, self.entry_cfg().timeouts.call);
                 self.addresses
                     .fill_usage(
@@ -893,5 +943,70 @@ impl Provider for LibvirtProvider {
         let pool_name = lease.host().pool.clone();
         ops::orphans::delete_orphan_volume(lease.client(), &self.entry_cfg().name, &pool_name, v)
             .await
+    }
+
+    async fn collect_bases(
+        &self,
+        settings: &crate::bases::BaseGcSettings,
+    ) -> Vec<crate::bases::BaseVerdict> {
+        use futures_util::StreamExt;
+        let entry = &self.entry_cfg().name;
+        let grace = settings
+            .grace
+            .unwrap_or_else(|| self.entry_cfg().limits.unused_base_grace());
+        let one = |host: String| async move {
+            // NB: on the pooled control connection without an operation slot, as the host
+            // check: a pass of reads (and at most three deletes per base) must not take a slot
+            // a create or delete waits for. Safety against a create of this process does not
+            // rest on slots but on the image's import lock and the recent-use record.
+            let work = async {
+                let cfg = self.pool.host(&host)?;
+                let c = self.pool.control(&host).await?;
+                let pool = self.pool_handle(&c, cfg).await?;
+                let scope = image::gc::HostScope {
+                    entry,
+                    host: &host,
+                    client: &c,
+                    pool: &pool,
+                };
+                let r = image::gc::collect_host(&scope, settings, grace, &self.unused_bases).await;
+                if matches!(&r, Err(e) if e.libvirt_code == Some(49)) {
+                    self.forget_pool(&host);
+                }
+                r
+            };
+            let failed = |reason: String| {
+                vec![crate::bases::BaseVerdict {
+                    entry: entry.clone(),
+                    host: host.clone(),
+                    name: "*".into(),
+                    action: crate::bases::BaseAction::Failed,
+                    rule: "base-host-failed",
+                    reason,
+                }]
+            };
+            match tokio::time::timeout(BASE_GC_HOST_BUDGET, work).await {
+                Ok(Ok(v)) => v,
+                Ok(Err(e)) => failed(format!("nothing removed on this host: {e}")),
+                Err(_) => failed(format!(
+                    "nothing more removed on this host: the pass did not finish within {}s",
+                    BASE_GC_HOST_BUDGET.as_secs()
+                )),
+            }
+        };
+        let hosts: Vec<String> = self
+            .entry_cfg()
+            .hosts
+            .iter()
+            .map(|h| h.name.clone())
+            .collect();
+        futures_util::stream::iter(hosts)
+            .map(one)
+            .buffered(BASE_GC_PARALLEL)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 }

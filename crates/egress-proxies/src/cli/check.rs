@@ -11,6 +11,11 @@
 //! Guarantees: read-only on every host (the check refreshes the pool's figures and nothing
 //! else); every host of every entry appears exactly once in the output, even when the round
 //! deadline expires (as `Timeout`); errors are the provider's redacted strings.
+//!
+//! One piece (about 600 lines before its tests, 490 of them code): one command read top to
+//! bottom — the offline lint, the probe round and the table with its hints — whose stages
+//! share the [`CheckedHost`] row and the exit-code rule; split, each part would be a file of
+//! its own used by nothing but this command.
 
 use std::time::Duration;
 
@@ -229,7 +234,10 @@ impl AddressRow {
             family: u.family,
             size: u.size,
             held: u.held,
-            free: u.size.saturating_sub(u128::from(u.held)),
+            free: u
+                .size
+                .saturating_sub(u128::from(u.held))
+                .saturating_sub(u128::from(u.retired)),
         }
     }
 
@@ -612,8 +620,12 @@ mod tests {
 
     #[test]
     fn each_hosts_address_pool_usage_is_printed_per_family() {
-        let usage =
-            |family, size, held| egress_provider::model::AddressUsage { family, size, held };
+        let usage = |family, size, held| egress_provider::model::AddressUsage {
+            family,
+            size,
+            held,
+            retired: 0,
+        };
         let mut h1 = r("home", "h1", "Ready", None);
         h1.addresses = vec![
             AddressRow::of(&usage("IPv4", 14, 3)),

@@ -98,9 +98,12 @@ pub async fn run(a: GcArgs) -> anyhow::Result<u8> {
     // The standalone operator's installation (the same ID file), so its marks are ours here.
     let providers =
         providers::open(&cfg, &installation(&a)).map_err(|e| UsageError::new(e.to_string()))?;
+    // NB: cached base images are `images gc`'s job: this command's live set is a
+    // directory of manifests, which says nothing about which bases the hosts use.
     let settings = GcSettings {
         min_age: a.min_age,
         dry_run: a.dry_run,
+        bases: None,
     };
     let report = gc::collect(&providers, &live, &settings, SystemTime::now()).await;
     if let Some(doc) = super::output::document(&report, super::output::format(a.json))? {

@@ -1,5 +1,6 @@
 //! `egress-proxies images prefetch --config FILE [--entry E] [--host H] KEY`: warm a base
-//! image on every host so the first Proxy there does not wait for a download.
+//! image on every host so the first Proxy there does not wait for a download. (`images gc`,
+//! which removes unused bases, lives in `images_gc`.)
 //!
 //! Pipeline: load the config (offline, exit 2 on errors) → pick the targets: every host of
 //! every entry whose catalogue has KEY (or the one `--entry`, where KEY may also be a URL the
@@ -44,6 +45,14 @@ pub enum ImagesCommand {
     /// `urlImages` allows). A host that already has the base reuses it. Exit 1 if any host
     /// failed, 2 if the config, KEY, entry or host is wrong.
     Prefetch(PrefetchArgs),
+    /// Remove the cached base images that nothing on their host uses.
+    ///
+    /// A base is removed when no domain (running or not, ours or not) and no volume on its
+    /// host uses it and it was uploaded longer ago than the grace (--grace, else the entry's
+    /// limits.unusedBaseGraceMinutes). This command has no memory of earlier runs, so the
+    /// grace counts from the upload; the operator's own GC counts it from when it first
+    /// found the base unused. Exit 1 if a host could not be read or a removal failed.
+    Gc(super::images_gc::ImagesGcArgs),
 }
 
 /// Arguments of `images prefetch`.
@@ -66,6 +75,7 @@ pub struct PrefetchArgs {
 pub async fn run(cmd: ImagesCommand) -> anyhow::Result<u8> {
     match cmd {
         ImagesCommand::Prefetch(a) => prefetch(a).await,
+        ImagesCommand::Gc(a) => super::images_gc::run(a).await,
     }
 }
 

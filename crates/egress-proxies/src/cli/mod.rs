@@ -10,18 +10,22 @@
 //!   causes; configuration errors list every violation with its field path (redacted by the
 //!   loader). Results go to stdout, logs and progress bars to stderr.
 //! - **No surprise side effects**: `version` and `status` never contact a libvirt host;
-//!   `check` only reads; `images prefetch` only adds verified bases; `gc` deletes nothing
-//!   without the orphan rules of [`egress_core::gc`].
+//!   `check` only reads; `images prefetch` only adds verified bases; `images gc` removes
+//!   only bases nothing on their host uses; `gc` deletes nothing without the orphan rules of
+//!   [`egress_core::gc`].
 
 mod check;
 mod completions;
 mod crds;
 mod echo;
+mod gateway;
 mod gc;
 mod images;
+mod images_gc;
 mod kubernetes;
 mod messages;
 mod output;
+mod pools;
 mod progress;
 mod standalone;
 mod status;
@@ -103,6 +107,10 @@ pub enum Command {
     /// SIGTERM or SIGINT (exit 0). A rejected config or manifest directory is exit 2.
     #[command(after_help = AFTER_HELP)]
     Standalone(standalone::StandaloneArgs),
+    /// Quarantine or release a member of a standalone ProxyPool (edits the pool's
+    /// quarantine file beside its manifest; the running operator acts on its next round).
+    #[command(subcommand)]
+    Pools(pools::PoolsCommand),
     /// Show the Proxies of a running `standalone` as a table.
     ///
     /// Reads GET /status from --server. Exit 1 when nothing answers there or a Proxy is
@@ -132,6 +140,16 @@ pub enum Command {
     /// Run the operator in a Kubernetes cluster: Proxy resources, ProviderHealth, leader election.
     #[command(after_help = AFTER_HELP)]
     Kubernetes(kubernetes::KubernetesArgs),
+    /// Serve the pool gateways in a Kubernetes cluster: one front proxy per ProxyPool that
+    /// declares `spec.gateway`.
+    ///
+    /// Reads ProxyPools, their member Proxies and the credentials Secrets (read-only, no
+    /// leader: run as many replicas as needed); listens on each pool's ports on
+    /// --bind-address; serves /metrics, /healthz and /readyz on --listen; writes one access-log
+    /// line per connection. SIGTERM/SIGINT stop accepting and give open connections
+    /// --gateway-shutdown-grace (exit 0). See docs/gateway.md.
+    #[command(after_help = AFTER_HELP)]
+    Gateway(gateway::GatewayArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell). No network.
     ///
     /// E.g. `egress-proxies completions bash > /etc/bash_completion.d/egress-proxies`.
@@ -217,10 +235,12 @@ async fn dispatch(cmd: Command) -> anyhow::Result<u8> {
         Command::Images(c) => images::run(c).await,
         Command::Standalone(a) => standalone::run(a).await,
         Command::Status(a) => status::run(a).await,
+        Command::Pools(c) => pools::run(c),
         Command::Gc(a) => gc::run(a).await,
         Command::Echo(a) => echo::run(a).await,
         Command::Crds(a) => crds::run(a),
         Command::Kubernetes(a) => kubernetes::run(a).await,
+        Command::Gateway(a) => gateway::run(a).await,
         Command::Completions(a) => completions::completions(&a),
         Command::Man(a) => completions::man(&a),
     }
@@ -232,17 +252,21 @@ fn accepts(cmd: &Command) -> output::Accepts {
     let (command, formats, prints) = match cmd {
         Command::Version => ("version", NO_TABLE, "prints no table"),
         Command::Check(a) => return a.accepts(),
-        Command::Images(_) => (
+        Command::Images(images::ImagesCommand::Prefetch(_)) => (
             "images prefetch",
             NO_TABLE,
             "prints one line per host, no table",
         ),
+        Command::Images(images::ImagesCommand::Gc(_)) => {
+            ("images gc", NO_TABLE, "prints a report, no table")
+        }
         Command::Standalone(_) => (
             "standalone",
             NO_TABLE,
             "prints no table (for JSON logs: --log-format json)",
         ),
         Command::Status(_) => ("status", ALL, "prints a table"),
+        Command::Pools(_) => ("pools", NO_TABLE, "prints one line, no table"),
         Command::Gc(_) => ("gc", NO_TABLE, "prints a report, no table"),
         Command::Echo(_) => (
             "echo",
@@ -254,6 +278,11 @@ fn accepts(cmd: &Command) -> output::Accepts {
             "kubernetes",
             NO_TABLE,
             "prints no table (for JSON logs: --log-format json)",
+        ),
+        Command::Gateway(_) => (
+            "gateway",
+            NO_TABLE,
+            "prints no table (for JSON logs: --log-format json; the access log is JSON lines)",
         ),
         Command::Completions(_) => ("completions", TEXT_ONLY, "prints a shell script"),
         Command::Man(_) => ("man", TEXT_ONLY, "prints a manual page (roff)"),
@@ -268,7 +297,10 @@ fn accepts(cmd: &Command) -> output::Accepts {
 /// `info` for the long-running commands (their log is their output), `warn` for the rest.
 fn default_log_level(cmd: &Command) -> &'static str {
     match cmd {
-        Command::Standalone(_) | Command::Echo(_) | Command::Kubernetes(_) => "info",
+        Command::Standalone(_)
+        | Command::Echo(_)
+        | Command::Kubernetes(_)
+        | Command::Gateway(_) => "info",
         _ => "warn",
     }
 }
@@ -344,9 +376,11 @@ pub struct HealthArgs {
         requires = "health_target"
     )]
     pub health_target_ipv6: Option<String>,
-    /// Pause between health rounds (a random jitter of up to 10% is added).
+    /// Pause between health rounds (a random jitter of up to 10% is added). A failed check
+    /// is re-checked at once and two failures unpublish a proxy: with 5s, a proxy that
+    /// stopped answering is unpublished within 10 s.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
-          default_value = "30s")]
+          default_value = "5s")]
     pub health_interval: std::time::Duration,
     /// Health probes in flight at once.
     #[arg(long, value_name = "N", default_value_t = egress_core::health::DEFAULT_CONCURRENCY)]

@@ -6,11 +6,14 @@
 //! error listed, and nothing is done on any host); SIGTERM/SIGINT stop it gracefully through
 //! [`shutdown_on_signals`] (exit 0); a bound listen address that is taken is exit 1.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use super::{EXIT_FAILED, EXIT_OK, UsageError};
 use egress_core::background::signals::shutdown_on_signals;
+use egress_provider::libvirt::config::ProxyPolicy;
 use egress_standalone::{self as standalone, StandaloneError, StandaloneOptions};
 
 /// Arguments of `standalone`.
@@ -44,6 +47,9 @@ pub struct StandaloneArgs {
     /// GC, host checks, deadlines, shutdown and proxy health (shared with `kubernetes`).
     #[command(flatten)]
     driver: super::DriverArgs,
+    /// The pool gateways (served for every pool declaring `spec.gateway`).
+    #[command(flatten)]
+    gateway: super::gateway::GatewayLogArgs,
 }
 
 /// The options `a` asks for (a usage error for a value out of range).
@@ -72,7 +78,8 @@ pub fn options(a: StandaloneArgs) -> Result<StandaloneOptions, UsageError> {
 
 /// Runs `standalone` until a signal.
 pub async fn run(a: StandaloneArgs) -> anyhow::Result<u8> {
-    let opts = options(a)?;
+    let gateway_args = a.gateway.clone();
+    let mut opts = options(a)?;
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         listen = %opts.listen,
@@ -80,8 +87,44 @@ pub async fn run(a: StandaloneArgs) -> anyhow::Result<u8> {
         config = %opts.config_path.as_deref().map_or_else(|| "(embedded default)".into(), |p| p.display().to_string()),
         "egress-proxies standalone starting"
     );
+    // The pool gateways: every pool declaring `spec.gateway`, from the driver's member state.
+    let (set, metrics) = super::gateway::start(&gateway_args)?;
+    opts.extra_metrics = Some(Arc::new(metrics));
+    let (tx, rx) = tokio::sync::watch::channel(Arc::new(super::gateway::Sources::new()));
+    opts.gateway = Some(tx);
+    let entries: HashMap<String, ProxyPolicy> =
+        standalone::load_config(opts.config_path.as_deref())
+            .map(|cfg| {
+                cfg.providers
+                    .iter()
+                    .map(|egress_core::config::ProviderEntry::Libvirt(e)| {
+                        (e.name.clone(), e.policy.clone())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
     let shutdown = shutdown_on_signals();
-    match standalone::run(opts, shutdown).await {
+    let follow = tokio::spawn(super::gateway::follow(
+        set.clone(),
+        rx,
+        None,
+        entries,
+        shutdown.clone(),
+    ));
+    let grace = gateway_args.gateway_shutdown_grace;
+    let gateway_stop = {
+        let set = set.clone();
+        let s = shutdown.clone();
+        tokio::spawn(async move {
+            s.cancelled().await;
+            set.shutdown(grace).await;
+        })
+    };
+    let r = standalone::run(opts, shutdown.clone()).await;
+    shutdown.cancel();
+    let _ = follow.await;
+    let _ = gateway_stop.await;
+    match r {
         Ok(()) => Ok(EXIT_OK),
         Err(
             e @ (StandaloneError::Config(_)

@@ -2,7 +2,9 @@
 //! [--pool P] [--health H]`: what a running `egress-proxies standalone` reports at
 //! `GET /status`, as a table: phase, host, address, whether traffic through the proxy works
 //! (HEALTHY: `yes`, `no`, `?` before the health engine decided, `-` when health checks are
-//! off) and the EGRESS IP the check target saw. The filters are the server's own
+//! off), the EGRESS IP the check target saw, the declared EGRESS ADDRESS and LISTED (the DNS
+//! blocklist zones an egress address is listed in; see
+//! [`egress_web::status::ProxyStatusRow::listed_cell`]). The filters are the server's own
 //! ([`Filters`], sent as the query of `/status`, so a large fleet sends only the rows asked
 //! for) and are applied again to what comes back (a server that ignores them still gives the
 //! right rows); the exit status is computed over the rows shown: 1 when a shown Proxy is
@@ -12,6 +14,9 @@
 //! contacted); bounded by [`STATUS_CONNECT_TIMEOUT`] and [`STATUS_TIMEOUT`]; a body larger
 //! than [`MAX_STATUS_BYTES`] is refused; when nothing listens at the address the message says
 //! so and how to fix it (exit 1).
+//!
+//! One piece: the fetch, the filters and the proxies table are one command's path; most of
+//! the length is the table's tests, one per column's meaning.
 
 use std::time::{Duration, SystemTime};
 
@@ -246,6 +251,7 @@ pub fn render(doc: &StatusDocument, now: SystemTime, wide: bool) -> String {
         "HEALTHY",
         "EGRESS IP",
         "EGRESS ADDRESS",
+        "LISTED",
         "AGE",
     ];
     if wide {
@@ -287,6 +293,7 @@ pub fn render(doc: &StatusDocument, now: SystemTime, wide: bool) -> String {
             } else {
                 p.egress_address.join(",")
             },
+            p.listed_cell(),
             age,
         ];
         if wide {
@@ -362,6 +369,7 @@ mod tests {
                 conditions: vec![],
                 port: Some(3128),
                 health: None,
+                reputation: None,
                 egress_address: Vec::new(),
             }],
             hosts: vec![HostStatusRow {
@@ -378,7 +386,7 @@ mod tests {
         let row = out.lines().nth(1).unwrap_or_default();
         assert!(
             row.starts_with(
-                "default/p1      Provisioning  h1    -   -        -          -               2h   eee"
+                "default/p1      Provisioning  h1    -   -        -          -               -       2h   eee"
             ),
             "{out}"
         );
@@ -417,6 +425,7 @@ mod tests {
                     consecutive_failures: 3,
                     ..HealthStatus::default()
                 }),
+                reputation: None,
                 egress_address: Vec::new(),
             }],
             hosts: vec![],
@@ -499,6 +508,7 @@ mod tests {
                 egress_ip: Some("203.0.113.7".into()),
                 ..HealthStatus::default()
             }),
+            reputation: None,
             egress_address: Vec::new(),
         };
         let doc = StatusDocument {
@@ -543,6 +553,7 @@ mod tests {
                 egress_ips: vec!["198.51.100.9".into(), "2001:db8::7".into()],
                 ..HealthStatus::default()
             }),
+            reputation: None,
             egress_address: vec!["203.0.113.7".into(), "2001:db8::7".into()],
         };
         let doc = StatusDocument {
@@ -559,5 +570,79 @@ mod tests {
             out.contains("198.51.100.9,2001:db8::7  203.0.113.7,2001:db8::7"),
             "observed, then declared: {out}"
         );
+    }
+
+    #[test]
+    fn the_listed_column_names_the_zones_and_never_calls_a_failed_check_clean() {
+        use egress_core::reputation::ProxyReputation;
+        use egress_core::reputation::engine::status::{FailedCheck, ListingStatus};
+        let row = |r: Option<ProxyReputation>| ProxyStatusRow {
+            namespace: "default".into(),
+            name: "a".into(),
+            uid: "0f8fad5b-d9cb-469f-a165-70867728950e".into(),
+            phase: Phase::Running,
+            host: Some("h1".into()),
+            ip: Some("192.0.2.1".into()),
+            provider_id: None,
+            created_at: "2026-01-01T00:00:00Z".into(),
+            last_error: None,
+            conditions: vec![],
+            port: Some(3128),
+            health: None,
+            reputation: r,
+            egress_address: vec!["203.0.113.7".into()],
+        };
+        let checked = ProxyReputation {
+            addresses: vec!["203.0.113.7".into()],
+            last_check: Some("2026-01-01T01:00:00Z".into()),
+            ..ProxyReputation::default()
+        };
+        let listing = |zone: &str| ListingStatus {
+            address: "203.0.113.7".into(),
+            zone: zone.into(),
+            since: "2026-01-01T00:30:00Z".into(),
+            codes: vec!["SBL".into()],
+        };
+        let listed = ProxyReputation {
+            listed: vec![
+                listing("zen.example"),
+                listing("bl.example"),
+                listing("bl.example"),
+            ],
+            ..checked.clone()
+        };
+        let failing = ProxyReputation {
+            failed: vec![FailedCheck {
+                address: "203.0.113.7".into(),
+                zone: "zen.example".into(),
+                since: "2026-01-01T00:30:00Z".into(),
+                reason: "error_answer".into(),
+                message: "127.255.255.254".into(),
+            }],
+            ..checked.clone()
+        };
+        let doc = StatusDocument {
+            generated_at: "2026-01-01T02:00:00Z".into(),
+            proxies: vec![
+                row(None),
+                row(Some(checked)),
+                row(Some(listed)),
+                row(Some(failing)),
+            ],
+            hosts: vec![],
+            manifest_errors: vec![],
+            pools: vec![],
+        };
+        let out = render(&doc, SystemTime::UNIX_EPOCH, false);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].contains("EGRESS ADDRESS  LISTED"), "{out}");
+        for (line, want) in lines.iter().skip(1).zip([
+            "203.0.113.7     -  ",
+            "203.0.113.7     no  ",
+            "203.0.113.7     bl.example,zen.example  ",
+            "203.0.113.7     ?  ",
+        ]) {
+            assert!(line.contains(want), "{want:?} in {out}");
+        }
     }
 }

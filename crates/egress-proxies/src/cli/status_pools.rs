@@ -40,6 +40,7 @@ pub fn render(doc: &StatusDocument, now: SystemTime, wide: bool) -> String {
                 .map(|e| format!(", error: {e}"))
                 .unwrap_or_default()
         ));
+        out.push_str(&retired(p));
         if p.members.is_empty() {
             continue;
         }
@@ -93,11 +94,60 @@ pub fn render(doc: &StatusDocument, now: SystemTime, wide: bool) -> String {
     out
 }
 
+/// The pool's retired addresses, one line each (address, host, until when, why); empty
+/// without any.
+fn retired(p: &egress_web::status::PoolStatusRow) -> String {
+    let mut out = String::new();
+    for r in &p.status.retired_addresses {
+        out.push_str(&format!(
+            "  retired {} on {} until {} (member {}: {})\n",
+            r.address, r.host, r.until, r.member, r.reason
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use egress_core::model::Phase;
     use egress_web::status::{PoolMemberRow, PoolStatusRow};
+
+    #[test]
+    fn a_pools_retired_addresses_are_listed_with_why_and_until_when() {
+        let mut p = PoolStatusRow {
+            namespace: "default".into(),
+            name: "web".into(),
+            desired: 1,
+            status: Default::default(),
+            members: vec![],
+            error: None,
+        };
+        assert_eq!(retired(&p), "");
+        p.status.retired_addresses = vec![egress_core::pool::status::RetiredAddress {
+            host: "h1".into(),
+            address: "203.0.113.2".into(),
+            member: "web-abc".into(),
+            reason: "listed: 203.0.113.2 in bl.example (SBL) since 2026-01-01T00:00:00Z".into(),
+            since: "2026-01-01T00:01:00Z".into(),
+            until: "2026-01-08T00:01:00Z".into(),
+        }];
+        let doc = StatusDocument {
+            generated_at: "2026-01-01T02:00:00Z".into(),
+            proxies: vec![],
+            hosts: vec![],
+            manifest_errors: vec![],
+            pools: vec![p],
+        };
+        let out = render(&doc, SystemTime::UNIX_EPOCH, false);
+        assert!(
+            out.contains(
+                "  retired 203.0.113.2 on h1 until 2026-01-08T00:01:00Z (member web-abc: \
+                 listed: 203.0.113.2 in bl.example (SBL) since 2026-01-01T00:00:00Z)\n"
+            ),
+            "{out}"
+        );
+    }
 
     #[test]
     fn a_pool_line_then_its_members_with_their_state() {

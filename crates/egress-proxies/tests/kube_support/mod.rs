@@ -523,3 +523,104 @@ impl Operator {
         }
     }
 }
+
+/// The real `egress-proxies gateway` process (`KUBECONFIG`, `--namespace`, `--bind-address`,
+/// `--listen` on a free port, the access log in its own directory, `--gateway-shutdown-grace
+/// 2s`, plus `extra`); SIGKILLed and reaped if still running when dropped.
+pub struct GatewayProcess {
+    /// The child, until it exited.
+    pub child: Option<Child>,
+    /// Its /metrics, /healthz, /readyz address.
+    pub listen: SocketAddr,
+    stderr_path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl GatewayProcess {
+    /// Starts it for pools of `namespace`, binding their listeners on `bind`.
+    pub fn start(kubeconfig: &Path, namespace: &str, bind: Ipv4Addr, extra: &[&str]) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("eptest-gateway-")
+            .tempdir()
+            .unwrap();
+        let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+        let stderr_path = dir.path().join("stderr.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_egress-proxies"))
+            .arg("gateway")
+            .args(["--namespace", namespace])
+            .args(["--bind-address", &bind.to_string()])
+            .args(["--listen", &listen.to_string()])
+            .arg("--gateway-access-log")
+            .arg(dir.path().join("access.log"))
+            .args(["--gateway-shutdown-grace", "2s"])
+            .args(extra)
+            .env("KUBECONFIG", kubeconfig)
+            .env("HOME", dir.path())
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBERNETES_SERVICE_PORT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr_path).unwrap())
+            .spawn()
+            .unwrap();
+        Self {
+            child: Some(child),
+            listen,
+            stderr_path,
+            _dir: dir,
+        }
+    }
+
+    /// Everything it wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// GET `path` on its listen address (with `accept`): (status, content type, body).
+    pub async fn get(&self, path: &str, accept: Option<&str>) -> Option<(u16, String, String)> {
+        let c = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(HTTP_TIMEOUT)
+            .build()
+            .unwrap();
+        let mut r = c.get(format!("http://{}{path}", self.listen));
+        if let Some(a) = accept {
+            r = r.header("Accept", a);
+        }
+        let r = r.send().await.ok()?;
+        let code = r.status().as_u16();
+        let ct = r
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        Some((code, ct, r.text().await.unwrap_or_default()))
+    }
+
+    /// Sends SIGTERM and waits (at most `deadline`) for the exit.
+    pub async fn stop(&mut self, deadline: Duration) -> ExitStatus {
+        let mut child = self.child.take().unwrap();
+        let st = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success(), "kill -TERM failed");
+        wait_for("the gateway exits", deadline, || {
+            let r = child.try_wait().unwrap();
+            async move { r }
+        })
+        .await
+    }
+}

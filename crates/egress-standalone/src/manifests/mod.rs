@@ -21,11 +21,11 @@
 //!   manifest are read with a hard bound, and only when they are regular files (a FIFO or a
 //!   device is refused without blocking: [`read_regular_bounded`]).
 //!
-//! One piece (about 550 lines of product code, the rest tests): reading a directory, document
-//! splitting, validation and the UID/generation bookkeeping are one pass over one snapshot of
-//! the directory whose "nothing lost on bad input" rule spans all of them; the bounded and
-//! confined file reads are `files.rs`, the pool documents `pool.rs`, and the lenient field
-//! reader it builds on lives in `egress_core::config`.
+//! One piece (about 610 lines before its tests, 480 of them code): reading a directory,
+//! document splitting, validation and the UID/generation bookkeeping are one pass over one
+//! snapshot of the directory whose "nothing lost on bad input" rule spans all of them; the
+//! bounded and confined file reads are `files.rs`, the pool documents `pool.rs`, and the
+//! lenient field reader it builds on lives in `egress_core::config`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -566,6 +566,11 @@ impl ManifestStore {
                 pools
                     .iter()
                     .filter_map(|p| p.spec.template.spec.proxy.credentials_ref.as_ref()),
+            )
+            .chain(
+                pools
+                    .iter()
+                    .flat_map(|p| p.spec.gateway.iter().flat_map(|g| &g.client_credentials)),
             )
             .map(|r| {
                 let cp = self.dir.join(r);

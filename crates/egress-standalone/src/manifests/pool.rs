@@ -30,6 +30,9 @@ pub struct LoadedPool {
     pub policy: PoolPolicy,
     /// Credentials read from `spec.template.spec.proxy.credentialsRef`, when set.
     pub credentials: Option<Credentials>,
+    /// The gateway's client credentials read from `spec.gateway.clientCredentials` (empty
+    /// when there is no gateway or it uses the pool's own credentials).
+    pub gateway_clients: Vec<Credentials>,
     /// The file it came from.
     pub file: PathBuf,
     /// sha256 over the spec and the credentials: changes exactly when either does.
@@ -117,6 +120,19 @@ pub(crate) fn parse_pool(
         },
         None => None,
     };
+    let mut gateway_clients = Vec::new();
+    for (i, r) in m
+        .spec
+        .gateway
+        .iter()
+        .flat_map(|g| g.client_credentials.iter())
+        .enumerate()
+    {
+        match read_credentials(dir, r) {
+            Ok(c) => gateway_clients.push(c),
+            Err(e) => errs.push(mk(&format!("spec.gateway.clientCredentials[{i}]"), e)),
+        }
+    }
     let Some(policy) = policy.filter(|_| errs.is_empty()) else {
         return Err(errs);
     };
@@ -128,12 +144,19 @@ pub(crate) fn parse_pool(
         h.update(b"\0");
         h.update(c.password.as_bytes());
     }
+    for c in &gateway_clients {
+        h.update(b"\0client\0");
+        h.update(c.username.as_bytes());
+        h.update(b"\0");
+        h.update(c.password.as_bytes());
+    }
     Ok(LoadedPool {
         namespace: m.metadata.namespace,
         name: m.metadata.name,
         spec: m.spec,
         policy,
         credentials,
+        gateway_clients,
         file: file.to_path_buf(),
         spec_hash: h.finalize().into(),
     })

@@ -143,20 +143,13 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// Reads a quarantine file: `MEMBER REASON` per line, `#` comments.
+/// Reads a quarantine file: `MEMBER REASON` per line, `#` comments
+/// ([`crate::quarantine::parse`]).
 pub(crate) fn read_quarantine(path: &Path) -> BTreeMap<String, String> {
     let Ok(bytes) = crate::manifests::read_regular_bounded(path, MAX_QUARANTINE_BYTES, true) else {
         return BTreeMap::new();
     };
-    String::from_utf8_lossy(&bytes)
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(|l| match l.split_once(char::is_whitespace) {
-            Some((m, why)) => (m.to_owned(), why.trim().to_owned()),
-            None => (l.to_owned(), "quarantined".to_owned()),
-        })
-        .collect()
+    crate::quarantine::parse(&String::from_utf8_lossy(&bytes))
 }
 
 /// The state of a member's status that its pool cares about (a change re-decides the pool).

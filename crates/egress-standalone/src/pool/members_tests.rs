@@ -18,6 +18,7 @@ fn loaded() -> LoadedPool {
         policy: spec.validate().unwrap(),
         spec,
         credentials: None,
+        gateway_clients: Vec::new(),
         file: PathBuf::from("web.yaml"),
         spec_hash: [0; 32],
     }

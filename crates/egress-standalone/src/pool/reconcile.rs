@@ -291,6 +291,7 @@ pub(crate) async fn pool_round(store: &Store, ctx: &Context, key: &str) {
             },
             members: &members,
             hosts: &hosts,
+            retire_for: egress_core::reputation::engine::config::DEFAULT_RETIRE_FOR,
             now,
         },
         &mut memory,
@@ -451,6 +452,11 @@ impl StandalonePool<'_> {
 
 impl PoolDriver for StandalonePool<'_> {
     type Error = std::convert::Infallible;
+
+    // NB: standalone mode runs no reputation checks yet (no member is ever listed), so no
+    // round retires an address; a retirement read back from a member file is kept in the
+    // pool's status only.
+    fn retire(&self, _status: &ProxyPoolStatus) {}
 
     async fn create(&self, c: &CreateMember) -> Result<(), Self::Error> {
         let rec = MemberRec {

@@ -415,8 +415,12 @@ fn run(
         }
         DOMAIN_INTERFACE_ADDRESSES => {
             let a: DomainInterfaceAddressesArgs = decode(proc_, payload)?;
-            let ifaces =
-                state.interface_addresses(&a.dom, a.source, faults.agent_unresponsive())?;
+            let ifaces = state.interface_addresses(
+                &a.dom,
+                a.source,
+                faults.agent_unresponsive(),
+                faults.arp_error().as_deref(),
+            )?;
             ok(DomainInterfaceAddressesRet { ifaces })
         }
 

@@ -125,6 +125,15 @@ pub(crate) fn polkit_not_offered() -> Box<RemoteErrorWire> {
     )
 }
 
+/// An internal error with `detail` (libvirt prefixes "internal error: ").
+pub(crate) fn internal(detail: &str) -> Box<RemoteErrorWire> {
+    remote_error(
+        codes::INTERNAL_ERROR,
+        domains::QEMU,
+        format!("internal error: {detail}"),
+    )
+}
+
 pub(crate) fn not_open() -> Box<RemoteErrorWire> {
     remote_error(
         codes::INTERNAL_ERROR,

@@ -67,6 +67,10 @@ pub struct FaultSpec {
     pub upload_fail_after: Option<u64>,
     /// The guest agent does not answer: source AGENT interface queries fail with code 86.
     pub agent_unresponsive: bool,
+    /// The host's ARP table cannot be read: source ARP interface queries fail with code 1
+    /// (`VIR_ERR_INTERNAL_ERROR`) and this message (a libvirtd 11.3 restarted after a
+    /// `kill -9` answers "malformed netlink response message").
+    pub arp_error: Option<String>,
     /// Calls that fail with a chosen error.
     pub fail_calls: Vec<FailCall>,
 }
@@ -153,6 +157,11 @@ impl Faults {
     /// Makes the guest agent unresponsive (code 86).
     pub fn agent_unresponsive(&self, on: bool) {
         self.update(|s| s.agent_unresponsive = on);
+    }
+
+    /// Makes the ARP address source fail with `message` (`None`: it works).
+    pub fn arp_error(&self, message: Option<&str>) {
+        self.update(|s| s.arp_error = message.map(str::to_owned));
     }
 
     /// Fails the next `times` calls of `procedure` (all of them with `None`) with the given
@@ -264,6 +273,13 @@ impl FaultScope {
 
     pub fn agent_unresponsive(&self) -> bool {
         self.either(|s| s.agent_unresponsive)
+    }
+
+    /// The connection's ARP failure, else the fake's.
+    pub fn arp_error(&self) -> Option<String> {
+        self.conn
+            .read(|s| s.arp_error.clone())
+            .or_else(|| self.global.read(|s| s.arp_error.clone()))
     }
 
     /// The longer of the two delays.

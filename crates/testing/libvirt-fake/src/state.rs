@@ -875,6 +875,7 @@ impl State {
         h: &proto::Domain,
         source: u32,
         agent_unresponsive: bool,
+        arp_error: Option<&str>,
     ) -> OpResult<Vec<proto::DomainInterface>> {
         const LEASE: u32 = 0;
         const AGENT: u32 = 1;
@@ -882,6 +883,11 @@ impl State {
         let d = self.domain_by_handle(h)?;
         if !d.is_active() {
             return Err(errors::domain_not_running());
+        }
+        if source == ARP
+            && let Some(m) = arp_error
+        {
+            return Err(errors::internal(m));
         }
         let addr = |a: &str, prefix: u32| proto::DomainIpAddr {
             kind: ip_kind(a),

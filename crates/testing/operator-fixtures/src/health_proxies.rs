@@ -35,6 +35,9 @@ pub struct ProxyBehaviour {
     /// target sees as the caller); `None`, and for targets of the other family: the system's
     /// choice.
     pub source: Option<std::net::IpAddr>,
+    /// Close the connections whose number (from 1, in accept order) is in this range at
+    /// once, answering nothing (lost probes).
+    pub drop: std::ops::Range<usize>,
 }
 
 /// A running in-process proxy; stops when dropped.
@@ -110,11 +113,17 @@ pub fn serve(l: TcpListener, b: ProxyBehaviour, socks: bool) -> TestProxy {
         Arc::clone(&max_in_flight),
     );
     tokio::spawn(async move {
+        let mut accepted = 0usize;
         loop {
             let (c, _) = tokio::select! {
                 () = s2.cancelled() => return,
                 a = l.accept() => match a { Ok(x) => x, Err(_) => continue },
             };
+            accepted += 1;
+            if b.drop.contains(&accepted) {
+                drop(c);
+                continue;
+            }
             let (b, t, s3) = (b.clone(), Arc::clone(&t2), s2.clone());
             let guard = InFlight::new(&in_flight, &m2);
             tokio::spawn(async move {

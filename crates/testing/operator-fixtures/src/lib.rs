@@ -5,7 +5,8 @@
 //! on their derived MAC ([`FakeHosts::start_dhcp`]); a standalone instance on 127.0.0.1
 //! ([`start_standalone`]); and HTTP helpers that poll `/status` until a predicate holds
 //! ([`wait_status`]); and in-process HTTP CONNECT and SOCKS5 proxies on loopback for the health
-//! tests ([`health_proxies`]).
+//! tests ([`health_proxies`]); real tinyproxy and dante members, targets and proxy clients on
+//! loopback ([`real_members`]).
 //!
 //! Guarantees: everything stays in this process or on loopback; the DHCP task stops when its
 //! guard drops; every HTTP call and every wait has a deadline. Test-only code: it panics on
@@ -18,6 +19,7 @@
 )]
 
 pub mod health_proxies;
+pub mod real_members;
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;

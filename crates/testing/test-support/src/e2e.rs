@@ -11,7 +11,7 @@
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write as _};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -212,6 +212,98 @@ impl NetGuard {
 }
 
 impl Drop for NetGuard {
+    fn drop(&mut self) {
+        if cleanup::keep_requested() {
+            println!("eptest: keeping network {}", self.name);
+            return;
+        }
+        let _ = virsh(&["net-destroy", &self.name]);
+        let _ = std::fs::remove_file(format!("/var/lib/libvirt/dnsmasq/{}.status", self.bridge));
+    }
+}
+
+/// An isolated libvirt network without DHCP (bridge address `.1` of a random /24 of
+/// 198.18.0.0/15, no `<dhcp>`, no `<forward>`), plus `::1` of a random ULA /64 added to the
+/// bridge by hand (a libvirt network with IPv6 would send router advertisements, and the
+/// guests would add addresses of their own); destroyed when dropped.
+#[derive(Debug)]
+pub struct StaticNet {
+    /// The network's name.
+    pub name: String,
+    /// Its bridge.
+    pub bridge: String,
+    prefix: [u8; 3],
+    prefix6: [u16; 3],
+}
+
+impl StaticNet {
+    /// Creates the network (a unique name of `test`), trying other /24s on a clash.
+    pub fn create(test: &str) -> Self {
+        for _ in 0..SUBNET_ATTEMPTS {
+            let name = cleanup::unique_name("net", test);
+            let bridge = format!("eptbr{:08x}", cleanup::random_u32());
+            let r = cleanup::random_u32();
+            let prefix = [198, 18 + (r & 1) as u8, (r >> 8) as u8];
+            let [a, b, c] = prefix;
+            println!(
+                "eptest: creating network {name} (bridge {bridge}, {a}.{b}.{c}.0/24, no DHCP)"
+            );
+            let xml = format!(
+                "<network><name>{name}</name><bridge name='{bridge}' stp='off'/>\
+                 <ip address='{a}.{b}.{c}.1' netmask='255.255.255.0'/></network>"
+            );
+            let file = std::env::temp_dir().join(format!("{name}.xml"));
+            std::fs::write(&file, xml).unwrap();
+            let r6 = cleanup::random_u32();
+            let g = Self {
+                name,
+                bridge,
+                prefix,
+                prefix6: [0xfd00 | (r6 >> 24) as u16, r6 as u16, (r >> 16) as u16],
+            };
+            let out = virsh(&["net-create", file.to_str().unwrap()]);
+            let _ = std::fs::remove_file(&file);
+            if out.status.success() {
+                // NB: libvirt turns IPv6 off on the bridge of a network without IPv6.
+                run_ok(
+                    Command::new("sysctl")
+                        .args(["-qw", &format!("net.ipv6.conf.{}.disable_ipv6=0", g.bridge)]),
+                );
+                run_ok(Command::new("ip").args([
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{}/64", g.ip6(1)),
+                    "dev",
+                    &g.bridge,
+                    "nodad",
+                ]));
+                println!("eptest: bridge {} also holds {}/64", g.bridge, g.ip6(1));
+                return g;
+            }
+            println!(
+                "eptest: network {} not created: {}",
+                g.name,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        panic!("no isolated network could be created");
+    }
+
+    /// Address `.host` of the network's /24 (`.1` is the bridge).
+    pub fn ip(&self, host: u8) -> Ipv4Addr {
+        let [a, b, c] = self.prefix;
+        Ipv4Addr::new(a, b, c, host)
+    }
+
+    /// Address `::host` of the bridge's IPv6 /64 (`::1` is the bridge).
+    pub fn ip6(&self, host: u16) -> Ipv6Addr {
+        let [a, b, c] = self.prefix6;
+        Ipv6Addr::new(a, b, c, 0, 0, 0, 0, host)
+    }
+}
+
+impl Drop for StaticNet {
     fn drop(&mut self) {
         if cleanup::keep_requested() {
             println!("eptest: keeping network {}", self.name);

@@ -2,8 +2,9 @@
 //! 127.0.0.1 ([`sshd`]), a TCP relay that can freeze ([`relay`]), and unique names, Drop
 //! guards and the leftover sweep for resources made on the real libvirtd ([`cleanup`]), and the
 //! building blocks of the real-guest end-to-end tests ([`e2e`]), raw HTTP responses read back
-//! ([`http`]), and running one test in a
-//! process of its own, checked to have run ([`isolate`]).
+//! ([`http`]), running one test in a process of its own, checked to have run ([`isolate`]),
+//! a private libvirtd a test may kill and restart ([`libvirtd`]), and a real authoritative
+//! DNS server serving test blocklist zones ([`nsd`]).
 //!
 //! Everything cleans up on Drop: sshd is killed and its temporary directory removed; relay
 //! tasks are aborted and their sockets closed. Test-only code: it panics on setup failures.
@@ -18,5 +19,7 @@ pub mod cleanup;
 pub mod e2e;
 pub mod http;
 pub mod isolate;
+pub mod libvirtd;
+pub mod nsd;
 pub mod relay;
 pub mod sshd;

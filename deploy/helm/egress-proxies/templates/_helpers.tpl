@@ -155,3 +155,58 @@ else the watched namespace when one is set, else none. Never cluster-wide.
 {{- end -}}
 {{- toJson (uniq $ns) -}}
 {{- end -}}
+
+{{/*
+The pool gateway's pods: their own app.kubernetes.io/name (NAME-gateway), so neither the
+operator's Deployment nor its Services ever select them, and component `gateway`.
+*/}}
+{{- define "egress-proxies.gatewayName" -}}
+{{- printf "%s-gateway" (include "egress-proxies.name" . | trunc 55 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "egress-proxies.gatewayFullname" -}}
+{{- printf "%s-gateway" (include "egress-proxies.fullname" . | trunc 55 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "egress-proxies.gatewayLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "egress-proxies.gatewayName" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: gateway
+app.kubernetes.io/part-of: egress-proxies
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "egress-proxies.gatewaySelector" -}}
+app.kubernetes.io/name: {{ include "egress-proxies.gatewayName" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/*
+The pool gateway's grants (crates/egress-kube/src/rbac.rs, GATEWAY_API_ACCESS): read-only,
+where the pools are watched (Secrets apart: gateway-rbac.yaml grants `get` in the
+secretNamespaces only).
+*/}}
+{{- define "egress-proxies.gatewayRules" -}}
+- apiGroups: ["egress-proxies.dev"]
+  resources: ["proxypools"]
+  verbs: ["list", "watch"]
+- apiGroups: ["egress-proxies.dev"]
+  resources: ["proxies"]
+  verbs: ["list", "watch"]
+{{- end -}}
+
+{{/* Whole seconds of a duration value (`30s`, `2m`, `1h`, `1m30s`). */}}
+{{- define "egress-proxies.seconds" -}}
+{{- $total := 0 -}}
+{{- range (regexFindAll "[0-9]+(ms|s|m|h)" . -1) -}}
+{{- $n := regexFind "^[0-9]+" . | int -}}
+{{- if hasSuffix "ms" . -}}
+{{- else if hasSuffix "s" . -}}{{- $total = add $total $n -}}
+{{- else if hasSuffix "m" . -}}{{- $total = add $total (mul $n 60) -}}
+{{- else if hasSuffix "h" . -}}{{- $total = add $total (mul $n 3600) -}}
+{{- end -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}

@@ -79,6 +79,10 @@ pub(super) fn timeouts(r: &mut Report, p: &str, t: &Timeouts) {
 // NB: a listing of the pool is read before each import; 1000 bases of an entry is far past
 // any catalogue and keeps that listing small.
 const MAX_BASES: u64 = 1000;
+/// Largest `limits.unusedBaseGraceMinutes` accepted: a year.
+// NB: past a year a base is effectively kept forever; the ceiling keeps the value a sane
+// duration (minutes × 60 never overflows).
+const MAX_UNUSED_BASE_GRACE_MINUTES: u64 = 365 * 24 * 60;
 
 // Closes finding L20.
 pub(super) fn sizes(r: &mut Report, path: &str, e: &LibvirtEntry) {
@@ -114,6 +118,14 @@ pub(super) fn sizes(r: &mut Report, path: &str, e: &LibvirtEntry) {
         u64::from(l.max_url_images),
         0,
         u64::from(l.max_bases).clamp(1, MAX_BASES),
+        1,
+    );
+    bounded(
+        r,
+        &format!("{path}.limits.unusedBaseGraceMinutes"),
+        l.unused_base_grace_minutes,
+        0,
+        MAX_UNUSED_BASE_GRACE_MINUTES,
         1,
     );
     let cpu_ok = bounded(

@@ -120,7 +120,7 @@ impl AddressRoom {
                 _ => continue,
             };
             r.pool |= bit;
-            if u128::from(u.held) >= u.size {
+            if u128::from(u.held).saturating_add(u128::from(u.retired)) >= u.size {
                 r.full |= bit;
             }
         }
@@ -174,6 +174,12 @@ pub trait HostView: std::fmt::Debug {
         need: u8,
         eligible: &dyn Fn(&str) -> bool,
     ) -> Option<String>;
+    /// Why `host`'s last report is not Ready, in a few words (what it misses, or its
+    /// error); `None` when Ready, unchecked, or unknown to the view.
+    fn reason(&self, host: &str) -> Option<String> {
+        let _ = host;
+        None
+    }
 }
 
 impl HostView for BTreeMap<String, HostInfo> {

@@ -85,15 +85,21 @@ pub(super) fn found(mut cx: Ctx<'_>, entry: &EntryView<'_>, inst: Instance) -> D
             cx.status.phase = Phase::Provisioning;
             cx.status.ip = None;
             cx.status.ip_seen_at = None;
+            // A source of addresses that failed is said, with its error (the others were
+            // still asked).
+            let note = inst
+                .address_note
+                .as_deref()
+                .map_or_else(String::new, |n| format!("; {n}"));
             if let Some(elapsed) = deadline_passed(&cx, i.now) {
                 let missing = format!(
-                    "instance {} is running but no address was reported",
+                    "instance {} is running but no address was reported{note}",
                     inst.id
                 );
                 return deadline_expired(cx, entry, &host, elapsed, &missing, true);
             }
             let msg = format!(
-                "instance {} is running; waiting for it to report an address",
+                "instance {} is running; waiting for it to report an address{note}",
                 inst.id
             );
             cx.cond(

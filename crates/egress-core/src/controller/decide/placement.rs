@@ -82,18 +82,21 @@ pub(super) fn no_usable_host(
         let health = info
             .health
             .map_or_else(|| "unchecked".to_owned(), |s| format!("{s:?}"));
-        let mut s = if info.addresses.full == 0 {
+        let mut why: Vec<String> = hosts.reason(n).into_iter().collect();
+        if info.addresses.full != 0 {
+            why.push(format!(
+                "its {} address pool exhausted",
+                info.addresses.full_families()
+            ));
+        }
+        if let Some(c) = capacity_short(entry, n, &info, need, own(n)) {
+            why.push(c);
+        }
+        if why.is_empty() {
             health
         } else {
-            format!(
-                "{health} with its {} address pool exhausted",
-                info.addresses.full_families()
-            )
-        };
-        if let Some(why) = capacity_short(entry, n, &info, need, own(n)) {
-            s = format!("{s}, {why}");
+            format!("{health}: {}", why.join("; "))
         }
-        s
     };
     match pinned {
         Some(p) => format!(
@@ -110,7 +113,7 @@ pub(super) fn no_usable_host(
             format!(
                 "no host of provider entry {:?} takes new proxies ({}); waiting for one to be Ready",
                 entry.name,
-                list.join(", ")
+                list.join("; ")
             )
         }
     }

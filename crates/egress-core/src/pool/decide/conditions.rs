@@ -102,7 +102,7 @@ pub(super) fn set(d: &mut PoolDecision, i: &PoolInputs<'_>, r: &Round) {
     let acted = !d.creates.is_empty() || !d.deletes.is_empty();
     let done = !acted
         && !blocked
-        && r.outdated + r.aged + r.surplus == 0
+        && r.outdated + r.aged + r.listed + r.surplus == 0
         && r.counted == p.replicas
         && r.available == p.replicas;
     if done {
@@ -122,6 +122,12 @@ pub(super) fn set(d: &mut PoolDecision, i: &PoolInputs<'_>, r: &Round) {
                 .any(|x| x.cause == super::DeleteCause::Template)
         {
             reason::ROLLING_UPDATE
+        } else if r.listed > 0
+            || d.deletes
+                .iter()
+                .any(|x| x.cause == super::DeleteCause::Listed)
+        {
+            reason::REPLACING_LISTED
         } else if r.aged > 0 || d.deletes.iter().any(|x| x.cause == super::DeleteCause::Age) {
             reason::ROTATING
         } else if r.counted < p.replicas {

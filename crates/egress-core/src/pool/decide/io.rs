@@ -73,10 +73,13 @@ pub enum DeleteCause {
     ScaleIn,
     /// Its quarantine annotation was removed (it had already been replaced).
     Quarantine,
+    /// Its declared egress address is listed in a DNS blocklist (`onListed: Replace`).
+    Listed,
 }
 
 impl DeleteCause {
-    /// The label value: `age`, `unhealthy`, `failed`, `template`, `scale-in`, `quarantine`.
+    /// The label value: `age`, `unhealthy`, `failed`, `template`, `scale-in`, `quarantine`,
+    /// `listed`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Age => "age",
@@ -85,6 +88,7 @@ impl DeleteCause {
             Self::Template => "template",
             Self::ScaleIn => "scale-in",
             Self::Quarantine => "quarantine",
+            Self::Listed => "listed",
         }
     }
 }

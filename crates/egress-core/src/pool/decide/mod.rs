@@ -10,6 +10,10 @@
 //!    available) for `unhealthyAfter`, is deleted (cause `failed` / `unhealthy`) and its
 //!    host's failure count grows; creates on that host back off until a member there is
 //!    available again.
+//! 3. **Listings** (with `reputation.onListed: Replace`): a member whose declared egress
+//!    address is listed in a DNS blocklist is outdated (cause `listed`), and its listed
+//!    addresses are retired (`status.retiredAddresses`) until `retire_for` has passed;
+//!    retirements past their time end.
 //! 3. **Creates**: up to `replicas` current members (current template, younger than
 //!    `maxAge`), never more than `replicas + maxSurge` members in all, placed by
 //!    `place` (spread, `maxPerHost`, host health, backoff).
@@ -33,6 +37,8 @@ mod tests;
 mod tests_budget;
 #[cfg(test)]
 mod tests_keep;
+#[cfg(test)]
+mod tests_listed;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
@@ -41,8 +47,8 @@ use crate::controller::decide::fmt_time;
 use crate::controller::{Event, EventKind};
 use crate::model::{MAX_MESSAGE_CHARS, truncate};
 use crate::pool::member::{Member, member_name};
-use crate::pool::spec::ScaleInOrder;
-use crate::pool::status::{HostFailures, reason};
+use crate::pool::spec::{OnListed, ScaleInOrder};
+use crate::pool::status::{HostFailures, MAX_RETIRED, RetiredAddress, reason};
 
 pub use self::io::{CreateMember, DeleteCause, DeleteMember, PoolDecision, PoolHost, PoolInputs};
 
@@ -57,9 +63,10 @@ struct Round {
     refused: Vec<String>,
     /// Every usable host was backing off.
     backing_off: bool,
-    /// Outdated / aged / surplus members left after this round's removals.
+    /// Outdated / aged / listed / surplus members left after this round's removals.
     outdated: usize,
     aged: usize,
+    listed: usize,
     surplus: usize,
     /// Members counted (not quarantined) and their available / updated subsets, before acting.
     counted: u32,
@@ -185,9 +192,64 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
     )
     .unwrap_or(u32::MAX);
 
+    // Retirements: those past their time end; a member replaced for a listing retires its
+    // listed declared addresses now (they are still its own until it is gone, and none is
+    // handed to another Proxy until the retirement ends).
+    d.status.retired_addresses.retain(|r| {
+        let until = humantime::parse_rfc3339_weak(&r.until).ok();
+        until.is_some_and(|u| u > now)
+    });
+    if p.on_listed == OnListed::Replace {
+        for m in &remaining {
+            let Some(host) = &m.host else { continue };
+            for a in m.listed_declared() {
+                if d.status
+                    .retired_addresses
+                    .iter()
+                    .any(|r| r.address == a && &r.host == host)
+                {
+                    continue;
+                }
+                let until = now.checked_add(p.retire_for).unwrap_or(now);
+                d.events.push(Event::new(
+                    EventKind::Warning,
+                    reason::ADDRESS_RETIRED,
+                    &format!(
+                        "retired egress address {a} of host {host} until {} (member {} is \
+                         listed: {}); replacing the member",
+                        fmt_time(until),
+                        m.name,
+                        m.listed_note
+                    ),
+                ));
+                d.status.retired_addresses.push(RetiredAddress {
+                    host: host.clone(),
+                    address: a,
+                    member: m.name.clone(),
+                    reason: truncate(&format!("listed: {}", m.listed_note), MAX_MESSAGE_CHARS),
+                    since: fmt_time(now),
+                    until: fmt_time(until),
+                });
+            }
+        }
+        // NB: bounded by the newest entries (an address whose entry is dropped here was
+        // retired long ago and is retired in the hosts' address books until its time).
+        let len = d.status.retired_addresses.len();
+        if len > MAX_RETIRED {
+            d.status.retired_addresses.drain(..len - MAX_RETIRED);
+        }
+    }
+    for r in &d.status.retired_addresses {
+        if let Ok(u) = humantime::parse_rfc3339_weak(&r.until) {
+            wake_at(u);
+        }
+    }
+
     // 3. Creates.
     let stale_cause = |m: &Member| {
-        if m.template_hash != i.template_hash {
+        if p.on_listed == OnListed::Replace && !m.listed_declared().is_empty() {
+            Some(DeleteCause::Listed)
+        } else if m.template_hash != i.template_hash {
             Some(DeleteCause::Template)
         } else {
             p.max_age
@@ -297,6 +359,7 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
             match cause {
                 DeleteCause::Template => r.outdated += 1,
                 DeleteCause::Age => r.aged += 1,
+                DeleteCause::Listed => r.listed += 1,
                 _ => r.surplus += 1,
             }
             continue;

@@ -57,6 +57,8 @@ pub(super) fn member(name: &str, host: &str, created: u64) -> Member {
         egress_address: Vec::new(),
         ip: None,
         egress_ip: None,
+        listed: Vec::new(),
+        listed_note: String::new(),
     }
 }
 

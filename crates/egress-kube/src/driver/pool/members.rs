@@ -45,6 +45,7 @@ pub(in crate::driver) fn observe(
     exp: &mut PoolExpectations,
     now: SystemTime,
     health_checks: bool,
+    on_listed: egress_core::pool::spec::OnListed,
 ) -> Vec<Member> {
     let seen: HashSet<String> = objects.iter().map(|p| p.name_any()).collect();
     let deleting_in_cache: HashSet<String> = objects
@@ -72,7 +73,12 @@ pub(in crate::driver) fn observe(
             name,
         };
         let status = p.status.clone().unwrap_or_default();
-        members.push(Member::observe(meta, &status, health_checks));
+        members.push(Member::observe_with(
+            meta,
+            &status,
+            health_checks,
+            on_listed,
+        ));
     }
     for (name, (c, t)) in &exp.created {
         members.push(Member::expected(name, &c.host, &c.template_hash, *t));
@@ -104,6 +110,7 @@ mod tests {
 
     use egress_core::model::Phase;
 
+    use egress_core::pool::spec::OnListed;
     use egress_core::pool::{PoolInputs, ProxyPoolSpec, ProxyPoolStatus, decide};
 
     use super::*;
@@ -160,7 +167,7 @@ mod tests {
         };
         exp.created.insert(c.name.clone(), (c, now));
         // Not in the cache yet: counted, so the next round creates nothing more.
-        let m = observe(&[], &mut exp, now, false);
+        let m = observe(&[], &mut exp, now, false, OnListed::Ignore);
         assert_eq!(m.len(), 1);
         assert_eq!(
             (m[0].phase, m[0].host.as_deref()),
@@ -168,7 +175,13 @@ mod tests {
         );
         assert_eq!(creates(&m, 1, now), 0, "created again: {m:?}");
         // Seen: the cache's object alone.
-        let m = observe(&[member("web-bcdfgh", false)], &mut exp, now, false);
+        let m = observe(
+            &[member("web-bcdfgh", false)],
+            &mut exp,
+            now,
+            false,
+            OnListed::Ignore,
+        );
         assert_eq!(m.len(), 1);
         assert!(exp.created.is_empty());
         // Never seen: forgotten after the TTL (the pool creates it again).
@@ -180,7 +193,7 @@ mod tests {
         };
         exp.created.insert(c.name.clone(), (c, now));
         let later = now + EXPECTATION_TTL + Duration::from_secs(1);
-        assert!(observe(&[], &mut exp, later, false).is_empty());
+        assert!(observe(&[], &mut exp, later, false, OnListed::Ignore).is_empty());
         assert!(exp.created.is_empty());
     }
 
@@ -189,10 +202,22 @@ mod tests {
         let now = SystemTime::now();
         let mut exp = PoolExpectations::default();
         exp.deleted.insert("web-a".into(), now);
-        let m = observe(&[member("web-a", false)], &mut exp, now, false);
+        let m = observe(
+            &[member("web-a", false)],
+            &mut exp,
+            now,
+            false,
+            OnListed::Ignore,
+        );
         assert!(m[0].deleting);
         // The cache shows the deletion: the expectation goes, the member is still deleting.
-        let m = observe(&[member("web-a", true)], &mut exp, now, false);
+        let m = observe(
+            &[member("web-a", true)],
+            &mut exp,
+            now,
+            false,
+            OnListed::Ignore,
+        );
         assert!(m[0].deleting && exp.deleted.is_empty());
     }
 
@@ -208,7 +233,13 @@ mod tests {
         // Sent again before the watch shows it: not counted again.
         assert!(!note_delete(&mut exp, &member("web-a", false), true, now));
         // The cache shows it deleting (the expectation pruned): not counted again.
-        let _ = observe(&[member("web-a", true)], &mut exp, now, false);
+        let _ = observe(
+            &[member("web-a", true)],
+            &mut exp,
+            now,
+            false,
+            OnListed::Ignore,
+        );
         assert!(exp.deleted.is_empty());
         assert!(!note_delete(&mut exp, &member("web-a", true), true, now));
     }

@@ -37,7 +37,7 @@
 pub(in crate::driver) mod index;
 mod members;
 mod reconcile;
-pub(in crate::driver) mod secret;
+pub(crate) mod secret;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -94,6 +94,10 @@ pub(in crate::driver) struct PoolCtx {
     pub(in crate::driver) failures: Mutex<HashMap<PoolKey, u32>>,
     /// Interval between re-reads of a generated-credentials Secret.
     pub(in crate::driver) secret_poll: Duration,
+    /// The DNS blocklist checks (`reputation.retireFor`).
+    pub(in crate::driver) reputation: Arc<egress_core::reputation::ReputationService>,
+    /// The process's retired addresses: each pool's `status.retiredAddresses` in effect.
+    pub(in crate::driver) retired: Arc<egress_provider::libvirt::retired::RetiredAddresses>,
 }
 
 /// Runs the pool controller until `stop`: its own watch of `pools`, woken also by `triggers`
@@ -104,6 +108,9 @@ pub(in crate::driver) async fn run(
     triggers: mpsc::UnboundedReceiver<PoolKey>,
     stop: CancellationToken,
 ) {
+    if !restore_retired(&pools, &ctx, &stop).await {
+        return;
+    }
     let triggers = futures_util::stream::unfold(triggers, |mut rx| async move {
         rx.recv()
             .await
@@ -122,6 +129,50 @@ pub(in crate::driver) async fn run(
         })
         .await;
 }
+
+/// Reads every pool's `status.retiredAddresses` into the process's registry and primes it
+/// (until then no address is handed out: a restart never gives a retired address away before
+/// its retirement was read back). Retries every [`RESTORE_RETRY`] until a listing succeeds;
+/// `false` when stopped first.
+async fn restore_retired(pools: &Api<ProxyPool>, ctx: &PoolCtx, stop: &CancellationToken) -> bool {
+    use kube::ResourceExt;
+    let params = kube::api::ListParams::default();
+    loop {
+        // rbac: PROXYPOOLS list
+        let listed = tokio::select! {
+            () = stop.cancelled() => return false,
+            r = tokio::time::timeout(
+                super::API_SLACK,
+                pools.list(&params),
+            ) => r,
+        };
+        match listed {
+            Ok(Ok(list)) => {
+                let now = std::time::SystemTime::now();
+                for p in &list.items {
+                    if let Some(st) = &p.status {
+                        let key = format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
+                        st.sync_retired(&ctx.retired, &key, &p.spec.template.spec.provider, now);
+                    }
+                }
+                ctx.retired.prime();
+                return true;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot list the pools' retired addresses; retrying");
+            }
+            Err(_) => tracing::warn!("listing the pools' retired addresses timed out; retrying"),
+        }
+        tokio::select! {
+            () = stop.cancelled() => return false,
+            () = tokio::time::sleep(RESTORE_RETRY) => {}
+        }
+    }
+}
+
+/// Pause between attempts to read the pools' retired addresses at the start of a term.
+// NB: allocation waits on it; a couple of seconds keeps a brief API outage short.
+const RESTORE_RETRY: Duration = Duration::from_secs(2);
 
 /// Why one pool reconcile failed (retried with backoff).
 #[derive(Debug, thiserror::Error)]

@@ -150,7 +150,8 @@ async fn reconcile_inner(
     let (members, round) = {
         let mut e = lock(&ctx.expectations);
         let exp = e.pools.entry(key.clone()).or_default();
-        let members = members::observe(&objects, exp, now, health_checks);
+        let members =
+            members::observe(&objects, exp, now, health_checks, spec.reputation.on_listed);
         let round = round::plan(
             &RoundInputs {
                 namespace: ns,
@@ -163,6 +164,7 @@ async fn reconcile_inner(
                 credentials,
                 members: &members,
                 hosts: &hosts,
+                retire_for: ctx.reputation.settings().retire_for,
                 now,
             },
             &mut exp.availability,
@@ -226,6 +228,16 @@ struct KubePool<'a> {
 
 impl PoolDriver for KubePool<'_> {
     type Error = PoolError;
+
+    fn retire(&self, status: &ProxyPoolStatus) {
+        let key = format!("{}/{}", self.key.0, self.key.1);
+        status.sync_retired(
+            &self.ctx.retired,
+            &key,
+            &self.pool.spec.0.template.spec.provider,
+            self.now,
+        );
+    }
 
     async fn create(&self, c: &CreateMember) -> Result<(), PoolError> {
         let body = member_body(

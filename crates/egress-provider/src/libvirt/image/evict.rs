@@ -1,7 +1,8 @@
 //! Making room in the base cache: when a new base would pass `limits.maxBases` (or, for a URL
 //! image, `limits.maxUrlImages`), the entry's oldest bases that nothing on the host uses are
 //! removed first, as many as the new one needs, before the import starts. Only when none can
-//! go is the new base refused (QuotaExceeded, as before).
+//! go is the new base refused (QuotaExceeded, as before). What "uses" means is read once, in
+//! [`usage`], which the collection of unused bases ([`super::gc`]) shares.
 //!
 //! Why here and not in the orphan GC: the limits are the cache's size, so a base is kept until
 //! its room is needed (an idle image is not downloaded again just because a GC pass found it
@@ -30,6 +31,10 @@
 //! Not covered: another process that finds a base published and defines an overlay on it in
 //! the moment between this check and the removal (its create then fails Transient and the
 //! retry imports the image again).
+//!
+//! One piece (about 590 lines before its tests): the usage read, the oldest-first choice and
+//! the removal order share one host listing and one set of "in use" rules, which must not
+//! drift apart between the eviction and the unused-base collection that reads them.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -45,6 +50,7 @@ use crate::error::Result;
 use crate::libvirt::classify::classify;
 use crate::libvirt::names;
 use crate::libvirt::volumes;
+use crate::sync::lock;
 
 /// How long a base handed to a create in this process is protected from eviction.
 // NB: a create goes from the base to a defined domain in seconds (overlay, seed, define);
@@ -73,34 +79,36 @@ fn use_key(host: &str, pool: &str, base: &str) -> String {
 
 /// Records that base `base` in `pool` on `host` was just handed to a create.
 pub fn note_use(host: &str, pool: &str, base: &str) {
-    let mut t = uses().lock().unwrap_or_else(|p| p.into_inner());
+    let mut t = lock(uses());
     let now = Instant::now();
     t.retain(|_, at| now.duration_since(*at) < RECENT_USE);
     t.insert(use_key(host, pool, base), now);
 }
 
-fn recently_used(host: &str, pool: &str, base: &str) -> bool {
-    let t = uses().lock().unwrap_or_else(|p| p.into_inner());
+/// Whether base `base` in `pool` on `host` was handed to a create in this process within
+/// [`RECENT_USE`].
+pub(super) fn recently_used(host: &str, pool: &str, base: &str) -> bool {
+    let t = lock(uses());
     t.get(&use_key(host, pool, base))
         .is_some_and(|at| at.elapsed() < RECENT_USE)
 }
 
 /// A published base of the entry that might be removed.
 #[derive(Debug, Clone)]
-struct Candidate {
+pub(super) struct Candidate {
     /// The base volume's name.
-    name: String,
+    pub(super) name: String,
     /// Its source key (`img-…` / `url-…`), for the import lock.
-    source_key: String,
+    pub(super) source_key: String,
     /// Its path.
-    path: String,
+    pub(super) path: String,
     /// Its data volume's path and name, when it has one.
-    data_path: Option<String>,
-    data_name: Option<String>,
+    pub(super) data_path: Option<String>,
+    pub(super) data_name: Option<String>,
     /// When its data volume was uploaded (unix seconds).
-    created_unix: u64,
+    pub(super) created_unix: u64,
     /// From a URL image.
-    url: bool,
+    pub(super) url: bool,
 }
 
 impl Candidate {
@@ -111,6 +119,11 @@ impl Candidate {
         n.extend(self.data_name.as_deref());
         n
     }
+
+    /// The key of its source's import lock (the one an import of its image holds).
+    pub(super) fn lock_key(&self, host: &str, pool: &str, entry: &str) -> String {
+        format!("{host}/{pool}/{entry}/{}", self.source_key)
+    }
 }
 
 /// What [`make_room`] did.
@@ -120,6 +133,73 @@ pub struct Room {
     pub removed: Vec<String>,
     /// Why more could not be removed, when fewer than asked were.
     pub blocked: Option<String>,
+}
+
+/// Who uses the entry's bases on one host, as read from the host itself.
+#[derive(Debug, Default)]
+pub(super) struct Usage {
+    /// Each base whose path, data volume and age could be read, with what uses it (a domain
+    /// or a volume, named), `None` when nothing on the host does.
+    pub(super) bases: Vec<(Candidate, Option<String>)>,
+    /// Bases whose age or data volume could not be read (never removed), with why.
+    pub(super) unreadable: Vec<(String, String)>,
+    /// Why nothing may be removed on this host at all, when so (a chain libvirt hides).
+    pub(super) blocked: Option<String>,
+}
+
+/// Reads who uses `bases` (published base names of `entry`) in `pool` on `host`: every
+/// domain's XML (live and next definition) and every other volume's backing store of the
+/// pool (see the module guarantees). Fails as a whole on any read failure but "vanished".
+pub(super) async fn usage(
+    c: &Client,
+    pool: &StoragePool,
+    host: &str,
+    entry: &str,
+    bases: &[String],
+) -> Result<Usage> {
+    let lv = |what: String| move |e: libvirt_remote::Error| classify(&e, &what);
+    let (cands, unreadable) = candidates(c, pool, host, entry, bases).await?;
+    if cands.is_empty() {
+        return Ok(Usage {
+            unreadable,
+            ..Usage::default()
+        });
+    }
+    let doms = c
+        .list_all_domains(0)
+        .await
+        .map_err(lv(format!("listing domains on host {host}")))?;
+    let pool_paths = pool_volume_paths(c, pool, host).await?;
+    let texts = domain_texts(c, host, doms).await?;
+    // NB: a running domain's live XML shows the chain libvirt followed; its next definition
+    // is searched for names and paths below, not for chains it cannot show.
+    let blocked = texts
+        .iter()
+        .filter(|t| t.live_or_off)
+        .find_map(|t| unseen_chain(&t.xml, &pool.name, &pool_paths));
+    let backed = backing_paths(c, pool, host, &cands).await?;
+    let bases = cands
+        .into_iter()
+        .map(|k| {
+            let by_domain = texts
+                .iter()
+                .find(|t| k.needles().iter().any(|n| t.xml.contains(n)))
+                .map(|t| format!("domain {}", t.domain));
+            let by_volume = || {
+                backed
+                    .iter()
+                    .find(|(_, b)| *b == k.path || k.data_path.as_deref() == Some(b.as_str()))
+                    .map(|(v, _)| format!("volume {v}, which it backs"))
+            };
+            let user = by_domain.or_else(by_volume);
+            (k, user)
+        })
+        .collect();
+    Ok(Usage {
+        bases,
+        unreadable,
+        blocked,
+    })
 }
 
 /// Removes up to `need_any` of the entry's bases (any source) and, among them or besides,
@@ -135,39 +215,22 @@ pub async fn make_room(
     let c = target.client;
     let pool = target.pool;
     let host = target.host;
-    let lv = |what: String| move |e: libvirt_remote::Error| classify(&e, &what);
-    let mut cands = candidates(target, bases).await?;
-    if cands.is_empty() {
+    let entry = &target.entry.name;
+    let u = usage(c, pool, host, entry, bases).await?;
+    if u.bases.is_empty() {
         room.blocked = Some("no base's age could be read".into());
         return Ok(room);
     }
-    // Users: every domain's XML, every other pool volume's backing store.
-    let doms = c
-        .list_all_domains(0)
-        .await
-        .map_err(lv(format!("listing domains on host {host}")))?;
-    let pool_paths = pool_volume_paths(c, pool, host).await?;
-    let texts = domain_texts(c, host, doms).await?;
-    // NB: a running domain's live XML shows the chain libvirt followed; its next definition
-    // is searched for names and paths below, not for chains it cannot show.
-    if let Some(why) = texts
-        .iter()
-        .filter(|(_, live_or_off)| *live_or_off)
-        .find_map(|(t, _)| unseen_chain(t, &pool.name, &pool_paths))
-    {
+    if let Some(why) = u.blocked {
         room.blocked = Some(why);
         return Ok(room);
     }
-    let backed = backing_paths(c, pool, host, &cands).await?;
-    cands.retain(|k| {
-        let by_domain = texts
-            .iter()
-            .any(|(t, _)| k.needles().iter().any(|n| t.contains(n)));
-        let by_volume = backed
-            .iter()
-            .any(|b| *b == k.path || k.data_path.as_deref() == Some(b.as_str()));
-        !(by_domain || by_volume || recently_used(host, &pool.name, &k.name))
-    });
+    let mut cands: Vec<Candidate> = u
+        .bases
+        .into_iter()
+        .filter(|(k, user)| user.is_none() && !recently_used(host, &pool.name, &k.name))
+        .map(|(k, _)| k)
+        .collect();
     cands.sort_by(|a, b| (a.created_unix, &a.name).cmp(&(b.created_unix, &b.name)));
     for k in cands {
         if need_any == 0 && need_url == 0 {
@@ -176,14 +239,16 @@ pub async fn make_room(
         if need_any == 0 && !k.url {
             continue;
         }
-        let key = format!(
-            "{}/{}/{}/{}",
-            host, pool.name, target.entry.name, k.source_key
-        );
-        let lock = import_lock(&key);
+        let lock = import_lock(&k.lock_key(host, &pool.name, entry));
         let Ok(_held) = lock.try_lock() else {
             continue;
         };
+        // NB: a create notes its use under this lock; one that took the base since the scan
+        // above has noted it by now, and one that comes later waits for the lock and then
+        // finds the base gone (and imports it again).
+        if recently_used(host, &pool.name, &k.name) {
+            continue;
+        }
         remove(c, pool, host, &k).await?;
         tracing::info!(base = %k.name, host = %host, pool = %pool.name, "removed the oldest unused base to make room for a new one");
         need_any = need_any.saturating_sub(1);
@@ -199,31 +264,48 @@ pub async fn make_room(
     Ok(room)
 }
 
-/// The entry's bases whose path, data volume and age can be read.
-async fn candidates(target: &Target<'_>, bases: &[String]) -> Result<Vec<Candidate>> {
-    let c = target.client;
-    let prefix = names::base_prefix(&target.entry.name);
+/// The entry's bases whose path, data volume and age can be read, and those that cannot
+/// (with why).
+async fn candidates(
+    c: &Client,
+    pool: &StoragePool,
+    host: &str,
+    entry: &str,
+    bases: &[String],
+) -> Result<(Vec<Candidate>, Vec<(String, String)>)> {
+    let prefix = names::base_prefix(entry);
     let mut out = Vec::new();
+    let mut unreadable = Vec::new();
     for name in bases {
         let Some(rest) = name.strip_prefix(&prefix) else {
             continue;
         };
         // `<source key>-<64 hex>.<ext>`
         let Some((source_key, _)) = rest.rsplit_once('-') else {
+            unreadable.push((name.clone(), "its name has no digest".to_owned()));
             continue;
         };
-        let Some(p) = cache::check_published(c, target.pool, name, target.host).await? else {
-            continue;
+        let p = match cache::check_published(c, pool, name, host).await {
+            Ok(Some(p)) => p,
+            // Not (or no longer) published: not a base yet, or being removed.
+            Ok(None) => continue,
+            Err(e) if e.is_permanent() => {
+                unreadable.push((name.clone(), e.message));
+                continue;
+            }
+            Err(e) => return Err(e),
         };
         let data_name = p
             .data_path
             .as_deref()
             .and_then(|d| d.rsplit('/').next())
             .map(str::to_owned);
-        let Some(created_unix) = data_name
-            .as_deref()
-            .and_then(|d| cache::part_age(&target.entry.name, d))
+        let Some(created_unix) = data_name.as_deref().and_then(|d| cache::part_age(entry, d))
         else {
+            unreadable.push((
+                name.clone(),
+                "its data volume's upload time cannot be read from its name".to_owned(),
+            ));
             continue;
         };
         out.push(Candidate {
@@ -236,7 +318,7 @@ async fn candidates(target: &Target<'_>, bases: &[String]) -> Result<Vec<Candida
             url: source_key.starts_with("url-"),
         });
     }
-    Ok(out)
+    Ok((out, unreadable))
 }
 
 /// Every volume path in `pool` (to tell disks inside it from disks elsewhere).
@@ -266,10 +348,18 @@ async fn pool_volume_paths(c: &Client, pool: &StoragePool, host: &str) -> Result
     Ok(out)
 }
 
-/// The XML of every domain: live (or the definition, when shut off), marked `true`, and for a
-/// running one its definition too, marked `false`. A domain that vanished meanwhile is
-/// skipped.
-async fn domain_texts(c: &Client, host: &str, doms: Vec<Domain>) -> Result<Vec<(String, bool)>> {
+/// One domain XML read by [`domain_texts`].
+struct DomainText {
+    domain: String,
+    xml: String,
+    /// The live XML (or the definition of a domain that is shut off), not a running
+    /// domain's next definition.
+    live_or_off: bool,
+}
+
+/// The XML of every domain: live (or the definition, when shut off), and for a running one
+/// its definition too. A domain that vanished meanwhile is skipped.
+async fn domain_texts(c: &Client, host: &str, doms: Vec<Domain>) -> Result<Vec<DomainText>> {
     let reads: Vec<(Domain, u32)> = doms
         .into_iter()
         .flat_map(|d| {
@@ -284,7 +374,11 @@ async fn domain_texts(c: &Client, host: &str, doms: Vec<Domain>) -> Result<Vec<(
     let mut s = stream::iter(reads)
         .map(|(d, flags)| async move {
             match c.domain_xml(&d, flags).await {
-                Ok(x) => Ok(Some((x, flags == 0))),
+                Ok(xml) => Ok(Some(DomainText {
+                    domain: d.name.clone(),
+                    xml,
+                    live_or_off: flags == 0,
+                })),
                 Err(e) if e.remote().is_some_and(|r| r.code == NO_DOMAIN) => Ok(None),
                 Err(e) => Err(classify(
                     &e,
@@ -301,13 +395,13 @@ async fn domain_texts(c: &Client, host: &str, doms: Vec<Domain>) -> Result<Vec<(
 }
 
 /// The backing-store paths of the pool's volumes other than the candidates' own base and
-/// data volumes, markers, and our seeds (raw by construction).
+/// data volumes and markers, each with the name of the volume it backs.
 async fn backing_paths(
     c: &Client,
     pool: &StoragePool,
     host: &str,
     cands: &[Candidate],
-) -> Result<Vec<String>> {
+) -> Result<Vec<(String, String)>> {
     let vols = c
         .pool_list_volumes(pool)
         .await
@@ -322,7 +416,9 @@ async fn backing_paths(
     let mut s = stream::iter(todo)
         .map(|v| async move {
             match c.vol_xml(&v).await {
-                Ok(x) => Ok(volumes::parse_volume_xml(&x).and_then(|f| f.backing)),
+                Ok(x) => Ok(volumes::parse_volume_xml(&x)
+                    .and_then(|f| f.backing)
+                    .map(|b| (v.name.clone(), b))),
                 Err(e) if e.remote().is_some_and(|r| r.code == NO_STORAGE_VOL) => Ok(None),
                 Err(e) => Err(classify(
                     &e,
@@ -460,7 +556,12 @@ fn disks(xml: &str) -> Vec<Disk> {
 }
 
 /// Removes base `k`: base, marker, data volume; one already gone is fine.
-async fn remove(c: &Client, pool: &StoragePool, host: &str, k: &Candidate) -> Result<()> {
+pub(super) async fn remove(
+    c: &Client,
+    pool: &StoragePool,
+    host: &str,
+    k: &Candidate,
+) -> Result<()> {
     let mut names = vec![k.name.clone(), cache::marker_name(&k.name)];
     names.extend(k.data_name.clone());
     for n in names {

@@ -135,10 +135,7 @@ impl CaRoots {
     /// name `setting` and the path: an absolute path is required, the file must be readable,
     /// at most [`MAX_CA_FILE_BYTES`], and hold at least one PEM `CERTIFICATE`.
     pub fn get(&self, path: &Path, setting: &str) -> Result<Arc<Vec<reqwest::Certificate>>> {
-        let mut loaded = match self.inner.loaded.lock() {
-            Ok(l) => l,
-            Err(p) => p.into_inner(),
-        };
+        let mut loaded = crate::sync::lock(&self.inner.loaded);
         if let Some(c) = loaded.get(path) {
             return Ok(c.clone());
         }

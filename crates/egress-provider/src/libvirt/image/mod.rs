@@ -30,9 +30,11 @@
 //! several files.
 
 pub mod cache;
+pub mod debris;
 pub mod evict;
 pub mod fetch;
 pub mod format;
+pub mod gc;
 pub mod source;
 pub mod ssrf;
 
@@ -171,10 +173,7 @@ type LockTable = Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>;
 fn import_lock(key: &str) -> Arc<tokio::sync::Mutex<()>> {
     static LOCKS: std::sync::OnceLock<LockTable> = std::sync::OnceLock::new();
     let table = LOCKS.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut t = match table.lock() {
-        Ok(t) => t,
-        Err(p) => p.into_inner(),
-    };
+    let mut t = crate::sync::lock(table);
     t.retain(|_, w| w.strong_count() > 0);
     if let Some(l) = t.get(key).and_then(Weak::upgrade) {
         return l;
@@ -309,6 +308,8 @@ struct Link<'a> {
     bulk: &'a dyn BulkConnect,
     client: Client,
     reopens: u32,
+    /// The host's name, for [`debris::note`].
+    host: &'a str,
 }
 
 /// How often the post-upload steps may reopen their connection.
@@ -378,6 +379,7 @@ async fn import(
         bulk: target.bulk,
         client: target.bulk.open().await?,
         reopens: 0,
+        host: target.host,
     };
     let result = import_on(
         target,
@@ -575,7 +577,8 @@ async fn import_on(
 /// After a failed upload: closes the upload's connection first — whatever state its stream
 /// was left in (mid-abort, an error the daemon is still cleaning up after, a peer that stopped
 /// reading) dies with it, and no later call can queue behind it — then deletes the part over
-/// a fresh connection, best effort (a leftover is swept by age).
+/// a fresh connection, best effort (a part left is noted as [`debris`], removed once the host
+/// answers again).
 async fn discard_after_failed_upload(link: &mut Link<'_>, part: &StorageVol) {
     link.client.close();
     match link.bulk.open().await {
@@ -583,15 +586,18 @@ async fn discard_after_failed_upload(link: &mut Link<'_>, part: &StorageVol) {
             link.client = c;
             discard(link, part).await;
         }
-        Err(e) => tracing::warn!(
-            part = %part.name,
-            error = %e,
-            "could not reconnect to delete the temporary upload volume; a sweep will"
-        ),
+        Err(e) => {
+            tracing::warn!(
+                part = %part.name,
+                error = %e,
+                "could not reconnect to delete the temporary upload volume"
+            );
+            debris::note(link.host, &part.pool, &part.name);
+        }
     }
 }
 
-/// Deletes this call's part, best effort (a leftover is swept by age).
+/// Deletes this call's part, best effort (a part left is noted as [`debris`]).
 async fn discard(link: &mut Link<'_>, part: &StorageVol) {
     let mut r = link.client.vol_delete(part, 0).await;
     if matches!(&r, Err(e) if e.is_connection()) && link.reopen().await.is_ok() {
@@ -600,11 +606,14 @@ async fn discard(link: &mut Link<'_>, part: &StorageVol) {
     match r {
         Ok(()) => {}
         Err(e) if cache::is_no_vol(&e) => {}
-        Err(e) => tracing::warn!(
-            part = %part.name,
-            error = %e,
-            "could not delete the temporary upload volume; a sweep will"
-        ),
+        Err(e) => {
+            tracing::warn!(
+                part = %part.name,
+                error = %e,
+                "could not delete the temporary upload volume"
+            );
+            debris::note(link.host, &part.pool, &part.name);
+        }
     }
 }
 

@@ -17,9 +17,14 @@
 //! - a source that is merely unavailable (agent not configured or not connected, the domain
 //!   not running, the source unsupported) is "no address from it"; only when every source
 //!   consulted answered and none had an address is the result `None` ("no address yet");
+//! - a source that fails otherwise (e.g. the host's ARP table after a libvirtd restart:
+//!   "malformed netlink response message") is named with its error and the others are still
+//!   asked: when another answers, its answer counts and the failure is reported beside a
+//!   "no address yet" ([`AddressRead::note`]);
 //! - a connection-class failure or a timeout while reading fails the read Transient, never
 //!   "no address" (finding H3); a domain that vanished meanwhile is NotFound (finding L6); a
-//!   read where no source answered at all is Transient, naming each source's error.
+//!   read where no source answered at all is Transient, naming each source's error and each
+//!   source not consulted with why.
 //!   Address-read failures are never Permanent: they must not latch a running proxy Failed.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -86,34 +91,72 @@ pub async fn address(
     host: &HostConfig,
 ) -> Result<Option<IpAddr>, ProviderError> {
     let (subnets, _) = trust::read(client, host).await;
-    let macs = [mac.to_owned()];
-    Ok(address_within(client, dom, &macs, host, &subnets)
-        .await?
-        .map(|(ip, _)| ip))
+    address_within(client, dom, mac, host, &subnets).await
 }
 
-/// Reads the address of our NIC of the running domain `dom` on `host`, the NIC whose MAC is
-/// one of `macs` (tried in order within each source: [`names::macs`](super::super::names::macs)
-/// gives the current and the legacy derivation), with the MAC it was found by: the lease, then
-/// ARP, then (only when `subnets` are known) the guest agent; an address outside known
-/// `subnets` is never returned.
+/// Reads the address of the NIC with MAC `mac` of the running domain `dom` on `host`: the
+/// lease, then ARP, then (only when `subnets` are known) the guest agent; an address outside
+/// known `subnets` is never returned.
 /// `Ok(None)`: every source answered and none knows a trusted address for our MAC yet.
-pub async fn address_within<'m>(
+pub async fn address_within(
     client: &Client,
     dom: &Domain,
-    macs: &'m [String],
+    mac: &str,
     host: &HostConfig,
     subnets: &Subnets,
-) -> Result<Option<(IpAddr, &'m str)>, ProviderError> {
+) -> Result<Option<IpAddr>, ProviderError> {
+    read_address_within(client, dom, &[mac.to_owned()], host, subnets)
+        .await
+        .map(|r| r.ip)
+}
+
+/// What [`read_address_within`] learnt.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AddressRead {
+    /// The trusted address of our NIC, when a source knows it.
+    pub ip: Option<IpAddr>,
+    /// When no address is known: each source that failed, with its error, and each source
+    /// not consulted, with why — for the Proxy's condition; `None` when every source
+    /// consulted answered.
+    pub note: Option<String>,
+    /// The MAC of `macs` the address was found by (`None` without an address).
+    pub mac: Option<String>,
+}
+
+/// [`address_within`], also saying which sources failed when no address is known: a source
+/// that errors is named with its error, and the remaining sources are still asked.
+/// Our NIC is the one whose MAC is one of `macs`, tried in order within each source
+/// ([`names::macs`](super::super::names::macs): the current and the legacy derivation).
+pub async fn read_address_within(
+    client: &Client,
+    dom: &Domain,
+    macs: &[String],
+    host: &HostConfig,
+    subnets: &Subnets,
+) -> Result<AddressRead, ProviderError> {
     // finding: M22
     // NB: the host's own sources first: a guest agent may report any address it likes.
     let mut sources = Vec::with_capacity(3);
+    let mut skipped = Vec::new();
     if host.network.is_some() {
         sources.push(Source::Lease);
+    } else {
+        skipped.push(format!(
+            "{}: not consulted, the host has no network (hosts[{}].network)",
+            Source::Lease.describe(),
+            host.name
+        ));
     }
     sources.push(Source::Arp);
     if subnets.known() {
         sources.push(Source::Agent);
+    } else {
+        skipped.push(format!(
+            "{}: not asked, the host's guest subnets are unknown (set hosts[{}].guestCidr to \
+             trust its answers inside them)",
+            Source::Agent.describe(),
+            host.name
+        ));
     }
 
     let mut answered = false;
@@ -122,11 +165,15 @@ pub async fn address_within<'m>(
         match client.domain_interface_addresses(dom, src.wire()).await {
             Ok(ifaces) => {
                 answered = true;
-                if let Some(found) = macs
+                if let Some((ip, mac)) = macs
                     .iter()
-                    .find_map(|m| pick_trusted(&ifaces, m, subnets).map(|ip| (ip, m.as_str())))
+                    .find_map(|m| pick_trusted(&ifaces, m, subnets).map(|ip| (ip, m)))
                 {
-                    return Ok(Some(found));
+                    return Ok(AddressRead {
+                        ip: Some(ip),
+                        note: None,
+                        mac: Some(mac.clone()),
+                    });
                 }
                 if let Some(ip) = macs.iter().find_map(|m| pick(&ifaces, m)) {
                     tracing::warn!(domain = %dom.name, host = %host.name,
@@ -156,23 +203,29 @@ pub async fn address_within<'m>(
                 answered = true;
             }
             Err(e) => {
-                tracing::debug!(domain = %dom.name, host = %host.name, source = src.describe(),
-                    error = %e, "address source failed");
+                tracing::warn!(domain = %dom.name, host = %host.name, source = src.describe(),
+                    error = %e, "address source failed; trying the others");
                 failures.push((src, e));
             }
         }
     }
-    if answered {
-        return Ok(None);
-    }
     let detail = failures
         .iter()
-        .map(|(s, e)| format!("{}: {e}", s.describe()))
+        .map(|(s, e)| format!("{} failed: {e}", s.describe()))
+        .chain(skipped)
         .collect::<Vec<_>>()
         .join("; ");
+    if answered {
+        let note = (!failures.is_empty()).then(|| format!("no address known yet ({detail})"));
+        return Ok(AddressRead {
+            ip: None,
+            note,
+            mac: None,
+        });
+    }
     let code = failures.first().and_then(|(_, e)| e.libvirt_code());
     Err(ProviderError::transient(format!(
-        "reading the address of domain {} on host {}: every source failed ({detail})",
+        "reading the address of domain {} on host {}: no source could answer ({detail})",
         dom.name, host.name
     ))
     .with_code(code))

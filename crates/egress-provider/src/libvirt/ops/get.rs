@@ -93,32 +93,33 @@ pub async fn get_cached(
     // the one with either (both derive from this UID); the one the address was found by is
     // reported, else the current derivation.
     let macs = names::macs(entry, uid);
-    let [current, _] = &macs;
-    let mut mac = current.clone();
     let declared = declared_address(host, &m.addresses);
-    let ip = if state::wants_address(st) && declared.is_some() {
-        declared
+    let read = if state::wants_address(st) && declared.is_some() {
+        address::AddressRead {
+            ip: declared,
+            note: None,
+            mac: None,
+        }
     } else if state::wants_address(st) {
         let subnets = match cache {
             Some((c, connection)) => c.get(client, host, connection).await,
             None => Arc::new(trust::read(client, host).await.0),
         };
-        address::address_within(client, &dom, &macs, host, &subnets)
-            .await?
-            .map(|(ip, found)| {
-                found.clone_into(&mut mac);
-                ip
-            })
+        address::read_address_within(client, &dom, &macs, host, &subnets).await?
     } else {
-        None
+        address::AddressRead::default()
     };
     Ok(Instance {
         id: id.clone(),
         uid: *uid,
-        state: state::map(st, reason, ip.is_some()),
-        ip,
-        mac,
+        state: state::map(st, reason, read.ip.is_some()),
+        ip: read.ip,
+        mac: read.mac.unwrap_or_else(|| {
+            let [current, _] = macs;
+            current
+        }),
         egress: m.addresses,
+        address_note: read.note,
     })
 }
 

@@ -26,13 +26,14 @@
 //! not seen until the next.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{self, StreamExt};
 use libvirt_remote::Client;
 
 use super::{CODE_NO_DOMAIN, classify, is_code};
+use crate::sync::lock;
 
 /// Domain XML reads in flight at once while looking for a MAC.
 // NB: each is one small round trip; 8 keeps a host of a thousand domains to about a second
@@ -132,7 +133,7 @@ impl MacIndex {
     ) -> crate::error::Result<Option<String>> {
         let want = mac.to_ascii_lowercase();
         let cached = {
-            let hosts = self.hosts.lock().unwrap_or_else(PoisonError::into_inner);
+            let hosts = lock(&self.hosts);
             hosts
                 .get(host)
                 .filter(|(at, _)| at.elapsed() < MAC_INDEX_TTL)
@@ -144,21 +145,13 @@ impl MacIndex {
         // Not indexed, stale, or a hit to confirm: read the host again.
         let map = read_all(c, host).await?;
         let found = other_user(&map, &want, own);
-        self.hosts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(host.to_owned(), (Instant::now(), map));
+        lock(&self.hosts).insert(host.to_owned(), (Instant::now(), map));
         Ok(found)
     }
 
     /// Records that `domain` on `host` now uses `mac` (after this process defined it).
     pub fn note(&self, host: &str, mac: &str, domain: &str) {
-        if let Some((_, m)) = self
-            .hosts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get_mut(host)
-        {
+        if let Some((_, m)) = lock(&self.hosts).get_mut(host) {
             let users = m.entry(mac.to_ascii_lowercase()).or_default();
             if !users.iter().any(|d| d == domain) {
                 users.push(domain.to_owned());

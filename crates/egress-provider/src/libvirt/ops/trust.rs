@@ -26,13 +26,14 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use libvirt_remote::Client;
 
 use crate::libvirt::config::HostConfig;
+use crate::sync::lock;
 
 /// How long a host's subnets are reused before they are read again (on the same connection;
 /// a new connection reads them at once).
@@ -229,7 +230,7 @@ impl SubnetCache {
     /// [`SUBNETS_TTL`] ago, else read now (one lookup and one XML read for a network host).
     pub async fn get(&self, client: &Client, host: &HostConfig, connection: u64) -> Arc<Subnets> {
         {
-            let map = self.hosts.lock().unwrap_or_else(PoisonError::into_inner);
+            let map = lock(&self.hosts);
             if let Some(c) = map.get(&host.name)
                 && c.connection == connection
                 && c.at.elapsed() < SUBNETS_TTL
@@ -240,17 +241,14 @@ impl SubnetCache {
         let (subnets, cacheable) = read(client, host).await;
         let subnets = Arc::new(subnets);
         if cacheable {
-            self.hosts
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(
-                    host.name.clone(),
-                    Cached {
-                        connection,
-                        at: Instant::now(),
-                        subnets: subnets.clone(),
-                    },
-                );
+            lock(&self.hosts).insert(
+                host.name.clone(),
+                Cached {
+                    connection,
+                    at: Instant::now(),
+                    subnets: subnets.clone(),
+                },
+            );
         }
         subnets
     }

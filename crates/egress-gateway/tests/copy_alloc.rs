@@ -1,0 +1,48 @@
+//! The copy allocates nothing per chunk: 256 MiB through one tunnel (a real tinyproxy member,
+//! the blob target) takes copy buffers from the pool a bounded number of times, however many
+//! chunks it moves. Its own test binary, so no other test shares the pool's counter.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod support;
+
+use egress_gateway::bufpool::{COPY, COPY_BUF};
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_transfer_allocates_no_buffer_per_chunk() {
+    let b = blob().await;
+    let m = tinyproxy(0, "m0", "member-password-0000").await;
+    let gw = Gateway::start(
+        settings(),
+        vec![client("alice", "pw-pw-pw-1")],
+        vec![member(&m)],
+    )
+    .await;
+    // Warm up: one small exchange.
+    let t = http_tunnel(gw.http, "alice", "pw-pw-pw-1", &b.addr.to_string())
+        .await
+        .unwrap();
+    blob_exchange(t, 1000, 1000).await;
+    let before = COPY.allocated();
+    let size = 256u64 << 20;
+    let t = http_tunnel(gw.http, "alice", "pw-pw-pw-1", &b.addr.to_string())
+        .await
+        .unwrap();
+    blob_exchange(t, size, size).await;
+    let made = COPY.allocated() - before;
+    let chunks = 2 * size / COPY_BUF as u64;
+    // Two directions busy at once need two buffers; a few more cover a buffer taken on a
+    // wake-up while the other was still out. Per chunk would be thousands.
+    assert!(
+        made <= 4,
+        "{made} copy buffers made for at least {chunks} chunks"
+    );
+    let lines = gw.log_lines(2).await;
+    assert_eq!(lines[1]["bytes_up"], size + 16);
+    assert_eq!(lines[1]["bytes_down"], size);
+}

@@ -1,0 +1,198 @@
+//! A private libvirtd for tests that must hurt the daemon itself (kill -9, restart): never the
+//! machine's shared one. It runs in a network namespace of its own and a mount namespace where
+//! `/etc/libvirt` (the machine's `*.conf` files only), `/run/libvirt`, `/var/lib/libvirt`,
+//! `/var/cache/libvirt` and `/var/log/libvirt` are directories under its temporary directory
+//! (as `scripts/quickstart`'s private mode does); its socket is `DIR/run/libvirt-sock`.
+//!
+//! Guarantees: the namespace name and directory are unique (`eptest-…`, printed first); Drop
+//! stops the daemon (TERM, then KILL after [`STOP_WAIT`]), deletes the namespace and the
+//! directory, on every path; every wait has a deadline and panics past it.
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cleanup::{keep_requested, unique_name};
+
+/// Longest a private libvirtd may take to answer after it is started.
+// NB: it answers in ~1 s here; 30 s covers a loaded 2-core machine.
+pub const START_WAIT: Duration = Duration::from_secs(30);
+/// Longest a TERM may take before the daemon is killed.
+pub const STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// A private libvirtd (see the module doc).
+#[derive(Debug)]
+pub struct PrivateLibvirtd {
+    /// Its state directory (and the parent of every path below).
+    pub dir: PathBuf,
+    /// Its network namespace.
+    pub netns: String,
+    child: Option<Child>,
+    _tmp: tempfile::TempDir,
+}
+
+impl PrivateLibvirtd {
+    /// Starts one for `test` and waits until it answers.
+    pub fn start(test: &str) -> Self {
+        let netns = unique_name("network namespace", test);
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("{netns}-"))
+            .tempdir()
+            .expect("a temporary directory");
+        let dir = tmp.path().to_owned();
+        println!(
+            "eptest: private libvirtd in {} (netns {netns})",
+            dir.display()
+        );
+        let ok = Command::new("ip")
+            .args(["netns", "add", &netns])
+            .status()
+            .expect("ip netns add");
+        assert!(ok.success(), "ip netns add {netns} failed");
+        let _ = Command::new("ip")
+            .args(["-n", &netns, "link", "set", "lo", "up"])
+            .status();
+        for d in ["etc", "run", "lib", "cache", "log"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        for e in std::fs::read_dir("/etc/libvirt").unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "conf") {
+                std::fs::copy(&p, dir.join("etc").join(p.file_name().unwrap())).unwrap();
+            }
+        }
+        let mut q = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(dir.join("etc/qemu.conf"))
+            .unwrap();
+        writeln!(q, "\nstdio_handler = \"file\"").unwrap();
+        let mut me = Self {
+            dir,
+            netns,
+            child: None,
+            _tmp: tmp,
+        };
+        me.launch();
+        me
+    }
+
+    fn launch(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(self.dir.join("libvirtd.log"))
+            .unwrap();
+        let _ = std::fs::remove_file(self.socket());
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.netns])
+            .args(["unshare", "--mount", "--propagation", "private", "sh", "-c"])
+            .arg(
+                "set -e; for m in etc:/etc/libvirt run:/run/libvirt lib:/var/lib/libvirt \
+                 cache:/var/cache/libvirt log:/var/log/libvirt; do mkdir -p \"${m#*:}\"; \
+                 mount --bind \"$1/${m%%:*}\" \"${m#*:}\"; done; \
+                 exec libvirtd --pid-file \"$1/run/libvirtd.pid\"",
+            )
+            .arg("sh")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .expect("start libvirtd");
+        self.child = Some(child);
+        let start = Instant::now();
+        while !self.socket().exists() || !self.virsh(&["version"]).status.success() {
+            assert!(
+                start.elapsed() < START_WAIT,
+                "the private libvirtd did not answer within {START_WAIT:?}: {}",
+                std::fs::read_to_string(self.dir.join("libvirtd.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Its unix socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("run/libvirt-sock")
+    }
+
+    /// `virsh -q -c qemu:///system?socket=… ARGS`, bounded by `timeout 30`.
+    pub fn virsh(&self, args: &[&str]) -> Output {
+        virsh_at(&self.socket(), args)
+    }
+
+    /// Like [`virsh`](Self::virsh), panicking unless it succeeds; its stdout.
+    pub fn virsh_ok(&self, args: &[&str]) -> String {
+        let o = self.virsh(args);
+        assert!(
+            o.status.success(),
+            "virsh {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// Kills the daemon with SIGKILL (as a crash would) and waits until it is gone.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the daemon again over the same state (after [`kill9`](Self::kill9)).
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.launch();
+    }
+}
+
+/// `virsh` against the libvirtd listening on `socket`.
+pub fn virsh_at(socket: &Path, args: &[&str]) -> Output {
+    Command::new("timeout")
+        .args(["30", "virsh", "-q", "-c"])
+        .arg(format!("qemu:///system?socket={}", socket.display()))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("virsh")
+}
+
+impl Drop for PrivateLibvirtd {
+    fn drop(&mut self) {
+        if keep_requested() {
+            println!(
+                "eptest: keeping the private libvirtd in {}",
+                self.dir.display()
+            );
+            return;
+        }
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let start = Instant::now();
+            while c.try_wait().ok().flatten().is_none() && start.elapsed() < STOP_WAIT {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // NB: whatever is left in the namespace (a dnsmasq, a QEMU) goes with it.
+        if let Ok(o) = Command::new("ip")
+            .args(["netns", "pids", &self.netns])
+            .output()
+        {
+            for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-KILL", pid]).status();
+            }
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.netns])
+            .status();
+    }
+}

@@ -915,18 +915,34 @@ async fn a_generated_domain_defines_on_the_real_libvirtd_and_its_mark_reads_back
         let d = disks(&c, "dombuild-nic", &u).await;
         let dom_guard = cleanup::DomainGuard::new("dombuild-nic");
         let mac = names::mac("eptest", &u);
-        // The expected address, computed without the production helper: QEMU's prefix and
-        // the first three bytes of sha256("<entry>/<uid>"), by coreutils.
+        // The expected address, computed without the production helper: `52` and the first
+        // five bytes of sha256("<entry>/<uid>"), by coreutils (`54:00` as the first two is
+        // QEMU's range and becomes `54:01`); the legacy one: QEMU's prefix and three bytes.
         let digest = run(Command::new("sh")
             .arg("-c")
             .arg(format!("printf %s 'eptest/{}' | sha256sum", u.canonical())));
+        let second = if &digest[0..4] == "5400" {
+            "01"
+        } else {
+            &digest[2..4]
+        };
         let expected_mac = format!(
-            "52:54:00:{}:{}:{}",
+            "52:{}:{second}:{}:{}:{}",
             &digest[0..2],
-            &digest[2..4],
-            &digest[4..6]
+            &digest[4..6],
+            &digest[6..8],
+            &digest[8..10]
         );
         assert_eq!(mac, expected_mac);
+        assert_eq!(
+            names::legacy_mac("eptest", &u),
+            format!(
+                "52:54:00:{}:{}:{}",
+                &digest[0..2],
+                &digest[2..4],
+                &digest[4..6]
+            )
+        );
         let created = SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000);
         let xml = domain_xml::build(
             &DomainSpec {

@@ -259,6 +259,57 @@ async fn the_address_is_that_of_our_nic_even_when_docker0_comes_first() {
 }
 
 #[tokio::test]
+async fn a_guest_created_with_the_legacy_mac_keeps_its_address_after_an_upgrade() {
+    // A guest created before the 40-bit MAC derivation has QEMU's 52:54:00 prefix and 24 hash
+    // bits; its domain is never redefined, so the lookup must still find our NIC by that MAC
+    // (its DHCP lease and the agent's report), and report the MAC it has.
+    let fake = fake_with_pool();
+    let u = uid(0x31);
+    let legacy = names::legacy_mac(ENTRY, &u);
+    assert_ne!(legacy, names::mac(ENTRY, &u));
+    fake.add_network(
+        NetworkSpec::new("egress")
+            .xml(
+                "<network><name>egress</name><bridge name='virbr0'/>\
+                 <ip address='192.168.100.1' prefix='24'/></network>",
+            )
+            .lease(Lease::new(legacy.clone(), "192.168.100.31", 24)),
+    )
+    .unwrap();
+    fake.add_domain(
+        ours(&u)
+            .running()
+            .guest_agent(false)
+            .interface(Interface::new("eth0", legacy.clone()).network("egress")),
+    )
+    .unwrap();
+    let mut h = host();
+    h.bridge = None;
+    h.network = Some("egress".into());
+    h.guest_cidr = Vec::new();
+    let c = open(&fake).await;
+    let inst = get::get(&c, ENTRY, None, &h, &id_of(&u), &u).await.unwrap();
+    assert_eq!(inst.ip, Some("192.168.100.31".parse().unwrap()));
+    assert_eq!(inst.state, InstanceState::Running);
+    assert_eq!(inst.mac, legacy);
+
+    // The agent path (a bridge host): the same.
+    let u2 = uid(0x32);
+    let legacy2 = names::legacy_mac(ENTRY, &u2);
+    fake.add_domain(
+        ours(&u2)
+            .running()
+            .interface(Interface::new("eth0", legacy2.clone()).addr("192.168.122.32", 24)),
+    )
+    .unwrap();
+    let inst = get::get(&c, ENTRY, None, &host(), &id_of(&u2), &u2)
+        .await
+        .unwrap();
+    assert_eq!(inst.ip, Some("192.168.122.32".parse().unwrap()));
+    assert_eq!(inst.mac, legacy2);
+}
+
+#[tokio::test]
 async fn without_an_agent_the_dhcp_lease_of_our_mac_gives_the_address() {
     let fake = fake_with_pool();
     let u = uid(4);

@@ -42,7 +42,7 @@ fn get(port: u16, path: &str) -> Option<(u16, String)> {
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     )
     .ok()?;
     let mut raw = String::new();

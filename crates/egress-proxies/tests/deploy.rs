@@ -105,6 +105,7 @@ fn the_rendered_manifests_hold_the_operator_objects_in_its_namespace() {
             "ClusterRoleBinding",
             "ConfigMap",
             "Deployment",
+            "NetworkPolicy",
             "PodDisruptionBudget",
             "Role",
             "RoleBinding",
@@ -673,12 +674,12 @@ fn the_status_views_are_off_by_default_and_on_their_own_port_when_enabled() {
 
 #[test]
 fn the_network_policy_admits_only_the_metrics_port_from_the_listed_peers() {
-    assert!(!manifests().iter().any(|o| o["kind"] == "NetworkPolicy"));
-    let objs = render(
-        r#"{"networkPolicy":{"enabled":true,"metricsFrom":[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]}}"#,
-    );
-    let np = object(&objs, "NetworkPolicy");
-    let pod = &object(&objs, "Deployment")["spec"]["template"];
+    // On by default (deploy/manifests is the default render): /metrics names every tenant's
+    // Proxies and pools, so only the namespace `monitoring` may scrape it, selected by the
+    // name the API server sets (a tenant can label a pod, not rename its namespace).
+    let defaults = manifests();
+    let np = object(&defaults, "NetworkPolicy");
+    let pod = &object(&defaults, "Deployment")["spec"]["template"];
     for (k, v) in np["spec"]["podSelector"]["matchLabels"]
         .as_object()
         .unwrap()
@@ -692,14 +693,32 @@ fn the_network_policy_admits_only_the_metrics_port_from_the_listed_peers() {
     let ingress = np["spec"]["ingress"].as_array().unwrap();
     assert_eq!(ingress.len(), 1, "{ingress:?}");
     assert_eq!(ingress[0]["ports"][0]["port"], "metrics");
+    let from = ingress[0]["from"].as_array().unwrap();
+    assert_eq!(from.len(), 1, "{from:?}");
     assert_eq!(
-        ingress[0]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
-        "monitoring"
+        from[0]["namespaceSelector"]["matchLabels"],
+        serde_json::json!({"kubernetes.io/metadata.name": "monitoring"})
     );
-    // A status port reachable beyond loopback gets its own rule.
+    assert!(from[0].get("podSelector").is_none(), "{from:?}");
+
+    // Other peers replace the default.
     let objs = render(
-        r#"{"networkPolicy":{"enabled":true},"status":{"enabled":true,"address":"0.0.0.0"}}"#,
+        r#"{"networkPolicy":{"metricsFrom":[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"observability"}}}]}}"#,
     );
+    let np = object(&objs, "NetworkPolicy");
+    assert_eq!(
+        np["spec"]["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "observability"
+    );
+    // An empty list admits anyone to the metrics port (and only to it); `enabled: false` drops
+    // the policy.
+    let objs = render(r#"{"networkPolicy":{"metricsFrom":[]}}"#);
+    let ingress = object(&objs, "NetworkPolicy")["spec"]["ingress"].clone();
+    assert!(ingress[0].get("from").is_none(), "{ingress:?}");
+    let objs = render(r#"{"networkPolicy":{"enabled":false}}"#);
+    assert!(!objs.iter().any(|o| o["kind"] == "NetworkPolicy"));
+    // A status port reachable beyond loopback gets its own rule.
+    let objs = render(r#"{"status":{"enabled":true,"address":"0.0.0.0"}}"#);
     let ingress = object(&objs, "NetworkPolicy")["spec"]["ingress"].clone();
     assert_eq!(ingress[1]["ports"][0]["port"], "status");
 }

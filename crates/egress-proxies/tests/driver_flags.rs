@@ -2,7 +2,9 @@
 //! `kubernetes` take the same GC (dry run included), deadline, shutdown and health flags;
 //! `--log-format json|text` for every command, never coloured off a terminal; the Lease
 //! identity defaults to the hostname; in Kubernetes mode the main listener serves only the
-//! probes and the status views need their own, opt-in listener. No cluster: the Kubernetes
+//! probes and the status views need their own, opt-in listener; every listener answers only
+//! requests addressed to an IP address, `localhost` or an `--allowed-host` name (DNS
+//! rebinding). No cluster: the Kubernetes
 //! API server is a closed port (the driver keeps retrying it while the listeners serve).
 #![allow(
     clippy::unwrap_used,
@@ -36,6 +38,7 @@ const SHARED_FLAGS: &[&str] = &[
     "--health-interval",
     "--health-concurrency",
     "--log-format",
+    "--allowed-host",
 ];
 
 fn help(cmd: &str) -> String {
@@ -230,7 +233,7 @@ fn get(port: u16, path: &str) -> Option<u16> {
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     )
     .ok()?;
     let mut buf = String::new();
@@ -325,4 +328,161 @@ fn kubeconfig_names_the_file_to_connect_with_over_the_environment() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("kubeconfig /nonexistent/kubeconfig"), "{err}");
+}
+
+/// `GET path` on 127.0.0.1:`port` with the `Host` header `host` (none when `None`): the
+/// status code, or `None` while nothing answers.
+fn get_as(port: u16, path: &str, host: Option<&str>) -> Option<u16> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (version, header) = match host {
+        Some(h) => ("1.1", format!("Host: {h}\r\n")),
+        None => ("1.0", String::new()),
+    };
+    write!(
+        s,
+        "GET {path} HTTP/{version}\r\n{header}Connection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    buf.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Kills the child on drop (a failed assertion never leaves it running).
+struct KillOnDrop(Child);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits until `port` answers `path` (as 127.0.0.1), failing past [`DEADLINE`] or when the
+/// child exits.
+fn wait_serving(child: &mut KillOnDrop, port: u16, path: &str) {
+    let start = Instant::now();
+    while get_as(port, path, Some("127.0.0.1")).is_none() {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "port {port} did not answer {path}"
+        );
+        if let Some(s) = child.0.try_wait().unwrap() {
+            panic!("egress-proxies exited early ({s})");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The `Host` headers every listener must answer, and those it must refuse (421), with the
+/// allowed name `status.example.test`.
+fn assert_host_check(port: u16, path: &str) {
+    for host in [
+        Some(format!("127.0.0.1:{port}")),
+        Some("127.0.0.1".to_owned()),
+        Some(format!("localhost:{port}")),
+        Some(format!("[::1]:{port}")),
+        Some(format!("status.example.test:{port}")),
+        Some("STATUS.example.test.".to_owned()),
+        None,
+    ] {
+        assert_eq!(
+            get_as(port, path, host.as_deref()),
+            Some(200),
+            "{path} as {host:?}"
+        );
+    }
+    for host in [
+        format!("rebind.example:{port}"),
+        "rebind.example".to_owned(),
+        format!("127.0.0.1.rebind.example:{port}"),
+        format!("localhost.rebind.example:{port}"),
+        "status.example.test.rebind.example".to_owned(),
+    ] {
+        assert_eq!(
+            get_as(port, path, Some(&host)),
+            Some(421),
+            "{path} as {host}"
+        );
+    }
+}
+
+#[test]
+fn every_listener_answers_only_ip_addresses_localhost_and_allowed_host_names() {
+    // DNS rebinding: a page on rebind.example, its name pointed at 127.0.0.1, makes the
+    // browser send `Host: rebind.example:PORT`; the binary refuses it on every listener.
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, kubeconfig) = fixtures(dir.path());
+    let (main, status) = (free_port(), free_port());
+    let mut kube = KillOnDrop(
+        command(
+            &[
+                "kubernetes",
+                &format!("--config={}", cfg.display()),
+                &format!("--listen=127.0.0.1:{main}"),
+                &format!("--status-listen=127.0.0.1:{status}"),
+                "--allowed-host=status.example.test",
+            ],
+            &kubeconfig,
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    wait_serving(&mut kube, main, "/healthz");
+    wait_serving(&mut kube, status, "/status");
+    assert_host_check(main, "/healthz");
+    assert_host_check(main, "/metrics");
+    assert_host_check(status, "/status");
+    drop(kube);
+
+    // Standalone: one listener, every route (the fleet page included).
+    let proxies = dir.path().join("proxies");
+    std::fs::create_dir(&proxies).unwrap();
+    let port = free_port();
+    let mut standalone = KillOnDrop(
+        command(
+            &[
+                "standalone",
+                &format!("--config={}", cfg.display()),
+                &format!("--proxies={}", proxies.display()),
+                &format!("--listen=127.0.0.1:{port}"),
+                "--allowed-host=status.example.test",
+            ],
+            &kubeconfig,
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    wait_serving(&mut standalone, port, "/healthz");
+    for path in ["/", "/status", "/metrics", "/healthz"] {
+        assert_host_check(port, path);
+    }
+    // Without --allowed-host, a name is refused even when it is the one a user set up.
+    drop(standalone);
+    let port = free_port();
+    let mut plain = KillOnDrop(
+        command(
+            &[
+                "standalone",
+                &format!("--config={}", cfg.display()),
+                &format!("--proxies={}", proxies.display()),
+                &format!("--listen=127.0.0.1:{port}"),
+            ],
+            &kubeconfig,
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    wait_serving(&mut plain, port, "/healthz");
+    assert_eq!(
+        get_as(port, "/status", Some("status.example.test")),
+        Some(421)
+    );
+    assert_eq!(get_as(port, "/status", Some("localhost")), Some(200));
 }

@@ -171,7 +171,7 @@ async fn status_json(addr: SocketAddr) -> Option<serde_json::Value> {
     let r = http(
         None,
         addr,
-        "GET /status HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".into(),
+        "GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".into(),
     )
     .await
     .ok()?;

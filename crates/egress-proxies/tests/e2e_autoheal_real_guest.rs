@@ -162,7 +162,7 @@ async fn get(addr: SocketAddr, path: &str) -> Option<String> {
     let r = http(
         None,
         addr,
-        format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"),
+        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"),
     )
     .await
     .ok()?;

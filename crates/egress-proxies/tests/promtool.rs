@@ -123,7 +123,7 @@ fn scrape(port: u16, accept: Option<&str>) -> Option<Answer> {
     let accept = accept.map_or(String::new(), |a| format!("Accept: {a}\r\n"));
     write!(
         s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\n{accept}Connection: close\r\n\r\n"
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n{accept}Connection: close\r\n\r\n"
     )
     .ok()?;
     let mut buf = String::new();

@@ -107,6 +107,9 @@ pub struct StandaloneOptions {
     pub proxies_dir: PathBuf,
     /// Status endpoint address ([`DEFAULT_LISTEN`]).
     pub listen: SocketAddr,
+    /// DNS names the status endpoint answers to besides IP addresses and `localhost`
+    /// ([`egress_web::HostCheck`]); empty by default.
+    pub allowed_hosts: Vec<String>,
     /// Reconcile workers (at least 1 is used).
     pub workers: usize,
     /// Interval between GC passes.
@@ -148,6 +151,7 @@ impl StandaloneOptions {
             config_path: None,
             proxies_dir: proxies_dir.into(),
             listen: DEFAULT_LISTEN,
+            allowed_hosts: Vec::new(),
             workers: DEFAULT_WORKERS,
             gc_interval: DEFAULT_GC_INTERVAL,
             check_interval: DEFAULT_CHECK_INTERVAL,
@@ -290,9 +294,11 @@ pub async fn run_with_providers(
     // Loops stop on `stop`; the HTTP server outlives them until everything is down.
     let stop = shutdown.child_token();
     let http_stop = CancellationToken::new();
-    let http_task = tokio::spawn(egress_web::serve(
+    let http_task = tokio::spawn(egress_web::serve_checked(
         listener,
         Arc::new(Observe::new(Arc::clone(&store), Arc::clone(&ctx))),
+        egress_web::Routes::All,
+        egress_web::HostCheck::new(&opts.allowed_hosts),
         http_stop.clone(),
     ));
 

@@ -51,9 +51,11 @@ fn qcow2_image(size: &str, dir: &std::path::Path) -> Vec<u8> {
 
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
     let mut buf = String::new();
     tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut buf))
         .await

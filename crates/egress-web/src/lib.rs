@@ -3,7 +3,8 @@
 //!
 //! - [`server`]: the status listener — `/status`, `/proxies`, `/hosts`, `/healthy.txt`,
 //!   `/pools/…/healthy.txt`, `/metrics`, `/healthz`, `/readyz` — over the [`Endpoints`] a
-//!   driver implements; a listener may answer a subset ([`Routes`]).
+//!   driver implements; a listener may answer a subset ([`Routes`]), and answers only the
+//!   `Host` names [`HostCheck`] admits (DNS rebinding).
 //! - [`status`]: the status document (`/status`) and its rows, which the CLI's `status`
 //!   command reads back; [`stream`]: `/status` and `/proxies` built and sent a chunk at a
 //!   time.
@@ -24,6 +25,7 @@ pub mod exposition;
 pub mod filters;
 mod fleet;
 pub mod history;
+pub mod host_check;
 pub mod page;
 #[cfg(test)]
 mod page_tests;
@@ -34,7 +36,9 @@ pub mod status;
 pub mod stream;
 
 pub use self::endpoints::Endpoints;
+pub use self::host_check::HostCheck;
 pub use self::server::{
     CONNECTION_DEADLINE, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, Routes, handle, handle_request,
-    handle_routes, handle_shared, healthy_list, healthy_list_of, metrics, serve, serve_routes,
+    handle_routes, handle_shared, healthy_list, healthy_list_of, metrics, serve, serve_checked,
+    serve_routes,
 };

@@ -52,6 +52,7 @@ use egress_core::metrics::MetricsFormat;
 use crate::endpoints::Endpoints;
 use crate::filters::Filters;
 use crate::history::{self, History};
+use crate::host_check::HostCheck;
 use crate::reply::{json, respond};
 use crate::stream::{Body, StatusBody, View};
 use crate::{fleet, stream};
@@ -303,19 +304,45 @@ fn metrics_full(ep: &dyn Endpoints, accept: Option<&str>) -> Response<Full<Bytes
     respond(StatusCode::OK, format.content_type(), ep.metrics(format))
 }
 
+/// The answer to a request whose `Host` the listener does not answer to.
+fn misdirected() -> Response<Body> {
+    respond(
+        StatusCode::MISDIRECTED_REQUEST,
+        "text/plain",
+        "this endpoint answers requests addressed to an IP address, localhost or a name given \
+         with --allowed-host; the Host header named another (a DNS rebinding page?)\n"
+            .to_owned(),
+    )
+    .map(boxed)
+}
+
 /// Serves every route on `listener` until `shutdown` fires. Connections in flight end on
 /// their own deadline.
 pub async fn serve(listener: TcpListener, ep: Arc<dyn Endpoints>, shutdown: CancellationToken) {
     serve_routes(listener, ep, Routes::All, shutdown).await;
 }
 
-/// [`serve`] answering only `routes` (any other path is 404).
+/// [`serve`] answering only `routes` (any other path is 404), to the `Host` names of
+/// [`HostCheck::default`] (IP literals and `localhost`).
 pub async fn serve_routes(
     listener: TcpListener,
     ep: Arc<dyn Endpoints>,
     routes: Routes,
     shutdown: CancellationToken,
 ) {
+    serve_checked(listener, ep, routes, HostCheck::default(), shutdown).await;
+}
+
+/// [`serve_routes`] answering a request only when `hosts` admits its `Host` header; any
+/// other is 421 Misdirected Request, whatever its path (see [`crate::host_check`]).
+pub async fn serve_checked(
+    listener: TcpListener,
+    ep: Arc<dyn Endpoints>,
+    routes: Routes,
+    hosts: HostCheck,
+    shutdown: CancellationToken,
+) {
+    let hosts = Arc::new(hosts);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let history = Arc::new(History::new());
     // NB: the sampler stops with the server, also when this future is dropped rather than
@@ -352,12 +379,16 @@ pub async fn serve_routes(
         };
         let ep = Arc::clone(&ep);
         let history = Arc::clone(&history);
+        let hosts = Arc::clone(&hosts);
         let stop = shutdown.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let svc = service_fn(move |req: Request<Incoming>| {
                 let path = req.uri().path();
-                let r = if path == "/metrics"
+                let host = req.headers().get(hyper::header::HOST);
+                let r = if !hosts.allows(host.map(hyper::header::HeaderValue::as_bytes)) {
+                    misdirected()
+                } else if path == "/metrics"
                     && routes.serves(path)
                     && (req.method() == Method::GET || req.method() == Method::HEAD)
                 {
@@ -461,6 +492,50 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_request_naming_another_host_is_refused_before_any_route() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(serve_checked(
+            l,
+            Arc::new(Fixed(true)),
+            Routes::All,
+            HostCheck::new(["status.example.test"]),
+            stop.clone(),
+        ));
+        for (host, code) in [
+            ("rebind.example", "421"),
+            ("127.0.0.1", "200"),
+            ("status.example.test", "200"),
+        ] {
+            for path in ["/status", "/metrics", "/"] {
+                let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+                s.write_all(
+                    format!(
+                        "GET {path} HTTP/1.1\r\nHost: {host}:{}\r\nConnection: close\r\n\r\n",
+                        addr.port()
+                    )
+                    .as_bytes(),
+                )
+                .await
+                .unwrap();
+                let mut buf = String::new();
+                s.read_to_string(&mut buf).await.unwrap();
+                assert!(
+                    buf.starts_with(&format!("HTTP/1.1 {code}")),
+                    "{host} {path}: {buf}"
+                );
+            }
+        }
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    #[tokio::test]
     async fn the_server_answers_over_loopback_and_stops_on_shutdown() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -468,7 +543,7 @@ mod tests {
         let stop = CancellationToken::new();
         let task = tokio::spawn(serve(l, Arc::new(Fixed(true)), stop.clone()));
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
             .await
             .unwrap();
         let mut buf = String::new();

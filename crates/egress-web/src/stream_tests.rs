@@ -379,7 +379,7 @@ async fn the_server_sends_the_streamed_status_over_loopback() {
     let stop = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(crate::serve(l, Live::new(doc.clone()), stop.clone()));
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    s.write_all(b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut raw = Vec::new();

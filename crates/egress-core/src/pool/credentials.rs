@@ -58,6 +58,27 @@ pub fn digest(c: &ProxyCredentials) -> String {
         .collect()
 }
 
+/// Bytes of the key [`keyed_digest`] takes (HMAC-SHA-256's block: the key is used as it is).
+pub const DIGEST_KEY_LEN: usize = 64;
+
+/// The digest of `c` keyed by an installation's secret `key` (HMAC-SHA-256), for credentials
+/// whose password was chosen rather than generated: whoever reads a member's template-hash
+/// label (which includes the digest) cannot test password guesses offline without `key`.
+pub fn keyed_digest(key: &[u8; DIGEST_KEY_LEN], c: &ProxyCredentials) -> String {
+    use hmac::{KeyInit, Mac};
+    let mut m = <hmac::Hmac<Sha256> as KeyInit>::new(&(*key).into());
+    m.update(b"egress-proxies pool credentials\0");
+    m.update(c.username.as_bytes());
+    m.update(&[0]);
+    m.update(c.password.as_bytes());
+    m.finalize()
+        .into_bytes()
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// The standalone file form: one line `username:password`.
 pub fn to_file_line(c: &ProxyCredentials) -> String {
     format!("{}:{}\n", c.username, c.password)
@@ -116,5 +137,24 @@ mod tests {
         assert_ne!(digest(&a), digest(&b));
         assert!(!digest(&a).contains(&a.password));
         assert_eq!(to_file_line(&a), format!("u:{}\n", a.password));
+    }
+
+    #[test]
+    fn the_keyed_digest_cannot_be_recomputed_without_the_key() {
+        let a = ProxyCredentials {
+            username: "u".into(),
+            password: "hunter2".into(),
+        };
+        let k1 = [1u8; DIGEST_KEY_LEN];
+        let k2 = [2u8; DIGEST_KEY_LEN];
+        // Stable for one key; another key (another installation) or the unkeyed digest (what a
+        // guesser without the key computes) never matches.
+        assert_eq!(keyed_digest(&k1, &a), keyed_digest(&k1, &a));
+        assert_ne!(keyed_digest(&k1, &a), keyed_digest(&k2, &a));
+        assert_ne!(keyed_digest(&k1, &a), digest(&a));
+        let mut b = a.clone();
+        b.password.push('!');
+        assert_ne!(keyed_digest(&k1, &a), keyed_digest(&k1, &b));
+        assert_eq!(keyed_digest(&k1, &a).len(), 32);
     }
 }

@@ -42,6 +42,11 @@ pub struct KubernetesArgs {
     /// loopback or behind a NetworkPolicy.
     #[arg(long, value_name = "ADDR")]
     status_listen: Option<std::net::SocketAddr>,
+    /// A DNS name the HTTP listeners also answer to (repeatable), besides IP addresses and
+    /// `localhost`: a request whose Host header names any other is refused (421), so a web
+    /// page cannot reach them by DNS rebinding. E.g. the name of a Service in front of them.
+    #[arg(long = "allowed-host", value_name = "NAME")]
+    allowed_hosts: Vec<String>,
     /// Name of the leader-election Lease.
     #[arg(long, value_name = "NAME", default_value = "egress-proxies-leader")]
     lease_name: String,
@@ -107,10 +112,11 @@ pub async fn run(a: KubernetesArgs) -> anyhow::Result<u8> {
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         tracing::info!(listen = %addr, "serving {what}");
-        servers.push(tokio::spawn(egress_web::serve_routes(
+        servers.push(tokio::spawn(egress_web::serve_checked(
             listener,
             observer.clone(),
             routes,
+            egress_web::HostCheck::new(&a.allowed_hosts),
             shutdown.clone(),
         )));
     }

@@ -30,6 +30,11 @@ pub struct StandaloneArgs {
     /// Address for /status, /metrics, /healthz and /readyz.
     #[arg(long, value_name = "ADDR", default_value_t = standalone::DEFAULT_LISTEN)]
     listen: SocketAddr,
+    /// A DNS name the HTTP listeners also answer to (repeatable), besides IP addresses and
+    /// `localhost`: a request whose Host header names any other is refused (421), so a web
+    /// page cannot reach them by DNS rebinding. E.g. the name of a Service in front of them.
+    #[arg(long = "allowed-host", value_name = "NAME")]
+    allowed_hosts: Vec<String>,
     /// Reconcile workers.
     #[arg(long, value_name = "N", default_value_t = standalone::DEFAULT_WORKERS,
           value_parser = clap::value_parser!(usize))]
@@ -55,6 +60,7 @@ pub fn options(a: StandaloneArgs) -> Result<StandaloneOptions, UsageError> {
     let mut opts = StandaloneOptions::new(a.proxies);
     opts.config_path = a.config;
     opts.listen = a.listen;
+    opts.allowed_hosts = a.allowed_hosts;
     opts.workers = a.workers;
     opts.gc_allow_empty = a.gc_allow_empty;
     let d = a.driver;

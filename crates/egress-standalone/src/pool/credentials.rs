@@ -14,7 +14,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use egress_core::controller::ProxyCredentials;
-use egress_core::pool::credentials::{generate, to_file_line};
+use egress_core::pool::credentials::{DIGEST_KEY_LEN, generate, to_file_line};
 
 /// The file name suffix: `NAMESPACE.POOL.credentials`.
 pub const CREDENTIALS_SUFFIX: &str = ".credentials";
@@ -34,6 +34,15 @@ pub enum CredentialsFileError {
         #[source]
         source: std::io::Error,
     },
+    /// The installation's digest key file exists but is not [`DIGEST_KEY_LEN`] bytes.
+    #[error(
+        "the digest key file {path} is not {DIGEST_KEY_LEN} bytes; delete it to make a new \
+         one (the members of pools with chosen credentials are then replaced)"
+    )]
+    InvalidKey {
+        /// The file.
+        path: PathBuf,
+    },
     /// It exists but does not hold one line `username:password`.
     #[error(
         "pool credentials file {path} does not hold one line username:password; fix it, or \
@@ -45,31 +54,84 @@ pub enum CredentialsFileError {
     },
 }
 
+/// The installation's digest key file in the manifest directory: [`DIGEST_KEY_LEN`] random
+/// bytes that key the digest of chosen pool passwords in members' template hash
+/// ([`keyed_digest`](egress_core::pool::credentials::keyed_digest)).
+pub const DIGEST_KEY_FILE: &str = ".egress-proxies.digest-key";
+
+/// The installation's digest key in manifest directory `dir`: read when the file exists,
+/// else drawn from `/dev/urandom` and written to a new file (`O_EXCL`, mode 0600, never
+/// through a symbolic link; two processes racing: the first one's key wins). A file that is
+/// not a regular file of exactly [`DIGEST_KEY_LEN`] bytes is an error naming it.
+pub fn ensure_digest_key(dir: &Path) -> Result<[u8; DIGEST_KEY_LEN], CredentialsFileError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(DIGEST_KEY_FILE);
+    let io = |source| CredentialsFileError::Io {
+        path: path.clone(),
+        source,
+    };
+    let read = || match crate::manifests::read_regular_bounded(&path, DIGEST_KEY_LEN as u64, false)
+    {
+        Ok(b) => <[u8; DIGEST_KEY_LEN]>::try_from(b.as_slice())
+            .map(Some)
+            .map_err(|_| CredentialsFileError::InvalidKey { path: path.clone() }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            Err(CredentialsFileError::InvalidKey { path: path.clone() })
+        }
+        Err(e) => Err(io(e)),
+    };
+    if let Some(k) = read()? {
+        return Ok(k);
+    }
+    let mut key = [0u8; DIGEST_KEY_LEN];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut r| r.read_exact(&mut key))
+        .map_err(io)?;
+    let created = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path);
+    match created {
+        Ok(mut f) => {
+            f.write_all(&key).map_err(io)?;
+            f.sync_all().map_err(io)?;
+            Ok(key)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            read()?.ok_or(CredentialsFileError::InvalidKey { path: path.clone() })
+        }
+        Err(e) => Err(io(e)),
+    }
+}
+
 /// Where pool `namespace/pool`'s credentials live in manifest directory `dir`.
 pub fn credentials_path(dir: &Path, namespace: &str, pool: &str) -> PathBuf {
     dir.join(format!("{namespace}.{pool}{CREDENTIALS_SUFFIX}"))
 }
 
-/// The credentials in `path`; `None` when the file does not exist.
+/// The credentials in `path`; `None` when the file does not exist. Anything but a regular
+/// file there (a FIFO, a socket, a device, a directory) is an error naming it, found without
+/// blocking: a FIFO with no writer never hangs the pool's round.
 pub fn read(path: &Path) -> Result<Option<ProxyCredentials>, CredentialsFileError> {
-    let io = |source| CredentialsFileError::Io {
+    let invalid = || CredentialsFileError::Invalid {
         path: path.to_owned(),
-        source,
     };
-    let f = match std::fs::File::open(path) {
-        Ok(f) => f,
+    let bytes = match crate::manifests::read_regular_bounded(path, MAX_FILE_BYTES, true) {
+        Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io(e)),
+        // Over MAX_FILE_BYTES.
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => return Err(invalid()),
+        Err(source) => {
+            return Err(CredentialsFileError::Io {
+                path: path.to_owned(),
+                source,
+            });
+        }
     };
-    let mut text = String::new();
-    f.take(MAX_FILE_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(io)?;
-    if text.len() as u64 > MAX_FILE_BYTES {
-        return Err(CredentialsFileError::Invalid {
-            path: path.to_owned(),
-        });
-    }
+    let text = String::from_utf8(bytes).map_err(|_| invalid())?;
     let line = text.strip_suffix('\n').unwrap_or(&text);
     match line.split_once(':') {
         Some((u, p)) if !u.is_empty() && !p.is_empty() && !line.contains('\n') => {
@@ -180,5 +242,84 @@ mod tests {
             assert!(e.to_string().contains("default.web.credentials"));
             assert_eq!(std::fs::read_to_string(&path).unwrap(), bad, "left alone");
         }
+    }
+}
+
+#[cfg(test)]
+mod fifo_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn a_fifo_or_directory_at_the_credentials_path_is_refused_without_hanging() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = credentials_path(dir.path(), "default", "web");
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(&path)
+                .status()
+                .unwrap()
+                .success()
+        );
+        // In a thread with a deadline: a reader that opens the FIFO blocks until a writer
+        // comes, which would hang the pool's round for good.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(ensure(&p, "web").map(|_| ()).map_err(|e| e.to_string()));
+        });
+        let e = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("reading a FIFO credentials file hung")
+            .unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        assert!(e.contains("default.web.credentials"), "{e}");
+        use std::os::unix::fs::FileTypeExt;
+        assert!(
+            std::fs::symlink_metadata(&path)
+                .unwrap()
+                .file_type()
+                .is_fifo()
+        );
+
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        let e = ensure(&path, "web").unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    #![allow(clippy::unwrap_used)]
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn the_digest_key_is_made_once_0600_reused_and_a_bad_one_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = ensure_digest_key(dir.path()).unwrap();
+        assert_ne!(k, [0u8; DIGEST_KEY_LEN]);
+        let path = dir.path().join(DIGEST_KEY_FILE);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(
+            ensure_digest_key(dir.path()).unwrap(),
+            k,
+            "a restart reads it back"
+        );
+        std::fs::write(&path, b"short").unwrap();
+        let e = ensure_digest_key(dir.path()).unwrap_err();
+        assert!(matches!(e, CredentialsFileError::InvalidKey { .. }), "{e}");
+        // Another directory (installation) gets another key.
+        let other = tempfile::tempdir().unwrap();
+        assert_ne!(ensure_digest_key(other.path()).unwrap(), k);
+        // A planted link is not followed.
+        let third = tempfile::tempdir().unwrap();
+        let decoy = third.path().join("decoy");
+        std::os::unix::fs::symlink(&decoy, third.path().join(DIGEST_KEY_FILE)).unwrap();
+        assert!(ensure_digest_key(third.path()).is_err());
+        assert!(!decoy.exists());
     }
 }

@@ -4,9 +4,10 @@
 //! derived UID ([`member_uid`]) and object ([`member_object`]), and every pool as this
 //! process runs it ([`Pools`]).
 //!
-//! Guarantees: the member file is written atomically (a temporary file, fsync, rename); a
-//! member file or quarantine file that cannot be read counts as empty, bounded to
-//! [`MAX_QUARANTINE_BYTES`] for the quarantine file, and never blocks on a FIFO; a member's UID
+//! Guarantees: the member file is written atomically (a temporary file created exclusively,
+//! never through a symbolic link, fsync, rename: [`write_atomic`]); a member file or
+//! quarantine file that cannot be read counts as empty, bounded to [`MAX_STATE_BYTES`] and
+//! [`MAX_QUARANTINE_BYTES`], and never blocks on a FIFO; a member's UID
 //! is a pure function of the pool and its name, so a restart finds its instance.
 
 use std::collections::BTreeMap;
@@ -30,6 +31,10 @@ use crate::store::MemberRec;
 pub const QUARANTINE_SUFFIX: &str = ".quarantine";
 /// Largest quarantine file read.
 pub(crate) const MAX_QUARANTINE_BYTES: u64 = 1 << 20;
+/// Largest member file read.
+// NB: a member record is ~250 bytes of JSON; 64 MiB is far beyond the largest pool a quota
+// admits, and bounds what a corrupted or hostile file can make the process hold.
+pub(crate) const MAX_STATE_BYTES: u64 = 64 << 20;
 /// The UID of member `member` of pool `namespace/pool`: UUIDv5 of `pool:NS/POOL/MEMBER` under
 /// [`UID_NAMESPACE`] (never equal to a manifest Proxy's UID, which has no `pool:` prefix).
 pub fn member_uid(namespace: &str, pool: &str, member: &str) -> ProxyUid {
@@ -73,9 +78,11 @@ impl MemberRec {
 }
 
 impl StateFile {
-    /// The member file at `path`; empty when it is missing or does not parse.
+    /// The member file at `path`; empty when it is missing, is not a regular file (a FIFO
+    /// never blocks the read, a symbolic link is not followed), is over
+    /// [`MAX_STATE_BYTES`] or does not parse.
     pub(crate) fn read(path: &Path) -> Self {
-        std::fs::read(path)
+        crate::manifests::read_regular_bounded(path, MAX_STATE_BYTES, false)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default()
@@ -95,11 +102,42 @@ pub(crate) fn parse_time(t: &str) -> SystemTime {
     humantime::parse_rfc3339_weak(t).unwrap_or(SystemTime::UNIX_EPOCH)
 }
 
-/// Writes `path` atomically (temporary file, fsync, rename).
+/// Writes `path` atomically: a new temporary file `PATH.tmp`, fsync, rename. The temporary
+/// file is created exclusively (`O_CREAT|O_EXCL`, mode 0600, `O_NOFOLLOW`), so whatever sits
+/// at its path is never written through: a regular file left by a crash is removed first;
+/// anything else there (a symbolic link someone planted, pointing at a file of their choice;
+/// a FIFO; a directory) is refused with an error naming it and left alone, and a link planted
+/// between the removal and the create makes the create fail, never write through it.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp)?;
+    match std::fs::symlink_metadata(&tmp) {
+        Ok(m) if m.file_type().is_file() => std::fs::remove_file(&tmp)?,
+        Ok(m) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} is a {} where the operator writes its temporary file; remove it \
+                     (it is never written through)",
+                    tmp.display(),
+                    if m.file_type().is_symlink() {
+                        "symbolic link"
+                    } else {
+                        "non-regular file"
+                    }
+                ),
+            ));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)?;
     f.write_all(bytes)?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)

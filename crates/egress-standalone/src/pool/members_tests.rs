@@ -56,3 +56,62 @@ fn a_member_object_pins_the_kept_addresses_and_the_member_file_keeps_them() {
     .unwrap();
     assert!(old.pin.is_empty());
 }
+
+#[test]
+fn the_temporary_state_file_is_never_written_through_a_planted_link() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = state_path(dir.path(), "default", "web");
+    let tmp = path.with_extension("tmp");
+    // Someone who may write the directory plants PATH.tmp -> a file of their choice.
+    let decoy = dir.path().join("decoy");
+    std::fs::write(&decoy, "decoy\n").unwrap();
+    std::os::unix::fs::symlink(&decoy, &tmp).unwrap();
+    let e = write_atomic(&path, b"{}").unwrap_err();
+    assert!(e.to_string().contains("symbolic link"), "{e}");
+    assert!(e.to_string().contains(&tmp.display().to_string()), "{e}");
+    assert_eq!(std::fs::read_to_string(&decoy).unwrap(), "decoy\n");
+    assert!(
+        std::fs::symlink_metadata(&tmp)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert!(!path.exists());
+    // A dangling link (to where a file would be created) is refused the same way.
+    std::fs::remove_file(&tmp).unwrap();
+    let target = dir.path().join("created-through-link");
+    std::os::unix::fs::symlink(&target, &tmp).unwrap();
+    assert!(write_atomic(&path, b"{}").is_err());
+    assert!(!target.exists());
+    // A regular file left by a crash is replaced; the member file is written, mode 0600.
+    std::fs::remove_file(&tmp).unwrap();
+    std::fs::write(&tmp, "half-written").unwrap();
+    write_atomic(&path, b"{\"members\":[]}").unwrap();
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"members\":[]}");
+    assert!(!tmp.exists());
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+}
+
+#[test]
+fn a_fifo_at_the_member_file_reads_as_empty_without_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = state_path(dir.path(), "default", "web");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(StateFile::read(&p).members.len());
+    });
+    let n = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("reading a FIFO member file hung");
+    assert_eq!(n, 0);
+}

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
 use crate::manifests::LoadedPool;
-use crate::pool::credentials::{CredentialsFileError, credentials_path, ensure};
+use crate::pool::credentials::{CredentialsFileError, credentials_path, ensure, ensure_digest_key};
 use crate::pool::members::{
     StateFile, member_object, member_uid, now_text, quarantine_path, read_quarantine, state_path,
 };
@@ -146,6 +146,30 @@ fn pool_credentials(
     }))
 }
 
+/// The credentials digest members' template hash includes: a generated password's (random,
+/// so unguessable) as it is; a chosen password's keyed by the installation's digest key, so
+/// that whoever reads a member's template hash cannot test guesses offline.
+fn template_digest(
+    ctx: &Context,
+    p: &LoadedPool,
+    c: &ProxyCredentials,
+) -> Result<String, CredentialsFileError> {
+    template_digest_in(&ctx.manifest_dir, p.policy.generate_credentials, c)
+}
+
+/// [`template_digest`] with the digest key in manifest directory `dir`.
+fn template_digest_in(
+    dir: &std::path::Path,
+    generated: bool,
+    c: &ProxyCredentials,
+) -> Result<String, CredentialsFileError> {
+    if generated {
+        return Ok(credentials::digest(c));
+    }
+    let key = ensure_digest_key(dir)?;
+    Ok(credentials::keyed_digest(&key, c))
+}
+
 /// Marks every pool dirty (a host check or a health round ended).
 fn all_pools_dirty(store: &Store, ctx: &Context) {
     let keys: Vec<String> = lock(&store.pools).by_key.keys().cloned().collect();
@@ -190,7 +214,16 @@ pub(crate) async fn pool_round(store: &Store, ctx: &Context, key: &str) {
             }
         }
     };
-    let digest = creds.as_ref().map(credentials::digest).unwrap_or_default();
+    let (digest, unusable) = match (&creds, unusable) {
+        (Some(c), None) => match template_digest(ctx, &p, c) {
+            Ok(d) => (d, None),
+            Err(e) => {
+                tracing::warn!(pool = %key, error = %e, "pool cannot act");
+                (String::new(), Some(e.to_string()))
+            }
+        },
+        (_, unusable) => (String::new(), unusable),
+    };
     let health_checks = ctx.health.is_some();
     // The pool's members, read from their objects (O(members)).
     let mut members = Vec::with_capacity(recs.len());
@@ -504,5 +537,35 @@ pub(crate) async fn run(store: &Store, ctx: &Context, stop: CancellationToken) {
         if !sleep_or_stop(ROUND_GAP, &stop).await {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod digest_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_chosen_password_enters_the_template_hash_only_keyed() {
+        let dir = tempfile::tempdir().unwrap();
+        let chosen = ProxyCredentials {
+            username: "alice".into(),
+            password: "hunter2".into(),
+        };
+        let d = template_digest_in(dir.path(), false, &chosen).unwrap();
+        // What someone who read the template hash could compute from a guess, without the key.
+        assert_ne!(d, credentials::digest(&chosen));
+        let key = ensure_digest_key(dir.path()).unwrap();
+        assert_eq!(d, credentials::keyed_digest(&key, &chosen));
+        assert_eq!(
+            template_digest_in(dir.path(), false, &chosen).unwrap(),
+            d,
+            "stable"
+        );
+        // Generated credentials keep their unkeyed digest (their members are not replaced).
+        assert_eq!(
+            template_digest_in(dir.path(), true, &chosen).unwrap(),
+            credentials::digest(&chosen)
+        );
     }
 }

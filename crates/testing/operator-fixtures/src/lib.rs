@@ -477,9 +477,11 @@ pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
         .await
         .unwrap()
         .unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
     let mut buf = String::new();
     tokio::time::timeout(HTTP_DEADLINE, s.read_to_string(&mut buf))
         .await

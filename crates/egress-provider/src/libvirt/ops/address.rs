@@ -105,7 +105,7 @@ pub async fn address_within(
     host: &HostConfig,
     subnets: &Subnets,
 ) -> Result<Option<IpAddr>, ProviderError> {
-    read_address_within(client, dom, mac, host, subnets)
+    read_address_within(client, dom, &[mac.to_owned()], host, subnets)
         .await
         .map(|r| r.ip)
 }
@@ -119,14 +119,18 @@ pub struct AddressRead {
     /// not consulted, with why — for the Proxy's condition; `None` when every source
     /// consulted answered.
     pub note: Option<String>,
+    /// The MAC of `macs` the address was found by (`None` without an address).
+    pub mac: Option<String>,
 }
 
 /// [`address_within`], also saying which sources failed when no address is known: a source
 /// that errors is named with its error, and the remaining sources are still asked.
+/// Our NIC is the one whose MAC is one of `macs`, tried in order within each source
+/// ([`names::macs`](super::super::names::macs): the current and the legacy derivation).
 pub async fn read_address_within(
     client: &Client,
     dom: &Domain,
-    mac: &str,
+    macs: &[String],
     host: &HostConfig,
     subnets: &Subnets,
 ) -> Result<AddressRead, ProviderError> {
@@ -161,13 +165,17 @@ pub async fn read_address_within(
         match client.domain_interface_addresses(dom, src.wire()).await {
             Ok(ifaces) => {
                 answered = true;
-                if let Some(ip) = pick_trusted(&ifaces, mac, subnets) {
+                if let Some((ip, mac)) = macs
+                    .iter()
+                    .find_map(|m| pick_trusted(&ifaces, m, subnets).map(|ip| (ip, m)))
+                {
                     return Ok(AddressRead {
                         ip: Some(ip),
                         note: None,
+                        mac: Some(mac.clone()),
                     });
                 }
-                if let Some(ip) = pick(&ifaces, mac) {
+                if let Some(ip) = macs.iter().find_map(|m| pick(&ifaces, m)) {
                     tracing::warn!(domain = %dom.name, host = %host.name,
                         source = src.describe(), address = %ip, bounds = %subnets.describe(),
                         "ignoring an address of our NIC outside the host's guest subnets");
@@ -209,7 +217,11 @@ pub async fn read_address_within(
         .join("; ");
     if answered {
         let note = (!failures.is_empty()).then(|| format!("no address known yet ({detail})"));
-        return Ok(AddressRead { ip: None, note });
+        return Ok(AddressRead {
+            ip: None,
+            note,
+            mac: None,
+        });
     }
     let code = failures.first().and_then(|(_, e)| e.libvirt_code());
     Err(ProviderError::transient(format!(

@@ -89,19 +89,23 @@ pub async fn get_cached(
             ))
         })?;
     let (st, reason) = client.domain_state(&dom).await.map_err(vanished)?;
-    let mac = names::mac(entry, uid);
+    // NB: a guest created before the 40-bit MAC derivation keeps its legacy MAC: our NIC is
+    // the one with either (both derive from this UID); the one the address was found by is
+    // reported, else the current derivation.
+    let macs = names::macs(entry, uid);
     let declared = declared_address(host, &m.addresses);
     let read = if state::wants_address(st) && declared.is_some() {
         address::AddressRead {
             ip: declared,
             note: None,
+            mac: None,
         }
     } else if state::wants_address(st) {
         let subnets = match cache {
             Some((c, connection)) => c.get(client, host, connection).await,
             None => Arc::new(trust::read(client, host).await.0),
         };
-        address::read_address_within(client, &dom, &mac, host, &subnets).await?
+        address::read_address_within(client, &dom, &macs, host, &subnets).await?
     } else {
         address::AddressRead::default()
     };
@@ -110,7 +114,10 @@ pub async fn get_cached(
         uid: *uid,
         state: state::map(st, reason, read.ip.is_some()),
         ip: read.ip,
-        mac,
+        mac: read.mac.unwrap_or_else(|| {
+            let [current, _] = macs;
+            current
+        }),
         egress: m.addresses,
         address_note: read.note,
     })

@@ -1,13 +1,14 @@
 //! Guest MAC collisions on a host, detected before a create defines its domain.
 //!
-//! A guest's MAC is derived from its entry and Proxy UID ([`names::mac`]: QEMU's `52:54:00`
-//! prefix and 24 hash bits). The derivation is kept as it is, so every existing domain keeps
-//! its MAC and nothing that compares or looks up MACs (address discovery, adoption) sees a
-//! change; the price of 24 bits is that two guests on one host may derive the same MAC
-//! (likely among a few thousand). Two NICs with one MAC on a segment break each other's
-//! networking, so a create first reads every domain on the host — ours, other entries',
-//! other installations' and foreign ones, running or not — and refuses (Permanent, naming the
-//! other domain and the MAC) when any other domain already uses the MAC it would give.
+//! A guest's MAC is derived from its entry and Proxy UID
+//! ([`names::mac`](crate::libvirt::names::mac): `52` and 40 hash bits; guests created before
+//! it keep [`names::legacy_mac`](crate::libvirt::names::legacy_mac)'s `52:54:00` and 24 bits).
+//! Across hosts of one segment, 40 bits keep collisions negligible without reading other
+//! hosts; on one host a collision (or a foreign domain given our MAC) is still possible, and
+//! two NICs with one MAC on a segment break each other's networking, so a create first reads
+//! every domain on the host — ours, other entries', other installations' and foreign ones,
+//! running or not — and refuses (Permanent, naming the other domain and the MAC) when any
+//! other domain already uses the MAC it would give.
 //!
 //! Guarantees: [`mac_user`] answers from a complete read of the host's domains: a domain that
 //! vanishes meanwhile is skipped, any other failure fails the call (connection-class ones

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use egress_core::controller::ProxyCredentials;
 use egress_core::pool::MemberMeta;
-use egress_core::pool::gateway::{GatewaySource, published_member};
+use egress_core::pool::gateway_source::{GatewaySource, published_member};
 use egress_core::pool::member::{ANNOTATION_QUARANTINE, LABEL_POOL};
 use futures_util::StreamExt;
 use kube::api::Api;

@@ -118,7 +118,8 @@ async fn get(addr: SocketAddr, path: &str) -> Option<String> {
     let go = async {
         let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
         s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes(),
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
         )
         .await
         .ok()?;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use egress_core::controller::ProxyCredentials;
-use egress_core::pool::gateway::{GatewaySource, published_member};
+use egress_core::pool::gateway_source::{GatewaySource, published_member};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

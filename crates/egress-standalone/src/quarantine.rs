@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::pool::members::MAX_QUARANTINE_BYTES;
 use crate::pool::{quarantine_path, state_path};
 
 /// Longest reason kept.
@@ -85,6 +86,14 @@ pub fn parse(text: &str) -> BTreeMap<String, String> {
             None => (l.to_owned(), "quarantined".to_owned()),
         })
         .collect()
+}
+/// Reads a quarantine file: `MEMBER REASON` per line, `#` comments ([`parse`]); a missing,
+/// unreadable or non-regular file reads as empty (never blocks on a FIFO).
+pub(crate) fn read_quarantine(path: &Path) -> BTreeMap<String, String> {
+    let Ok(bytes) = crate::manifests::read_regular_bounded(path, MAX_QUARANTINE_BYTES, true) else {
+        return BTreeMap::new();
+    };
+    parse(&String::from_utf8_lossy(&bytes))
 }
 
 /// The member names pool `namespace/name`'s member file in `dir` lists.

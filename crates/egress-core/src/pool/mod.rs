@@ -24,6 +24,7 @@ pub mod credentials;
 pub mod decide;
 pub mod duration;
 pub mod gateway;
+pub mod gateway_source;
 pub mod member;
 #[cfg(test)]
 mod member_tests;

@@ -37,14 +37,14 @@ pub struct AddressPool {
     /// namespaceSelector}`): only their proxies are placed on this host or may pin its
     /// addresses; not set: every namespace the entry grants address pools to.
     #[serde(default)]
-    pub access: Option<super::config::Namespaces>,
+    pub access: Option<super::namespaces::Namespaces>,
     /// How long an address stays reserved for its last holder's namespace after its
     /// instance is gone (`holdReleased`, e.g. `10m`): only a Proxy of that namespace may pin
     /// it meanwhile (a pool replacing a member keeps its address so), and no other Proxy is
     /// given it. Default [`DEFAULT_HOLD_RELEASED`].
     #[serde(
         default = "default_hold",
-        deserialize_with = "super::config::secs::deserialize"
+        deserialize_with = "super::secs::deserialize"
     )]
     pub hold_released: std::time::Duration,
 }

@@ -2,7 +2,7 @@
 //! Loading and validation with field-path errors belong to the config module of the operator;
 //! these types only describe the shape and its defaults.
 //!
-//! One piece (about 780 lines before its tests, 520 of them code): every field of an entry, its
+//! One piece (about 700 lines before its tests, 470 of them code): every field of an entry, its
 //! hosts and their address pools, with its default and the comment that sizes it, is one schema
 //! that users read from top to bottom; split, the defaults would drift from the fields they
 //! belong to.
@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use super::namespaces::{LabelSelector, Namespaces};
 use serde::Deserialize;
 
 /// The libvirt socket path on hosts by default.
@@ -88,41 +89,6 @@ impl Default for EntryQuotas {
             max_proxies_per_namespace: None,
             max_pool_replicas: DEFAULT_MAX_POOL_REPLICAS,
         }
-    }
-}
-
-/// A set of namespaces: by name, or (Kubernetes) by their labels. A namespace is in it when
-/// its name is listed or its labels match `namespaceSelector` (every `matchLabels` pair).
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Namespaces {
-    /// Namespace names.
-    #[serde(default)]
-    pub namespaces: Vec<String>,
-    /// Namespaces whose labels hold every pair of `matchLabels` (Kubernetes only: a
-    /// standalone manifest's namespace has no labels).
-    #[serde(default)]
-    pub namespace_selector: Option<LabelSelector>,
-}
-
-/// A label selector (`matchLabels` only).
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct LabelSelector {
-    /// Labels a namespace must carry, each with this value.
-    #[serde(default)]
-    pub match_labels: BTreeMap<String, String>,
-}
-
-impl Namespaces {
-    /// Whether namespace `ns` (with `labels`, when known) is in the set.
-    pub fn admits(&self, ns: &str, labels: Option<&BTreeMap<String, String>>) -> bool {
-        self.namespaces.iter().any(|n| n == ns)
-            || self.namespace_selector.as_ref().is_some_and(|s| {
-                !s.match_labels.is_empty()
-                    && labels
-                        .is_some_and(|l| s.match_labels.iter().all(|(k, v)| l.get(k) == Some(v)))
-            })
     }
 }
 
@@ -691,16 +657,16 @@ impl Default for GuestSettings {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Timeouts {
     /// SSH dial.
-    #[serde(default = "d10", with = "secs")]
+    #[serde(default = "d10", with = "super::secs")]
     pub dial: Duration,
     /// One libvirt call.
-    #[serde(default = "d60", with = "secs")]
+    #[serde(default = "d60", with = "super::secs")]
     pub call: Duration,
     /// A whole image import.
-    #[serde(default = "d1800", with = "secs")]
+    #[serde(default = "d1800", with = "super::secs")]
     pub image_import: Duration,
     /// Waiting for a started domain to be running.
-    #[serde(default = "d60", with = "secs")]
+    #[serde(default = "d60", with = "super::secs")]
     pub start: Duration,
 }
 
@@ -721,82 +687,6 @@ impl Default for Timeouts {
             call: d60(),
             image_import: d1800(),
             start: d60(),
-        }
-    }
-}
-
-/// Reads a duration of the config file: an integer number of seconds (`30`), or a string of
-/// one or more `<integer><unit>` parts with units `s`, `m`, `h` (`"30s"`, `"5m"`, `"1h30m"`),
-/// as the command line's flags take them. Anything else (a negative or fractional number,
-/// an unknown unit, an overflow) is a type error naming what is accepted.
-pub(crate) mod secs {
-    use std::fmt;
-    use std::time::Duration;
-
-    use serde::Deserializer;
-    use serde::de::{self, Visitor};
-
-    /// Reads a duration (see the module docs).
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        d.deserialize_any(Secs)
-    }
-
-    struct Secs;
-
-    impl Visitor<'_> for Secs {
-        type Value = Duration;
-
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str(
-                "a duration: whole seconds (30) or a string such as \"30s\", \"5m\", \"1h30m\"",
-            )
-        }
-
-        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Duration, E> {
-            Ok(Duration::from_secs(v))
-        }
-
-        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Duration, E> {
-            u64::try_from(v)
-                .map(Duration::from_secs)
-                .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
-        }
-
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<Duration, E> {
-            parse(v).ok_or_else(|| E::invalid_value(de::Unexpected::Str(v), &self))
-        }
-    }
-
-    /// `"30"`, `"30s"`, `"5m"`, `"1h30m"` → the duration; `None` for anything else.
-    fn parse(text: &str) -> Option<Duration> {
-        let t = text.trim();
-        if t.is_empty() {
-            return None;
-        }
-        let mut total: u64 = 0;
-        let mut num = String::new();
-        for c in t.chars() {
-            if c.is_ascii_digit() {
-                num.push(c);
-                continue;
-            }
-            let unit: u64 = match c {
-                's' => 1,
-                'm' => 60,
-                'h' => 3600,
-                _ => return None,
-            };
-            let n: u64 = num.parse().ok()?;
-            num.clear();
-            total = total.checked_add(n.checked_mul(unit)?)?;
-        }
-        // A bare number is seconds; a trailing number after units ("5m3") is refused.
-        if num.is_empty() {
-            Some(Duration::from_secs(total))
-        } else if total == 0 && num.len() == t.len() {
-            num.parse().ok().map(Duration::from_secs)
-        } else {
-            None
         }
     }
 }

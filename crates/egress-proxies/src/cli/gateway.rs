@@ -19,7 +19,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use egress_core::metrics::MetricsFormat;
 use egress_core::model::ProxyProtocol;
-use egress_core::pool::gateway::{GatewayMode, GatewaySource};
+use egress_core::pool::gateway::GatewayMode;
+use egress_core::pool::gateway_source::GatewaySource;
 use egress_core::proxy_policy::GuestPolicy;
 use egress_gateway::{
     AccessLog, Balance, ByteBudget, Credential, Destinations, GatewayMetrics, GatewaySet, Limits,
@@ -404,7 +405,8 @@ pub async fn run(a: GatewayArgs) -> anyhow::Result<u8> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
-    use egress_core::pool::gateway::{GatewayMember, GatewaySpec};
+    use egress_core::pool::gateway::GatewaySpec;
+    use egress_core::pool::gateway_source::GatewayMember;
 
     fn source(spec: &str, template: &str) -> GatewaySource {
         let g: GatewaySpec = serde_saphyr::from_str(spec).unwrap();

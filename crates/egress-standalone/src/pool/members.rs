@@ -5,12 +5,12 @@
 //! process runs it ([`Pools`]).
 //!
 //! Guarantees: the member file is written atomically (a temporary file created exclusively,
-//! never through a symbolic link, fsync, rename: [`write_atomic`]); a member file or
-//! quarantine file that cannot be read counts as empty, bounded to [`MAX_STATE_BYTES`] and
-//! [`MAX_QUARANTINE_BYTES`], and never blocks on a FIFO; a member's UID
+//! never through a symbolic link, fsync, rename: [`write_atomic`]); a member file that cannot
+//! be read counts as empty, bounded to [`MAX_STATE_BYTES`], and never blocks on a FIFO (the
+//! quarantine file is read the same way by [`crate::quarantine::read_quarantine`], bounded to
+//! [`MAX_QUARANTINE_BYTES`]); a member's UID
 //! is a pure function of the pool and its name, so a restart finds its instance.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -141,15 +141,6 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     f.write_all(bytes)?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)
-}
-
-/// Reads a quarantine file: `MEMBER REASON` per line, `#` comments
-/// ([`crate::quarantine::parse`]).
-pub(crate) fn read_quarantine(path: &Path) -> BTreeMap<String, String> {
-    let Ok(bytes) = crate::manifests::read_regular_bounded(path, MAX_QUARANTINE_BYTES, true) else {
-        return BTreeMap::new();
-    };
-    crate::quarantine::parse(&String::from_utf8_lossy(&bytes))
 }
 
 /// The state of a member's status that its pool cares about (a change re-decides the pool).

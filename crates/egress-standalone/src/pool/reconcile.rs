@@ -23,7 +23,7 @@ use crate::context::Context;
 use crate::manifests::LoadedPool;
 use crate::pool::credentials::{CredentialsFileError, credentials_path, ensure, ensure_digest_key};
 use crate::pool::members::{
-    StateFile, member_object, member_uid, now_text, quarantine_path, read_quarantine, state_path,
+    StateFile, member_object, member_uid, now_text, quarantine_path, state_path,
 };
 use crate::settings::POLL_INTERVAL;
 use crate::store::{MemberRec, Obj, PoolRt, Store};
@@ -201,7 +201,7 @@ pub(crate) async fn pool_round(store: &Store, ctx: &Context, key: &str) {
     let quarantine = if removed {
         held
     } else {
-        read_quarantine(&quarantine_path(&ctx.manifest_dir, &namespace, &name))
+        crate::quarantine::read_quarantine(&quarantine_path(&ctx.manifest_dir, &namespace, &name))
     };
     let (creds, unusable) = if removed {
         (None, None)

@@ -525,6 +525,11 @@ async fn kubernetes_metrics_pass_promtool_and_the_alerts_and_dashboard_query_onl
             "egress_proxies_pool_members",
             "egress_proxies_pool_replacements_total",
             "egress_proxies_pool_member_ready_seconds",
+            // Per configured blocklist zone: none here.
+            "egress_proxies_reputation_listed_addresses",
+            "egress_proxies_reputation_failing_addresses",
+            "egress_proxies_reputation_checks_total",
+            "egress_proxies_reputation_check_failures_total",
         ],
     );
     let (ok, out) = run_promtool(&["check", "metrics"], &text);

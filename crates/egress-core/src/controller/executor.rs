@@ -311,8 +311,30 @@ impl Controller {
             .map(|host| crate::pool::PoolHost {
                 name: host.name.clone(),
                 state: states.and_then(|s| s.get(&host.name).copied()),
+                maintenance: host.maintenance,
             })
             .collect()
+    }
+
+    /// `maintenance:` of `entry`'s `host` in the config and how many Proxies' instances are
+    /// on it now (located there or being created there): a draining host's progress. `None`
+    /// when the entry has no such host. O(hosts of the entry) for the config lookup, O(1) for
+    /// the count.
+    pub fn host_maintenance(
+        &self,
+        entry: &str,
+        host: &str,
+    ) -> Option<(egress_provider::libvirt::config::Maintenance, usize)> {
+        let providers = self.providers();
+        let m = providers
+            .get(entry)?
+            .config
+            .hosts
+            .iter()
+            .find(|h| h.name == host)?
+            .maintenance;
+        let left = lock(&self.inner.state).load_on(entry, host);
+        Some((m, left))
     }
 
     /// The address the provider last reported for `uid`'s instance in this process: the

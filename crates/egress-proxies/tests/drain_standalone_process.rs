@@ -3,7 +3,7 @@
 //!
 //! What it proves, all through the user's path (provider config, manifest directory, `/status`,
 //! `/hosts`, `egress-proxies status`):
-//! - a cordoned host gets no new proxy: h3 is cordoned from start to end and never holds a
+//! - a cordoned host gets no new proxy: h0 is cordoned from start to end and never holds a
 //!   domain;
 //! - a drain set by a config reload (h1: `maintenance: Drain`) replaces a pool of 2
 //!   (`maxSurge: 1`, `maxUnavailable: 0`) on h2 while the available members never drop below
@@ -12,7 +12,7 @@
 //!   copy on h1 is deleted; a Proxy pinned to h1 (`spec.host`) stays, its `Ready` condition
 //!   saying so (`OnDrainingHost`);
 //! - the host row shows `Draining (1 left)` while the pinned Proxy is there, `Drained` once it
-//!   is removed, and `Cordoned` for h3, in `/hosts` and in `egress-proxies status`.
+//!   is removed, and `Cordoned` for h0, in `/hosts` and in `egress-proxies status`.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -35,7 +35,10 @@ use tokio_util::sync::CancellationToken;
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies");
 const ENTRY: &str = "eptest-drain";
 const IMAGE: &str = "tiny";
-const HOSTS: [&str; 3] = ["h1", "h2", "h3"];
+/// In config order. The cordoned one, `h0`, sorts first by name: the tie-break of an unpinned
+/// Proxy's placement among equally loaded hosts, so a placement that ignored the cordon
+/// would pick it.
+const HOSTS: [&str; 3] = ["h1", "h2", "h0"];
 const REPLICAS: usize = 2;
 const MAX_UNAVAILABLE: usize = 0;
 /// Hang guard of every wait (fake hosts answer in microseconds).
@@ -160,9 +163,9 @@ impl Look {
         self.members.values().filter(|(h, _)| h == host).count()
     }
     fn proxy(&self, name: &str) -> (&str, &str, &str) {
-        self.proxies
-            .get(name)
-            .map_or(("-", "-", "-"), |(p, h, r)| (p.as_str(), h.as_str(), r.as_str()))
+        self.proxies.get(name).map_or(("-", "-", "-"), |(p, h, r)| {
+            (p.as_str(), h.as_str(), r.as_str())
+        })
     }
 }
 
@@ -264,7 +267,7 @@ async fn a_host_drained_by_a_config_reload_moves_its_proxies_within_the_pool_bud
 
     // Only h1 in service at first: everything lands there.
     let cfg = work.path().join("providers.yaml");
-    write_config(&cfg, &socks, &[("h2", "Cordon"), ("h3", "Cordon")]);
+    write_config(&cfg, &socks, &[("h2", "Cordon"), ("h0", "Cordon")]);
     let dir = work.path().join("manifests");
     std::fs::create_dir(&dir).unwrap();
     write(
@@ -322,16 +325,16 @@ async fn a_host_drained_by_a_config_reload_moves_its_proxies_within_the_pool_bud
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(domains(&fakes, "h1"), REPLICAS + 2);
-    assert_eq!(domains(&fakes, "h2") + domains(&fakes, "h3"), 0);
+    assert_eq!(domains(&fakes, "h2") + domains(&fakes, "h0"), 0);
     let m = maintenance(listen).await;
-    assert_eq!(m["h3"], "Cordoned", "{m:?}");
+    assert_eq!(m["h0"], "Cordoned", "{m:?}");
     println!(
-        "eptest: settled on h1 after {:.1} s; draining h1 (h2 in service, h3 cordoned)",
+        "eptest: settled on h1 after {:.1} s; draining h1 (h2 in service, h0 cordoned)",
         t0.elapsed().as_secs_f64()
     );
 
     // Drain h1 by a config reload; sample every second.
-    write_config(&cfg, &socks, &[("h1", "Drain"), ("h3", "Cordon")]);
+    write_config(&cfg, &socks, &[("h1", "Drain"), ("h0", "Cordon")]);
     let t1 = Instant::now();
     let min_available = REPLICAS - MAX_UNAVAILABLE;
     let mut lowest = usize::MAX;
@@ -339,18 +342,18 @@ async fn a_host_drained_by_a_config_reload_moves_its_proxies_within_the_pool_bud
         let l = look(listen).await;
         let hosts = maintenance(listen).await;
         println!(
-            "eptest: t={:>3}s available={} members={:?} solo={:?} pinned={:?} h1={} h3={} \
-             domains h1/h2/h3={}/{}/{}",
+            "eptest: t={:>3}s available={} members={:?} solo={:?} pinned={:?} h1={} h0={} \
+             domains h1/h2/h0={}/{}/{}",
             t1.elapsed().as_secs(),
             l.available(),
             l.members,
             l.proxy("solo"),
             l.proxy("pinned"),
             hosts.get("h1").map_or("?", String::as_str),
-            hosts.get("h3").map_or("?", String::as_str),
+            hosts.get("h0").map_or("?", String::as_str),
             domains(&fakes, "h1"),
             domains(&fakes, "h2"),
-            domains(&fakes, "h3"),
+            domains(&fakes, "h0"),
         );
         lowest = lowest.min(l.available());
         assert!(
@@ -360,7 +363,7 @@ async fn a_host_drained_by_a_config_reload_moves_its_proxies_within_the_pool_bud
             l.available(),
             op.tail()
         );
-        assert_eq!(domains(&fakes, "h3"), 0, "a cordoned host got a proxy");
+        assert_eq!(domains(&fakes, "h0"), 0, "a cordoned host got a proxy");
         let done = l.on("h1") == 0
             && l.on("h2") == REPLICAS
             && l.available() == REPLICAS
@@ -402,7 +405,7 @@ async fn a_host_drained_by_a_config_reload_moves_its_proxies_within_the_pool_bud
         "{text}"
     );
     assert!(
-        text.contains(&format!("host {ENTRY}/h3 is Ready, Cordoned")),
+        text.contains(&format!("host {ENTRY}/h0 is Ready, Cordoned")),
         "{text}"
     );
     let doc = json(listen, "/status").await;
@@ -441,6 +444,6 @@ async fn a_host_drained_by_a_config_reload_moves_its_proxies_within_the_pool_bud
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert_eq!(domains(&fakes, "h3"), 0, "a cordoned host got a proxy");
-    println!("eptest: h1 Drained, h3 still empty");
+    assert_eq!(domains(&fakes, "h0"), 0, "a cordoned host got a proxy");
+    println!("eptest: h1 Drained, h0 still empty");
 }

@@ -175,7 +175,8 @@ fn drain(cx: Ctx<'_>, entry: &EntryView<'_>, host: &str, running: &str) -> Decis
     let msg = match pinned {
         Some(field) => format!(
             "{running}; host {host} is draining but this Proxy is pinned to it ({field}): it \
-             stays until the pin changes or the host's maintenance ends"
+             stays (a pool replaces its members elsewhere; any other pinned Proxy stays until \
+             its pin changes, it is deleted, or the host's maintenance ends)"
         ),
         None => format!(
             "{running}; host {host} is draining but no other host takes new proxies: it stays \

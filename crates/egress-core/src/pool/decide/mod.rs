@@ -50,10 +50,10 @@ use std::time::{Duration, SystemTime};
 use crate::controller::decide::fmt_time;
 use crate::controller::{Event, EventKind};
 use crate::model::{MAX_MESSAGE_CHARS, truncate};
-use egress_provider::libvirt::config::Maintenance;
 use crate::pool::member::{Member, member_name};
 use crate::pool::spec::{OnListed, ScaleInOrder};
 use crate::pool::status::{HostFailures, MAX_RETIRED, RetiredAddress, reason};
+use egress_provider::libvirt::config::Maintenance;
 
 pub use self::io::{CreateMember, DeleteCause, DeleteMember, PoolDecision, PoolHost, PoolInputs};
 

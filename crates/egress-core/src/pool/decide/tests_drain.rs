@@ -62,7 +62,12 @@ fn a_cordoned_host_keeps_its_members() {
 /// delete gone at once), asserting after each that the available members never drop below
 /// `replicas - maxUnavailable` and the members never exceed `replicas + maxSurge`; returns
 /// the rounds taken and the members at the end.
-fn drain_to_end(extra: &str, replicas: usize, min_available: usize, max_total: usize) -> (usize, Vec<Member>) {
+fn drain_to_end(
+    extra: &str,
+    replicas: usize,
+    min_available: usize,
+    max_total: usize,
+) -> (usize, Vec<Member>) {
     let mut c = with(
         Case::new(
             policy(&format!("replicas: {replicas}\n{extra}")),
@@ -78,8 +83,14 @@ fn drain_to_end(extra: &str, replicas: usize, min_available: usize, max_total: u
     for round in 1..=20 {
         let d = c.run();
         let deleted: Vec<&str> = d.deletes.iter().map(|x| x.name.as_str()).collect();
-        assert!(d.deletes.iter().all(|x| x.cause == DeleteCause::Drain), "{d:#?}");
-        assert!(d.creates.iter().all(|x| x.host == "h2"), "round {round}: {d:#?}");
+        assert!(
+            d.deletes.iter().all(|x| x.cause == DeleteCause::Drain),
+            "{d:#?}"
+        );
+        assert!(
+            d.creates.iter().all(|x| x.host == "h2"),
+            "round {round}: {d:#?}"
+        );
         // Deletes take effect now; this round's creates are provisioning.
         let mut next: Vec<Member> = c
             .members
@@ -101,9 +112,12 @@ fn drain_to_end(extra: &str, replicas: usize, min_available: usize, max_total: u
         for x in &d.creates {
             next.push(provisioning(member(&x.name, &x.host, 1000)));
         }
-        assert!(next.len() <= max_total, "round {round}: {} members", next.len());
-        if d.creates.is_empty() && d.deletes.is_empty() && c.members.iter().all(|m| m.available)
-        {
+        assert!(
+            next.len() <= max_total,
+            "round {round}: {} members",
+            next.len()
+        );
+        if d.creates.is_empty() && d.deletes.is_empty() && c.members.iter().all(|m| m.available) {
             let done = d.status.condition(condition::PROGRESSING).unwrap();
             assert_eq!(done.reason, "Complete", "{done:?}");
             return (round, next);
@@ -124,7 +138,10 @@ fn a_drain_surges_first_and_never_takes_the_available_members_below_the_budget()
     // maxSurge 1, maxUnavailable 0: one replacement at a time, each available before its
     // member on the draining host goes.
     let (rounds, end) = drain_to_end("update: {maxSurge: 1, maxUnavailable: 0}\n", 2, 2, 3);
-    assert!(end.iter().all(|m| m.host.as_deref() == Some("h2")), "{end:#?}");
+    assert!(
+        end.iter().all(|m| m.host.as_deref() == Some("h2")),
+        "{end:#?}"
+    );
     assert_eq!(end.len(), 2);
     assert!(rounds >= 3, "one at a time: {rounds} rounds");
 }
@@ -133,7 +150,10 @@ fn a_drain_surges_first_and_never_takes_the_available_members_below_the_budget()
 fn a_drain_with_max_unavailable_removes_first_within_it() {
     // maxSurge 0, maxUnavailable 1: a member goes, then its replacement comes; never two down.
     let (_, end) = drain_to_end("update: {maxSurge: 0, maxUnavailable: 1}\n", 2, 1, 2);
-    assert!(end.iter().all(|m| m.host.as_deref() == Some("h2")), "{end:#?}");
+    assert!(
+        end.iter().all(|m| m.host.as_deref() == Some("h2")),
+        "{end:#?}"
+    );
     assert_eq!(end.len(), 2);
     // Both at once: 4 members, 2 may be down and 1 above.
     let (_, end) = drain_to_end("update: {maxSurge: 1, maxUnavailable: 2}\n", 4, 2, 5);

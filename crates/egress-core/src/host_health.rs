@@ -110,13 +110,26 @@ pub fn maintenance_state(m: Maintenance, left: usize) -> Option<String> {
 }
 
 /// Sets each row's maintenance progress from `controller` (the config's `maintenance:` and
-/// the Proxies on the host now); a host under maintenance accepts no placements. O(rows ·
-/// hosts of an entry).
+/// the Proxies on the host now); a host under maintenance accepts no placements. O(rows +
+/// hosts of the entries the rows name).
 pub fn annotate_maintenance(rows: &mut [HostHealth], controller: &crate::controller::Controller) {
+    let mut entries: Vec<&str> = rows.iter().map(|r| r.entry.as_str()).collect();
+    entries.sort_unstable();
+    entries.dedup();
+    let mut out: std::collections::HashMap<(String, String), (Maintenance, usize)> =
+        std::collections::HashMap::new();
+    for e in entries {
+        for (host, m, left) in controller.hosts_in_maintenance(e) {
+            out.insert((e.to_owned(), host), (m, left));
+        }
+    }
     for r in rows {
-        if let Some((m, left)) = controller.host_maintenance(&r.entry, &r.host) {
-            r.maintenance = maintenance_state(m, left);
-            r.accepts_placements = r.accepts_placements && m.accepts_placements();
+        match out.get(&(r.entry.clone(), r.host.clone())) {
+            Some((m, left)) => {
+                r.maintenance = maintenance_state(*m, *left);
+                r.accepts_placements = false;
+            }
+            None => r.maintenance = None,
         }
     }
 }

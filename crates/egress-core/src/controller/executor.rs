@@ -316,25 +316,31 @@ impl Controller {
             .collect()
     }
 
-    /// `maintenance:` of `entry`'s `host` in the config and how many Proxies' instances are
-    /// on it now (located there or being created there): a draining host's progress. `None`
-    /// when the entry has no such host. O(hosts of the entry) for the config lookup, O(1) for
-    /// the count.
-    pub fn host_maintenance(
+    /// The hosts of `entry` under maintenance (`maintenance:` not `None` in the config), each
+    /// with how many Proxies' instances are on it now (located there or being created there):
+    /// a host's drain progress. Empty when the entry does not exist or has none. O(hosts of
+    /// the entry), one lock.
+    pub fn hosts_in_maintenance(
         &self,
         entry: &str,
-        host: &str,
-    ) -> Option<(egress_provider::libvirt::config::Maintenance, usize)> {
+    ) -> Vec<(String, egress_provider::libvirt::config::Maintenance, usize)> {
         let providers = self.providers();
-        let m = providers
-            .get(entry)?
+        let Some(h) = providers.get(entry) else {
+            return Vec::new();
+        };
+        let out: Vec<_> = h
             .config
             .hosts
             .iter()
-            .find(|h| h.name == host)?
-            .maintenance;
-        let left = lock(&self.inner.state).load_on(entry, host);
-        Some((m, left))
+            .filter(|c| !c.maintenance.accepts_placements())
+            .collect();
+        if out.is_empty() {
+            return Vec::new();
+        }
+        let st = lock(&self.inner.state);
+        out.into_iter()
+            .map(|c| (c.name.clone(), c.maintenance, st.load_on(entry, &c.name)))
+            .collect()
     }
 
     /// The address the provider last reported for `uid`'s instance in this process: the

@@ -48,12 +48,14 @@ pub(super) fn start_create(
         .hosts
         .iter()
         .any(|h| h.capacity.memory_mib.is_some() || h.capacity.vcpus.is_some());
-    // Cordoned and draining hosts take no new instance.
-    let maintenance = entry
+    // Cordoned and draining hosts take no new instance (few at a time: a list).
+    let out_of_service: Vec<&str> = entry
         .config
         .hosts
         .iter()
-        .any(|h| !h.maintenance.accepts_placements());
+        .filter(|h| !h.maintenance.accepts_placements())
+        .map(|h| h.name.as_str())
+        .collect();
     let entitled = |h: &str| {
         (open
             || entry
@@ -72,16 +74,7 @@ pub(super) fn start_create(
                 )
                 .is_none())
     };
-    let eligible = |h: &str| {
-        (!maintenance
-            || entry
-                .config
-                .hosts
-                .iter()
-                .find(|c| c.name == h)
-                .is_some_and(|c| c.maintenance.accepts_placements()))
-            && entitled(h)
-    };
+    let eligible = |h: &str| !out_of_service.contains(&h) && entitled(h);
     // Pinned addresses come from one host's pool: that host, as if `spec.host` named it.
     let holder = i
         .obj

@@ -1,9 +1,10 @@
-//! An address source that errors (libvirt-fake's ARP fault: what a libvirtd 11.3 restarted
-//! after `kill -9` answers, "malformed netlink response message") is named with its error
-//! and the other sources are still asked: the lease or the guest agent still give the
-//! address; when they have none yet the instance is Provisioning with a note naming the
-//! failed source; when no source can answer, the Transient error names each source's error
-//! and each source not consulted with why.
+//! An address source that errors (libvirt-fake's ARP fault, here with the error libvirtd
+//! reports when its neighbour dump itself fails) is named with its error and the other
+//! sources are still asked: the lease or the guest agent still give the address; when they
+//! have none yet the instance is Provisioning with a note naming the failed source; when no
+//! source can answer, the Transient error names each source's error and each source not
+//! consulted with why. The error libvirtd answers for an EMPTY neighbour table ("malformed
+//! netlink response message") is no failure: the table answered, with no entry.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -26,9 +27,11 @@ const ENTRY: &str = "home";
 const CALL_BUDGET: Duration = Duration::from_secs(10);
 const NET_XML: &str = "<network><name>egress</name><bridge name='virbr0'/>\
                        <ip address='192.168.100.1' prefix='24'><dhcp/></ip></network>";
-/// What a restarted libvirtd 11.3's ARP source answers (observed with `virsh domifaddr
-/// --source arp` too).
-const NETLINK: &str = "malformed netlink response message";
+/// What libvirtd's ARP source answers when the neighbour dump itself fails.
+const NETLINK: &str = "error dumping neighbor table: Operation not permitted";
+/// What libvirtd 11.3's ARP source answers when the host's neighbour table is empty (observed
+/// with `virsh domifaddr --source arp` on a fresh network namespace too).
+const EMPTY_TABLE: &str = "malformed netlink response message";
 
 fn uid() -> ProxyUid {
     ProxyUid::parse_strict("0f8fad5b-d9cb-469f-a165-708677289577").unwrap()
@@ -185,4 +188,32 @@ async fn when_no_source_can_answer_the_error_names_each_one() {
         m.contains("guest agent: not asked") && m.contains("hosts[h1].guestCidr"),
         "why the agent was not asked, and what to set: {m}"
     );
+}
+
+#[tokio::test]
+async fn an_empty_neighbour_table_is_an_answer_with_no_address_not_a_failure() {
+    // A bridge host without guestCidr: ARP is the only source it may use. libvirtd reports
+    // its empty neighbour table as "malformed netlink response message": the table answered
+    // (nothing yet), so the instance is Provisioning without a failure note, never an error.
+    let fake = broken_arp(None, Some("10.20.1.5"), false);
+    fake.faults().arp_error(Some(EMPTY_TABLE));
+    let i = get_on(&fake, &host(false, &[])).await.unwrap();
+    assert_eq!(
+        (i.state.clone(), i.ip, i.address_note.clone()),
+        (InstanceState::Provisioning, None, None),
+        "{i:?}"
+    );
+    // With the agent trusted (guestCidr), it is still asked and its address used.
+    let i = get_on(&fake, &host(false, &["10.20.0.0/16"]))
+        .await
+        .unwrap();
+    assert_eq!(
+        (i.state.clone(), i.ip, i.address_note.clone()),
+        (InstanceState::Running, ip("10.20.1.5"), None),
+        "{i:?}"
+    );
+    // Any other ARP error is still a failure, named as such.
+    fake.faults().arp_error(Some(NETLINK));
+    let e = get_on(&fake, &host(false, &[])).await.unwrap_err();
+    assert!(e.message.contains(NETLINK), "{e}");
 }

@@ -598,8 +598,8 @@ fn the_pinned_egress_goes_into_the_create_request_and_the_held_one_into_status()
 fn an_address_source_that_failed_is_named_while_waiting_for_the_address() {
     let mut p = provisioning("h1");
     p.address_note = Some(
-        "no address known yet (the host's ARP table failed: internal error: malformed netlink \
-         response message)"
+        "no address known yet (the host's ARP table failed: error dumping neighbor table: \
+         Operation not permitted)"
             .into(),
     );
     let d = case(proxy())
@@ -615,7 +615,7 @@ fn an_address_source_that_failed_is_named_while_waiting_for_the_address() {
     assert!(
         msg.contains(
             "waiting for it to report an address; no address known yet (the host's ARP \
-                      table failed: internal error: malformed netlink response message)"
+                      table failed: error dumping neighbor table: Operation not permitted)"
         ),
         "{msg}"
     );

@@ -68,8 +68,9 @@ pub struct FaultSpec {
     /// The guest agent does not answer: source AGENT interface queries fail with code 86.
     pub agent_unresponsive: bool,
     /// The host's ARP table cannot be read: source ARP interface queries fail with code 1
-    /// (`VIR_ERR_INTERNAL_ERROR`) and this message (a libvirtd 11.3 restarted after a
-    /// `kill -9` answers "malformed netlink response message").
+    /// (`VIR_ERR_INTERNAL_ERROR`) and this message (libvirtd 11.3 answers "malformed netlink
+    /// response message" when the neighbour table is empty, "error dumping neighbor table: …"
+    /// when the dump fails).
     pub arp_error: Option<String>,
     /// Calls that fail with a chosen error.
     pub fail_calls: Vec<FailCall>,

@@ -17,10 +17,15 @@
 //! - a source that is merely unavailable (agent not configured or not connected, the domain
 //!   not running, the source unsupported) is "no address from it"; only when every source
 //!   consulted answered and none had an address is the result `None` ("no address yet");
-//! - a source that fails otherwise (e.g. the host's ARP table after a libvirtd restart:
-//!   "malformed netlink response message") is named with its error and the others are still
-//!   asked: when another answers, its answer counts and the failure is reported beside a
-//!   "no address yet" ([`AddressRead::note`]);
+//! - an empty ARP table is an answer with no address: libvirtd (11.3 at least) reports a
+//!   neighbour dump holding no entry as an internal error, "malformed netlink response
+//!   message" (its dump expects a neighbour record or an error first and finds only the end
+//!   of the dump), so that exact error from the ARP source is read as "nothing yet". A host
+//!   whose guests have not sent a packet yet (a fresh host, a quiet bridge) has this table;
+//! - a source that fails otherwise (e.g. the host's ARP table when the neighbour dump itself
+//!   fails) is named with its error and the others are still asked: when another answers,
+//!   its answer counts and the failure is reported beside a "no address yet"
+//!   ([`AddressRead::note`]);
 //! - a connection-class failure or a timeout while reading fails the read Transient, never
 //!   "no address" (finding H3); a domain that vanished meanwhile is NotFound (finding L6); a
 //!   read where no source answered at all is Transient, naming each source's error and each
@@ -35,11 +40,14 @@ use libvirt_remote::{Client, Error as LvError};
 
 use super::trust::{self, Subnets};
 use super::{
-    CODE_AGENT_UNRESPONSIVE, CODE_ARGUMENT_UNSUPPORTED, CODE_NO_DOMAIN, CODE_NO_NETWORK,
-    CODE_NO_SUPPORT, CODE_OPERATION_INVALID, is_code, is_connection_class,
+    CODE_AGENT_UNRESPONSIVE, CODE_ARGUMENT_UNSUPPORTED, CODE_INTERNAL_ERROR, CODE_NO_DOMAIN,
+    CODE_NO_NETWORK, CODE_NO_SUPPORT, CODE_OPERATION_INVALID, is_code, is_connection_class,
 };
 use crate::error::ProviderError;
 use crate::libvirt::config::HostConfig;
+
+/// What libvirtd says when its neighbour dump holds no entry (see the module doc).
+const EMPTY_NEIGHBOUR_DUMP: &str = "malformed netlink response message";
 
 /// One place an address can come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +72,14 @@ impl Source {
             Self::Lease => "the libvirt network's DHCP leases",
             Self::Arp => "the host's ARP table",
         }
+    }
+
+    /// The error libvirtd answers an ARP read with when the host's neighbour table is empty
+    /// (see the module doc): an answer with no entries, not a failure.
+    fn empty_table(self, e: &LvError) -> bool {
+        self == Self::Arp
+            && e.libvirt_code() == Some(CODE_INTERNAL_ERROR)
+            && e.to_string().contains(EMPTY_NEIGHBOUR_DUMP)
     }
 
     /// Codes meaning "this source has nothing to say now", not "reading failed".
@@ -196,6 +212,11 @@ pub async fn read_address_within(
                     src.describe()
                 ))
                 .with_code(e.libvirt_code()));
+            }
+            Err(e) if src.empty_table(&e) => {
+                tracing::debug!(domain = %dom.name, host = %host.name, source = src.describe(),
+                    "the host's neighbour table is empty (libvirt: {EMPTY_NEIGHBOUR_DUMP})");
+                answered = true;
             }
             Err(e) if src.unavailable(&e) => {
                 tracing::debug!(domain = %dom.name, host = %host.name, source = src.describe(),

@@ -32,6 +32,8 @@ use libvirt_remote::Error as LvError;
 
 pub(crate) use crate::libvirt::classify::classify;
 
+/// `VIR_ERR_INTERNAL_ERROR`: the daemon's catch-all (its message says what went wrong).
+pub(crate) const CODE_INTERNAL_ERROR: i32 = 1;
 /// `VIR_ERR_NO_SUPPORT`: the daemon or hypervisor does not implement the request.
 pub(crate) const CODE_NO_SUPPORT: i32 = 3;
 /// `VIR_ERR_NO_DOMAIN`: the domain does not exist (or vanished since we looked it up).

@@ -1506,14 +1506,21 @@ fn a_running_proxy_on_a_draining_host_is_re_placed_unless_pinned_or_nowhere_to_g
     let d = on_h1(proxy()).maintenance("h1", Maintenance::Drain).run();
     assert_eq!(created_host(&d), ("h2".to_owned(), false));
     assert_eq!(d.status.host.as_deref(), Some("h2"));
-    assert!(ready(&d).2.contains("host h1 is draining"), "{:?}", ready(&d));
+    assert!(
+        ready(&d).2.contains("host h1 is draining"),
+        "{:?}",
+        ready(&d)
+    );
     // Draining, pinned: it stays, Ready, saying so.
     let d = on_h1(proxy().on_host("h1"))
         .maintenance("h1", Maintenance::Drain)
         .run();
     assert_eq!(d.action, Action::None);
     let (st, why, msg) = ready(&d);
-    assert_eq!((st, why.as_str()), (ConditionStatus::True, reason::ON_DRAINING_HOST));
+    assert_eq!(
+        (st, why.as_str()),
+        (ConditionStatus::True, reason::ON_DRAINING_HOST)
+    );
     assert!(msg.contains("pinned to it (spec.host)"), "{msg}");
     assert_eq!(d.status.phase, Phase::Running);
     // Draining, nowhere to go: it stays, Ready, saying so.
@@ -1523,7 +1530,10 @@ fn a_running_proxy_on_a_draining_host_is_re_placed_unless_pinned_or_nowhere_to_g
         .run();
     assert_eq!(d.action, Action::None);
     let (st, why, msg) = ready(&d);
-    assert_eq!((st, why.as_str()), (ConditionStatus::True, reason::ON_DRAINING_HOST));
+    assert_eq!(
+        (st, why.as_str()),
+        (ConditionStatus::True, reason::ON_DRAINING_HOST)
+    );
     assert!(msg.contains("no other host takes new proxies"), "{msg}");
     assert_eq!(d.status.host.as_deref(), Some("h1"));
 }

@@ -23,6 +23,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use egress_provider::libvirt::config::Maintenance;
 use egress_provider::model::{HostReport, HostState};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -72,6 +73,10 @@ pub struct HostHealth {
     pub error: Option<String>,
     /// When this row was produced (RFC 3339); absent before the first check.
     pub checked_at: Option<String>,
+    /// Maintenance progress ([`maintenance_state`]): `Cordoned`, `Draining (N left)` or
+    /// `Drained`; absent for a host in service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<String>,
 }
 
 fn cut(s: &str) -> String {
@@ -92,6 +97,52 @@ pub fn accepts_placements(state: Option<HostState>) -> bool {
     matches!(state, None | Some(HostState::Ready))
 }
 
+/// A host's maintenance progress as rows show it: `Cordoned`, `Draining (N left)` while
+/// `left` Proxies' instances are still on it (pinned ones stay: see their `Ready`
+/// condition), `Drained` once none is; `None` for a host in service.
+pub fn maintenance_state(m: Maintenance, left: usize) -> Option<String> {
+    match m {
+        Maintenance::None => None,
+        Maintenance::Cordon => Some("Cordoned".into()),
+        Maintenance::Drain if left > 0 => Some(format!("Draining ({left} left)")),
+        Maintenance::Drain => Some("Drained".into()),
+    }
+}
+
+/// Sets each row's maintenance progress from `controller` (the config's `maintenance:` and
+/// the Proxies on the host now); a host under maintenance accepts no placements. O(rows +
+/// hosts of the entries the rows name).
+pub fn annotate_maintenance(rows: &mut [HostHealth], controller: &crate::controller::Controller) {
+    let mut entries: Vec<&str> = rows.iter().map(|r| r.entry.as_str()).collect();
+    entries.sort_unstable();
+    entries.dedup();
+    let mut out: std::collections::HashMap<(String, String), (Maintenance, usize)> =
+        std::collections::HashMap::new();
+    for e in entries {
+        for (host, m, left) in controller.hosts_in_maintenance(e) {
+            out.insert((e.to_owned(), host), (m, left));
+        }
+    }
+    for r in rows {
+        match out.get(&(r.entry.clone(), r.host.clone())) {
+            Some((m, left)) => {
+                r.maintenance = maintenance_state(*m, *left);
+                r.accepts_placements = false;
+            }
+            None => r.maintenance = None,
+        }
+    }
+}
+
+/// Why a host under `maintenance` takes no new proxies, in a few words.
+pub fn maintenance_reason(m: Maintenance) -> &'static str {
+    match m {
+        Maintenance::None => "in service",
+        Maintenance::Cordon => "cordoned (maintenance: Cordon)",
+        Maintenance::Drain => "draining (maintenance: Drain)",
+    }
+}
+
 impl HostHealth {
     /// The row of a host not checked yet.
     pub fn unknown(entry: &str, host: &str) -> Self {
@@ -109,6 +160,7 @@ impl HostHealth {
             missing: Vec::new(),
             error: None,
             checked_at: None,
+            maintenance: None,
         }
     }
 
@@ -143,6 +195,7 @@ impl HostHealth {
                 .as_deref()
                 .map(|e| truncate(e, crate::model::MAX_MESSAGE_CHARS)),
             checked_at: Some(humantime::format_rfc3339_seconds(now).to_string()),
+            maintenance: None,
         }
     }
 

@@ -722,3 +722,34 @@ fn client_prefix_minimums_are_accepted_exactly_within_their_family_bounds() {
         }
     }
 }
+
+#[test]
+fn a_hosts_maintenance_defaults_to_none_takes_cordon_or_drain_and_refuses_anything_else() {
+    use egress_provider::libvirt::config::Maintenance;
+    let ProviderEntry::Libvirt(e) = &ok(EXAMPLE).providers[0];
+    assert!(e.hosts.iter().all(|h| h.maintenance == Maintenance::None));
+    for (v, m) in [
+        ("Cordon", Maintenance::Cordon),
+        ("Drain", Maintenance::Drain),
+        ("None", Maintenance::None),
+    ] {
+        let text = with(
+            "        maxConcurrent: 4",
+            &format!("        maxConcurrent: 4\n        maintenance: {v}"),
+        );
+        let ProviderEntry::Libvirt(e) = &ok(&text).providers[0];
+        assert_eq!(e.hosts[0].maintenance, m);
+    }
+    let e = only_error(
+        &with(
+            "        maxConcurrent: 4",
+            "        maxConcurrent: 4\n        maintenance: Sometimes",
+        ),
+        "providers[0].hosts[0].maintenance",
+        "Sometimes",
+    );
+    assert!(
+        e.message.contains("Cordon") && e.message.contains("Drain"),
+        "{e:?}"
+    );
+}

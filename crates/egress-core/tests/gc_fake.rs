@@ -83,6 +83,7 @@ fn host() -> HostConfig {
         max_concurrent: 4,
         guest_cidr: Vec::new(),
         address_pool: None,
+        maintenance: Default::default(),
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,

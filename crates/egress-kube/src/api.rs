@@ -218,6 +218,10 @@ pub struct ProviderHostStatus {
     pub last_error: Option<String>,
     /// When this host was checked (RFC 3339).
     pub checked_at: String,
+    /// Its maintenance (`maintenance:` in the provider config) and progress: `Cordoned`,
+    /// `Draining (N left)` or `Drained`; absent for a host in service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<String>,
 }
 
 const GIB: u64 = 1 << 30;
@@ -241,6 +245,7 @@ impl ProviderHostStatus {
             missing_capabilities: r.missing.iter().map(|m| bound(m)).collect(),
             last_error: r.error.as_deref().map(bound),
             checked_at: checked_at.to_owned(),
+            maintenance: None,
         }
     }
 }

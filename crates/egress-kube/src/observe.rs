@@ -150,6 +150,21 @@ impl Observer {
         }
     }
 
+    /// Sets the maintenance progress of `entry`'s host rows from `core` (see
+    /// [`egress_core::host_health::annotate_maintenance`]).
+    pub fn annotate_hosts(&self, entry: &str, core: &egress_core::controller::Controller) {
+        let mut hosts = lock(&self.hosts);
+        let mut rows: Vec<HostHealth> = hosts
+            .iter()
+            .filter(|((e, _), _)| e == entry)
+            .map(|(_, r)| r.clone())
+            .collect();
+        egress_core::host_health::annotate_maintenance(&mut rows, core);
+        for r in rows {
+            hosts.insert((r.entry.clone(), r.host.clone()), r);
+        }
+    }
+
     /// Drops the host rows of entries not in `entries` (removed from the config).
     pub fn retain_entries(&self, entries: &[String]) {
         lock(&self.hosts).retain(|(e, _), _| entries.contains(e));

@@ -90,6 +90,7 @@ fn host(ranges: &[String]) -> HostConfig {
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,
+        maintenance: Default::default(),
     }
 }
 

@@ -63,6 +63,7 @@ fn host(network: bool, guest_cidr: &[&str]) -> HostConfig {
         max_concurrent: 4,
         guest_cidr: guest_cidr.iter().map(|s| (*s).to_owned()).collect(),
         address_pool: None,
+        maintenance: Default::default(),
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,

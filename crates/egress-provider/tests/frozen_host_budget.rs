@@ -78,6 +78,7 @@ fn setup() -> (FakeLibvirt, LibvirtProvider, ProviderId) {
         max_concurrent: 4,
         guest_cidr: Vec::new(),
         address_pool: None,
+        maintenance: Default::default(),
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,

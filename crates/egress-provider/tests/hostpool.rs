@@ -44,6 +44,7 @@ fn host(name: &str, max_concurrent: u32) -> HostConfig {
         max_concurrent,
         guest_cidr: Vec::new(),
         address_pool: None,
+        maintenance: Default::default(),
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,

@@ -139,6 +139,7 @@ async fn a_part_left_by_a_daemon_crash_is_removed_once_the_host_answers_again() 
             max_concurrent: 4,
             guest_cidr: Vec::new(),
             address_pool: None,
+            maintenance: Default::default(),
             host_addresses: Vec::new(),
             capacity: Default::default(),
             access: None,

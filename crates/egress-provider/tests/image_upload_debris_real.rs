@@ -94,6 +94,7 @@ async fn a_part_left_by_a_killed_libvirtd_is_removed_once_it_answers_again() {
         max_concurrent: 4,
         guest_cidr: Vec::new(),
         address_pool: None,
+        maintenance: Default::default(),
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,

@@ -54,6 +54,7 @@ fn host() -> HostConfig {
         // The bridge's subnet: where the guests' agents below report their addresses.
         guest_cidr: vec!["192.168.122.0/24".into()],
         address_pool: None,
+        maintenance: Default::default(),
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,

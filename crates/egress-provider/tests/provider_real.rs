@@ -90,6 +90,7 @@ fn host(sshd: &Sshd, pool: &str, virt_type: VirtType) -> HostConfig {
         max_concurrent: 4,
         guest_cidr: Vec::new(),
         address_pool: None,
+        maintenance: Default::default(),
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,

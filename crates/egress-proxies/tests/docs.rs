@@ -343,6 +343,7 @@ fn every_field_of_the_status_document_is_documented_for_users() {
             state: "Ready".into(),
             latency_ms: Some(3),
             error: Some("e".into()),
+            maintenance: Some("Draining (1 left)".into()),
         }],
         manifest_errors: vec!["a.yaml: bad".into()],
         pools: vec![egress_web::status::PoolStatusRow {

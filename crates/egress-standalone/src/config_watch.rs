@@ -5,8 +5,8 @@
 //!
 //! Guarantees: a bad reload keeps the running config (the core's watch logs every field
 //! error); a good one replaces the providers for the controller and every job at once,
-//! refreshes the host rows (hosts no longer configured go) and re-queues every Proxy, which
-//! releases latched failures of changed entries.
+//! refreshes the host rows (hosts no longer configured go) and re-queues every Proxy (which
+//! releases latched failures of changed entries) and every pool.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -50,4 +50,6 @@ pub(crate) fn providers_reloaded(store: &Store, ctx: &Context, p: Providers, pat
     for u in uids {
         ctx.queue.add(u);
     }
+    // A host's `maintenance:` may have changed: every pool decides again now.
+    crate::pool::reconcile::all_pools_dirty(store, ctx);
 }

@@ -72,10 +72,7 @@ impl Observe {
         let doc = StatusDocument {
             generated_at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
             proxies: Vec::new(),
-            hosts: lock(&self.store.hosts)
-                .values()
-                .map(HostStatusRow::from)
-                .collect(),
+            hosts: self.hosts().iter().map(HostStatusRow::from).collect(),
             manifest_errors: lock(&self.store.manifest_errors).clone(),
             pools: self.pool_rows(),
         };
@@ -248,7 +245,9 @@ impl Endpoints for Observe {
     }
 
     fn hosts(&self) -> Vec<HostHealth> {
-        lock(&self.store.hosts).values().cloned().collect()
+        let mut rows: Vec<HostHealth> = lock(&self.store.hosts).values().cloned().collect();
+        egress_core::host_health::annotate_maintenance(&mut rows, &self.ctx.controller);
+        rows
     }
 
     fn pool_healthy(&self, namespace: &str, name: &str) -> Option<String> {

@@ -204,6 +204,10 @@ pub struct HostStatusRow {
     pub latency_ms: Option<u64>,
     /// Last error (redacted).
     pub error: Option<String>,
+    /// Maintenance progress: `Cordoned`, `Draining (N left)` or `Drained`; absent for a host
+    /// in service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<String>,
 }
 
 impl From<&HostHealth> for HostStatusRow {
@@ -215,6 +219,7 @@ impl From<&HostHealth> for HostStatusRow {
             state: h.state.clone(),
             latency_ms: h.latency_ms,
             error: h.error.clone(),
+            maintenance: h.maintenance.clone(),
         }
     }
 }
@@ -279,6 +284,7 @@ mod tests {
                 state: "Ready".into(),
                 latency_ms: Some(3),
                 error: None,
+                maintenance: None,
             }],
             manifest_errors: vec!["a.yaml: bad".into()],
             pools: vec![],
@@ -323,6 +329,7 @@ mod tests {
             state: state.into(),
             latency_ms: None,
             error: None,
+            maintenance: None,
         };
         StatusDocument {
             generated_at: "2026-01-01T00:00:00Z".into(),

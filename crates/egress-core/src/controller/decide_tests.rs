@@ -1445,3 +1445,95 @@ fn a_host_full_by_memory_is_skipped_and_named_when_none_has_room() {
     c.observed = Observed::NotFound("gone".into());
     assert_eq!(created_host(&c.run()).0, "h1");
 }
+
+// ------------------------------------------------------------------ host maintenance
+
+impl Case {
+    /// `h`'s `maintenance:` in the entry.
+    fn maintenance(mut self, h: &str, m: egress_provider::libvirt::config::Maintenance) -> Self {
+        if let Some(e) = self.entry.as_mut()
+            && let Some(c) = e.hosts.iter_mut().find(|c| c.name == h)
+        {
+            c.maintenance = m;
+        }
+        self
+    }
+}
+
+#[test]
+fn a_cordoned_or_draining_host_gets_no_new_proxy_and_a_waiting_proxy_says_why() {
+    use egress_provider::libvirt::config::Maintenance;
+    for (m, word) in [
+        (Maintenance::Cordon, "cordoned"),
+        (Maintenance::Drain, "draining"),
+    ] {
+        // The least loaded host is out of service: the other one is taken.
+        let c = case(proxy()).load("h2", 5, None).maintenance("h1", m);
+        assert_eq!(created_host(&c.run()).0, "h2", "{m:?}");
+        // Both out, or the pinned host out: nothing placed, each host's reason named.
+        let d = case(proxy())
+            .maintenance("h1", m)
+            .maintenance("h2", Maintenance::Cordon)
+            .run();
+        assert_eq!(d.action, Action::None);
+        let (_, why, msg) = ready(&d);
+        assert_eq!(why, "NoUsableHost");
+        assert!(msg.contains(&format!("h1 unchecked: {word}")), "{msg}");
+        assert!(msg.contains("h2 unchecked: cordoned"), "{msg}");
+        let d = case(proxy().on_host("h1")).maintenance("h1", m).run();
+        assert_eq!(d.action, Action::None);
+        let (_, _, msg) = ready(&d);
+        assert!(msg.contains("host h1 (spec.host) is unchecked: "), "{msg}");
+        assert!(msg.contains(word), "{msg}");
+    }
+}
+
+#[test]
+fn a_running_proxy_on_a_draining_host_is_re_placed_unless_pinned_or_nowhere_to_go() {
+    use egress_provider::libvirt::config::Maintenance;
+    let on_h1 = |p: P| {
+        case(p)
+            .status(running_status("h1", t0()))
+            .at("h1")
+            .observed(Observed::Found(running("h1")))
+            .now(t0() + secs(40))
+    };
+    // Cordoned: it stays.
+    let d = on_h1(proxy()).maintenance("h1", Maintenance::Cordon).run();
+    assert_eq!(d.action, Action::None);
+    assert_eq!(ready(&d).1, reason::RUNNING);
+    // Draining, unpinned: a create on the other host (not a replace in place).
+    let d = on_h1(proxy()).maintenance("h1", Maintenance::Drain).run();
+    assert_eq!(created_host(&d), ("h2".to_owned(), false));
+    assert_eq!(d.status.host.as_deref(), Some("h2"));
+    assert!(
+        ready(&d).2.contains("host h1 is draining"),
+        "{:?}",
+        ready(&d)
+    );
+    // Draining, pinned: it stays, Ready, saying so.
+    let d = on_h1(proxy().on_host("h1"))
+        .maintenance("h1", Maintenance::Drain)
+        .run();
+    assert_eq!(d.action, Action::None);
+    let (st, why, msg) = ready(&d);
+    assert_eq!(
+        (st, why.as_str()),
+        (ConditionStatus::True, reason::ON_DRAINING_HOST)
+    );
+    assert!(msg.contains("pinned to it (spec.host)"), "{msg}");
+    assert_eq!(d.status.phase, Phase::Running);
+    // Draining, nowhere to go: it stays, Ready, saying so.
+    let d = on_h1(proxy())
+        .maintenance("h1", Maintenance::Drain)
+        .maintenance("h2", Maintenance::Cordon)
+        .run();
+    assert_eq!(d.action, Action::None);
+    let (st, why, msg) = ready(&d);
+    assert_eq!(
+        (st, why.as_str()),
+        (ConditionStatus::True, reason::ON_DRAINING_HOST)
+    );
+    assert!(msg.contains("no other host takes new proxies"), "{msg}");
+    assert_eq!(d.status.host.as_deref(), Some("h1"));
+}

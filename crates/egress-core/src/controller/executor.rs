@@ -311,7 +311,35 @@ impl Controller {
             .map(|host| crate::pool::PoolHost {
                 name: host.name.clone(),
                 state: states.and_then(|s| s.get(&host.name).copied()),
+                maintenance: host.maintenance,
             })
+            .collect()
+    }
+
+    /// The hosts of `entry` under maintenance (`maintenance:` not `None` in the config), each
+    /// with how many Proxies' instances are on it now (located there or being created there):
+    /// a host's drain progress. Empty when the entry does not exist or has none. O(hosts of
+    /// the entry), one lock.
+    pub fn hosts_in_maintenance(
+        &self,
+        entry: &str,
+    ) -> Vec<(String, egress_provider::libvirt::config::Maintenance, usize)> {
+        let providers = self.providers();
+        let Some(h) = providers.get(entry) else {
+            return Vec::new();
+        };
+        let out: Vec<_> = h
+            .config
+            .hosts
+            .iter()
+            .filter(|c| !c.maintenance.accepts_placements())
+            .collect();
+        if out.is_empty() {
+            return Vec::new();
+        }
+        let st = lock(&self.inner.state);
+        out.into_iter()
+            .map(|c| (c.name.clone(), c.maintenance, st.load_on(entry, &c.name)))
             .collect()
     }
 

@@ -344,6 +344,15 @@ impl State {
         fallback.cloned()
     }
 
+    /// The instances of `entry` on `host` now (located there or being created there). O(1).
+    pub(super) fn load_on(&self, entry: &str, host: &str) -> usize {
+        self.loads
+            .get(entry)
+            .and_then(|m| m.get(host))
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// `maxConcurrent` of `entry`'s `host` (config digest `digest`), `None` when the entry
     /// has no such host. O(1).
     pub(super) fn max_concurrent(

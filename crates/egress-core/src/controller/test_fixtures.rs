@@ -37,6 +37,7 @@ pub(super) fn host(name: &str, max_concurrent: u32) -> HostConfig {
         max_concurrent,
         guest_cidr: Vec::new(),
         address_pool: None,
+        maintenance: Default::default(),
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,

@@ -32,6 +32,7 @@ fn hosts() -> Vec<PoolHost> {
     vec![PoolHost {
         name: "h1".into(),
         state: Some(HostState::Ready),
+        maintenance: Default::default(),
     }]
 }
 

@@ -36,6 +36,8 @@ pub mod reason {
     pub const ROLLING_UPDATE: &str = "RollingUpdate";
     /// Members are replaced for their age.
     pub const ROTATING: &str = "Rotating";
+    /// Members on a draining host are replaced elsewhere.
+    pub const DRAINING: &str = "Draining";
     /// Broken or quarantined members are replaced.
     pub const REPLACING: &str = "Replacing";
     /// New members are waiting to become available.

@@ -81,10 +81,21 @@ impl HostCheckDriver for ProviderHealthWriter {
             engine.hosts_reported(&h.config.name, reports);
         }
         self.observer.record_hosts(&h.config.name, reports, now);
+        self.observer.annotate_hosts(&h.config.name, &self.core);
         let now = rfc3339(now);
+        let out = self.core.hosts_in_maintenance(&h.config.name);
         let hosts: Vec<ProviderHostStatus> = reports
             .iter()
-            .map(|r| ProviderHostStatus::from_report(r, &now))
+            .map(|r| {
+                let mut s = ProviderHostStatus::from_report(r, &now);
+                s.maintenance =
+                    out.iter()
+                        .find(|(n, _, _)| *n == r.host)
+                        .and_then(|(_, m, left)| {
+                            egress_core::host_health::maintenance_state(*m, *left)
+                        });
+                s
+            })
             .collect();
         let ready = hosts
             .iter()

@@ -481,6 +481,40 @@ pub struct HostConfig {
     /// means the guests take what the bridge or network hands out.
     #[serde(default)]
     pub address_pool: Option<super::address_pool::AddressPool>,
+    /// Host maintenance (`maintenance:`): `None` (the default) takes new proxies as its health
+    /// allows; `Cordon` takes no new proxies and leaves the ones there alone; `Drain` takes no
+    /// new proxies and moves the ones there elsewhere (pool members within their pool's
+    /// budget, unpinned Proxies re-placed; Proxies pinned to it stay and are reported).
+    #[serde(default)]
+    pub maintenance: Maintenance,
+}
+
+/// `maintenance:` of a host: whether it is taken out of service.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+pub enum Maintenance {
+    /// In service.
+    #[default]
+    None,
+    /// No new proxies; the ones there stay.
+    Cordon,
+    /// No new proxies; the ones there are moved elsewhere.
+    Drain,
+}
+
+impl Maintenance {
+    /// Whether the host takes new proxies as far as maintenance goes.
+    pub fn accepts_placements(self) -> bool {
+        self == Self::None
+    }
+
+    /// The config value: `None`, `Cordon` or `Drain`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "None",
+            Self::Cordon => "Cordon",
+            Self::Drain => "Drain",
+        }
+    }
 }
 
 /// vCPUs placed per host CPU when a host's `capacity.vcpus` is not set.

@@ -326,12 +326,20 @@ pub fn render(doc: &StatusDocument, now: SystemTime, wide: bool) -> String {
         t.render()
     };
     out.push_str(&super::status_pools::render(doc, now, wide));
-    for h in doc.hosts.iter().filter(|h| h.state != "Ready") {
+    for h in doc
+        .hosts
+        .iter()
+        .filter(|h| h.state != "Ready" || h.maintenance.is_some())
+    {
         out.push_str(&format!(
-            "host {}/{} is {}{}\n",
+            "host {}/{} is {}{}{}\n",
             h.entry,
             h.host,
             h.state,
+            h.maintenance
+                .as_deref()
+                .map(|m| format!(", {m}"))
+                .unwrap_or_default(),
             h.error
                 .as_deref()
                 .map(|e| format!(": {e}"))
@@ -378,6 +386,7 @@ mod tests {
                 state: "Unreachable".into(),
                 latency_ms: None,
                 error: Some("connection refused".into()),
+                maintenance: None,
             }],
             manifest_errors: vec!["a.yaml: bad".into()],
             pools: vec![],

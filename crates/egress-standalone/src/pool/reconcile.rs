@@ -170,8 +170,8 @@ fn template_digest_in(
     Ok(credentials::keyed_digest(&key, c))
 }
 
-/// Marks every pool dirty (a host check or a health round ended).
-fn all_pools_dirty(store: &Store, ctx: &Context) {
+/// Marks every pool dirty (a host check or a health round ended, the config was reloaded).
+pub(crate) fn all_pools_dirty(store: &Store, ctx: &Context) {
     let keys: Vec<String> = lock(&store.pools).by_key.keys().cloned().collect();
     for k in keys {
         ctx.pool_queue.add(&k);

@@ -112,6 +112,7 @@ pub fn host_config(name: &str, pool_reserve_gib: u64, max_concurrent: u32) -> Ho
         // The provider uses only guest addresses inside the host's guest subnets.
         guest_cidr: GUEST_CIDRS.iter().map(|c| (*c).to_owned()).collect(),
         address_pool: None,
+        maintenance: Default::default(),
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,

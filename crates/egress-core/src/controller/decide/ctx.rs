@@ -32,6 +32,7 @@ pub(super) fn human(d: Duration) -> String {
 }
 
 /// The working state of one decision.
+#[derive(Clone)]
 pub(super) struct Ctx<'a> {
     pub(super) i: &'a Inputs<'a>,
     pub(super) status: ProxyStatus,

@@ -1,11 +1,13 @@
 //! Judging the instance a `get` found: record where it is, then by state: running with an
 //! address is Ready, running without one waits (keeping the last IP through a short gap),
-//! paused is reported, stopped is replaced.
+//! paused is reported, stopped is replaced; a running one on a draining host is re-placed
+//! (or, pinned there, reported).
 //!
 //! Guarantees: pure; nothing is done to an instance whose verified UID is another Proxy's
 //! (finding M2); a paused instance is never destroyed (finding M1); the last IP survives a
 //! gap shorter than `ip_grace` (finding H3).
 
+use egress_provider::libvirt::config::Maintenance;
 use egress_provider::model::{Instance, InstanceState};
 
 use crate::controller::EventKind;
@@ -14,7 +16,7 @@ use crate::model::{ConditionStatus, Phase, condition};
 use super::ctx::{Ctx, human, parse_time};
 use super::decision::{Action, Decision};
 use super::inputs::EntryView;
-use super::provision::{deadline_expired, deadline_passed, replace};
+use super::provision::{deadline_expired, deadline_passed, replace, start_create};
 use super::reason;
 
 pub(super) fn found(mut cx: Ctx<'_>, entry: &EntryView<'_>, inst: Instance) -> Decision {
@@ -55,6 +57,9 @@ pub(super) fn found(mut cx: Ctx<'_>, entry: &EntryView<'_>, inst: Instance) -> D
             );
             if !was_running {
                 cx.event(EventKind::Normal, reason::RUNNING, &msg);
+            }
+            if draining(entry, &host) {
+                return drain(cx, entry, &host, &msg);
             }
             cx.done(Action::None, Some(s.poll_running))
         }
@@ -134,4 +139,55 @@ pub(super) fn found(mut cx: Ctx<'_>, entry: &EntryView<'_>, inst: Instance) -> D
             replace(cx, entry, &host, reason::REPLACING, &msg)
         }
     }
+}
+
+/// Whether `host` of `entry` is draining (`maintenance: Drain`).
+fn draining(entry: &EntryView<'_>, host: &str) -> bool {
+    entry
+        .config
+        .hosts
+        .iter()
+        .any(|h| h.name == host && h.maintenance == Maintenance::Drain)
+}
+
+/// A running instance on a draining host: a Proxy pinned there (`spec.host`, or egress
+/// addresses only that host's pool holds) stays and says so in its `Ready` condition; any
+/// other is re-placed: a create starts on another host that takes new proxies, its status
+/// moves there, and the copy on the draining host is deleted by the second-copy sweep once
+/// the new instance is found at its location. With no host to go to, it stays and says why.
+fn drain(cx: Ctx<'_>, entry: &EntryView<'_>, host: &str, running: &str) -> Decision {
+    let s = cx.i.settings;
+    let pinned = if cx.i.obj.spec.host.is_some() {
+        Some("spec.host")
+    } else if !cx.i.obj.spec.egress.pinned().is_empty() {
+        Some("spec.egress.address")
+    } else {
+        None
+    };
+    if pinned.is_none() {
+        let why = format!("host {host} is draining");
+        let moved = start_create(cx.clone(), entry, None, &why);
+        if matches!(moved.action, Action::Create { .. }) {
+            return moved;
+        }
+    }
+    let mut cx = cx;
+    let msg = match pinned {
+        Some(field) => format!(
+            "{running}; host {host} is draining but this Proxy is pinned to it ({field}): it \
+             stays (a pool replaces its members elsewhere; any other pinned Proxy stays until \
+             its pin changes, it is deleted, or the host's maintenance ends)"
+        ),
+        None => format!(
+            "{running}; host {host} is draining but no other host takes new proxies: it stays \
+             until one does"
+        ),
+    };
+    cx.cond(
+        condition::READY,
+        ConditionStatus::True,
+        reason::ON_DRAINING_HOST,
+        &msg,
+    );
+    cx.done(Action::None, Some(s.poll_running))
 }

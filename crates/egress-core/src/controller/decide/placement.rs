@@ -3,7 +3,7 @@
 //!
 //! Guarantees: pure; a Proxy pinning egress addresses goes to the host whose address pool
 //! holds them (unless `spec.host` says otherwise); a host that is unhealthy or whose pool is at or below its reserve gets
-//! no new proxies, nor does a host whose declared-address pool is known exhausted for a
+//! no new proxies, nor does a cordoned or draining one (`maintenance`), nor a host whose declared-address pool is known exhausted for a
 //! family the Proxy needs; among equally loaded hosts one with free addresses goes first;
 //! ties break by host name, so the choice is deterministic.
 
@@ -83,6 +83,15 @@ pub(super) fn no_usable_host(
             .health
             .map_or_else(|| "unchecked".to_owned(), |s| format!("{s:?}"));
         let mut why: Vec<String> = hosts.reason(n).into_iter().collect();
+        if let Some(m) = entry
+            .hosts
+            .iter()
+            .find(|h| h.name == n)
+            .map(|h| h.maintenance)
+            .filter(|m| !m.accepts_placements())
+        {
+            why.insert(0, crate::host_health::maintenance_reason(m).to_owned());
+        }
         if info.addresses.full != 0 {
             why.push(format!(
                 "its {} address pool exhausted",

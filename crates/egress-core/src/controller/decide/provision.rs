@@ -48,7 +48,15 @@ pub(super) fn start_create(
         .hosts
         .iter()
         .any(|h| h.capacity.memory_mib.is_some() || h.capacity.vcpus.is_some());
-    let eligible = |h: &str| {
+    // Cordoned and draining hosts take no new instance (few at a time: a list).
+    let out_of_service: Vec<&str> = entry
+        .config
+        .hosts
+        .iter()
+        .filter(|h| !h.maintenance.accepts_placements())
+        .map(|h| h.name.as_str())
+        .collect();
+    let entitled = |h: &str| {
         (open
             || entry
                 .config
@@ -66,13 +74,14 @@ pub(super) fn start_create(
                 )
                 .is_none())
     };
+    let eligible = |h: &str| !out_of_service.contains(&h) && entitled(h);
     // Pinned addresses come from one host's pool: that host, as if `spec.host` named it.
     let holder = i
         .obj
         .spec
         .host
         .is_none()
-        .then(|| host_holding(entry.config, &pinned_egress, &eligible))
+        .then(|| host_holding(entry.config, &pinned_egress, &entitled))
         .flatten();
     let pin = i.obj.spec.host.as_deref().or(holder.as_deref());
     let need = super::families_needed(&pinned_egress);

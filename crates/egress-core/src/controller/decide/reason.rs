@@ -36,6 +36,8 @@ pub const PROVISIONING_TIMEOUT: &str = "ProvisioningTimeout";
 pub const PAUSED: &str = "Paused";
 /// The instance stopped and is being replaced.
 pub const REPLACING: &str = "Replacing";
+/// Running on a draining host and staying there: pinned to it, or no other host takes it.
+pub const ON_DRAINING_HOST: &str = "OnDrainingHost";
 /// The instance vanished and is being recreated.
 pub const INSTANCE_LOST: &str = "InstanceLost";
 /// The instance's verified UID is not this Proxy's (M2).

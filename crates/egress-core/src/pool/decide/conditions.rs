@@ -102,7 +102,7 @@ pub(super) fn set(d: &mut PoolDecision, i: &PoolInputs<'_>, r: &Round) {
     let acted = !d.creates.is_empty() || !d.deletes.is_empty();
     let done = !acted
         && !blocked
-        && r.outdated + r.aged + r.listed + r.surplus == 0
+        && r.outdated + r.aged + r.listed + r.surplus + r.draining == 0
         && r.counted == p.replicas
         && r.available == p.replicas;
     if done {
@@ -116,6 +116,12 @@ pub(super) fn set(d: &mut PoolDecision, i: &PoolInputs<'_>, r: &Round) {
     } else {
         let why = if !r.broken.is_empty() || r.released > 0 || !d.newly_quarantined.is_empty() {
             reason::REPLACING
+        } else if r.draining > 0
+            || d.deletes
+                .iter()
+                .any(|x| x.cause == super::DeleteCause::Drain)
+        {
+            reason::DRAINING
         } else if r.outdated > 0
             || d.deletes
                 .iter()

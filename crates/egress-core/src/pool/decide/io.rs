@@ -5,6 +5,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use egress_provider::libvirt::config::Maintenance;
 use egress_provider::model::HostState;
 
 use crate::controller::Event;
@@ -19,6 +20,17 @@ pub struct PoolHost {
     pub name: String,
     /// Its last health report (`None` before the first).
     pub state: Option<HostState>,
+    /// Its `maintenance:` in the config: a cordoned or draining host gets no new member, and
+    /// the members on a draining one are replaced elsewhere within the pool's budget.
+    pub maintenance: Maintenance,
+}
+
+impl PoolHost {
+    /// Whether it takes new members: its health allows it
+    /// ([`crate::host_health::accepts_placements`]) and it is not cordoned or draining.
+    pub fn accepts_placements(&self) -> bool {
+        crate::host_health::accepts_placements(self.state) && self.maintenance.accepts_placements()
+    }
 }
 
 /// Everything the pool decision looks at.
@@ -75,11 +87,13 @@ pub enum DeleteCause {
     Quarantine,
     /// Its declared egress address is listed in a DNS blocklist (`onListed: Replace`).
     Listed,
+    /// Its host is draining (`maintenance: Drain`).
+    Drain,
 }
 
 impl DeleteCause {
     /// The label value: `age`, `unhealthy`, `failed`, `template`, `scale-in`, `quarantine`,
-    /// `listed`.
+    /// `listed`, `drain`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Age => "age",
@@ -89,6 +103,7 @@ impl DeleteCause {
             Self::ScaleIn => "scale-in",
             Self::Quarantine => "quarantine",
             Self::Listed => "listed",
+            Self::Drain => "drain",
         }
     }
 }

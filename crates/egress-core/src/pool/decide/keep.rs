@@ -67,7 +67,7 @@ pub(super) fn take(
             && (p.hosts.is_empty() || p.hosts.contains(&e.host))
             && i.hosts
                 .iter()
-                .any(|h| h.name == e.host && crate::host_health::accepts_placements(h.state))
+                .any(|h| h.name == e.host && h.accepts_placements())
             && p.max_per_host.is_none_or(|m| count < m)
             && !i
                 .status

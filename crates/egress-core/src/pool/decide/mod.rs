@@ -17,7 +17,9 @@
 //! 3. **Creates**: up to `replicas` current members (current template, younger than
 //!    `maxAge`), never more than `replicas + maxSurge` members in all, placed by
 //!    `place` (spread, `maxPerHost`, host health, backoff).
-//! 4. **Removals** of outdated (cause `template`), aged (`age`) and surplus (`scale-in`)
+//!    A member on a draining host (`maintenance: Drain`) is outdated too (cause `drain`, ahead
+//!    of every other cause) and no new member goes to a cordoned or draining host.
+//! 4. **Removals** of outdated (cause `template`, `drain`), aged (`age`) and surplus (`scale-in`)
 //!    members, unavailable ones first: an available member is removed only while more than
 //!    `replicas - maxUnavailable` are available, and removals never take the pool's members
 //!    (creates of this round included) below that number either.
@@ -36,6 +38,8 @@ mod tests;
 #[cfg(test)]
 mod tests_budget;
 #[cfg(test)]
+mod tests_drain;
+#[cfg(test)]
 mod tests_keep;
 #[cfg(test)]
 mod tests_listed;
@@ -49,6 +53,7 @@ use crate::model::{MAX_MESSAGE_CHARS, truncate};
 use crate::pool::member::{Member, member_name};
 use crate::pool::spec::{OnListed, ScaleInOrder};
 use crate::pool::status::{HostFailures, MAX_RETIRED, RetiredAddress, reason};
+use egress_provider::libvirt::config::Maintenance;
 
 pub use self::io::{CreateMember, DeleteCause, DeleteMember, PoolDecision, PoolHost, PoolInputs};
 
@@ -68,6 +73,8 @@ struct Round {
     aged: usize,
     listed: usize,
     surplus: usize,
+    /// Members left on draining hosts after this round's removals.
+    draining: usize,
     /// Members counted (not quarantined) and their available / updated subsets, before acting.
     counted: u32,
     available: u32,
@@ -246,8 +253,18 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
     }
 
     // 3. Creates.
+    // Members on a draining host are replaced like outdated ones: surge first, within the
+    // pool's budget.
+    let draining: BTreeSet<&str> = i
+        .hosts
+        .iter()
+        .filter(|h| h.maintenance == Maintenance::Drain)
+        .map(|h| h.name.as_str())
+        .collect();
     let stale_cause = |m: &Member| {
-        if p.on_listed == OnListed::Replace && !m.listed_declared().is_empty() {
+        if m.host.as_deref().is_some_and(|h| draining.contains(h)) {
+            Some(DeleteCause::Drain)
+        } else if p.on_listed == OnListed::Replace && !m.listed_declared().is_empty() {
             Some(DeleteCause::Listed)
         } else if m.template_hash != i.template_hash {
             Some(DeleteCause::Template)
@@ -360,6 +377,7 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
                 DeleteCause::Template => r.outdated += 1,
                 DeleteCause::Age => r.aged += 1,
                 DeleteCause::Listed => r.listed += 1,
+                DeleteCause::Drain => r.draining += 1,
                 _ => r.surplus += 1,
             }
             continue;

@@ -1,6 +1,6 @@
 //! Where the pool's new members go: spread over the usable hosts, fewest of this pool's
 //! members first, within `maxPerHost`, away from hosts that are unhealthy, out of space or
-//! backing off after failures; and why a host was refused.
+//! backing off after failures, cordoned or draining; and why a host was refused.
 //!
 //! Guarantees: pure; O(hosts) per member placed; ties break by the entry's host order, so the
 //! choice is deterministic; a host never gets more than `maxPerHost` members counting every
@@ -58,7 +58,7 @@ pub(super) fn place(
         let count = |h: &str| counts.get(h).copied().unwrap_or(0);
         let best = candidates
             .iter()
-            .filter(|h| crate::host_health::accepts_placements(h.state))
+            .filter(|h| h.accepts_placements())
             .filter(|h| p.max_per_host.is_none_or(|m| count(&h.name) < m))
             .filter(|h| backoff_until(&h.name).is_none())
             .min_by_key(|h| count(&h.name))
@@ -85,7 +85,10 @@ fn refuse(
     let mut only_backoff = !candidates.is_empty();
     for h in candidates {
         let count = counts.get(&h.name).copied().unwrap_or(0);
-        let why = if !crate::host_health::accepts_placements(h.state) {
+        let why = if !h.maintenance.accepts_placements() {
+            only_backoff = false;
+            crate::host_health::maintenance_reason(h.maintenance).to_owned()
+        } else if !crate::host_health::accepts_placements(h.state) {
             only_backoff = false;
             h.state
                 .map_or_else(|| "unchecked".to_owned(), |s| format!("{s:?}"))

@@ -36,6 +36,7 @@ pub(super) fn hosts(names: &[&str]) -> Vec<PoolHost> {
         .map(|n| PoolHost {
             name: (*n).into(),
             state: Some(HostState::Ready),
+            maintenance: Default::default(),
         })
         .collect()
 }
@@ -243,6 +244,7 @@ fn spread_skips_an_unhealthy_host_and_a_full_one_and_says_which_when_none_is_lef
     c.hosts.push(PoolHost {
         name: "h4".into(),
         state: Some(HostState::Degraded),
+        maintenance: Default::default(),
     });
     let d = c.run();
     assert!(d.creates.is_empty());

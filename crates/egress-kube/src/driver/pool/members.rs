@@ -139,6 +139,7 @@ mod tests {
         let hosts = [egress_core::pool::PoolHost {
             name: "a".into(),
             state: Some(egress_provider::model::HostState::Ready),
+            maintenance: Default::default(),
         }];
         decide(&PoolInputs {
             name: "web",

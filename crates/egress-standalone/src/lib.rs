@@ -64,6 +64,7 @@ mod proxy_health;
 pub mod quarantine;
 mod queue;
 mod reconcile;
+mod reputation;
 mod settings;
 mod store;
 mod timers;
@@ -213,14 +214,6 @@ pub async fn run(
     for w in &cfg.warnings {
         tracing::warn!(%w, "provider config warning");
     }
-    if cfg.reputation.enabled() {
-        // NB: the reputation worker runs in the Kubernetes driver only (docs/reputation.md).
-        tracing::warn!(
-            zones = cfg.reputation.zones.len(),
-            "reputation: zones are configured, but standalone mode runs no blocklist checks: \
-             no address is checked, listed or retired here (Kubernetes mode only)"
-        );
-    }
     // This installation's ID in every mark: from the config, else kept in a file.
     let providers = providers::open(&cfg, &opts.installation()).map_err(|e| match e {
         OpenError::Installation(e) => StandaloneError::Config(e),
@@ -305,6 +298,9 @@ pub async fn run_with_providers(
     let manifests = ManifestStore::new(opts.proxies_dir.clone());
     let (manifests, desired) = watch::scan(manifests).await;
     watch::apply_desired(&store, &ctx, &desired);
+    // Every pool found has put its recorded retirements in effect (`pool::reconcile::
+    // apply_pools`): addresses may be handed out from now on.
+    ctx.retired.prime();
     if desired.proxies.is_empty() && desired.pools.is_empty() && !opts.gc_allow_empty {
         tracing::warn!(
             proxies = %opts.proxies_dir.display(),
@@ -382,6 +378,17 @@ pub async fn run_with_providers(
             ),
         );
     }
+    tasks.spawn(
+        "reputation",
+        background::reputation::run(
+            Arc::new(reputation::Reputation::new(
+                Arc::clone(&store),
+                Arc::clone(&ctx),
+            )),
+            Arc::clone(&ctx.reputation),
+            stop.clone(),
+        ),
+    );
     if let Some(p) = opts.config_path.clone() {
         let (store, ctx2) = (Arc::clone(&store), Arc::clone(&ctx));
         let path = p.clone();

@@ -300,6 +300,7 @@ mod tests {
             state: state.into(),
             latency_ms: None,
             error: None,
+            addresses: Vec::new(),
         }
     }
 

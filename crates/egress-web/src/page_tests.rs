@@ -25,6 +25,7 @@ fn host(entry: &str, name: &str, state: &str, error: Option<&str>) -> HostStatus
         state: state.into(),
         latency_ms: Some(3),
         error: error.map(Into::into),
+        addresses: Vec::new(),
     }
 }
 

@@ -204,6 +204,9 @@ pub struct HostStatusRow {
     pub latency_ms: Option<u64>,
     /// Last error (redacted).
     pub error: Option<String>,
+    /// Its address pool's usage per family (empty without an address pool).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<egress_core::host_health::AddressPoolUsage>,
 }
 
 impl From<&HostHealth> for HostStatusRow {
@@ -215,6 +218,7 @@ impl From<&HostHealth> for HostStatusRow {
             state: h.state.clone(),
             latency_ms: h.latency_ms,
             error: h.error.clone(),
+            addresses: h.addresses.clone(),
         }
     }
 }
@@ -279,6 +283,7 @@ mod tests {
                 state: "Ready".into(),
                 latency_ms: Some(3),
                 error: None,
+                addresses: Vec::new(),
             }],
             manifest_errors: vec!["a.yaml: bad".into()],
             pools: vec![],
@@ -323,6 +328,7 @@ mod tests {
             state: state.into(),
             latency_ms: None,
             error: None,
+            addresses: Vec::new(),
         };
         StatusDocument {
             generated_at: "2026-01-01T00:00:00Z".into(),

@@ -65,6 +65,7 @@ fn fleet(n: usize, pools: bool) -> StatusDocument {
                 state: "Ready".into(),
                 latency_ms: Some(2),
                 error: None,
+                addresses: Vec::new(),
             })
             .collect(),
         manifest_errors: vec!["bad.yaml: \"x\" is not a field".into()],

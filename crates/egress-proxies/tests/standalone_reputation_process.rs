@@ -8,9 +8,9 @@
 //! first member gets the pool's first address, which is listed → `/status` shows the listing
 //! (`reputation`, `Listed` True) → the pool replaces the member (never below its one
 //! available member once it had one), the replacement at another address → the listed
-//! address is retired in the pool's status and in its member file → the process is killed
-//! and started again → scaled to 4, the members get the three other addresses and the fourth
-//! finds the pool exhausted, never given the retired one. `egress-proxies addresses` lists
+//! address is retired in the pool's status and in its member file → scaled to 3, the members
+//! get the three other addresses → the process is killed and started again → scaled to 4,
+//! the fourth finds the pool exhausted, never given the retired one. `egress-proxies addresses` lists
 //! the retired address with its reason and the allocated ones with their Proxies.
 #![allow(
     clippy::unwrap_used,
@@ -398,7 +398,18 @@ async fn a_listed_member_is_replaced_within_budget_and_its_address_stays_retired
         "{doc:#}"
     );
 
-    // A restart: the retirement is read back before anything is allocated.
+    // Never reused while retired: scaled to 3, the members take the three other addresses.
+    pool_manifest(&proxies, 3);
+    let three = wait_for("three members at the other addresses", &mut op, addr, |d| {
+        let ms = members(d);
+        let got: BTreeSet<String> = ms.iter().flat_map(egress).collect();
+        (ms.len() == 3 && got.len() == 3).then_some(got)
+    })
+    .await;
+    assert_eq!(three, OTHERS.iter().map(|s| (*s).to_owned()).collect());
+
+    // A restart: the retirement is read back before anything is allocated; scaled to 4, the
+    // fourth member finds the pool exhausted.
     drop(op);
     pool_manifest(&proxies, 4);
     let mut op = start(&cfg, &proxies, port);

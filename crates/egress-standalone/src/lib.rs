@@ -35,6 +35,12 @@
 //!   every Running proxy through itself, and each round and each reconcile merges its state
 //!   into the Proxy's status (`health`, `Healthy`, `Ready` = Running ∧ Healthy), served at
 //!   `/proxies` and `/healthy.txt`. A Proxy's health state is dropped only when it is deleted.
+//! - Reputation: with blocklist zones in the config, the shared reputation worker
+//!   ([`egress_core::background::reputation`]) checks every Proxy's egress addresses; each
+//!   round and each reconcile merge the results into the Proxy's status (`reputation`, the
+//!   `Listed` condition), changes are logged as events, and pools act under
+//!   `reputation.onListed`. The addresses pools retire are kept in one registry for the
+//!   process, restored from the member files before anything is allocated.
 //! - Every network call is bounded: reconciles by the controller's deadline, listings by
 //!   [`ADOPT_DEADLINE`], checks by [`CHECK_DEADLINE`], GC by its own budgets. No lock is held
 //!   across an `.await`.
@@ -46,9 +52,9 @@
 //! `watch.rs` merges the manifest directory (`manifests/`) into the store; `adoption.rs`
 //! lists each entry's instances before its Proxies are reconciled; `reconcile.rs` the
 //! reconcile workers; `pool/` ProxyPools; `observe.rs` what it serves over HTTP. `gc.rs`,
-//! `host_checks.rs`, `proxy_health.rs` and `config_watch.rs` are its side of the background
-//! tasks written once in the core ([`egress_core::background`]); `queue.rs` and
-//! `timers.rs` the work queues and requeue timers; `gateway_feed.rs` the pool gateways'
+//! `host_checks.rs`, `proxy_health.rs`, `reputation.rs` and `config_watch.rs` are its side
+//! of the background tasks written once in the core ([`egress_core::background`]);
+//! `queue.rs` and `timers.rs` the work queues and requeue timers; `gateway_feed.rs` the pool gateways'
 //! membership, read from the store.
 
 mod adoption;

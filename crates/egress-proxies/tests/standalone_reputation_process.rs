@@ -85,11 +85,15 @@ fn config(dir: &Path, sock: &Path, resolver: SocketAddr) -> PathBuf {
 }
 
 fn pool_manifest(dir: &Path, replicas: u32) {
+    pool_manifest_on(dir, replicas, "Replace");
+}
+
+fn pool_manifest_on(dir: &Path, replicas: u32, on_listed: &str) {
     let text = format!(
         "apiVersion: egress-proxies.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: {PNAME}\n\
          spec:\n  replicas: {replicas}\n  template:\n    spec:\n      provider: {ENTRY}\n      \
          image: {IMAGE}\n      proxy:\n        allowedClientCidrs: [10.0.0.0/8]\n  \
-         update:\n    maxSurge: 1\n    maxUnavailable: 0\n  reputation:\n    onListed: Replace\n"
+         update:\n    maxSurge: 1\n    maxUnavailable: 0\n  reputation:\n    onListed: {on_listed}\n"
     );
     // Atomically: the operator never reads half a manifest.
     let tmp = dir.join(".pool.yaml.tmp");
@@ -433,6 +437,67 @@ async fn a_listed_member_is_replaced_within_budget_and_its_address_stays_retired
     assert_eq!(
         pool(&d)["status"]["retiredAddresses"][0]["address"],
         LISTED,
+        "{:#}",
+        pool(&d)
+    );
+    drop(op);
+    drop(nsd);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_unpublish_a_listed_member_leaves_the_healthy_list_and_is_kept() {
+    let nsd = tokio::task::spawn_blocking(|| {
+        Nsd::start(
+            None,
+            &[TestZone::new(ZONE).list(LISTED.parse().unwrap(), Ipv4Addr::new(127, 0, 0, 2))],
+        )
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("h1.sock");
+    let fake = FakeLibvirt::new();
+    fake.add_pool(PoolSpec::new(POOL).capacity(100 * GIB))
+        .unwrap();
+    fake.add_network(NetworkSpec::new("default")).unwrap();
+    publish_base(&fake, ENTRY, IMAGE, &digest());
+    fake.listen_unix(&sock).await.unwrap();
+    let cfg = config(dir.path(), &sock, nsd.addr());
+    let proxies = dir.path().join("proxies");
+    std::fs::create_dir(&proxies).unwrap();
+    pool_manifest_on(&proxies, 1, "Unpublish");
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut op = start(&cfg, &proxies, port);
+
+    // Running at the listed address, listed: not available, not in the healthy list.
+    let first = wait_for("the member listed and unpublished", &mut op, addr, |d| {
+        let ms = members(d);
+        let listed = ms.len() == 1
+            && egress(&ms[0]) == [LISTED]
+            && condition(&ms[0], "Listed").is_some_and(|c| c["status"] == "True")
+            && ms[0]["phase"] == "Running";
+        let row = pool(d)["members"][0].clone();
+        (listed && row["available"] == false && available(d) == 0).then(|| ms[0].clone())
+    })
+    .await;
+    let (code, body) = get(addr, &format!("/pools/{PNAME}/healthy.txt"))
+        .await
+        .unwrap();
+    assert_eq!((code, body.as_str()), (200, ""), "the listed member is published");
+    // Kept, not replaced, and no address retired, across several pool rounds.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let d = status(addr).await.unwrap();
+    let ms = members(&d);
+    assert_eq!(ms.len(), 1, "{d:#}");
+    assert_eq!(ms[0]["name"], first["name"], "{d:#}");
+    assert!(
+        pool(&d)["status"]["retiredAddresses"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
         "{:#}",
         pool(&d)
     );

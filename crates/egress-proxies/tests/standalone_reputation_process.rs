@@ -487,7 +487,11 @@ async fn under_unpublish_a_listed_member_leaves_the_healthy_list_and_is_kept() {
     let (code, body) = get(addr, &format!("/pools/{PNAME}/healthy.txt"))
         .await
         .unwrap();
-    assert_eq!((code, body.as_str()), (200, ""), "the listed member is published");
+    assert_eq!(
+        (code, body.as_str()),
+        (200, ""),
+        "the listed member is published"
+    );
     // Kept, not replaced, and no address retired, across several pool rounds.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let d = status(addr).await.unwrap();

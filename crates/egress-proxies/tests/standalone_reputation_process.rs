@@ -5,13 +5,18 @@
 //! `reputation:` section names.
 //!
 //! A ProxyPool with `reputation.onListed: Replace`, one replica, `maxUnavailable: 0`: the
-//! first member gets the pool's first address, which is listed → `/status` shows the listing
-//! (`reputation`, `Listed` True) → the pool replaces the member (never below its one
-//! available member once it had one), the replacement at another address → the listed
-//! address is retired in the pool's status and in its member file → scaled to 3, the members
-//! get the three other addresses → the process is killed and started again → scaled to 4,
-//! the fourth finds the pool exhausted, never given the retired one. `egress-proxies addresses` lists
-//! the retired address with its reason and the allocated ones with their Proxies.
+//! first member runs, checked and not listed → its address is listed in the zone → the next
+//! check round finds it → the pool replaces the member (never below its one available member once it had one), the
+//! replacement at another address → the listed address is retired in the pool's status and
+//! in its member file → scaled to 3, the members get the three other addresses → the process
+//! is killed and started again → scaled to 4, the fourth finds the pool exhausted, never
+//! given the retired one → the pool is deleted, which ends its retirements: a Proxy pinning
+//! the address gets it. `egress-proxies addresses` lists the retired address with its reason
+//! and the allocated ones with their Proxies.
+//!
+//! Under `onListed: Unpublish` (every address of the pool listed), the listed member shows
+//! the listing in `/status` (`reputation`, `Listed` True) and in `egress-proxies status`,
+//! leaves the healthy list and the available count, and is kept.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -38,20 +43,29 @@ const ENTRY: &str = "eptest-rep";
 const IMAGE: &str = "tiny";
 /// Hang guard of every wait.
 // NB: a member is Running within seconds on the fake host; a new address is checked within
-// the worker's 5 s poll; a replacement is a create, a check and a delete.
+// the worker's 5 s poll, a listing added later within a round (`interval: 1m`); a
+// replacement is a create, a check and a delete.
 const DEADLINE: Duration = Duration::from_secs(120);
 const ZONE: &str = "bl.test";
 const PNAME: &str = "clean";
-/// The pool's first address (the first member's), listed in the zone.
-const LISTED: &str = "203.0.113.2";
-const OTHERS: [&str; 3] = ["203.0.113.3", "203.0.113.4", "203.0.113.5"];
+/// The host's address pool.
+const ALL: [&str; 4] = ["203.0.113.2", "203.0.113.3", "203.0.113.4", "203.0.113.5"];
 
 fn digest() -> String {
     "ad".repeat(32)
 }
 
-/// Kills and reaps the operator when dropped.
-struct Process(Child);
+/// Kills and reaps the operator when dropped; its log (stderr) is kept in a file.
+struct Process(Child, PathBuf);
+
+impl Process {
+    /// The last 40 lines of its log.
+    fn log_tail(&self) -> String {
+        let s = std::fs::read_to_string(&self.1).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
 
 impl Drop for Process {
     fn drop(&mut self) {
@@ -102,6 +116,7 @@ fn pool_manifest_on(dir: &Path, replicas: u32, on_listed: &str) {
 }
 
 fn start(cfg: &Path, proxies: &Path, port: u16) -> Process {
+    let log = proxies.with_file_name(format!("operator-{port}.log"));
     let child = Command::new(BIN)
         .args([
             "standalone",
@@ -115,13 +130,13 @@ fn start(cfg: &Path, proxies: &Path, port: u16) -> Process {
             "1s",
         ])
         .env_remove("EGRESS_PROXIES_CONFIG")
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    Process(child)
+    Process(child, log)
 }
 
 /// GET `path` from `addr`; `None` while nothing answers.
@@ -170,7 +185,8 @@ async fn wait_for<T>(
         }
         assert!(
             t0.elapsed() < DEADLINE,
-            "{what}: not in time; last /status: {last:#}"
+            "{what}: not in time; last /status: {last:#}\noperator log:\n{}",
+            op.log_tail()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -232,14 +248,10 @@ async fn cli(args: Vec<String>) -> std::process::Output {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listed_member_is_replaced_within_budget_and_its_address_stays_retired_across_a_restart()
 {
-    let nsd = tokio::task::spawn_blocking(|| {
-        Nsd::start(
-            None,
-            &[TestZone::new(ZONE).list(LISTED.parse().unwrap(), Ipv4Addr::new(127, 0, 0, 2))],
-        )
-    })
-    .await
-    .unwrap();
+    // The zone lists nothing until the first member's address is known.
+    let mut nsd = tokio::task::spawn_blocking(|| Nsd::start(None, &[TestZone::new(ZONE)]))
+        .await
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("h1.sock");
     let fake = FakeLibvirt::new();
@@ -259,34 +271,26 @@ async fn a_listed_member_is_replaced_within_budget_and_its_address_stays_retired
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let mut op = start(&cfg, &proxies, port);
 
-    // The first member gets the listed address; its status shows the listing.
-    let first = wait_for("the first member listed", &mut op, addr, |d| {
-        members(d).into_iter().find(|m| {
-            egress(m) == [LISTED] && condition(m, "Listed").is_some_and(|c| c["status"] == "True")
-        })
+    // The first member runs, checked and not listed; then its address is listed.
+    let (first_name, listed) = wait_for("the first member checked", &mut op, addr, |d| {
+        let ms = members(d);
+        let m = ms.first()?;
+        (ms.len() == 1
+            && m["phase"] == "Running"
+            && condition(m, "Listed").is_some_and(|c| c["status"] == "False"))
+        .then(|| Some((m["name"].as_str()?.to_owned(), egress(m).first()?.clone())))
+        .flatten()
     })
     .await;
-    let first_name = first["name"].as_str().unwrap().to_owned();
-    let rep = &first["reputation"];
-    assert_eq!(rep["listed"][0]["address"], LISTED, "{rep}");
-    assert_eq!(rep["listed"][0]["zone"], ZONE, "{rep}");
-    assert_eq!(rep["listed"][0]["codes"], json!(["SBL"]), "{rep}");
-    assert!(rep["lastCheck"].is_string(), "{rep}");
-    let c = condition(&first, "Listed").unwrap();
-    assert!(
-        c["message"].as_str().unwrap().contains(LISTED)
-            && c["message"].as_str().unwrap().contains(ZONE),
-        "{c}"
-    );
-    // `egress-proxies status` shows it in the LISTED column.
-    let out = cli(vec![
-        "status".into(),
-        "--server".into(),
-        format!("http://{addr}"),
-    ])
-    .await;
-    let table = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(table.contains("LISTED") && table.contains(ZONE), "{table}");
+    let others: Vec<String> = ALL
+        .iter()
+        .filter(|a| **a != listed)
+        .map(|a| (*a).to_owned())
+        .collect();
+    nsd.serve(&[TestZone::new(ZONE).list(listed.parse().unwrap(), Ipv4Addr::new(127, 0, 0, 2))]);
+    // The next check round finds it (the listing in status is checked by the Unpublish test:
+    // here the replacement is Running within milliseconds on the fake host, and the listed
+    // member goes as soon as it is).
 
     // Replaced: the listed member goes once a replacement at another address is available;
     // the pool never has fewer than one available member once it had one.
@@ -305,7 +309,7 @@ async fn a_listed_member_is_replaced_within_budget_and_its_address_stays_retired
     .await;
     let got = egress(&replacement);
     assert_eq!(got.len(), 1, "{replacement}");
-    assert!(OTHERS.contains(&got[0].as_str()), "{replacement}");
+    assert!(others.contains(&got[0]), "{replacement}");
 
     // Retired in the pool's status, with the member and the listing.
     let d = status(addr).await.unwrap();
@@ -320,7 +324,7 @@ async fn a_listed_member_is_replaced_within_budget_and_its_address_stays_retired
             &retired[0]["host"],
             &retired[0]["member"]
         ),
-        (&json!(LISTED), &json!("h1"), &json!(first_name)),
+        (&json!(listed), &json!("h1"), &json!(first_name)),
         "{retired:?}"
     );
     assert!(
@@ -334,7 +338,7 @@ async fn a_listed_member_is_replaced_within_budget_and_its_address_stays_retired
     )
     .unwrap();
     assert_eq!(
-        file["status"]["retiredAddresses"][0]["address"], LISTED,
+        file["status"]["retiredAddresses"][0]["address"], listed,
         "{file:#}"
     );
 
@@ -367,7 +371,7 @@ async fn a_listed_member_is_replaced_within_budget_and_its_address_stays_retired
             .unwrap_or_else(|| panic!("no row of {a}: {text}"))
             .to_owned()
     };
-    let l = line(LISTED);
+    let l = line(&listed);
     assert!(l.contains("retired") && l.contains(ZONE), "{text}");
     let l = line(&got[0]);
     assert!(
@@ -384,7 +388,10 @@ async fn a_listed_member_is_replaced_within_budget_and_its_address_stays_retired
     .await;
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = doc["addresses"].as_array().cloned().unwrap_or_default();
-    let r = rows.iter().find(|r| r["address"] == LISTED).unwrap();
+    let r = rows
+        .iter()
+        .find(|r| r["address"] == listed.as_str())
+        .unwrap();
     assert_eq!(r["state"], "retired", "{rows:?}");
     assert_eq!(r["pool"], format!("default/{PNAME}"), "{rows:?}");
     assert!(r["until"].is_string(), "{rows:?}");
@@ -410,7 +417,7 @@ async fn a_listed_member_is_replaced_within_budget_and_its_address_stays_retired
         (ms.len() == 3 && got.len() == 3).then_some(got)
     })
     .await;
-    assert_eq!(three, OTHERS.iter().map(|s| (*s).to_owned()).collect());
+    assert_eq!(three, others.iter().cloned().collect());
 
     // A restart: the retirement is read back before anything is allocated; scaled to 4, the
     // fourth member finds the pool exhausted.
@@ -429,17 +436,41 @@ async fn a_listed_member_is_replaced_within_budget_and_its_address_stays_retired
         (ms.len() == 4 && got.len() == 3 && refused).then_some(got)
     })
     .await;
-    assert_eq!(four, OTHERS.iter().map(|s| (*s).to_owned()).collect());
+    assert_eq!(four, others.iter().cloned().collect());
     let d = status(addr).await.unwrap();
     for m in members(&d) {
-        assert!(!egress(&m).contains(&LISTED.to_owned()), "reused: {m}");
+        assert!(!egress(&m).contains(&listed), "reused: {m}");
     }
     assert_eq!(
         pool(&d)["status"]["retiredAddresses"][0]["address"],
-        LISTED,
+        listed,
         "{:#}",
         pool(&d)
     );
+
+    // Deleting the pool ends its retirements: once its members are gone, a Proxy may be
+    // given the address again.
+    std::fs::remove_file(proxies.join("pool.yaml")).unwrap();
+    wait_for("the pool gone", &mut op, addr, |d| {
+        (members(d).is_empty() && pool(d).is_null()).then_some(())
+    })
+    .await;
+    std::fs::write(
+        proxies.join("solo.yaml"),
+        format!(
+            "apiVersion: egress-proxies.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: solo\n\
+             spec:\n  provider: {ENTRY}\n  image: {IMAGE}\n  egress:\n    address: [{listed}]\n  \
+             proxy:\n    allowedClientCidrs: [10.0.0.0/8]\n"
+        ),
+    )
+    .unwrap();
+    wait_for("the address given again", &mut op, addr, |d| {
+        d["proxies"].as_array()?.iter().find(|p| {
+            p["name"] == "solo" && p["phase"] == "Running" && egress(p) == [listed.clone()]
+        })?;
+        Some(())
+    })
+    .await;
     drop(op);
     drop(nsd);
 }
@@ -449,7 +480,10 @@ async fn under_unpublish_a_listed_member_leaves_the_healthy_list_and_is_kept() {
     let nsd = tokio::task::spawn_blocking(|| {
         Nsd::start(
             None,
-            &[TestZone::new(ZONE).list(LISTED.parse().unwrap(), Ipv4Addr::new(127, 0, 0, 2))],
+            // Every address of the pool: the member's is listed, whichever it gets.
+            &[ALL.iter().fold(TestZone::new(ZONE), |z, a| {
+                z.list(a.parse().unwrap(), Ipv4Addr::new(127, 0, 0, 2))
+            })],
         )
     })
     .await
@@ -477,13 +511,34 @@ async fn under_unpublish_a_listed_member_leaves_the_healthy_list_and_is_kept() {
     let first = wait_for("the member listed and unpublished", &mut op, addr, |d| {
         let ms = members(d);
         let listed = ms.len() == 1
-            && egress(&ms[0]) == [LISTED]
             && condition(&ms[0], "Listed").is_some_and(|c| c["status"] == "True")
             && ms[0]["phase"] == "Running";
         let row = pool(d)["members"][0].clone();
         (listed && row["available"] == false && available(d) == 0).then(|| ms[0].clone())
     })
     .await;
+    let rep = &first["reputation"];
+    let at = egress(&first)[0].clone();
+    assert_eq!(rep["listed"][0]["address"], at.as_str(), "{rep}");
+    assert_eq!(rep["listed"][0]["zone"], ZONE, "{rep}");
+    assert_eq!(rep["listed"][0]["codes"], json!(["SBL"]), "{rep}");
+    assert!(rep["listed"][0]["since"].is_string(), "{rep}");
+    assert!(rep["lastCheck"].is_string(), "{rep}");
+    let c = condition(&first, "Listed").unwrap();
+    assert!(
+        c["message"].as_str().unwrap().contains(&at)
+            && c["message"].as_str().unwrap().contains(ZONE),
+        "{c}"
+    );
+    // `egress-proxies status` shows it in the LISTED column.
+    let out = cli(vec![
+        "status".into(),
+        "--server".into(),
+        format!("http://{addr}"),
+    ])
+    .await;
+    let table = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(table.contains("LISTED") && table.contains(ZONE), "{table}");
     let (code, body) = get(addr, &format!("/pools/{PNAME}/healthy.txt"))
         .await
         .unwrap();

@@ -529,6 +529,13 @@ impl PoolDriver for StandalonePool<'_> {
     async fn forget(&self) -> Result<(), Self::Error> {
         let (namespace, name) = (&self.pool.namespace, &self.pool.name);
         lock(&self.store.pools).by_key.remove(self.key);
+        // Its retirements end with it.
+        ProxyPoolStatus::default().sync_retired(
+            &self.ctx.retired,
+            self.key,
+            &self.pool.spec.template.spec.provider,
+            self.now,
+        );
         let _ = std::fs::remove_file(state_path(&self.ctx.manifest_dir, namespace, name));
         tracing::info!(pool = %self.key, "pool deleted: no member left");
         Ok(())

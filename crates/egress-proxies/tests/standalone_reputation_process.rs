@@ -309,6 +309,15 @@ async fn a_listed_member_is_replaced_within_budget_and_its_address_stays_retired
     .await;
     let got = egress(&replacement);
     assert_eq!(got.len(), 1, "{replacement}");
+    // Checked and not listed: no error (`Listed` False is the good state).
+    let replacement = wait_for("the replacement checked", &mut op, addr, |d| {
+        members(d).into_iter().find(|m| {
+            m["name"] == replacement["name"]
+                && condition(m, "Listed").is_some_and(|c| c["status"] == "False")
+        })
+    })
+    .await;
+    assert!(replacement["lastError"].is_null(), "{replacement:#}");
     assert!(others.contains(&got[0]), "{replacement}");
 
     // Retired in the pool's status, with the member and the listing.

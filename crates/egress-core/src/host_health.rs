@@ -77,6 +77,39 @@ pub struct HostHealth {
     /// `Drained`; absent for a host in service.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maintenance: Option<String>,
+    /// Its address pool's usage per family (empty without an address pool).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<AddressPoolUsage>,
+}
+
+/// How much of one family of a host's address pool is in use, as its last check saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AddressPoolUsage {
+    /// `IPv4` or `IPv6`.
+    pub family: String,
+    /// Allocatable addresses in the pool's ranges (at most `u64::MAX`).
+    pub size: u64,
+    /// Addresses held by instances.
+    pub held: u64,
+    /// Addresses not held but retired (not handed out either).
+    pub retired: u64,
+    /// Addresses free to hand out.
+    pub free: u64,
+}
+
+impl AddressPoolUsage {
+    /// The row of one family's usage.
+    pub fn of(u: &egress_provider::model::AddressUsage) -> Self {
+        let size = u64::try_from(u.size).unwrap_or(u64::MAX);
+        Self {
+            family: u.family.to_owned(),
+            size,
+            held: u.held,
+            retired: u.retired,
+            free: size.saturating_sub(u.held).saturating_sub(u.retired),
+        }
+    }
 }
 
 fn cut(s: &str) -> String {
@@ -161,6 +194,7 @@ impl HostHealth {
             error: None,
             checked_at: None,
             maintenance: None,
+            addresses: Vec::new(),
         }
     }
 
@@ -196,6 +230,7 @@ impl HostHealth {
                 .map(|e| truncate(e, crate::model::MAX_MESSAGE_CHARS)),
             checked_at: Some(humantime::format_rfc3339_seconds(now).to_string()),
             maintenance: None,
+            addresses: r.addresses.iter().map(AddressPoolUsage::of).collect(),
         }
     }
 

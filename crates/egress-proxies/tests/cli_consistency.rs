@@ -124,11 +124,14 @@ fn a_config_that_does_not_parse_is_a_json_error_naming_the_file_with_exit_2_for_
 }
 
 #[test]
-fn status_with_nothing_listening_is_a_json_error_document_under_o_json_and_the_json_alias() {
+fn status_or_addresses_with_nothing_listening_is_a_json_error_document_under_o_json_and_the_json_alias()
+ {
     let server = format!("127.0.0.1:{}", free_port());
     for args in [
         vec!["-o", "json", "status", "--server", &server],
         vec!["status", "--json", "--server", &server],
+        vec!["-o", "json", "addresses", "--server", &server],
+        vec!["addresses", "--json", "--server", &server],
     ] {
         let o = run(&args);
         let v = json(&o);

@@ -70,6 +70,7 @@ fn the_man_page_lists_every_command_and_a_commands_page_its_flags() {
         "images",
         "standalone",
         "status",
+        "addresses",
         "gc",
         "kubernetes",
         "completions",

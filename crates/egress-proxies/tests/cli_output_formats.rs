@@ -129,6 +129,7 @@ fn every_command_without_a_table_refuses_o_wide_and_pure_text_commands_refuse_ev
             ],
         ),
         ("wide", "echo", vec!["echo", "--listen", &listen]),
+        ("wide", "addresses", vec!["addresses", "--server", &listen]),
         ("wide", "crds", vec!["crds"]),
         (
             "wide",

@@ -344,6 +344,13 @@ fn every_field_of_the_status_document_is_documented_for_users() {
             latency_ms: Some(3),
             error: Some("e".into()),
             maintenance: Some("Draining (1 left)".into()),
+            addresses: vec![egress_core::host_health::AddressPoolUsage {
+                family: "IPv4".into(),
+                size: 4,
+                held: 1,
+                retired: 1,
+                free: 2,
+            }],
         }],
         manifest_errors: vec!["a.yaml: bad".into()],
         pools: vec![egress_web::status::PoolStatusRow {

@@ -10,9 +10,10 @@
 //! shows the listing (`status.reputation`, `Listed` True) and a `Listed` Event → the pool
 //! replaces it (never dropping below its one available member: `maxUnavailable: 0`), the
 //! replacement at another address → the listed address is retired in the pool's
-//! `status.retiredAddresses` → scaled to 3, the members get the three other addresses; scaled
-//! to 4, the fourth finds the pool exhausted with its retired address named, never given the
-//! retired one. `/metrics` counts the listed address by zone.
+//! `status.retiredAddresses`, and `egress-proxies addresses` (against the operator's
+//! `--status-listen`) lists it retired with its pool and member → scaled to 3, the members
+//! get the three other addresses; scaled to 4, the fourth finds the pool exhausted with its
+//! retired address named, never given the retired one. `/metrics` counts the listed address by zone.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -25,6 +26,7 @@ mod kube_support;
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use egress_kube::api::ProxyPool;
@@ -141,10 +143,15 @@ async fn a_listed_member_is_reported_replaced_within_budget_and_its_address_reti
     srv.apply_committed_crds().await;
     let hosts = SocketHosts::start(1).await;
     let kubeconfig = srv.kubeconfig();
-    let mut op = Operator::start(
+    let status_listen = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let mut op = Operator::start_with(
         &config(&hosts, nsd.addr()),
         ClusterConfig::Kubeconfig(&kubeconfig),
         "op-reputation",
+        &["--status-listen".to_owned(), status_listen.to_string()],
     );
     let ns = "team-rep";
     let client = srv.client().await;
@@ -243,6 +250,52 @@ async fn a_listed_member_is_reported_replaced_within_budget_and_its_address_reti
             && e["regarding"]["kind"] == "ProxyPool"
             && e["note"].as_str().is_some_and(|n| n.contains(LISTED))),
         "no AddressRetired event"
+    );
+
+    // `egress-proxies addresses` against the operator's status listener lists the retirement
+    // (from the pool's status) and the replacement's address allocated to it.
+    let listen = status_listen;
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_egress-proxies"))
+            .args([
+                "addresses",
+                "--server",
+                &format!("http://{listen}"),
+                "-o",
+                "json",
+            ])
+            .env_remove("EGRESS_PROXIES_SERVER")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let rows = doc["addresses"].as_array().cloned().unwrap_or_default();
+    let row = |a: &str| rows.iter().find(|r| r["address"] == a).cloned();
+    let r = row(LISTED).unwrap_or_else(|| panic!("{doc:#}"));
+    assert_eq!(
+        (&r["state"], &r["pool"], &r["proxy"]),
+        (
+            &json!("retired"),
+            &json!(format!("{ns}/{POOL}")),
+            &json!(format!("{ns}/{first_name}"))
+        ),
+        "{doc:#}"
+    );
+    assert!(
+        r["reason"].as_str().unwrap_or_default().contains(ZONE),
+        "{doc:#}"
+    );
+    let r = row(&got[0]).unwrap_or_else(|| panic!("{doc:#}"));
+    assert_eq!(
+        (&r["state"], &r["proxy"]),
+        (
+            &json!("allocated"),
+            &json!(format!("{ns}/{}", name(&replacement)))
+        ),
+        "{doc:#}"
     );
 
     // Never reused while retired: three members take the three other addresses, and a

@@ -1,6 +1,6 @@
 //! What every job of the standalone driver acts through: the core controller, the providers
 //! in effect, the metrics and their exposition, the proxy health engine, the work queues and
-//! the requeue timers. What the driver knows is the [`crate::store::Store`].
+//! the requeue timers, the reputation checks and the retired addresses. What the driver knows is the [`crate::store::Store`].
 //!
 //! Guarantees: the providers are swapped whole (a reader gets the old set or the new one,
 //! never a mix) and the controller is given the same set; after shutdown began
@@ -15,7 +15,9 @@ use egress_core::controller::Controller;
 use egress_core::health::HealthEngine;
 use egress_core::metrics::Metrics;
 use egress_core::providers::Providers;
+use egress_core::reputation::ReputationService;
 use egress_provider::ProxyUid;
+use egress_provider::libvirt::retired::RetiredAddresses;
 use egress_provider::sync::{read, write};
 use egress_web::exposition::Exposition;
 
@@ -43,6 +45,11 @@ pub(crate) struct Context {
     pub(crate) stopping: AtomicBool,
     /// The manifest directory (pools keep their files beside their manifests).
     pub(crate) manifest_dir: PathBuf,
+    /// The DNS blocklist checks of the egress addresses (settings, results, metrics).
+    pub(crate) reputation: Arc<ReputationService>,
+    /// The process's retired addresses: every pool's `status.retiredAddresses` in effect,
+    /// shared with the providers of every config load.
+    pub(crate) retired: Arc<RetiredAddresses>,
 }
 
 impl Context {
@@ -55,6 +62,14 @@ impl Context {
         health: Option<Arc<HealthEngine>>,
         manifest_dir: PathBuf,
     ) -> Self {
+        // NB: unprimed: nothing is allocated until the pools' retirements were read back
+        // from their member files (`lib.rs` primes it after the first manifest scan).
+        let retired = Arc::new(RetiredAddresses::unprimed());
+        providers.with_retired_ref(&retired);
+        let reputation = Arc::new(ReputationService::new(
+            providers.reputation().clone(),
+            metrics.reputation(),
+        ));
         Self {
             controller,
             providers: RwLock::new(providers),
@@ -66,6 +81,8 @@ impl Context {
             timers: Timers::default(),
             stopping: AtomicBool::new(false),
             manifest_dir,
+            reputation,
+            retired,
         }
     }
 
@@ -74,8 +91,11 @@ impl Context {
         read(&self.providers).clone()
     }
 
-    /// Puts `p` in effect, for the controller too.
+    /// Puts `p` in effect, for the controller too; its providers consult the process's
+    /// retired addresses and its `reputation:` settings take effect.
     pub(crate) fn set_providers(&self, p: Arc<Providers>) {
+        p.with_retired_ref(&self.retired);
+        self.reputation.set_settings(p.reputation().clone());
         self.controller.set_providers(Arc::clone(&p));
         *write(&self.providers) = p;
     }

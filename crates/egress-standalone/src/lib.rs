@@ -35,6 +35,12 @@
 //!   every Running proxy through itself, and each round and each reconcile merges its state
 //!   into the Proxy's status (`health`, `Healthy`, `Ready` = Running ∧ Healthy), served at
 //!   `/proxies` and `/healthy.txt`. A Proxy's health state is dropped only when it is deleted.
+//! - Reputation: with blocklist zones in the config, the shared reputation worker
+//!   ([`egress_core::background::reputation`]) checks every Proxy's egress addresses; each
+//!   round and each reconcile merge the results into the Proxy's status (`reputation`, the
+//!   `Listed` condition), changes are logged as events, and pools act under
+//!   `reputation.onListed`. The addresses pools retire are kept in one registry for the
+//!   process, restored from the member files before anything is allocated.
 //! - Every network call is bounded: reconciles by the controller's deadline, listings by
 //!   [`ADOPT_DEADLINE`], checks by [`CHECK_DEADLINE`], GC by its own budgets. No lock is held
 //!   across an `.await`.
@@ -46,9 +52,9 @@
 //! `watch.rs` merges the manifest directory (`manifests/`) into the store; `adoption.rs`
 //! lists each entry's instances before its Proxies are reconciled; `reconcile.rs` the
 //! reconcile workers; `pool/` ProxyPools; `observe.rs` what it serves over HTTP. `gc.rs`,
-//! `host_checks.rs`, `proxy_health.rs` and `config_watch.rs` are its side of the background
-//! tasks written once in the core ([`egress_core::background`]); `queue.rs` and
-//! `timers.rs` the work queues and requeue timers; `gateway_feed.rs` the pool gateways'
+//! `host_checks.rs`, `proxy_health.rs`, `reputation.rs` and `config_watch.rs` are its side
+//! of the background tasks written once in the core ([`egress_core::background`]);
+//! `queue.rs` and `timers.rs` the work queues and requeue timers; `gateway_feed.rs` the pool gateways'
 //! membership, read from the store.
 
 mod adoption;
@@ -64,6 +70,7 @@ mod proxy_health;
 pub mod quarantine;
 mod queue;
 mod reconcile;
+mod reputation;
 mod settings;
 mod store;
 mod timers;
@@ -213,14 +220,6 @@ pub async fn run(
     for w in &cfg.warnings {
         tracing::warn!(%w, "provider config warning");
     }
-    if cfg.reputation.enabled() {
-        // NB: the reputation worker runs in the Kubernetes driver only (docs/reputation.md).
-        tracing::warn!(
-            zones = cfg.reputation.zones.len(),
-            "reputation: zones are configured, but standalone mode runs no blocklist checks: \
-             no address is checked, listed or retired here (Kubernetes mode only)"
-        );
-    }
     // This installation's ID in every mark: from the config, else kept in a file.
     let providers = providers::open(&cfg, &opts.installation()).map_err(|e| match e {
         OpenError::Installation(e) => StandaloneError::Config(e),
@@ -305,6 +304,9 @@ pub async fn run_with_providers(
     let manifests = ManifestStore::new(opts.proxies_dir.clone());
     let (manifests, desired) = watch::scan(manifests).await;
     watch::apply_desired(&store, &ctx, &desired);
+    // Every pool found has put its recorded retirements in effect (`pool::reconcile::
+    // apply_pools`): addresses may be handed out from now on.
+    ctx.retired.prime();
     if desired.proxies.is_empty() && desired.pools.is_empty() && !opts.gc_allow_empty {
         tracing::warn!(
             proxies = %opts.proxies_dir.display(),
@@ -382,6 +384,17 @@ pub async fn run_with_providers(
             ),
         );
     }
+    tasks.spawn(
+        "reputation",
+        background::reputation::run(
+            Arc::new(reputation::Reputation::new(
+                Arc::clone(&store),
+                Arc::clone(&ctx),
+            )),
+            Arc::clone(&ctx.reputation),
+            stop.clone(),
+        ),
+    );
     if let Some(p) = opts.config_path.clone() {
         let (store, ctx2) = (Arc::clone(&store), Arc::clone(&ctx));
         let path = p.clone();

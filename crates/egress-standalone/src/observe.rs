@@ -21,6 +21,7 @@ use std::time::SystemTime;
 
 use egress_core::host_health::HostHealth;
 use egress_core::metrics::MetricsFormat;
+use egress_core::pool::spec::OnListed;
 use egress_core::pool::{Member, ProxyPoolStatus};
 use egress_provider::model::ProxyUid;
 use egress_provider::sync::lock;
@@ -48,6 +49,7 @@ struct PoolSnapshot {
     members: Vec<MemberRec>,
     quarantine: BTreeMap<String, String>,
     error: Option<String>,
+    on_listed: OnListed,
 }
 
 impl Observe {
@@ -123,12 +125,14 @@ impl Observe {
         name: &str,
         r: &MemberRec,
         quarantine: Option<String>,
+        on_listed: OnListed,
     ) -> Option<(Member, &'a Obj)> {
         let o = objects.get(&member_uid(namespace, name, &r.name))?;
-        let m = Member::observe(
+        let m = Member::observe_with(
             r.meta(quarantine, r.deleting || o.object.deleting),
             &o.status,
             self.ctx.health.is_some(),
+            on_listed,
         );
         Some((m, o))
     }
@@ -137,12 +141,13 @@ impl Observe {
     /// (O(members), not the whole status document): `ip:port` of each available member that
     /// is neither quarantined nor being deleted, sorted; `None` for an unknown pool.
     fn pool_healthy_list(&self, namespace: &str, name: &str) -> Option<String> {
-        let (recs, quarantine) = {
+        let (recs, quarantine, on_listed) = {
             let all = lock(&self.store.pools);
             let rt = all.by_key.get(&format!("{namespace}/{name}"))?;
             (
                 rt.members.values().cloned().collect::<Vec<_>>(),
                 rt.quarantine.clone(),
+                rt.loaded.0.spec.reputation.on_listed,
             )
         };
         let mut eps: Vec<String> = {
@@ -150,7 +155,7 @@ impl Observe {
             recs.iter()
                 .filter(|r| !quarantine.contains_key(&r.name))
                 .filter_map(|r| {
-                    let (m, o) = self.member(&objects, namespace, name, r, None)?;
+                    let (m, o) = self.member(&objects, namespace, name, r, None, on_listed)?;
                     let ip: std::net::IpAddr = o.status.ip.as_deref()?.parse().ok()?;
                     PoolMemberRow::of(&m).available.then(|| {
                         std::net::SocketAddr::new(ip, o.object.spec.proxy.port).to_string()
@@ -184,6 +189,7 @@ impl Observe {
                 members: rt.members.values().cloned().collect(),
                 quarantine: rt.quarantine.clone(),
                 error: rt.error.clone(),
+                on_listed: rt.loaded.0.spec.reputation.on_listed,
             })
             .collect();
         let objects = lock(&self.store.objects);
@@ -195,7 +201,14 @@ impl Observe {
                     .iter()
                     .map(|r| {
                         let quarantine = p.quarantine.get(&r.name).cloned();
-                        match self.member(&objects, &p.namespace, &p.name, r, quarantine.clone()) {
+                        match self.member(
+                            &objects,
+                            &p.namespace,
+                            &p.name,
+                            r,
+                            quarantine.clone(),
+                            p.on_listed,
+                        ) {
                             Some((m, _)) => PoolMemberRow::of(&m),
                             // Recorded, its object not made yet (or gone): as recorded.
                             None => PoolMemberRow::of(&Member::observe(

@@ -8,7 +8,10 @@
 //!   `ADOPT_RETRY.min(POLL_INTERVAL)`.
 //! - A Proxy is forgotten only when its reconcile reports `finalized` for a deletion; then
 //!   its health state and its requeue timer go with it.
-//! - A member whose phase, readiness or health changed (or that finalized) wakes its pool.
+//! - A member whose phase, readiness, health or listing changed (or that finalized) wakes
+//!   its pool.
+//! - Each reconcile merges the reputation results as of its end into the status
+//!   ([`crate::reputation::merge`]).
 //! - Every loop leaves at the next wait once its stop token is cancelled.
 
 use std::time::{Duration, SystemTime};
@@ -73,14 +76,7 @@ pub(crate) fn apply_outcome(
 ) {
     let key = format!("{}/{}", obj.namespace, obj.name);
     for ev in &out.events {
-        match ev.kind {
-            EventKind::Normal => {
-                tracing::info!(proxy = %key, reason = %ev.reason, message = %ev.message, "event");
-            }
-            EventKind::Warning => {
-                tracing::warn!(proxy = %key, reason = %ev.reason, message = %ev.message, "event");
-            }
-        }
+        crate::reputation::log_event(&key, ev);
     }
     let error_class = out
         .events
@@ -90,6 +86,8 @@ pub(crate) fn apply_outcome(
     ctx.metrics.reconciled(error_class.as_deref(), elapsed);
     let mut forget = false;
     let mut pool_dirty = None;
+    // The reputation results as of now (built before the objects' lock: it takes the book's).
+    let view = crate::reputation::view_of(ctx, &uid);
     {
         let mut objects = lock(&store.objects);
         let mut remove = false;
@@ -106,6 +104,8 @@ pub(crate) fn apply_outcome(
                     generation,
                 );
             }
+            let generation = o.object.generation;
+            crate::reputation::merge(ctx, &key, &mut o.status, Some(&previous), view, generation);
             remove = out.finalized && o.object.deleting;
             if let Some(k) = &o.pool
                 && (remove || before != pool_view(&o.status) || previous.observed_generation == 0)

@@ -301,6 +301,7 @@ mod tests {
             latency_ms: None,
             error: None,
             maintenance: None,
+            addresses: Vec::new(),
         }
     }
 

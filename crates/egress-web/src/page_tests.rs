@@ -26,6 +26,7 @@ fn host(entry: &str, name: &str, state: &str, error: Option<&str>) -> HostStatus
         latency_ms: Some(3),
         error: error.map(Into::into),
         maintenance: None,
+        addresses: Vec::new(),
     }
 }
 

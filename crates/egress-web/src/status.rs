@@ -208,6 +208,9 @@ pub struct HostStatusRow {
     /// in service.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maintenance: Option<String>,
+    /// Its address pool's usage per family (empty without an address pool).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<egress_core::host_health::AddressPoolUsage>,
 }
 
 impl From<&HostHealth> for HostStatusRow {
@@ -220,6 +223,7 @@ impl From<&HostHealth> for HostStatusRow {
             latency_ms: h.latency_ms,
             error: h.error.clone(),
             maintenance: h.maintenance.clone(),
+            addresses: h.addresses.clone(),
         }
     }
 }
@@ -285,6 +289,7 @@ mod tests {
                 latency_ms: Some(3),
                 error: None,
                 maintenance: None,
+                addresses: Vec::new(),
             }],
             manifest_errors: vec!["a.yaml: bad".into()],
             pools: vec![],
@@ -330,6 +335,7 @@ mod tests {
             latency_ms: None,
             error: None,
             maintenance: None,
+            addresses: Vec::new(),
         };
         StatusDocument {
             generated_at: "2026-01-01T00:00:00Z".into(),

@@ -66,6 +66,7 @@ fn fleet(n: usize, pools: bool) -> StatusDocument {
                 latency_ms: Some(2),
                 error: None,
                 maintenance: None,
+                addresses: Vec::new(),
             })
             .collect(),
         manifest_errors: vec!["bad.yaml: \"x\" is not a field".into()],

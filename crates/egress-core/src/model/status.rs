@@ -205,14 +205,19 @@ impl ProxyStatus {
     }
 
     /// What `lastError` (and the LAST ERROR column of `egress-proxies status`) shows: the
-    /// message of the first False condition that has one. The controller sets the failing
-    /// condition and every condition still claiming progress to the cause, so this is the
-    /// cause, not a stale "creating"; redacted and at most [`MAX_MESSAGE_CHARS`] characters
+    /// message of the first False condition that has one (but `Listed`, whose False means
+    /// clean). The controller sets the failing condition and every condition still claiming
+    /// progress to the cause, so this is the cause, not a stale "creating"; redacted and at most [`MAX_MESSAGE_CHARS`] characters
     /// (as every condition message is).
     pub fn last_error(&self) -> Option<String> {
         self.conditions
             .iter()
-            .find(|c| c.status == ConditionStatus::False && !c.message.is_empty())
+            // NB: `Listed` False is the good state (no blocklist lists the addresses).
+            .find(|c| {
+                c.status == ConditionStatus::False
+                    && c.type_ != condition::LISTED
+                    && !c.message.is_empty()
+            })
             .map(|c| truncate(&c.message, MAX_MESSAGE_CHARS))
     }
 

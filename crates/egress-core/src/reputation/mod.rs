@@ -64,6 +64,19 @@ pub fn addresses_of(declared: &[IpAddr], health: Option<&ProxyHealth>) -> Vec<Ip
     out
 }
 
+/// The addresses Proxy `uid` is checked at, as this process knows them: the declared egress
+/// addresses `controller` holds for its instance and the egress `health` (the proxy health
+/// engine, when health checks are on) observed through it ([`addresses_of`]). Both drivers
+/// use it, so both check the same addresses.
+pub fn proxy_addresses(
+    controller: &crate::controller::Controller,
+    health: Option<&crate::health::HealthEngine>,
+    uid: &ProxyUid,
+) -> Vec<IpAddr> {
+    let observed = health.and_then(|e| e.get(uid));
+    addresses_of(&controller.declared_egress(uid), observed.as_ref())
+}
+
 /// What a round did, for the driver.
 #[derive(Debug, Clone, Default)]
 pub struct RoundDone {
@@ -142,6 +155,20 @@ impl ReputationService {
             return None;
         }
         ProxyReputation::from_book(&lock(&self.book), addresses)
+    }
+
+    /// The status view of Proxy `uid`'s addresses ([`proxy_addresses`]); `None` with checks
+    /// off or before their first check.
+    pub fn proxy_view(
+        &self,
+        controller: &crate::controller::Controller,
+        health: Option<&crate::health::HealthEngine>,
+        uid: &ProxyUid,
+    ) -> Option<ProxyReputation> {
+        if !self.enabled() {
+            return None;
+        }
+        self.view(&proxy_addresses(controller, health, uid))
     }
 
     /// Seeds the listings a Proxy's stored status shows (written before a restart), so their

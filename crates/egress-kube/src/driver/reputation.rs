@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use egress_core::background::reputation::{self, ReputationDriver};
-use egress_core::reputation::{ReputationService, ReputationTarget, RoundDone, addresses_of};
+use egress_core::reputation::{ReputationService, ReputationTarget, RoundDone, proxy_addresses};
 use kube::Resource;
 use kube::runtime::reflector::Store;
 use tokio::sync::{Notify, watch};
@@ -54,14 +54,12 @@ impl ReputationDriver for CacheTargets {
 }
 
 impl Ctx {
-    /// The addresses `uid` is checked at: its declared egress addresses as the provider
-    /// reported them to this process and the egress its health check observed.
+    /// The addresses `uid` is checked at ([`proxy_addresses`]: declared and observed).
     pub(super) fn reputation_addresses(
         &self,
         uid: &egress_provider::ProxyUid,
     ) -> Vec<std::net::IpAddr> {
-        let health = self.observer.health().and_then(|e| e.get(uid));
-        addresses_of(&self.core.declared_egress(uid), health.as_ref())
+        proxy_addresses(&self.core, self.observer.health().map(|e| &**e), uid)
     }
 
     /// The reputation view of `uid`'s addresses (`None` with checks off or before their
@@ -70,10 +68,8 @@ impl Ctx {
         &self,
         uid: &egress_provider::ProxyUid,
     ) -> Option<egress_core::reputation::ProxyReputation> {
-        if !self.reputation.enabled() {
-            return None;
-        }
-        self.reputation.view(&self.reputation_addresses(uid))
+        self.reputation
+            .proxy_view(&self.core, self.observer.health().map(|e| &**e), uid)
     }
 }
 

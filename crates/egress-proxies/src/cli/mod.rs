@@ -14,6 +14,7 @@
 //!   only bases nothing on their host uses; `gc` deletes nothing without the orphan rules of
 //!   [`egress_core::gc`].
 
+mod addresses;
 mod check;
 mod completions;
 mod crds;
@@ -117,6 +118,13 @@ pub enum Command {
     /// Failed or Paused.
     #[command(after_help = AFTER_HELP)]
     Status(status::StatusArgs),
+    /// List the declared egress addresses of a running operator: allocated, retired, free.
+    ///
+    /// Reads GET /status from --server (`standalone` or `kubernetes`): each address allocated
+    /// to a Proxy (and its pool), each address retired from its host's address pool after a
+    /// blocklist listing (the pool and member it was retired from, why, until when), and per
+    /// host how many addresses are free. Exit 1 when nothing answers there.
+    Addresses(addresses::AddressesArgs),
     /// Delete instances and volumes of ours that no Proxy in --proxies owns (orphans).
     ///
     /// An instance goes only if its ownership mark parses strictly, its UID is not one of
@@ -235,6 +243,7 @@ async fn dispatch(cmd: Command) -> anyhow::Result<u8> {
         Command::Images(c) => images::run(c).await,
         Command::Standalone(a) => standalone::run(a).await,
         Command::Status(a) => status::run(a).await,
+        Command::Addresses(a) => addresses::run(a).await,
         Command::Pools(c) => pools::run(c),
         Command::Gc(a) => gc::run(a).await,
         Command::Echo(a) => echo::run(a).await,
@@ -266,6 +275,7 @@ fn accepts(cmd: &Command) -> output::Accepts {
             "prints no table (for JSON logs: --log-format json)",
         ),
         Command::Status(_) => ("status", ALL, "prints a table"),
+        Command::Addresses(_) => ("addresses", NO_TABLE, "prints two tables, no wider one"),
         Command::Pools(_) => ("pools", NO_TABLE, "prints one line, no table"),
         Command::Gc(_) => ("gc", NO_TABLE, "prints a report, no table"),
         Command::Echo(_) => (

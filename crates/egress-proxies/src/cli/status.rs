@@ -180,7 +180,7 @@ async fn once(a: &StatusArgs) -> anyhow::Result<u8> {
 
 /// `server` as a URL: `host:port` (no scheme) means `http://host:port`, as `--listen` prints
 /// it; anything with a scheme is taken as written (and refused unless it is `http`).
-fn server_url(server: &str) -> String {
+pub(super) fn server_url(server: &str) -> String {
     if server.contains("://") {
         server.to_owned()
     } else {
@@ -188,7 +188,7 @@ fn server_url(server: &str) -> String {
     }
 }
 
-async fn fetch(url: &url::Url) -> Result<Vec<u8>, String> {
+pub(super) async fn fetch(url: &url::Url) -> Result<Vec<u8>, String> {
     let client = reqwest::Client::builder()
         .no_proxy()
         .connect_timeout(STATUS_CONNECT_TIMEOUT)
@@ -387,6 +387,7 @@ mod tests {
                 latency_ms: None,
                 error: Some("connection refused".into()),
                 maintenance: None,
+                addresses: Vec::new(),
             }],
             manifest_errors: vec!["a.yaml: bad".into()],
             pools: vec![],

@@ -143,13 +143,18 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// The state of a member's status that its pool cares about (a change re-decides the pool).
-pub(crate) fn pool_view(s: &ProxyStatus) -> (Phase, bool, Option<bool>) {
+/// The state of a member's status that its pool cares about (a change re-decides the pool):
+/// phase, readiness, health, listing.
+pub(crate) fn pool_view(s: &ProxyStatus) -> (Phase, bool, Option<bool>, bool) {
+    let is_true = |type_: &str| {
+        s.condition(type_)
+            .is_some_and(|c| c.status == egress_core::model::ConditionStatus::True)
+    };
     (
         s.phase,
-        s.condition(condition::READY)
-            .is_some_and(|c| c.status == egress_core::model::ConditionStatus::True),
+        is_true(condition::READY),
         s.health.as_ref().and_then(|h| h.healthy),
+        is_true(condition::LISTED),
     )
 }
 

@@ -59,6 +59,14 @@ pub(crate) fn apply_pools(
                     let path = state_path(&ctx.manifest_dir, &p.namespace, &p.name);
                     let state = StateFile::read(&path);
                     tracing::info!(pool = %key, members = state.members.len(), "pool loaded");
+                    // Its recorded retirements take effect before anything is allocated (the
+                    // registry is primed only after the first scan loaded every pool).
+                    state.status.sync_retired(
+                        &ctx.retired,
+                        key,
+                        &p.spec.template.spec.provider,
+                        SystemTime::now(),
+                    );
                     restored.push((
                         key.clone(),
                         p.namespace.clone(),
@@ -240,13 +248,14 @@ pub(crate) async fn pool_round(store: &Store, ctx: &Context, key: &str) {
             if !o.object.deleting && o.status.observed_generation == 0 {
                 unobserved = true;
             }
-            members.push(Member::observe(
+            members.push(Member::observe_with(
                 rec.meta(
                     quarantine.get(&rec.name).cloned(),
                     rec.deleting || o.object.deleting,
                 ),
                 &o.status,
                 health_checks,
+                p.spec.reputation.on_listed,
             ));
         }
     }
@@ -291,7 +300,7 @@ pub(crate) async fn pool_round(store: &Store, ctx: &Context, key: &str) {
             },
             members: &members,
             hosts: &hosts,
-            retire_for: egress_core::reputation::engine::config::DEFAULT_RETIRE_FOR,
+            retire_for: ctx.reputation.settings().retire_for,
             now,
         },
         &mut memory,
@@ -383,7 +392,8 @@ struct RoundWork {
 
 /// One pool's round as the standalone driver carries it out: members are objects in the
 /// store recorded in the pool's member file, events are log lines, the status is kept in
-/// memory and in the member file.
+/// memory and in the member file (its `retiredAddresses` too: a restart reads them back
+/// before anything is allocated).
 ///
 /// Guarantees: a round's creates and deletes take effect only when it is recorded
 /// ([`StandalonePool::commit`]): the member file is written first, then the objects are made
@@ -453,10 +463,17 @@ impl StandalonePool<'_> {
 impl PoolDriver for StandalonePool<'_> {
     type Error = std::convert::Infallible;
 
-    // NB: standalone mode runs no reputation checks yet (no member is ever listed), so no
-    // round retires an address; a retirement read back from a member file is kept in the
-    // pool's status only.
-    fn retire(&self, _status: &ProxyPoolStatus) {}
+    /// The pool's retirements take effect in the process's registry at once (before this
+    /// round's creates), and the member file is written with the status that records them.
+    fn retire(&self, status: &ProxyPoolStatus) {
+        status.sync_retired(
+            &self.ctx.retired,
+            self.key,
+            &self.pool.spec.template.spec.provider,
+            self.now,
+        );
+        lock(&self.work).changed = true;
+    }
 
     async fn create(&self, c: &CreateMember) -> Result<(), Self::Error> {
         let rec = MemberRec {
@@ -512,6 +529,13 @@ impl PoolDriver for StandalonePool<'_> {
     async fn forget(&self) -> Result<(), Self::Error> {
         let (namespace, name) = (&self.pool.namespace, &self.pool.name);
         lock(&self.store.pools).by_key.remove(self.key);
+        // Its retirements end with it.
+        ProxyPoolStatus::default().sync_retired(
+            &self.ctx.retired,
+            self.key,
+            &self.pool.spec.template.spec.provider,
+            self.now,
+        );
         let _ = std::fs::remove_file(state_path(&self.ctx.manifest_dir, namespace, name));
         tracing::info!(pool = %self.key, "pool deleted: no member left");
         Ok(())

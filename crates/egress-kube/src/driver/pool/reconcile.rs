@@ -313,7 +313,15 @@ impl PoolDriver for KubePool<'_> {
             .filter(|f| *f != POOL_FINALIZER)
             .cloned()
             .collect();
-        set_finalizers(self.pools, self.pool, keep).await
+        set_finalizers(self.pools, self.pool, keep).await?;
+        // Its retirements end with it.
+        ProxyPoolStatus::default().sync_retired(
+            &self.ctx.retired,
+            &format!("{}/{}", self.key.0, self.key.1),
+            &self.pool.spec.0.template.spec.provider,
+            self.now,
+        );
+        Ok(())
     }
 }
 

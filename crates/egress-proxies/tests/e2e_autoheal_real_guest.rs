@@ -26,21 +26,17 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ep_test_support::cleanup::{self, PoolFixture};
-use ep_test_support::e2e::{
-    EchoProcess, EntryGuard, GuestImage, ImageHost, LIBVIRT_NETNS, NetGuard, build_image, env,
-    http, reexec_in_netns, run_ok, sweep,
+use ep_test_support::cleanup::{self};
+use ep_test_support::e2e::{EchoProcess, ImageHost, NetGuard, get_body, run_ok};
+use ep_test_support::real_guest::{
+    self as real_guest, EntryFixture, RealGuest, StandaloneOperator,
 };
 use ep_test_support::sshd::Sshd;
 
-const IN_NETNS_ENV: &str = "EPTEST_E2E_HEAL_IN_NETNS";
-const BIN_ENV: &str = "EGRESS_PROXIES_BIN";
-const IMAGE_ENV: &str = "EP_E2E_IMAGE";
-const IMAGE_SHA_ENV: &str = "EP_E2E_IMAGE_SHA256";
 /// The whole test.
 // NB: two guests healthy ~3-4 min after the start; each fault waits up to unhealthyAfter
 // (5 min) and a replacement's boot: ~25 min in all; 50 min is above and inside CI's 90.
@@ -60,7 +56,6 @@ const UNPUBLISH_BOUND: Duration = Duration::from_millis(10_500);
 const UNHEALTHY_AFTER: &str = "5m";
 /// Between samples of healthy.txt while a fault is detected.
 const SAMPLE: Duration = Duration::from_millis(250);
-const STOP_GRACE: Duration = Duration::from_secs(30);
 const PROXY_PORT: u16 = 3128;
 const IMAGE_KEY: &str = "debian-12-ep";
 const IMAGE_PATH: &str = "/debian-12-ep.qcow2";
@@ -68,108 +63,6 @@ const POOL_NAME: &str = "heal";
 
 fn test_name() -> &'static str {
     "a_real_member_whose_guest_dies_or_pauses_is_unpublished_within_the_bound_and_replaced"
-}
-
-fn binary() -> PathBuf {
-    if let Some(p) = std::env::var_os(BIN_ENV) {
-        return PathBuf::from(p);
-    }
-    if let Some(p) = option_env!("CARGO_BIN_EXE_egress-proxies") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("egress-proxies")
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
-/// The operator: SIGTERM, then SIGKILL after [`STOP_GRACE`], when dropped.
-struct Operator {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Operator {
-    fn start(
-        bin: &Path,
-        config: &Path,
-        dir: &Path,
-        listen: SocketAddr,
-        health: &str,
-        log: PathBuf,
-    ) -> Self {
-        let f = std::fs::File::create(&log).unwrap();
-        println!("eptest: operator log {}", log.display());
-        let child = Command::new(bin)
-            .arg("standalone")
-            .arg("--config")
-            .arg(config)
-            .arg("--proxies")
-            .arg(dir)
-            .args(["--listen", &listen.to_string()])
-            .args(["--check-interval", "5s", "--shutdown-grace", "20s"])
-            .args(["--health-target", health])
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(f.try_clone().unwrap())
-            .stderr(f)
-            .spawn()
-            .unwrap();
-        println!("eptest: operator pid {}", child.id());
-        Self {
-            child: Some(child),
-            log,
-        }
-    }
-
-    fn log_tail(&self) -> String {
-        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = s.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let Some(mut c) = self.child.take() else {
-            return;
-        };
-        println!("eptest: operator log tail:\n{}", self.log_tail());
-        let _ = Command::new("kill")
-            .args(["-TERM", &c.id().to_string()])
-            .status();
-        let t0 = Instant::now();
-        while t0.elapsed() < STOP_GRACE {
-            if let Ok(Some(_)) = c.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-}
-
-async fn get(addr: SocketAddr, path: &str) -> Option<String> {
-    let r = http(
-        None,
-        addr,
-        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"),
-    )
-    .await
-    .ok()?;
-    match ep_test_support::http::response(&r)? {
-        (200, body) => Some(body),
-        _ => None,
-    }
 }
 
 /// One member as `/status` shows it.
@@ -185,7 +78,7 @@ struct Member {
 
 /// The pool's members from `/status`, by name.
 async fn members(addr: SocketAddr) -> Option<BTreeMap<String, Member>> {
-    let doc: serde_json::Value = serde_json::from_str(&get(addr, "/status").await?).ok()?;
+    let doc: serde_json::Value = serde_json::from_str(&get_body(addr, "/status").await?).ok()?;
     let pool = doc["pools"]
         .as_array()?
         .iter()
@@ -225,7 +118,7 @@ async fn two_healthy(
     listen: SocketAddr,
     gone: Option<&str>,
     budget: Duration,
-    op: &Operator,
+    op: &StandaloneOperator,
 ) -> BTreeMap<String, Member> {
     let t0 = Instant::now();
     loop {
@@ -272,7 +165,7 @@ fn running_pid(domain: &str) -> Option<u32> {
 /// QEMU process for its domain). Returns the seconds until unpublished.
 async fn fault_and_heal(
     listen: SocketAddr,
-    op: &Operator,
+    op: &StandaloneOperator,
     what: &str,
     fault: impl FnOnce(&str),
 ) -> f64 {
@@ -284,7 +177,7 @@ async fn fault_and_heal(
         victim.domain.clone().unwrap(),
     );
     let old_pid = qemu_pid(&domain);
-    let body = get(listen, &healthy_path).await.unwrap_or_default();
+    let body = get_body(listen, &healthy_path).await.unwrap_or_default();
     assert!(
         body.lines().any(|l| l == endpoint),
         "{endpoint} not in {body:?}"
@@ -293,7 +186,7 @@ async fn fault_and_heal(
     let t0 = Instant::now();
     fault(&domain);
     let unpublished = loop {
-        let body = get(listen, &healthy_path).await.unwrap_or_default();
+        let body = get_body(listen, &healthy_path).await.unwrap_or_default();
         let t = t0.elapsed();
         if !body.lines().any(|l| l == endpoint) {
             assert!(
@@ -345,54 +238,13 @@ async fn fault_and_heal(
 
 #[test]
 fn a_real_member_whose_guest_dies_or_pauses_is_unpublished_within_the_bound_and_replaced() {
-    if std::env::var_os(IN_NETNS_ENV).is_none() {
-        assert!(
-            Path::new("/run/netns").join(LIBVIRT_NETNS).exists(),
-            "network namespace {LIBVIRT_NETNS} missing: run .ci/setup-host"
-        );
-        let image = build_image(&repo_root());
-        reexec_in_netns(
-            LIBVIRT_NETNS,
-            test_name(),
-            TEST_BUDGET,
-            &[
-                env(IN_NETNS_ENV, "1"),
-                env(IMAGE_ENV, &image.path),
-                env(IMAGE_SHA_ENV, &image.sha256),
-                env(BIN_ENV, binary()),
-            ],
-        );
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(inside_the_namespace());
+    real_guest::run(test_name(), TEST_BUDGET, inside_the_namespace);
 }
 
-async fn inside_the_namespace() {
-    sweep("epheal");
-    let bin = binary();
-    let image = match (std::env::var_os(IMAGE_ENV), std::env::var(IMAGE_SHA_ENV)) {
-        (Some(path), Ok(sha256)) => GuestImage {
-            path: PathBuf::from(path),
-            sha256,
-        },
-        _ => build_image(&repo_root()),
-    };
-    let entry = format!("epheal{}", cleanup::now_secs());
-    let pool = PoolFixture::create("epheal");
-    run_ok(Command::new("chmod").arg("755").arg(&pool.dir));
-    println!(
-        "eptest: pool {} at {}; provider entry {entry}",
-        pool.name,
-        pool.dir.display()
-    );
-    let _entry_guard = EntryGuard {
-        entry: entry.clone(),
-    };
+async fn inside_the_namespace(rg: RealGuest) {
+    let RealGuest { bin, image } = rg;
+    let fixture = EntryFixture::create("epheal");
+    let (entry, pool) = (fixture.entry.clone(), &fixture.pool);
     let net = NetGuard::create("epheal");
     let gateway = net.ip(1);
     let work = tempfile::Builder::new()
@@ -443,12 +295,12 @@ async fn inside_the_namespace() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
-    let op = Operator::start(
+    let op = StandaloneOperator::start(
         &bin,
         &config,
         &dir,
         listen,
-        &health_target,
+        ["--health-target", health_target.as_str()],
         work.path().join("operator.log"),
     );
     let t0 = Instant::now();
@@ -501,7 +353,7 @@ async fn inside_the_namespace() {
     ]);
     assert!(out.contains("quarantined (inspect its disk)"), "{out}");
     loop {
-        let body = get(listen, &format!("/pools/{POOL_NAME}/healthy.txt"))
+        let body = get_body(listen, &format!("/pools/{POOL_NAME}/healthy.txt"))
             .await
             .unwrap_or_default();
         if !body.lines().any(|l| l == endpoint) {

@@ -30,27 +30,19 @@
 mod kube_support;
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use egress_provider::libvirt::names;
 use egress_provider::model::ProxyUid;
-use ep_test_support::cleanup::{self, PoolFixture};
+use ep_test_support::cleanup::{self};
 use ep_test_support::e2e::{
-    EchoProcess, EntryGuard, GuestImage, ImageHost, LIBVIRT_NETNS, NetGuard, build_image,
-    echo_server, env, http, reexec_in_netns, run_ok, status_code, sweep, volumes,
+    EchoProcess, ImageHost, NetGuard, echo_server, http, status_code, volumes,
 };
+use ep_test_support::real_guest::{self as real_guest, EntryFixture, RealGuest};
 use ep_test_support::sshd::Sshd;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
-use kube_support::{ApiServer, ClusterConfig, Operator, proxy_resource, repo_root};
+use kube_support::{ApiServer, ClusterConfig, Operator, proxy_resource};
 
-/// Set in the re-executed child: "you are inside the namespace".
-const IN_NETNS_ENV: &str = "EPTEST_KUBE_E2E_IN_NETNS";
-/// The image the outer run built, handed to the run inside the namespace.
-const IMAGE_ENV: &str = "EP_KUBE_E2E_IMAGE";
-/// Its sha256.
-const IMAGE_SHA_ENV: &str = "EP_KUBE_E2E_IMAGE_SHA256";
 /// The whole test, image build included.
 // NB: as the standalone e2e: a first image build ~2.5 min, the cached run ~2–3 min (TCG boot
 // to a leased address ~40 s–2 min, tinyproxy ~35 s later). 30 min is far above and
@@ -97,38 +89,7 @@ fn main_test_name() -> &'static str {
 #[test]
 fn in_kubernetes_mode_a_proxy_object_boots_a_real_guest_is_published_when_healthy_and_its_deletion_removes_the_vm_before_the_finalizer()
  {
-    if std::env::var_os(IN_NETNS_ENV).is_none() {
-        assert!(
-            Path::new("/run/netns").join(LIBVIRT_NETNS).exists(),
-            "network namespace {LIBVIRT_NETNS} missing: run .ci/setup-host (it starts libvirtd in it)"
-        );
-        // NB: built out here: the namespace has no route to the Debian mirror.
-        let t = Instant::now();
-        let image = build_image(&repo_root());
-        println!(
-            "eptest: timing: image build (or cache hit) {:.1} s: {} sha256 {}",
-            t.elapsed().as_secs_f64(),
-            image.path.display(),
-            image.sha256
-        );
-        reexec_in_netns(
-            LIBVIRT_NETNS,
-            main_test_name(),
-            TEST_BUDGET,
-            &[
-                env(IN_NETNS_ENV, "1"),
-                env(IMAGE_ENV, &image.path),
-                env(IMAGE_SHA_ENV, &image.sha256),
-            ],
-        );
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(inside_the_namespace());
+    real_guest::run(main_test_name(), TEST_BUDGET, inside_the_namespace);
 }
 
 /// Polls `f` every [`POLL`] until `Some`, failing with `what` and the operator's stderr tail.
@@ -158,25 +119,10 @@ where
     }
 }
 
-async fn inside_the_namespace() {
-    sweep("k2e");
-    let image = match (std::env::var_os(IMAGE_ENV), std::env::var(IMAGE_SHA_ENV)) {
-        (Some(path), Ok(sha256)) => GuestImage {
-            path: PathBuf::from(path),
-            sha256,
-        },
-        _ => build_image(&repo_root()),
-    };
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_egress-proxies"));
-
-    let entry = format!("k2e{}", cleanup::now_secs());
-    let pool = PoolFixture::create("k2e");
-    run_ok(Command::new("chmod").arg("755").arg(&pool.dir));
-    println!("eptest: pool {} at {}", pool.name, pool.dir.display());
-    println!("eptest: provider entry {entry}");
-    let _entry_guard = EntryGuard {
-        entry: entry.clone(),
-    };
+async fn inside_the_namespace(rg: RealGuest) {
+    let RealGuest { bin, image } = rg;
+    let fixture = EntryFixture::create("k2e");
+    let (entry, pool) = (fixture.entry.clone(), &fixture.pool);
     let net = NetGuard::create("k2e");
     let gateway = net.ip(1);
     let (echo, seen) = echo_server(gateway).await;

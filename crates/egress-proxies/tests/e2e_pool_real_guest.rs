@@ -24,21 +24,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ep_test_support::cleanup::{self, PoolFixture};
-use ep_test_support::e2e::{
-    EchoProcess, EntryGuard, GuestImage, ImageHost, LIBVIRT_NETNS, NetGuard, build_image, env,
-    http, reexec_in_netns, run_ok, sweep,
+use ep_test_support::cleanup::{self};
+use ep_test_support::e2e::{EchoProcess, ImageHost, NetGuard, get_body};
+use ep_test_support::real_guest::{
+    self as real_guest, EntryFixture, RealGuest, StandaloneOperator,
 };
 use ep_test_support::sshd::Sshd;
 
-const IN_NETNS_ENV: &str = "EPTEST_E2E_POOL_IN_NETNS";
-const BIN_ENV: &str = "EGRESS_PROXIES_BIN";
-const IMAGE_ENV: &str = "EP_E2E_IMAGE";
-const IMAGE_SHA_ENV: &str = "EP_E2E_IMAGE_SHA256";
 /// The whole test.
 // NB: measured here: two guests healthy ~3 min after the start, each replacement ~2-3 min
 // more under TCG; 40 min is far above and inside CI's 90 minutes.
@@ -60,7 +54,6 @@ const MAX_AGE: &str = "8m";
 const UNHEALTHY_AFTER: &str = "20m";
 /// Between samples of healthy.txt.
 const SAMPLE: Duration = Duration::from_secs(1);
-const STOP_GRACE: Duration = Duration::from_secs(30);
 const PROXY_PORT: u16 = 3128;
 const IMAGE_KEY: &str = "debian-12-ep";
 const IMAGE_PATH: &str = "/debian-12-ep.qcow2";
@@ -72,119 +65,14 @@ fn test_name() -> &'static str {
     "a_real_pool_of_two_rotates_each_member_after_its_replacement_is_healthy_and_never_empties"
 }
 
-fn binary() -> PathBuf {
-    if let Some(p) = std::env::var_os(BIN_ENV) {
-        return PathBuf::from(p);
-    }
-    if let Some(p) = option_env!("CARGO_BIN_EXE_egress-proxies") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("egress-proxies")
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
-/// The operator: SIGTERM, then SIGKILL after [`STOP_GRACE`], when dropped.
-struct Operator {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Operator {
-    fn start(
-        bin: &Path,
-        config: &Path,
-        dir: &Path,
-        listen: SocketAddr,
-        health: &str,
-        log: PathBuf,
-    ) -> Self {
-        let f = std::fs::File::create(&log).unwrap();
-        println!("eptest: operator log {}", log.display());
-        let child = Command::new(bin)
-            .arg("standalone")
-            .arg("--config")
-            .arg(config)
-            .arg("--proxies")
-            .arg(dir)
-            .args(["--listen", &listen.to_string()])
-            .args(["--check-interval", "5s", "--shutdown-grace", "20s"])
-            .args(["--health-target", health, "--health-interval", "3s"])
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(f.try_clone().unwrap())
-            .stderr(f)
-            .spawn()
-            .unwrap();
-        println!("eptest: operator pid {}", child.id());
-        Self {
-            child: Some(child),
-            log,
-        }
-    }
-
-    /// Members the pool has deleted so far (its `MemberDeleted` events in the log).
-    fn members_deleted(&self) -> usize {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .matches("reason=MemberDeleted")
-            .count()
-    }
-
-    fn log_tail(&self) -> String {
-        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = s.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let Some(mut c) = self.child.take() else {
-            return;
-        };
-        println!("eptest: operator log tail:\n{}", self.log_tail());
-        let _ = Command::new("kill")
-            .args(["-TERM", &c.id().to_string()])
-            .status();
-        let t0 = Instant::now();
-        while t0.elapsed() < STOP_GRACE {
-            if let Ok(Some(_)) = c.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-}
-
-async fn get(addr: SocketAddr, path: &str) -> Option<String> {
-    let r = http(
-        None,
-        addr,
-        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"),
-    )
-    .await
-    .ok()?;
-    match ep_test_support::http::response(&r)? {
-        (200, body) => Some(body),
-        _ => None,
-    }
-}
-
 /// The pool's members from `/status`: name → (available, deleting).
+/// Members the pool has deleted so far (its `MemberDeleted` events in the operator's log).
+fn members_deleted(op: &StandaloneOperator) -> usize {
+    op.log_text().matches("reason=MemberDeleted").count()
+}
+
 async fn members(addr: SocketAddr) -> Option<BTreeMap<String, (bool, bool)>> {
-    let doc: serde_json::Value = serde_json::from_str(&get(addr, "/status").await?).ok()?;
+    let doc: serde_json::Value = serde_json::from_str(&get_body(addr, "/status").await?).ok()?;
     let pool = doc["pools"]
         .as_array()?
         .iter()
@@ -244,54 +132,13 @@ async fn via_gateway(
 
 #[test]
 fn a_real_pool_of_two_rotates_each_member_after_its_replacement_is_healthy_and_never_empties() {
-    if std::env::var_os(IN_NETNS_ENV).is_none() {
-        assert!(
-            Path::new("/run/netns").join(LIBVIRT_NETNS).exists(),
-            "network namespace {LIBVIRT_NETNS} missing: run .ci/setup-host"
-        );
-        let image = build_image(&repo_root());
-        reexec_in_netns(
-            LIBVIRT_NETNS,
-            test_name(),
-            TEST_BUDGET,
-            &[
-                env(IN_NETNS_ENV, "1"),
-                env(IMAGE_ENV, &image.path),
-                env(IMAGE_SHA_ENV, &image.sha256),
-                env(BIN_ENV, binary()),
-            ],
-        );
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(inside_the_namespace());
+    real_guest::run(test_name(), TEST_BUDGET, inside_the_namespace);
 }
 
-async fn inside_the_namespace() {
-    sweep("epool");
-    let bin = binary();
-    let image = match (std::env::var_os(IMAGE_ENV), std::env::var(IMAGE_SHA_ENV)) {
-        (Some(path), Ok(sha256)) => GuestImage {
-            path: PathBuf::from(path),
-            sha256,
-        },
-        _ => build_image(&repo_root()),
-    };
-    let entry = format!("epool{}", cleanup::now_secs());
-    let pool = PoolFixture::create("epool");
-    run_ok(Command::new("chmod").arg("755").arg(&pool.dir));
-    println!(
-        "eptest: pool {} at {}; provider entry {entry}",
-        pool.name,
-        pool.dir.display()
-    );
-    let _entry_guard = EntryGuard {
-        entry: entry.clone(),
-    };
+async fn inside_the_namespace(rg: RealGuest) {
+    let RealGuest { bin, image } = rg;
+    let fixture = EntryFixture::create("epool");
+    let (entry, pool) = (fixture.entry.clone(), &fixture.pool);
     let net = NetGuard::create("epool");
     let gateway = net.ip(1);
     let work = tempfile::Builder::new()
@@ -343,12 +190,17 @@ async fn inside_the_namespace() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
-    let op = Operator::start(
+    let op = StandaloneOperator::start(
         &bin,
         &config,
         &dir,
         listen,
-        &health_target,
+        [
+            "--health-target",
+            health_target.as_str(),
+            "--health-interval",
+            "3s",
+        ],
         work.path().join("operator.log"),
     );
     let healthy_path = format!("/pools/{POOL_NAME}/healthy.txt");
@@ -409,7 +261,7 @@ async fn inside_the_namespace() {
     // existed then.
     let mut retired: BTreeMap<String, f64> = BTreeMap::new();
     loop {
-        let body = get(listen, &healthy_path).await;
+        let body = get_body(listen, &healthy_path).await;
         let m = members(listen).await.unwrap_or_default();
         let t = t1.elapsed().as_secs_f64();
         let lines: Vec<&str> = body.as_deref().unwrap_or("").lines().collect();
@@ -435,7 +287,7 @@ async fn inside_the_namespace() {
             .iter()
             .filter_map(|l| l.rsplit_once(':').map(|(ip, _)| ip))
             .collect();
-        let deleted_before = op.members_deleted();
+        let deleted_before = members_deleted(&op);
         let plain = via_gateway(gw, &user, &password, health_echo.addr).await;
         let sticky = via_gateway(
             gw,
@@ -452,7 +304,7 @@ async fn inside_the_namespace() {
         let (plain, sticky) = match (plain, sticky) {
             (Ok(p), Ok(s)) => (p, s),
             (p, s) => {
-                let deleted_during = op.members_deleted() > deleted_before;
+                let deleted_during = members_deleted(&op) > deleted_before;
                 let e = p
                     .as_ref()
                     .err()

@@ -34,29 +34,24 @@
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use egress_provider::libvirt::config::ImageFormat;
 use egress_provider::libvirt::image::cache::PART_INFIX;
 use egress_provider::libvirt::{mark, names};
 use egress_standalone::manifests::uid_for;
-use ep_test_support::cleanup::{self, PoolFixture, virsh};
+use ep_test_support::cleanup::{self, virsh};
 use ep_test_support::e2e::{
-    EchoProcess, EntryGuard, GuestImage, ImageHost, LIBVIRT_NETNS, NetGuard, build_image,
-    echo_server, env, get_body, http, reexec_in_netns, run_ok, status_code, sweep, volumes,
+    EchoProcess, ImageHost, LIBVIRT_NETNS, NetGuard, echo_server, get_body, http, run_ok,
+    status_code, volumes,
+};
+use ep_test_support::real_guest::{
+    self as real_guest, EntryFixture, RealGuest, StandaloneOperator, status_json,
 };
 use ep_test_support::sshd::Sshd;
 
-/// Set in the re-executed child: "you are inside the namespace".
-const IN_NETNS_ENV: &str = "EPTEST_E2E_IN_NETNS";
-/// Overrides where the binary is found.
-const BIN_ENV: &str = "EGRESS_PROXIES_BIN";
-/// The image the outer (root-namespace) run built, handed to the run inside the namespace.
-const IMAGE_ENV: &str = "EP_E2E_IMAGE";
-/// Its sha256.
-const IMAGE_SHA_ENV: &str = "EP_E2E_IMAGE_SHA256";
 /// The whole test, image build included.
 // NB: measured here: first image build ~2.5 min (mmdebstrap from the mirror), cached 0 s; the
 // cached run ~2 min (boot to a leased address under TCG ~40 s, tinyproxy ~35 s
@@ -79,9 +74,6 @@ const DELETE_BUDGET: Duration = Duration::from_secs(3 * 60);
 const GUEST_EXEC_BUDGET: Duration = Duration::from_secs(60);
 /// Pause between polls.
 const POLL: Duration = Duration::from_secs(2);
-/// Graceful stop of the operator (and the echo) before it is killed.
-// NB: the operator's own shutdown grace is set to 20 s below; 30 s covers it.
-const STOP_GRACE: Duration = Duration::from_secs(30);
 /// The proxy port in the manifest.
 const PROXY_PORT: u16 = 3128;
 /// The guest's resources.
@@ -125,137 +117,7 @@ fn main_test_name() -> &'static str {
     "a_real_guest_booted_by_the_operator_carries_a_request_through_its_proxy_and_leaves_only_the_base"
 }
 
-/// Where the built `egress-proxies` binary is.
-fn binary() -> PathBuf {
-    if let Some(p) = std::env::var_os(BIN_ENV) {
-        return PathBuf::from(p);
-    }
-    if let Some(p) = option_env!("CARGO_BIN_EXE_egress-proxies") {
-        return PathBuf::from(p);
-    }
-    // target/debug/deps/<this test> → target/debug/egress-proxies
-    let exe = std::env::current_exe().unwrap();
-    let p = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("egress-proxies");
-    assert!(
-        p.exists(),
-        "{} not built: run `cargo build --bin egress-proxies` or set {BIN_ENV}",
-        p.display()
-    );
-    p
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
-/// The operator process: SIGTERM, then SIGKILL after [`STOP_GRACE`], when dropped.
-struct Operator {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Operator {
-    /// Starts `egress-proxies standalone` with the test's fixed flags plus `extra`.
-    fn start(
-        bin: &Path,
-        config: &Path,
-        proxies: &Path,
-        listen: SocketAddr,
-        extra: &[String],
-        log: PathBuf,
-    ) -> Self {
-        let f = std::fs::File::create(&log).unwrap();
-        println!("eptest: operator log {}", log.display());
-        let child = Command::new(bin)
-            .arg("standalone")
-            .arg("--config")
-            .arg(config)
-            .arg("--proxies")
-            .arg(proxies)
-            .args(["--listen", &listen.to_string()])
-            .args(["--check-interval", "5s"])
-            .args(["--gc-interval", GC_INTERVAL, "--gc-min-age", GC_MIN_AGE])
-            .args(["--shutdown-grace", "20s"])
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(f.try_clone().unwrap())
-            .stderr(f)
-            .spawn()
-            .unwrap();
-        println!("eptest: operator pid {}", child.id());
-        Self {
-            child: Some(child),
-            log,
-        }
-    }
-
-    /// SIGKILL: the operator gets no chance to clean up (the crash the test recovers from).
-    fn kill9(&mut self) {
-        let Some(mut c) = self.child.take() else {
-            return;
-        };
-        println!("eptest: kill -9 operator pid {}", c.id());
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-
-    /// Stops the operator gracefully; true when it exited 0 within [`STOP_GRACE`].
-    fn stop(&mut self) -> bool {
-        let Some(mut c) = self.child.take() else {
-            return true;
-        };
-        let _ = Command::new("kill")
-            .args(["-TERM", &c.id().to_string()])
-            .status();
-        let t0 = Instant::now();
-        while t0.elapsed() < STOP_GRACE {
-            if let Ok(Some(s)) = c.try_wait() {
-                return s.success();
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = c.kill();
-        let _ = c.wait();
-        false
-    }
-
-    fn log_tail(&self) -> String {
-        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = s.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        if self.child.is_some() {
-            println!("eptest: operator log tail:\n{}", self.log_tail());
-        }
-        self.stop();
-    }
-}
-
 // ---------------------------------------------------------------- HTTP bits
-
-async fn status_json(addr: SocketAddr) -> Option<serde_json::Value> {
-    let r = http(
-        None,
-        addr,
-        "GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".into(),
-    )
-    .await
-    .ok()?;
-    let body = ep_test_support::http::body(&r)?;
-    serde_json::from_str(&body).ok()
-}
 
 fn proxy_row<'a>(doc: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
     doc["proxies"]
@@ -366,69 +228,18 @@ fn parts(pool: &str) -> Vec<String> {
 #[test]
 fn a_real_guest_booted_by_the_operator_carries_a_request_through_its_proxy_and_leaves_only_the_base()
  {
-    if std::env::var_os(IN_NETNS_ENV).is_none() {
-        // Re-run this very test inside libvirtd's namespace.
-        assert!(
-            Path::new("/run/netns").join(LIBVIRT_NETNS).exists(),
-            "network namespace {LIBVIRT_NETNS} missing: run .ci/setup-host (it starts libvirtd in it)"
-        );
-        // NB: the image is built out here: the namespace has no route to the Debian mirror
-        // (a cache miss inside it fails name resolution), and nothing else needs one.
-        let t = Instant::now();
-        let image = build_image(&repo_root());
-        println!(
-            "eptest: timing: image build (or cache hit) {:.1} s: {} sha256 {}",
-            t.elapsed().as_secs_f64(),
-            image.path.display(),
-            image.sha256
-        );
-        // The child must have run exactly this test (a rename would otherwise run nothing
-        // and pass).
-        reexec_in_netns(
-            LIBVIRT_NETNS,
-            main_test_name(),
-            TEST_BUDGET,
-            &[
-                env(IN_NETNS_ENV, "1"),
-                env(IMAGE_ENV, &image.path),
-                env(IMAGE_SHA_ENV, &image.sha256),
-                env(BIN_ENV, binary()),
-            ],
-        );
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(inside_the_namespace());
+    real_guest::run(main_test_name(), TEST_BUDGET, inside_the_namespace);
 }
 
-async fn inside_the_namespace() {
+async fn inside_the_namespace(rg: RealGuest) {
     let t_all = Instant::now();
-    sweep("e2e");
-    let bin = binary();
-
-    let image = match (std::env::var_os(IMAGE_ENV), std::env::var(IMAGE_SHA_ENV)) {
-        (Some(path), Ok(sha256)) => GuestImage {
-            path: PathBuf::from(path),
-            sha256,
-        },
-        _ => build_image(&repo_root()),
-    };
-
-    let entry = format!("e2e{}", cleanup::now_secs());
+    let RealGuest { bin, image } = rg;
+    let fixture = EntryFixture::create("e2e");
+    let (entry, pool) = (fixture.entry.clone(), &fixture.pool);
     let name = "e2e-web";
     let uid = uid_for("default", name);
     let domain = names::domain(&entry, &uid);
-    let pool = PoolFixture::create("e2e");
-    run_ok(Command::new("chmod").arg("755").arg(&pool.dir));
-    println!("eptest: pool {} at {}", pool.name, pool.dir.display());
-    println!("eptest: provider entry {entry}; domain will be {domain}");
-    let _entry_guard = EntryGuard {
-        entry: entry.clone(),
-    };
+    println!("eptest: domain will be {domain}");
     let net = NetGuard::create("e2e");
     let gateway = net.ip(1);
     // A second address on the bridge, outside the allowed CIDR, for the refused client.
@@ -530,6 +341,10 @@ async fn inside_the_namespace() {
         health_target.clone(),
         "--health-interval".to_owned(),
         HEALTH_INTERVAL.to_owned(),
+        "--gc-interval".to_owned(),
+        GC_INTERVAL.to_owned(),
+        "--gc-min-age".to_owned(),
+        GC_MIN_AGE.to_owned(),
     ];
 
     // finding: H4
@@ -537,7 +352,7 @@ async fn inside_the_namespace() {
     // partial upload stays in the pool. The restarted operator must converge without ever
     // using it: the base that boots is backed by a complete part with the pinned digest.
     let t_kill = Instant::now();
-    let mut op1 = Operator::start(
+    let mut op1 = StandaloneOperator::start(
         &bin,
         &config,
         &proxies,
@@ -595,7 +410,7 @@ async fn inside_the_namespace() {
 
     server.unthrottle();
     let t_start = Instant::now();
-    let mut op = Operator::start(
+    let mut op = StandaloneOperator::start(
         &bin,
         &config,
         &proxies,

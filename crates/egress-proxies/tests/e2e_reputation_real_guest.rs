@@ -25,23 +25,18 @@
     clippy::indexing_slicing
 )]
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ep_test_support::cleanup::{self, PoolFixture};
-use ep_test_support::e2e::{
-    EchoProcess, EntryGuard, GuestImage, ImageHost, LIBVIRT_NETNS, StaticNet, build_image,
-    echo_server, env, http, reexec_in_netns, status_code, sweep,
-};
+use ep_test_support::cleanup::{self};
+use ep_test_support::e2e::{EchoProcess, ImageHost, StaticNet, echo_server};
 use ep_test_support::nsd::{Nsd, TestZone};
+use ep_test_support::real_guest::{
+    self as real_guest, EntryFixture, RealGuest, StandaloneOperator, egress_through, status_json,
+};
 use ep_test_support::sshd::Sshd;
 
-const IN_NETNS_ENV: &str = "EPTEST_ERP_IN_NETNS";
-const BIN_ENV: &str = "EGRESS_PROXIES_BIN";
-const IMAGE_ENV: &str = "EP_E2E_IMAGE";
-const IMAGE_SHA_ENV: &str = "EP_E2E_IMAGE_SHA256";
 /// The whole test.
 // NB: two TCG guests booting one after the other take ~3–8 min here; 30 min is far above.
 const TEST_BUDGET: Duration = Duration::from_secs(30 * 60);
@@ -51,8 +46,6 @@ const BOOT_BUDGET: Duration = Duration::from_secs(12 * 60);
 /// From the listing in the zone to the listing in the member's status: one check round
 /// (`interval: 1m`) and a publishing pass.
 const LISTING_BUDGET: Duration = Duration::from_secs(3 * 60);
-/// Graceful stop of the operator before it is killed (its own grace is 20 s).
-const STOP_GRACE: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_secs(2);
 const PROXY_PORT: u16 = 3128;
 const IMAGE_KEY: &str = "debian-12-ep";
@@ -65,149 +58,6 @@ const PNAME: &str = "erp";
 
 fn test_name() -> &'static str {
     "the_observed_egress_of_a_real_guest_listed_in_a_blocklist_is_replaced_and_retired"
-}
-
-fn binary() -> PathBuf {
-    if let Some(p) = std::env::var_os(BIN_ENV) {
-        return PathBuf::from(p);
-    }
-    if let Some(p) = option_env!("CARGO_BIN_EXE_egress-proxies") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().unwrap();
-    let p = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("egress-proxies");
-    assert!(p.exists(), "{} not built", p.display());
-    p
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
-/// The operator process: SIGTERM, then SIGKILL after [`STOP_GRACE`], when dropped.
-struct Operator {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Operator {
-    fn start(
-        bin: &Path,
-        config: &Path,
-        proxies: &Path,
-        listen: SocketAddr,
-        extra: &[String],
-        log: PathBuf,
-    ) -> Self {
-        let f = std::fs::File::create(&log).unwrap();
-        println!("eptest: operator log {}", log.display());
-        let child = Command::new(bin)
-            .arg("standalone")
-            .arg("--config")
-            .arg(config)
-            .arg("--proxies")
-            .arg(proxies)
-            .args(["--listen", &listen.to_string()])
-            .args(["--check-interval", "5s", "--shutdown-grace", "20s"])
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(f.try_clone().unwrap())
-            .stderr(f)
-            .spawn()
-            .unwrap();
-        println!("eptest: operator pid {}", child.id());
-        Self {
-            child: Some(child),
-            log,
-        }
-    }
-
-    fn stop(&mut self) -> bool {
-        let Some(mut c) = self.child.take() else {
-            return true;
-        };
-        let _ = Command::new("kill")
-            .args(["-TERM", &c.id().to_string()])
-            .status();
-        let t0 = Instant::now();
-        while t0.elapsed() < STOP_GRACE {
-            if let Ok(Some(s)) = c.try_wait() {
-                return s.success();
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = c.kill();
-        let _ = c.wait();
-        false
-    }
-
-    fn log_tail(&self) -> String {
-        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = s.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        if self.child.is_some() {
-            println!("eptest: operator log tail:\n{}", self.log_tail());
-        }
-        self.stop();
-    }
-}
-
-async fn status_json(addr: SocketAddr) -> Option<serde_json::Value> {
-    let r = http(
-        None,
-        addr,
-        "GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".into(),
-    )
-    .await
-    .ok()?;
-    let body = ep_test_support::http::body(&r)?;
-    serde_json::from_str(&body).ok()
-}
-
-/// A request through the proxy at `ip` to `echo`, from `client`, until it answers 200;
-/// returns the address the echo saw.
-async fn egress_through(
-    ip: Ipv4Addr,
-    client: Ipv4Addr,
-    echo: SocketAddr,
-    budget: Duration,
-) -> String {
-    let proxy = SocketAddr::V4(SocketAddrV4::new(ip, PROXY_PORT));
-    let request =
-        format!("GET http://{echo}/egress HTTP/1.1\r\nHost: {echo}\r\nConnection: close\r\n\r\n");
-    let t0 = Instant::now();
-    loop {
-        match http(Some(client), proxy, request.clone()).await {
-            Ok(r) if status_code(&r) == Some(200) => {
-                let body = r.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
-                return body
-                    .trim()
-                    .strip_prefix("egress=")
-                    .unwrap_or(body)
-                    .to_owned();
-            }
-            other => {
-                assert!(
-                    t0.elapsed() < budget,
-                    "no 200 through the proxy at {ip} within {budget:?}: {other:?}"
-                );
-                tokio::time::sleep(POLL).await;
-            }
-        }
-    }
 }
 
 fn members(doc: &serde_json::Value) -> Vec<serde_json::Value> {
@@ -239,7 +89,7 @@ async fn wait_for<T>(
     what: &str,
     listen: SocketAddr,
     budget: Duration,
-    op: &Operator,
+    op: &StandaloneOperator,
     mut f: impl FnMut(&serde_json::Value) -> Option<T>,
 ) -> T {
     let t0 = Instant::now();
@@ -264,60 +114,14 @@ async fn wait_for<T>(
 
 #[test]
 fn the_observed_egress_of_a_real_guest_listed_in_a_blocklist_is_replaced_and_retired() {
-    if std::env::var_os(IN_NETNS_ENV).is_none() {
-        assert!(
-            Path::new("/run/netns").join(LIBVIRT_NETNS).exists(),
-            "network namespace {LIBVIRT_NETNS} missing: run .ci/setup-host (it starts libvirtd in it)"
-        );
-        let t = Instant::now();
-        let image = build_image(&repo_root());
-        println!(
-            "eptest: timing: image build (or cache hit) {:.1} s",
-            t.elapsed().as_secs_f64()
-        );
-        reexec_in_netns(
-            LIBVIRT_NETNS,
-            test_name(),
-            TEST_BUDGET,
-            &[
-                env(IN_NETNS_ENV, "1"),
-                env(IMAGE_ENV, &image.path),
-                env(IMAGE_SHA_ENV, &image.sha256),
-                env(BIN_ENV, binary()),
-            ],
-        );
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(inside_the_namespace());
+    real_guest::run(test_name(), TEST_BUDGET, inside_the_namespace);
 }
 
-async fn inside_the_namespace() {
+async fn inside_the_namespace(rg: RealGuest) {
     let t_all = Instant::now();
-    sweep("erp");
-    let bin = binary();
-    let image = match (std::env::var_os(IMAGE_ENV), std::env::var(IMAGE_SHA_ENV)) {
-        (Some(path), Ok(sha256)) => GuestImage {
-            path: PathBuf::from(path),
-            sha256,
-        },
-        _ => build_image(&repo_root()),
-    };
-    let entry = format!("erp{}", cleanup::now_secs());
-    let pool = PoolFixture::create("erp");
-    ep_test_support::e2e::run_ok(Command::new("chmod").arg("755").arg(&pool.dir));
-    println!(
-        "eptest: pool {} at {}; provider entry {entry}",
-        pool.name,
-        pool.dir.display()
-    );
-    let _entry_guard = EntryGuard {
-        entry: entry.clone(),
-    };
+    let RealGuest { bin, image } = rg;
+    let fixture = EntryFixture::create("erp");
+    let (entry, pool) = (fixture.entry.clone(), &fixture.pool);
     let net = StaticNet::create("erp");
     let gateway = net.ip(1);
     let (echo, _seen) = echo_server(gateway).await;
@@ -391,7 +195,7 @@ async fn inside_the_namespace() {
         "3s".to_owned(),
     ];
     let t_start = Instant::now();
-    let op = Operator::start(
+    let op = StandaloneOperator::start(
         &bin,
         &config,
         &proxies,
@@ -422,7 +226,7 @@ async fn inside_the_namespace() {
         [first, last].contains(&observed),
         "{observed} is not from the pool"
     );
-    let saw = egress_through(observed, gateway, echo, BOOT_BUDGET).await;
+    let saw = egress_through((observed, PROXY_PORT), gateway, echo, BOOT_BUDGET).await;
     assert_eq!(saw, observed.to_string(), "the echo saw another egress");
 
     // List the observed egress address.
@@ -482,7 +286,7 @@ async fn inside_the_namespace() {
         "{m2:#}"
     );
     assert_eq!(m2["health"]["egressIp"], other.to_string(), "{m2:#}");
-    let saw = egress_through(other, gateway, echo, BOOT_BUDGET).await;
+    let saw = egress_through((other, PROXY_PORT), gateway, echo, BOOT_BUDGET).await;
     assert_eq!(saw, other.to_string(), "the echo saw another egress");
 
     // Retired: in the pool's status, and as `egress-proxies addresses` lists it.

@@ -1,0 +1,297 @@
+//! The harness every real-guest end-to-end test shares: the entry point that re-runs the test
+//! inside libvirtd's network namespace with the guest image and the binary ([`run`]), the
+//! provider entry and storage pool a test boots its guests into ([`EntryFixture`]), the
+//! `egress-proxies standalone` process ([`StandaloneOperator`]), its `/status` read back
+//! ([`status_json`]) and a request through a guest's proxy to the echo server
+//! ([`egress_through`]).
+//!
+//! Guarantees: [`run`] fails unless the re-run ran exactly the named test and passed, within
+//! the test's budget; the operator is stopped (TERM, then KILL after [`STOP_GRACE`]) and its
+//! log tail printed when dropped while running; the fixture removes the entry's domains, then
+//! the pool, on every path; every wait has a deadline and panics past it.
+
+use std::ffi::OsStr;
+use std::future::Future;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cleanup::{self, PoolFixture};
+use crate::e2e::{
+    EntryGuard, GuestImage, LIBVIRT_NETNS, STOP_GRACE, build_image, env, get_body, http,
+    reexec_in_netns, run_ok, status_code, sweep,
+};
+
+/// Set in the re-run (to the test's name): the process is inside libvirtd's namespace.
+const IN_NETNS_ENV: &str = "EPTEST_REAL_GUEST_IN_NETNS";
+/// The `egress-proxies` binary, handed to the re-run.
+const BIN_ENV: &str = "EGRESS_PROXIES_BIN";
+const IMAGE_ENV: &str = "EP_E2E_IMAGE";
+const IMAGE_SHA_ENV: &str = "EP_E2E_IMAGE_SHA256";
+/// Between two attempts of [`egress_through`].
+const RETRY: Duration = Duration::from_secs(2);
+
+/// What a real-guest test body gets: the binary under test and the guest image.
+#[derive(Debug, Clone)]
+pub struct RealGuest {
+    /// The `egress-proxies` binary.
+    pub bin: PathBuf,
+    /// The guest image `.ci/setup-host` built.
+    pub image: GuestImage,
+}
+
+/// The repository's root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// The `egress-proxies` binary: `$EGRESS_PROXIES_BIN`, else the one Cargo built beside the
+/// test binary's directory (`target/debug/deps/<test>` → `target/debug/egress-proxies`, where
+/// `CARGO_BIN_EXE_egress-proxies` points).
+pub fn binary() -> PathBuf {
+    if let Some(p) = std::env::var_os(BIN_ENV) {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().unwrap();
+    let p = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("egress-proxies");
+    assert!(
+        p.exists(),
+        "{} not built: run `cargo build --bin egress-proxies` or set {BIN_ENV}",
+        p.display()
+    );
+    p
+}
+
+/// Runs real-guest test `name` (the `#[test]` function's own name): out here it checks that
+/// libvirtd's namespace exists, builds the guest image (the namespace has no route to the
+/// Debian mirror) and re-runs `name` inside the namespace within `budget`
+/// ([`reexec_in_netns`], checked to have run exactly `name`, handed the binary of
+/// [`binary`]); in there it runs `body` on a 2-worker runtime.
+pub fn run<F, Fut>(name: &str, budget: Duration, body: F)
+where
+    F: FnOnce(RealGuest) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    if std::env::var(IN_NETNS_ENV).ok().as_deref() != Some(name) {
+        assert!(
+            Path::new("/run/netns").join(LIBVIRT_NETNS).exists(),
+            "network namespace {LIBVIRT_NETNS} missing: run .ci/setup-host (it starts libvirtd in it)"
+        );
+        let t = Instant::now();
+        let image = build_image(&repo_root());
+        println!(
+            "eptest: timing: image build (or cache hit) {:.1} s: {} sha256 {}",
+            t.elapsed().as_secs_f64(),
+            image.path.display(),
+            image.sha256
+        );
+        reexec_in_netns(
+            LIBVIRT_NETNS,
+            name,
+            budget,
+            &[
+                env(IN_NETNS_ENV, name),
+                env(IMAGE_ENV, &image.path),
+                env(IMAGE_SHA_ENV, &image.sha256),
+                env(BIN_ENV, binary()),
+            ],
+        );
+        return;
+    }
+    let image = match (std::env::var_os(IMAGE_ENV), std::env::var(IMAGE_SHA_ENV)) {
+        (Some(path), Ok(sha256)) => GuestImage {
+            path: PathBuf::from(path),
+            sha256,
+        },
+        _ => build_image(&repo_root()),
+    };
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(body(RealGuest {
+            bin: binary(),
+            image,
+        }));
+}
+
+/// A test's provider entry (`PREFIX<seconds>`) and the transient storage pool its guests live
+/// in. Creating one first sweeps this prefix's leftovers of earlier runs; dropping it removes
+/// the entry's domains, then the pool.
+#[derive(Debug)]
+pub struct EntryFixture {
+    /// The provider entry's name.
+    pub entry: String,
+    // NB: declared before `pool`: the domains go before the pool they live in.
+    _guard: EntryGuard,
+    /// The storage pool (mode 755, so QEMU can reach its volumes).
+    pub pool: PoolFixture,
+}
+
+impl EntryFixture {
+    /// Sweeps `prefix`'s leftovers, then makes the pool and names the entry (both printed).
+    pub fn create(prefix: &str) -> Self {
+        sweep(prefix);
+        let entry = format!("{prefix}{}", cleanup::now_secs());
+        let pool = PoolFixture::create(prefix);
+        run_ok(Command::new("chmod").arg("755").arg(&pool.dir));
+        println!(
+            "eptest: pool {} at {}; provider entry {entry}",
+            pool.name,
+            pool.dir.display()
+        );
+        Self {
+            _guard: EntryGuard {
+                entry: entry.clone(),
+            },
+            entry,
+            pool,
+        }
+    }
+}
+
+/// An `egress-proxies standalone` process writing to its own log file; stopped when dropped.
+#[derive(Debug)]
+pub struct StandaloneOperator {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl StandaloneOperator {
+    /// Starts `BIN standalone --config CONFIG --proxies PROXIES --listen LISTEN
+    /// --check-interval 5s --shutdown-grace 20s EXTRA…` with `RUST_LOG=info`, stdout and
+    /// stderr to `log` (its path and the pid printed).
+    pub fn start<I, S>(
+        bin: &Path,
+        config: &Path,
+        proxies: &Path,
+        listen: SocketAddr,
+        extra: I,
+        log: PathBuf,
+    ) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let f = std::fs::File::create(&log).unwrap();
+        println!("eptest: operator log {}", log.display());
+        let child = Command::new(bin)
+            .arg("standalone")
+            .arg("--config")
+            .arg(config)
+            .arg("--proxies")
+            .arg(proxies)
+            .args(["--listen", &listen.to_string()])
+            .args(["--check-interval", "5s", "--shutdown-grace", "20s"])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(f.try_clone().unwrap())
+            .stderr(f)
+            .spawn()
+            .unwrap();
+        println!("eptest: operator pid {}", child.id());
+        Self {
+            child: Some(child),
+            log,
+        }
+    }
+
+    /// SIGKILL: the operator gets no chance to clean up (a crash to recover from).
+    pub fn kill9(&mut self) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        println!("eptest: kill -9 operator pid {}", c.id());
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
+    /// SIGTERM; true when it exited 0 within [`STOP_GRACE`] (else it is killed).
+    pub fn stop(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else {
+            return true;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let t0 = Instant::now();
+        while t0.elapsed() < STOP_GRACE {
+            if let Ok(Some(s)) = c.try_wait() {
+                return s.success();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        false
+    }
+
+    /// Its whole log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The last 40 lines of its log.
+    pub fn log_tail(&self) -> String {
+        let s = self.log_text();
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for StandaloneOperator {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            println!("eptest: operator log tail:\n{}", self.log_tail());
+        }
+        self.stop();
+    }
+}
+
+/// The operator's `/status` document, when it answers one.
+pub async fn status_json(addr: SocketAddr) -> Option<serde_json::Value> {
+    serde_json::from_str(&get_body(addr, "/status").await?).ok()
+}
+
+/// `GET http://ECHO/egress` through the HTTP proxy at `proxy` (an address, or `(ip, port)`), from `client`, until it answers
+/// 200 (retrying every 2 s, panicking after `budget`); returns the address the echo saw.
+pub async fn egress_through(
+    proxy: impl Into<SocketAddr>,
+    client: Ipv4Addr,
+    echo: SocketAddr,
+    budget: Duration,
+) -> String {
+    let proxy = proxy.into();
+    let request =
+        format!("GET http://{echo}/egress HTTP/1.1\r\nHost: {echo}\r\nConnection: close\r\n\r\n");
+    let t0 = Instant::now();
+    loop {
+        match http(Some(client), proxy, request.clone()).await {
+            Ok(r) if status_code(&r) == Some(200) => {
+                let body = r.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+                return body
+                    .trim()
+                    .strip_prefix("egress=")
+                    .unwrap_or(body)
+                    .to_owned();
+            }
+            other => {
+                assert!(
+                    t0.elapsed() < budget,
+                    "no 200 through the proxy at {proxy} within {budget:?}: {other:?}"
+                );
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+}

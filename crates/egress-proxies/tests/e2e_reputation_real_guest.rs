@@ -25,7 +25,7 @@
     clippy::indexing_slicing
 )]
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,8 @@ use ep_test_support::cleanup::{self};
 use ep_test_support::e2e::{EchoProcess, ImageHost, StaticNet, echo_server};
 use ep_test_support::nsd::{Nsd, TestZone};
 use ep_test_support::real_guest::{
-    self as real_guest, EntryFixture, RealGuest, StandaloneOperator, egress_through, status_json,
+    self as real_guest, EntryFixture, RealGuest, StandaloneOperator, egress_through, pool_members,
+    pool_status, status_json, wait_for_pool,
 };
 use ep_test_support::sshd::Sshd;
 
@@ -46,7 +47,6 @@ const BOOT_BUDGET: Duration = Duration::from_secs(12 * 60);
 /// From the listing in the zone to the listing in the member's status: one check round
 /// (`interval: 1m`) and a publishing pass.
 const LISTING_BUDGET: Duration = Duration::from_secs(3 * 60);
-const POLL: Duration = Duration::from_secs(2);
 const PROXY_PORT: u16 = 3128;
 const IMAGE_KEY: &str = "debian-12-ep";
 const IMAGE_PATH: &str = "/debian-12-ep.qcow2";
@@ -58,58 +58,6 @@ const PNAME: &str = "erp";
 
 fn test_name() -> &'static str {
     "the_observed_egress_of_a_real_guest_listed_in_a_blocklist_is_replaced_and_retired"
-}
-
-fn members(doc: &serde_json::Value) -> Vec<serde_json::Value> {
-    doc["proxies"]
-        .as_array()
-        .map(|ps| {
-            ps.iter()
-                .filter(|p| {
-                    p["name"]
-                        .as_str()
-                        .is_some_and(|n| n.starts_with(&format!("{PNAME}-")))
-                })
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn pool_status(doc: &serde_json::Value) -> serde_json::Value {
-    doc["pools"]
-        .as_array()
-        .and_then(|ps| ps.iter().find(|p| p["name"] == PNAME))
-        .map(|p| p["status"].clone())
-        .unwrap_or_default()
-}
-
-/// Polls `/status` every [`POLL`] until `f` gives a value, within `budget`.
-async fn wait_for<T>(
-    what: &str,
-    listen: SocketAddr,
-    budget: Duration,
-    op: &StandaloneOperator,
-    mut f: impl FnMut(&serde_json::Value) -> Option<T>,
-) -> T {
-    let t0 = Instant::now();
-    let mut last = serde_json::Value::Null;
-    loop {
-        if let Some(doc) = status_json(listen).await {
-            if let Some(v) = f(&doc) {
-                return v;
-            }
-            last = doc;
-        }
-        assert!(
-            t0.elapsed() < budget,
-            "{what}: not within {budget:?}; members: {:#?}\npool: {:#}\n{}",
-            members(&last),
-            pool_status(&last),
-            op.log_tail()
-        );
-        tokio::time::sleep(POLL).await;
-    }
 }
 
 #[test]
@@ -205,18 +153,25 @@ async fn inside_the_namespace(rg: RealGuest) {
     );
 
     // The member: healthy, its egress observed by the health check, checked and not listed.
-    let (m1, observed) = wait_for("the first member healthy", listen, BOOT_BUDGET, &op, |d| {
-        let ms = members(d);
-        let m = ms.first()?;
-        let observed: Ipv4Addr = m["health"]["egressIp"].as_str()?.parse().ok()?;
-        (ms.len() == 1
-            && m["health"]["healthy"] == true
-            && m["conditions"]
-                .as_array()?
-                .iter()
-                .any(|c| c["type"] == "Listed" && c["status"] == "False"))
-        .then(|| (m["name"].as_str().unwrap_or_default().to_owned(), observed))
-    })
+    let (m1, observed) = wait_for_pool(
+        "the first member healthy",
+        &op,
+        listen,
+        PNAME,
+        BOOT_BUDGET,
+        |d| {
+            let ms = pool_members(d, PNAME);
+            let m = ms.first()?;
+            let observed: Ipv4Addr = m["health"]["egressIp"].as_str()?.parse().ok()?;
+            (ms.len() == 1
+                && m["health"]["healthy"] == true
+                && m["conditions"]
+                    .as_array()?
+                    .iter()
+                    .any(|c| c["type"] == "Listed" && c["status"] == "False"))
+            .then(|| (m["name"].as_str().unwrap_or_default().to_owned(), observed))
+        },
+    )
     .await;
     println!(
         "eptest: timing: manifest → {m1} healthy, egress {observed} observed, not listed {:.1} s",
@@ -232,13 +187,14 @@ async fn inside_the_namespace(rg: RealGuest) {
     // List the observed egress address.
     let t_listed = Instant::now();
     nsd.serve(&[TestZone::new(ZONE).list(observed.into(), Ipv4Addr::new(127, 0, 0, 2))]);
-    wait_for(
+    wait_for_pool(
         "the listing in the member's status",
-        listen,
-        LISTING_BUDGET,
         &op,
+        listen,
+        PNAME,
+        LISTING_BUDGET,
         |d| {
-            let ms = members(d);
+            let ms = pool_members(d, PNAME);
             ms.iter()
                 .find(|m| m["name"] == m1.as_str())
                 .filter(|m| {
@@ -258,19 +214,22 @@ async fn inside_the_namespace(rg: RealGuest) {
     // pool never has no available member meanwhile.
     let t_replace = Instant::now();
     let other = if observed == first { last } else { first };
-    let m2 = wait_for(
+    let m2 = wait_for_pool(
         "the listed member replaced",
-        listen,
-        BOOT_BUDGET,
         &op,
+        listen,
+        PNAME,
+        BOOT_BUDGET,
         |d| {
-            let available = pool_status(d)["availableReplicas"].as_u64().unwrap_or(0);
+            let available = pool_status(d, PNAME)["availableReplicas"]
+                .as_u64()
+                .unwrap_or(0);
             assert!(
                 available >= 1,
                 "the pool dropped below its budget: {:#}",
-                pool_status(d)
+                pool_status(d, PNAME)
             );
-            let ms = members(d);
+            let ms = pool_members(d, PNAME);
             (ms.len() == 1 && ms[0]["name"] != m1.as_str() && ms[0]["health"]["healthy"] == true)
                 .then(|| ms[0].clone())
         },
@@ -291,7 +250,7 @@ async fn inside_the_namespace(rg: RealGuest) {
 
     // Retired: in the pool's status, and as `egress-proxies addresses` lists it.
     let doc = status_json(listen).await.unwrap();
-    let retired = pool_status(&doc)["retiredAddresses"].clone();
+    let retired = pool_status(&doc, PNAME)["retiredAddresses"].clone();
     assert_eq!(retired[0]["address"], observed.to_string(), "{retired:#}");
     assert_eq!(retired[0]["member"], m1.as_str(), "{retired:#}");
     let out = Command::new(&bin)

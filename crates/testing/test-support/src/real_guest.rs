@@ -295,3 +295,59 @@ pub async fn egress_through(
         }
     }
 }
+
+/// Between two reads of `/status` in [`wait_for_pool`].
+const STATUS_POLL: Duration = Duration::from_secs(2);
+
+/// The Proxies of pool `pool` in a `/status` document (its members are named `POOL-…`).
+pub fn pool_members(doc: &serde_json::Value, pool: &str) -> Vec<serde_json::Value> {
+    let prefix = format!("{pool}-");
+    doc["proxies"]
+        .as_array()
+        .map(|ps| {
+            ps.iter()
+                .filter(|p| p["name"].as_str().is_some_and(|n| n.starts_with(&prefix)))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Pool `pool`'s status in a `/status` document (`null` when it is not there).
+pub fn pool_status(doc: &serde_json::Value, pool: &str) -> serde_json::Value {
+    doc["pools"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == pool))
+        .map(|p| p["status"].clone())
+        .unwrap_or_default()
+}
+
+/// Reads the operator's `/status` every 2 s until `f` gives a value; past `budget` it panics
+/// with `what`, pool `pool`'s members and status as last seen, and the operator's log tail.
+pub async fn wait_for_pool<T>(
+    what: &str,
+    op: &StandaloneOperator,
+    listen: SocketAddr,
+    pool: &str,
+    budget: Duration,
+    mut f: impl FnMut(&serde_json::Value) -> Option<T>,
+) -> T {
+    let t0 = Instant::now();
+    let mut last = serde_json::Value::Null;
+    loop {
+        if let Some(doc) = status_json(listen).await {
+            if let Some(v) = f(&doc) {
+                return v;
+            }
+            last = doc;
+        }
+        assert!(
+            t0.elapsed() < budget,
+            "{what}: not within {budget:?}; members: {:#?}\npool: {:#}\n{}",
+            pool_members(&last, pool),
+            pool_status(&last, pool),
+            op.log_tail()
+        );
+        tokio::time::sleep(STATUS_POLL).await;
+    }
+}

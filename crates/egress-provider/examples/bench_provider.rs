@@ -107,9 +107,9 @@ fn vm_hwm_kib() -> u64 {
 }
 
 /// Serves one file over HTTP/1.1 on 127.0.0.1 (HEAD and GET, Content-Length), from a thread
-/// of its own with `std::io::copy` (which Linux turns into `sendfile`), like a real image
-/// server: the bytes never pass through this process's memory, so the import is not charged
-/// for a server it would not run in production.
+/// of its own with `sendfile(2)`, like a real image server: the bytes never pass through this
+/// process's memory, so the import is charged as little as possible for a server it would not
+/// run in production (what is left is the kernel's loopback TCP work on the sending side).
 async fn serve_file(path: String) -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
@@ -134,8 +134,19 @@ async fn serve_file(path: String) -> String {
                 );
                 let _ = s.write_all(head.as_bytes());
                 if req.starts_with(b"GET") {
-                    let mut f = std::fs::File::open(&path).unwrap();
-                    let _ = std::io::copy(&mut f, &mut s);
+                    // NB: `std::io::copy` from a file to a TCP socket does not use sendfile
+                    // (measured: 8 KiB read + send pairs, ~0.7 CPU-s per GiB in this
+                    // process, charged to the import); sendfile(2) keeps the bytes in the
+                    // kernel, as an image server (nginx, a CDN) does.
+                    let f = std::fs::File::open(&path).unwrap();
+                    let mut left = len;
+                    while left > 0 {
+                        let want = usize::try_from(left.min(1 << 30)).unwrap();
+                        match rustix::fs::sendfile(&s, &f, None, want) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => left -= n as u64,
+                        }
+                    }
                 }
                 let _ = s.shutdown(std::net::Shutdown::Both);
             });

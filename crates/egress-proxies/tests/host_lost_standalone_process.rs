@@ -197,6 +197,9 @@ const BUDGET: Duration = Duration::from_secs(10);
 const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// The standalone pool loop decides every pool at least this often.
 const POOL_TICK: Duration = Duration::from_secs(2);
+/// How long h1 stays frozen once the pool is whole on h2 (more than the pool's 10 s look at
+/// its lost members and a member reconcile's 5 s).
+const HOLD: Duration = Duration::from_secs(15);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_and_deletes_it_on_return() {
@@ -373,9 +376,26 @@ async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_and_deletes_it
         "{rf}"
     );
 
-    // Still frozen a while longer: the old copy stays.
+    // Still frozen a while longer: the old copy stays, also once its replacement is
+    // available (the pool is whole without it) and past the pool's 10 s look at lost members.
     let hold = Instant::now();
-    while hold.elapsed() < Duration::from_secs(5) {
+    let mut whole: Option<Instant> = None;
+    while whole.is_none_or(|t| t.elapsed() < HOLD) {
+        assert!(
+            hold.elapsed() < DEADLINE,
+            "the replacement never became available"
+        );
+        if whole.is_none()
+            && look(listen)
+                .await
+                .members
+                .iter()
+                .filter(|(n, (h, a))| *n != &old && h == "h2" && *a)
+                .count()
+                == REPLICAS
+        {
+            whole = Some(Instant::now());
+        }
         let l = look(listen).await;
         assert!(
             l.members.contains_key(&old),

@@ -56,7 +56,7 @@ fn manifest(entry: &str, gateway: Ipv4Addr, client: &str) -> String {
          spec:\n  replicas: 1\n  template:\n    spec:\n      provider: {entry}\n      \
          image: {IMAGE_KEY}\n      proxy:\n        port: {PROXY_PORT}\n        protocol: http\n        \
          allowedClientCidrs: [{gateway}/32, {client}]\n  update:\n    maxSurge: 0\n    \
-         maxUnavailable: 1\n  rotation:\n    egressAddress: Fresh\n"
+         maxUnavailable: 1\n  rotation:\n    egressAddress: Keep\n"
     )
 }
 

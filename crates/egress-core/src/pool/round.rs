@@ -18,9 +18,10 @@
 //! 6. **Metrics**: members by state, each member's create-to-available time once
 //!    ([`AvailabilityMemory`]), replacements by cause, desired and available replicas.
 //!
-//! [`carry_out`] acts in this order: retirements (when they changed), creates, deletes,
-//! events, then the status; a create or
-//! delete that fails does not stop the others, the status is still recorded, and the first
+//! [`carry_out`] acts in this order: retirements (when they changed), creates, unpublishes
+//! (a member's drain marker recorded: it leaves publication at once, and a later round
+//! deletes it once the drain grace has passed), deletes, events, then the status; a create,
+//! unpublish or delete that fails does not stop the others, the status is still recorded, and the first
 //! failure is returned (the driver retries the round).
 //!
 //! Guarantees: [`plan`] is pure (the clock is an input) and costs O(members · log members +
@@ -35,7 +36,9 @@ use crate::controller::decide::fmt_time;
 use crate::controller::{Event, EventKind};
 use crate::metrics::{Metrics, PoolReplicas};
 use crate::model::{Condition, ConditionStatus};
-use crate::pool::decide::{CreateMember, PoolDecision, PoolHost, PoolInputs, decide};
+use crate::pool::decide::{
+    CreateMember, PoolDecision, PoolHost, PoolInputs, UnpublishMember, decide,
+};
 use crate::pool::member::{LABEL_POOL, Member, template_hash};
 use crate::pool::spec::ProxyPoolSpec;
 use crate::pool::status::{
@@ -211,11 +214,12 @@ impl AvailabilityMemory {
 }
 
 /// The members by state, in the order of [`crate::metrics::MEMBER_STATES`] (available,
-/// unavailable, quarantined, deleting); a quarantined or deleting member counts only there.
+/// unavailable, quarantined, deleting); a quarantined or deleting member counts only there,
+/// and an unpublished one waiting for its drain grace counts as deleting.
 pub fn state_counts(members: &[Member]) -> [u64; 4] {
     let mut counts = [0u64; 4];
     for m in members {
-        let i = if m.deleting {
+        let i = if m.deleting || (m.draining.is_some() && m.quarantine.is_none()) {
             3
         } else if m.quarantine.is_some() {
             2
@@ -363,6 +367,16 @@ pub trait PoolDriver: Sync {
     fn create(&self, member: &CreateMember)
     -> impl Future<Output = Result<(), Self::Error>> + Send;
 
+    /// Unpublishes member `u.name` for good: records its drain marker `u.marker` on it
+    /// (Kubernetes: the [`crate::pool::member::ANNOTATION_DRAIN`] annotation; standalone: its
+    /// member file), so that it is no longer available, never published (healthy lists,
+    /// Service endpoints, the gateway), and a later round (after a restart too) deletes it
+    /// once the drain grace has passed. A member already gone is no error.
+    fn unpublish(
+        &self,
+        u: &UnpublishMember,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
     /// Deletes member `name`: `true` when this call started its deletion (it is counted as
     /// a replacement), `false` when it was gone or already going.
     fn delete(&self, name: &str) -> impl Future<Output = Result<bool, Self::Error>> + Send;
@@ -446,6 +460,11 @@ pub async fn carry_out<D: PoolDriver>(
             let mut first_error = None;
             for c in &plan.decision.creates {
                 if let Err(e) = driver.create(c).await {
+                    first_error.get_or_insert(e);
+                }
+            }
+            for u in &plan.decision.unpublishes {
+                if let Err(e) = driver.unpublish(u).await {
                     first_error.get_or_insert(e);
                 }
             }

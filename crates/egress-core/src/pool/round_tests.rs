@@ -278,6 +278,11 @@ impl PoolDriver for Recorder {
         Ok(())
     }
 
+    async fn unpublish(&self, u: &UnpublishMember) -> Result<(), String> {
+        lock(&self.calls).push(format!("unpublish {} {}", u.name, u.marker));
+        Ok(())
+    }
+
     async fn delete(&self, name: &str) -> Result<bool, String> {
         lock(&self.calls).push(format!("delete {name}"));
         Ok(self.started)

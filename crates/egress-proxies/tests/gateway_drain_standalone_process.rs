@@ -167,10 +167,7 @@ async fn members(addr: SocketAddr) -> BTreeMap<String, Row> {
                     available: m["available"] == true,
                     draining: m.get("drainingSince").is_some_and(|v| v.is_string()),
                     ip: p.and_then(|p| p["ip"].as_str()).map(str::to_owned),
-                    phase: p
-                        .and_then(|p| p["phase"].as_str())
-                        .unwrap_or("")
-                        .to_owned(),
+                    phase: p.and_then(|p| p["phase"].as_str()).unwrap_or("").to_owned(),
                     domain: p
                         .and_then(|p| p["providerId"].as_str())
                         .and_then(|id| id.rsplit('/').next())
@@ -194,7 +191,10 @@ async fn ping_target() -> (SocketAddr, CancellationToken) {
                 a = l.accept() => a.unwrap(),
             };
             tokio::spawn(async move {
-                if c.write_all(format!("{}\n", peer.ip()).as_bytes()).await.is_err() {
+                if c.write_all(format!("{}\n", peer.ip()).as_bytes())
+                    .await
+                    .is_err()
+                {
                     return;
                 }
                 let mut buf = [0u8; 1024];
@@ -306,11 +306,7 @@ async fn inside() {
             tinyproxy_at(at, k, MEMBER_USER, MEMBER_PW).await,
         );
     }
-    let egress_of = |ip: &str| {
-        daemons[&ip.parse::<Ipv4Addr>().unwrap()]
-            .egress
-            .to_string()
-    };
+    let egress_of = |ip: &str| daemons[&ip.parse::<Ipv4Addr>().unwrap()].egress.to_string();
 
     let cfg = work.path().join("providers.yaml");
     std::fs::write(
@@ -389,7 +385,11 @@ async fn inside() {
             }
             Err(err) => {
                 assert!(err.starts_with("HTTP/1.1 503"), "{err}");
-                assert!(t0.elapsed() < DEADLINE, "the gateway never served\n{}", op.tail());
+                assert!(
+                    t0.elapsed() < DEADLINE,
+                    "the gateway never served\n{}",
+                    op.tail()
+                );
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -411,7 +411,9 @@ async fn inside() {
     let t1 = Instant::now();
     let (unpublished_at, domain) = loop {
         let m = members(listen).await;
-        let healthy = get(listen, "/pools/fleet/healthy.txt").await.unwrap_or_default();
+        let healthy = get(listen, "/pools/fleet/healthy.txt")
+            .await
+            .unwrap_or_default();
         let row = m.get(&held).cloned();
         if let Some(r) = &row
             && r.draining

@@ -277,14 +277,18 @@ async fn a_pool_owns_its_members_scales_through_the_scale_subresource_quarantine
         .unwrap();
     // The scale-in drains: the two removed members get the drain annotation (unpublished:
     // never an endpoint again) and stay, not deleting, for the grace.
-    let drained = wait_for("two members unpublished by the scale-in", DEADLINE, || async {
-        let d: Vec<String> = members(&srv, ns)
-            .iter()
-            .filter(|m| m["metadata"]["annotations"]["egress-proxies.dev/drain"].is_string())
-            .map(name)
-            .collect();
-        Some(d).filter(|d| d.len() == 2)
-    })
+    let drained = wait_for(
+        "two members unpublished by the scale-in",
+        DEADLINE,
+        || async {
+            let d: Vec<String> = members(&srv, ns)
+                .iter()
+                .filter(|m| m["metadata"]["annotations"]["egress-proxies.dev/drain"].is_string())
+                .map(name)
+                .collect();
+            Some(d).filter(|d| d.len() == 2)
+        },
+    )
     .await;
     let marked = std::time::Instant::now();
     while marked.elapsed() + Duration::from_millis(1500) < DRAIN_GRACE {

@@ -240,10 +240,7 @@ impl PoolMemberRow {
             name: m.name.clone(),
             host: m.host.clone(),
             phase: m.phase,
-            available: m.available
-                && m.quarantine.is_none()
-                && m.draining.is_none()
-                && !m.deleting,
+            available: m.available && m.quarantine.is_none() && m.draining.is_none() && !m.deleting,
             template_hash: m.template_hash.clone(),
             created_at: humantime::format_rfc3339_seconds(m.created).to_string(),
             quarantine: m.quarantine.clone(),

@@ -37,8 +37,8 @@ pub mod validate;
 mod validate_tests;
 
 pub use self::decide::{
-    CreateMember, DeleteCause, DeleteMember, PoolDecision, PoolHost, PoolInputs,
-    UnpublishMember, decide,
+    CreateMember, DeleteCause, DeleteMember, PoolDecision, PoolHost, PoolInputs, UnpublishMember,
+    decide,
 };
 pub use self::member::{Drain, Member, MemberMeta};
 pub use self::quantity::IntOrPercent;

@@ -12,8 +12,8 @@ use egress_provider::sync::lock;
 
 use super::*;
 use crate::metrics::MetricsFormat;
-use crate::pool::DeleteCause;
 use crate::model::Phase;
+use crate::pool::DeleteCause;
 
 const T0: u64 = 1_800_000_000;
 
@@ -500,7 +500,11 @@ async fn a_planned_removal_is_unpublished_through_the_driver_and_deleted_after_t
     };
     let row = p.status.members.iter().find(|m| m.name == "web-a").unwrap();
     assert!(!row.available && row.draining_since.is_some(), "{row:?}");
-    assert_eq!(p.member_counts, [1, 0, 0, 1], "the unpublished one counts as deleting");
+    assert_eq!(
+        p.member_counts,
+        [1, 0, 0, 1],
+        "the unpublished one counts as deleting"
+    );
     // The next rounds read the marker back from the member (a restart reads the same).
     members[0].draining = Some(crate::pool::member::Drain::parse(&marker));
     members[0].available = false;
@@ -521,7 +525,10 @@ async fn a_planned_removal_is_unpublished_through_the_driver_and_deleted_after_t
             deleted,
             "at {t}: {calls:?}"
         );
-        assert!(!calls.iter().any(|c| c.starts_with("unpublish")), "{calls:?}");
+        assert!(
+            !calls.iter().any(|c| c.starts_with("unpublish")),
+            "{calls:?}"
+        );
     }
     // Counted once, at the delete, with the cause it was removed for.
     assert!(

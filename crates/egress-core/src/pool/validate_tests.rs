@@ -95,7 +95,10 @@ fn the_drain_grace_defaults_to_the_gateways_and_a_bad_one_is_named() {
     let grace = |extra: &str| spec(extra).validate().unwrap().drain_grace;
     // No gateway: deleted at once, unless set.
     assert_eq!(grace(""), Duration::ZERO);
-    assert_eq!(grace("update:\n  drainGrace: 90s\n"), Duration::from_secs(90));
+    assert_eq!(
+        grace("update:\n  drainGrace: 90s\n"),
+        Duration::from_secs(90)
+    );
     // A gateway: its drainGrace (5m by default), unless set.
     let gw = "credentials:\n  generate: true\ngateway:\n  listeners: [{port: 3128}]\n";
     assert_eq!(grace(gw), Duration::from_secs(300));

@@ -342,12 +342,13 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
     // Quarantined and unpublished (draining) members count against the entry's quota
     // (`max_members`): replacing them never grows the pool past it.
     let max_members = usize::try_from(p.max_members).unwrap_or(usize::MAX);
-    let wanted = replicas
-        .saturating_sub(occupied)
-        .min(max_total.saturating_sub(remaining.len() + held + pinned.len()))
-        .min(max_members.saturating_sub(
-            remaining.len() + r.quarantined + r.unpublished + held + pinned.len(),
-        ));
+    let wanted =
+        replicas
+            .saturating_sub(occupied)
+            .min(max_total.saturating_sub(remaining.len() + held + pinned.len()))
+            .min(max_members.saturating_sub(
+                remaining.len() + r.quarantined + r.unpublished + held + pinned.len(),
+            ));
     let placed = place::place(
         wanted,
         p,

@@ -58,7 +58,10 @@ fn a_rotated_member_is_unpublished_at_once_and_deleted_only_after_the_grace() {
     let d = c.run();
     assert_eq!(d.unpublishes.len(), 1, "{d:#?}");
     let u = &d.unpublishes[0];
-    assert_eq!((u.name.as_str(), u.cause), ("web-old", DeleteCause::Template));
+    assert_eq!(
+        (u.name.as_str(), u.cause),
+        ("web-old", DeleteCause::Template)
+    );
     assert_eq!(Drain::parse(&u.marker).since, at(1010));
     assert!(d.deletes.is_empty() && d.creates.is_empty(), "{d:#?}");
     assert_eq!(d.requeue_after, Some(Duration::from_secs(GRACE)));
@@ -87,7 +90,10 @@ fn a_rotated_member_is_unpublished_at_once_and_deleted_only_after_the_grace() {
         assert_eq!((d.status.replicas, d.status.available_replicas), (1, 1));
         let p = d.status.condition(condition::PROGRESSING).unwrap();
         assert_eq!(p.reason, "Complete", "{p:?}");
-        assert!(p.message.contains("1 removed member(s) unpublished"), "{p:?}");
+        assert!(
+            p.message.contains("1 removed member(s) unpublished"),
+            "{p:?}"
+        );
     }
     // At the grace's end: deleted, with the cause it was removed for.
     c.now = at(1310);
@@ -186,7 +192,9 @@ fn the_budget_holds_while_members_wait_and_nothing_is_unpublished_twice() {
     // 4 members of an old template, maxSurge 0, maxUnavailable 1: one at a time.
     let mut c = Case::new(
         policy("replicas: 4\nupdate:\n  maxSurge: 0\n  maxUnavailable: 1\n  drainGrace: 5m\n"),
-        (0..4).map(|k| member(&format!("web-{k}"), "h1", k)).collect(),
+        (0..4)
+            .map(|k| member(&format!("web-{k}"), "h1", k))
+            .collect(),
         &["h1", "h2"],
     );
     c.hash = "bbbbbbbbbb".into();
@@ -207,7 +215,10 @@ fn the_budget_holds_while_members_wait_and_nothing_is_unpublished_twice() {
         c.now = at(t);
         let d = c.run();
         assert!(d.unpublishes.is_empty() && d.deletes.is_empty(), "{d:#?}");
-        assert!(d.creates.is_empty(), "the drained member is replaced once: {d:#?}");
+        assert!(
+            d.creates.is_empty(),
+            "the drained member is replaced once: {d:#?}"
+        );
         assert_eq!(d.status.available_replicas, 3);
     }
     // The replacement is available: the next old member goes, the first still waits.
@@ -267,7 +278,10 @@ fn a_wait_survives_a_restart_of_the_state() {
     };
     assert_eq!(Drain::parse(&m.marker()), m);
     // One written by hand: overdue.
-    assert_eq!(Drain::parse("soon").since, std::time::SystemTime::UNIX_EPOCH);
+    assert_eq!(
+        Drain::parse("soon").since,
+        std::time::SystemTime::UNIX_EPOCH
+    );
 }
 
 #[test]

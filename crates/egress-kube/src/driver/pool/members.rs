@@ -266,7 +266,10 @@ mod tests {
         v["metadata"]["annotations"] = serde_json::json!({ ANNOTATION_DRAIN: marker });
         let annotated: Arc<Proxy> = Arc::new(serde_json::from_value(v).unwrap());
         let m = observe(&[annotated], &mut exp, now, false, OnListed::Ignore);
-        assert!(m[0].draining.is_some() && exp.unpublished.is_empty(), "{m:?}");
+        assert!(
+            m[0].draining.is_some() && exp.unpublished.is_empty(),
+            "{m:?}"
+        );
         // Expired without being seen: forgotten.
         exp.unpublished.insert("web-b".into(), (marker, now));
         let later = now + EXPECTATION_TTL + Duration::from_secs(1);

@@ -274,11 +274,10 @@ impl PoolDriver for KubePool<'_> {
             "annotations": {ANNOTATION_DRAIN: u.marker},
         }});
         // rbac: PROXIES patch
-        match bounded(self.proxies.patch(
-            &u.name,
-            &PatchParams::default(),
-            &Patch::Merge(&body),
-        ))
+        match bounded(
+            self.proxies
+                .patch(&u.name, &PatchParams::default(), &Patch::Merge(&body)),
+        )
         .await
         {
             Ok(_) => {}

@@ -24,7 +24,7 @@ use std::time::Duration;
 use egress_core::controller::ProxyCredentials;
 use egress_core::pool::MemberMeta;
 use egress_core::pool::gateway_source::{GatewaySource, published_member};
-use egress_core::pool::member::{ANNOTATION_QUARANTINE, LABEL_POOL};
+use egress_core::pool::member::{ANNOTATION_DRAIN, ANNOTATION_QUARANTINE, LABEL_POOL};
 use futures_util::StreamExt;
 use kube::api::Api;
 use kube::runtime::reflector::reflector;
@@ -182,6 +182,7 @@ impl State {
                 created: std::time::SystemTime::UNIX_EPOCH,
                 quarantine: p.annotations().get(ANNOTATION_QUARANTINE).cloned(),
                 deleting: p.meta().deletion_timestamp.is_some(),
+                drain: p.annotations().get(ANNOTATION_DRAIN).cloned(),
             };
             if let Some(m) = published_member(
                 meta,

@@ -364,6 +364,7 @@ fn status_document() -> String {
                 quarantine: None,
                 deleting: false,
                 egress_address: vec![],
+                draining_since: None,
             }],
             error: None,
         }],

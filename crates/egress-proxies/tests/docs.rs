@@ -384,6 +384,7 @@ fn every_field_of_the_status_document_is_documented_for_users() {
                     egress_address: vec!["203.0.113.7".into()],
                     available: true,
                     quarantined: true,
+                    draining_since: Some("2026-01-01T00:00:00Z".into()),
                 }],
                 members_omitted: 1,
                 retired_addresses: vec![egress_core::pool::status::RetiredAddress {
@@ -406,6 +407,7 @@ fn every_field_of_the_status_document_is_documented_for_users() {
                 quarantine: Some("banned".into()),
                 deleting: true,
                 egress_address: vec!["203.0.113.7".into()],
+                draining_since: None,
             }],
             error: Some("e".into()),
         }],

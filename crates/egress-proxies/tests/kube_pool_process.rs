@@ -35,6 +35,9 @@ const DEADLINE: Duration = Duration::from_secs(120);
 const GROUP: &str = "egress-proxies.dev";
 const POOL: &str = "fleet";
 const SECRET: &str = "fleet-credentials";
+/// The pool's `update.drainGrace`: a removed member is unpublished, then deleted this long
+/// after.
+const DRAIN_GRACE: Duration = Duration::from_secs(4);
 
 /// The pool's members (Proxies labelled for it), by name.
 fn members(srv: &ApiServer, ns: &str) -> Vec<Value> {
@@ -173,7 +176,8 @@ async fn a_pool_owns_its_members_scales_through_the_scale_subresource_quarantine
         "apiVersion": "egress-proxies.dev/v1alpha1", "kind": "ProxyPool",
         "metadata": {"name": POOL, "namespace": ns},
         "spec": {"replicas": 2, "template": {"spec": {"provider": ENTRY, "image": IMAGE}},
-                 "credentials": {"generate": true}},
+                 "credentials": {"generate": true},
+                 "update": {"drainGrace": format!("{}s", DRAIN_GRACE.as_secs())}},
     }))
     .unwrap();
     let created = pools.create(&PostParams::default(), &p).await.unwrap();
@@ -271,7 +275,39 @@ async fn a_pool_owns_its_members_scales_through_the_scale_subresource_quarantine
         )
         .await
         .unwrap();
+    // The scale-in drains: the two removed members get the drain annotation (unpublished:
+    // never an endpoint again) and stay, not deleting, for the grace.
+    let drained = wait_for(
+        "two members unpublished by the scale-in",
+        DEADLINE,
+        || async {
+            let d: Vec<String> = members(&srv, ns)
+                .iter()
+                .filter(|m| m["metadata"]["annotations"]["egress-proxies.dev/drain"].is_string())
+                .map(name)
+                .collect();
+            Some(d).filter(|d| d.len() == 2)
+        },
+    )
+    .await;
+    let marked = std::time::Instant::now();
+    while marked.elapsed() + Duration::from_millis(1500) < DRAIN_GRACE {
+        let ms = members(&srv, ns);
+        for d in &drained {
+            let m = ms.iter().find(|m| name(m) == *d);
+            assert!(
+                m.is_some_and(|m| m["metadata"]["deletionTimestamp"].is_null()),
+                "{d} deleted {:.1} s after it was unpublished, before the grace {DRAIN_GRACE:?}",
+                marked.elapsed().as_secs_f64()
+            );
+        }
+        tokio::time::sleep(kube_support::POLL).await;
+    }
     pool_settled(&srv, ns, 1, &[], "1 member after scaling to 1").await;
+    println!(
+        "eptest: the scale-in's members unpublished, deleted {:.1} s later (grace {DRAIN_GRACE:?})",
+        marked.elapsed().as_secs_f64()
+    );
     // Three members made, each available once; two deleted by the scale-in, each counted once.
     let series = |family: &str, labels: &str, v: u64| {
         format!("egress_proxies_{family}{{pool=\"{ns}/{POOL}\"{labels}}} {v}")

@@ -168,6 +168,10 @@ pub(crate) struct MemberRec {
     /// Egress addresses it pins (its predecessor's, under `rotation.egressAddress: Keep`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) pin: Vec<std::net::IpAddr>,
+    /// Its drain marker (`SINCE CAUSE`): the pool unpublished it to remove it, and deletes
+    /// it once the drain grace has passed (kept here, so a restart keeps both).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) drain: Option<String>,
 }
 
 /// One pool as this process runs it.

@@ -115,6 +115,10 @@ pub struct PoolMemberRow {
     /// `status.egressAddress`; absent when it holds none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub egress_address: Vec<String>,
+    /// The pool unpublished it at this time (RFC 3339) to remove it: it takes no new client
+    /// and is deleted once the pool's drain grace has passed since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draining_since: Option<String>,
 }
 
 /// One Proxy.
@@ -236,12 +240,15 @@ impl PoolMemberRow {
             name: m.name.clone(),
             host: m.host.clone(),
             phase: m.phase,
-            available: m.available && m.quarantine.is_none() && !m.deleting,
+            available: m.available && m.quarantine.is_none() && m.draining.is_none() && !m.deleting,
             template_hash: m.template_hash.clone(),
             created_at: humantime::format_rfc3339_seconds(m.created).to_string(),
             quarantine: m.quarantine.clone(),
             deleting: m.deleting,
             egress_address: m.egress_address.clone(),
+            draining_since: m
+                .draining
+                .map(|d| humantime::format_rfc3339_seconds(d.since).to_string()),
         }
     }
 }
@@ -448,6 +455,7 @@ mod tests {
             quarantine: None,
             deleting: false,
             egress_address: Vec::new(),
+            draining_since: None,
         };
         let mut doc = fleet();
         for (p, ip) in doc.proxies.iter_mut().zip(1..) {

@@ -86,6 +86,7 @@ fn fleet(n: usize, pools: bool) -> StatusDocument {
                     quarantine: None,
                     deleting: false,
                     egress_address: Vec::new(),
+                    draining_since: None,
                 }],
                 error: None,
             }]

@@ -56,8 +56,8 @@ impl GatewaySource {
 }
 
 /// The member as the gateway sees it, when it is published: available (Ready, Running and,
-/// with health checks, healthy through itself), not quarantined, not being deleted, with an
-/// address. `spec` gives its port and protocol, `credentials` those it requires.
+/// with health checks, healthy through itself), not quarantined, not unpublished by its pool
+/// (a drain marker), not being deleted, with an address. `spec` gives its port and protocol, `credentials` those it requires.
 pub fn published_member(
     meta: MemberMeta,
     uid: &str,
@@ -66,7 +66,7 @@ pub fn published_member(
     credentials: Option<&ProxyCredentials>,
     health_checks: bool,
 ) -> Option<GatewayMember> {
-    if meta.quarantine.is_some() || meta.deleting {
+    if meta.quarantine.is_some() || meta.drain.is_some() || meta.deleting {
         return None;
     }
     let name = meta.name.clone();
@@ -137,6 +137,7 @@ mod tests {
             created: std::time::SystemTime::UNIX_EPOCH,
             quarantine: q.map(str::to_owned),
             deleting,
+            drain: None,
         };
         let m = published_member(meta(None, false), "u1", &st, &tmpl, None, true).unwrap();
         assert_eq!(m.addr, "10.0.0.5:1080".parse().unwrap());
@@ -152,6 +153,9 @@ mod tests {
             published_member(meta(Some("banned"), false), "u1", &st, &tmpl, None, true).is_none()
         );
         assert!(published_member(meta(None, true), "u1", &st, &tmpl, None, true).is_none());
+        let mut drained = meta(None, false);
+        drained.drain = Some("2026-12-05T07:20:00Z template".into());
+        assert!(published_member(drained, "u1", &st, &tmpl, None, true).is_none());
         st.health.as_mut().unwrap().healthy = Some(false);
         assert!(published_member(meta(None, false), "u1", &st, &tmpl, None, true).is_none());
         assert!(published_member(meta(None, false), "u1", &st, &tmpl, None, false).is_some());

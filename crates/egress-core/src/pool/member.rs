@@ -11,7 +11,48 @@ use std::time::SystemTime;
 use sha2::{Digest, Sha256};
 
 use crate::model::{ConditionStatus, Phase, ProxySpec, ProxyStatus, condition};
+use crate::pool::decide::DeleteCause;
 use crate::pool::spec::{OnListed, ProxyTemplate};
+
+/// A member the pool unpublished to remove it after its drain grace: since when, and why it
+/// is removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drain {
+    /// When it was unpublished.
+    pub since: SystemTime,
+    /// Why the pool removes it.
+    pub cause: DeleteCause,
+}
+
+impl Drain {
+    /// The marker a driver records ([`ANNOTATION_DRAIN`], the standalone member file):
+    /// `SINCE CAUSE`, e.g. `2026-12-05T07:20:00Z template`.
+    pub fn marker(&self) -> String {
+        format!(
+            "{} {}",
+            humantime::format_rfc3339_seconds(self.since),
+            self.cause.as_str()
+        )
+    }
+
+    /// Reads a marker. One the pool did not write (edited by hand: no time, or an unknown
+    /// cause) still drains the member, as overdue (since the epoch, cause `scale-in`): a
+    /// member carrying the marker is unpublished everywhere, so it must not stay forever.
+    pub fn parse(marker: &str) -> Self {
+        let mut parts = marker.split_whitespace();
+        let since = parts
+            .next()
+            .and_then(|t| humantime::parse_rfc3339_weak(t).ok());
+        let cause = parts.next().and_then(DeleteCause::parse);
+        match (since, cause) {
+            (Some(since), Some(cause)) => Self { since, cause },
+            _ => Self {
+                since: SystemTime::UNIX_EPOCH,
+                cause: DeleteCause::ScaleIn,
+            },
+        }
+    }
+}
 
 /// Label on every member naming its pool.
 pub const LABEL_POOL: &str = "egress-proxies.dev/pool";
@@ -19,6 +60,11 @@ pub const LABEL_POOL: &str = "egress-proxies.dev/pool";
 pub const LABEL_TEMPLATE_HASH: &str = "egress-proxies.dev/template-hash";
 /// Annotation that quarantines a member; its value is the reason.
 pub const ANNOTATION_QUARANTINE: &str = "egress-proxies.dev/quarantine";
+/// Annotation the pool sets on a member it removes with a drain grace
+/// (`update.drainGrace`): `SINCE CAUSE` ([`Drain::marker`]). A member carrying it is
+/// unpublished (never available, never an endpoint or a gateway choice) and deleted once the
+/// grace since `SINCE` has passed.
+pub const ANNOTATION_DRAIN: &str = "egress-proxies.dev/drain";
 /// Characters of a member name's suffix.
 // NB: Kubernetes' own alphabet for generated names (no vowels, no 0/1/3: no words, no
 // look-alikes); 27^6 ≈ 3.9e8 names per pool, and a clash with a live member is skipped.
@@ -53,6 +99,9 @@ pub struct Member {
     pub quarantine: Option<String>,
     /// It is being deleted.
     pub deleting: bool,
+    /// The pool unpublished it and deletes it once its drain grace has passed (never
+    /// available meanwhile).
+    pub draining: Option<Drain>,
     /// The declared egress addresses it holds (its `status.egressAddress`; empty when none).
     pub egress_address: Vec<String>,
     /// Its address on the host's network (its `status.ip`).
@@ -82,6 +131,8 @@ pub struct MemberMeta {
     pub quarantine: Option<String>,
     /// It is being deleted.
     pub deleting: bool,
+    /// Its drain marker ([`ANNOTATION_DRAIN`]), when the pool unpublished it to remove it.
+    pub drain: Option<String>,
 }
 
 impl Member {
@@ -153,8 +204,12 @@ impl Member {
             quarantine: meta.quarantine,
             deleting: meta.deleting,
             egress_address: status.egress_address.clone(),
-            // NB: after `unhealthy_since`: a listing alone never starts the autohealing clock.
-            available: available && (on_listed != OnListed::Unpublish || listed.is_empty()),
+            // NB: after `unhealthy_since`: neither a listing nor a drain ever starts the
+            // autohealing clock.
+            available: available
+                && meta.drain.is_none()
+                && (on_listed != OnListed::Unpublish || listed.is_empty()),
+            draining: meta.drain.as_deref().map(Drain::parse),
             listed,
             listed_note,
             ip: status.ip.clone(),
@@ -177,6 +232,7 @@ impl Member {
             failure: None,
             quarantine: None,
             deleting: false,
+            draining: None,
             egress_address: Vec::new(),
             ip: None,
             egress_ip: None,

@@ -22,6 +22,7 @@ fn meta() -> MemberMeta {
         created: at(0),
         quarantine: None,
         deleting: false,
+        drain: None,
     }
 }
 

@@ -37,9 +37,10 @@ pub mod validate;
 mod validate_tests;
 
 pub use self::decide::{
-    CreateMember, DeleteCause, DeleteMember, PoolDecision, PoolHost, PoolInputs, decide,
+    CreateMember, DeleteCause, DeleteMember, PoolDecision, PoolHost, PoolInputs, UnpublishMember,
+    decide,
 };
-pub use self::member::{Member, MemberMeta};
+pub use self::member::{Drain, Member, MemberMeta};
 pub use self::quantity::IntOrPercent;
 pub use self::round::{
     AvailabilityMemory, Done, Plan, PoolCredentials, PoolDriver, Round, RoundInputs, carry_out,

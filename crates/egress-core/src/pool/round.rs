@@ -18,9 +18,10 @@
 //! 6. **Metrics**: members by state, each member's create-to-available time once
 //!    ([`AvailabilityMemory`]), replacements by cause, desired and available replicas.
 //!
-//! [`carry_out`] acts in this order: retirements (when they changed), creates, deletes,
-//! events, then the status; a create or
-//! delete that fails does not stop the others, the status is still recorded, and the first
+//! [`carry_out`] acts in this order: retirements (when they changed), creates, unpublishes
+//! (a member's drain marker recorded: it leaves publication at once, and a later round
+//! deletes it once the drain grace has passed), deletes, events, then the status; a create,
+//! unpublish or delete that fails does not stop the others, the status is still recorded, and the first
 //! failure is returned (the driver retries the round).
 //!
 //! Guarantees: [`plan`] is pure (the clock is an input) and costs O(members · log members +
@@ -35,7 +36,9 @@ use crate::controller::decide::fmt_time;
 use crate::controller::{Event, EventKind};
 use crate::metrics::{Metrics, PoolReplicas};
 use crate::model::{Condition, ConditionStatus};
-use crate::pool::decide::{CreateMember, PoolDecision, PoolHost, PoolInputs, decide};
+use crate::pool::decide::{
+    CreateMember, PoolDecision, PoolHost, PoolInputs, UnpublishMember, decide,
+};
 use crate::pool::member::{LABEL_POOL, Member, template_hash};
 use crate::pool::spec::ProxyPoolSpec;
 use crate::pool::status::{
@@ -211,11 +214,12 @@ impl AvailabilityMemory {
 }
 
 /// The members by state, in the order of [`crate::metrics::MEMBER_STATES`] (available,
-/// unavailable, quarantined, deleting); a quarantined or deleting member counts only there.
+/// unavailable, quarantined, deleting); a quarantined or deleting member counts only there,
+/// and an unpublished one waiting for its drain grace counts as deleting.
 pub fn state_counts(members: &[Member]) -> [u64; 4] {
     let mut counts = [0u64; 4];
     for m in members {
-        let i = if m.deleting {
+        let i = if m.deleting || (m.draining.is_some() && m.quarantine.is_none()) {
             3
         } else if m.quarantine.is_some() {
             2
@@ -300,11 +304,21 @@ pub fn plan(i: &RoundInputs<'_>, memory: &mut AvailabilityMemory) -> Round {
     });
     let mut status = decision.status.clone();
     status.selector = selector(i.name);
+    // A member this round unpublishes shows as draining now, not after the driver's write
+    // comes back.
     let mut rows: Vec<PoolMemberStatus> = i
         .members
         .iter()
         .filter(|m| !m.deleting)
-        .map(PoolMemberStatus::of_member)
+        .map(|m| {
+            let mut row = PoolMemberStatus::of_member(m);
+            if row.draining_since.is_none() && decision.unpublishes.iter().any(|u| u.name == m.name)
+            {
+                row.available = false;
+                row.draining_since = Some(fmt_time(i.now));
+            }
+            row
+        })
         .collect();
     rows.sort_by(|a, b| a.name.cmp(&b.name));
     status.members_omitted =
@@ -312,7 +326,24 @@ pub fn plan(i: &RoundInputs<'_>, memory: &mut AvailabilityMemory) -> Round {
     rows.truncate(MAX_STATUS_MEMBERS);
     status.members = rows;
     Round::Act(Box::new(Plan {
-        member_counts: state_counts(i.members),
+        member_counts: {
+            // This round's unpublishes count as deleting already (as once their marker is back).
+            let mut c = state_counts(i.members);
+            for m in i.members.iter().filter(|m| {
+                !m.deleting
+                    && m.draining.is_none()
+                    && m.quarantine.is_none()
+                    && decision.unpublishes.iter().any(|u| u.name == m.name)
+            }) {
+                if let Some(n) = c.get_mut(usize::from(!m.available)) {
+                    *n = n.saturating_sub(1);
+                }
+                if let Some(n) = c.get_mut(3) {
+                    *n = n.saturating_add(1);
+                }
+            }
+            c
+        },
         newly_available: memory.newly_available(i.members, i.now),
         policy,
         template_hash: hash,
@@ -362,6 +393,16 @@ pub trait PoolDriver: Sync {
     /// member that already exists is no error.
     fn create(&self, member: &CreateMember)
     -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Unpublishes member `u.name` for good: records its drain marker `u.marker` on it
+    /// (Kubernetes: the [`crate::pool::member::ANNOTATION_DRAIN`] annotation; standalone: its
+    /// member file), so that it is no longer available, never published (healthy lists,
+    /// Service endpoints, the gateway), and a later round (after a restart too) deletes it
+    /// once the drain grace has passed. A member already gone is no error.
+    fn unpublish(
+        &self,
+        u: &UnpublishMember,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Deletes member `name`: `true` when this call started its deletion (it is counted as
     /// a replacement), `false` when it was gone or already going.
@@ -446,6 +487,11 @@ pub async fn carry_out<D: PoolDriver>(
             let mut first_error = None;
             for c in &plan.decision.creates {
                 if let Err(e) = driver.create(c).await {
+                    first_error.get_or_insert(e);
+                }
+            }
+            for u in &plan.decision.unpublishes {
+                if let Err(e) = driver.unpublish(u).await {
                     first_error.get_or_insert(e);
                 }
             }

@@ -13,6 +13,7 @@ use egress_provider::sync::lock;
 use super::*;
 use crate::metrics::MetricsFormat;
 use crate::model::Phase;
+use crate::pool::DeleteCause;
 
 const T0: u64 = 1_800_000_000;
 
@@ -279,6 +280,11 @@ impl PoolDriver for Recorder {
         Ok(())
     }
 
+    async fn unpublish(&self, u: &UnpublishMember) -> Result<(), String> {
+        lock(&self.calls).push(format!("unpublish {} {}", u.name, u.marker));
+        Ok(())
+    }
+
     async fn delete(&self, name: &str) -> Result<bool, String> {
         lock(&self.calls).push(format!("delete {name}"));
         Ok(self.started)
@@ -526,5 +532,84 @@ async fn a_member_lost_with_its_host_is_replaced_kept_then_deleted_as_host_lost_
     assert_eq!(
         metric_lines(&metrics, "cause=\"host-lost\""),
         ["egress_proxies_pool_replacements_total{pool=\"ns/web\",cause=\"host-lost\"} 1"]
+    );
+}
+
+#[tokio::test]
+async fn a_planned_removal_is_unpublished_through_the_driver_and_deleted_after_the_grace() {
+    // The path both drivers share: scale 2 → 1 with a 5m grace.
+    let s: ProxyPoolSpec = serde_saphyr::from_str(
+        "replicas: 1\nupdate:\n  drainGrace: 5m\ntemplate:\n  spec:\n    provider: home\n    \
+         image: debian-12\n    proxy:\n      allowedClientCidrs: [10.0.0.0/8]\n",
+    )
+    .unwrap();
+    let mut members = vec![member("web-a", true, 0), member("web-b", true, 10)];
+    let status = ProxyPoolStatus::default();
+    let h = hosts();
+    let mut i = inputs(&s, &members, &h, &status);
+    i.now = at(100);
+    let round = plan(&i, &mut AvailabilityMemory::default());
+    let driver = Recorder {
+        started: true,
+        ..Recorder::default()
+    };
+    let metrics = Metrics::new();
+    let done = carry_out(&driver, &metrics, "ns/web", &round, &status)
+        .await
+        .unwrap();
+    let calls = lock(&driver.calls).clone();
+    let marker = crate::pool::member::Drain {
+        since: at(100),
+        cause: DeleteCause::ScaleIn,
+    }
+    .marker();
+    assert!(
+        calls.contains(&format!("unpublish web-a {marker}")),
+        "{calls:?}"
+    );
+    assert!(!calls.iter().any(|c| c.starts_with("delete")), "{calls:?}");
+    assert_eq!(done.requeue_after, Some(Duration::from_secs(300)));
+    let Round::Act(p) = &round else {
+        panic!("{round:?}")
+    };
+    let row = p.status.members.iter().find(|m| m.name == "web-a").unwrap();
+    assert!(!row.available && row.draining_since.is_some(), "{row:?}");
+    assert_eq!(
+        p.member_counts,
+        [1, 0, 0, 1],
+        "the unpublished one counts as deleting"
+    );
+    // The next rounds read the marker back from the member (a restart reads the same).
+    members[0].draining = Some(crate::pool::member::Drain::parse(&marker));
+    members[0].available = false;
+    for (t, deleted) in [(399, false), (400, true)] {
+        let mut i = inputs(&s, &members, &h, &p.status);
+        i.now = at(t);
+        let round = plan(&i, &mut AvailabilityMemory::default());
+        let driver = Recorder {
+            started: true,
+            ..Recorder::default()
+        };
+        carry_out(&driver, &metrics, "ns/web", &round, &p.status)
+            .await
+            .unwrap();
+        let calls = lock(&driver.calls).clone();
+        assert_eq!(
+            calls.contains(&"delete web-a".to_owned()),
+            deleted,
+            "at {t}: {calls:?}"
+        );
+        assert!(
+            !calls.iter().any(|c| c.starts_with("unpublish")),
+            "{calls:?}"
+        );
+    }
+    // Counted once, at the delete, with the cause it was removed for.
+    assert!(
+        metric_lines(&metrics, "pool_replacements_total{")
+            .iter()
+            .any(|l| l.contains("scale-in") && l.ends_with(" 1")),
+        "{:?}",
+        metric_lines(&metrics, "pool_replacements_total{")
     );
 }

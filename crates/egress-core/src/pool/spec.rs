@@ -285,8 +285,8 @@ impl Rotation {
 
 /// The replacement budget shared by rotation, template changes and scale-in, with a
 /// Deployment's arithmetic: a percentage of `replicas`, `maxSurge` rounded up and
-/// `maxUnavailable` rounded down.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// `maxUnavailable` rounded down; and the drain grace of the members these remove.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UpdatePolicy {
@@ -297,6 +297,12 @@ pub struct UpdatePolicy {
     /// (default 0). Both 0 is invalid: nothing could ever be replaced.
     #[serde(default = "default_max_unavailable")]
     pub max_unavailable: IntOrPercent,
+    /// How long a member the pool removes for rotation, a template change, a listing, a
+    /// draining host or scale-in stays after it is unpublished (no new client gets it; open
+    /// connections run on) before it is deleted (`"0s"` to `"24h"`). Unset: the gateway's
+    /// `drainGrace` when the pool declares `gateway`, else `0s` (deleted at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_grace: Option<String>,
 }
 
 fn default_max_surge() -> IntOrPercent {
@@ -311,6 +317,7 @@ impl Default for UpdatePolicy {
         Self {
             max_surge: DEFAULT_MAX_SURGE,
             max_unavailable: DEFAULT_MAX_UNAVAILABLE,
+            drain_grace: None,
         }
     }
 }

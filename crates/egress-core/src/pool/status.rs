@@ -56,6 +56,9 @@ pub mod reason {
     pub const MEMBER_CREATED: &str = "MemberCreated";
     /// A member was deleted (event; the message says why).
     pub const MEMBER_DELETED: &str = "MemberDeleted";
+    /// A member the pool removes was unpublished; it is deleted after the drain grace
+    /// (event; the message says why and when).
+    pub const MEMBER_DRAINING: &str = "MemberDraining";
     /// A member was quarantined and is being replaced (event).
     pub const MEMBER_QUARANTINED: &str = "MemberQuarantined";
     /// Members whose declared egress address is listed are replaced (`onListed: Replace`).
@@ -243,6 +246,10 @@ pub struct PoolMemberStatus {
     /// It is quarantined (replaced, kept for inspection, not published).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub quarantined: bool,
+    /// The pool unpublished it at this time (RFC 3339) to remove it: it takes no new
+    /// client and is deleted once `update.drainGrace` has passed since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draining_since: Option<String>,
 }
 
 impl PoolMemberStatus {
@@ -255,8 +262,11 @@ impl PoolMemberStatus {
             ip: m.ip.clone(),
             egress_ip: m.egress_ip.clone(),
             egress_address: m.egress_address.clone(),
-            available: m.available && m.quarantine.is_none(),
+            available: m.available && m.quarantine.is_none() && m.draining.is_none(),
             quarantined: m.quarantine.is_some(),
+            draining_since: m
+                .draining
+                .map(|d| humantime::format_rfc3339_seconds(d.since).to_string()),
         }
     }
 }

@@ -38,6 +38,8 @@ pub const MIN_HOST_DEAD_AFTER: Duration = Duration::from_secs(10);
 pub const MAX_HOST_DEAD_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// Longest `autohealing.backoff.max`.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(24 * 3600);
+/// Longest `update.drainGrace` (the gateway's `drainGrace` has the same bound).
+pub const MAX_DRAIN_GRACE: Duration = Duration::from_secs(24 * 3600);
 
 /// A valid pool spec, resolved for `replicas`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +82,10 @@ pub struct PoolPolicy {
     /// entry's `quotas.maxPoolReplicas` (see [`PoolPolicy::within_quota`]); no bound until
     /// a driver applies it.
     pub max_members: u32,
+    /// How long a member removed for a planned cause ([`super::DeleteCause::is_planned`])
+    /// stays unpublished before it is deleted: `update.drainGrace`, else the gateway's
+    /// `drainGrace` when the pool declares a gateway, else zero (deleted at once).
+    pub drain_grace: Duration,
 }
 
 impl PoolPolicy {
@@ -272,6 +278,14 @@ impl ProxyPoolSpec {
             Duration::from_secs(1),
             Some(MAX_BACKOFF),
         );
+        let drain_grace = self.update.drain_grace.as_deref().map(|t| {
+            duration(
+                "spec.update.drainGrace",
+                t,
+                Duration::ZERO,
+                Some(MAX_DRAIN_GRACE),
+            )
+        });
         if let (Some(i), Some(m)) = (initial, max)
             && m < i
         {
@@ -283,7 +297,7 @@ impl ProxyPoolSpec {
                 ),
             );
         }
-        let u = self.update;
+        let u = &self.update;
         if u.max_surge.is_zero() && u.max_unavailable.is_zero() {
             err(
                 "spec.update",
@@ -308,11 +322,17 @@ impl ProxyPoolSpec {
                 ),
             );
         }
+        let mut gateway_grace = None;
         if let Some(g) = &self.gateway {
             let own =
                 self.credentials.generate || self.template.spec.proxy.credentials_ref.is_some();
-            for e in g.validate(own).err().unwrap_or_default() {
-                err(&e.path, e.message);
+            match g.validate(own) {
+                Ok(p) => gateway_grace = Some(p.drain_grace),
+                Err(es) => {
+                    for e in es {
+                        err(&e.path, e.message);
+                    }
+                }
             }
         }
         if !errs.is_empty() {
@@ -350,6 +370,10 @@ impl ProxyPoolSpec {
             keep_addresses: self.rotation.egress_address == EgressAddressPolicy::Keep,
             on_listed: self.reputation.on_listed,
             retire_for: egress_reputation::config::DEFAULT_RETIRE_FOR,
+            drain_grace: drain_grace
+                .flatten()
+                .or(gateway_grace)
+                .unwrap_or(Duration::ZERO),
         })
     }
 

@@ -52,6 +52,7 @@ fn a_minimal_manifest_gets_the_documented_defaults() {
             on_listed: crate::pool::spec::OnListed::Ignore,
             retire_for: egress_reputation::config::DEFAULT_RETIRE_FOR,
             max_members: u32::MAX,
+            drain_grace: Duration::ZERO,
         }
     );
     assert!(validate_pool_name(&m.metadata.name).is_none());
@@ -111,6 +112,38 @@ fn host_dead_after_is_checked_with_its_path_and_value() {
         ok.validate().unwrap().host_dead_after,
         Duration::from_secs(120)
     );
+}
+
+#[test]
+fn the_drain_grace_defaults_to_the_gateways_and_a_bad_one_is_named() {
+    let grace = |extra: &str| spec(extra).validate().unwrap().drain_grace;
+    // No gateway: deleted at once, unless set.
+    assert_eq!(grace(""), Duration::ZERO);
+    assert_eq!(
+        grace("update:\n  drainGrace: 90s\n"),
+        Duration::from_secs(90)
+    );
+    // A gateway: its drainGrace (5m by default), unless set.
+    let gw = "credentials:\n  generate: true\ngateway:\n  listeners: [{port: 3128}]\n";
+    assert_eq!(grace(gw), Duration::from_secs(300));
+    assert_eq!(
+        grace(&format!("{gw}  drainGrace: 20s\n")),
+        Duration::from_secs(20)
+    );
+    assert_eq!(
+        grace(&format!("{gw}update:\n  drainGrace: 0s\n")),
+        Duration::ZERO
+    );
+    for (bad, why) in [
+        ("soon", "\"soon\" is not a duration"),
+        ("25h", "\"25h\" is longer than the maximum 1d"),
+        ("-1s", "\"-1s\" is not a duration"),
+    ] {
+        let errs = errors(&format!("update:\n  drainGrace: {bad}\n"));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].0, "spec.update.drainGrace");
+        assert!(errs[0].1.contains(why), "{bad}: {}", errs[0].1);
+    }
 }
 
 #[test]

@@ -2,8 +2,8 @@
 //! [`GROUP_LABEL`]` = NAME`, and every ProxyPool's members (label [`POOL_LABEL`]` = NAME`, which
 //! wins), gets a Service without selector named NAME in their namespace
 //! (port = the members' proxy port) and an EndpointSlice per address family listing only the
-//! members that are Running and decided Healthy and not quarantined
-//! ([`QUARANTINE_ANNOTATION`]), so clients use `NAME.NAMESPACE.svc:PORT` and reach only
+//! members that are Running and decided Healthy and neither quarantined
+//! ([`QUARANTINE_ANNOTATION`]) nor unpublished by their pool ([`DRAIN_ANNOTATION`]), so clients use `NAME.NAMESPACE.svc:PORT` and reach only
 //! working proxies.
 //!
 //! Pipeline: [`desired`] (pure: Proxies → groups) → [`Publisher::sync`] (network: server-side
@@ -64,6 +64,9 @@ pub const GROUP_LABEL: &str = "egress-proxies.dev/group";
 pub const POOL_LABEL: &str = egress_core::pool::member::LABEL_POOL;
 /// The annotation that quarantines a pool member: never an endpoint while it is set.
 pub const QUARANTINE_ANNOTATION: &str = egress_core::pool::member::ANNOTATION_QUARANTINE;
+/// The annotation a pool sets on a member it removes after its drain grace: never an
+/// endpoint again.
+pub const DRAIN_ANNOTATION: &str = egress_core::pool::member::ANNOTATION_DRAIN;
 /// The label marking a Service or EndpointSlice as the operator's.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Its value.
@@ -202,11 +205,14 @@ pub fn desired<'a>(
         else {
             continue;
         };
-        // A quarantined member is out of publication at once, whatever its health.
+        // A quarantined or drained member is out of publication at once, whatever its health.
         let mut endpoints: Vec<IpAddr> = ps
             .iter()
             .filter(|p| p.spec.proxy.port == port)
-            .filter(|p| !p.annotations().contains_key(QUARANTINE_ANNOTATION))
+            .filter(|p| {
+                !p.annotations().contains_key(QUARANTINE_ANNOTATION)
+                    && !p.annotations().contains_key(DRAIN_ANNOTATION)
+            })
             .filter(|p| {
                 p.status
                     .as_ref()
@@ -821,6 +827,19 @@ mod tests {
         assert_eq!(fleet.members, 3);
         let ips: Vec<String> = fleet.endpoints.iter().map(ToString::to_string).collect();
         assert_eq!(ips, ["10.1.0.1", "10.1.0.3"]);
+        // A member its pool unpublished to remove it (drain annotation) leaves at once.
+        let mut ps = ps;
+        ps[2].metadata.annotations = Some(
+            [(
+                DRAIN_ANNOTATION.to_owned(),
+                "2026-12-05T07:20:00Z scale-in".to_owned(),
+            )]
+            .into(),
+        );
+        let g = desired(ps.iter(), &as_stored);
+        let fleet = &g[&("ns".to_owned(), "fleet".to_owned())];
+        let ips: Vec<String> = fleet.endpoints.iter().map(ToString::to_string).collect();
+        assert_eq!(ips, ["10.1.0.1"]);
     }
 
     #[test]

@@ -161,6 +161,7 @@ mod tests {
             quarantine: None,
             deleting: false,
             egress_address: Vec::new(),
+            draining_since: None,
         };
         let mut pinned = member("web-1", true);
         pinned.egress_address = vec!["203.0.113.7".into(), "2001:db8::7".into()];

@@ -73,6 +73,7 @@ impl MemberRec {
             created: parse_time(&self.created),
             quarantine,
             deleting,
+            drain: self.drain.clone(),
         }
     }
 }

@@ -33,6 +33,7 @@ fn rec(pin: &[&str]) -> MemberRec {
         deleting: false,
         was_available: false,
         pin: pin.iter().map(|a| a.parse().unwrap()).collect(),
+        drain: None,
     }
 }
 

@@ -14,7 +14,7 @@ use egress_core::pool::credentials;
 use egress_core::pool::round::{
     self, AvailabilityMemory, PoolCredentials, PoolDriver, Quota, Round, RoundInputs,
 };
-use egress_core::pool::{CreateMember, Member, ProxyPoolStatus};
+use egress_core::pool::{CreateMember, Member, ProxyPoolStatus, UnpublishMember};
 use egress_provider::ProxyUid;
 use egress_provider::sync::lock;
 use tokio_util::sync::CancellationToken;
@@ -325,6 +325,7 @@ pub(crate) async fn pool_round(store: &Store, ctx: &Context, key: &str) {
             error: unusable,
             new_objects: Vec::new(),
             deleted: Vec::new(),
+            unpublished: false,
         }),
     };
     let Ok(done) = round::carry_out(&io, &ctx.metrics, key, &round, &status).await;
@@ -388,6 +389,8 @@ struct RoundWork {
     error: Option<String>,
     new_objects: Vec<(ProxyUid, ProxyObject)>,
     deleted: Vec<ProxyUid>,
+    /// Members unpublished this round (their drain marker is in `recs`).
+    unpublished: bool,
 }
 
 /// One pool's round as the standalone driver carries it out: members are objects in the
@@ -413,7 +416,7 @@ impl StandalonePool<'_> {
     /// Records the round: the member file (when the member list changed), the pool's
     /// `status` (when given), then the objects made and marked deleting, queued.
     fn commit(&self, status: Option<ProxyPoolStatus>) {
-        let (recs, changed, quarantine, error, new_objects, deleted) = {
+        let (recs, changed, quarantine, error, new_objects, deleted, unpublished) = {
             let mut w = lock(&self.work);
             (
                 std::mem::take(&mut w.recs),
@@ -422,12 +425,17 @@ impl StandalonePool<'_> {
                 w.error.take(),
                 std::mem::take(&mut w.new_objects),
                 std::mem::take(&mut w.deleted),
+                std::mem::take(&mut w.unpublished),
             )
         };
-        // NB: the member file is written before the objects exist.
+        // NB: the member file is written before the objects exist, and with the drain
+        // markers before the gateway hears of them (healthy.txt reads them at once).
         store_pool(
             self.store, self.ctx, self.key, recs, status, quarantine, changed, error,
         );
+        if unpublished {
+            self.ctx.pool_queue.gateway_wake.notify_one();
+        }
         {
             let mut objects = lock(&self.store.objects);
             for (uid, object) in &new_objects {
@@ -484,6 +492,7 @@ impl PoolDriver for StandalonePool<'_> {
             deleting: false,
             was_available: false,
             pin: c.pin.clone(),
+            drain: None,
         };
         let uid = member_uid(&self.pool.namespace, &self.pool.name, &c.name);
         let object = member_object(self.pool, &rec, uid, self.creds);
@@ -491,6 +500,20 @@ impl PoolDriver for StandalonePool<'_> {
         w.new_objects.push((uid, object));
         w.recs.insert(c.name.clone(), rec);
         w.changed = true;
+        Ok(())
+    }
+
+    /// The marker goes into the member's record: the member file written at the end of the
+    /// round keeps it, and every view (healthy.txt, the gateway feed, `/status`) reads it.
+    async fn unpublish(&self, u: &UnpublishMember) -> Result<(), Self::Error> {
+        let mut w = lock(&self.work);
+        if let Some(r) = w.recs.get_mut(&u.name)
+            && r.drain.is_none()
+        {
+            r.drain = Some(u.marker.clone());
+            w.changed = true;
+            w.unpublished = true;
+        }
         Ok(())
     }
 
@@ -565,31 +588,5 @@ pub(crate) async fn run(store: &Store, ctx: &Context, stop: CancellationToken) {
 }
 
 #[cfg(test)]
-mod digest_tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    #[test]
-    fn a_chosen_password_enters_the_template_hash_only_keyed() {
-        let dir = tempfile::tempdir().unwrap();
-        let chosen = ProxyCredentials {
-            username: "alice".into(),
-            password: "hunter2".into(),
-        };
-        let d = template_digest_in(dir.path(), false, &chosen).unwrap();
-        // What someone who read the template hash could compute from a guess, without the key.
-        assert_ne!(d, credentials::digest(&chosen));
-        let key = ensure_digest_key(dir.path()).unwrap();
-        assert_eq!(d, credentials::keyed_digest(&key, &chosen));
-        assert_eq!(
-            template_digest_in(dir.path(), false, &chosen).unwrap(),
-            d,
-            "stable"
-        );
-        // Generated credentials keep their unkeyed digest (their members are not replaced).
-        assert_eq!(
-            template_digest_in(dir.path(), true, &chosen).unwrap(),
-            credentials::digest(&chosen)
-        );
-    }
-}
+#[path = "reconcile_tests.rs"]
+mod digest_tests;

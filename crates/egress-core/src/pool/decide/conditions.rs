@@ -113,17 +113,27 @@ pub(super) fn set(d: &mut PoolDecision, i: &PoolInputs<'_>, r: &Round) {
         );
     }
 
-    let acted = !d.creates.is_empty() || !d.deletes.is_empty();
+    let acted = !d.creates.is_empty() || !d.deletes.is_empty() || !d.unpublishes.is_empty();
+    // A cause of this round's removals (deleted or unpublished).
+    let removing = |c: super::DeleteCause| {
+        d.deletes.iter().any(|x| x.cause == c) || d.unpublishes.iter().any(|x| x.cause == c)
+    };
     let done = !acted
         && !blocked
         && r.outdated + r.aged + r.listed + r.surplus + r.draining == 0
         && r.counted == p.replicas
         && r.available == p.replicas;
     if done {
-        let msg = format!(
+        let mut msg = format!(
             "{} of {} members current and available",
             r.available, p.replicas
         );
+        if r.unpublished > 0 {
+            msg.push_str(&format!(
+                "; {} removed member(s) unpublished, deleted after the drain grace",
+                r.unpublished
+            ));
+        }
         cond(d, condition::PROGRESSING, true, reason::COMPLETE, &msg);
     } else if blocked && !acted {
         cond(d, condition::PROGRESSING, false, block_reason, &block_msg);
@@ -134,25 +144,13 @@ pub(super) fn set(d: &mut PoolDecision, i: &PoolInputs<'_>, r: &Round) {
             || !r.lost.is_empty()
         {
             reason::REPLACING
-        } else if r.draining > 0
-            || d.deletes
-                .iter()
-                .any(|x| x.cause == super::DeleteCause::Drain)
-        {
+        } else if r.draining > 0 || removing(super::DeleteCause::Drain) {
             reason::DRAINING
-        } else if r.outdated > 0
-            || d.deletes
-                .iter()
-                .any(|x| x.cause == super::DeleteCause::Template)
-        {
+        } else if r.outdated > 0 || removing(super::DeleteCause::Template) {
             reason::ROLLING_UPDATE
-        } else if r.listed > 0
-            || d.deletes
-                .iter()
-                .any(|x| x.cause == super::DeleteCause::Listed)
-        {
+        } else if r.listed > 0 || removing(super::DeleteCause::Listed) {
             reason::REPLACING_LISTED
-        } else if r.aged > 0 || d.deletes.iter().any(|x| x.cause == super::DeleteCause::Age) {
+        } else if r.aged > 0 || removing(super::DeleteCause::Age) {
             reason::ROTATING
         } else if r.counted < p.replicas {
             reason::SCALING_UP
@@ -161,7 +159,7 @@ pub(super) fn set(d: &mut PoolDecision, i: &PoolInputs<'_>, r: &Round) {
         } else {
             reason::WAITING_FOR_MEMBERS
         };
-        let msg = format!(
+        let mut msg = format!(
             "{} members, {} available, {} current of {} wanted; creating {}, deleting {}",
             r.counted,
             r.available,
@@ -170,6 +168,13 @@ pub(super) fn set(d: &mut PoolDecision, i: &PoolInputs<'_>, r: &Round) {
             d.creates.len(),
             d.deletes.len()
         );
+        if r.unpublished > 0 {
+            msg.push_str(&format!(
+                "; {} removed member(s) unpublished, deleted after the drain grace ({} now)",
+                r.unpublished,
+                d.unpublishes.len()
+            ));
+        }
         cond(d, condition::PROGRESSING, true, why, &msg);
     }
 }

@@ -115,6 +115,44 @@ impl DeleteCause {
             Self::HostLost => "host-lost",
         }
     }
+
+    /// The cause of label value `s` ([`Self::as_str`]).
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            Self::Age,
+            Self::Unhealthy,
+            Self::Failed,
+            Self::Template,
+            Self::ScaleIn,
+            Self::Quarantine,
+            Self::Listed,
+            Self::Drain,
+        ]
+        .into_iter()
+        .find(|c| c.as_str() == s)
+    }
+
+    /// Whether the pool plans this removal (`template`, `age`, `listed`, `drain`,
+    /// `scale-in`): the member is unpublished first and deleted after the drain grace. A
+    /// broken member (`failed`, `unhealthy`) and a released quarantined one are deleted at
+    /// once.
+    pub fn is_planned(self) -> bool {
+        matches!(
+            self,
+            Self::Age | Self::Template | Self::ScaleIn | Self::Listed | Self::Drain
+        )
+    }
+}
+
+/// A member to unpublish now and delete after the pool's drain grace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnpublishMember {
+    /// The member's name.
+    pub name: String,
+    /// Why it is removed.
+    pub cause: DeleteCause,
+    /// The marker to record on it ([`crate::pool::member::Drain::marker`]).
+    pub marker: String,
 }
 
 /// A member to delete, and why.
@@ -127,7 +165,7 @@ pub struct DeleteMember {
 }
 
 /// What the pool decision decided. A driver carries it out in this order: generate the
-/// credentials (when asked), create, delete, then write the status. It decides again when
+/// credentials (when asked), create, unpublish, delete, then write the status. It decides again when
 /// the pool or any of its members changes, and after `requeue_after`.
 ///
 /// NB: the members created here must be among the next round's members (a driver that
@@ -139,6 +177,9 @@ pub struct PoolDecision {
     pub generate_credentials: bool,
     /// Members to create.
     pub creates: Vec<CreateMember>,
+    /// Members to unpublish now (their drain marker recorded) and delete once the drain
+    /// grace has passed (a later round deletes them).
+    pub unpublishes: Vec<UnpublishMember>,
     /// Members to delete.
     pub deletes: Vec<DeleteMember>,
     /// Members quarantined since the last round (to stop publishing and to announce).

@@ -55,8 +55,9 @@ pub(super) fn take(
     let mut held = 0usize;
     list.retain(|e| {
         if let Some(m) = i.members.iter().find(|m| m.name == e.member) {
-            // Still deleting: it holds its slot; not deleted (yet): counted as stale.
-            if m.deleting {
+            // Still deleting or draining: it holds its slot; not removed (yet): counted as
+            // stale.
+            if m.deleting || m.draining.is_some() {
                 held += 1;
             }
             return true;

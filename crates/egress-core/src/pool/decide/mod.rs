@@ -1,6 +1,6 @@
 //! The pool decision: (pool + its members + host states + now) → members to create (with
-//! derived names, hosts and the template hash), members to delete (with their cause), and
-//! the pool's status.
+//! derived names, hosts and the template hash), members to unpublish and to delete (with
+//! their cause), and the pool's status.
 //!
 //! One round, in order:
 //! 1. **Quarantine**: a member with the quarantine annotation leaves the pool's accounting at
@@ -12,29 +12,42 @@
 //!    (cause `host-lost`) once its host answers again, unless it still serves and the pool is
 //!    below `replicas - maxUnavailable` available members without it. A lost member counts
 //!    against the entry's quota like a quarantined one, never against `replicas + maxSurge`.
-//! 2. **Autohealing**: a member in phase Failed, or unhealthy (running or paused, not
+//! 2. **Drains**: a member the pool unpublished to remove it (its drain marker, see step 6)
+//!    is out of the pool's accounting (not counted, not available, its replacement made as
+//!    for a deleted one) and is deleted, with the cause it was removed for, once
+//!    `drainGrace` has passed since it was unpublished and its host is not dead (the lost
+//!    rule's reason: a delete could not reach it); the round asks to be woken then.
+//!    A drain is never taken back (a scale-up during it makes new members).
+//! 3. **Autohealing**: a member in phase Failed, or unhealthy (running or paused, not
 //!    available) for `unhealthyAfter`, is deleted (cause `failed` / `unhealthy`) and its
 //!    host's failure count grows; creates on that host back off until a member there is
 //!    available again. A member on a dead host is left to the lost rule (a delete could not
 //!    reach its host).
-//! 3. **Listings** (with `reputation.onListed: Replace`): a member whose declared egress
+//! 4. **Listings** (with `reputation.onListed: Replace`): a member whose declared egress
 //!    address is listed in a DNS blocklist is outdated (cause `listed`), and its listed
 //!    addresses are retired (`status.retiredAddresses`) until `retire_for` has passed;
 //!    retirements past their time end.
-//! 3. **Creates**: up to `replicas` current members (current template, younger than
+//! 5. **Creates**: up to `replicas` current members (current template, younger than
 //!    `maxAge`), never more than `replicas + maxSurge` members in all, placed by
 //!    `place` (spread, `maxPerHost`, host health, backoff).
 //!    A member on a draining host (`maintenance: Drain`) is outdated too (cause `drain`, ahead
 //!    of every other cause) and no new member goes to a cordoned or draining host.
-//! 4. **Removals** of outdated (cause `template`, `drain`), aged (`age`) and surplus (`scale-in`)
+//! 6. **Removals** of outdated (cause `template`, `drain`), aged (`age`) and surplus (`scale-in`)
 //!    members, unavailable ones first: an available member is removed only while more than
 //!    `replicas - maxUnavailable` are available, and removals never take the pool's members
-//!    (creates of this round included) below that number either.
+//!    (creates of this round included) below that number either. With a drain grace
+//!    (`PoolPolicy::drain_grace` above zero) a removed member is **unpublished** (its drain
+//!    marker recorded, since now; since it turned unhealthy for one that is not available)
+//!    rather than deleted, and step 2 deletes it later; without one, or when that time has
+//!    passed already, it is deleted at once. Either way it leaves the budget at once.
 //!
 //! Guarantees: pure (the clock is an input); O(members · log members + hosts · creates) per
-//! round, from the pool's own members only; the pool's own removals never take the available
-//! members below `min(available before, replicas - maxUnavailable)` (broken members removed by
-//! autohealing are never available).
+//! round, from the pool's own members only; the pool's own removals (unpublished or deleted)
+//! never take the available members below `min(available before, replicas - maxUnavailable)`
+//! (broken members removed by autohealing are never available); a member unpublished for a
+//! planned removal is deleted no sooner than `drainGrace` after it was unpublished, as
+//! recorded on it (so an operator restart changes nothing); broken members and released
+//! quarantined ones are deleted at once.
 
 mod conditions;
 mod io;
@@ -50,6 +63,8 @@ mod tests_drain;
 #[cfg(test)]
 mod tests_keep;
 #[cfg(test)]
+mod tests_lead;
+#[cfg(test)]
 mod tests_listed;
 #[cfg(test)]
 mod tests_lost;
@@ -60,12 +75,14 @@ use std::time::{Duration, SystemTime};
 use crate::controller::decide::fmt_time;
 use crate::controller::{Event, EventKind};
 use crate::model::{MAX_MESSAGE_CHARS, truncate};
-use crate::pool::member::{Member, member_name};
+use crate::pool::member::{Drain, Member, member_name};
 use crate::pool::spec::{OnListed, ScaleInOrder};
 use crate::pool::status::{HostFailures, MAX_RETIRED, RetiredAddress, reason};
 use egress_provider::libvirt::config::Maintenance;
 
-pub use self::io::{CreateMember, DeleteCause, DeleteMember, PoolDecision, PoolHost, PoolInputs};
+pub use self::io::{
+    CreateMember, DeleteCause, DeleteMember, PoolDecision, PoolHost, PoolInputs, UnpublishMember,
+};
 
 /// What one round saw, for the status and its conditions.
 #[derive(Debug, Default)]
@@ -85,6 +102,8 @@ struct Round {
     surplus: usize,
     /// Members left on draining hosts after this round's removals.
     draining: usize,
+    /// Members unpublished and waiting for their drain grace to end after this round.
+    unpublished: usize,
     /// Members counted (not quarantined) and their available / updated subsets, before acting.
     counted: u32,
     available: u32,
@@ -148,6 +167,39 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
     r.quarantined = quarantined.len();
     d.status.quarantined = quarantined;
 
+    // Dead hosts: nothing is deleted there (a delete could not reach the host); the lost rule
+    // replaces their members.
+    let dead_hosts: BTreeSet<&str> = i
+        .hosts
+        .iter()
+        .filter(|h| crate::host_health::is_dead(h.state))
+        .map(|h| h.name.as_str())
+        .collect();
+    let dead_host = |m: &Member| m.host.as_deref().is_some_and(|h| dead_hosts.contains(h));
+
+    // 2. Drains: deleted once their grace has passed (and their host answers); out of the
+    // accounting until then.
+    let mut undrained: Vec<&Member> = Vec::with_capacity(active.len());
+    for m in active {
+        let Some(dr) = m.draining else {
+            undrained.push(m);
+            continue;
+        };
+        let due = dr.since.checked_add(p.drain_grace).unwrap_or(dr.since);
+        if now >= due && !dead_host(m) {
+            delete(&mut d, m, dr.cause);
+        } else {
+            // NB: past its grace on a dead host: looked at again as the lost rule does.
+            wake_at(if now >= due {
+                now.checked_add(lost::LOST_RECHECK).unwrap_or(now)
+            } else {
+                due
+            });
+            r.unpublished += 1;
+        }
+    }
+    let active = undrained;
+
     // Failures behind a host's backoff end once a host leaves the entry, or a member made after them is available there.
     d.status.host_failures.retain(|f| {
         if !i.hosts.iter().any(|h| h.name == f.host) {
@@ -165,16 +217,8 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
     let split = lost::split(i, active, &mut d.events, &mut wake_at);
     let active = split.kept;
     r.lost = split.lost;
-    // A member on a dead host is never deleted by autohealing: the lost rule replaces it.
-    let dead_hosts: BTreeSet<&str> = i
-        .hosts
-        .iter()
-        .filter(|h| crate::host_health::is_dead(h.state))
-        .map(|h| h.name.as_str())
-        .collect();
-    let dead_host = |m: &Member| m.host.as_deref().is_some_and(|h| dead_hosts.contains(h));
 
-    // 2. Autohealing.
+    // 3. Autohealing.
     let mut remaining: Vec<&Member> = Vec::with_capacity(active.len());
     for m in active {
         let cause = if !p.autohealing || dead_host(m) {
@@ -292,7 +336,7 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
         }
     }
 
-    // 3. Creates.
+    // 5. Creates.
     // Members on a draining host are replaced like outdated ones: surge first, within the
     // pool's budget.
     let draining: BTreeSet<&str> = i
@@ -344,17 +388,16 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
     } else {
         fresh.len()
     };
-    // Quarantined and lost members count against the entry's quota (`max_members`): replacing
-    // them never grows the pool past it. Neither counts in `replicas + maxSurge`: they are out
-    // of the pool's accounting, like members being deleted.
+    // Quarantined, lost and unpublished (draining) members count against the entry's quota
+    // (`max_members`): replacing them never grows the pool past it. None counts in
+    // `replicas + maxSurge`: they are out of the pool's accounting, like members being deleted.
     let max_members = usize::try_from(p.max_members).unwrap_or(usize::MAX);
-    let wanted =
-        replicas
-            .saturating_sub(occupied)
-            .min(max_total.saturating_sub(remaining.len() + held + pinned.len()))
-            .min(max_members.saturating_sub(
-                remaining.len() + r.quarantined + r.lost.len() + held + pinned.len(),
-            ));
+    let wanted = replicas
+        .saturating_sub(occupied)
+        .min(max_total.saturating_sub(remaining.len() + held + pinned.len()))
+        .min(max_members.saturating_sub(
+            remaining.len() + r.quarantined + r.lost.len() + r.unpublished + held + pinned.len(),
+        ));
     let placed = place::place(
         wanted,
         p,
@@ -395,7 +438,7 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
         });
     }
 
-    // 4. Removals: outdated and aged members, then the surplus, unavailable ones first.
+    // 6. Removals: outdated and aged members, then the surplus, unavailable ones first.
     let surplus = fresh.len().saturating_sub(replicas);
     fresh.sort_by(|a, b| removal_order(a, b, p.scale_in));
     let mut candidates: Vec<(&Member, DeleteCause)> = std::mem::take(&mut stale);
@@ -432,7 +475,22 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
         if m.available {
             available_budget = available_budget.saturating_sub(1);
         }
-        delete(&mut d, m, cause);
+        // A planned removal drains: unpublished now (since it turned unhealthy, for one
+        // that is not available: its connections' grace began then), deleted after the grace.
+        let since = if m.available {
+            Some(now)
+        } else {
+            m.unhealthy_since
+        };
+        let due = since.and_then(|t| t.checked_add(p.drain_grace));
+        match (since, due) {
+            (Some(since), Some(due)) if cause.is_planned() && due > now => {
+                wake_at(due);
+                r.unpublished += 1;
+                unpublish(&mut d, m, Drain { since, cause }, due);
+            }
+            _ => delete(&mut d, m, cause),
+        }
         if p.keep_addresses {
             keep::remember(&mut d.status.pending_addresses, m, cause, replicas);
         }
@@ -486,6 +544,24 @@ fn delete(d: &mut PoolDecision, m: &Member, cause: DeleteCause) {
     d.deletes.push(DeleteMember {
         name: m.name.clone(),
         cause,
+    });
+}
+
+fn unpublish(d: &mut PoolDecision, m: &Member, drain: Drain, due: SystemTime) {
+    d.events.push(Event::new(
+        EventKind::Normal,
+        reason::MEMBER_DRAINING,
+        &format!(
+            "unpublished member {} (cause: {}); deleting it at {} (drain grace)",
+            m.name,
+            drain.cause.as_str(),
+            fmt_time(due)
+        ),
+    ));
+    d.unpublishes.push(UnpublishMember {
+        name: m.name.clone(),
+        cause: drain.cause,
+        marker: drain.marker(),
     });
 }
 

@@ -56,6 +56,7 @@ pub(super) fn member(name: &str, host: &str, created: u64) -> Member {
         failure: None,
         quarantine: None,
         deleting: false,
+        draining: None,
         egress_address: Vec::new(),
         ip: None,
         egress_ip: None,

@@ -62,6 +62,10 @@ fn run_history(seed: u64, replicas: u32, spec: &str, steps: usize) {
             }
         }
         for m in &mut c.members {
+            if m.draining.is_some() {
+                // Unpublished: never available again.
+                continue;
+            }
             let s = &sims[&m.name];
             if m.phase == Phase::Provisioning && t >= s.boots_at {
                 if s.breaks {
@@ -85,12 +89,16 @@ fn run_history(seed: u64, replicas: u32, spec: &str, steps: usize) {
         let d = c.run();
         c.status = d.status.clone();
         let p = &c.policy;
+        // NB: a member unpublished for its drain grace left the budget then.
         let counted: Vec<&Member> = c
             .members
             .iter()
-            .filter(|m| m.quarantine.is_none())
+            .filter(|m| m.quarantine.is_none() && m.draining.is_none())
             .collect();
-        let gone = |m: &Member| d.deletes.iter().any(|x| x.name == m.name);
+        let gone = |m: &Member| {
+            d.deletes.iter().any(|x| x.name == m.name)
+                || d.unpublishes.iter().any(|x| x.name == m.name)
+        };
         let healing =
             |x: &DeleteMember| matches!(x.cause, DeleteCause::Failed | DeleteCause::Unhealthy);
         let healed = d.deletes.iter().filter(|x| healing(x)).count();
@@ -100,7 +108,28 @@ fn run_history(seed: u64, replicas: u32, spec: &str, steps: usize) {
         // included, the ones autohealing removed not) below `replicas - maxUnavailable`, or
         // below what there was when that was fewer already.
         let min_available = p.min_available() as usize;
-        let removals: Vec<&DeleteMember> = d.deletes.iter().filter(|x| !healing(x)).collect();
+        let drained = |x: &DeleteMember| {
+            c.members
+                .iter()
+                .any(|m| m.name == x.name && m.draining.is_some())
+        };
+        let removals: Vec<&str> = d
+            .deletes
+            .iter()
+            .filter(|x| !healing(x) && !drained(x))
+            .map(|x| x.name.as_str())
+            .chain(d.unpublishes.iter().map(|x| x.name.as_str()))
+            .collect();
+        // A drained member goes no sooner than its grace.
+        for x in d.deletes.iter().filter(|x| drained(x)) {
+            let m = c.members.iter().find(|m| m.name == x.name).unwrap();
+            let since = m.draining.unwrap().since;
+            assert!(
+                c.now >= since + p.drain_grace,
+                "seed {seed} step {step}: {} deleted before its grace",
+                x.name
+            );
+        }
         let avail_before = counted.iter().filter(|m| m.available).count();
         let avail_removed = counted.iter().filter(|m| m.available && gone(m)).count();
         let available_budget = avail_before.saturating_sub(min_available);
@@ -149,8 +178,16 @@ fn run_history(seed: u64, replicas: u32, spec: &str, steps: usize) {
                 "seed {seed}: name reused"
             );
         }
-        // Act: deletes take effect at once, creates start provisioning.
-        c.members.retain(|m| !gone(m));
+        // Act: deletes take effect at once, unpublishes mark their member, creates start
+        // provisioning.
+        c.members
+            .retain(|m| !d.deletes.iter().any(|x| x.name == m.name));
+        for m in &mut c.members {
+            if let Some(u) = d.unpublishes.iter().find(|u| u.name == m.name) {
+                m.draining = Some(crate::pool::member::Drain::parse(&u.marker));
+                m.available = false;
+            }
+        }
         for cr in &d.creates {
             let mut m = member(&cr.name, &cr.host, t);
             m.template_hash = cr.template_hash.clone();
@@ -182,7 +219,8 @@ fn run_history(seed: u64, replicas: u32, spec: &str, steps: usize) {
             "seed {seed}: not converged: {:?}",
             c.status.conditions
         );
-        assert_eq!(c.members.len(), p.replicas as usize, "seed {seed}");
+        let left = c.members.iter().filter(|m| m.draining.is_none()).count();
+        assert_eq!(left, p.replicas as usize, "seed {seed}");
     }
 }
 
@@ -208,6 +246,9 @@ fn any_budget_keeps_its_bounds_over_random_histories_and_converges() {
         "update:\n  maxSurge: 1\n  maxUnavailable: 0\nplacement:\n  maxPerHost: 2\n",
         "update:\n  maxSurge: 1\n  maxUnavailable: 0\nrotation:\n  maxAge: 10m\n",
         "scaleIn:\n  order: NewestFirst\n",
+        "update:\n  maxSurge: 1\n  maxUnavailable: 0\n  drainGrace: 2m\n",
+        "update:\n  maxSurge: 0\n  maxUnavailable: 1\n  drainGrace: 90s\n",
+        "update:\n  maxSurge: 25%\n  maxUnavailable: 25%\n  drainGrace: 5m\n",
     ];
     for (k, b) in budgets.iter().enumerate() {
         for seed in 0..100 {

@@ -5,13 +5,18 @@
 //! on its host, with its template hash) until the cache holds it or [`EXPECTATION_TTL`]
 //! passed, so a decision made before the watch caught up never creates it again; a member
 //! whose delete was sent counts as being deleted until the cache shows it so or gone (the
-//! same bound), so it is not chosen for removal twice.
+//! same bound), so it is not chosen for removal twice; a member the pool unpublished carries
+//! its drain marker from then on (the cache's annotation, or the marker sent until the cache
+//! shows it, within the same bound), so it leaves the budget once and is never unpublished
+//! twice.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use egress_core::pool::member::{ANNOTATION_QUARANTINE, LABEL_TEMPLATE_HASH, Member, MemberMeta};
+use egress_core::pool::member::{
+    ANNOTATION_DRAIN, ANNOTATION_QUARANTINE, LABEL_TEMPLATE_HASH, Member, MemberMeta,
+};
 use egress_core::pool::{AvailabilityMemory, CreateMember};
 use kube::{Resource, ResourceExt};
 
@@ -25,6 +30,8 @@ pub(in crate::driver) struct PoolExpectations {
     pub(in crate::driver) created: HashMap<String, (CreateMember, SystemTime)>,
     /// Members whose delete was sent: name → when.
     pub(in crate::driver) deleted: HashMap<String, SystemTime>,
+    /// Members whose drain annotation was set: name → (its marker, when).
+    pub(in crate::driver) unpublished: HashMap<String, (String, SystemTime)>,
     /// Members whose create-to-available time was recorded (by this process: a new leader
     /// starts with a fresh memory, which records nothing on its first round).
     pub(in crate::driver) availability: AvailabilityMemory,
@@ -57,6 +64,13 @@ pub(in crate::driver) fn observe(
         .retain(|n, t| seen.contains(n) && !deleting_in_cache.contains(n) && fresh(*t, now));
     exp.created
         .retain(|n, (_, t)| !seen.contains(n) && fresh(*t, now));
+    let marked: HashSet<String> = objects
+        .iter()
+        .filter(|p| p.annotations().contains_key(ANNOTATION_DRAIN))
+        .map(|p| p.name_any())
+        .collect();
+    exp.unpublished
+        .retain(|n, (_, t)| seen.contains(n) && !marked.contains(n) && fresh(*t, now));
     let mut members = Vec::with_capacity(objects.len() + exp.created.len());
     for p in objects {
         let name = p.name_any();
@@ -70,6 +84,11 @@ pub(in crate::driver) fn observe(
             created: to_system_time(p.meta().creation_timestamp.as_ref()),
             quarantine: p.annotations().get(ANNOTATION_QUARANTINE).cloned(),
             deleting: deleting_in_cache.contains(&name) || exp.deleted.contains_key(&name),
+            drain: p
+                .annotations()
+                .get(ANNOTATION_DRAIN)
+                .or_else(|| exp.unpublished.get(&name).map(|(m, _)| m))
+                .cloned(),
             name,
         };
         let status = p.status.clone().unwrap_or_default();
@@ -221,6 +240,48 @@ mod tests {
             OnListed::Ignore,
         );
         assert!(m[0].deleting && exp.deleted.is_empty());
+    }
+
+    #[test]
+    fn an_unpublish_the_watch_has_not_shown_counts_until_it_is_seen() {
+        let now = SystemTime::now();
+        let marker = egress_core::pool::Drain {
+            since: now,
+            cause: egress_core::pool::DeleteCause::Template,
+        }
+        .marker();
+        let mut exp = PoolExpectations::default();
+        exp.unpublished
+            .insert("web-a".into(), (marker.clone(), now));
+        // Not in the cache yet: the member carries the marker (not available, draining).
+        let m = observe(
+            &[member("web-a", false)],
+            &mut exp,
+            now,
+            false,
+            OnListed::Ignore,
+        );
+        assert!(m[0].draining.is_some() && !m[0].available, "{m:?}");
+        // The cache shows the annotation: the expectation goes, the marker stays.
+        let mut v = serde_json::to_value(&*member("web-a", false)).unwrap();
+        v["metadata"]["annotations"] = serde_json::json!({ ANNOTATION_DRAIN: marker });
+        let annotated: Arc<Proxy> = Arc::new(serde_json::from_value(v).unwrap());
+        let m = observe(&[annotated], &mut exp, now, false, OnListed::Ignore);
+        assert!(
+            m[0].draining.is_some() && exp.unpublished.is_empty(),
+            "{m:?}"
+        );
+        // Expired without being seen: forgotten.
+        exp.unpublished.insert("web-b".into(), (marker, now));
+        let later = now + EXPECTATION_TTL + Duration::from_secs(1);
+        let m = observe(
+            &[member("web-b", false)],
+            &mut exp,
+            later,
+            false,
+            OnListed::Ignore,
+        );
+        assert!(m[0].draining.is_none() && exp.unpublished.is_empty());
     }
 
     #[test]

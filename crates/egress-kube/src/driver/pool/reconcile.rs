@@ -7,10 +7,10 @@ use std::time::{Duration, SystemTime};
 use egress_core::controller::backoff::backoff;
 use egress_core::controller::{Event, EventKind};
 use egress_core::pool::credentials;
-use egress_core::pool::member::{LABEL_POOL, LABEL_TEMPLATE_HASH, member_spec};
+use egress_core::pool::member::{ANNOTATION_DRAIN, LABEL_POOL, LABEL_TEMPLATE_HASH, member_spec};
 use egress_core::pool::round::{self, PoolCredentials, PoolDriver, Quota, Round, RoundInputs};
 use egress_core::pool::status::reason as pool_reason;
-use egress_core::pool::{CreateMember, ProxyPoolStatus, ProxyTemplate};
+use egress_core::pool::{CreateMember, ProxyPoolStatus, ProxyTemplate, UnpublishMember};
 use egress_web::status::{PoolMemberRow, PoolStatusRow};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -262,6 +262,38 @@ impl PoolDriver for KubePool<'_> {
         }
     }
 
+    /// Sets the member's drain annotation (a merge patch of that one key, guarded by the
+    /// member's UID), remembered until the watch shows it, so a round before then neither
+    /// counts the member nor unpublishes another in its place.
+    async fn unpublish(&self, u: &UnpublishMember) -> Result<(), PoolError> {
+        let Some(p) = self.objects.iter().find(|p| p.name_any() == u.name) else {
+            return Ok(());
+        };
+        let body = json!({"metadata": {
+            "uid": p.meta().uid,
+            "annotations": {ANNOTATION_DRAIN: u.marker},
+        }});
+        // rbac: PROXIES patch
+        match bounded(
+            self.proxies
+                .patch(&u.name, &PatchParams::default(), &Patch::Merge(&body)),
+        )
+        .await
+        {
+            Ok(_) => {}
+            // Gone, or replaced by another object of that name: nothing to unpublish.
+            Err(e) if matches!(code(&e), Some(404 | 409)) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        lock(&self.ctx.expectations)
+            .pools
+            .entry(self.key.clone())
+            .or_default()
+            .unpublished
+            .insert(u.name.clone(), (u.marker.clone(), self.now));
+        Ok(())
+    }
+
     async fn delete(&self, name: &str) -> Result<bool, PoolError> {
         let Some(p) = self.objects.iter().find(|p| p.name_any() == name) else {
             // A create the watch has not shown yet: deleted once it is seen.
@@ -463,6 +495,7 @@ mod tests {
             created: std::time::SystemTime::UNIX_EPOCH,
             quarantine: None,
             deleting: false,
+            drain: None,
         };
         let pinned = ProxyStatus {
             egress_address: vec!["203.0.113.7".into(), "2001:db8::7".into()],

@@ -242,3 +242,33 @@ fn without_autohealing_a_member_on_a_dead_host_is_kept() {
     assert!(d.creates.is_empty() && d.deletes.is_empty());
     assert!(d.status.lost_members.is_empty());
 }
+
+#[test]
+fn a_drained_member_past_its_grace_on_a_dead_host_waits_for_its_host_to_answer() {
+    use crate::pool::member::Drain;
+    // web-a was unpublished (template) at 900 with a 1m grace; its host h1 died at 950.
+    let mut c = dead_h1(950, 1000);
+    c.policy = policy("replicas: 2\nupdate:\n  drainGrace: 1m\n");
+    c.members[0].draining = Some(Drain {
+        since: at(900),
+        cause: DeleteCause::Template,
+    });
+    c.members[0].available = false;
+    // Past its grace, host dead: not deleted, still out of the accounting, looked at again.
+    let d = c.run();
+    assert!(d.deletes.is_empty(), "{:?}", d.deletes);
+    assert_eq!(d.status.replicas, 1);
+    assert!(
+        d.requeue_after
+            .is_some_and(|w| w > Duration::ZERO && w <= Duration::from_secs(10)),
+        "{:?}",
+        d.requeue_after
+    );
+    // Never lost either: a drained member is no longer the pool's to replace.
+    assert!(d.status.lost_members.is_empty());
+    // Its host answers: deleted with the cause it was removed for.
+    c.hosts[0].state = Some(HostState::Ready);
+    c.hosts[0].dead_since = None;
+    let d = c.run();
+    assert_eq!(deleted(&d), [("web-a", DeleteCause::Template)]);
+}

@@ -3,7 +3,8 @@
 //! guards and the leftover sweep for resources made on the real libvirtd ([`cleanup`]), and the
 //! building blocks of the real-guest end-to-end tests ([`e2e`]), raw HTTP responses read back
 //! ([`http`]), running one test in a process of its own, checked to have run ([`isolate`]),
-//! a private libvirtd a test may kill and restart ([`libvirtd`]), and a real authoritative
+//! a private libvirtd a test may kill and restart ([`libvirtd`]), several of them as hosts on one
+//! bridge segment ([`segment`]), and a real authoritative
 //! DNS server serving test blocklist zones ([`nsd`]).
 //!
 //! Everything cleans up on Drop: sshd is killed and its temporary directory removed; relay
@@ -22,4 +23,5 @@ pub mod isolate;
 pub mod libvirtd;
 pub mod nsd;
 pub mod relay;
+pub mod segment;
 pub mod sshd;

@@ -141,7 +141,9 @@ impl Drop for OwnNetns {
                 let _ = Command::new("kill").args(["-KILL", pid]).status();
             }
         }
-        let _ = Command::new("ip").args(["netns", "delete", &self.0]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.0])
+            .status();
     }
 }
 
@@ -405,7 +407,10 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
     let host = &cx.seg.hosts[h];
     let old_pid = host.libvirtd.qemu_pid(&domain);
     let body = get(cx.listen, &healthy_path).await.unwrap_or_default();
-    assert!(body.lines().any(|l| l == endpoint), "{endpoint} not in {body:?}");
+    assert!(
+        body.lines().any(|l| l == endpoint),
+        "{endpoint} not in {body:?}"
+    );
     println!(
         "eptest: kill: {} of member {name} on {host_name} (domain {domain}, {endpoint}, QEMU \
          pid {old_pid:?})",
@@ -425,7 +430,9 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
                 .collect();
             cx.seg.hosts[h].libvirtd.stop();
             for pid in pids {
-                let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
             }
         }
         Kill::Frozen => {
@@ -502,7 +509,10 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
                 let m = members(cx.listen).await.unwrap_or_default();
                 let n = available(&m);
                 below += count_below(n, &mut last);
-                if n == 2 && m.values().all(|x| x.host.as_deref() != Some(&host_name) || !x.available) {
+                if n == 2
+                    && m.values()
+                        .all(|x| x.host.as_deref() != Some(&host_name) || !x.available)
+                {
                     break;
                 }
                 assert!(
@@ -554,7 +564,11 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
                         break (t0.elapsed(), "the same guest, republished".into(), x.ip);
                     }
                     if pid.is_some() && pid != old_pid {
-                        break (t0.elapsed(), "re-created in place (a new QEMU)".into(), x.ip);
+                        break (
+                            t0.elapsed(),
+                            "re-created in place (a new QEMU)".into(),
+                            x.ip,
+                        );
                     }
                 }
                 Some(_) => {}
@@ -580,7 +594,11 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
     );
     let ip = new_ip.expect("the replacement's address");
     let saw = egress_through(ip, cx.gateway, cx.echo, Duration::from_secs(60)).await;
-    assert_eq!(saw, ip.to_string(), "the echo saw another egress through {ip}");
+    assert_eq!(
+        saw,
+        ip.to_string(),
+        "the echo saw another egress through {ip}"
+    );
     println!(
         "eptest: {}: a request through {ip} reached the echo from {saw}; member-seconds below \
          2: {below:.1}",
@@ -695,7 +713,10 @@ async fn inside_the_namespace() {
         ),
     )
     .unwrap();
-    println!("eptest: config:\n{}", std::fs::read_to_string(&config).unwrap());
+    println!(
+        "eptest: config:\n{}",
+        std::fs::read_to_string(&config).unwrap()
+    );
     std::fs::write(
         dir.join("failover.yaml"),
         format!(
@@ -728,7 +749,11 @@ async fn inside_the_namespace() {
     for x in m.values() {
         let ip = x.ip.unwrap();
         let saw = egress_through(ip, gateway, echo, Duration::from_secs(60)).await;
-        assert_eq!(saw, ip.to_string(), "the echo saw another egress through {ip}");
+        assert_eq!(
+            saw,
+            ip.to_string(),
+            "the echo saw another egress through {ip}"
+        );
     }
 
     let mut cx = Ctx {
@@ -747,7 +772,11 @@ async fn inside_the_namespace() {
     }
     for kind in [Kill::Qemu, Kill::Libvirtd, Kill::Frozen] {
         let of = |g: fn(&Figures) -> f64| -> Vec<f64> {
-            figures.iter().filter(|(k, _)| *k == kind).map(|(_, f)| g(f)).collect()
+            figures
+                .iter()
+                .filter(|(k, _)| *k == kind)
+                .map(|(_, f)| g(f))
+                .collect()
         };
         let (u, r, b) = (
             of(|f| f.unpublished),
@@ -791,8 +820,15 @@ async fn inside_the_namespace() {
     drop(op);
     for h in &seg.hosts {
         let (domains, volumes) = (h.domains(), h.volumes());
-        println!("eptest: h{} after: domains {domains:?}, volumes {volumes:?}", h.index + 1);
-        assert!(domains.is_empty(), "h{}: domains left: {domains:?}", h.index + 1);
+        println!(
+            "eptest: h{} after: domains {domains:?}, volumes {volumes:?}",
+            h.index + 1
+        );
+        assert!(
+            domains.is_empty(),
+            "h{}: domains left: {domains:?}",
+            h.index + 1
+        );
         let base = format!("{prefix}base-");
         let ours: Vec<&String> = volumes
             .iter()

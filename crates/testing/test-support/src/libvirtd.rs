@@ -49,11 +49,8 @@ impl PrivateLibvirtd {
             .expect("a temporary directory");
         let dir = tmp.path().to_owned();
         // NB: QEMU (another user) must reach the pool and NVRAM below it.
-        std::fs::set_permissions(
-            &dir,
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
         println!(
             "eptest: private libvirtd in {} (netns {netns})",
             dir.display()

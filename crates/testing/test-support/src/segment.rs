@@ -132,7 +132,13 @@ impl Segment {
              namespaces {name}-h0…"
         );
         run_ok(Command::new("ip").args([
-            "link", "add", &bridge, "type", "bridge", "stp_state", "0",
+            "link",
+            "add",
+            &bridge,
+            "type",
+            "bridge",
+            "stp_state",
+            "0",
         ]));
         let mut seg = Self {
             name,
@@ -157,7 +163,16 @@ impl Segment {
             let veth = format!("eps{tag}{i}");
             let ip = seg.ip(10 + i as u8);
             run_ok(Command::new("ip").args([
-                "link", "add", &veth, "type", "veth", "peer", "name", HOST_UPLINK, "netns", &ns,
+                "link",
+                "add",
+                &veth,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                HOST_UPLINK,
+                "netns",
+                &ns,
             ]));
             run_ok(Command::new("ip").args(["link", "set", &veth, "master", &seg.bridge]));
             run_ok(Command::new("ip").args(["link", "set", &veth, "up"]));
@@ -165,7 +180,13 @@ impl Segment {
                 run_ok(Command::new("ip").args(["-n", &ns]).args(args));
             };
             inside(&[
-                "link", "add", HOST_BRIDGE, "type", "bridge", "stp_state", "0",
+                "link",
+                "add",
+                HOST_BRIDGE,
+                "type",
+                "bridge",
+                "stp_state",
+                "0",
             ]);
             inside(&["link", "set", HOST_UPLINK, "master", HOST_BRIDGE]);
             inside(&["link", "set", HOST_UPLINK, "up"]);

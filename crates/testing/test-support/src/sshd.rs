@@ -288,7 +288,8 @@ fn wait_ready(
             .ok()
             .and_then(|s| s.trim().parse::<u32>().ok())
             == Some(child.id());
-        if ours && TcpStream::connect_timeout(&SocketAddr::from((ip, port)), START_POLL * 50).is_ok()
+        if ours
+            && TcpStream::connect_timeout(&SocketAddr::from((ip, port)), START_POLL * 50).is_ok()
         {
             return Ok(());
         }

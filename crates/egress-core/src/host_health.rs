@@ -130,6 +130,13 @@ pub fn accepts_placements(state: Option<HostState>) -> bool {
     matches!(state, None | Some(HostState::Ready))
 }
 
+/// Whether a host whose last state is `state` is dead: its connection was declared dead
+/// (`Unreachable`) or its check ran out its deadline (`Timeout`). A `Degraded` host answers,
+/// and a host never checked is not known to be dead.
+pub fn is_dead(state: Option<HostState>) -> bool {
+    matches!(state, Some(HostState::Unreachable | HostState::Timeout))
+}
+
 /// A host's maintenance progress as rows show it: `Cordoned`, `Draining (N left)` while
 /// `left` Proxies' instances are still on it (pinned ones stay: see their `Ready`
 /// condition), `Drained` once none is; `None` for a host in service.

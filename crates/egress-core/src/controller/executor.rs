@@ -257,6 +257,15 @@ impl Controller {
         for r in reports {
             hosts.insert(r.host.clone(), r.state);
         }
+        let now = SystemTime::now();
+        let dead = st.dead_since.entry(entry.to_owned()).or_default();
+        for r in reports {
+            if crate::host_health::is_dead(Some(r.state)) {
+                dead.entry(r.host.clone()).or_insert(now);
+            } else {
+                dead.remove(&r.host);
+            }
+        }
         let reasons = st.host_reasons.entry(entry.to_owned()).or_default();
         for r in reports {
             match r.reason() {
@@ -305,6 +314,7 @@ impl Controller {
         };
         let st = lock(&self.inner.state);
         let states = st.health.get(entry);
+        let dead = st.dead_since.get(entry);
         h.config
             .hosts
             .iter()
@@ -312,6 +322,7 @@ impl Controller {
                 name: host.name.clone(),
                 state: states.and_then(|s| s.get(&host.name).copied()),
                 maintenance: host.maintenance,
+                dead_since: dead.and_then(|d| d.get(&host.name).copied()),
             })
             .collect()
     }

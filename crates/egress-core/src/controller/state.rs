@@ -37,6 +37,11 @@ pub(super) struct State {
     /// Last reported health per entry, per host (nested, so a lookup by `&str` allocates
     /// nothing).
     pub(super) health: HashMap<String, HashMap<String, HostState>>,
+    /// Per entry, per host: since when its reports have said it is dead (`Unreachable` or
+    /// `Timeout`) without a break, as this process saw it (the first such report's arrival);
+    /// no entry for a host whose last report is not dead. In memory only: an operator restart
+    /// restarts every clock, so a pool never replaces a lost member early after one.
+    pub(super) dead_since: HashMap<String, HashMap<String, std::time::SystemTime>>,
     /// Per entry, per host: why its last report is not Ready ([`HostReport::reason`]); no
     /// entry for a Ready host.
     ///

@@ -16,13 +16,16 @@ use prometheus_client::registry::Registry;
 /// The states `pool_members` reports, each a series per pool.
 pub const MEMBER_STATES: [&str; 4] = ["available", "unavailable", "quarantined", "deleting"];
 /// The causes `pool_replacements_total` counts.
-const CAUSES: [&str; 6] = [
+const CAUSES: [&str; 9] = [
     "age",
     "unhealthy",
     "failed",
     "template",
     "scale-in",
     "quarantine",
+    "listed",
+    "drain",
+    "host-lost",
 ];
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -66,7 +69,7 @@ impl PoolMetrics {
         let replacements = Family::<CauseLabels, Counter>::default();
         reg.register(
             "pool_replacements",
-            "Members the pool deleted, by cause (age, unhealthy, failed, template, scale-in, quarantine)",
+            "Members the pool deleted, by cause (age, unhealthy, failed, template, scale-in, quarantine, listed, drain, host-lost)",
             replacements.clone(),
         );
         let ready = Family::<PoolLabel, Histogram, fn() -> Histogram>::new_with_constructor(

@@ -33,6 +33,7 @@ fn hosts() -> Vec<PoolHost> {
         name: "h1".into(),
         state: Some(HostState::Ready),
         maintenance: Default::default(),
+        dead_since: None,
     }]
 }
 

@@ -26,6 +26,13 @@ pub const DEFAULT_MAX_UNAVAILABLE: IntOrPercent = IntOrPercent::Count(0);
 // NB: the health engine needs a few consecutive failed checks (30 s apart by default) before
 // it calls a proxy unhealthy; five minutes of that is an outage, not a blip.
 pub const DEFAULT_UNHEALTHY_AFTER: &str = "5m";
+/// `autohealing.hostDeadAfter` when omitted.
+// NB: a dead host shows in its row at most 30 s after it stopped answering (the default check
+// interval and keepalive, docs/operations.md); 60 s more is two further check rounds that
+// still find it dead, so one lost round or a libvirtd restart (back within seconds) never
+// replaces members, while a member's replacement is asked for at most 90 s after its host
+// died, well before `unhealthyAfter` (5 m).
+pub const DEFAULT_HOST_DEAD_AFTER: &str = "60s";
 /// `autohealing.backoff.initial` when omitted.
 pub const DEFAULT_BACKOFF_INITIAL: &str = "30s";
 /// `autohealing.backoff.max` when omitted.
@@ -321,6 +328,11 @@ pub struct Autohealing {
     /// member in phase Failed is replaced at once.
     #[serde(default = "default_unhealthy_after")]
     pub unhealthy_after: String,
+    /// A member whose host has been dead (`Unreachable` or `Timeout`, without a break) for
+    /// this long is lost: it is replaced on another host at once and deleted once its host
+    /// answers again, never before (default `60s`).
+    #[serde(default = "default_host_dead_after")]
+    pub host_dead_after: String,
     /// How replacements back off on a host whose members keep failing.
     #[serde(default)]
     pub backoff: Backoff,
@@ -332,12 +344,16 @@ fn default_true() -> bool {
 fn default_unhealthy_after() -> String {
     DEFAULT_UNHEALTHY_AFTER.into()
 }
+fn default_host_dead_after() -> String {
+    DEFAULT_HOST_DEAD_AFTER.into()
+}
 
 impl Default for Autohealing {
     fn default() -> Self {
         Self {
             enabled: true,
             unhealthy_after: default_unhealthy_after(),
+            host_dead_after: default_host_dead_after(),
             backoff: Backoff::default(),
         }
     }

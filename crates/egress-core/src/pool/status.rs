@@ -62,6 +62,9 @@ pub mod reason {
     pub const REPLACING_LISTED: &str = "ReplacingListed";
     /// A listed egress address was retired from its host's address pool (event).
     pub const ADDRESS_RETIRED: &str = "AddressRetired";
+    /// Members on a host dead for `autohealing.hostDeadAfter` were replaced elsewhere
+    /// (condition reason of `ReplicaFailure`, and the event of each such member).
+    pub const HOST_LOST: &str = "HostLost";
 }
 
 /// Most entries of `status.retiredAddresses` (the newest are kept).
@@ -91,6 +94,24 @@ pub struct RetiredAddress {
     /// When the retirement ends (RFC 3339).
     #[cfg_attr(feature = "schema", schemars(length(max = 32)))]
     pub until: String,
+}
+
+/// A member lost with its host: its host was dead (`Unreachable` or `Timeout`) for
+/// `autohealing.hostDeadAfter`, so it was replaced elsewhere; it is deleted once its host
+/// answers again, never before.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct LostMember {
+    /// The member's name.
+    #[cfg_attr(feature = "schema", schemars(length(max = 253)))]
+    pub member: String,
+    /// Its host.
+    #[cfg_attr(feature = "schema", schemars(length(max = 253)))]
+    pub host: String,
+    /// Since when the host had been dead when the member was lost (RFC 3339).
+    #[cfg_attr(feature = "schema", schemars(length(max = 32)))]
+    pub since: String,
 }
 
 /// A replaced member's egress addresses, waiting for the member to be gone.
@@ -148,6 +169,14 @@ pub struct ProxyPoolStatus {
     /// because its annotation was removed is deleted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quarantined: Vec<String>,
+    /// Members lost with their host (dead for `autohealing.hostDeadAfter`): replaced
+    /// elsewhere, not counted in `replicas`, each deleted once its host answers again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "schema", schemars(extend(
+        "x-kubernetes-list-type" = "map",
+        "x-kubernetes-list-map-keys" = ["member"]
+    )))]
+    pub lost_members: Vec<LostMember>,
     /// Egress addresses kept for replacements (`rotation.egressAddress: Keep`): a member
     /// deleted for its age or a template change, its host and addresses; its replacement is
     /// created there with them once it is gone. At most `replicas` entries.

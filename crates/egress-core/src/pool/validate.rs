@@ -29,6 +29,13 @@ pub const MIN_MAX_AGE: Duration = Duration::from_secs(60);
 // NB: one health check interval (30 s by default): less would replace a member on a single
 // failed round.
 pub const MIN_UNHEALTHY_AFTER: Duration = Duration::from_secs(30);
+/// Shortest `autohealing.hostDeadAfter`.
+// NB: one host check's deadline (10 s): a host is reported dead only after that long without
+// an answer anyway; shorter would add nothing but replacements on a single slow check.
+pub const MIN_HOST_DEAD_AFTER: Duration = Duration::from_secs(10);
+/// Longest `autohealing.hostDeadAfter`.
+// NB: a day; longer is "never", which `autohealing.enabled: false` says plainly.
+pub const MAX_HOST_DEAD_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// Longest `autohealing.backoff.max`.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(24 * 3600);
 
@@ -52,6 +59,8 @@ pub struct PoolPolicy {
     pub autohealing: bool,
     /// How long a member may be unhealthy before it is replaced.
     pub unhealthy_after: Duration,
+    /// How long a member's host may be dead before the member is lost (replaced elsewhere).
+    pub host_dead_after: Duration,
     /// First backoff after a failure on a host.
     pub backoff_initial: Duration,
     /// Longest backoff.
@@ -245,6 +254,12 @@ impl ProxyPoolSpec {
             MIN_UNHEALTHY_AFTER,
             None,
         );
+        let host_dead_after = duration(
+            "spec.autohealing.hostDeadAfter",
+            &self.autohealing.host_dead_after,
+            MIN_HOST_DEAD_AFTER,
+            Some(MAX_HOST_DEAD_AFTER),
+        );
         let initial = duration(
             "spec.autohealing.backoff.initial",
             &self.autohealing.backoff.initial,
@@ -303,8 +318,12 @@ impl ProxyPoolSpec {
         if !errs.is_empty() {
             return Err(errs);
         }
-        let (Some(unhealthy_after), Some(backoff_initial), Some(backoff_max)) =
-            (unhealthy_after, initial, max)
+        let (
+            Some(unhealthy_after),
+            Some(host_dead_after),
+            Some(backoff_initial),
+            Some(backoff_max),
+        ) = (unhealthy_after, host_dead_after, initial, max)
         else {
             return Err(errs);
         };
@@ -323,6 +342,7 @@ impl ProxyPoolSpec {
             max_age: max_age.flatten(),
             autohealing: self.autohealing.enabled,
             unhealthy_after,
+            host_dead_after,
             backoff_initial,
             backoff_max,
             scale_in: self.scale_in.order,

@@ -43,6 +43,7 @@ fn a_minimal_manifest_gets_the_documented_defaults() {
             max_age: None,
             autohealing: true,
             unhealthy_after: Duration::from_secs(300),
+            host_dead_after: Duration::from_secs(60),
             backoff_initial: Duration::from_secs(30),
             backoff_max: Duration::from_secs(600),
             scale_in: ScaleInOrder::OldestFirst,
@@ -87,6 +88,29 @@ fn every_bad_value_is_reported_at_once_with_its_path_and_value() {
             .contains("\"1m\" is shorter than backoff.initial \"5m\"")
     );
     assert!(msg("spec.update").contains("maxSurge 0 and maxUnavailable 0%"));
+}
+
+#[test]
+fn host_dead_after_is_checked_with_its_path_and_value() {
+    for (v, want) in [
+        ("5s", "\"5s\" is shorter than the minimum 10s"),
+        ("2d", "\"2d\" is longer than the maximum 1d"),
+        ("later", "\"later\" is not a duration"),
+    ] {
+        let errs = errors(&format!("autohealing:\n  hostDeadAfter: {v}\n"));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].0, "spec.autohealing.hostDeadAfter");
+        assert!(errs[0].1.contains(want), "{v}: {}", errs[0].1);
+    }
+    let ok: ProxyPoolSpec = serde_saphyr::from_str(
+        "template:\n  spec:\n    provider: home\n    image: debian-12\n    proxy:\n      \
+         allowedClientCidrs: [10.0.0.0/8]\nautohealing:\n  hostDeadAfter: 2m\n",
+    )
+    .unwrap();
+    assert_eq!(
+        ok.validate().unwrap().host_dead_after,
+        Duration::from_secs(120)
+    );
 }
 
 #[test]

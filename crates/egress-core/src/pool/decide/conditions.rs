@@ -47,11 +47,23 @@ pub(super) fn set(d: &mut PoolDecision, i: &PoolInputs<'_>, r: &Round) {
     } else {
         reason::NO_HOST_AVAILABLE
     };
-    let block_msg = format!(
+    let lost_msg = (!r.lost.is_empty()).then(|| {
+        format!(
+            "{} member(s) lost with a dead host, replaced elsewhere, each deleted once its host \
+             answers again: {}",
+            r.lost.len(),
+            super::lost::summary(&r.lost)
+        )
+    });
+    let mut block_msg = format!(
         "{} member(s) could not be placed: {}",
         r.unplaced,
         r.refused.join(", ")
     );
+    if let Some(l) = &lost_msg {
+        block_msg.push_str("; ");
+        block_msg.push_str(l);
+    }
     let failures: Vec<String> = d
         .status
         .host_failures
@@ -71,6 +83,8 @@ pub(super) fn set(d: &mut PoolDecision, i: &PoolInputs<'_>, r: &Round) {
             block_reason,
             &block_msg,
         );
+    } else if let Some(l) = &lost_msg {
+        cond(d, condition::REPLICA_FAILURE, true, reason::HOST_LOST, l);
     } else if !r.broken.is_empty() {
         let msg = format!("replaced {}", r.broken.join("; "));
         cond(
@@ -114,7 +128,11 @@ pub(super) fn set(d: &mut PoolDecision, i: &PoolInputs<'_>, r: &Round) {
     } else if blocked && !acted {
         cond(d, condition::PROGRESSING, false, block_reason, &block_msg);
     } else {
-        let why = if !r.broken.is_empty() || r.released > 0 || !d.newly_quarantined.is_empty() {
+        let why = if !r.broken.is_empty()
+            || r.released > 0
+            || !d.newly_quarantined.is_empty()
+            || !r.lost.is_empty()
+        {
             reason::REPLACING
         } else if r.draining > 0
             || d.deletes

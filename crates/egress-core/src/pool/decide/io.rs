@@ -23,6 +23,11 @@ pub struct PoolHost {
     /// Its `maintenance:` in the config: a cordoned or draining host gets no new member, and
     /// the members on a draining one are replaced elsewhere within the pool's budget.
     pub maintenance: Maintenance,
+    /// Since when its reports have said it is dead (`Unreachable` or `Timeout`) without a
+    /// break; `None` when its last report is not dead (or there is none). Drivers keep this
+    /// in memory: after an operator restart the clock starts again at the first dead report,
+    /// so a member is never declared lost early.
+    pub dead_since: Option<SystemTime>,
 }
 
 impl PoolHost {
@@ -89,11 +94,14 @@ pub enum DeleteCause {
     Listed,
     /// Its host is draining (`maintenance: Drain`).
     Drain,
+    /// Its host was dead for `autohealing.hostDeadAfter`, so it was replaced elsewhere, and
+    /// its host answers again: the old copy goes.
+    HostLost,
 }
 
 impl DeleteCause {
     /// The label value: `age`, `unhealthy`, `failed`, `template`, `scale-in`, `quarantine`,
-    /// `listed`, `drain`.
+    /// `listed`, `drain`, `host-lost`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Age => "age",
@@ -104,6 +112,7 @@ impl DeleteCause {
             Self::Quarantine => "quarantine",
             Self::Listed => "listed",
             Self::Drain => "drain",
+            Self::HostLost => "host-lost",
         }
     }
 }

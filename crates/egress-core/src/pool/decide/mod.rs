@@ -6,10 +6,17 @@
 //! 1. **Quarantine**: a member with the quarantine annotation leaves the pool's accounting at
 //!    once (not counted, not available, never deleted by the pool) and is replaced; when the
 //!    annotation is removed it is deleted (cause `quarantine`).
+//!    **Lost members** ([`lost`]): a member whose host has been dead (`Unreachable` or
+//!    `Timeout`, without a break) for `hostDeadAfter` leaves the accounting too and is
+//!    replaced on another host; it is never deleted while its host is dead, and is deleted
+//!    (cause `host-lost`) once its host answers again, unless it still serves and the pool is
+//!    below `replicas - maxUnavailable` available members without it. A lost member counts
+//!    against the entry's quota like a quarantined one, never against `replicas + maxSurge`.
 //! 2. **Autohealing**: a member in phase Failed, or unhealthy (running or paused, not
 //!    available) for `unhealthyAfter`, is deleted (cause `failed` / `unhealthy`) and its
 //!    host's failure count grows; creates on that host back off until a member there is
-//!    available again.
+//!    available again. A member on a dead host is left to the lost rule (a delete could not
+//!    reach its host).
 //! 3. **Listings** (with `reputation.onListed: Replace`): a member whose declared egress
 //!    address is listed in a DNS blocklist is outdated (cause `listed`), and its listed
 //!    addresses are retired (`status.retiredAddresses`) until `retire_for` has passed;
@@ -32,6 +39,7 @@
 mod conditions;
 mod io;
 mod keep;
+mod lost;
 mod place;
 #[cfg(test)]
 mod tests;
@@ -43,6 +51,8 @@ mod tests_drain;
 mod tests_keep;
 #[cfg(test)]
 mod tests_listed;
+#[cfg(test)]
+mod tests_lost;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
@@ -82,6 +92,8 @@ struct Round {
     ready: u32,
     /// Quarantined members this round (old and new).
     quarantined: usize,
+    /// Members lost with their host (`status.lostMembers` after this round).
+    lost: Vec<crate::pool::status::LostMember>,
     released: usize,
 }
 
@@ -149,10 +161,23 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
         })
     });
 
+    // 1b. Members lost with their host: out of the accounting, kept while the host is dead.
+    let split = lost::split(i, active, &mut d.events, &mut wake_at);
+    let active = split.kept;
+    r.lost = split.lost;
+    // A member on a dead host is never deleted by autohealing: the lost rule replaces it.
+    let dead_hosts: BTreeSet<&str> = i
+        .hosts
+        .iter()
+        .filter(|h| crate::host_health::is_dead(h.state))
+        .map(|h| h.name.as_str())
+        .collect();
+    let dead_host = |m: &Member| m.host.as_deref().is_some_and(|h| dead_hosts.contains(h));
+
     // 2. Autohealing.
     let mut remaining: Vec<&Member> = Vec::with_capacity(active.len());
     for m in active {
-        let cause = if !p.autohealing {
+        let cause = if !p.autohealing || dead_host(m) {
             None
         } else if m.phase == crate::model::Phase::Failed {
             Some(DeleteCause::Failed)
@@ -198,6 +223,21 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
             .count(),
     )
     .unwrap_or(u32::MAX);
+
+    // Lost members whose host answers again go, unless one still serves and the pool is below
+    // its minimum without it (its replacement is not available yet).
+    let min_available = usize::try_from(p.min_available()).unwrap_or(usize::MAX);
+    for (m, l) in split.returned {
+        if m.available && (r.available as usize) < min_available {
+            r.lost.push(l);
+        } else {
+            delete(&mut d, m, DeleteCause::HostLost);
+        }
+    }
+    if !r.lost.is_empty() {
+        wake_at(now.checked_add(lost::LOST_RECHECK).unwrap_or(now));
+    }
+    d.status.lost_members = r.lost.clone();
 
     // Retirements: those past their time end; a member replaced for a listing retires its
     // listed declared addresses now (they are still its own until it is gone, and none is
@@ -304,13 +344,17 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
     } else {
         fresh.len()
     };
-    // Quarantined members count against the entry's quota (`max_members`): replacing them
-    // never grows the pool past it.
+    // Quarantined and lost members count against the entry's quota (`max_members`): replacing
+    // them never grows the pool past it. Neither counts in `replicas + maxSurge`: they are out
+    // of the pool's accounting, like members being deleted.
     let max_members = usize::try_from(p.max_members).unwrap_or(usize::MAX);
-    let wanted = replicas
-        .saturating_sub(occupied)
-        .min(max_total.saturating_sub(remaining.len() + held + pinned.len()))
-        .min(max_members.saturating_sub(remaining.len() + r.quarantined + held + pinned.len()));
+    let wanted =
+        replicas
+            .saturating_sub(occupied)
+            .min(max_total.saturating_sub(remaining.len() + held + pinned.len()))
+            .min(max_members.saturating_sub(
+                remaining.len() + r.quarantined + r.lost.len() + held + pinned.len(),
+            ));
     let placed = place::place(
         wanted,
         p,
@@ -367,7 +411,6 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
             .then_with(|| (*ca == DeleteCause::ScaleIn).cmp(&(*cb == DeleteCause::ScaleIn)))
             .then_with(|| removal_order(a, b, ScaleInOrder::OldestFirst))
     });
-    let min_available = usize::try_from(p.min_available()).unwrap_or(usize::MAX);
     let mut total_budget = (remaining.len() + d.creates.len()).saturating_sub(min_available);
     let mut available_budget = (r.available as usize).saturating_sub(min_available);
     for (m, cause) in candidates {

@@ -37,6 +37,7 @@ pub(super) fn hosts(names: &[&str]) -> Vec<PoolHost> {
             name: (*n).into(),
             state: Some(HostState::Ready),
             maintenance: Default::default(),
+            dead_since: None,
         })
         .collect()
 }
@@ -245,6 +246,7 @@ fn spread_skips_an_unhealthy_host_and_a_full_one_and_says_which_when_none_is_lef
         name: "h4".into(),
         state: Some(HostState::Degraded),
         maintenance: Default::default(),
+        dead_since: None,
     });
     let d = c.run();
     assert!(d.creates.is_empty());

@@ -140,6 +140,7 @@ mod tests {
             name: "a".into(),
             state: Some(egress_provider::model::HostState::Ready),
             maintenance: Default::default(),
+            dead_since: None,
         }];
         decide(&PoolInputs {
             name: "web",

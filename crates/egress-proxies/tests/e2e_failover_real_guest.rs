@@ -74,12 +74,19 @@ const UNPUBLISH_BOUND: Duration = Duration::from_millis(10_500);
 /// first call's 10 s (docs/operations.md, "A host that stops answering"), and slack for a
 /// check round of two hosts.
 const HOST_ROW_BOUND: Duration = Duration::from_secs(30);
-/// Whether a member of a dead host is replaced on the other host while its host stays dead.
-/// Until the pool has a "host dead" budget this is false: the member is unpublished, its host
-/// reported, and the pool heals only once the host is back. With that budget, set it to the
-/// budget and [`kill_cycle`] asserts a member on the other host is available before the host
-/// returns, and the old copy is gone from it after its return.
-const REPLACED_ON_THE_OTHER_HOST: Option<Duration> = None;
+/// Whether a member of a dead host is replaced on the other host while its host stays dead,
+/// and after how long (the pool's `autohealing.hostDeadAfter`): [`kill_cycle`] then asserts a
+/// member on the other host is available before the host returns, and the old copy is deleted
+/// after its return. `None`: the member is unpublished, its host reported, and the pool heals
+/// only once the host is back.
+const REPLACED_ON_THE_OTHER_HOST: Option<Duration> = Some(HOST_DEAD_AFTER);
+/// The pool's `autohealing.hostDeadAfter` (default 60 s, least 10 s).
+// NB: the host check runs every 5 s here, so a dead host is reported within ~15 s and its
+// member lost 15 s later; one late check under load must not replace a member (10 s would).
+const HOST_DEAD_AFTER: Duration = Duration::from_secs(15);
+/// From a dead host's return to its lost member's old copy deleted.
+// NB: the first check that finds it Ready (every 5 s) and a delete (seconds).
+const OLD_COPY_BUDGET: Duration = Duration::from_secs(180);
 const SAMPLE: Duration = Duration::from_millis(250);
 const STOP_GRACE: Duration = Duration::from_secs(30);
 const PROXY_PORT: u16 = 3128;
@@ -397,7 +404,17 @@ fn host_index(name: &str) -> usize {
 async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
     let healthy_path = format!("/pools/{POOL_NAME}/healthy.txt");
     let m = two_healthy(cx.listen, FIRST_BUDGET, cx.op).await;
-    let (name, victim) = m.iter().nth(round % m.len()).unwrap();
+    // NB: a member alone on its host when there is one (a dead host then takes one member),
+    // alternating between them from round to round.
+    let alone: Vec<(&String, &Member)> = m
+        .iter()
+        .filter(|(_, x)| m.values().filter(|y| y.host == x.host).count() == 1)
+        .collect();
+    let (name, victim) = if alone.is_empty() {
+        m.iter().nth(round % m.len()).unwrap()
+    } else {
+        alone[round % alone.len()]
+    };
     let (name, victim) = (name.clone(), victim.clone());
     let before: Vec<String> = m.keys().cloned().collect();
     let endpoint = victim.endpoint().unwrap();
@@ -479,6 +496,7 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
         kill_done.as_secs_f64()
     );
     let mut returned_at = None;
+    let mut elsewhere: Option<(Duration, String, Option<Ipv4Addr>)> = None;
     if kind != Kill::Qemu {
         // The host's row says it is dead.
         loop {
@@ -503,28 +521,50 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
             tokio::time::sleep(SAMPLE).await;
         }
         if let Some(budget) = REPLACED_ON_THE_OTHER_HOST {
-            // With a "host dead" budget: a member on the other host is available before the
-            // dead host returns.
+            // The member is lost once its host was dead for the budget: a new member on
+            // another host is available before the dead host returns.
             loop {
                 let m = members(cx.listen).await.unwrap_or_default();
                 let n = available(&m);
                 below += count_below(n, &mut last);
-                if n == 2
-                    && m.values()
-                        .all(|x| x.host.as_deref() != Some(&host_name) || !x.available)
+                let new = m.iter().find(|(k, x)| {
+                    !before.contains(k)
+                        && x.available
+                        && !x.deleting
+                        && x.host.as_deref() != Some(host_name.as_str())
+                });
+                if let Some((k, x)) = new
+                    && n >= 2
                 {
+                    elsewhere = Some((
+                        t0.elapsed(),
+                        format!(
+                            "replaced by {k} on {} while {host_name} was dead",
+                            x.host.as_deref().unwrap_or("?")
+                        ),
+                        x.ip,
+                    ));
                     break;
                 }
                 assert!(
-                    t0.elapsed() < budget + HEAL_BUDGET,
-                    "{}: no replacement on the other host\n{}",
+                    t0.elapsed() < budget + HOST_ROW_BOUND + HEAL_BUDGET,
+                    "{}: no replacement on another host while {host_name} is dead: {m:?}\n{}",
                     kind.label(),
                     cx.op.log_tail()
                 );
                 tokio::time::sleep(SAMPLE).await;
             }
+            let domains_there = cx.seg.hosts[h].domains();
+            println!(
+                "eptest: {}: {} ({:.1} s after the kill); {host_name} still dead (its domains \
+                 as its daemon lists them: {domains_there:?})",
+                kind.label(),
+                elsewhere.as_ref().unwrap().1,
+                elsewhere.as_ref().unwrap().0.as_secs_f64()
+            );
         } else {
-            // Today: the member waits for its host; bring it back after the host row said so.
+            // Without a "host dead" budget the member waits for its host: bring it back once
+            // its row said so.
             tokio::time::sleep(Duration::from_secs(5)).await;
         }
         println!("eptest: bringing {host_name} back");
@@ -535,52 +575,84 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
             }
             Kill::Qemu => {}
         }
-        returned_at = Some(t0.elapsed());
+        let back = t0.elapsed();
+        returned_at = Some(back);
+        if elsewhere.is_some() {
+            // The lost member's old copy is deleted once its host answers, never before.
+            let t_back = Instant::now();
+            loop {
+                let m = members(cx.listen).await.unwrap_or_default();
+                let gone = !cx.seg.hosts[h].domains().contains(&domain);
+                if gone && m.len() == 2 && available(&m) == 2 && !m.contains_key(&name) {
+                    break;
+                }
+                assert!(
+                    t_back.elapsed() < OLD_COPY_BUDGET,
+                    "{}: the lost member {name}'s domain {domain} is not deleted {:?} after \
+                     {host_name} returned: {m:?}\n{}",
+                    kind.label(),
+                    t_back.elapsed(),
+                    cx.op.log_tail()
+                );
+                tokio::time::sleep(SAMPLE).await;
+            }
+            println!(
+                "eptest: timing: {} → {host_name} back at {:.1} s, the lost member's old copy \
+                 deleted {:.1} s after its return",
+                kind.label(),
+                back.as_secs_f64(),
+                t_back.elapsed().as_secs_f64()
+            );
+        }
     }
     // Healed: 2 available members, the victim replaced or its domain running a new QEMU.
-    let (replacement, how, new_ip) = loop {
-        let m = members(cx.listen).await.unwrap_or_default();
-        let n = available(&m);
-        below += count_below(n, &mut last);
-        if n == 2 && m.len() == 2 {
-            let host = &cx.seg.hosts[h];
-            match m.get(name.as_str()) {
-                None => {
-                    let (other, x) = m.iter().find(|(k, _)| !before.contains(k)).unwrap();
-                    let gone = !host.domains().contains(&domain);
-                    break (
-                        t0.elapsed(),
-                        format!(
-                            "replaced by {other} on {}, the old domain {}",
-                            x.host.as_deref().unwrap_or("?"),
-                            if gone { "deleted" } else { "still listed" }
-                        ),
-                        x.ip,
-                    );
-                }
-                Some(x) if x.available => {
-                    let pid = host.libvirtd.qemu_pid(&domain);
-                    if kind == Kill::Frozen && pid == old_pid {
-                        break (t0.elapsed(), "the same guest, republished".into(), x.ip);
-                    }
-                    if pid.is_some() && pid != old_pid {
+    let (replacement, how, new_ip) = if let Some(e) = elsewhere {
+        e
+    } else {
+        loop {
+            let m = members(cx.listen).await.unwrap_or_default();
+            let n = available(&m);
+            below += count_below(n, &mut last);
+            if n == 2 && m.len() == 2 {
+                let host = &cx.seg.hosts[h];
+                match m.get(name.as_str()) {
+                    None => {
+                        let (other, x) = m.iter().find(|(k, _)| !before.contains(k)).unwrap();
+                        let gone = !host.domains().contains(&domain);
                         break (
                             t0.elapsed(),
-                            "re-created in place (a new QEMU)".into(),
+                            format!(
+                                "replaced by {other} on {}, the old domain {}",
+                                x.host.as_deref().unwrap_or("?"),
+                                if gone { "deleted" } else { "still listed" }
+                            ),
                             x.ip,
                         );
                     }
+                    Some(x) if x.available => {
+                        let pid = host.libvirtd.qemu_pid(&domain);
+                        if kind == Kill::Frozen && pid == old_pid {
+                            break (t0.elapsed(), "the same guest, republished".into(), x.ip);
+                        }
+                        if pid.is_some() && pid != old_pid {
+                            break (
+                                t0.elapsed(),
+                                "re-created in place (a new QEMU)".into(),
+                                x.ip,
+                            );
+                        }
+                    }
+                    Some(_) => {}
                 }
-                Some(_) => {}
             }
+            assert!(
+                t0.elapsed() < HEAL_BUDGET + returned_at.unwrap_or_default(),
+                "{}: the pool did not heal: {m:?}\n{}",
+                kind.label(),
+                cx.op.log_tail()
+            );
+            tokio::time::sleep(SAMPLE).await;
         }
-        assert!(
-            t0.elapsed() < HEAL_BUDGET + returned_at.unwrap_or_default(),
-            "{}: the pool did not heal: {m:?}\n{}",
-            kind.label(),
-            cx.op.log_tail()
-        );
-        tokio::time::sleep(SAMPLE).await;
     };
     println!(
         "eptest: timing: {} → replacement available {:.1} s ({how}{})",
@@ -724,7 +796,9 @@ async fn inside_the_namespace() {
              spec:\n  replicas: 2\n  template:\n    spec:\n      provider: {entry}\n      \
              image: {IMAGE_KEY}\n      proxy:\n        port: {PROXY_PORT}\n        \
              protocol: http\n        allowedClientCidrs: [{gateway}/32]\n  \
-             update:\n    maxSurge: 1\n    maxUnavailable: 1\n"
+             update:\n    maxSurge: 1\n    maxUnavailable: 1\n  autohealing:\n    \
+             hostDeadAfter: {}s\n",
+            HOST_DEAD_AFTER.as_secs()
         ),
     )
     .unwrap();

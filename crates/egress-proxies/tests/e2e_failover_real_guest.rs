@@ -428,9 +428,13 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
         body.lines().any(|l| l == endpoint),
         "{endpoint} not in {body:?}"
     );
+    let on_host = m
+        .values()
+        .filter(|x| x.host.as_deref() == Some(host_name.as_str()))
+        .count();
     println!(
         "eptest: kill: {} of member {name} on {host_name} (domain {domain}, {endpoint}, QEMU \
-         pid {old_pid:?})",
+         pid {old_pid:?}); members on {host_name}: {on_host} of 2",
         kind.label()
     );
     let t0 = Instant::now();
@@ -658,11 +662,14 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
         "eptest: timing: {} → replacement available {:.1} s ({how}{})",
         kind.label(),
         replacement.as_secs_f64(),
-        returned_at.map_or(String::new(), |r| format!(
-            "; host back at {:.1} s, i.e. {:.1} s after its return",
-            r.as_secs_f64(),
-            (replacement - r).as_secs_f64()
-        ))
+        returned_at.map_or(String::new(), |r| match replacement.checked_sub(r) {
+            Some(after) => format!(
+                "; host back at {:.1} s, i.e. {:.1} s after its return",
+                r.as_secs_f64(),
+                after.as_secs_f64()
+            ),
+            None => format!("; before the host's return at {:.1} s", r.as_secs_f64()),
+        })
     );
     let ip = new_ip.expect("the replacement's address");
     let saw = egress_through(ip, cx.gateway, cx.echo, Duration::from_secs(60)).await;

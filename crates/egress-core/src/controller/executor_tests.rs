@@ -554,3 +554,33 @@ async fn while_the_pins_are_not_known_no_unpinned_create_starts_and_noted_pins_a
         p.reserved.lock().unwrap()
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_hosts_dead_since_runs_while_its_reports_say_dead_and_restarts_on_an_answer() {
+    use egress_provider::model::HostState;
+    let c = controller(Arc::new(Scripted::default()), 4);
+    let dead = |c: &Controller, h: &str| {
+        c.pool_hosts("home")
+            .into_iter()
+            .find(|x| x.name == h)
+            .and_then(|x| x.dead_since)
+    };
+    // Never checked (a fresh operator): no clock.
+    assert_eq!(dead(&c, "h1"), None);
+    c.record_host_reports("home", &[report("h1", HostState::Timeout)]);
+    let first = dead(&c, "h1").expect("dead since the first dead report");
+    std::thread::sleep(Duration::from_millis(5));
+    // Dead again (another dead state): the clock keeps its start.
+    c.record_host_reports("home", &[report("h1", HostState::Unreachable)]);
+    assert_eq!(dead(&c, "h1"), Some(first));
+    // One answer (Degraded answers too) ends it; the next dead report starts a new one.
+    c.record_host_reports("home", &[report("h1", HostState::Degraded)]);
+    assert_eq!(dead(&c, "h1"), None);
+    std::thread::sleep(Duration::from_millis(5));
+    c.record_host_reports("home", &[report("h1", HostState::Timeout)]);
+    assert!(dead(&c, "h1").is_some_and(|t| t > first));
+    // Another host's reports leave it alone.
+    c.record_host_reports("home", &[report("h2", HostState::Ready)]);
+    assert!(dead(&c, "h1").is_some());
+    assert_eq!(dead(&c, "h2"), None);
+}

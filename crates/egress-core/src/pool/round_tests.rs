@@ -455,3 +455,76 @@ fn members_are_counted_by_state_each_once() {
     let m = [running("web-a", true), running("web-b", false), q, d];
     assert_eq!(state_counts(&m), [1, 1, 1, 1]);
 }
+
+#[tokio::test]
+async fn a_member_lost_with_its_host_is_replaced_kept_then_deleted_as_host_lost_on_its_return() {
+    let s = spec(1);
+    let mut h = vec![
+        PoolHost {
+            name: "h1".into(),
+            state: Some(HostState::Timeout),
+            maintenance: Default::default(),
+            dead_since: Some(at(0)),
+        },
+        PoolHost {
+            name: "h2".into(),
+            state: Some(HostState::Ready),
+            maintenance: Default::default(),
+            dead_since: None,
+        },
+    ];
+    // Round 1: h1 dead for 100 s (> the default 60 s): replaced on h2, not deleted.
+    let members = vec![member("web-a", true, 0)];
+    let status = ProxyPoolStatus::default();
+    let round = plan(
+        &inputs(&s, &members, &h, &status),
+        &mut AvailabilityMemory::default(),
+    );
+    let Round::Act(p) = &round else {
+        panic!("{round:?}")
+    };
+    let lost = p.decision.status.clone();
+    assert_eq!(lost.lost_members.len(), 1);
+    let driver = Recorder {
+        started: true,
+        ..Recorder::default()
+    };
+    let metrics = Metrics::new();
+    carry_out(&driver, &metrics, "ns/web", &round, &status)
+        .await
+        .unwrap();
+    let calls = lock(&driver.calls).clone();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.starts_with("create ") && c.ends_with(" on h2")),
+        "{calls:?}"
+    );
+    assert!(!calls.iter().any(|c| c.starts_with("delete")), "{calls:?}");
+    assert!(calls.contains(&"event HostLost".to_owned()), "{calls:?}");
+
+    // Round 2: the replacement is available and h1 answers again: the old copy goes, counted
+    // as `host-lost`.
+    h[0].state = Some(HostState::Ready);
+    h[0].dead_since = None;
+    let mut repl = member("web-b", true, 90);
+    repl.host = Some("h2".into());
+    let members = vec![member("web-a", true, 0), repl];
+    let round = plan(
+        &inputs(&s, &members, &h, &lost),
+        &mut AvailabilityMemory::default(),
+    );
+    let driver = Recorder {
+        started: true,
+        ..Recorder::default()
+    };
+    carry_out(&driver, &metrics, "ns/web", &round, &lost)
+        .await
+        .unwrap();
+    let calls = lock(&driver.calls).clone();
+    assert!(calls.contains(&"delete web-a".to_owned()), "{calls:?}");
+    assert_eq!(
+        metric_lines(&metrics, "cause=\"host-lost\""),
+        ["egress_proxies_pool_replacements_total{pool=\"ns/web\",cause=\"host-lost\"} 1"]
+    );
+}

@@ -3,9 +3,10 @@
 //! guards and the leftover sweep for resources made on the real libvirtd ([`cleanup`]), and the
 //! building blocks of the real-guest end-to-end tests ([`e2e`]), raw HTTP responses read back
 //! ([`http`]), running one test in a process of its own, checked to have run ([`isolate`]),
-//! a private libvirtd a test may kill and restart ([`libvirtd`]), a real authoritative
-//! DNS server serving test blocklist zones ([`nsd`]), and the harness the real-guest tests
-//! share: entry point, fixture, operator process ([`real_guest`]).
+//! a private libvirtd a test may kill and restart ([`libvirtd`]), several of them as hosts on
+//! one bridge segment ([`segment`]), a real authoritative DNS server serving test blocklist
+//! zones ([`nsd`]), and the harness the real-guest tests share: entry point, fixture, operator
+//! process ([`real_guest`]).
 //!
 //! Everything cleans up on Drop: sshd is killed and its temporary directory removed; relay
 //! tasks are aborted and their sockets closed. Test-only code: it panics on setup failures.
@@ -24,4 +25,5 @@ pub mod libvirtd;
 pub mod nsd;
 pub mod real_guest;
 pub mod relay;
+pub mod segment;
 pub mod sshd;

@@ -36,12 +36,21 @@ pub struct PrivateLibvirtd {
 impl PrivateLibvirtd {
     /// Starts one for `test` and waits until it answers.
     pub fn start(test: &str) -> Self {
-        let netns = unique_name("network namespace", test);
+        Self::start_named(unique_name("network namespace", test))
+    }
+
+    /// Like [`start`](Self::start), with network namespace `netns` (a name the caller made
+    /// unique; it must not exist yet). Its directory is `/tmp/NETNS-…`, readable by the
+    /// guests' QEMU (which runs as another user).
+    pub fn start_named(netns: String) -> Self {
         let tmp = tempfile::Builder::new()
             .prefix(&format!("{netns}-"))
             .tempdir()
             .expect("a temporary directory");
         let dir = tmp.path().to_owned();
+        // NB: QEMU (another user) must reach the pool and NVRAM below it.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
         println!(
             "eptest: private libvirtd in {} (netns {netns})",
             dir.display()
@@ -144,6 +153,34 @@ impl PrivateLibvirtd {
         }
     }
 
+    /// Stops the daemon (TERM, then KILL after [`STOP_WAIT`]) and waits until it is gone;
+    /// its guests keep running, as when an administrator stops the service.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let start = Instant::now();
+            while c.try_wait().ok().flatten().is_none() && start.elapsed() < STOP_WAIT {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Whether the daemon process runs.
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// The QEMU pid libvirt recorded for `domain` (`DIR/run/qemu/DOMAIN.pid`), if any.
+    pub fn qemu_pid(&self, domain: &str) -> Option<u32> {
+        std::fs::read_to_string(self.dir.join("run/qemu").join(format!("{domain}.pid")))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    }
+
     /// Starts the daemon again over the same state (after [`kill9`](Self::kill9)).
     pub fn restart(&mut self) {
         self.kill9();
@@ -171,17 +208,7 @@ impl Drop for PrivateLibvirtd {
             );
             return;
         }
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .status();
-            let start = Instant::now();
-            while c.try_wait().ok().flatten().is_none() && start.elapsed() < STOP_WAIT {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.stop();
         // NB: whatever is left in the namespace (a dnsmasq, a QEMU) goes with it.
         if let Ok(o) = Command::new("ip")
             .args(["netns", "pids", &self.netns])

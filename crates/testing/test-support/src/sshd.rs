@@ -122,6 +122,7 @@ pub struct ClientKeys {
 pub struct SshdBuilder {
     streamlocal: bool,
     extra: Vec<String>,
+    netns: Option<(String, std::net::Ipv4Addr)>,
 }
 
 impl SshdBuilder {
@@ -137,8 +138,19 @@ impl SshdBuilder {
         self
     }
 
+    /// Runs sshd inside network namespace `netns` (it must exist), listening on `ip` (an
+    /// address of that namespace the caller can reach) instead of 127.0.0.1.
+    pub fn in_netns(mut self, netns: &str, ip: std::net::Ipv4Addr) -> Self {
+        self.netns = Some((netns.to_owned(), ip));
+        self
+    }
+
     /// Generates keys, starts sshd and waits until it accepts connections.
     pub fn start(self) -> Sshd {
+        let listen = self
+            .netns
+            .as_ref()
+            .map_or(std::net::Ipv4Addr::LOCALHOST, |(_, ip)| *ip);
         fs::create_dir_all("/run/sshd").expect("create /run/sshd (sshd's privsep dir)");
         let dir = tempfile::Builder::new()
             .prefix("eptest-sshd-")
@@ -165,7 +177,7 @@ impl SshdBuilder {
         let log_path = d.join("sshd.log");
         let config = d.join("sshd_config");
         let mut text = format!(
-            "ListenAddress 127.0.0.1\n\
+            "ListenAddress {listen}\n\
              HostKey {}\n\
              HostKey {}\n\
              AuthorizedKeysFile {}\n\
@@ -197,7 +209,16 @@ impl SshdBuilder {
             let port = free_port();
             let log = fs::File::create(&log_path).unwrap();
             let _ = fs::remove_file(&pid_file);
-            let mut child = Command::new(SSHD)
+            // NB: nsenter execs sshd in place (no fork), so the pid file names the child.
+            let mut cmd = match &self.netns {
+                Some((ns, _)) => {
+                    let mut c = Command::new("nsenter");
+                    c.arg(format!("--net=/run/netns/{ns}")).arg(SSHD);
+                    c
+                }
+                None => Command::new(SSHD),
+            };
+            let mut child = cmd
                 .args(["-D", "-e", "-f"])
                 .arg(&config)
                 .args(["-p", &port.to_string()])
@@ -206,14 +227,14 @@ impl SshdBuilder {
                 .stderr(log)
                 .spawn()
                 .expect("spawn /usr/sbin/sshd");
-            match wait_ready(&mut child, port, &pid_file) {
+            match wait_ready(&mut child, listen, port, &pid_file) {
                 Ok(()) => {
-                    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+                    let addr = SocketAddr::from((listen, port));
                     let known_hosts_path = d.join("known_hosts");
                     fs::write(
                         &known_hosts_path,
                         format!(
-                            "[127.0.0.1]:{port} {}\n[127.0.0.1]:{port} {}\n",
+                            "[{listen}]:{port} {}\n[{listen}]:{port} {}\n",
                             host_ed25519.public, host_rsa.public
                         ),
                     )
@@ -252,7 +273,12 @@ fn free_port() -> u16 {
 }
 
 /// Ready when sshd wrote its pid file (it does so after binding) and the port accepts.
-fn wait_ready(child: &mut Child, port: u16, pid_file: &Path) -> Result<(), ()> {
+fn wait_ready(
+    child: &mut Child,
+    ip: std::net::Ipv4Addr,
+    port: u16,
+    pid_file: &Path,
+) -> Result<(), ()> {
     let deadline = Instant::now() + START_BUDGET;
     while Instant::now() < deadline {
         if child.try_wait().unwrap().is_some() {
@@ -262,7 +288,9 @@ fn wait_ready(child: &mut Child, port: u16, pid_file: &Path) -> Result<(), ()> {
             .ok()
             .and_then(|s| s.trim().parse::<u32>().ok())
             == Some(child.id());
-        if ours && TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        if ours
+            && TcpStream::connect_timeout(&SocketAddr::from((ip, port)), START_POLL * 50).is_ok()
+        {
             return Ok(());
         }
         std::thread::sleep(START_POLL);
@@ -273,9 +301,9 @@ fn wait_ready(child: &mut Child, port: u16, pid_file: &Path) -> Result<(), ()> {
 /// A running sshd. Killed, and its directory removed, on Drop.
 #[derive(Debug)]
 pub struct Sshd {
-    /// The port it listens on (127.0.0.1).
+    /// The port it listens on (127.0.0.1, or the address given to `in_netns`).
     pub port: u16,
-    /// `127.0.0.1:port`.
+    /// `127.0.0.1:port` (or `IP:port` of `in_netns`).
     pub addr: SocketAddr,
     /// known_hosts with `[127.0.0.1]:PORT` lines for the ed25519 and rsa host keys.
     pub known_hosts_path: PathBuf,
@@ -305,6 +333,7 @@ impl Sshd {
         SshdBuilder {
             streamlocal: true,
             extra: Vec::new(),
+            netns: None,
         }
     }
 
@@ -313,9 +342,9 @@ impl Sshd {
         self.dir.path()
     }
 
-    /// The known_hosts name of this server: `[127.0.0.1]:PORT`.
+    /// The known_hosts name of this server: `[127.0.0.1]:PORT` (`[IP]:PORT` in a namespace).
     pub fn known_hosts_name(&self) -> String {
-        format!("[127.0.0.1]:{}", self.port)
+        format!("[{}]:{}", self.addr.ip(), self.port)
     }
 
     /// Writes a file in the temporary directory and returns its path.
@@ -339,7 +368,7 @@ impl Sshd {
     /// ed25519 client key from its file, reaching the system libvirtd socket.
     pub fn target(&self) -> SshTarget {
         SshTarget::new(
-            "127.0.0.1",
+            self.addr.ip().to_string(),
             "root",
             HostKeySource::KnownHostsFile(self.known_hosts_path.clone()),
             ClientKey::from_file(&self.client_key_path),

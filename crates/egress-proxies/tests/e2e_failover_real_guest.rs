@@ -38,25 +38,20 @@
 )]
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ep_test_support::cleanup;
-use ep_test_support::e2e::{
-    EchoProcess, GuestImage, ImageHost, build_image, echo_server, env, http, reexec_in_netns,
-    run_ok, status_code,
+use ep_test_support::e2e::{EchoProcess, ImageHost, echo_server, env, get_body, run_ok};
+use ep_test_support::real_guest::{
+    self as real_guest, RealGuest, StandaloneOperator, egress_through, status_json,
 };
 use ep_test_support::segment::{HOST_BRIDGE, HOST_POOL, HOST_UPLINK, Segment, remove_leftovers};
 
-const IN_NETNS_ENV: &str = "EPTEST_FAILOVER_IN_NETNS";
 const SEGMENT_ENV: &str = "EPTEST_FAILOVER_SEGMENT";
 /// How many kills of each kind (the benchmark raises it).
 pub const KILLS_ENV: &str = "EPTEST_FAILOVER_KILLS";
-const BIN_ENV: &str = "EGRESS_PROXIES_BIN";
-const IMAGE_ENV: &str = "EP_E2E_IMAGE";
-const IMAGE_SHA_ENV: &str = "EP_E2E_IMAGE_SHA256";
 /// The whole test with one kill of each kind.
 // NB: two guests healthy ~4 min after the start, then each kind waits a full boot of a
 // replacement (3-4.5 min under TCG): 889 s measured for one round; 15 + 30 min for one round
@@ -89,7 +84,6 @@ const HOST_DEAD_AFTER: Duration = Duration::from_secs(15);
 // NB: the first check that finds it Ready (every 5 s) and a delete (seconds).
 const OLD_COPY_BUDGET: Duration = Duration::from_secs(180);
 const SAMPLE: Duration = Duration::from_millis(250);
-const STOP_GRACE: Duration = Duration::from_secs(30);
 const PROXY_PORT: u16 = 3128;
 const IMAGE_KEY: &str = "debian-12-ep";
 const IMAGE_PATH: &str = "/debian-12-ep.qcow2";
@@ -110,27 +104,6 @@ fn kills() -> usize {
                 .unwrap_or_else(|| panic!("{KILLS_ENV}={v}: a number from 1 to 20"))
         })
         .unwrap_or(1)
-}
-
-fn binary() -> PathBuf {
-    if let Some(p) = std::env::var_os(BIN_ENV) {
-        return PathBuf::from(p);
-    }
-    if let Some(p) = option_env!("CARGO_BIN_EXE_egress-proxies") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("egress-proxies")
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
 }
 
 /// The test's own network namespace, deleted (with whatever a dead child left in it and in its
@@ -155,87 +128,6 @@ impl Drop for OwnNetns {
     }
 }
 
-/// The operator: SIGTERM, then SIGKILL after [`STOP_GRACE`], when dropped.
-struct Operator {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Operator {
-    fn start(
-        bin: &Path,
-        config: &Path,
-        dir: &Path,
-        listen: SocketAddr,
-        health: &str,
-        log: PathBuf,
-    ) -> Self {
-        let f = std::fs::File::create(&log).unwrap();
-        println!("eptest: operator log {}", log.display());
-        let child = Command::new(bin)
-            .arg("standalone")
-            .arg("--config")
-            .arg(config)
-            .arg("--proxies")
-            .arg(dir)
-            .args(["--listen", &listen.to_string()])
-            .args(["--check-interval", "5s", "--shutdown-grace", "20s"])
-            .args(["--health-target", health])
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(f.try_clone().unwrap())
-            .stderr(f)
-            .spawn()
-            .unwrap();
-        println!("eptest: operator pid {}", child.id());
-        Self {
-            child: Some(child),
-            log,
-        }
-    }
-
-    fn log_tail(&self) -> String {
-        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = s.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let Some(mut c) = self.child.take() else {
-            return;
-        };
-        println!("eptest: operator log tail:\n{}", self.log_tail());
-        let _ = Command::new("kill")
-            .args(["-TERM", &c.id().to_string()])
-            .status();
-        let t0 = Instant::now();
-        while t0.elapsed() < STOP_GRACE {
-            if let Ok(Some(_)) = c.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-}
-
-async fn get(addr: SocketAddr, path: &str) -> Option<String> {
-    let r = http(
-        None,
-        addr,
-        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"),
-    )
-    .await
-    .ok()?;
-    match ep_test_support::http::response(&r)? {
-        (200, body) => Some(body),
-        _ => None,
-    }
-}
-
 /// One member as `/status` shows it.
 #[derive(Debug, Clone)]
 struct Member {
@@ -252,13 +144,9 @@ impl Member {
     }
 }
 
-async fn status(addr: SocketAddr) -> Option<serde_json::Value> {
-    serde_json::from_str(&get(addr, "/status").await?).ok()
-}
-
 /// The pool's members from `/status`, by name.
 async fn members(addr: SocketAddr) -> Option<BTreeMap<String, Member>> {
-    let doc = status(addr).await?;
+    let doc = status_json(addr).await?;
     let pool = doc["pools"]
         .as_array()?
         .iter()
@@ -287,7 +175,7 @@ async fn members(addr: SocketAddr) -> Option<BTreeMap<String, Member>> {
 
 /// The state of host `host` in `/hosts`.
 async fn host_state(addr: SocketAddr, host: &str) -> Option<String> {
-    let doc: serde_json::Value = serde_json::from_str(&get(addr, "/hosts").await?).ok()?;
+    let doc: serde_json::Value = serde_json::from_str(&get_body(addr, "/hosts").await?).ok()?;
     doc.as_array()?
         .iter()
         .find(|h| h["host"] == host)
@@ -303,7 +191,7 @@ fn available(m: &BTreeMap<String, Member>) -> usize {
 async fn two_healthy(
     listen: SocketAddr,
     budget: Duration,
-    op: &Operator,
+    op: &StandaloneOperator,
 ) -> BTreeMap<String, Member> {
     let t0 = Instant::now();
     loop {
@@ -320,39 +208,6 @@ async fn two_healthy(
             op.log_tail()
         );
         tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-}
-
-/// A request through the proxy at `ip` to `echo`, from `client`, until it answers 200 (within
-/// `budget`); returns the address the echo saw.
-async fn egress_through(
-    ip: Ipv4Addr,
-    client: Ipv4Addr,
-    echo: SocketAddr,
-    budget: Duration,
-) -> String {
-    let proxy = SocketAddr::V4(SocketAddrV4::new(ip, PROXY_PORT));
-    let request =
-        format!("GET http://{echo}/egress HTTP/1.1\r\nHost: {echo}\r\nConnection: close\r\n\r\n");
-    let t0 = Instant::now();
-    loop {
-        match http(Some(client), proxy, request.clone()).await {
-            Ok(r) if status_code(&r) == Some(200) => {
-                let body = r.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
-                return body
-                    .trim()
-                    .strip_prefix("egress=")
-                    .unwrap_or(body)
-                    .to_owned();
-            }
-            other => {
-                assert!(
-                    t0.elapsed() < budget,
-                    "no 200 through the proxy at {ip} within {budget:?}: {other:?}"
-                );
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
     }
 }
 
@@ -386,7 +241,7 @@ const FREEZE_TABLE: &str = "eptest_freeze";
 
 struct Ctx<'a> {
     listen: SocketAddr,
-    op: &'a Operator,
+    op: &'a StandaloneOperator,
     seg: &'a mut Segment,
     gateway: Ipv4Addr,
     echo: SocketAddr,
@@ -424,7 +279,7 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
     let h = host_index(&host_name);
     let host = &cx.seg.hosts[h];
     let old_pid = host.libvirtd.qemu_pid(&domain);
-    let body = get(cx.listen, &healthy_path).await.unwrap_or_default();
+    let body = get_body(cx.listen, &healthy_path).await.unwrap_or_default();
     assert!(
         body.lines().any(|l| l == endpoint),
         "{endpoint} not in {body:?}"
@@ -480,7 +335,7 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
     let mut below = 0.0;
     let mut last = Instant::now();
     let unpublished = loop {
-        let body = get(cx.listen, &healthy_path).await.unwrap_or_default();
+        let body = get_body(cx.listen, &healthy_path).await.unwrap_or_default();
         let t = t0.elapsed();
         if !body.lines().any(|l| l == endpoint) {
             break t;
@@ -673,7 +528,13 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
         })
     );
     let ip = new_ip.expect("the replacement's address");
-    let saw = egress_through(ip, cx.gateway, cx.echo, Duration::from_secs(60)).await;
+    let saw = egress_through(
+        (ip, PROXY_PORT),
+        cx.gateway,
+        cx.echo,
+        Duration::from_secs(60),
+    )
+    .await;
     assert_eq!(
         saw,
         ip.to_string(),
@@ -707,45 +568,27 @@ fn percentile(v: &[f64], p: f64) -> f64 {
 
 #[test]
 fn a_member_on_a_killed_host_is_unpublished_within_the_bound_and_the_pool_heals() {
-    if std::env::var_os(IN_NETNS_ENV).is_none() {
-        let image = build_image(&repo_root());
+    // The test's own namespace (the hosts' segment lives in it), made out here and removed
+    // (with whatever a dead child left in it) when the re-run ends.
+    let own = (!real_guest::is_rerun(test_name())).then(|| {
         let ns = cleanup::unique_name("network namespace", "failover");
         run_ok(Command::new("ip").args(["netns", "add", &ns]));
-        let _own = OwnNetns(ns.clone());
-        let budget = TEST_BUDGET_BASE + TEST_BUDGET_PER_ROUND * kills() as u32;
-        reexec_in_netns(
-            &ns,
-            test_name(),
-            budget,
-            &[
-                env(IN_NETNS_ENV, "1"),
-                env(SEGMENT_ENV, &ns),
-                env(IMAGE_ENV, &image.path),
-                env(IMAGE_SHA_ENV, &image.sha256),
-                env(BIN_ENV, binary()),
-                env(KILLS_ENV, kills().to_string()),
-            ],
-        );
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(inside_the_namespace());
+        OwnNetns(ns)
+    });
+    let ns = own.as_ref().map_or_else(String::new, |o| o.0.clone());
+    let budget = TEST_BUDGET_BASE + TEST_BUDGET_PER_ROUND * kills() as u32;
+    real_guest::run_in(
+        &ns,
+        test_name(),
+        budget,
+        &[env(SEGMENT_ENV, &ns), env(KILLS_ENV, kills().to_string())],
+        inside_the_namespace,
+    );
 }
 
-async fn inside_the_namespace() {
+async fn inside_the_namespace(rg: RealGuest) {
     let t_start = Instant::now();
-    let bin = binary();
-    let image = match (std::env::var_os(IMAGE_ENV), std::env::var(IMAGE_SHA_ENV)) {
-        (Some(path), Ok(sha256)) => GuestImage {
-            path: PathBuf::from(path),
-            sha256,
-        },
-        _ => build_image(&repo_root()),
-    };
+    let RealGuest { bin, image } = rg;
     let name = std::env::var(SEGMENT_ENV).expect("the segment's name from the parent");
     let mut seg = Segment::create_named(name, HOSTS);
     let entry = format!("epfail{}", cleanup::now_secs());
@@ -814,12 +657,12 @@ async fn inside_the_namespace() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
-    let op = Operator::start(
+    let op = StandaloneOperator::start(
         &bin,
         &config,
         &dir,
         listen,
-        &health_target,
+        ["--health-target", health_target.as_str()],
         work.path().join("operator.log"),
     );
     let t0 = Instant::now();
@@ -830,7 +673,7 @@ async fn inside_the_namespace() {
     );
     for x in m.values() {
         let ip = x.ip.unwrap();
-        let saw = egress_through(ip, gateway, echo, Duration::from_secs(60)).await;
+        let saw = egress_through((ip, PROXY_PORT), gateway, echo, Duration::from_secs(60)).await;
         assert_eq!(
             saw,
             ip.to_string(),

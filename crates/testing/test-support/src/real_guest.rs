@@ -1,5 +1,6 @@
 //! The harness every real-guest end-to-end test shares: the entry point that re-runs the test
-//! inside libvirtd's network namespace with the guest image and the binary ([`run`]), the
+//! inside libvirtd's network namespace (or another, [`run_in`]) with the guest image and the
+//! binary ([`run`]), the
 //! provider entry and storage pool a test boots its guests into ([`EntryFixture`]), the
 //! `egress-proxies standalone` process ([`StandaloneOperator`]), its `/status` read back
 //! ([`status_json`]) and a request through a guest's proxy to the echo server
@@ -10,7 +11,7 @@
 //! log tail printed when dropped while running; the fixture removes the entry's domains, then
 //! the pool, on every path; every wait has a deadline and panics past it.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -70,21 +71,42 @@ pub fn binary() -> PathBuf {
     p
 }
 
-/// Runs real-guest test `name` (the `#[test]` function's own name): out here it checks that
-/// libvirtd's namespace exists, builds the guest image (the namespace has no route to the
-/// Debian mirror) and re-runs `name` inside the namespace within `budget`
-/// ([`reexec_in_netns`], checked to have run exactly `name`, handed the binary of
-/// [`binary`]); in there it runs `body` on a 2-worker runtime.
+/// Whether this process is the re-run of test `name` ([`run_in`]'s child).
+pub fn is_rerun(name: &str) -> bool {
+    std::env::var(IN_NETNS_ENV).ok().as_deref() == Some(name)
+}
+
+/// Runs real-guest test `name` (the `#[test]` function's own name) in libvirtd's network
+/// namespace: [`run_in`] that namespace, after checking it exists.
 pub fn run<F, Fut>(name: &str, budget: Duration, body: F)
 where
     F: FnOnce(RealGuest) -> Fut,
     Fut: Future<Output = ()>,
 {
-    if std::env::var(IN_NETNS_ENV).ok().as_deref() != Some(name) {
+    if !is_rerun(name) {
         assert!(
             Path::new("/run/netns").join(LIBVIRT_NETNS).exists(),
             "network namespace {LIBVIRT_NETNS} missing: run .ci/setup-host (it starts libvirtd in it)"
         );
+    }
+    run_in(LIBVIRT_NETNS, name, budget, &[], body);
+}
+
+/// Runs real-guest test `name`: out here it builds the guest image (a namespace has no route
+/// to the Debian mirror) and re-runs `name` inside network namespace `netns` within `budget`
+/// with `extra` set too ([`reexec_in_netns`], checked to have run exactly `name`, handed the
+/// binary of [`binary`]); in there ([`is_rerun`]) it runs `body` on a 2-worker runtime.
+pub fn run_in<F, Fut>(
+    netns: &str,
+    name: &str,
+    budget: Duration,
+    extra: &[(&'static str, OsString)],
+    body: F,
+) where
+    F: FnOnce(RealGuest) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    if !is_rerun(name) {
         let t = Instant::now();
         let image = build_image(&repo_root());
         println!(
@@ -93,17 +115,14 @@ where
             image.path.display(),
             image.sha256
         );
-        reexec_in_netns(
-            LIBVIRT_NETNS,
-            name,
-            budget,
-            &[
-                env(IN_NETNS_ENV, name),
-                env(IMAGE_ENV, &image.path),
-                env(IMAGE_SHA_ENV, &image.sha256),
-                env(BIN_ENV, binary()),
-            ],
-        );
+        let mut envs = vec![
+            env(IN_NETNS_ENV, name),
+            env(IMAGE_ENV, &image.path),
+            env(IMAGE_SHA_ENV, &image.sha256),
+            env(BIN_ENV, binary()),
+        ];
+        envs.extend(extra.iter().cloned());
+        reexec_in_netns(netns, name, budget, &envs);
         return;
     }
     let image = match (std::env::var_os(IMAGE_ENV), std::env::var(IMAGE_SHA_ENV)) {

@@ -1,31 +1,39 @@
-//! The byte copy of an open tunnel, both ways, with buffers from the shared pool
-//! ([`crate::bufpool::COPY`]).
+//! The byte copy of an open tunnel, both ways, by `splice(2)` through a pipe from the shared
+//! pool ([`crate::pipes::PIPES`]), or through a buffer from the shared pool
+//! ([`crate::bufpool::COPY`]) when no pipe can be made (out of descriptors).
 //!
-//! Each direction waits for its source to be readable *before* it takes a buffer, reads and
-//! writes while bytes keep coming, and gives the buffer back as soon as the source has nothing
-//! more: an idle tunnel holds no buffer, a busy one holds one per busy direction, and no chunk
-//! allocates. A source's end of stream shuts the other side's write half (half-close is
-//! carried through); the tunnel ends when both directions ended, on the first error, when it
-//! was silent both ways for the idle timeout, or when cut (drain grace over, shutdown).
+//! Each direction waits for its source to be readable *before* it takes a pipe (or buffer),
+//! moves bytes while they keep coming, and gives the pipe back as soon as the source has
+//! nothing more: an idle tunnel holds no pipe and no buffer, a busy one holds one per busy
+//! direction, and no chunk allocates or creates a descriptor. A source's end of stream shuts
+//! the other side's write half (half-close is carried through); the tunnel ends when both
+//! directions ended, on the first error, when it was silent both ways for the idle timeout,
+//! or when cut (drain grace over, shutdown).
 //!
-//! NB: why not `tokio::io::copy_bidirectional_with_sizes`: it allocates its two buffers when
-//! the tunnel starts and holds them until it ends, so 10,000 idle tunnels would hold 10,000 ×
-//! 2 buffers; and why not `splice(2)`: it needs two pipes (four descriptors) per tunnel and
-//! `unsafe` or a syscall crate, while the bench (docs/benchmarks.md) shows this copy already
-//! at the member's own throughput.
+//! NB: why `splice(2)`: the bytes go socket → pipe → socket inside the kernel, never through
+//! user memory: `scripts/bench gateway` (docs/benchmarks.md) measured the gateway's CPU per
+//! GiB falling well below a read/write copy's with 64 KiB buffers. The pipe is taken only
+//! while a direction is busy, so 10,000 idle tunnels cost no pipe descriptors. Why not
+//! `tokio::io::copy_bidirectional_with_sizes`: it allocates its two buffers when the tunnel
+//! starts and holds them until it ends.
 //!
 //! Guarantees: byte counts are exact (what was written to the other side); a direction
 //! yields to the scheduler at least every [`BURST`] chunks, so one fast tunnel cannot starve
-//! the others; dropping the future closes nothing by itself (the caller owns the sockets).
+//! the others; a pipe that still holds bytes when the copy stops (error, cut, the future
+//! dropped) is closed, never reused; dropping the future closes no socket (the caller owns
+//! the sockets).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use rustix::pipe::{SpliceFlags, splice};
 use socket2::SockRef;
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::bufpool::COPY;
+use crate::pipes::{PIPES, PooledPipe};
 
 /// Chunks a direction moves before it waits on readiness again (which yields when the task's
 /// budget is spent).
@@ -77,30 +85,110 @@ struct Dir<'a> {
     up: bool,
 }
 
+impl Dir<'_> {
+    fn moved(&self, n: usize, on_bytes: &(dyn Fn(u64, bool) + Sync)) {
+        let n = n as u64;
+        self.total.fetch_add(n, Ordering::Relaxed);
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.store(ms, Ordering::Relaxed);
+        on_bytes(n, self.up);
+    }
+
+    fn half_close(&self) {
+        // Half-close: the other side sees our end of stream.
+        let _ = SockRef::from(self.to).shutdown(std::net::Shutdown::Write);
+    }
+}
+
+/// What a burst ended with.
+enum Burst {
+    /// The source has nothing more for now.
+    Drained,
+    /// The source's end of stream.
+    Eof,
+}
+
 async fn pump(d: Dir<'_>, on_bytes: &(dyn Fn(u64, bool) + Sync)) -> std::io::Result<()> {
     loop {
         d.from.readable().await?;
-        let mut buf = COPY.take();
-        for _ in 0..BURST {
-            match d.from.try_read(&mut buf) {
-                Ok(0) => {
-                    // Half-close: the other side sees our end of stream.
-                    let _ = SockRef::from(d.to).shutdown(std::net::Shutdown::Write);
-                    return Ok(());
-                }
+        let burst = match PIPES.take() {
+            Ok(pipe) => splice_burst(&d, pipe, on_bytes).await?,
+            Err(_) => buffer_burst(&d, on_bytes).await?,
+        };
+        if let Burst::Eof = burst {
+            d.half_close();
+            return Ok(());
+        }
+    }
+}
+
+const SPLICE: SpliceFlags = SpliceFlags::MOVE.union(SpliceFlags::NONBLOCK);
+
+/// Up to [`BURST`] chunks source → pipe → other side, the pipe emptied after each.
+// NB: the pipe is empty before each splice in, so EAGAIN there means the source has nothing
+// (`try_io` then clears its readiness); during the splice out the pipe has bytes, so EAGAIN
+// means the other side is full.
+async fn splice_burst(
+    d: &Dir<'_>,
+    pipe: PooledPipe,
+    on_bytes: &(dyn Fn(u64, bool) + Sync),
+) -> std::io::Result<Burst> {
+    let Some((r, w)) = pipe.ends() else {
+        return Err(std::io::ErrorKind::BrokenPipe.into());
+    };
+    for _ in 0..BURST {
+        let got = d.from.try_io(Interest::READABLE, || {
+            Ok(splice(
+                d.from,
+                None,
+                w,
+                None,
+                crate::pipes::PIPE_SIZE,
+                SPLICE,
+            )?)
+        });
+        match got {
+            Ok(0) => return Ok(Burst::Eof),
+            Ok(n) => pipe.set_held(n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Burst::Drained),
+            Err(e) => return Err(e),
+        }
+        while pipe.held() > 0 {
+            let put = d.to.try_io(Interest::WRITABLE, || {
+                Ok(splice(r, None, d.to, None, pipe.held(), SPLICE)?)
+            });
+            match put {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
                 Ok(n) => {
-                    write_all(d.to, buf.get(..n).unwrap_or_default()).await?;
-                    let n = n as u64;
-                    d.total.fetch_add(n, Ordering::Relaxed);
-                    let ms = u64::try_from(d.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-                    d.last.store(ms, Ordering::Relaxed);
-                    on_bytes(n, d.up);
+                    pipe.set_held(pipe.held().saturating_sub(n));
+                    d.moved(n, on_bytes);
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => d.to.writable().await?,
                 Err(e) => return Err(e),
             }
         }
     }
+    Ok(Burst::Drained)
+}
+
+/// Up to [`BURST`] chunks through a pooled buffer (when no pipe can be made).
+async fn buffer_burst(
+    d: &Dir<'_>,
+    on_bytes: &(dyn Fn(u64, bool) + Sync),
+) -> std::io::Result<Burst> {
+    let mut buf = COPY.take();
+    for _ in 0..BURST {
+        match d.from.try_read(&mut buf) {
+            Ok(0) => return Ok(Burst::Eof),
+            Ok(n) => {
+                write_all(d.to, buf.get(..n).unwrap_or_default()).await?;
+                d.moved(n, on_bytes);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Burst::Drained)
 }
 
 /// Copies both ways between `client` and `member` until the tunnel ends (see the module

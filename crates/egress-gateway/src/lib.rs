@@ -31,6 +31,7 @@ pub mod http;
 pub mod identity;
 pub mod metrics;
 pub mod model;
+pub mod pipes;
 pub mod pool;
 pub mod select;
 pub mod set;

@@ -25,8 +25,10 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ep_operator_fixtures::real_members::{Daemon, echo, echo_ip, http_tunnel, tinyproxy_at};
-use standalone_support::{FakeHosts, Operator, get, providers_yaml, write};
+use ep_operator_fixtures::real_members::{echo, echo_ip, http_tunnel};
+use standalone_support::{
+    FakeHosts, LOOPBACK_POLICY, Operator, get, manifest_dir, tinyproxies, write,
+};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
@@ -47,10 +49,6 @@ const ALICE_PW: &str = "alice-password-0123456789";
 const GRACE: Duration = Duration::from_secs(12);
 /// Hang guard of every wait.
 const DEADLINE: Duration = Duration::from_secs(90);
-
-fn slot_addr(k: u8) -> Ipv4Addr {
-    Ipv4Addr::new(10, 1, 0, 2 + k)
-}
 
 /// The pool; `rev` is a template label (changing it rotates every member).
 fn pool_manifest(dir: &Path, rev: u32) {
@@ -199,35 +197,19 @@ async fn inside() {
     let e = echo().await;
     let (target, stop_target) = ping_target().await;
     let _target = stop_target.drop_guard();
-    let mut daemons: BTreeMap<Ipv4Addr, Daemon> = BTreeMap::new();
-    for k in 0..SLOTS {
-        let at = SocketAddr::from((slot_addr(k), MEMBER_PORT));
-        daemons.insert(
-            slot_addr(k),
-            tinyproxy_at(at, k, MEMBER_USER, MEMBER_PW).await,
-        );
-    }
+    let daemons = tinyproxies(SLOTS, MEMBER_PORT, MEMBER_USER, MEMBER_PW).await;
     let fake = &hosts.fakes["h1"];
     let egress_of = |ip: &str| daemons[&ip.parse::<Ipv4Addr>().unwrap()].egress.to_string();
 
     let cfg = work.path().join("providers.yaml");
-    standalone_support::write_whole(
-        &cfg,
-        &providers_yaml(
-            ENTRY,
-            IMAGE,
-            &hosts.host_yaml("h1", ""),
-            "    policy:\n      allowedInternalCidrs: [127.0.0.0/8]\n",
-        ),
+    hosts.write_config(&cfg, ENTRY, IMAGE, LOOPBACK_POLICY);
+    let dir = manifest_dir(
+        work.path(),
+        &[
+            ("members.cred", MEMBER_USER, MEMBER_PW),
+            ("alice.cred", "alice", ALICE_PW),
+        ],
     );
-    let dir = work.path().join("manifests");
-    std::fs::create_dir(&dir).unwrap();
-    write(
-        &dir,
-        "members.cred",
-        &format!("{MEMBER_USER}:{MEMBER_PW}\n"),
-    );
-    write(&dir, "alice.cred", &format!("alice:{ALICE_PW}\n"));
     pool_manifest(&dir, 1);
     let log = work.path().join("operator.log");
     let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 9464));

@@ -32,10 +32,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ep_operator_fixtures::real_members::{
-    Daemon, Echo, echo, echo_ip, http_tunnel, socks_tunnel, tinyproxy_at,
+use ep_operator_fixtures::real_members::{Echo, echo, echo_ip, http_tunnel, socks_tunnel};
+use standalone_support::{
+    FakeHosts, LOOPBACK_POLICY, Operator, get, manifest_dir, tinyproxies, write,
 };
-use standalone_support::{FakeHosts, Operator, get, providers_yaml, write};
 
 const TEST: &str = "standalone_serves_a_pools_gateway_from_its_own_member_state";
 /// Set in the re-run inside the namespace.
@@ -55,11 +55,6 @@ const ALICE_PW: &str = "alice-password-0123456789";
 const BOB_PW: &str = "bob-password-0123456789ab";
 /// Hang guard of every wait (fake hosts answer in microseconds; health rounds every second).
 const DEADLINE: Duration = Duration::from_secs(90);
-
-/// The guest address of slot `k` and the egress address its tinyproxy leaves from.
-fn slot_addr(k: u8) -> Ipv4Addr {
-    Ipv4Addr::new(10, 1, 0, 2 + k)
-}
 
 fn pool_manifest(dir: &Path, gateway: bool) {
     let gw = if gateway {
@@ -152,35 +147,19 @@ async fn inside() {
     let hosts = FakeHosts::start(work.path(), ENTRY, IMAGE, &["h1"]).await;
     // The members: a real tinyproxy at each guest address, leaving from its own address.
     let e = echo().await;
-    let mut members: BTreeMap<Ipv4Addr, Daemon> = BTreeMap::new();
-    for k in 0..SLOTS {
-        let at = SocketAddr::from((slot_addr(k), MEMBER_PORT));
-        members.insert(
-            slot_addr(k),
-            tinyproxy_at(at, k, MEMBER_USER, MEMBER_PW).await,
-        );
-    }
+    let mut members = tinyproxies(SLOTS, MEMBER_PORT, MEMBER_USER, MEMBER_PW).await;
     let egress_of = |ip: &str| members[&ip.parse::<Ipv4Addr>().unwrap()].egress.to_string();
 
     let cfg = work.path().join("providers.yaml");
-    standalone_support::write_whole(
-        &cfg,
-        &providers_yaml(
-            ENTRY,
-            IMAGE,
-            &hosts.host_yaml("h1", ""),
-            "    policy:\n      allowedInternalCidrs: [127.0.0.0/8]\n",
-        ),
+    hosts.write_config(&cfg, ENTRY, IMAGE, LOOPBACK_POLICY);
+    let dir = manifest_dir(
+        work.path(),
+        &[
+            ("members.cred", MEMBER_USER, MEMBER_PW),
+            ("alice.cred", "alice", ALICE_PW),
+            ("bob.cred", "bob", BOB_PW),
+        ],
     );
-    let dir = work.path().join("manifests");
-    std::fs::create_dir(&dir).unwrap();
-    write(
-        &dir,
-        "members.cred",
-        &format!("{MEMBER_USER}:{MEMBER_PW}\n"),
-    );
-    write(&dir, "alice.cred", &format!("alice:{ALICE_PW}\n"));
-    write(&dir, "bob.cred", &format!("bob:{BOB_PW}\n"));
     pool_manifest(&dir, true);
     let access = work.path().join("access.log");
     let log = work.path().join("operator.log");

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use standalone_support::{FakeHosts, Operator, free_port, get, host_rows, providers_yaml, write};
+use standalone_support::{FakeHosts, Operator, free_port, get, host_rows, write};
 
 const ENTRY: &str = "eptest-hostlost";
 const IMAGE: &str = "tiny";
@@ -58,8 +58,7 @@ async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_and_deletes_it
     let fakes = FakeHosts::start(work.path(), ENTRY, IMAGE, &HOSTS).await;
 
     let cfg = work.path().join("providers.yaml");
-    let hosts: String = HOSTS.iter().map(|h| fakes.host_yaml(h, "")).collect();
-    standalone_support::write_whole(&cfg, &providers_yaml(ENTRY, IMAGE, &hosts, ""));
+    fakes.write_config(&cfg, ENTRY, IMAGE, "");
     let dir = work.path().join("manifests");
     std::fs::create_dir(&dir).unwrap();
     write(

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use ep_operator_fixtures::real_members::{Daemon, tinyproxy_at};
 use ep_operator_fixtures::{GIB, POOL, dhcp_network, publish_base, run_dhcp};
 use libvirt_fake::{FakeLibvirt, PoolSpec};
 use serde_json::Value;
@@ -107,6 +108,50 @@ impl FakeHosts {
             self.socks[host].display()
         )
     }
+}
+
+/// A provider `policy` letting members reach loopback (the gateway tests' echo targets).
+pub const LOOPBACK_POLICY: &str = "    policy:\n      allowedInternalCidrs: [127.0.0.0/8]\n";
+
+impl FakeHosts {
+    /// Writes (whole) the provider config of every one of these hosts, with `extra` lines after
+    /// the image (see [`providers_yaml`]).
+    pub fn write_config(&self, path: &Path, entry: &str, image: &str, extra: &str) {
+        let hosts: String = self.socks.keys().map(|h| self.host_yaml(h, "")).collect();
+        write_whole(path, &providers_yaml(entry, image, &hosts, extra));
+    }
+}
+
+/// Creates the manifest directory `parent/manifests` with one credentials file per
+/// `(file, user, password)`; returns its path.
+pub fn manifest_dir(parent: &Path, creds: &[(&str, &str, &str)]) -> PathBuf {
+    let dir = parent.join("manifests");
+    std::fs::create_dir(&dir).unwrap();
+    for (file, user, password) in creds {
+        write(&dir, file, &format!("{user}:{password}\n"));
+    }
+    dir
+}
+
+/// The guest address the fixtures' DHCP loop gives the `k`th domain (10.1.0.2 onwards).
+pub fn slot_addr(k: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 1, 0, 2 + k)
+}
+
+/// A real tinyproxy at `slot_addr(k):port` for each of `slots`, taking `user`/`password`, each
+/// leaving from its own egress address; stopped when dropped.
+pub async fn tinyproxies(
+    slots: u8,
+    port: u16,
+    user: &str,
+    password: &str,
+) -> BTreeMap<Ipv4Addr, Daemon> {
+    let mut daemons = BTreeMap::new();
+    for k in 0..slots {
+        let at = SocketAddr::from((slot_addr(k), port));
+        daemons.insert(slot_addr(k), tinyproxy_at(at, k, user, password).await);
+    }
+    daemons
 }
 
 /// The provider config of one libvirt entry: its `hosts` lines, the image, `extra` lines (such

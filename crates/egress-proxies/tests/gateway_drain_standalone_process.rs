@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 
 use ep_operator_fixtures::real_members::{echo, echo_ip, http_tunnel};
 use standalone_support::{
-    FakeHosts, LOOPBACK_POLICY, Operator, get, manifest_dir, tinyproxies, write,
+    ALICE_PW, FakeHosts, HTTP_PORT, LOOPBACK_POLICY, MEMBER_PORT, MEMBER_PW, MEMBER_USER, Operator,
+    SLOTS, get, manifest_dir, tinyproxies, write,
 };
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -38,13 +39,6 @@ const INNER: &str = "EPTEST_GATEWAY_DRAIN_STANDALONE_NETNS";
 const ENTRY: &str = "eptest-gwd";
 const IMAGE: &str = "tiny";
 const REPLICAS: usize = 2;
-/// Guest addresses the DHCP loop may give (10.1.0.2 onwards, in creation order).
-const SLOTS: u8 = 6;
-const MEMBER_PORT: u16 = 3128;
-const HTTP_PORT: u16 = 8118;
-const MEMBER_USER: &str = "pool-fleet";
-const MEMBER_PW: &str = "member-password-0123456789";
-const ALICE_PW: &str = "alice-password-0123456789";
 /// The gateway's `drainGrace`, and so the pool's drain grace.
 const GRACE: Duration = Duration::from_secs(12);
 /// Hang guard of every wait.

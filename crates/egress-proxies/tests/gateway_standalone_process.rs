@@ -34,7 +34,8 @@ use std::time::{Duration, Instant};
 
 use ep_operator_fixtures::real_members::{Echo, echo, echo_ip, http_tunnel, socks_tunnel};
 use standalone_support::{
-    FakeHosts, LOOPBACK_POLICY, Operator, get, manifest_dir, tinyproxies, write,
+    ALICE_PW, FakeHosts, HTTP_PORT, LOOPBACK_POLICY, MEMBER_PORT, MEMBER_PW, MEMBER_USER, Operator,
+    SLOTS, get, manifest_dir, tinyproxies, write,
 };
 
 const TEST: &str = "standalone_serves_a_pools_gateway_from_its_own_member_state";
@@ -43,15 +44,7 @@ const INNER: &str = "EPTEST_GATEWAY_STANDALONE_NETNS";
 const ENTRY: &str = "eptest-gw";
 const IMAGE: &str = "tiny";
 const REPLICAS: usize = 3;
-/// Guest addresses the DHCP loop may give (10.1.0.2 onwards, in creation order): a member
-/// listens on each; the ones no member got stay idle.
-const SLOTS: u8 = 6;
-const MEMBER_PORT: u16 = 3128;
-const HTTP_PORT: u16 = 8118;
 const SOCKS_PORT: u16 = 1080;
-const MEMBER_USER: &str = "pool-fleet";
-const MEMBER_PW: &str = "member-password-0123456789";
-const ALICE_PW: &str = "alice-password-0123456789";
 const BOB_PW: &str = "bob-password-0123456789ab";
 /// Hang guard of every wait (fake hosts answer in microseconds; health rounds every second).
 const DEADLINE: Duration = Duration::from_secs(90);

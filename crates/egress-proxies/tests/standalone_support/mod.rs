@@ -133,6 +133,17 @@ pub fn manifest_dir(parent: &Path, creds: &[(&str, &str, &str)]) -> PathBuf {
     dir
 }
 
+/// Guest addresses the DHCP loop may give (10.1.0.2 onwards, in creation order): in the
+/// gateway tests a member listens on each; the ones no member got stay idle.
+pub const SLOTS: u8 = 6;
+/// The members' proxy port, and the credentials they take.
+pub const MEMBER_PORT: u16 = 3128;
+pub const MEMBER_USER: &str = "pool-fleet";
+pub const MEMBER_PW: &str = "member-password-0123456789";
+/// The gateway's HTTP listener, and the password of its client `alice`.
+pub const HTTP_PORT: u16 = 8118;
+pub const ALICE_PW: &str = "alice-password-0123456789";
+
 /// The guest address the fixtures' DHCP loop gives the `k`th domain (10.1.0.2 onwards).
 pub fn slot_addr(k: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 1, 0, 2 + k)

@@ -16,49 +16,20 @@
 
 mod kube_support;
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use egress_kube::api::ProxyPool;
 use kube::api::{Api, DynamicObject, PostParams};
-use kube_support::{ApiServer, ClusterConfig, ENTRY, IMAGE, Operator, SocketHosts, wait_for};
+use kube_support::{
+    ApiServer, ClusterConfig, ENTRY, IMAGE, Operator, SocketHosts, health_rows, on, pool_members,
+    wait_for,
+};
 use serde_json::json;
 
 /// Hang guard of every wait.
 const DEADLINE: Duration = Duration::from_secs(150);
 const GROUP: &str = "egress-proxies.dev";
 const NS: &str = "team-drain";
-
-/// Writes the provider config of `hosts` with each host's `maintenance` (`None` when not
-/// listed), whole, under a temporary name renamed into place.
-fn write_config(hosts: &SocketHosts, maintenance: &[(&str, &str)]) -> PathBuf {
-    let mut cfg = format!("providers:\n  - name: {ENTRY}\n    type: libvirt\n    hosts:\n");
-    for h in hosts.fakes.keys() {
-        let m = maintenance
-            .iter()
-            .find(|(n, _)| n == h)
-            .map_or("None", |(_, m)| m);
-        cfg.push_str(&format!(
-            "      - name: {h}\n        address: local\n        socket: {}\n        pool: {}\n        \
-             network: default\n        virtType: qemu\n        poolReserveGiB: 1\n        \
-             maintenance: {m}\n",
-            hosts.dir.path().join(format!("{h}.sock")).display(),
-            ep_operator_fixtures::POOL,
-        ));
-    }
-    cfg.push_str(&format!(
-        "    images:\n      {IMAGE}:\n        url: https://images.invalid/tiny.qcow2\n        \
-         sha256: {}\n        format: qcow2\n    timeouts:\n      dial: 3\n    defaults:\n      \
-         diskGiB: 4\n      memoryMiB: 256\n      vcpus: 1\n",
-        kube_support::digest()
-    ));
-    let path = hosts.dir.path().join("providers.yaml");
-    let tmp = hosts.dir.path().join("providers.yaml.tmp");
-    std::fs::write(&tmp, cfg).unwrap();
-    std::fs::rename(&tmp, &path).unwrap();
-    path
-}
 
 async fn create_proxy(client: &kube::Client, name: &str, host: Option<&str>) {
     let api: Api<DynamicObject> =
@@ -74,28 +45,6 @@ async fn create_proxy(client: &kube::Client, name: &str, host: Option<&str>) {
     }))
     .unwrap();
     api.create(&PostParams::default(), &obj).await.unwrap();
-}
-
-/// The pool's live members: name → (host, Running with an address).
-fn members(srv: &ApiServer) -> BTreeMap<String, (String, bool)> {
-    srv.api
-        .objects(GROUP, "proxies")
-        .into_iter()
-        .filter(|p| {
-            p["metadata"]["namespace"] == NS
-                && p["metadata"]["labels"]["egress-proxies.dev/pool"] == "web"
-                && p["metadata"]["deletionTimestamp"].is_null()
-        })
-        .map(|p| {
-            (
-                p["metadata"]["name"].as_str().unwrap_or("").to_owned(),
-                (
-                    p["spec"]["host"].as_str().unwrap_or("-").to_owned(),
-                    p["status"]["phase"] == "Running" && p["status"]["ip"].is_string(),
-                ),
-            )
-        })
-        .collect()
 }
 
 /// The pool's `status.availableReplicas`.
@@ -126,37 +75,13 @@ fn proxy(srv: &ApiServer, name: &str) -> (String, String, String) {
     )
 }
 
-/// Each host's `maintenance` in the entry's ProviderHealth ("-" when absent).
-fn health(srv: &ApiServer) -> BTreeMap<String, String> {
-    srv.api
-        .objects(GROUP, "providerhealths")
-        .into_iter()
-        .filter(|o| o["metadata"]["name"] == ENTRY)
-        .flat_map(|o| o["status"]["hosts"].as_array().cloned().unwrap_or_default())
-        .map(|h| {
-            (
-                h["host"].as_str().unwrap_or("").to_owned(),
-                h["maintenance"].as_str().unwrap_or("-").to_owned(),
-            )
-        })
-        .collect()
-}
-
-fn domains(hosts: &SocketHosts, h: &str) -> usize {
-    hosts.fakes[h].domains().len()
-}
-
-fn on(m: &BTreeMap<String, (String, bool)>, host: &str) -> usize {
-    m.values().filter(|(h, _)| h == host).count()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_drained_by_a_config_reload_moves_its_proxies_within_the_pool_budget_in_kubernetes()
 {
     let srv = ApiServer::start().await;
     srv.apply_committed_crds().await;
     let hosts = SocketHosts::start(3).await;
-    let cfg = write_config(&hosts, &[("h0", "Cordon"), ("h2", "Cordon")]);
+    let cfg = hosts.config_with_maintenance(&[("h0", "Cordon"), ("h2", "Cordon")]);
     let kubeconfig = srv.kubeconfig();
     let op = Operator::start_with(
         &cfg,
@@ -180,7 +105,7 @@ async fn a_host_drained_by_a_config_reload_moves_its_proxies_within_the_pool_bud
 
     let t0 = Instant::now();
     wait_for("everything Running on h1", DEADLINE, || async {
-        let m = members(&srv);
+        let m = pool_members(&srv, NS, "web");
         (available(&srv) == 2
             && on(&m, "h1") == 2
             && proxy(&srv, "solo").0 == "Running"
@@ -189,28 +114,28 @@ async fn a_host_drained_by_a_config_reload_moves_its_proxies_within_the_pool_bud
             .then_some(())
     })
     .await;
-    assert_eq!(domains(&hosts, "h0") + domains(&hosts, "h2"), 0);
+    assert_eq!(hosts.domains("h0") + hosts.domains("h2"), 0);
     println!(
         "eptest: settled on h1 after {:.1} s; draining h1",
         t0.elapsed().as_secs_f64()
     );
 
-    write_config(&hosts, &[("h0", "Cordon"), ("h1", "Drain")]);
+    hosts.config_with_maintenance(&[("h0", "Cordon"), ("h1", "Drain")]);
     let t1 = Instant::now();
     let mut lowest = u64::MAX;
     loop {
-        let m = members(&srv);
+        let m = pool_members(&srv, NS, "web");
         let a = available(&srv);
-        let hh = health(&srv);
+        let hh = health_rows(&srv, "maintenance");
         println!(
             "eptest: t={:>3}s available={a} members={m:?} solo={:?} pinned={:?} health={hh:?} \
              domains h0/h1/h2={}/{}/{}",
             t1.elapsed().as_secs(),
             proxy(&srv, "solo"),
             proxy(&srv, "pinned"),
-            domains(&hosts, "h0"),
-            domains(&hosts, "h1"),
-            domains(&hosts, "h2"),
+            hosts.domains("h0"),
+            hosts.domains("h1"),
+            hosts.domains("h2"),
         );
         lowest = lowest.min(a);
         assert!(
@@ -218,7 +143,7 @@ async fn a_host_drained_by_a_config_reload_moves_its_proxies_within_the_pool_bud
             "availableReplicas dropped to {a} (below replicas - maxUnavailable = 2)\n{}",
             op.stderr()
         );
-        assert_eq!(domains(&hosts, "h0"), 0, "a cordoned host got a proxy");
+        assert_eq!(hosts.domains("h0"), 0, "a cordoned host got a proxy");
         let solo = proxy(&srv, "solo");
         let pinned = proxy(&srv, "pinned");
         let done = on(&m, "h1") == 0
@@ -228,7 +153,7 @@ async fn a_host_drained_by_a_config_reload_moves_its_proxies_within_the_pool_bud
             && solo.1 == "h2"
             && pinned.1 == "h1"
             && pinned.2 == "OnDrainingHost"
-            && domains(&hosts, "h1") == 1
+            && hosts.domains("h1") == 1
             && hh.get("h1").map(String::as_str) == Some("Draining (1 left)")
             && hh.get("h0").map(String::as_str) == Some("Cordoned");
         if done {

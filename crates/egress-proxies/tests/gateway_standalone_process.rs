@@ -23,74 +23,31 @@
     clippy::indexing_slicing
 )]
 
+mod standalone_support;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead as _, BufReader};
+use std::ffi::OsStr;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ep_operator_fixtures::real_members::{
-    Daemon, Echo, echo, echo_ip, http_tunnel, socks_tunnel, tinyproxy_at,
+use ep_operator_fixtures::real_members::{Echo, echo, echo_ip, http_tunnel, socks_tunnel};
+use standalone_support::{
+    ALICE_PW, FakeHosts, HTTP_PORT, LOOPBACK_POLICY, MEMBER_PORT, MEMBER_PW, MEMBER_USER, Operator,
+    SLOTS, get, manifest_dir, tinyproxies, write,
 };
-use ep_operator_fixtures::{GIB, POOL, dhcp_network, publish_base, run_dhcp};
-use libvirt_fake::{FakeLibvirt, PoolSpec};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_util::sync::CancellationToken;
 
-const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies");
 const TEST: &str = "standalone_serves_a_pools_gateway_from_its_own_member_state";
 /// Set in the re-run inside the namespace.
 const INNER: &str = "EPTEST_GATEWAY_STANDALONE_NETNS";
 const ENTRY: &str = "eptest-gw";
 const IMAGE: &str = "tiny";
 const REPLICAS: usize = 3;
-/// Guest addresses the DHCP loop may give (10.1.0.2 onwards, in creation order): a member
-/// listens on each; the ones no member got stay idle.
-const SLOTS: u8 = 6;
-const MEMBER_PORT: u16 = 3128;
-const HTTP_PORT: u16 = 8118;
 const SOCKS_PORT: u16 = 1080;
-const MEMBER_USER: &str = "pool-fleet";
-const MEMBER_PW: &str = "member-password-0123456789";
-const ALICE_PW: &str = "alice-password-0123456789";
 const BOB_PW: &str = "bob-password-0123456789ab";
 /// Hang guard of every wait (fake hosts answer in microseconds; health rounds every second).
 const DEADLINE: Duration = Duration::from_secs(90);
-
-fn digest() -> String {
-    "ad".repeat(32)
-}
-
-/// The guest address of slot `k` and the egress address its tinyproxy leaves from.
-fn slot_addr(k: u8) -> Ipv4Addr {
-    Ipv4Addr::new(10, 1, 0, 2 + k)
-}
-
-/// The operator process; killed and reaped when dropped, its log kept for failures.
-struct Operator {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Operator {
-    fn tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn write(dir: &Path, name: &str, text: &str) {
-    std::fs::write(dir.join(name), text).unwrap();
-}
 
 fn pool_manifest(dir: &Path, gateway: bool) {
     let gw = if gateway {
@@ -111,29 +68,6 @@ fn pool_manifest(dir: &Path, gateway: bool) {
              credentialsRef: members.cred\n{gw}"
         ),
     );
-}
-
-/// GET `path` from the operator; `None` while nothing answers.
-async fn get(addr: SocketAddr, path: &str) -> Option<String> {
-    let go = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await
-        .ok()?;
-        let mut buf = String::new();
-        s.read_to_string(&mut buf).await.ok()?;
-        match ep_test_support::http::response(&buf)? {
-            (200, body) => Some(body),
-            _ => None,
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), go)
-        .await
-        .ok()
-        .flatten()
 }
 
 /// The pool's available members: name → guest IP.
@@ -193,120 +127,52 @@ fn access_lines(path: &Path) -> Vec<serde_json::Value> {
 #[test]
 fn standalone_serves_a_pools_gateway_from_its_own_member_state() {
     if std::env::var_os(INNER).is_some() {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(inside());
+        standalone_support::block_on(inside());
         return;
     }
     // A fresh network namespace where 10.0.0.0/8 is local: the members' guest addresses.
-    let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new("timeout")
-        .args(["300", "unshare", "-n", "sh", "-ec"])
-        .arg("ip link set lo up; ip route add local 10.0.0.0/8 dev lo table local; exec \"$@\"")
-        .arg("sh")
-        .arg(exe)
-        .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
-        .env(INNER, "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut seen = String::new();
-    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
-        let Ok(line) = line else { break };
-        println!("{line}");
-        seen.push_str(&line);
-        seen.push('\n');
-    }
-    let status = child.wait().unwrap();
-    assert!(
-        status.success(),
-        "the run inside the namespace failed: {status}"
-    );
-    if let Err(e) = ep_test_support::e2e::check_ran_exactly(&seen, TEST) {
-        panic!("the run inside the namespace: {e}");
-    }
+    standalone_support::rerun_in_netns(TEST, INNER);
 }
 
 async fn inside() {
     let work = tempfile::tempdir().unwrap();
     // The host: a libvirt-fake on a unix socket, the image published, addresses by "DHCP".
-    let fake = FakeLibvirt::new();
-    fake.add_pool(PoolSpec::new(POOL).capacity(100 * GIB))
-        .unwrap();
-    fake.add_network(dhcp_network("default")).unwrap();
-    publish_base(&fake, ENTRY, IMAGE, &digest());
-    let sock = work.path().join("h1.sock");
-    fake.listen_unix(&sock).await.unwrap();
-    let dhcp = CancellationToken::new();
-    tokio::spawn(run_dhcp(
-        ENTRY.into(),
-        BTreeMap::from([("h1".to_owned(), fake.clone())]),
-        Duration::from_millis(100),
-        dhcp.clone(),
-    ));
-    let _dhcp = dhcp.drop_guard();
+    let hosts = FakeHosts::start(work.path(), ENTRY, IMAGE, &["h1"]).await;
     // The members: a real tinyproxy at each guest address, leaving from its own address.
     let e = echo().await;
-    let mut members: BTreeMap<Ipv4Addr, Daemon> = BTreeMap::new();
-    for k in 0..SLOTS {
-        let at = SocketAddr::from((slot_addr(k), MEMBER_PORT));
-        members.insert(
-            slot_addr(k),
-            tinyproxy_at(at, k, MEMBER_USER, MEMBER_PW).await,
-        );
-    }
+    let mut members = tinyproxies(SLOTS, MEMBER_PORT, MEMBER_USER, MEMBER_PW).await;
     let egress_of = |ip: &str| members[&ip.parse::<Ipv4Addr>().unwrap()].egress.to_string();
 
     let cfg = work.path().join("providers.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "providers:\n  - name: {ENTRY}\n    type: libvirt\n    hosts:\n      - name: h1\n        \
-             address: local\n        socket: {}\n        pool: {POOL}\n        network: default\n        \
-             virtType: qemu\n        poolReserveGiB: 1\n    images:\n      {IMAGE}:\n        \
-             url: https://images.invalid/tiny.qcow2\n        sha256: {}\n        format: qcow2\n    \
-             policy:\n      allowedInternalCidrs: [127.0.0.0/8]\n    \
-             defaults:\n      diskGiB: 4\n      memoryMiB: 256\n      vcpus: 1\n",
-            sock.display(),
-            digest()
-        ),
-    )
-    .unwrap();
-    let dir = work.path().join("manifests");
-    std::fs::create_dir(&dir).unwrap();
-    write(
-        &dir,
-        "members.cred",
-        &format!("{MEMBER_USER}:{MEMBER_PW}\n"),
+    hosts.write_config(&cfg, ENTRY, IMAGE, LOOPBACK_POLICY);
+    let dir = manifest_dir(
+        work.path(),
+        &[
+            ("members.cred", MEMBER_USER, MEMBER_PW),
+            ("alice.cred", "alice", ALICE_PW),
+            ("bob.cred", "bob", BOB_PW),
+        ],
     );
-    write(&dir, "alice.cred", &format!("alice:{ALICE_PW}\n"));
-    write(&dir, "bob.cred", &format!("bob:{BOB_PW}\n"));
     pool_manifest(&dir, true);
     let access = work.path().join("access.log");
     let log = work.path().join("operator.log");
     let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 9464));
-    let child = Command::new(BIN)
-        .args(["standalone", "--config"])
-        .arg(&cfg)
-        .arg("--proxies")
-        .arg(&dir)
-        .args(["--listen", &listen.to_string(), "--check-interval", "1s"])
-        .args(["--health-target", &format!("http://{}/", e.addr)])
-        .args(["--health-interval", "1s"])
-        .arg("--gateway-access-log")
-        .arg(&access)
-        .env_remove("EGRESS_PROXIES_CONFIG")
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut op = Operator { child, log };
+    let mut op = Operator::start(
+        &cfg,
+        &dir,
+        listen,
+        "1s",
+        [
+            OsStr::new("--health-target"),
+            OsStr::new(&format!("http://{}/", e.addr)),
+            OsStr::new("--health-interval"),
+            OsStr::new("1s"),
+            OsStr::new("--gateway-access-log"),
+            access.as_os_str(),
+        ],
+        log,
+        40,
+    );
 
     // Every member healthy, then the gateway serves.
     let t0 = Instant::now();
@@ -315,11 +181,7 @@ async fn inside() {
         if m.len() == REPLICAS {
             break m;
         }
-        assert!(
-            op.child.try_wait().unwrap().is_none(),
-            "standalone exited\n{}",
-            op.tail()
-        );
+        op.assert_running();
         assert!(
             t0.elapsed() < DEADLINE,
             "members {m:?} after {DEADLINE:?}: {:?}\n{}",

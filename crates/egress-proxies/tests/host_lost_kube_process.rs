@@ -17,13 +17,14 @@
 
 mod kube_support;
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use egress_kube::api::ProxyPool;
 use kube::api::{Api, PostParams};
-use kube_support::{ApiServer, ClusterConfig, ENTRY, IMAGE, Operator, SocketHosts, wait_for};
+use kube_support::{
+    ApiServer, ClusterConfig, ENTRY, IMAGE, Operator, SocketHosts, health_rows, on, pool_members,
+    wait_for,
+};
 use serde_json::{Value, json};
 
 /// Hang guard of every wait.
@@ -35,49 +36,6 @@ const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// How long h1 stays frozen once the pool is whole on h2.
 const HOLD: Duration = Duration::from_secs(15);
 
-fn write_config(hosts: &SocketHosts) -> PathBuf {
-    let mut cfg = format!("providers:\n  - name: {ENTRY}\n    type: libvirt\n    hosts:\n");
-    for h in hosts.fakes.keys() {
-        cfg.push_str(&format!(
-            "      - name: {h}\n        address: local\n        socket: {}\n        pool: {}\n        \
-             network: default\n        virtType: qemu\n        poolReserveGiB: 1\n",
-            hosts.dir.path().join(format!("{h}.sock")).display(),
-            ep_operator_fixtures::POOL,
-        ));
-    }
-    cfg.push_str(&format!(
-        "    images:\n      {IMAGE}:\n        url: https://images.invalid/tiny.qcow2\n        \
-         sha256: {}\n        format: qcow2\n    timeouts:\n      dial: 3\n    defaults:\n      \
-         diskGiB: 4\n      memoryMiB: 256\n      vcpus: 1\n",
-        kube_support::digest()
-    ));
-    let path = hosts.dir.path().join("providers.yaml");
-    std::fs::write(&path, cfg).unwrap();
-    path
-}
-
-/// The pool's members not being deleted: name → (host, Running with an address).
-fn members(srv: &ApiServer) -> BTreeMap<String, (String, bool)> {
-    srv.api
-        .objects(GROUP, "proxies")
-        .into_iter()
-        .filter(|p| {
-            p["metadata"]["namespace"] == NS
-                && p["metadata"]["labels"]["egress-proxies.dev/pool"] == "web"
-                && p["metadata"]["deletionTimestamp"].is_null()
-        })
-        .map(|p| {
-            (
-                p["metadata"]["name"].as_str().unwrap_or("").to_owned(),
-                (
-                    p["spec"]["host"].as_str().unwrap_or("-").to_owned(),
-                    p["status"]["phase"] == "Running" && p["status"]["ip"].is_string(),
-                ),
-            )
-        })
-        .collect()
-}
-
 fn pool_status(srv: &ApiServer) -> Value {
     srv.api
         .object(GROUP, "proxypools", NS, "web")
@@ -85,36 +43,12 @@ fn pool_status(srv: &ApiServer) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// Each host's `state` in the entry's ProviderHealth ("-" when absent).
-fn states(srv: &ApiServer) -> BTreeMap<String, String> {
-    srv.api
-        .objects(GROUP, "providerhealths")
-        .into_iter()
-        .filter(|o| o["metadata"]["name"] == ENTRY)
-        .flat_map(|o| o["status"]["hosts"].as_array().cloned().unwrap_or_default())
-        .map(|h| {
-            (
-                h["host"].as_str().unwrap_or("").to_owned(),
-                h["state"].as_str().unwrap_or("-").to_owned(),
-            )
-        })
-        .collect()
-}
-
-fn domains(hosts: &SocketHosts, h: &str) -> usize {
-    hosts.fakes[h].domains().len()
-}
-
-fn on(m: &BTreeMap<String, (String, bool)>, host: &str) -> usize {
-    m.values().filter(|(h, _)| h == host).count()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_in_kubernetes() {
     let srv = ApiServer::start().await;
     srv.apply_committed_crds().await;
     let hosts = SocketHosts::start(2).await;
-    let cfg = write_config(&hosts);
+    let cfg = hosts.config();
     let kubeconfig = srv.kubeconfig();
     let op = Operator::start_with(
         &cfg,
@@ -142,11 +76,11 @@ async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_in_kubernetes(
     let (h1, h2) = (hs[0].clone(), hs[1].clone());
     let t0 = Instant::now();
     wait_for("one Running member on each host", DEADLINE, || async {
-        let m = members(&srv);
+        let m = pool_members(&srv, NS, "web");
         (on(&m, &h1) == 1 && on(&m, &h2) == 1 && m.values().all(|(_, r)| *r)).then_some(())
     })
     .await;
-    let old = members(&srv)
+    let old = pool_members(&srv, NS, "web")
         .into_iter()
         .find(|(_, (h, _))| *h == h1)
         .map(|(n, _)| n)
@@ -160,8 +94,11 @@ async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_in_kubernetes(
     let t_freeze = Instant::now();
     let mut t_dead: Option<Instant> = None;
     let t_replaced = loop {
-        let m = members(&srv);
-        let st = states(&srv).get(&h1).cloned().unwrap_or_default();
+        let m = pool_members(&srv, NS, "web");
+        let st = health_rows(&srv, "state")
+            .get(&h1)
+            .cloned()
+            .unwrap_or_default();
         if t_dead.is_none() && (st == "Timeout" || st == "Unreachable") {
             t_dead = Some(Instant::now());
             println!(
@@ -173,7 +110,7 @@ async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_in_kubernetes(
             m.contains_key(&old),
             "{old} deleted while {h1} is dead: {m:?}"
         );
-        assert_eq!(domains(&hosts, &h1), 1, "{old}'s domain deleted while dead");
+        assert_eq!(hosts.domains(&h1), 1, "{old}'s domain deleted while dead");
         if on(&m, &h2) == 2 {
             break Instant::now().duration_since(t_dead.expect("replaced before h1 was dead"));
         }
@@ -221,12 +158,12 @@ async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_in_kubernetes(
     let hold = Instant::now();
     let mut whole: Option<Instant> = None;
     while whole.is_none_or(|t| t.elapsed() < HOLD) {
-        let m = members(&srv);
+        let m = pool_members(&srv, NS, "web");
         assert!(
             m.contains_key(&old),
             "{old} deleted while {h1} is dead: {m:?}"
         );
-        assert_eq!(domains(&hosts, &h1), 1, "{old}'s domain deleted while dead");
+        assert_eq!(hosts.domains(&h1), 1, "{old}'s domain deleted while dead");
         if whole.is_none()
             && m.iter()
                 .filter(|(n, (h, r))| **n != old && *h == h2 && *r)
@@ -242,8 +179,8 @@ async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_in_kubernetes(
     hosts.fakes[&h1].faults().thaw();
     let t_thaw = Instant::now();
     wait_for("the old copy deleted once h1 answers", DEADLINE, || async {
-        let m = members(&srv);
-        (!m.contains_key(&old) && domains(&hosts, &h1) == 0 && on(&m, &h2) == 2).then_some(())
+        let m = pool_members(&srv, NS, "web");
+        (!m.contains_key(&old) && hosts.domains(&h1) == 0 && on(&m, &h2) == 2).then_some(())
     })
     .await;
     println!(

@@ -19,19 +19,14 @@
     clippy::indexing_slicing
 )]
 
+mod standalone_support;
+
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use ep_operator_fixtures::{GIB, POOL, dhcp_network, publish_base, run_dhcp};
-use libvirt_fake::{FakeLibvirt, PoolSpec};
-use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_util::sync::CancellationToken;
+use standalone_support::{FakeHosts, Operator, free_port, get, host_rows, write};
 
-const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies");
 const ENTRY: &str = "eptest-hostlost";
 const IMAGE: &str = "tiny";
 const HOSTS: [&str; 2] = ["h1", "h2"];
@@ -39,158 +34,14 @@ const REPLICAS: usize = 2;
 /// Hang guard of every wait (fake hosts answer in microseconds).
 const DEADLINE: Duration = Duration::from_secs(120);
 
-fn digest() -> String {
-    "ad".repeat(32)
-}
-
-/// The operator process; killed and reaped when dropped, its log kept for failures.
-struct Operator {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Operator {
-    fn tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Writes the provider config.
-fn write_config(path: &Path, socks: &BTreeMap<&str, PathBuf>) {
-    let mut hosts = String::new();
-    for h in HOSTS {
-        hosts.push_str(&format!(
-            "      - name: {h}\n        address: local\n        socket: {}\n        pool: {POOL}\n        \
-             network: default\n        virtType: qemu\n        poolReserveGiB: 1\n",
-            socks[h].display()
-        ));
-    }
-    // NB: written whole to a temporary name and renamed, so the watch never reads half a file.
-    let tmp = path.with_extension("tmp");
-    std::fs::write(
-        &tmp,
-        format!(
-            "providers:\n  - name: {ENTRY}\n    type: libvirt\n    hosts:\n{hosts}    images:\n      \
-             {IMAGE}:\n        url: https://images.invalid/tiny.qcow2\n        sha256: {}\n        \
-             format: qcow2\n    defaults:\n      diskGiB: 4\n      memoryMiB: 256\n      vcpus: 1\n",
-            digest()
-        ),
-    )
-    .unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
-fn write(dir: &Path, name: &str, text: &str) {
-    std::fs::write(dir.join(name), text).unwrap();
-}
-
-/// GET `path` from the operator; `None` while nothing answers.
-async fn get(addr: SocketAddr, path: &str) -> Option<String> {
-    let go = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await
-        .ok()?;
-        let mut buf = String::new();
-        s.read_to_string(&mut buf).await.ok()?;
-        match ep_test_support::http::response(&buf)? {
-            (200, body) => Some(body),
-            _ => None,
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), go)
-        .await
-        .ok()
-        .flatten()
-}
-
-async fn json(addr: SocketAddr, path: &str) -> Value {
-    get(addr, path)
-        .await
-        .and_then(|b| serde_json::from_str(&b).ok())
-        .unwrap_or(Value::Null)
-}
-
-/// What one look at `/status` shows.
-#[derive(Debug, Default)]
-struct Look {
-    /// The pool's members not being deleted: name → (host, available).
-    members: BTreeMap<String, (String, bool)>,
-    /// The pool's `status` as recorded.
-    status: Value,
-}
-
-impl Look {
-    fn available(&self) -> usize {
-        self.members.values().filter(|(_, a)| *a).count()
-    }
-    fn on(&self, host: &str) -> usize {
-        self.members.values().filter(|(h, _)| h == host).count()
-    }
-}
-
-async fn look(addr: SocketAddr) -> Look {
-    let doc = json(addr, "/status").await;
-    let mut l = Look::default();
-    for p in doc["pools"].as_array().into_iter().flatten() {
-        if p["name"] != "web" {
-            continue;
-        }
-        l.status = p["status"].clone();
-        for m in p["members"].as_array().into_iter().flatten() {
-            if m["deleting"] == true {
-                continue;
-            }
-            l.members.insert(
-                m["name"].as_str().unwrap_or("").to_owned(),
-                (
-                    m["host"].as_str().unwrap_or("-").to_owned(),
-                    m["available"] == true,
-                ),
-            );
-        }
-    }
-    l
-}
-
-fn domains(fakes: &BTreeMap<&str, FakeLibvirt>, host: &str) -> usize {
-    fakes[host].domains().len()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// The pool's look at `/status`.
+async fn look(addr: SocketAddr) -> standalone_support::Look {
+    standalone_support::look(addr, "web").await
 }
 
 /// Each host's `state` in `/hosts` ("-" when absent).
 async fn host_states(addr: SocketAddr) -> BTreeMap<String, String> {
-    json(addr, "/hosts")
-        .await
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|h| {
-            (
-                h["host"].as_str().unwrap_or("").to_owned(),
-                h["state"].as_str().unwrap_or("-").to_owned(),
-            )
-        })
-        .collect()
+    host_rows(addr, "state").await
 }
 
 const BUDGET: Duration = Duration::from_secs(10);
@@ -204,33 +55,10 @@ const HOLD: Duration = Duration::from_secs(15);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_and_deletes_it_on_return() {
     let work = tempfile::tempdir().unwrap();
-    let mut fakes: BTreeMap<&str, FakeLibvirt> = BTreeMap::new();
-    let mut socks: BTreeMap<&str, PathBuf> = BTreeMap::new();
-    for h in HOSTS {
-        let fake = FakeLibvirt::new();
-        fake.add_pool(PoolSpec::new(POOL).capacity(100 * GIB))
-            .unwrap();
-        fake.add_network(dhcp_network("default")).unwrap();
-        publish_base(&fake, ENTRY, IMAGE, &digest());
-        let sock = work.path().join(format!("{h}.sock"));
-        fake.listen_unix(&sock).await.unwrap();
-        fakes.insert(h, fake);
-        socks.insert(h, sock);
-    }
-    let dhcp = CancellationToken::new();
-    tokio::spawn(run_dhcp(
-        ENTRY.into(),
-        fakes
-            .iter()
-            .map(|(h, f)| ((*h).to_owned(), f.clone()))
-            .collect(),
-        Duration::from_millis(100),
-        dhcp.clone(),
-    ));
-    let _dhcp = dhcp.drop_guard();
+    let fakes = FakeHosts::start(work.path(), ENTRY, IMAGE, &HOSTS).await;
 
     let cfg = work.path().join("providers.yaml");
-    write_config(&cfg, &socks);
+    fakes.write_config(&cfg, ENTRY, IMAGE, "");
     let dir = work.path().join("manifests");
     std::fs::create_dir(&dir).unwrap();
     write(
@@ -247,25 +75,15 @@ async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_and_deletes_it
     );
     let log = work.path().join("operator.log");
     let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
-    let child = Command::new(BIN)
-        .args(["standalone", "--config"])
-        .arg(&cfg)
-        .arg("--proxies")
-        .arg(&dir)
-        .args([
-            "--listen",
-            &listen.to_string(),
-            "--check-interval",
-            &format!("{}s", CHECK_INTERVAL.as_secs()),
-        ])
-        .env_remove("EGRESS_PROXIES_CONFIG")
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut op = Operator { child, log };
+    let mut op = Operator::start(
+        &cfg,
+        &dir,
+        listen,
+        &format!("{}s", CHECK_INTERVAL.as_secs()),
+        [] as [&str; 0],
+        log,
+        40,
+    );
 
     // Settled: one available member on each host.
     let t0 = Instant::now();
@@ -274,11 +92,7 @@ async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_and_deletes_it
         if l.available() == REPLICAS && l.on("h1") == 1 && l.on("h2") == 1 {
             break l;
         }
-        assert!(
-            op.child.try_wait().unwrap().is_none(),
-            "standalone exited\n{}",
-            op.tail()
-        );
+        op.assert_running();
         assert!(
             t0.elapsed() < DEADLINE,
             "not settled after {DEADLINE:?}: {l:?}\n{}",
@@ -292,14 +106,14 @@ async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_and_deletes_it
         .find(|(_, (h, _))| h == "h1")
         .map(|(n, _)| n.clone())
         .unwrap();
-    assert_eq!((domains(&fakes, "h1"), domains(&fakes, "h2")), (1, 1));
+    assert_eq!((fakes.domains("h1"), fakes.domains("h2")), (1, 1));
     println!(
         "eptest: settled after {:.1} s; {old} on h1; freezing h1",
         t0.elapsed().as_secs_f64()
     );
 
     // Freeze h1: its row turns dead, then the budget runs, then the replacement lands on h2.
-    fakes["h1"].faults().freeze();
+    fakes.fakes["h1"].faults().freeze();
     let t_freeze = Instant::now();
     let mut t_dead: Option<Instant> = None;
     let t_replaced = loop {
@@ -319,7 +133,7 @@ async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_and_deletes_it
             "{old} deleted while h1 is dead: {l:?}"
         );
         assert_eq!(
-            domains(&fakes, "h1"),
+            fakes.domains("h1"),
             1,
             "{old}'s domain deleted while h1 is dead"
         );
@@ -402,7 +216,7 @@ async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_and_deletes_it
             "{old} deleted while h1 is dead"
         );
         assert_eq!(
-            domains(&fakes, "h1"),
+            fakes.domains("h1"),
             1,
             "{old}'s domain deleted while h1 is dead"
         );
@@ -410,11 +224,11 @@ async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_and_deletes_it
     }
 
     // h1 answers again: the old copy goes.
-    fakes["h1"].faults().thaw();
+    fakes.fakes["h1"].faults().thaw();
     let t_thaw = Instant::now();
     loop {
         let l = look(listen).await;
-        if !l.members.contains_key(&old) && domains(&fakes, "h1") == 0 {
+        if !l.members.contains_key(&old) && fakes.domains("h1") == 0 {
             assert_eq!(l.on("h2"), REPLICAS, "{l:?}");
             assert!(l.status["lostMembers"].is_null(), "{}", l.status);
             break;
@@ -422,7 +236,7 @@ async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_and_deletes_it
         assert!(
             t_thaw.elapsed() < DEADLINE,
             "{old} not deleted {DEADLINE:?} after h1 returned: {l:?}, {} domain(s) on h1\n{}",
-            domains(&fakes, "h1"),
+            fakes.domains("h1"),
             op.tail()
         );
         tokio::time::sleep(Duration::from_millis(250)).await;

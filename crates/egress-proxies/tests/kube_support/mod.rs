@@ -321,11 +321,27 @@ impl SocketHosts {
 
     /// Writes the provider config for these hosts; returns its path.
     pub fn config(&self) -> PathBuf {
+        self.config_with_maintenance(&[])
+    }
+
+    /// Writes the provider config for these hosts with each host's `maintenance` (none for an
+    /// empty list; `None` for a host not listed), whole, under a temporary name renamed into
+    /// place (a watching operator never reads half a file); returns its path.
+    pub fn config_with_maintenance(&self, maintenance: &[(&str, &str)]) -> PathBuf {
         let mut cfg = format!("providers:\n  - name: {ENTRY}\n    type: libvirt\n    hosts:\n");
         for h in self.fakes.keys() {
+            let m = if maintenance.is_empty() {
+                String::new()
+            } else {
+                let m = maintenance
+                    .iter()
+                    .find(|(n, _)| n == h)
+                    .map_or("None", |(_, m)| m);
+                format!("        maintenance: {m}\n")
+            };
             cfg.push_str(&format!(
                 "      - name: {h}\n        address: local\n        socket: {}\n        pool: {POOL}\n        \
-                 network: default\n        virtType: qemu\n        poolReserveGiB: 1\n",
+                 network: default\n        virtType: qemu\n        poolReserveGiB: 1\n{m}",
                 self.dir.path().join(format!("{h}.sock")).display()
             ));
         }
@@ -336,9 +352,64 @@ impl SocketHosts {
             digest()
         ));
         let path = self.dir.path().join("providers.yaml");
-        std::fs::write(&path, cfg).unwrap();
+        let tmp = self.dir.path().join("providers.yaml.tmp");
+        std::fs::write(&tmp, cfg).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
         path
     }
+
+    /// How many domains host `h` holds.
+    pub fn domains(&self, h: &str) -> usize {
+        self.fakes[h].domains().len()
+    }
+}
+
+/// The members of pool `pool` in `namespace` not being deleted, as the API server holds them:
+/// name → (spec.host, Running with an address).
+pub fn pool_members(
+    srv: &ApiServer,
+    namespace: &str,
+    pool: &str,
+) -> BTreeMap<String, (String, bool)> {
+    srv.api
+        .objects("egress-proxies.dev", "proxies")
+        .into_iter()
+        .filter(|p| {
+            p["metadata"]["namespace"] == namespace
+                && p["metadata"]["labels"]["egress-proxies.dev/pool"] == pool
+                && p["metadata"]["deletionTimestamp"].is_null()
+        })
+        .map(|p| {
+            (
+                p["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+                (
+                    p["spec"]["host"].as_str().unwrap_or("-").to_owned(),
+                    p["status"]["phase"] == "Running" && p["status"]["ip"].is_string(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// How many of `members` (as [`pool_members`] gives them) are on `host`.
+pub fn on(members: &BTreeMap<String, (String, bool)>, host: &str) -> usize {
+    members.values().filter(|(h, _)| h == host).count()
+}
+
+/// Each host's `field` in the [`ENTRY`]'s ProviderHealth ("-" when absent).
+pub fn health_rows(srv: &ApiServer, field: &str) -> BTreeMap<String, String> {
+    srv.api
+        .objects("egress-proxies.dev", "providerhealths")
+        .into_iter()
+        .filter(|o| o["metadata"]["name"] == ENTRY)
+        .flat_map(|o| o["status"]["hosts"].as_array().cloned().unwrap_or_default())
+        .map(|h| {
+            (
+                h["host"].as_str().unwrap_or("").to_owned(),
+                h[field].as_str().unwrap_or("-").to_owned(),
+            )
+        })
+        .collect()
 }
 
 /// How the operator process finds its cluster.

@@ -1653,9 +1653,26 @@ async fn a_pool_deleted_in_the_foreground_waits_for_its_members_and_goes_last() 
         assert!(p["metadata"]["deletionTimestamp"].is_string());
     }
     w.until("the members and their VMs gone, then the pool", |w| {
-        w.api.object(GROUP, "proxypools", "default", "fg").is_none()
-            && pool_members(w, "fg").is_empty()
+        let members = pool_members(w, "fg");
+        if w.api.object(GROUP, "proxypools", "default", "fg").is_none()
+            && members.is_empty()
             && vms(w) == 0
+        {
+            return Ok(());
+        }
+        let names: Vec<&str> = members.iter().map(String::as_str).collect();
+        Err(format!(
+            "{}; {} VMs; DELETEs: {:?}; pool requests: {:?}",
+            pool_and_members(w, "fg", &names),
+            vms(w),
+            proxy_deletes(w),
+            w.api
+                .requests()
+                .iter()
+                .filter(|r| r.path.contains("/proxypools/fg"))
+                .map(|r| format!("{} {} {}", r.method, r.path, r.status))
+                .collect::<Vec<_>>()
+        ))
     })
     .await;
     stop(r).await;

@@ -46,9 +46,17 @@ const FIRST_BUDGET: Duration = Duration::from_secs(15 * 60);
 /// From a fault to the pool back at 2 healthy members without the faulty one.
 // NB: autohealing's `unhealthyAfter` (5 min) and a replacement's boot (~3-4 min under TCG).
 const HEAL_BUDGET: Duration = Duration::from_secs(15 * 60);
-/// The documented detection bound with the default health settings (health engine's
-/// `detection_bound`: 9.5 s and the round's time), and one sampling step on top.
-const UNPUBLISH_BOUND: Duration = Duration::from_millis(10_500);
+/// The documented detection bound: the health engine's `detection_bound` with the default
+/// settings (the pause, 5 s and up to 0.5 s of jitter, and two connect deadlines of 2 s) and
+/// the round's own time, allowed up to [`real_guest::ROUND_UNDER_TCG`]; one sampling step on
+/// top.
+fn unpublish_bound() -> Duration {
+    let defaults = egress_core::health::HealthSettings::new(
+        egress_core::health::probe::CheckTarget::parse("http://127.0.0.1:9/")
+            .expect("a check target"),
+    );
+    egress_core::health::detection_bound(&defaults, real_guest::ROUND_UNDER_TCG) + SAMPLE
+}
 /// `autohealing.unhealthyAfter` (the default).
 // NB: a member counts as unavailable from its create until it is first healthy, so a shorter
 // period than a TCG boot (~3-4 min on a loaded machine) replaces members before they ever
@@ -196,7 +204,7 @@ async fn fault_and_heal(
             break t;
         }
         assert!(
-            t < UNPUBLISH_BOUND,
+            t < unpublish_bound(),
             "{what}: {endpoint} still in healthy.txt {t:?} after the fault\n{}",
             op.log_tail()
         );

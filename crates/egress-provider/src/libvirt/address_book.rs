@@ -42,18 +42,31 @@ use crate::error::{ProviderError, Result};
 use crate::model::{AddressUsage, HostReport, HostState};
 use crate::sync::lock;
 
-/// One host's allocation state.
+/// One segment's allocation state (a host without `segment` is a segment of its own). A
+/// holder is `host/domain`: a domain name is unique on a host, and one Proxy's domain has the
+/// same name on every host.
 #[derive(Debug)]
-struct HostBook {
+struct SegmentBook {
     alloc: HostAddresses,
-    /// Whether a complete listing has been recorded.
-    rebuilt: bool,
+    /// Hosts of the segment whose complete listing has been recorded.
+    listed: HashSet<String>,
+    /// Hosts fenced since their last listing (their guests are off), with how.
+    fenced: HashMap<String, String>,
     /// Holder → creates in flight for it.
     in_flight: HashMap<String, u32>,
     /// Holder → the sequence number at which its last create ended.
     ended: HashMap<String, u64>,
     /// Increases at every create end and listing start.
     seq: u64,
+}
+
+fn holder_key(host: &str, domain: &str) -> String {
+    format!("{host}/{domain}")
+}
+
+/// The host part of a holder key.
+fn holder_host(key: &str) -> &str {
+    key.split_once('/').map_or(key, |(h, _)| h)
 }
 
 /// The address pools of an entry's hosts and their allocations.
@@ -63,7 +76,11 @@ pub struct AddressBook {
     /// Pools that did not parse, by host, with the reason (the config check refuses them; a
     /// create on such a host fails Permanent rather than ignoring the pool).
     invalid: HashMap<String, String>,
-    books: Mutex<HashMap<String, HostBook>>,
+    /// Host → its segment's key ([`LibvirtEntry`] hosts' `segment`, else the host itself).
+    segment_of: HashMap<String, String>,
+    /// Segment key → its hosts, in config order.
+    members: HashMap<String, Vec<String>>,
+    books: Mutex<HashMap<String, SegmentBook>>,
     /// One first listing per host at a time.
     rebuilding: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The entry's name (retirements are kept per entry and host).
@@ -78,6 +95,7 @@ pub struct AddressBook {
 pub struct InFlight<'a> {
     book: &'a AddressBook,
     host: String,
+    /// The holder key (`host/domain`).
     holder: String,
     /// The addresses allocated (IPv4 first).
     pub addresses: Vec<IpAddr>,
@@ -85,8 +103,9 @@ pub struct InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
+        let seg = self.book.segment(&self.host);
         let mut g = lock(&self.book.books);
-        if let Some(b) = g.get_mut(&self.host) {
+        if let Some(b) = g.get_mut(seg) {
             if let Some(n) = b.in_flight.get_mut(&self.holder) {
                 *n = n.saturating_sub(1);
                 if *n == 0 {
@@ -109,7 +128,12 @@ impl AddressBook {
     pub fn new(entry: &LibvirtEntry) -> Self {
         let mut pools = HashMap::new();
         let mut invalid = HashMap::new();
+        let mut segment_of = HashMap::new();
+        let mut members: HashMap<String, Vec<String>> = HashMap::new();
         for h in &entry.hosts {
+            let seg = h.segment_key();
+            members.entry(seg.clone()).or_default().push(h.name.clone());
+            segment_of.insert(h.name.clone(), seg);
             let Some(p) = &h.address_pool else { continue };
             match p.parse() {
                 Ok(pp) => {
@@ -128,6 +152,8 @@ impl AddressBook {
         Self {
             pools,
             invalid,
+            segment_of,
+            members,
             entry: entry.name.clone(),
             ..Self::default()
         }
@@ -138,10 +164,37 @@ impl AddressBook {
         *lock(&self.retired) = retired;
     }
 
+    /// The retired addresses of `host`'s segment (every host of it shares its pool).
     fn retired_of(&self, host: &str) -> Option<Vec<IpAddr>> {
         let reg = Arc::clone(&lock(&self.retired));
-        reg.of_host(&self.entry, host, SystemTime::now())
-            .map(|v| v.iter().map(|r| r.address).collect())
+        let now = SystemTime::now();
+        let mut out = Vec::new();
+        for h in self.hosts_of(host) {
+            out.extend(reg.of_host(&self.entry, h, now)?.iter().map(|r| r.address));
+        }
+        Some(out)
+    }
+
+    /// `host`'s segment key (the host itself when it is not in the config).
+    fn segment<'a>(&'a self, host: &'a str) -> &'a str {
+        self.segment_of.get(host).map_or(host, String::as_str)
+    }
+
+    /// The hosts of `host`'s segment (at least `host`).
+    fn hosts_of<'a>(&'a self, host: &'a str) -> Vec<&'a str> {
+        match self.members.get(self.segment(host)) {
+            Some(m) if !m.is_empty() => m.iter().map(String::as_str).collect(),
+            _ => vec![host],
+        }
+    }
+
+    /// The hosts of `host`'s segment neither listed nor fenced yet (their holdings unknown).
+    fn unknown_hosts(&self, host: &str, b: &SegmentBook) -> Vec<String> {
+        self.hosts_of(host)
+            .into_iter()
+            .filter(|h| !b.listed.contains(*h) && !b.fenced.contains_key(*h))
+            .map(str::to_owned)
+            .collect()
     }
 
     /// The host's parsed pool; `Ok(None)` without one, Permanent when it is invalid.
@@ -183,15 +236,20 @@ impl AddressBook {
     }
 
     fn is_rebuilt(&self, host: &str) -> bool {
-        lock(&self.books).get(host).is_some_and(|b| b.rebuilt)
+        lock(&self.books)
+            .get(self.segment(host))
+            .is_some_and(|b| b.listed.contains(host))
     }
 
-    fn with_book<T>(&self, host: &str, f: impl FnOnce(&mut HostBook) -> T) -> Option<T> {
+    fn with_book<T>(&self, host: &str, f: impl FnOnce(&mut SegmentBook) -> T) -> Option<T> {
         let pool = self.pools.get(host)?;
         let mut g = lock(&self.books);
-        let b = g.entry(host.to_owned()).or_insert_with(|| HostBook {
+        let b = g
+            .entry(self.segment(host).to_owned())
+            .or_insert_with(|| SegmentBook {
             alloc: HostAddresses::new(pool),
-            rebuilt: false,
+            listed: HashSet::new(),
+            fenced: HashMap::new(),
             in_flight: HashMap::new(),
             ended: HashMap::new(),
             seq: 0,
@@ -215,11 +273,12 @@ impl AddressBook {
     /// it is in flight or ended after the listing started.
     pub fn apply_listing(&self, host: &str, started: u64, claims: &[Claim]) {
         self.with_book(host, |b| {
-            let shown: HashSet<&str> = claims.iter().map(|c| c.domain.as_str()).collect();
+            let shown: HashSet<String> = claims.iter().map(|c| holder_key(host, &c.domain)).collect();
             let gone: Vec<String> = b
                 .alloc
                 .holders()
-                .filter(|h| !shown.contains(h))
+                .filter(|h| holder_host(h) == host)
+                .filter(|h| !shown.contains(*h))
                 .filter(|h| !b.in_flight.contains_key(*h))
                 .filter(|h| b.ended.get(*h).is_none_or(|e| *e < started))
                 .map(str::to_owned)
@@ -229,15 +288,19 @@ impl AddressBook {
                 b.ended.remove(&h);
                 tracing::info!(host, holder = %h, ?freed, "released the addresses of an instance the host no longer lists");
             }
-            let conflicts = b.alloc.rebuild(
-                claims
-                    .iter()
-                    .flat_map(|c| c.addresses.iter().map(|a| (c.domain.as_str(), *a))),
-            );
+            let keys: Vec<(String, IpAddr)> = claims
+                .iter()
+                .flat_map(|c| c.addresses.iter().map(|a| (holder_key(host, &c.domain), *a)))
+                .collect();
+            let conflicts = b
+                .alloc
+                .rebuild(keys.iter().map(|(k, a)| (k.as_str(), *a)));
             for c in conflicts {
                 tracing::warn!(host, address = %c.address, kept = %c.kept, refused = %c.refused, "two domains claim one declared egress address; it stays with the first");
             }
-            b.rebuilt = true;
+            b.listed.insert(host.to_owned());
+            // It answered: its listing, not the fence, says what it holds from now on.
+            b.fenced.remove(host);
         });
     }
 
@@ -298,10 +361,21 @@ impl AddressBook {
                  yet; retrying"
             )));
         };
+        let key = holder_key(host, holder);
+        let holder = key.as_str();
         let res = self.with_book(host, |b| {
-            if !b.rebuilt {
+            let unknown = self.unknown_hosts(host, b);
+            if unknown.iter().any(|h| h == host) {
                 return Err(ProviderError::transient(format!(
                     "host {host}'s address allocations have not been read yet; retrying"
+                )));
+            }
+            if !unknown.is_empty() {
+                // NB: a restart during an outage must not guess what a dead host holds.
+                return Err(ProviderError::transient(format!(
+                    "no address of host {host}'s segment is handed out until every host of it \
+                     has been listed once or fenced: waiting for {}",
+                    unknown.join(", ")
                 )));
             }
             let before: Vec<IpAddr> = [true, false]
@@ -338,7 +412,7 @@ impl AddressBook {
             Some(Ok(addresses)) => Ok(Some(InFlight {
                 book: self,
                 host: host.to_owned(),
-                holder: holder.to_owned(),
+                holder: key.clone(),
                 addresses,
             })),
         }
@@ -347,9 +421,10 @@ impl AddressBook {
     /// Frees `holder`'s addresses on `host`: call only once its domain is confirmed gone (a
     /// delete succeeded, or a failed create left none).
     pub fn release_deleted(&self, host: &str, holder: &str) {
+        let key = holder_key(host, holder);
         self.with_book(host, |b| {
-            let freed = b.alloc.release(holder);
-            b.ended.remove(holder);
+            let freed = b.alloc.release(&key);
+            b.ended.remove(&key);
             if !freed.is_empty() {
                 tracing::info!(
                     host,
@@ -369,7 +444,7 @@ impl AddressBook {
         };
         let retired = self.retired_of(host).unwrap_or_default();
         self.with_book(host, |b| {
-            if !b.rebuilt {
+            if !self.unknown_hosts(host, b).is_empty() {
                 return Vec::new();
             }
             [(true, pool.ipv4.as_ref()), (false, pool.ipv6.as_ref())]
@@ -430,6 +505,53 @@ impl AddressBook {
         }
     }
 
+    /// Records that `host` is off (its fence command succeeded, or an administrator declared
+    /// it dead): every address its instances held is released, and the host counts as known
+    /// until it lists again (a listing replaces the fence). `how` is kept for status and logs.
+    /// Returns the addresses freed.
+    pub fn fence(&self, host: &str, how: &str) -> Vec<IpAddr> {
+        self.with_book(host, |b| {
+            let of_host: Vec<String> = b
+                .alloc
+                .holders()
+                .filter(|h| holder_host(h) == host)
+                .map(str::to_owned)
+                .collect();
+            let mut freed = Vec::new();
+            for h in of_host {
+                freed.extend(b.alloc.release(&h));
+                b.ended.remove(&h);
+            }
+            b.fenced.insert(host.to_owned(), how.to_owned());
+            tracing::warn!(host, how, ?freed, "host fenced: the addresses its instances held are released");
+            freed
+        })
+        .unwrap_or_default()
+    }
+
+    /// Whether `host` has been fenced since its last listing, and how.
+    pub fn fenced(&self, host: &str) -> Option<String> {
+        lock(&self.books)
+            .get(self.segment(host))
+            .and_then(|b| b.fenced.get(host).cloned())
+    }
+
+    /// The host whose instance holds `ip` in `host`'s segment, if any.
+    pub fn holder_host(&self, host: &str, ip: IpAddr) -> Option<String> {
+        lock(&self.books)
+            .get(self.segment(host))
+            .and_then(|b| b.alloc.holder_of(ip).map(|h| holder_host(h).to_owned()))
+    }
+
+    /// The other hosts of `host`'s segment (empty for a host on a segment of its own).
+    pub fn segment_peers(&self, host: &str) -> Vec<String> {
+        self.hosts_of(host)
+            .into_iter()
+            .filter(|h| *h != host)
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// Whether `host` has an address pool.
     pub fn has_pool(&self, host: &str) -> bool {
         self.pools.contains_key(host) || self.invalid.contains_key(host)
@@ -462,6 +584,16 @@ fn alloc_error(host: &str, e: AllocError, retired: &[IpAddr]) -> ProviderError {
              blocklist; see the pools' status.retiredAddresses): no Proxy is given it until its \
              retirement ends"
         )),
+        // An instance on another host of the segment: it moves once that one is confirmed
+        // gone (the host lists it no more, or is fenced), never on a timeout alone.
+        AllocError::Taken { address, holder } if holder_host(&holder) != host => {
+            let other = holder_host(&holder);
+            ProviderError::transient(format!(
+                "the pinned address {address} is held by an instance on host {other} of host \
+                 {host}'s segment: waiting for host {other} to answer without it, or to be \
+                 fenced (its fence command, or `egress-proxies hosts fence {other}`)"
+            ))
+        }
         // NB: the holder is another Proxy's instance, perhaps another tenant's: not named.
         AllocError::Taken { address, .. } => ProviderError::permanent(format!(
             "the pinned address {address} on host {host} is already held by another instance"
@@ -586,5 +718,89 @@ mod tests {
         assert_eq!(e.class, crate::error::ErrorClass::QuotaExceeded, "{e}");
         b.release_deleted("h1", "dA");
         assert!(b.allocate("h1", "dB", &[]).unwrap().is_some());
+    }
+
+    /// h1 and h2 on one segment, sharing 203.0.113.10-203.0.113.20.
+    fn segment_book() -> AddressBook {
+        let one = book(&["203.0.113.10-203.0.113.20"]);
+        let pool = one.pools.get("h1").unwrap().clone();
+        let mut b = AddressBook {
+            pools: HashMap::from([("h1".to_owned(), pool.clone()), ("h2".to_owned(), pool)]),
+            ..AddressBook::default()
+        };
+        for h in ["h1", "h2"] {
+            b.segment_of.insert(h.to_owned(), "segment:s".to_owned());
+        }
+        b.members
+            .insert("segment:s".to_owned(), vec!["h1".to_owned(), "h2".to_owned()]);
+        b
+    }
+
+    fn ip(a: &str) -> IpAddr {
+        a.parse().unwrap()
+    }
+
+    #[test]
+    fn a_segment_hands_nothing_out_until_every_host_listed_then_allocates_segment_wide() {
+        let b = segment_book();
+        b.apply_listing("h2", b.listing_started("h2"), &[]);
+        let e = b.allocate("h2", "dB", &[]).unwrap_err();
+        assert!(e.is_transient(), "{e}");
+        assert!(e.message.contains("waiting for h1"), "{e}");
+        assert!(b.usage("h2").is_empty(), "unknown while h1 was never listed");
+        b.apply_listing("h1", b.listing_started("h1"), &[claim("dA", "203.0.113.10")]);
+        let g = b.allocate("h2", "dB", &[]).unwrap().unwrap();
+        assert_eq!(g.addresses, vec![ip("203.0.113.11")], "h1's holding counts on h2");
+        drop(g);
+        assert_eq!(b.usage("h1")[0].held, 2, "one pool for the segment");
+        assert_eq!(b.usage("h2")[0].held, 2);
+    }
+
+    #[test]
+    fn a_held_address_moves_to_another_host_only_once_its_instance_is_gone_or_fenced() {
+        let b = segment_book();
+        b.apply_listing("h2", b.listing_started("h2"), &[]);
+        // One Proxy's domain has the same name on both hosts: still two holders.
+        b.apply_listing("h1", b.listing_started("h1"), &[claim("dP", "203.0.113.10")]);
+        for _ in 0..3 {
+            let e = b.allocate("h2", "dP", &[ip("203.0.113.10")]).unwrap_err();
+            assert!(e.is_transient(), "{e}");
+            assert!(e.message.contains("waiting for host h1"), "{e}");
+            assert!(e.message.contains("fenced"), "{e}");
+        }
+        // h2's own listings never release what h1 holds.
+        b.apply_listing("h2", b.listing_started("h2"), &[]);
+        assert_eq!(b.holder_host("h2", ip("203.0.113.10")).as_deref(), Some("h1"));
+        // (a) h1 answers and no longer lists it: the address moves.
+        b.apply_listing("h1", b.listing_started("h1"), &[]);
+        let g = b.allocate("h2", "dP", &[ip("203.0.113.10")]).unwrap().unwrap();
+        assert_eq!(g.addresses, vec![ip("203.0.113.10")]);
+        drop(g);
+        assert_eq!(b.holder_host("h1", ip("203.0.113.10")).as_deref(), Some("h2"));
+    }
+
+    #[test]
+    fn a_fence_releases_the_hosts_holdings_and_its_next_listing_cannot_take_them_back() {
+        let b = segment_book();
+        b.apply_listing("h1", b.listing_started("h1"), &[claim("dP", "203.0.113.10")]);
+        b.apply_listing("h2", b.listing_started("h2"), &[]);
+        assert!(b.allocate("h2", "dP", &[ip("203.0.113.10")]).is_err());
+        assert_eq!(b.fence("h1", "fence command exited 0"), vec![ip("203.0.113.10")]);
+        assert!(b.fenced("h1").is_some());
+        drop(b.allocate("h2", "dP", &[ip("203.0.113.10")]).unwrap().unwrap());
+        // h1 comes back with the old domain still defined: the address stays with h2's.
+        b.apply_listing("h1", b.listing_started("h1"), &[claim("dP", "203.0.113.10")]);
+        assert_eq!(b.holder_host("h1", ip("203.0.113.10")).as_deref(), Some("h2"));
+        assert!(b.fenced("h1").is_none(), "a listing replaces the fence");
+    }
+
+    #[test]
+    fn a_fenced_host_that_was_never_listed_lets_its_segment_hand_out_addresses() {
+        let b = segment_book();
+        b.apply_listing("h2", b.listing_started("h2"), &[]);
+        assert!(b.allocate("h2", "dB", &[]).is_err());
+        b.fence("h1", "declared dead by an administrator");
+        let g = b.allocate("h2", "dB", &[]).unwrap().unwrap();
+        assert_eq!(g.addresses, vec![ip("203.0.113.10")]);
     }
 }

@@ -543,6 +543,18 @@ impl AddressBook {
             .and_then(|b| b.alloc.holder_of(ip).map(|h| holder_host(h).to_owned()))
     }
 
+    /// The other hosts of `host`'s segment neither listed nor fenced since the start.
+    pub fn unknown_peers(&self, host: &str) -> Vec<String> {
+        if !self.pools.contains_key(host) {
+            return Vec::new();
+        }
+        self.with_book(host, |b| self.unknown_hosts(host, b))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|h| h != host)
+            .collect()
+    }
+
     /// The other hosts of `host`'s segment (empty for a host on a segment of its own).
     pub fn segment_peers(&self, host: &str) -> Vec<String> {
         self.hosts_of(host)
@@ -591,7 +603,7 @@ fn alloc_error(host: &str, e: AllocError, retired: &[IpAddr]) -> ProviderError {
             ProviderError::transient(format!(
                 "the pinned address {address} is held by an instance on host {other} of host \
                  {host}'s segment: waiting for host {other} to answer without it, or to be \
-                 fenced (its fence command, or `egress-proxies hosts fence {other}`)"
+                 fenced"
             ))
         }
         // NB: the holder is another Proxy's instance, perhaps another tenant's: not named.

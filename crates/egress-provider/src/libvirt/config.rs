@@ -495,8 +495,7 @@ pub struct HostConfig {
     pub segment: Option<String>,
     /// How to power the host off when it is dead (`fence:`), so that the addresses its guests
     /// held may move to another host of its segment. Not set: only the host answering again
-    /// (its guests gone) or an administrator declaring it dead (`egress-proxies hosts fence`)
-    /// frees them.
+    /// (its guests gone) frees them.
     #[serde(default)]
     pub fence: Option<Fence>,
 }

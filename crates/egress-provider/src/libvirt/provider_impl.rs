@@ -13,7 +13,8 @@
 //! One piece: it is the wiring of the `Provider` trait, each method one ordered sequence over the
 //! sibling modules, and a create's undo record must be visible to every step that adds to it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -22,7 +23,7 @@ use libvirt_remote::Client;
 use libvirt_remote::client::{domain_state, undefine};
 use libvirt_remote::proto::{Domain, StoragePool, StorageVol};
 
-use super::address_book::AddressBook;
+use super::address_book::{AddressBook, InFlight};
 use super::caps::{self, HostCaps, Virt};
 use super::check::{self, CheckOptions};
 use super::classify::classify;
@@ -64,6 +65,17 @@ const CLEANUP_BUDGET: Duration = Duration::from_secs(30);
 // removed base, each under the call deadline; 180 s is three default call deadlines, so a
 // frozen host ends as that host's failure, never a hang.
 const BASE_GC_HOST_BUDGET: Duration = Duration::from_secs(180);
+/// How long a failed fence command's result stands before a create runs it again.
+// NB: a create is retried with backoff; without this every retry would drive the BMC.
+pub const FENCE_RETRY: Duration = Duration::from_secs(10);
+/// What the book records for a fence the host's command confirmed.
+pub const FENCED_BY_COMMAND: &str = "its fence command exited 0";
+/// What the book records for a host an administrator declared dead.
+pub const FENCED_BY_ADMIN: &str = "declared dead by an administrator";
+
+/// The last failed fence run of a host: when, and why.
+type FenceGate = Arc<tokio::sync::Mutex<Option<(std::time::Instant, String)>>>;
+
 /// Hosts whose bases are collected at once.
 const BASE_GC_PARALLEL: usize = 4;
 
@@ -84,6 +96,12 @@ pub struct LibvirtProvider {
     addresses: AddressBook,
     /// When each base was first found unused by [`Provider::collect_bases`].
     unused_bases: image::gc::UnusedSince,
+    /// Hosts whose last check found them dead (Unreachable or Timeout): only those are fenced.
+    dead: Mutex<HashSet<String>>,
+    /// Per host: one fence run at a time, and the last failure.
+    fencing: Mutex<HashMap<String, FenceGate>>,
+    /// How long a failed fence stands before a create runs the command again.
+    fence_retry: Duration,
 }
 
 impl std::fmt::Debug for LibvirtProvider {
@@ -126,6 +144,130 @@ impl LibvirtProvider {
             locks: Mutex::new(HashMap::new()),
             installation: None,
             unused_bases: image::gc::UnusedSince::default(),
+            dead: Mutex::new(HashSet::new()),
+            fencing: Mutex::new(HashMap::new()),
+            fence_retry: FENCE_RETRY,
+        }
+    }
+
+    /// Runs a failed fence command again only after `d` (default [`FENCE_RETRY`]).
+    pub fn with_fence_retry(mut self, d: Duration) -> Self {
+        self.fence_retry = d;
+        self
+    }
+
+    /// Records that an administrator declared `host` dead (its guests are off): the addresses
+    /// its instances held may move to other hosts of its segment (see [`AddressBook::fence`]).
+    /// Returns the addresses freed.
+    pub fn fence_host(&self, host: &str) -> Result<Vec<IpAddr>> {
+        self.pool.host(host)?;
+        Ok(self.addresses.fence(host, FENCED_BY_ADMIN))
+    }
+
+    /// Allocates `name`'s addresses on `host`; when a pinned address is held by an instance on
+    /// another host of the segment, or a host of the segment was never listed, first tries to
+    /// confirm that host's instances gone: a listing of it (it answers), else its fence
+    /// command when its last check found it dead. Never releases anything on a timeout.
+    async fn allocate_moving(
+        &self,
+        host: &str,
+        name: &str,
+        req: &CreateRequest,
+    ) -> Result<Option<InFlight<'_>>> {
+        let first = self
+            .addresses
+            .allocate_avoiding(host, name, &req.pinned_egress, &req.reserved);
+        let Err(e) = first else { return first };
+        if !e.is_transient() {
+            return Err(e);
+        }
+        let mut others: Vec<String> = req
+            .pinned_egress
+            .iter()
+            .filter_map(|a| self.addresses.holder_host(host, *a))
+            .chain(self.addresses.unknown_peers(host))
+            .filter(|h| h != host)
+            .collect();
+        others.sort();
+        others.dedup();
+        if others.is_empty() {
+            return Err(e);
+        }
+        for other in &others {
+            self.confirm_gone(other).await?;
+        }
+        self.addresses
+            .allocate_avoiding(host, name, &req.pinned_egress, &req.reserved)
+    }
+
+    /// Lists `other` (recording what it holds), or, when it does not answer, runs its fence
+    /// command if its last check found it dead; Transient naming what is waited for otherwise.
+    async fn confirm_gone(&self, other: &str) -> Result<()> {
+        if self.addresses.fenced(other).is_some() {
+            return Ok(());
+        }
+        let entry = &self.entry_cfg().name;
+        let budget = self.entry_cfg().timeouts.call;
+        let listed = tokio::time::timeout(budget, async {
+            let lease = self.pool.acquire(other).await?;
+            let started = self.addresses.listing_started(other);
+            let l = ops::list::list_host(
+                lease.client(),
+                entry,
+                self.installation.as_deref(),
+                other,
+            )
+            .await?;
+            self.addresses.apply_listing(other, started, &l.claims);
+            Ok::<(), ProviderError>(())
+        })
+        .await;
+        let why = match listed {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => e.message,
+            Err(_) => format!("no answer within {budget:?}"),
+        };
+        let Some(fence) = self.pool.host(other)?.fence.clone() else {
+            return Err(ProviderError::transient(format!(
+                "waiting for host {other} to answer ({why}); it has no fence command \
+                 (hosts[].fence), so only its answer frees what its instances hold"
+            )));
+        };
+        if !lock(&self.dead).contains(other) {
+            return Err(ProviderError::transient(format!(
+                "waiting for host {other} to answer ({why}); its fence command runs once a \
+                 host check finds it dead"
+            )));
+        }
+        let gate = lock(&self.fencing)
+            .entry(other.to_owned())
+            .or_default()
+            .clone();
+        let mut last = gate.lock().await;
+        if self.addresses.fenced(other).is_some() {
+            return Ok(());
+        }
+        if let Some((at, why)) = last.as_ref()
+            && at.elapsed() < self.fence_retry
+        {
+            return Err(ProviderError::transient(format!(
+                "waiting for host {other} to be fenced: {why}"
+            )));
+        }
+        tracing::warn!(host = other, "running the host's fence command");
+        match super::fence::run(other, &fence).await {
+            Ok(()) => {
+                *last = None;
+                self.addresses.fence(other, FENCED_BY_COMMAND);
+                Ok(())
+            }
+            Err(why) => {
+                tracing::warn!(host = other, "fencing failed: {why}");
+                *last = Some((std::time::Instant::now(), why.clone()));
+                Err(ProviderError::transient(format!(
+                    "waiting for host {other} to be fenced: {why}"
+                )))
+            }
         }
     }
 
@@ -748,12 +890,7 @@ impl Provider for LibvirtProvider {
                 &host_name,
             )
             .await?;
-        let held = self.addresses.allocate_avoiding(
-            &host_name,
-            &name,
-            &req.pinned_egress,
-            &req.reserved,
-        )?;
+        let held = self.allocate_moving(&host_name, &name, req).await?;
         let egress = held.as_ref().map_or(&[][..], |h| &h.addresses[..]);
         let mut made = Made::default();
         match self
@@ -840,6 +977,16 @@ impl Provider for LibvirtProvider {
     async fn check(&self) -> Vec<HostReport> {
         match check::check_all(&self.pool, &self.check).await {
             Ok(mut r) => {
+                {
+                    let mut dead = lock(&self.dead);
+                    for h in &r {
+                        if matches!(h.state, HostState::Unreachable | HostState::Timeout) {
+                            dead.insert(h.host.clone());
+                        } else {
+                            dead.remove(&h.host);
+                        }
+                    }
+                }
                 self.clear_debris(&r).await;
                 let (entry, budget) = (&self.entry_cfg().name, self.entry_cfg().timeouts.call);
                 self.addresses

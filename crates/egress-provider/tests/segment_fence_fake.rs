@@ -176,8 +176,7 @@ impl Setup {
             probe_budget: Duration::from_secs(2),
             ..CheckOptions::default()
         };
-        LibvirtProvider::new(pool, FetchOptions::default(), check)
-            .with_fence_retry(Duration::ZERO)
+        LibvirtProvider::new(pool, FetchOptions::default(), check).with_fence_retry(Duration::ZERO)
     }
 
     fn h1(&self) -> &FakeLibvirt {
@@ -290,7 +289,9 @@ async fn an_address_moves_to_another_host_of_the_segment_only_after_a_fence_succ
     assert_eq!(runs.lines().count(), 4, "one run per attempt");
     // It succeeds: the replacement on h2 gets the address.
     std::fs::write(dir.path().join("ok"), "").unwrap();
-    let moved = create(&p, replacement, "h2", &["203.0.113.10"]).await.unwrap();
+    let moved = create(&p, replacement, "h2", &["203.0.113.10"])
+        .await
+        .unwrap();
     assert_eq!(moved.egress, vec![ip("203.0.113.10")]);
     assert!(
         s.domains("h1").contains(&names::domain(ENTRY, &uid(1))),
@@ -302,7 +303,9 @@ async fn an_address_moves_to_another_host_of_the_segment_only_after_a_fence_succ
     while p.list_owned().await.is_err() {
         assert!(Instant::now() < until, "h1 never answered again");
     }
-    let e = create(&p, uid(4), "h1", &["203.0.113.10"]).await.unwrap_err();
+    let e = create(&p, uid(4), "h1", &["203.0.113.10"])
+        .await
+        .unwrap_err();
     assert!(e.message.contains("held by an instance on host h2"), "{e}");
 }
 
@@ -313,13 +316,7 @@ async fn without_a_fence_command_the_address_waits_and_an_administrators_fence_m
     create(&p, uid(1), "h1", &["203.0.113.10"]).await.unwrap();
     s.h1().faults().freeze();
     h1_dead(&p).await;
-    refused(
-        &s,
-        &p,
-        uid(3),
-        "waiting for host h1 to answer",
-    )
-    .await;
+    refused(&s, &p, uid(3), "waiting for host h1 to answer").await;
     refused(&s, &p, uid(3), "it has no fence command").await;
     assert_eq!(p.fence_host("h1").unwrap(), vec![ip("203.0.113.10")]);
     let moved = create(&p, uid(3), "h2", &["203.0.113.10"]).await.unwrap();
@@ -330,7 +327,9 @@ async fn without_a_fence_command_the_address_waits_and_an_administrators_fence_m
 async fn a_restart_during_an_outage_hands_nothing_out_until_the_dead_host_is_fenced() {
     let s = setup().await;
     let before = s.provider(None);
-    create(&before, uid(1), "h1", &["203.0.113.10"]).await.unwrap();
+    create(&before, uid(1), "h1", &["203.0.113.10"])
+        .await
+        .unwrap();
     drop(before);
     s.h1().faults().freeze();
     let p = s.provider(None);

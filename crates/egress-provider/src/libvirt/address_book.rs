@@ -1,29 +1,40 @@
-//! Declared egress addresses of one provider entry, per host: which instance holds which
-//! address of the host's address pool, kept in a [`HostAddresses`] per host and fed by the
-//! host's own listings, so the hosts stay the source of truth across operator restarts.
+//! Declared egress addresses of one provider entry, per segment: which instance holds which
+//! address of the segment's address pool, kept in one [`HostAddresses`] per segment (hosts of
+//! an entry with the same `segment` share one; a host without one is a segment of its own) and
+//! fed by the hosts' own listings, so the hosts stay the source of truth across operator
+//! restarts. A holder is `host/domain` (one Proxy's domain has the same name on every host).
 //!
 //! Guarantees:
-//! - **rebuilt before the first allocation**: nothing is allocated on a host until one complete
-//!   listing of its domains ([`ops::list::list_host`]) has been recorded; every valid mark
-//!   under our namespace that records addresses counts as held, whatever its entry or
-//!   installation. Concurrent first creates on a host share that one listing;
-//! - **never two holders**: the allocator hands an address to at most one holder (the domain
-//!   name, unique on a host); allocation for a holder is idempotent (a retried create gets the
-//!   same addresses);
+//! - **rebuilt before the first allocation**: nothing of a segment is allocated until every
+//!   host of it has had one complete listing of its domains ([`ops::list::list_host`])
+//!   recorded, or has been fenced ([`AddressBook::fence`]): a restart during an outage never
+//!   guesses what a dead host holds. Every valid mark under our namespace that records
+//!   addresses counts as held, whatever its entry or installation. Concurrent first creates on
+//!   a host share that one listing;
+//! - **never two holders**: the allocator hands an address to at most one holder in the whole
+//!   segment; allocation for a holder is idempotent (a retried create gets the same addresses);
 //! - **released only when the instance is confirmed gone**: after a delete succeeded
 //!   ([`AddressBook::release_deleted`]); after a failed create that left no domain (none
 //!   existed under the per-name lock and the one it defined, if any, was undefined), so the
-//!   retry's placement does not see the host full of its own allocation; or when a complete
-//!   listing that started after the holder's last create ended no longer shows it
-//!   ([`AddressBook::apply_listing`]); a create in flight is never released by a listing,
-//!   whatever the listing saw;
+//!   retry's placement does not see the host full of its own allocation; when a complete
+//!   listing of the holder's host that started after the holder's last create ended no longer
+//!   shows it ([`AddressBook::apply_listing`]; a listing of one host never releases another
+//!   host's holders); or when its host was fenced (its fence command exited 0, or an
+//!   administrator declared it dead). Never on a timeout. A create in flight is never
+//!   released by a listing, whatever the listing saw;
 //! - a failed allocation holds nothing it did not hold before; its error names the host and
-//!   the pool's family (exhaustion: QuotaExceeded) or the holder or the ranges (a pinned
-//!   address taken or outside the pool: Permanent);
-//! - **retired addresses are never handed out** (see [`super::retired`]): the process's
-//!   retirements for the host are read before every allocation, and while they have not been
+//!   the pool's family (exhaustion: QuotaExceeded) or the ranges (outside the pool: Permanent);
+//!   a pinned address held on the same host is Permanent, one held on another host of the
+//!   segment Transient, naming that host and what is waited for;
+//! - **retired addresses are never handed out** (see [`super::retired`]): the retirements of
+//!   every host of the segment are read before every allocation, and while they have not been
 //!   read back after a start (the registry is not primed) nothing is allocated (Transient);
 //! - the lock is a std mutex held for in-memory work only, never across an `.await`.
+//!
+//! One piece (about 630 lines, its tests apart): the segment book's state (holdings, listed
+//! and fenced hosts, creates in flight and their ends) is read and changed together by every
+//! method under one lock; split, the rule that a listing, a create's end and a fence see one
+//! consistent state would span files.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -247,13 +258,13 @@ impl AddressBook {
         let b = g
             .entry(self.segment(host).to_owned())
             .or_insert_with(|| SegmentBook {
-            alloc: HostAddresses::new(pool),
-            listed: HashSet::new(),
-            fenced: HashMap::new(),
-            in_flight: HashMap::new(),
-            ended: HashMap::new(),
-            seq: 0,
-        });
+                alloc: HostAddresses::new(pool),
+                listed: HashSet::new(),
+                fenced: HashMap::new(),
+                in_flight: HashMap::new(),
+                ended: HashMap::new(),
+                seq: 0,
+            });
         Some(f(b))
     }
 
@@ -523,7 +534,12 @@ impl AddressBook {
                 b.ended.remove(&h);
             }
             b.fenced.insert(host.to_owned(), how.to_owned());
-            tracing::warn!(host, how, ?freed, "host fenced: the addresses its instances held are released");
+            tracing::warn!(
+                host,
+                how,
+                ?freed,
+                "host fenced: the addresses its instances held are released"
+            );
             freed
         })
         .unwrap_or_default()
@@ -628,191 +644,5 @@ fn alloc_error(host: &str, e: AllocError, retired: &[IpAddr]) -> ProviderError {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::libvirt::address_pool::{AddressPool, FamilyPool};
-
-    fn book(ranges: &[&str]) -> AddressBook {
-        let pool = AddressPool {
-            ipv4: Some(FamilyPool {
-                prefix: "203.0.113.0/24".into(),
-                gateway: "203.0.113.1".into(),
-                ranges: ranges.iter().map(|r| r.to_string()).collect(),
-            }),
-            ipv6: None,
-            dns: vec![],
-            access: None,
-            hold_released: crate::libvirt::address_pool::DEFAULT_HOLD_RELEASED,
-        };
-        let mut pools = HashMap::new();
-        pools.insert("h1".to_owned(), pool.parse().unwrap());
-        AddressBook {
-            pools,
-            ..AddressBook::default()
-        }
-    }
-
-    fn claim(domain: &str, a: &str) -> Claim {
-        Claim {
-            domain: domain.into(),
-            addresses: vec![a.parse().unwrap()],
-        }
-    }
-
-    fn held(b: &AddressBook) -> u64 {
-        b.usage("h1")[0].held
-    }
-
-    #[test]
-    fn nothing_is_allocated_before_the_first_listing() {
-        let b = book(&["203.0.113.10-203.0.113.20"]);
-        let e = b.allocate("h1", "dA", &[]).unwrap_err();
-        assert!(e.is_transient(), "{e}");
-        assert!(b.usage("h1").is_empty(), "unknown before a listing");
-        b.apply_listing(
-            "h1",
-            b.listing_started("h1"),
-            &[claim("theirs", "203.0.113.10")],
-        );
-        let g = b.allocate("h1", "dA", &[]).unwrap().unwrap();
-        assert_eq!(g.addresses, vec!["203.0.113.11".parse::<IpAddr>().unwrap()]);
-    }
-
-    #[test]
-    fn a_listing_releases_only_holders_it_no_longer_shows_whose_creates_ended_before_it() {
-        let b = book(&["203.0.113.10-203.0.113.20"]);
-        b.apply_listing("h1", b.listing_started("h1"), &[]);
-        let a = b.allocate("h1", "dA", &[]).unwrap().unwrap();
-        // A listing that ran while A's create was in flight (its domain not defined yet).
-        b.apply_listing("h1", b.listing_started("h1"), &[]);
-        assert_eq!(held(&b), 1, "an in-flight create keeps its address");
-        let other = b.allocate("h1", "dB", &[]).unwrap().unwrap();
-        assert_ne!(other.addresses, a.addresses);
-        drop(other);
-        // A listing that started before A's create ended, and completed after.
-        let before_end = b.listing_started("h1");
-        drop(a);
-        b.apply_listing("h1", before_end, &[claim("dB", "203.0.113.11")]);
-        assert_eq!(
-            held(&b),
-            2,
-            "a listing older than the create's end proves nothing"
-        );
-        // A listing that shows the holder keeps it.
-        b.apply_listing(
-            "h1",
-            b.listing_started("h1"),
-            &[claim("dA", "203.0.113.10"), claim("dB", "203.0.113.11")],
-        );
-        assert_eq!(held(&b), 2);
-        // A complete listing after the create ended that no longer shows it: gone.
-        b.apply_listing(
-            "h1",
-            b.listing_started("h1"),
-            &[claim("dB", "203.0.113.11")],
-        );
-        assert_eq!(held(&b), 1);
-        // A claim the book did not know (another process's instance) is held from now on.
-        b.apply_listing(
-            "h1",
-            b.listing_started("h1"),
-            &[claim("dB", "203.0.113.11"), claim("theirs", "203.0.113.12")],
-        );
-        assert_eq!(held(&b), 2);
-    }
-
-    #[test]
-    fn a_deleted_holders_address_is_free_again() {
-        let b = book(&["203.0.113.10"]);
-        b.apply_listing("h1", b.listing_started("h1"), &[]);
-        drop(b.allocate("h1", "dA", &[]).unwrap());
-        let e = b.allocate("h1", "dB", &[]).unwrap_err();
-        assert_eq!(e.class, crate::error::ErrorClass::QuotaExceeded, "{e}");
-        b.release_deleted("h1", "dA");
-        assert!(b.allocate("h1", "dB", &[]).unwrap().is_some());
-    }
-
-    /// h1 and h2 on one segment, sharing 203.0.113.10-203.0.113.20.
-    fn segment_book() -> AddressBook {
-        let one = book(&["203.0.113.10-203.0.113.20"]);
-        let pool = one.pools.get("h1").unwrap().clone();
-        let mut b = AddressBook {
-            pools: HashMap::from([("h1".to_owned(), pool.clone()), ("h2".to_owned(), pool)]),
-            ..AddressBook::default()
-        };
-        for h in ["h1", "h2"] {
-            b.segment_of.insert(h.to_owned(), "segment:s".to_owned());
-        }
-        b.members
-            .insert("segment:s".to_owned(), vec!["h1".to_owned(), "h2".to_owned()]);
-        b
-    }
-
-    fn ip(a: &str) -> IpAddr {
-        a.parse().unwrap()
-    }
-
-    #[test]
-    fn a_segment_hands_nothing_out_until_every_host_listed_then_allocates_segment_wide() {
-        let b = segment_book();
-        b.apply_listing("h2", b.listing_started("h2"), &[]);
-        let e = b.allocate("h2", "dB", &[]).unwrap_err();
-        assert!(e.is_transient(), "{e}");
-        assert!(e.message.contains("waiting for h1"), "{e}");
-        assert!(b.usage("h2").is_empty(), "unknown while h1 was never listed");
-        b.apply_listing("h1", b.listing_started("h1"), &[claim("dA", "203.0.113.10")]);
-        let g = b.allocate("h2", "dB", &[]).unwrap().unwrap();
-        assert_eq!(g.addresses, vec![ip("203.0.113.11")], "h1's holding counts on h2");
-        drop(g);
-        assert_eq!(b.usage("h1")[0].held, 2, "one pool for the segment");
-        assert_eq!(b.usage("h2")[0].held, 2);
-    }
-
-    #[test]
-    fn a_held_address_moves_to_another_host_only_once_its_instance_is_gone_or_fenced() {
-        let b = segment_book();
-        b.apply_listing("h2", b.listing_started("h2"), &[]);
-        // One Proxy's domain has the same name on both hosts: still two holders.
-        b.apply_listing("h1", b.listing_started("h1"), &[claim("dP", "203.0.113.10")]);
-        for _ in 0..3 {
-            let e = b.allocate("h2", "dP", &[ip("203.0.113.10")]).unwrap_err();
-            assert!(e.is_transient(), "{e}");
-            assert!(e.message.contains("waiting for host h1"), "{e}");
-            assert!(e.message.contains("fenced"), "{e}");
-        }
-        // h2's own listings never release what h1 holds.
-        b.apply_listing("h2", b.listing_started("h2"), &[]);
-        assert_eq!(b.holder_host("h2", ip("203.0.113.10")).as_deref(), Some("h1"));
-        // (a) h1 answers and no longer lists it: the address moves.
-        b.apply_listing("h1", b.listing_started("h1"), &[]);
-        let g = b.allocate("h2", "dP", &[ip("203.0.113.10")]).unwrap().unwrap();
-        assert_eq!(g.addresses, vec![ip("203.0.113.10")]);
-        drop(g);
-        assert_eq!(b.holder_host("h1", ip("203.0.113.10")).as_deref(), Some("h2"));
-    }
-
-    #[test]
-    fn a_fence_releases_the_hosts_holdings_and_its_next_listing_cannot_take_them_back() {
-        let b = segment_book();
-        b.apply_listing("h1", b.listing_started("h1"), &[claim("dP", "203.0.113.10")]);
-        b.apply_listing("h2", b.listing_started("h2"), &[]);
-        assert!(b.allocate("h2", "dP", &[ip("203.0.113.10")]).is_err());
-        assert_eq!(b.fence("h1", "fence command exited 0"), vec![ip("203.0.113.10")]);
-        assert!(b.fenced("h1").is_some());
-        drop(b.allocate("h2", "dP", &[ip("203.0.113.10")]).unwrap().unwrap());
-        // h1 comes back with the old domain still defined: the address stays with h2's.
-        b.apply_listing("h1", b.listing_started("h1"), &[claim("dP", "203.0.113.10")]);
-        assert_eq!(b.holder_host("h1", ip("203.0.113.10")).as_deref(), Some("h2"));
-        assert!(b.fenced("h1").is_none(), "a listing replaces the fence");
-    }
-
-    #[test]
-    fn a_fenced_host_that_was_never_listed_lets_its_segment_hand_out_addresses() {
-        let b = segment_book();
-        b.apply_listing("h2", b.listing_started("h2"), &[]);
-        assert!(b.allocate("h2", "dB", &[]).is_err());
-        b.fence("h1", "declared dead by an administrator");
-        let g = b.allocate("h2", "dB", &[]).unwrap().unwrap();
-        assert_eq!(g.addresses, vec![ip("203.0.113.10")]);
-    }
-}
+#[path = "address_book_tests.rs"]
+mod tests;

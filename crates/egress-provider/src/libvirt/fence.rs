@@ -160,14 +160,20 @@ mod tests {
         let e = run("h1", &f).await.unwrap_err();
         assert!(e.starts_with("fence command exited 3: "), "{e}");
         assert!(e.ends_with("bmc-h1: connection refused"), "{e}");
-        let long = sh("head -c 100000 /dev/zero | tr '\\0' x >&2; exit 1", Duration::from_secs(5));
+        let long = sh(
+            "head -c 100000 /dev/zero | tr '\\0' x >&2; exit 1",
+            Duration::from_secs(5),
+        );
         let e = run("h1", &long).await.unwrap_err();
         assert!(e.len() < STDERR_TAIL + 64, "{}", e.len());
     }
 
     #[tokio::test]
     async fn a_hanging_command_is_killed_at_its_deadline_with_its_children() {
-        let f = sh("echo 'waiting for the BMC' >&2; sleep 30 & sleep 30", Duration::from_secs(1));
+        let f = sh(
+            "echo 'waiting for the BMC' >&2; sleep 30 & sleep 30",
+            Duration::from_secs(1),
+        );
         let t = Instant::now();
         let e = run("h1", &f).await.unwrap_err();
         assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());

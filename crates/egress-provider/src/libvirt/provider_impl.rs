@@ -211,13 +211,9 @@ impl LibvirtProvider {
         let listed = tokio::time::timeout(budget, async {
             let lease = self.pool.acquire(other).await?;
             let started = self.addresses.listing_started(other);
-            let l = ops::list::list_host(
-                lease.client(),
-                entry,
-                self.installation.as_deref(),
-                other,
-            )
-            .await?;
+            let l =
+                ops::list::list_host(lease.client(), entry, self.installation.as_deref(), other)
+                    .await?;
             self.addresses.apply_listing(other, started, &l.claims);
             Ok::<(), ProviderError>(())
         })

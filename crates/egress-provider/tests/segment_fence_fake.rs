@@ -260,8 +260,19 @@ async fn an_address_moves_to_another_host_of_the_segment_only_after_a_fence_succ
     assert_eq!(other.egress, vec![ip("203.0.113.11")]);
 
     s.h1().faults().freeze();
-    h1_dead(&p).await;
     let replacement = uid(3);
+    // Not answering is not dead: no host check has found it dead yet, so no fence runs.
+    std::fs::write(dir.path().join("ok"), "").unwrap();
+    refused(
+        &s,
+        &p,
+        replacement,
+        "its fence command runs once a host check finds it dead",
+    )
+    .await;
+    assert!(!dir.path().join("runs").exists(), "the fence command ran");
+    std::fs::remove_file(dir.path().join("ok")).unwrap();
+    h1_dead(&p).await;
     // A hanging fence command is killed at its deadline; the address stays.
     std::fs::write(dir.path().join("hang"), "").unwrap();
     let t = Instant::now();

@@ -258,6 +258,12 @@ async fn an_address_moves_to_another_host_of_the_segment_only_after_a_fence_succ
     // The segment shares one pool: h2's next address is not h1's.
     let other = create(&p, uid(2), "h2", &[]).await.unwrap();
     assert_eq!(other.egress, vec![ip("203.0.113.11")]);
+    // Each host's row reports the segment's usage (a fresh provider reads both hosts).
+    let r = s.provider(None).check().await;
+    for h in &r {
+        assert_eq!(h.addresses.len(), 1, "{r:?}");
+        assert_eq!((h.addresses[0].size, h.addresses[0].held), (11, 2), "{r:?}");
+    }
 
     s.h1().faults().freeze();
     let replacement = uid(3);

@@ -512,7 +512,14 @@ impl AddressBook {
                     "reading address allocations took over {budget:?}"
                 ),
             }
-            r.addresses = self.usage(&r.host);
+        }
+        // NB: after every host was read: a segment's usage is known only once all its hosts are.
+        for r in reports.iter_mut() {
+            if self.has_pool(&r.host)
+                && !matches!(r.state, HostState::Unreachable | HostState::Timeout)
+            {
+                r.addresses = self.usage(&r.host);
+            }
         }
     }
 

@@ -6,8 +6,11 @@
 //!   or the timeout);
 //! - once h1's fence command exits 0 (or an administrator fences h1), the create on h2 gets
 //!   the address; when h1 answers again with its old domain, the address stays on h2;
+//! - the fence command runs only for a create of the same Proxy whose copy holds the address
+//!   on h1: another Proxy pinned to that address never runs it (counted in a marker file) and
+//!   waits, naming h1 and how an administrator declares it dead;
 //! - a restarted provider hands nothing of the segment out while a host of it was never
-//!   listed, until that host is fenced.
+//!   listed, and never runs that host's fence command for it, until an administrator fences it.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -266,7 +269,8 @@ async fn an_address_moves_to_another_host_of_the_segment_only_after_a_fence_succ
     }
 
     s.h1().faults().freeze();
-    let replacement = uid(3);
+    // The same Proxy, moved to h2: its domain has the same name there.
+    let replacement = uid(1);
     // Not answering is not dead: no host check has found it dead yet, so no fence runs.
     std::fs::write(dir.path().join("ok"), "").unwrap();
     refused(
@@ -333,28 +337,75 @@ async fn without_a_fence_command_the_address_waits_and_an_administrators_fence_m
     create(&p, uid(1), "h1", &["203.0.113.10"]).await.unwrap();
     s.h1().faults().freeze();
     h1_dead(&p).await;
-    refused(&s, &p, uid(3), "waiting for host h1 to answer").await;
-    refused(&s, &p, uid(3), "it has no fence command").await;
+    refused(&s, &p, uid(1), "waiting for host h1 to answer").await;
+    refused(&s, &p, uid(1), "it has no fence command").await;
+    refused(&s, &p, uid(1), "`egress-proxies hosts fence h1`").await;
     assert_eq!(p.fence_host("h1").unwrap(), vec![ip("203.0.113.10")]);
-    let moved = create(&p, uid(3), "h2", &["203.0.113.10"]).await.unwrap();
+    let moved = create(&p, uid(1), "h2", &["203.0.113.10"]).await.unwrap();
     assert_eq!(moved.egress, vec![ip("203.0.113.10")]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_proxy_pinned_to_a_held_address_never_fences_its_host() {
+    let s = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    // The fence command would succeed: only the rule keeps it from running.
+    std::fs::write(dir.path().join("ok"), "").unwrap();
+    let p = s.provider(Some(fence_script(dir.path())));
+    create(&p, uid(1), "h1", &["203.0.113.10"]).await.unwrap();
+    s.h1().faults().freeze();
+    h1_dead(&p).await;
+    for _ in 0..3 {
+        refused(
+            &s,
+            &p,
+            uid(3),
+            "held by another Proxy's instance on host h1 of this host's segment: waiting for \
+             host h1 to answer without it",
+        )
+        .await;
+    }
+    refused(&s, &p, uid(3), "`egress-proxies hosts fence h1`").await;
+    assert!(
+        !dir.path().join("runs").exists(),
+        "another Proxy's create ran h1's fence command"
+    );
+    // The Proxy whose copy holds it, moving to h2: h1 is fenced, the address follows it.
+    let moved = create(&p, uid(1), "h2", &["203.0.113.10"]).await.unwrap();
+    assert_eq!(moved.egress, vec![ip("203.0.113.10")]);
+    let runs = std::fs::read_to_string(dir.path().join("runs")).unwrap();
+    assert_eq!(runs.lines().count(), 1, "{runs}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_during_an_outage_hands_nothing_out_until_the_dead_host_is_fenced() {
     let s = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ok"), "").unwrap();
     let before = s.provider(None);
     create(&before, uid(1), "h1", &["203.0.113.10"])
         .await
         .unwrap();
     drop(before);
     s.h1().faults().freeze();
-    let p = s.provider(None);
+    let p = s.provider(Some(fence_script(dir.path())));
     h1_dead(&p).await;
-    let e = create(&p, uid(2), "h2", &[]).await.unwrap_err();
-    assert!(e.is_transient(), "{e}");
-    assert!(e.message.contains("h1"), "{e}");
-    assert!(!s.domains("h2").contains(&names::domain(ENTRY, &uid(2))));
+    // Neither a fresh create nor the Proxy itself (its holding on h1 is unknown) fences h1.
+    for (u, pinned) in [(uid(2), &[][..]), (uid(1), &["203.0.113.10"][..])] {
+        let e = create(&p, u, "h2", pinned).await.unwrap_err();
+        assert!(e.is_transient(), "{e}");
+        for want in [
+            "host h1 of this host's segment has not answered since the operator started",
+            "`egress-proxies hosts fence h1`",
+        ] {
+            assert!(e.message.contains(want), "want {want:?} in: {e}");
+        }
+        assert!(!s.domains("h2").contains(&names::domain(ENTRY, &u)));
+    }
+    assert!(
+        !dir.path().join("runs").exists(),
+        "a host never listed was fenced by a create"
+    );
     p.fence_host("h1").unwrap();
     create(&p, uid(2), "h2", &[]).await.unwrap();
 }

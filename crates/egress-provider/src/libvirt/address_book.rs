@@ -561,9 +561,16 @@ impl AddressBook {
 
     /// The host whose instance holds `ip` in `host`'s segment, if any.
     pub fn holder_host(&self, host: &str, ip: IpAddr) -> Option<String> {
-        lock(&self.books)
-            .get(self.segment(host))
-            .and_then(|b| b.alloc.holder_of(ip).map(|h| holder_host(h).to_owned()))
+        self.holder(host, ip).map(|(h, _)| h)
+    }
+
+    /// The instance holding `ip` in `host`'s segment, if any: its host and domain name.
+    pub fn holder(&self, host: &str, ip: IpAddr) -> Option<(String, String)> {
+        lock(&self.books).get(self.segment(host)).and_then(|b| {
+            let key = b.alloc.holder_of(ip)?;
+            let (h, d) = key.split_once('/')?;
+            Some((h.to_owned(), d.to_owned()))
+        })
     }
 
     /// The other hosts of `host`'s segment neither listed nor fenced since the start.

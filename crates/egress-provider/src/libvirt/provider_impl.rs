@@ -76,6 +76,17 @@ pub const FENCED_BY_ADMIN: &str = "declared dead by an administrator";
 /// The last failed fence run of a host: when, and why.
 type FenceGate = Arc<tokio::sync::Mutex<Option<(std::time::Instant, String)>>>;
 
+/// Why a create waits for another host of its segment to be confirmed gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holding {
+    /// A copy of the Proxy being created holds a pinned address there: its host may be fenced.
+    OwnCopy,
+    /// Another Proxy's instance holds this pinned address there: never a reason to fence.
+    Another(IpAddr),
+    /// The host was never listed since the start: only its answer or an administrator helps.
+    Unknown,
+}
+
 /// Hosts whose bases are collected at once.
 const BASE_GC_PARALLEL: usize = 4;
 
@@ -166,8 +177,12 @@ impl LibvirtProvider {
 
     /// Allocates `name`'s addresses on `host`; when a pinned address is held by an instance on
     /// another host of the segment, or a host of the segment was never listed, first tries to
-    /// confirm that host's instances gone: a listing of it (it answers), else its fence
-    /// command when its last check found it dead. Never releases anything on a timeout.
+    /// confirm that host's instances gone: a listing of it (it answers), else — only when the
+    /// instance held there is a copy of this same Proxy (`name`: a Proxy's domain has one name
+    /// on every host) — its fence command when its last check found it dead. Another Proxy's
+    /// holding, or a host never listed since the start, is never a reason to fence: the
+    /// create waits for that host's answer or an administrator's fence. Never releases
+    /// anything on a timeout.
     async fn allocate_moving(
         &self,
         host: &str,
@@ -181,28 +196,39 @@ impl LibvirtProvider {
         if !e.is_transient() {
             return Err(e);
         }
-        let mut others: Vec<String> = req
-            .pinned_egress
-            .iter()
-            .filter_map(|a| self.addresses.holder_host(host, *a))
-            .chain(self.addresses.unknown_peers(host))
-            .filter(|h| h != host)
-            .collect();
-        others.sort();
-        others.dedup();
+        // Host → why its instances must be confirmed gone (a copy of this Proxy: may fence).
+        let mut others: std::collections::BTreeMap<String, Holding> = Default::default();
+        for a in &req.pinned_egress {
+            if let Some((h, domain)) = self.addresses.holder(host, *a) {
+                let why = if domain == name {
+                    Holding::OwnCopy
+                } else {
+                    Holding::Another(*a)
+                };
+                let slot = others.entry(h).or_insert(why);
+                if why == Holding::OwnCopy {
+                    *slot = why;
+                }
+            }
+        }
+        for h in self.addresses.unknown_peers(host) {
+            others.entry(h).or_insert(Holding::Unknown);
+        }
+        others.remove(host);
         if others.is_empty() {
             return Err(e);
         }
-        for other in &others {
-            self.confirm_gone(other).await?;
+        for (other, why) in &others {
+            self.confirm_gone(other, *why).await?;
         }
         self.addresses
             .allocate_avoiding(host, name, &req.pinned_egress, &req.reserved)
     }
 
-    /// Lists `other` (recording what it holds), or, when it does not answer, runs its fence
-    /// command if its last check found it dead; Transient naming what is waited for otherwise.
-    async fn confirm_gone(&self, other: &str) -> Result<()> {
+    /// Lists `other` (recording what it holds), or, when it does not answer and `holding` is a
+    /// copy of the Proxy being created, runs its fence command if its last check found it
+    /// dead; Transient naming what is waited for otherwise.
+    async fn confirm_gone(&self, other: &str, holding: Holding) -> Result<()> {
         if self.addresses.fenced(other).is_some() {
             return Ok(());
         }
@@ -218,20 +244,43 @@ impl LibvirtProvider {
             Ok::<(), ProviderError>(())
         })
         .await;
-        let why = match listed {
+        let failed = match listed {
             Ok(Ok(())) => return Ok(()),
             Ok(Err(e)) => e.message,
             Err(_) => format!("no answer within {budget:?}"),
         };
+        let declare = format!(
+            "an administrator who knows it is off can declare it dead (`egress-proxies hosts \
+             fence {other}`)"
+        );
+        match holding {
+            Holding::OwnCopy => {}
+            // NB: never fenced for another Proxy's address: a create pinning someone else's
+            // address must not power off their host to take it. The holder is not named.
+            Holding::Another(a) => {
+                return Err(ProviderError::transient(format!(
+                    "the pinned address {a} is held by another Proxy's instance on host {other} \
+                     of this host's segment: waiting for host {other} to answer without it \
+                     ({failed}); {declare}"
+                )));
+            }
+            Holding::Unknown => {
+                return Err(ProviderError::transient(format!(
+                    "host {other} of this host's segment has not answered since the operator \
+                     started ({failed}), so what its instances hold is unknown: no address of \
+                     the segment is handed out until it answers; {declare}"
+                )));
+            }
+        }
         let Some(fence) = self.pool.host(other)?.fence.clone() else {
             return Err(ProviderError::transient(format!(
-                "waiting for host {other} to answer ({why}); it has no fence command \
-                 (hosts[].fence), so only its answer frees what its instances hold"
+                "waiting for host {other} to answer ({failed}); it has no fence command \
+                 (hosts[].fence), so only its answer frees what its instances hold, or {declare}"
             )));
         };
         if !lock(&self.dead).contains(other) {
             return Err(ProviderError::transient(format!(
-                "waiting for host {other} to answer ({why}); its fence command runs once a \
+                "waiting for host {other} to answer ({failed}); its fence command runs once a \
                  host check finds it dead"
             )));
         }

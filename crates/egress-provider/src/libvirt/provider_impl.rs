@@ -167,14 +167,6 @@ impl LibvirtProvider {
         self
     }
 
-    /// Records that an administrator declared `host` dead (its guests are off): the addresses
-    /// its instances held may move to other hosts of its segment (see [`AddressBook::fence`]).
-    /// Returns the addresses freed.
-    pub fn fence_host(&self, host: &str) -> Result<Vec<IpAddr>> {
-        self.pool.host(host)?;
-        Ok(self.addresses.fence(host, FENCED_BY_ADMIN))
-    }
-
     /// Allocates `name`'s addresses on `host`; when a pinned address is held by an instance on
     /// another host of the segment, or a host of the segment was never listed, first tries to
     /// confirm that host's instances gone: a listing of it (it answers), else — only when the
@@ -902,6 +894,24 @@ impl Provider for LibvirtProvider {
 
     fn use_retired(&self, retired: std::sync::Arc<super::retired::RetiredAddresses>) {
         self.addresses.use_retired(retired);
+    }
+
+    /// The addresses `host`'s instances held may move to other hosts of its segment (see
+    /// [`AddressBook::fence`]); only while its last check found it dead, so a declaration
+    /// that outlived the outage never frees what a live host's instances hold.
+    fn fence_host(&self, host: &str) -> Result<Vec<IpAddr>> {
+        self.pool.host(host)?;
+        if self.addresses.fenced(host).is_some() {
+            return Ok(Vec::new());
+        }
+        if !lock(&self.dead).contains(host) {
+            return Err(ProviderError::transient(format!(
+                "host {host} of entry {} is not declared dead: its last check did not find \
+                 it dead (Unreachable or Timeout)",
+                self.entry_cfg().name
+            )));
+        }
+        Ok(self.addresses.fence(host, FENCED_BY_ADMIN))
     }
 
     async fn create(&self, req: &CreateRequest, progress: &dyn Progress) -> Result<Instance> {

@@ -135,6 +135,12 @@ impl AccessLog {
         })
     }
 
+    /// Whether lines are written at all (`false` for [`LogTarget::Off`]): the data path
+    /// builds no [`Record`] when they are not.
+    pub fn enabled(&self) -> bool {
+        self.tx.is_some()
+    }
+
     /// Queues `r` (dropped and counted when the queue is full).
     pub fn write(&self, r: &Record) {
         let Some(tx) = &self.tx else { return };

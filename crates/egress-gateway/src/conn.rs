@@ -91,6 +91,25 @@ impl Refusal {
     }
 }
 
+/// The access-log line in the making: filled only when the log is on
+/// ([`AccessLog::enabled`]), so a gateway with the log off formats no text per connection.
+// NB: `scripts/bench gateway` runs with the log off; the record's strings (peer, pool,
+// target, identity, member, time) were a dozen allocations and formats per connection.
+struct Trace {
+    rec: Option<Record>,
+    /// Members tried (also in refusal messages, so always counted).
+    attempts: u32,
+}
+
+impl Trace {
+    /// Runs `f` on the record when the log is on.
+    fn note(&mut self, f: impl FnOnce(&mut Record)) {
+        if let Some(r) = &mut self.rec {
+            f(r);
+        }
+    }
+}
+
 /// What a handshake produced.
 struct Asked {
     kind: Kind,
@@ -105,17 +124,20 @@ struct Asked {
 /// Serves one client connection to its end.
 pub async fn serve(ctx: Arc<ConnCtx>, client: TcpStream, peer: SocketAddr) {
     let started = Instant::now();
-    let _ = client.set_nodelay(true);
+    // NB: TCP_NODELAY comes from the listener (set.rs `bind`), one setsockopt less here.
     let pool = Arc::clone(&ctx.pool);
     pool.metrics.active.inc();
     let state = pool.state();
-    let mut rec = Record {
-        pool: pool.key.clone(),
-        listener: ctx.protocol.as_str(),
-        client: peer.to_string(),
-        ..Record::default()
+    let mut trace = Trace {
+        rec: ctx.log.enabled().then(|| Record {
+            pool: pool.key.clone(),
+            listener: ctx.protocol.as_str(),
+            client: peer.to_string(),
+            ..Record::default()
+        }),
+        attempts: 0,
     };
-    let (outcome, reason) = match run(&ctx, &state, &client, &mut rec).await {
+    let (outcome, reason) = match run(&ctx, &state, &client, &mut trace).await {
         Ok(end) => match end {
             End::Closed | End::Error(_) => (Outcome::Ok, None),
             End::Idle => (
@@ -142,6 +164,8 @@ pub async fn serve(ctx: Arc<ConnCtx>, client: TcpStream, peer: SocketAddr) {
     };
     pool.metrics.connection(outcome);
     pool.metrics.active.dec();
+    let Some(mut rec) = trace.rec else { return };
+    rec.attempts = trace.attempts;
     rec.outcome = outcome.as_str();
     rec.reason = reason;
     rec.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -167,7 +191,7 @@ async fn run(
     ctx: &ConnCtx,
     state: &PoolState,
     client: &TcpStream,
-    rec: &mut Record,
+    trace: &mut Trace,
 ) -> Result<End, Refusal> {
     let settings = &state.settings;
     let deadline = Instant::now() + settings.timeouts.request;
@@ -175,19 +199,21 @@ async fn run(
         ListenerProtocol::Http => http_handshake(client, deadline).await?,
         ListenerProtocol::Socks5 => socks_handshake(client, deadline, state).await?,
     };
-    rec.kind = Some(asked.kind.as_str());
-    rec.target = Some(crate::text::clip(&asked.target.to_string(), 300).to_owned());
+    trace.note(|r| {
+        r.kind = Some(asked.kind.as_str());
+        r.target = Some(crate::text::clip(&asked.target.to_string(), 300).to_owned());
+    });
     let Some((identity, split)) = state
         .identities
         .authenticate(&asked.username, &asked.password)
     else {
         return Err(Refusal::auth());
     };
-    rec.identity = Some(identity.name().to_owned());
+    trace.note(|r| r.identity = Some(identity.name().to_owned()));
     let options = split
         .options(&settings.sessions)
         .map_err(|e| Refusal::new(Outcome::BadRequest, 400, Some(reply::FAILURE), e.0))?;
-    rec.session.clone_from(&options.session);
+    trace.note(|r| r.session.clone_from(&options.session));
     settings
         .destinations
         .check(&asked.target)
@@ -205,7 +231,7 @@ async fn run(
         .pool
         .choose(state, identity.name(), &options)
         .map_err(|e| Refusal::new(Outcome::NoMember, 503, Some(reply::FAILURE), e.0))?;
-    let (index, dialed, _hold) = attempt(ctx, state, &choice.order, &asked.target, rec).await?;
+    let (index, dialed, _hold) = attempt(ctx, state, &choice.order, &asked.target, trace).await?;
     let Some(live) = state.members.get(index) else {
         return Err(Refusal::new(
             Outcome::MemberFailed,
@@ -267,8 +293,10 @@ async fn run(
         &on_bytes,
     )
     .await;
-    rec.bytes_up = copied.up + early_up;
-    rec.bytes_down = copied.down + early_down;
+    trace.note(|r| {
+        r.bytes_up = copied.up + early_up;
+        r.bytes_down = copied.down + early_down;
+    });
     Ok(copied.end)
 }
 
@@ -299,7 +327,7 @@ async fn attempt(
     state: &PoolState,
     order: &[usize],
     target: &Target,
-    rec: &mut Record,
+    trace: &mut Trace,
 ) -> Result<(usize, dial::Dialed, MemberHold), Refusal> {
     let mut last: Option<DialError> = None;
     for (n, &i) in order.iter().enumerate() {
@@ -309,9 +337,11 @@ async fn attempt(
         if n > 0 {
             ctx.pool.metrics.failovers.inc();
         }
-        rec.attempts += 1;
-        rec.member = Some(m.member.name.clone());
-        rec.member_egress = m.member.egress.iter().map(ToString::to_string).collect();
+        trace.attempts += 1;
+        trace.note(|r| {
+            r.member = Some(m.member.name.clone());
+            r.member_egress = m.member.egress.iter().map(ToString::to_string).collect();
+        });
         // Counted while dialling too, so least-connections sees attempts in flight.
         let hold = m.rt.hold();
         let r = tokio::time::timeout(
@@ -354,13 +384,13 @@ async fn attempt(
             Outcome::MemberFailed,
             504,
             Some(e.socks_code()),
-            format!("{} member(s) tried; the last: {e}", rec.attempts),
+            format!("{} member(s) tried; the last: {e}", trace.attempts),
         ),
         _ => Refusal::new(
             Outcome::MemberFailed,
             502,
             Some(e.socks_code()),
-            format!("{} member(s) tried; the last: {e}", rec.attempts),
+            format!("{} member(s) tried; the last: {e}", trace.attempts),
         ),
     })
 }

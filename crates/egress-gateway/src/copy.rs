@@ -6,8 +6,9 @@
 //! moves bytes while they keep coming, and gives the pipe back as soon as the source has
 //! nothing more: an idle tunnel holds no pipe and no buffer, a busy one holds one per busy
 //! direction, and no chunk allocates or creates a descriptor. A source's end of stream shuts
-//! the other side's write half (half-close is carried through); the tunnel ends when both
-//! directions ended, on the first error, when it was silent both ways for the idle timeout,
+//! the other side's write half (half-close is carried through) — except the second end of
+//! stream, which ends the tunnel: the caller's close of both sockets carries that FIN, one
+//! `shutdown(2)` less per connection; the tunnel ends when both directions ended, on the first error, when it was silent both ways for the idle timeout,
 //! or when cut (drain grace over, shutdown).
 //!
 //! NB: why `splice(2)`: the bytes go socket → pipe → socket inside the kernel, never through
@@ -23,7 +24,7 @@
 //! dropped) is closed, never reused; dropping the future closes no socket (the caller owns
 //! the sockets).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use rustix::pipe::{SpliceFlags, splice};
@@ -81,6 +82,8 @@ struct Dir<'a> {
     to: &'a TcpStream,
     total: &'a AtomicU64,
     last: &'a AtomicU64,
+    /// Directions that reached their source's end of stream.
+    ended: &'a AtomicU8,
     start: Instant,
     up: bool,
 }
@@ -116,7 +119,11 @@ async fn pump(d: Dir<'_>, on_bytes: &(dyn Fn(u64, bool) + Sync)) -> std::io::Res
             Err(_) => buffer_burst(&d, on_bytes).await?,
         };
         if let Burst::Eof = burst {
-            d.half_close();
+            // NB: the second end of stream ends the tunnel and the caller closes both sockets
+            // at once, which sends this FIN; the half-close is only for the first.
+            if d.ended.fetch_add(1, Ordering::AcqRel) == 0 {
+                d.half_close();
+            }
             return Ok(());
         }
     }
@@ -192,7 +199,8 @@ async fn buffer_burst(
 }
 
 /// Copies both ways between `client` and `member` until the tunnel ends (see the module
-/// doc); `on_bytes(n, up)` is called once per chunk written; `cut` ends it early.
+/// doc); `on_bytes(n, up)` is called once per chunk written; `cut` ends it early. The caller
+/// closes both sockets when it returns (after two ends of stream, that close is the last FIN).
 pub async fn tunnel(
     client: &TcpStream,
     member: &TcpStream,
@@ -202,6 +210,7 @@ pub async fn tunnel(
 ) -> Copied {
     let start = Instant::now();
     let (up, down, last) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let ended = AtomicU8::new(0);
     let both = async {
         tokio::try_join!(
             pump(
@@ -210,6 +219,7 @@ pub async fn tunnel(
                     to: member,
                     total: &up,
                     last: &last,
+                    ended: &ended,
                     start,
                     up: true,
                 },
@@ -221,6 +231,7 @@ pub async fn tunnel(
                     to: client,
                     total: &down,
                     last: &last,
+                    ended: &ended,
                     start,
                     up: false,
                 },

@@ -270,6 +270,10 @@ async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
         TcpSocket::new_v6()?
     };
     s.set_reuseaddr(true)?;
+    // NB: Linux copies TCP_NODELAY from the listening socket to each accepted one, which
+    // saves a setsockopt per connection (the handshake and tunnelled interactive protocols
+    // must not wait on Nagle); `conn::serve` no longer sets it.
+    s.set_nodelay(true)?;
     s.bind(addr)?;
     s.listen(BACKLOG)
 }
@@ -315,5 +319,24 @@ async fn accept_loop(
             let _slot = slot;
             conn::serve(ctx, stream, peer).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// The client side's TCP_NODELAY comes from the listener, not a call per connection.
+    #[tokio::test]
+    async fn accepted_connections_have_nodelay_from_the_listener() {
+        let l = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let _c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        assert!(
+            s.nodelay().unwrap(),
+            "TCP_NODELAY not inherited from the listener"
+        );
     }
 }

@@ -13,7 +13,9 @@
 //!    packet into the host, its SSH and its guests' traffic alike, as a hung or cut-off host.
 //!
 //! Each time the test samples the pool's `healthy.txt` every 250 ms and asserts the member is
-//! gone within the documented detection bound (10 s and one sampling step); for kinds 2 and 3
+//! gone within the documented detection bound (10 s and one sampling step), counted from the
+//! moment the fault is complete (for kind 2, once its guests' QEMUs are killed: a libvirtd
+//! stopping gracefully takes seconds while its guests still serve); for kinds 2 and 3
 //! it also waits for the host's row to say `Unreachable` or `Timeout`. Then it waits for the
 //! pool to be back at 2 available members: kind 1, the member replaced or re-created in place;
 //! kinds 2 and 3, a new member on the other host while the killed host is still dead (the pool's
@@ -293,7 +295,7 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
          pid {old_pid:?}); members on {host_name}: {on_host} of 2",
         kind.label()
     );
-    let t0 = Instant::now();
+    let kill_started = Instant::now();
     match kind {
         Kill::Qemu => {
             let pid = old_pid.expect("the victim's QEMU pid");
@@ -330,7 +332,11 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
             );
         }
     }
-    let kill_done = t0.elapsed();
+    // Every timing counts from the moment the fault is complete: a libvirtd stopped with TERM
+    // takes its time to shut down (seconds on a loaded machine) while its guests still serve,
+    // and the guests die only with the QEMU kill that follows.
+    let kill_done = kill_started.elapsed();
+    let t0 = Instant::now();
     // Unpublished within the bound; member-seconds below 2 counted from here on.
     let mut below = 0.0;
     let mut last = Instant::now();
@@ -342,7 +348,8 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
         }
         assert!(
             t < UNPUBLISH_BOUND,
-            "{}: {endpoint} still in healthy.txt {t:?} after the kill\n{}",
+            "{}: {endpoint} still in healthy.txt {t:?} after the fault was complete (the kill \
+             took {kill_done:?} before that)\n{}",
             kind.label(),
             cx.op.log_tail()
         );
@@ -350,7 +357,8 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
     };
     below += count_below(1, &mut last);
     println!(
-        "eptest: timing: {} → unpublished {:.2} s (the kill itself took {:.2} s)",
+        "eptest: timing: {} → unpublished {:.2} s (counted from the fault complete; the kill \
+         itself took {:.2} s before that)",
         kind.label(),
         unpublished.as_secs_f64(),
         kill_done.as_secs_f64()

@@ -193,13 +193,18 @@ impl Controller {
     /// to remove once the Proxy is found at its location (see `strays`). When the UID has no
     /// location, its newest listed copy (by its mark's creation time; the first listed of
     /// equals) becomes it and any other is such a copy: a second copy is mostly what an
-    /// earlier create left before the one in use was made elsewhere.
+    /// earlier create left before the one in use was made elsewhere. Then, at the UID's next
+    /// reconcile, a listed copy its Proxy's status names wins over the newest: the previous
+    /// leadership term (or process) may still be sweeping the others, never that one.
     pub fn adopt(&self, entry: &str, owned: &[OwnedInstance]) {
         // NB: newest first (stable: the listing's order among equals), so the first copy of a
         // UID met below is the one adopted. O(listed · log listed), once per listing.
         let mut newest_first: Vec<&OwnedInstance> = owned.iter().collect();
         newest_first.sort_by_key(|o| std::cmp::Reverse(o.created_at));
         let mut st = lock(&self.inner.state);
+        // UIDs whose location this listing chose: their other copies are kept as
+        // alternatives for the UID's next reconcile (see `State::prefer_recorded_copy`).
+        let mut chosen_here = std::collections::HashSet::new();
         for o in newest_first {
             if !o.name_matches_uid || o.id.entry != entry {
                 continue;
@@ -216,7 +221,15 @@ impl Controller {
                 Some(l) if (l.entry.as_str(), l.host.as_str()) == here => {
                     st.created.insert(o.uid, o.created_at);
                 }
-                Some(_) => st.note_stray(o.uid, entry, &o.id.host),
+                Some(_) => {
+                    if chosen_here.contains(&o.uid) {
+                        st.adopted_alternatives
+                            .entry(o.uid)
+                            .or_default()
+                            .push((o.id.clone(), o.created_at));
+                    }
+                    st.note_stray(o.uid, entry, &o.id.host)
+                }
                 None => match creating_on {
                     // The create's own result sets the location.
                     Some((e, h)) if (e.as_str(), h.as_str()) == here => {}
@@ -225,6 +238,8 @@ impl Controller {
                     None => {
                         st.set_location(o.uid, o.id.clone());
                         st.created.insert(o.uid, o.created_at);
+                        st.adopted_alternatives.remove(&o.uid);
+                        chosen_here.insert(o.uid);
                     }
                 },
             }
@@ -438,6 +453,7 @@ impl Controller {
         st.created.remove(uid);
         st.forget_waiter(uid);
         st.strays.remove(uid);
+        st.adopted_alternatives.remove(uid);
         drop(st);
         lock(&self.inner.verified).remove(uid);
         lock(&self.inner.declared).remove(uid);

@@ -96,6 +96,7 @@ impl Controller {
         // Read what is known (no network).
         let (memory, op_view, location, strays) = {
             let mut st = lock(&self.inner.state);
+            st.prefer_recorded_copy(&obj.uid, status.provider_id.as_deref());
             let location = st.locations.get(&obj.uid).cloned().or_else(|| {
                 status
                     .provider_id

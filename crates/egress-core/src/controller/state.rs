@@ -66,6 +66,11 @@ pub(super) struct State {
     /// Hosts other than its location where a copy of a UID's instance may remain (see
     /// [`strays`](super::strays)); no entry for a UID without any.
     pub(super) strays: HashMap<ProxyUid, Strays>,
+    /// The other listed copies of a UID whose location a listing chose among several (each
+    /// with its mark's creation time), kept until the UID's next reconcile: there the copy
+    /// its Proxy's status names wins (see [`State::prefer_recorded_copy`]). No entry for a UID
+    /// listed once.
+    pub(super) adopted_alternatives: HashMap<ProxyUid, Vec<(ProviderId, SystemTime)>>,
     /// Pinned egress addresses and addresses held for a namespace (see
     /// [`reservations`](super::reservations)).
     pub(super) reservations: super::reservations::Reservations,
@@ -108,6 +113,30 @@ impl State {
             self.note_stray(uid, &entry, &host);
         }
         self.refresh_load(&uid);
+    }
+
+    /// At `uid`'s first reconcile after a listing chose its location among several copies:
+    /// when the Proxy's status records (`recorded`) another of the listed copies, that one
+    /// becomes the location and the listing's choice a copy to remove. The status is what the
+    /// previous owner of the Proxy (an earlier leadership term, a process before a restart)
+    /// last reported, and such an owner never sweeps the copy it reported (its location), so
+    /// following it keeps a new term from deleting the copy in use while the old term's sweep
+    /// in flight deletes the other. Without a status, or one naming no listed copy, the
+    /// listing's newest copy stays. O(copies listed for `uid`).
+    pub(super) fn prefer_recorded_copy(&mut self, uid: &ProxyUid, recorded: Option<&str>) {
+        let Some(alternatives) = self.adopted_alternatives.remove(uid) else {
+            return;
+        };
+        let Some(recorded) = recorded.and_then(|s| s.parse::<ProviderId>().ok()) else {
+            return;
+        };
+        if self.locations.get(uid) == Some(&recorded) || self.sweeping(uid) {
+            return;
+        }
+        if let Some((id, created)) = alternatives.into_iter().find(|(id, _)| *id == recorded) {
+            self.set_location(*uid, id);
+            self.created.insert(*uid, created);
+        }
     }
 
     /// `uid` has no instance any more (deleted or not found); its host's load follows.

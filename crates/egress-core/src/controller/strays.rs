@@ -6,7 +6,8 @@
 //! the same; the next attempt goes to another host when that one looks unhealthy, and the
 //! Proxy then runs there. Its UID is live, so orphan GC never touches the first copy: without
 //! a sweep it would hold the host's capacity (and a declared address) for the Proxy's whole
-//! life. A complete listing can also show one UID on two hosts (after a restart).
+//! life. A complete listing can also show one UID on two hosts (after a restart or a
+//! leadership hand-over); the copy its Proxy's status names is then kept (see `adopt`).
 //!
 //! Guarantees:
 //! - a host is noted for a UID when a create of it starts there (until one succeeds there),

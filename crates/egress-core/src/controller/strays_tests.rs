@@ -366,3 +366,78 @@ async fn a_proxy_restored_while_its_delete_failed_ends_with_one_instance() {
     assert_eq!(p.on("h2"), BTreeSet::from([uid(1)]));
     assert!(p.on("h1").is_empty(), "the old copy was deleted");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_new_term_keeps_the_copy_the_status_names_while_the_old_terms_sweep_deletes_the_other() {
+    let p = Arc::new(Hosts::default());
+    let o = obj(1);
+    // The old term (or the process before a restart) runs the Proxy on h1; a listing then
+    // shows a newer copy of it on h2 (left by an earlier create whose answer was lost).
+    let old = controller(p.clone());
+    let running = rounds(&old, &o, ProxyStatus::default(), 2).await;
+    assert_eq!(running.status.host.as_deref(), Some("h1"));
+    p.put("h2", uid(1));
+    let listed = [
+        owned("h1", 1),
+        OwnedInstance {
+            created_at: now() + Duration::from_secs(60),
+            ..owned("h2", 1)
+        },
+    ];
+    old.adopt("home", &listed);
+    // Its sweep of h2 starts and is still in flight when leadership passes.
+    p.hang_delete.store(true, Ordering::SeqCst);
+    let status = rounds(&old, &o, running.status, 1).await.status;
+    assert_eq!(status.host.as_deref(), Some("h1"));
+    // The new term lists before its first reconcile: newest first would pick h2, the copy
+    // the old term is deleting, and sweep h1, the one in use.
+    let new = controller(p.clone());
+    new.adopt("home", &listed);
+    let status = rounds(&new, &o, status, 1).await.status;
+    p.hang_delete.store(false, Ordering::SeqCst);
+    let out = rounds(&new, &o, status, 6).await;
+    assert_eq!(out.status.phase, Phase::Running);
+    assert_eq!(out.status.host.as_deref(), Some("h1"), "{:?}", out.status);
+    assert_eq!(
+        p.on("h1"),
+        BTreeSet::from([uid(1)]),
+        "the copy in use stays"
+    );
+    assert!(p.on("h2").is_empty(), "the other copy was deleted");
+    assert_eq!(
+        new.metrics().creates_started,
+        0,
+        "the new term recreated the Proxy"
+    );
+    assert!(
+        !p.deletes.lock().unwrap().iter().any(|h| h == "h1"),
+        "h1 was addressed by a delete: {:?}",
+        p.deletes
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_status_naming_a_listed_copy_the_newest_copy_stays_the_choice() {
+    let p = Arc::new(Hosts::default());
+    p.put("h1", uid(1));
+    p.put("h2", uid(1));
+    let c = controller(p.clone());
+    c.adopt(
+        "home",
+        &[
+            owned("h1", 1),
+            OwnedInstance {
+                created_at: now() + Duration::from_secs(60),
+                ..owned("h2", 1)
+            },
+        ],
+    );
+    // The status names a host with no listed copy (h3): the listing's choice stands.
+    let status = ProxyStatus {
+        provider_id: Some(instance("h3", uid(1)).id.to_string()),
+        ..ProxyStatus::default()
+    };
+    let out = rounds(&c, &obj(1), status, 3).await;
+    assert_eq!(out.status.host.as_deref(), Some("h2"));
+    assert!(p.on("h1").is_empty(), "the older copy was deleted");
+}

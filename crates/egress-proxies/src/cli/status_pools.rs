@@ -1,6 +1,7 @@
 //! The pools part of `egress-proxies status`: one line per ProxyPool (available of desired,
 //! its Progressing reason, quarantined members, its error) followed by its members (host,
-//! phase, declared egress addresses, available, quarantine or deletion, age).
+//! phase, declared egress addresses, available, quarantine, drain or deletion, age), its
+//! retired addresses and its members lost with their host.
 //!
 //! Guarantees: pure (the document and the clock in, text out); a document without pools
 //! renders nothing.
@@ -41,6 +42,7 @@ pub fn render(doc: &StatusDocument, now: SystemTime, wide: bool) -> String {
                 .unwrap_or_default()
         ));
         out.push_str(&retired(p));
+        out.push_str(&lost(p));
         if p.members.is_empty() {
             continue;
         }
@@ -62,10 +64,11 @@ pub fn render(doc: &StatusDocument, now: SystemTime, wide: bool) -> String {
                 .ok()
                 .and_then(|c| now.duration_since(c).ok())
                 .map_or_else(|| "-".to_owned(), table::age);
-            let state = match (&m.quarantine, m.deleting) {
-                (_, true) => "deleting".to_owned(),
-                (Some(why), false) => format!("quarantined: {why}"),
-                (None, false) => "-".to_owned(),
+            let state = match (&m.quarantine, m.deleting, &m.draining_since) {
+                (_, true, _) => "deleting".to_owned(),
+                (Some(why), false, _) => format!("quarantined: {why}"),
+                (None, false, Some(since)) => format!("draining since {since}"),
+                (None, false, None) => "-".to_owned(),
             };
             let mut row = vec![
                 format!("  {}", m.name),
@@ -102,6 +105,20 @@ fn retired(p: &egress_web::status::PoolStatusRow) -> String {
         out.push_str(&format!(
             "  retired {} on {} until {} (member {}: {})\n",
             r.address, r.host, r.until, r.member, r.reason
+        ));
+    }
+    out
+}
+
+/// The pool's members lost with their host, one line each (member, host, since when the host
+/// is dead); empty without any.
+fn lost(p: &egress_web::status::PoolStatusRow) -> String {
+    let mut out = String::new();
+    for l in &p.status.lost_members {
+        out.push_str(&format!(
+            "  lost {} with host {} (dead since {}): replaced; deleted once the host answers \
+             again\n",
+            l.member, l.host, l.since
         ));
     }
     out
@@ -170,6 +187,8 @@ mod tests {
         let mut d = member("web-3", false);
         d.deleting = true;
         d.template_hash = "old".into();
+        let mut drained = member("web-4", false);
+        drained.draining_since = Some("2026-01-01T01:59:00Z".into());
         let doc = StatusDocument {
             generated_at: String::new(),
             proxies: vec![],
@@ -183,9 +202,14 @@ mod tests {
                     available_replicas: 1,
                     quarantined: vec!["web-2".into()],
                     template_hash: "abc".into(),
+                    lost_members: vec![egress_core::pool::status::LostMember {
+                        member: "web-0".into(),
+                        host: "h2".into(),
+                        since: "2026-01-01T01:58:00Z".into(),
+                    }],
                     ..Default::default()
                 },
-                members: vec![pinned, q, d],
+                members: vec![pinned, q, d, drained],
                 error: None,
             }],
         };
@@ -212,6 +236,21 @@ mod tests {
             .unwrap_or_default();
         assert!(web2.contains(" Running  - "), "{text}");
         assert!(text.contains("deleting"), "{text}");
+        let web4 = text
+            .lines()
+            .find(|l| l.contains("web-4"))
+            .unwrap_or_default();
+        assert!(
+            web4.contains(" draining since 2026-01-01T01:59:00Z "),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "\n  lost web-0 with host h2 (dead since 2026-01-01T01:58:00Z): replaced; deleted \
+                 once the host answers again\n"
+            ),
+            "{text}"
+        );
         assert!(text.contains("2h"), "{text}");
         assert!(!text.contains("TEMPLATE"), "{text}");
         let wide = render(&doc, now, true);

@@ -23,7 +23,10 @@
 //!   collector runs, and the pool disappears last. The garbage collector may delete members
 //!   first (a foreground deletion, or the finalizer removed by hand): a member already gone or
 //!   being deleted is not an error. A pool deleted with `propagationPolicy: Orphan` leaves its
-//!   members: only members that still name the pool as their owner are deleted with it.
+//!   members: only members that still name the pool as their owner are deleted with it, and
+//!   a deleted pool's delete of a member holds only for the member as read (resourceVersion
+//!   precondition), so a cache that has not shown the collector (or a user) removing the
+//!   reference yet never deletes a member that no longer belongs to the pool.
 //! - A member the pool created is counted until the watch shows it (expectations), so a
 //!   reconcile that runs before the watch caught up never creates it twice.
 //! - Metrics as in standalone mode: members by state on every reconcile; a replacement counted

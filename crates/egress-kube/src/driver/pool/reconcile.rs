@@ -299,7 +299,18 @@ impl PoolDriver for KubePool<'_> {
             // A create the watch has not shown yet: deleted once it is seen.
             return Ok(false);
         };
-        let accepted = delete_member(self.proxies, p).await?;
+        // NB: a deleted pool takes a member along only because the cache shows the member
+        // naming the pool as its owner, and the cache may lag: with `propagationPolicy:
+        // Orphan` the garbage collector removes that reference and only then the `orphan`
+        // finalizer, so a round may see the pool without that finalizer and a member still
+        // owned. The delete holds only for the member as read (its resourceVersion); one that
+        // changed since is looked at again once the watch shows it (its change wakes the pool).
+        let as_read = self.pool.meta().deletion_timestamp.is_some();
+        let accepted = match delete_member(self.proxies, p, as_read).await? {
+            Deleted::Accepted => true,
+            Deleted::Gone => false,
+            Deleted::Changed => return Ok(false),
+        };
         Ok(members::note_delete(
             lock(&self.ctx.expectations)
                 .pools
@@ -387,20 +398,36 @@ pub(crate) fn member_body(
     p
 }
 
-/// Deletes member `p` if it is still the object read (UID precondition); gone or replaced
-/// is not an error. True when the API server took the delete (false: gone or replaced).
-async fn delete_member(api: &Api<Proxy>, p: &Proxy) -> Result<bool, PoolError> {
+/// What became of a member delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Deleted {
+    /// The API server took it.
+    Accepted,
+    /// The member was gone or replaced (another UID).
+    Gone,
+    /// The member changed since it was read (only for a delete of the member as read).
+    Changed,
+}
+
+/// Deletes member `p` if it is still the object read: the same UID, and with `as_read` the
+/// same resourceVersion too. Gone, replaced or changed is not an error.
+async fn delete_member(api: &Api<Proxy>, p: &Proxy, as_read: bool) -> Result<Deleted, PoolError> {
     let dp = DeleteParams {
         preconditions: Some(Preconditions {
             uid: p.meta().uid.clone(),
-            resource_version: None,
+            resource_version: if as_read {
+                p.meta().resource_version.clone()
+            } else {
+                None
+            },
         }),
         ..DeleteParams::default()
     };
     // rbac: PROXIES delete
     match bounded(api.delete(&p.name_any(), &dp)).await {
-        Ok(_) => Ok(true),
-        Err(e) if matches!(code(&e), Some(404 | 409)) => Ok(false),
+        Ok(_) => Ok(Deleted::Accepted),
+        Err(e) if as_read && code(&e) == Some(409) => Ok(Deleted::Changed),
+        Err(e) if matches!(code(&e), Some(404 | 409)) => Ok(Deleted::Gone),
         Err(e) => Err(e),
     }
 }

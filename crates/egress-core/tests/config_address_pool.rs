@@ -146,3 +146,71 @@ fn a_pool_on_a_host_without_a_nic_is_refused() {
         "{e}"
     );
 }
+
+/// A second host of the example's entry, with `extra` lines and `pool`.
+fn second(extra: &str, pool: &str) -> String {
+    format!(
+        "      - name: second\n        address: 127.0.0.2:22\n        network: default\n        \
+         sshKeyFile: /root/.ssh/id_ed25519\n        knownHostsFile: /root/.ssh/known_hosts\n\
+         {extra}{pool}"
+    )
+}
+
+#[test]
+fn hosts_of_one_segment_share_one_identical_pool_and_a_different_one_is_refused_naming_both() {
+    let seg = "        segment: rack1\n";
+    let c = ok(&with_host(&format!("{seg}{POOL}{}", second(seg, POOL))));
+    let ProviderEntry::Libvirt(e) = &c.providers[0];
+    assert_eq!(e.hosts[0].segment.as_deref(), Some("rack1"));
+    assert_eq!(e.hosts[0].segment_key(), e.hosts[1].segment_key());
+    let narrower = POOL.replace("203.0.113.2-203.0.113.8", "203.0.113.2-203.0.113.7");
+    let e = errs(&with_host(&format!(
+        "{seg}{POOL}{}",
+        second(seg, &narrower)
+    )));
+    assert_eq!(e.errors.len(), 1, "{e}");
+    let x = &e.errors[0];
+    assert_eq!(x.path, "providers[0].hosts[1].addressPool", "{e}");
+    assert!(
+        x.message.contains("providers[0].hosts[0].addressPool"),
+        "{e}"
+    );
+    assert!(x.message.contains("rack1"), "{e}");
+    // One host of the segment without a pool: refused too.
+    let e = errs(&with_host(&format!("{seg}{POOL}{}", second(seg, ""))));
+    assert_eq!(e.errors[0].path, "providers[0].hosts[1].addressPool", "{e}");
+    // A segment name is an identifier.
+    let e = errs(&with_host("        segment: Rack 1\n"));
+    assert_eq!(e.errors[0].path, "providers[0].hosts[0].segment", "{e}");
+}
+
+#[test]
+fn a_fence_needs_a_program_and_a_timeout_within_bounds() {
+    let c = ok(&with_host(
+        "        fence: {command: [ipmitool, -H, bmc-h1, chassis, power, off]}\n",
+    ));
+    let ProviderEntry::Libvirt(e) = &c.providers[0];
+    let f = e.hosts[0].fence.as_ref().unwrap();
+    assert_eq!(f.command[0], "ipmitool");
+    assert_eq!(f.timeout, std::time::Duration::from_secs(30), "the default");
+    let e = errs(&with_host("        fence: {command: []}\n"));
+    assert_eq!(
+        e.errors[0].path, "providers[0].hosts[0].fence.command",
+        "{e}"
+    );
+    for (t, shown) in [("0", "0s"), ("11m", "660s")] {
+        let e = errs(&with_host(&format!(
+            "        fence: {{command: [off], timeout: {t}}}\n"
+        )));
+        assert_eq!(
+            e.errors[0].path, "providers[0].hosts[0].fence.timeout",
+            "{e}"
+        );
+        assert!(e.errors[0].message.contains(shown), "{e}");
+    }
+    let e = errs(&with_host("        fence: {command: [\" \"]}\n"));
+    assert_eq!(
+        e.errors[0].path, "providers[0].hosts[0].fence.command[0]",
+        "{e}"
+    );
+}

@@ -67,6 +67,8 @@ fn providers(entry: &str, sshd: &Sshd, pool: &str) -> Providers {
         guest_cidr: Vec::new(),
         address_pool: None,
         maintenance: Default::default(),
+        segment: None,
+        fence: None,
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,

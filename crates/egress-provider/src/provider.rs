@@ -67,6 +67,16 @@ pub trait Provider: Send + Sync {
         let _ = retired;
     }
 
+    /// Records that an administrator declared `host` dead (its guests are off): what its
+    /// instances held (declared egress addresses) may be given to instances on other hosts of
+    /// its segment, until the host answers again. Refused (Transient) while the host's last
+    /// check did not find it dead. Returns what was freed. The default (a provider that
+    /// holds nothing per host) frees nothing.
+    fn fence_host(&self, host: &str) -> Result<Vec<std::net::IpAddr>> {
+        let _ = host;
+        Ok(Vec::new())
+    }
+
     /// Makes sure the base for catalogue key (or allowed URL) `image` is cached, verified and
     /// published on `host`, importing it if needed and reporting bytes through `progress`.
     /// Idempotent: a cached base is reused without a download. Never creates an instance.

@@ -91,6 +91,8 @@ fn host(ranges: &[String]) -> HostConfig {
         capacity: Default::default(),
         access: None,
         maintenance: Default::default(),
+        segment: None,
+        fence: None,
     }
 }
 

@@ -55,6 +55,8 @@ fn host(network: bool, guest_cidr: &[&str]) -> HostConfig {
         guest_cidr: guest_cidr.iter().map(|s| (*s).to_owned()).collect(),
         address_pool: None,
         maintenance: Default::default(),
+        segment: None,
+        fence: None,
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,

@@ -79,6 +79,8 @@ fn setup() -> (FakeLibvirt, LibvirtProvider, ProviderId) {
         guest_cidr: Vec::new(),
         address_pool: None,
         maintenance: Default::default(),
+        segment: None,
+        fence: None,
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,

@@ -140,6 +140,8 @@ async fn a_part_left_by_a_daemon_crash_is_removed_once_the_host_answers_again() 
             guest_cidr: Vec::new(),
             address_pool: None,
             maintenance: Default::default(),
+            segment: None,
+            fence: None,
             host_addresses: Vec::new(),
             capacity: Default::default(),
             access: None,

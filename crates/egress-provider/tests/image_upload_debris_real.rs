@@ -95,6 +95,8 @@ async fn a_part_left_by_a_killed_libvirtd_is_removed_once_it_answers_again() {
         guest_cidr: Vec::new(),
         address_pool: None,
         maintenance: Default::default(),
+        segment: None,
+        fence: None,
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,

@@ -49,6 +49,8 @@ fn host() -> HostConfig {
         guest_cidr: Vec::new(),
         address_pool: None,
         maintenance: Default::default(),
+        segment: None,
+        fence: None,
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,

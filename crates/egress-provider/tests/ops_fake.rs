@@ -55,6 +55,8 @@ fn host() -> HostConfig {
         guest_cidr: vec!["192.168.122.0/24".into()],
         address_pool: None,
         maintenance: Default::default(),
+        segment: None,
+        fence: None,
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,

@@ -91,6 +91,8 @@ fn host(sshd: &Sshd, pool: &str, virt_type: VirtType) -> HostConfig {
         guest_cidr: Vec::new(),
         address_pool: None,
         maintenance: Default::default(),
+        segment: None,
+        fence: None,
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,

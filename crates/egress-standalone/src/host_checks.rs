@@ -5,7 +5,8 @@
 //! Guarantees: every configured host has a row from the start (`Unknown` before its first
 //! check, [`seed_rows`]); an entry whose check missed [`CHECK_DEADLINE`] is recorded as
 //! `Timeout` on every host, so placement avoids it too; rows of hosts no longer configured
-//! go when the config is reloaded.
+//! go when the config is reloaded; after each entry's check, the hosts an administrator
+//! declared dead are applied (see [`crate::fenced_hosts`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -55,12 +56,18 @@ pub(crate) fn seed_rows(store: &Store, ctx: &Context) {
 pub(crate) struct HostChecks {
     store: Arc<Store>,
     ctx: Arc<Context>,
+    /// Declarations of dead hosts applied by this process.
+    fenced: crate::fenced_hosts::Applied,
 }
 
 impl HostChecks {
     /// Host checks recorded into `store`, acting through `ctx`.
     pub(crate) fn new(store: Arc<Store>, ctx: Arc<Context>) -> Self {
-        Self { store, ctx }
+        Self {
+            store,
+            ctx,
+            fenced: Default::default(),
+        }
     }
 }
 
@@ -79,6 +86,10 @@ impl HostCheckDriver for HostChecks {
             None => host_checks::timeout_reports(&check),
         };
         self.ctx.controller.record_host_reports(&entry, &reports);
+        // NB: only real reports: a check that missed its deadline told the provider nothing.
+        if let Some(r) = &check.reports {
+            crate::fenced_hosts::apply(&self.ctx.manifest_dir, &check.handle, r, &self.fenced);
+        }
         if let Some(engine) = &self.ctx.health {
             engine.hosts_reported(&entry, &reports);
         }

@@ -60,6 +60,7 @@
 mod adoption;
 mod config_watch;
 mod context;
+pub mod fenced_hosts;
 pub mod gateway_feed;
 mod gc;
 mod host_checks;

@@ -507,6 +507,31 @@ fn a_pinned_address_places_the_proxy_on_the_host_whose_pool_holds_it() {
         msg.contains("host h2 (its address pool holds spec.egress.address)"),
         "{msg}"
     );
+    // Hosts of one segment share the pool: the first holder not Ready, the next one takes it
+    // (whatever their load); both not Ready, it waits for the first.
+    let mut seg = e.clone();
+    seg.hosts[0].address_pool = seg.hosts[1].address_pool.clone();
+    let on_segment = |h1: Option<HostState>, h2: Option<HostState>| {
+        let mut c = case(proxy().egress(&["203.0.113.7"]))
+            .load("h1", 0, h1)
+            .load("h2", 5, h2);
+        c.entry = Some(seg.clone());
+        c.run()
+    };
+    assert_eq!(created_host(&on_segment(None, None)).0, "h1");
+    assert_eq!(
+        created_host(&on_segment(Some(HostState::Unreachable), None)).0,
+        "h2"
+    );
+    let d = on_segment(Some(HostState::Timeout), Some(HostState::Unreachable));
+    assert_eq!(d.action, Action::None);
+    assert!(
+        ready(&d)
+            .2
+            .contains("host h1 (its address pool holds spec.egress.address)"),
+        "{:?}",
+        ready(&d)
+    );
 }
 
 #[test]

@@ -38,6 +38,8 @@ pub(super) fn host(name: &str, max_concurrent: u32) -> HostConfig {
         guest_cidr: Vec::new(),
         address_pool: None,
         maintenance: Default::default(),
+        segment: None,
+        fence: None,
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,

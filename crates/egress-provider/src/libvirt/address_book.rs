@@ -1,29 +1,40 @@
-//! Declared egress addresses of one provider entry, per host: which instance holds which
-//! address of the host's address pool, kept in a [`HostAddresses`] per host and fed by the
-//! host's own listings, so the hosts stay the source of truth across operator restarts.
+//! Declared egress addresses of one provider entry, per segment: which instance holds which
+//! address of the segment's address pool, kept in one [`HostAddresses`] per segment (hosts of
+//! an entry with the same `segment` share one; a host without one is a segment of its own) and
+//! fed by the hosts' own listings, so the hosts stay the source of truth across operator
+//! restarts. A holder is `host/domain` (one Proxy's domain has the same name on every host).
 //!
 //! Guarantees:
-//! - **rebuilt before the first allocation**: nothing is allocated on a host until one complete
-//!   listing of its domains ([`ops::list::list_host`]) has been recorded; every valid mark
-//!   under our namespace that records addresses counts as held, whatever its entry or
-//!   installation. Concurrent first creates on a host share that one listing;
-//! - **never two holders**: the allocator hands an address to at most one holder (the domain
-//!   name, unique on a host); allocation for a holder is idempotent (a retried create gets the
-//!   same addresses);
+//! - **rebuilt before the first allocation**: nothing of a segment is allocated until every
+//!   host of it has had one complete listing of its domains ([`ops::list::list_host`])
+//!   recorded, or has been fenced ([`AddressBook::fence`]): a restart during an outage never
+//!   guesses what a dead host holds. Every valid mark under our namespace that records
+//!   addresses counts as held, whatever its entry or installation. Concurrent first creates on
+//!   a host share that one listing;
+//! - **never two holders**: the allocator hands an address to at most one holder in the whole
+//!   segment; allocation for a holder is idempotent (a retried create gets the same addresses);
 //! - **released only when the instance is confirmed gone**: after a delete succeeded
 //!   ([`AddressBook::release_deleted`]); after a failed create that left no domain (none
 //!   existed under the per-name lock and the one it defined, if any, was undefined), so the
-//!   retry's placement does not see the host full of its own allocation; or when a complete
-//!   listing that started after the holder's last create ended no longer shows it
-//!   ([`AddressBook::apply_listing`]); a create in flight is never released by a listing,
-//!   whatever the listing saw;
+//!   retry's placement does not see the host full of its own allocation; when a complete
+//!   listing of the holder's host that started after the holder's last create ended no longer
+//!   shows it ([`AddressBook::apply_listing`]; a listing of one host never releases another
+//!   host's holders); or when its host was fenced (its fence command exited 0, or an
+//!   administrator declared it dead). Never on a timeout. A create in flight is never
+//!   released by a listing, whatever the listing saw;
 //! - a failed allocation holds nothing it did not hold before; its error names the host and
-//!   the pool's family (exhaustion: QuotaExceeded) or the holder or the ranges (a pinned
-//!   address taken or outside the pool: Permanent);
-//! - **retired addresses are never handed out** (see [`super::retired`]): the process's
-//!   retirements for the host are read before every allocation, and while they have not been
+//!   the pool's family (exhaustion: QuotaExceeded) or the ranges (outside the pool: Permanent);
+//!   a pinned address held on the same host is Permanent, one held on another host of the
+//!   segment Transient, naming that host and what is waited for;
+//! - **retired addresses are never handed out** (see [`super::retired`]): the retirements of
+//!   every host of the segment are read before every allocation, and while they have not been
 //!   read back after a start (the registry is not primed) nothing is allocated (Transient);
 //! - the lock is a std mutex held for in-memory work only, never across an `.await`.
+//!
+//! One piece (about 630 lines, its tests apart): the segment book's state (holdings, listed
+//! and fenced hosts, creates in flight and their ends) is read and changed together by every
+//! method under one lock; split, the rule that a listing, a create's end and a fence see one
+//! consistent state would span files.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -42,18 +53,31 @@ use crate::error::{ProviderError, Result};
 use crate::model::{AddressUsage, HostReport, HostState};
 use crate::sync::lock;
 
-/// One host's allocation state.
+/// One segment's allocation state (a host without `segment` is a segment of its own). A
+/// holder is `host/domain`: a domain name is unique on a host, and one Proxy's domain has the
+/// same name on every host.
 #[derive(Debug)]
-struct HostBook {
+struct SegmentBook {
     alloc: HostAddresses,
-    /// Whether a complete listing has been recorded.
-    rebuilt: bool,
+    /// Hosts of the segment whose complete listing has been recorded.
+    listed: HashSet<String>,
+    /// Hosts fenced since their last listing (their guests are off), with how.
+    fenced: HashMap<String, String>,
     /// Holder → creates in flight for it.
     in_flight: HashMap<String, u32>,
     /// Holder → the sequence number at which its last create ended.
     ended: HashMap<String, u64>,
     /// Increases at every create end and listing start.
     seq: u64,
+}
+
+fn holder_key(host: &str, domain: &str) -> String {
+    format!("{host}/{domain}")
+}
+
+/// The host part of a holder key.
+fn holder_host(key: &str) -> &str {
+    key.split_once('/').map_or(key, |(h, _)| h)
 }
 
 /// The address pools of an entry's hosts and their allocations.
@@ -63,7 +87,11 @@ pub struct AddressBook {
     /// Pools that did not parse, by host, with the reason (the config check refuses them; a
     /// create on such a host fails Permanent rather than ignoring the pool).
     invalid: HashMap<String, String>,
-    books: Mutex<HashMap<String, HostBook>>,
+    /// Host → its segment's key ([`LibvirtEntry`] hosts' `segment`, else the host itself).
+    segment_of: HashMap<String, String>,
+    /// Segment key → its hosts, in config order.
+    members: HashMap<String, Vec<String>>,
+    books: Mutex<HashMap<String, SegmentBook>>,
     /// One first listing per host at a time.
     rebuilding: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The entry's name (retirements are kept per entry and host).
@@ -78,6 +106,7 @@ pub struct AddressBook {
 pub struct InFlight<'a> {
     book: &'a AddressBook,
     host: String,
+    /// The holder key (`host/domain`).
     holder: String,
     /// The addresses allocated (IPv4 first).
     pub addresses: Vec<IpAddr>,
@@ -85,8 +114,9 @@ pub struct InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
+        let seg = self.book.segment(&self.host);
         let mut g = lock(&self.book.books);
-        if let Some(b) = g.get_mut(&self.host) {
+        if let Some(b) = g.get_mut(seg) {
             if let Some(n) = b.in_flight.get_mut(&self.holder) {
                 *n = n.saturating_sub(1);
                 if *n == 0 {
@@ -109,7 +139,12 @@ impl AddressBook {
     pub fn new(entry: &LibvirtEntry) -> Self {
         let mut pools = HashMap::new();
         let mut invalid = HashMap::new();
+        let mut segment_of = HashMap::new();
+        let mut members: HashMap<String, Vec<String>> = HashMap::new();
         for h in &entry.hosts {
+            let seg = h.segment_key();
+            members.entry(seg.clone()).or_default().push(h.name.clone());
+            segment_of.insert(h.name.clone(), seg);
             let Some(p) = &h.address_pool else { continue };
             match p.parse() {
                 Ok(pp) => {
@@ -128,6 +163,8 @@ impl AddressBook {
         Self {
             pools,
             invalid,
+            segment_of,
+            members,
             entry: entry.name.clone(),
             ..Self::default()
         }
@@ -138,10 +175,37 @@ impl AddressBook {
         *lock(&self.retired) = retired;
     }
 
+    /// The retired addresses of `host`'s segment (every host of it shares its pool).
     fn retired_of(&self, host: &str) -> Option<Vec<IpAddr>> {
         let reg = Arc::clone(&lock(&self.retired));
-        reg.of_host(&self.entry, host, SystemTime::now())
-            .map(|v| v.iter().map(|r| r.address).collect())
+        let now = SystemTime::now();
+        let mut out = Vec::new();
+        for h in self.hosts_of(host) {
+            out.extend(reg.of_host(&self.entry, h, now)?.iter().map(|r| r.address));
+        }
+        Some(out)
+    }
+
+    /// `host`'s segment key (the host itself when it is not in the config).
+    fn segment<'a>(&'a self, host: &'a str) -> &'a str {
+        self.segment_of.get(host).map_or(host, String::as_str)
+    }
+
+    /// The hosts of `host`'s segment (at least `host`).
+    fn hosts_of<'a>(&'a self, host: &'a str) -> Vec<&'a str> {
+        match self.members.get(self.segment(host)) {
+            Some(m) if !m.is_empty() => m.iter().map(String::as_str).collect(),
+            _ => vec![host],
+        }
+    }
+
+    /// The hosts of `host`'s segment neither listed nor fenced yet (their holdings unknown).
+    fn unknown_hosts(&self, host: &str, b: &SegmentBook) -> Vec<String> {
+        self.hosts_of(host)
+            .into_iter()
+            .filter(|h| !b.listed.contains(*h) && !b.fenced.contains_key(*h))
+            .map(str::to_owned)
+            .collect()
     }
 
     /// The host's parsed pool; `Ok(None)` without one, Permanent when it is invalid.
@@ -183,19 +247,24 @@ impl AddressBook {
     }
 
     fn is_rebuilt(&self, host: &str) -> bool {
-        lock(&self.books).get(host).is_some_and(|b| b.rebuilt)
+        lock(&self.books)
+            .get(self.segment(host))
+            .is_some_and(|b| b.listed.contains(host))
     }
 
-    fn with_book<T>(&self, host: &str, f: impl FnOnce(&mut HostBook) -> T) -> Option<T> {
+    fn with_book<T>(&self, host: &str, f: impl FnOnce(&mut SegmentBook) -> T) -> Option<T> {
         let pool = self.pools.get(host)?;
         let mut g = lock(&self.books);
-        let b = g.entry(host.to_owned()).or_insert_with(|| HostBook {
-            alloc: HostAddresses::new(pool),
-            rebuilt: false,
-            in_flight: HashMap::new(),
-            ended: HashMap::new(),
-            seq: 0,
-        });
+        let b = g
+            .entry(self.segment(host).to_owned())
+            .or_insert_with(|| SegmentBook {
+                alloc: HostAddresses::new(pool),
+                listed: HashSet::new(),
+                fenced: HashMap::new(),
+                in_flight: HashMap::new(),
+                ended: HashMap::new(),
+                seq: 0,
+            });
         Some(f(b))
     }
 
@@ -215,11 +284,12 @@ impl AddressBook {
     /// it is in flight or ended after the listing started.
     pub fn apply_listing(&self, host: &str, started: u64, claims: &[Claim]) {
         self.with_book(host, |b| {
-            let shown: HashSet<&str> = claims.iter().map(|c| c.domain.as_str()).collect();
+            let shown: HashSet<String> = claims.iter().map(|c| holder_key(host, &c.domain)).collect();
             let gone: Vec<String> = b
                 .alloc
                 .holders()
-                .filter(|h| !shown.contains(h))
+                .filter(|h| holder_host(h) == host)
+                .filter(|h| !shown.contains(*h))
                 .filter(|h| !b.in_flight.contains_key(*h))
                 .filter(|h| b.ended.get(*h).is_none_or(|e| *e < started))
                 .map(str::to_owned)
@@ -229,15 +299,19 @@ impl AddressBook {
                 b.ended.remove(&h);
                 tracing::info!(host, holder = %h, ?freed, "released the addresses of an instance the host no longer lists");
             }
-            let conflicts = b.alloc.rebuild(
-                claims
-                    .iter()
-                    .flat_map(|c| c.addresses.iter().map(|a| (c.domain.as_str(), *a))),
-            );
+            let keys: Vec<(String, IpAddr)> = claims
+                .iter()
+                .flat_map(|c| c.addresses.iter().map(|a| (holder_key(host, &c.domain), *a)))
+                .collect();
+            let conflicts = b
+                .alloc
+                .rebuild(keys.iter().map(|(k, a)| (k.as_str(), *a)));
             for c in conflicts {
                 tracing::warn!(host, address = %c.address, kept = %c.kept, refused = %c.refused, "two domains claim one declared egress address; it stays with the first");
             }
-            b.rebuilt = true;
+            b.listed.insert(host.to_owned());
+            // It answered: its listing, not the fence, says what it holds from now on.
+            b.fenced.remove(host);
         });
     }
 
@@ -298,10 +372,21 @@ impl AddressBook {
                  yet; retrying"
             )));
         };
+        let key = holder_key(host, holder);
+        let holder = key.as_str();
         let res = self.with_book(host, |b| {
-            if !b.rebuilt {
+            let unknown = self.unknown_hosts(host, b);
+            if unknown.iter().any(|h| h == host) {
                 return Err(ProviderError::transient(format!(
                     "host {host}'s address allocations have not been read yet; retrying"
+                )));
+            }
+            if !unknown.is_empty() {
+                // NB: a restart during an outage must not guess what a dead host holds.
+                return Err(ProviderError::transient(format!(
+                    "no address of host {host}'s segment is handed out until every host of it \
+                     has been listed once or fenced: waiting for {}",
+                    unknown.join(", ")
                 )));
             }
             let before: Vec<IpAddr> = [true, false]
@@ -338,7 +423,7 @@ impl AddressBook {
             Some(Ok(addresses)) => Ok(Some(InFlight {
                 book: self,
                 host: host.to_owned(),
-                holder: holder.to_owned(),
+                holder: key.clone(),
                 addresses,
             })),
         }
@@ -347,9 +432,10 @@ impl AddressBook {
     /// Frees `holder`'s addresses on `host`: call only once its domain is confirmed gone (a
     /// delete succeeded, or a failed create left none).
     pub fn release_deleted(&self, host: &str, holder: &str) {
+        let key = holder_key(host, holder);
         self.with_book(host, |b| {
-            let freed = b.alloc.release(holder);
-            b.ended.remove(holder);
+            let freed = b.alloc.release(&key);
+            b.ended.remove(&key);
             if !freed.is_empty() {
                 tracing::info!(
                     host,
@@ -369,7 +455,7 @@ impl AddressBook {
         };
         let retired = self.retired_of(host).unwrap_or_default();
         self.with_book(host, |b| {
-            if !b.rebuilt {
+            if !self.unknown_hosts(host, b).is_empty() {
                 return Vec::new();
             }
             [(true, pool.ipv4.as_ref()), (false, pool.ipv6.as_ref())]
@@ -426,8 +512,86 @@ impl AddressBook {
                     "reading address allocations took over {budget:?}"
                 ),
             }
-            r.addresses = self.usage(&r.host);
         }
+        // NB: after every host was read: a segment's usage is known only once all its hosts are.
+        for r in reports.iter_mut() {
+            if self.has_pool(&r.host)
+                && !matches!(r.state, HostState::Unreachable | HostState::Timeout)
+            {
+                r.addresses = self.usage(&r.host);
+            }
+        }
+    }
+
+    /// Records that `host` is off (its fence command succeeded, or an administrator declared
+    /// it dead): every address its instances held is released, and the host counts as known
+    /// until it lists again (a listing replaces the fence). `how` is kept for status and logs.
+    /// Returns the addresses freed.
+    pub fn fence(&self, host: &str, how: &str) -> Vec<IpAddr> {
+        self.with_book(host, |b| {
+            let of_host: Vec<String> = b
+                .alloc
+                .holders()
+                .filter(|h| holder_host(h) == host)
+                .map(str::to_owned)
+                .collect();
+            let mut freed = Vec::new();
+            for h in of_host {
+                freed.extend(b.alloc.release(&h));
+                b.ended.remove(&h);
+            }
+            b.fenced.insert(host.to_owned(), how.to_owned());
+            tracing::warn!(
+                host,
+                how,
+                ?freed,
+                "host fenced: the addresses its instances held are released"
+            );
+            freed
+        })
+        .unwrap_or_default()
+    }
+
+    /// Whether `host` has been fenced since its last listing, and how.
+    pub fn fenced(&self, host: &str) -> Option<String> {
+        lock(&self.books)
+            .get(self.segment(host))
+            .and_then(|b| b.fenced.get(host).cloned())
+    }
+
+    /// The host whose instance holds `ip` in `host`'s segment, if any.
+    pub fn holder_host(&self, host: &str, ip: IpAddr) -> Option<String> {
+        self.holder(host, ip).map(|(h, _)| h)
+    }
+
+    /// The instance holding `ip` in `host`'s segment, if any: its host and domain name.
+    pub fn holder(&self, host: &str, ip: IpAddr) -> Option<(String, String)> {
+        lock(&self.books).get(self.segment(host)).and_then(|b| {
+            let key = b.alloc.holder_of(ip)?;
+            let (h, d) = key.split_once('/')?;
+            Some((h.to_owned(), d.to_owned()))
+        })
+    }
+
+    /// The other hosts of `host`'s segment neither listed nor fenced since the start.
+    pub fn unknown_peers(&self, host: &str) -> Vec<String> {
+        if !self.pools.contains_key(host) {
+            return Vec::new();
+        }
+        self.with_book(host, |b| self.unknown_hosts(host, b))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|h| h != host)
+            .collect()
+    }
+
+    /// The other hosts of `host`'s segment (empty for a host on a segment of its own).
+    pub fn segment_peers(&self, host: &str) -> Vec<String> {
+        self.hosts_of(host)
+            .into_iter()
+            .filter(|h| *h != host)
+            .map(str::to_owned)
+            .collect()
     }
 
     /// Whether `host` has an address pool.
@@ -462,6 +626,16 @@ fn alloc_error(host: &str, e: AllocError, retired: &[IpAddr]) -> ProviderError {
              blocklist; see the pools' status.retiredAddresses): no Proxy is given it until its \
              retirement ends"
         )),
+        // An instance on another host of the segment: it moves once that one is confirmed
+        // gone (the host lists it no more, or is fenced), never on a timeout alone.
+        AllocError::Taken { address, holder } if holder_host(&holder) != host => {
+            let other = holder_host(&holder);
+            ProviderError::transient(format!(
+                "the pinned address {address} is held by an instance on host {other} of host \
+                 {host}'s segment: waiting for host {other} to answer without it, or to be \
+                 fenced"
+            ))
+        }
         // NB: the holder is another Proxy's instance, perhaps another tenant's: not named.
         AllocError::Taken { address, .. } => ProviderError::permanent(format!(
             "the pinned address {address} on host {host} is already held by another instance"
@@ -484,107 +658,5 @@ fn alloc_error(host: &str, e: AllocError, retired: &[IpAddr]) -> ProviderError {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::libvirt::address_pool::{AddressPool, FamilyPool};
-
-    fn book(ranges: &[&str]) -> AddressBook {
-        let pool = AddressPool {
-            ipv4: Some(FamilyPool {
-                prefix: "203.0.113.0/24".into(),
-                gateway: "203.0.113.1".into(),
-                ranges: ranges.iter().map(|r| r.to_string()).collect(),
-            }),
-            ipv6: None,
-            dns: vec![],
-            access: None,
-            hold_released: crate::libvirt::address_pool::DEFAULT_HOLD_RELEASED,
-        };
-        let mut pools = HashMap::new();
-        pools.insert("h1".to_owned(), pool.parse().unwrap());
-        AddressBook {
-            pools,
-            ..AddressBook::default()
-        }
-    }
-
-    fn claim(domain: &str, a: &str) -> Claim {
-        Claim {
-            domain: domain.into(),
-            addresses: vec![a.parse().unwrap()],
-        }
-    }
-
-    fn held(b: &AddressBook) -> u64 {
-        b.usage("h1")[0].held
-    }
-
-    #[test]
-    fn nothing_is_allocated_before_the_first_listing() {
-        let b = book(&["203.0.113.10-203.0.113.20"]);
-        let e = b.allocate("h1", "dA", &[]).unwrap_err();
-        assert!(e.is_transient(), "{e}");
-        assert!(b.usage("h1").is_empty(), "unknown before a listing");
-        b.apply_listing(
-            "h1",
-            b.listing_started("h1"),
-            &[claim("theirs", "203.0.113.10")],
-        );
-        let g = b.allocate("h1", "dA", &[]).unwrap().unwrap();
-        assert_eq!(g.addresses, vec!["203.0.113.11".parse::<IpAddr>().unwrap()]);
-    }
-
-    #[test]
-    fn a_listing_releases_only_holders_it_no_longer_shows_whose_creates_ended_before_it() {
-        let b = book(&["203.0.113.10-203.0.113.20"]);
-        b.apply_listing("h1", b.listing_started("h1"), &[]);
-        let a = b.allocate("h1", "dA", &[]).unwrap().unwrap();
-        // A listing that ran while A's create was in flight (its domain not defined yet).
-        b.apply_listing("h1", b.listing_started("h1"), &[]);
-        assert_eq!(held(&b), 1, "an in-flight create keeps its address");
-        let other = b.allocate("h1", "dB", &[]).unwrap().unwrap();
-        assert_ne!(other.addresses, a.addresses);
-        drop(other);
-        // A listing that started before A's create ended, and completed after.
-        let before_end = b.listing_started("h1");
-        drop(a);
-        b.apply_listing("h1", before_end, &[claim("dB", "203.0.113.11")]);
-        assert_eq!(
-            held(&b),
-            2,
-            "a listing older than the create's end proves nothing"
-        );
-        // A listing that shows the holder keeps it.
-        b.apply_listing(
-            "h1",
-            b.listing_started("h1"),
-            &[claim("dA", "203.0.113.10"), claim("dB", "203.0.113.11")],
-        );
-        assert_eq!(held(&b), 2);
-        // A complete listing after the create ended that no longer shows it: gone.
-        b.apply_listing(
-            "h1",
-            b.listing_started("h1"),
-            &[claim("dB", "203.0.113.11")],
-        );
-        assert_eq!(held(&b), 1);
-        // A claim the book did not know (another process's instance) is held from now on.
-        b.apply_listing(
-            "h1",
-            b.listing_started("h1"),
-            &[claim("dB", "203.0.113.11"), claim("theirs", "203.0.113.12")],
-        );
-        assert_eq!(held(&b), 2);
-    }
-
-    #[test]
-    fn a_deleted_holders_address_is_free_again() {
-        let b = book(&["203.0.113.10"]);
-        b.apply_listing("h1", b.listing_started("h1"), &[]);
-        drop(b.allocate("h1", "dA", &[]).unwrap());
-        let e = b.allocate("h1", "dB", &[]).unwrap_err();
-        assert_eq!(e.class, crate::error::ErrorClass::QuotaExceeded, "{e}");
-        b.release_deleted("h1", "dA");
-        assert!(b.allocate("h1", "dB", &[]).unwrap().is_some());
-    }
-}
+#[path = "address_book_tests.rs"]
+mod tests;

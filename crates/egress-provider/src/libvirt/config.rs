@@ -487,6 +487,49 @@ pub struct HostConfig {
     /// budget, unpinned Proxies re-placed; Proxies pinned to it stay and are reported).
     #[serde(default)]
     pub maintenance: Maintenance,
+    /// The L2 segment the host's guests sit on (`segment:`): hosts of one entry naming the same
+    /// segment share one address pool (their `addressPool`s must be identical), so a proxy
+    /// replaced on another host of the segment can keep its address. Not set: the host is a
+    /// segment of its own.
+    #[serde(default)]
+    pub segment: Option<String>,
+    /// How to power the host off when it is dead (`fence:`), so that the addresses its guests
+    /// held may move to another host of its segment. Not set: only the host answering again
+    /// (its guests gone) frees them.
+    #[serde(default)]
+    pub fence: Option<Fence>,
+}
+
+/// `fence:` of a host: a command that powers it off (e.g. through its BMC).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Fence {
+    /// The program and its arguments (no shell); exit status 0 means the host is off.
+    pub command: Vec<String>,
+    /// How long the command may run; it is killed after that, and the host is not fenced.
+    #[serde(default = "default_fence_timeout", with = "super::secs")]
+    pub timeout: Duration,
+}
+
+/// How long a fence command may run when `fence.timeout` is not set.
+pub const DEFAULT_FENCE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Shortest `fence.timeout` accepted.
+pub const MIN_FENCE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest `fence.timeout` accepted.
+pub const MAX_FENCE_TIMEOUT: Duration = Duration::from_secs(600);
+
+fn default_fence_timeout() -> Duration {
+    DEFAULT_FENCE_TIMEOUT
+}
+
+impl HostConfig {
+    /// The segment the host belongs to: its `segment`, else its own name (a segment of one).
+    pub fn segment_key(&self) -> String {
+        match &self.segment {
+            Some(s) => format!("segment:{s}"),
+            None => format!("host:{}", self.name),
+        }
+    }
 }
 
 /// `maintenance:` of a host: whether it is taken out of service.

@@ -11,6 +11,7 @@ pub mod check;
 pub mod classify;
 pub mod config;
 pub mod domain_xml;
+pub mod fence;
 pub mod hostpool;
 pub mod image;
 pub mod mark;

@@ -13,7 +13,8 @@
 //! One piece: it is the wiring of the `Provider` trait, each method one ordered sequence over the
 //! sibling modules, and a create's undo record must be visible to every step that adds to it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -22,7 +23,7 @@ use libvirt_remote::Client;
 use libvirt_remote::client::{domain_state, undefine};
 use libvirt_remote::proto::{Domain, StoragePool, StorageVol};
 
-use super::address_book::AddressBook;
+use super::address_book::{AddressBook, InFlight};
 use super::caps::{self, HostCaps, Virt};
 use super::check::{self, CheckOptions};
 use super::classify::classify;
@@ -64,6 +65,28 @@ const CLEANUP_BUDGET: Duration = Duration::from_secs(30);
 // removed base, each under the call deadline; 180 s is three default call deadlines, so a
 // frozen host ends as that host's failure, never a hang.
 const BASE_GC_HOST_BUDGET: Duration = Duration::from_secs(180);
+/// How long a failed fence command's result stands before a create runs it again.
+// NB: a create is retried with backoff; without this every retry would drive the BMC.
+pub const FENCE_RETRY: Duration = Duration::from_secs(10);
+/// What the book records for a fence the host's command confirmed.
+pub const FENCED_BY_COMMAND: &str = "its fence command exited 0";
+/// What the book records for a host an administrator declared dead.
+pub const FENCED_BY_ADMIN: &str = "declared dead by an administrator";
+
+/// The last failed fence run of a host: when, and why.
+type FenceGate = Arc<tokio::sync::Mutex<Option<(std::time::Instant, String)>>>;
+
+/// Why a create waits for another host of its segment to be confirmed gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holding {
+    /// A copy of the Proxy being created holds a pinned address there: its host may be fenced.
+    OwnCopy,
+    /// Another Proxy's instance holds this pinned address there: never a reason to fence.
+    Another(IpAddr),
+    /// The host was never listed since the start: only its answer or an administrator helps.
+    Unknown,
+}
+
 /// Hosts whose bases are collected at once.
 const BASE_GC_PARALLEL: usize = 4;
 
@@ -84,6 +107,12 @@ pub struct LibvirtProvider {
     addresses: AddressBook,
     /// When each base was first found unused by [`Provider::collect_bases`].
     unused_bases: image::gc::UnusedSince,
+    /// Hosts whose last check found them dead (Unreachable or Timeout): only those are fenced.
+    dead: Mutex<HashSet<String>>,
+    /// Per host: one fence run at a time, and the last failure.
+    fencing: Mutex<HashMap<String, FenceGate>>,
+    /// How long a failed fence stands before a create runs the command again.
+    fence_retry: Duration,
 }
 
 impl std::fmt::Debug for LibvirtProvider {
@@ -126,6 +155,156 @@ impl LibvirtProvider {
             locks: Mutex::new(HashMap::new()),
             installation: None,
             unused_bases: image::gc::UnusedSince::default(),
+            dead: Mutex::new(HashSet::new()),
+            fencing: Mutex::new(HashMap::new()),
+            fence_retry: FENCE_RETRY,
+        }
+    }
+
+    /// Runs a failed fence command again only after `d` (default [`FENCE_RETRY`]).
+    pub fn with_fence_retry(mut self, d: Duration) -> Self {
+        self.fence_retry = d;
+        self
+    }
+
+    /// Allocates `name`'s addresses on `host`; when a pinned address is held by an instance on
+    /// another host of the segment, or a host of the segment was never listed, first tries to
+    /// confirm that host's instances gone: a listing of it (it answers), else — only when the
+    /// instance held there is a copy of this same Proxy (`name`: a Proxy's domain has one name
+    /// on every host) — its fence command when its last check found it dead. Another Proxy's
+    /// holding, or a host never listed since the start, is never a reason to fence: the
+    /// create waits for that host's answer or an administrator's fence. Never releases
+    /// anything on a timeout.
+    async fn allocate_moving(
+        &self,
+        host: &str,
+        name: &str,
+        req: &CreateRequest,
+    ) -> Result<Option<InFlight<'_>>> {
+        let first = self
+            .addresses
+            .allocate_avoiding(host, name, &req.pinned_egress, &req.reserved);
+        let Err(e) = first else { return first };
+        if !e.is_transient() {
+            return Err(e);
+        }
+        // Host → why its instances must be confirmed gone (a copy of this Proxy: may fence).
+        let mut others: std::collections::BTreeMap<String, Holding> = Default::default();
+        for a in &req.pinned_egress {
+            if let Some((h, domain)) = self.addresses.holder(host, *a) {
+                let why = if domain == name {
+                    Holding::OwnCopy
+                } else {
+                    Holding::Another(*a)
+                };
+                let slot = others.entry(h).or_insert(why);
+                if why == Holding::OwnCopy {
+                    *slot = why;
+                }
+            }
+        }
+        for h in self.addresses.unknown_peers(host) {
+            others.entry(h).or_insert(Holding::Unknown);
+        }
+        others.remove(host);
+        if others.is_empty() {
+            return Err(e);
+        }
+        for (other, why) in &others {
+            self.confirm_gone(other, *why).await?;
+        }
+        self.addresses
+            .allocate_avoiding(host, name, &req.pinned_egress, &req.reserved)
+    }
+
+    /// Lists `other` (recording what it holds), or, when it does not answer and `holding` is a
+    /// copy of the Proxy being created, runs its fence command if its last check found it
+    /// dead; Transient naming what is waited for otherwise.
+    async fn confirm_gone(&self, other: &str, holding: Holding) -> Result<()> {
+        if self.addresses.fenced(other).is_some() {
+            return Ok(());
+        }
+        let entry = &self.entry_cfg().name;
+        let budget = self.entry_cfg().timeouts.call;
+        let listed = tokio::time::timeout(budget, async {
+            let lease = self.pool.acquire(other).await?;
+            let started = self.addresses.listing_started(other);
+            let l =
+                ops::list::list_host(lease.client(), entry, self.installation.as_deref(), other)
+                    .await?;
+            self.addresses.apply_listing(other, started, &l.claims);
+            Ok::<(), ProviderError>(())
+        })
+        .await;
+        let failed = match listed {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => e.message,
+            Err(_) => format!("no answer within {budget:?}"),
+        };
+        let declare = format!(
+            "an administrator who knows it is off can declare it dead (`egress-proxies hosts \
+             fence {other}`)"
+        );
+        match holding {
+            Holding::OwnCopy => {}
+            // NB: never fenced for another Proxy's address: a create pinning someone else's
+            // address must not power off their host to take it. The holder is not named.
+            Holding::Another(a) => {
+                return Err(ProviderError::transient(format!(
+                    "the pinned address {a} is held by another Proxy's instance on host {other} \
+                     of this host's segment: waiting for host {other} to answer without it \
+                     ({failed}); {declare}"
+                )));
+            }
+            Holding::Unknown => {
+                return Err(ProviderError::transient(format!(
+                    "host {other} of this host's segment has not answered since the operator \
+                     started ({failed}), so what its instances hold is unknown: no address of \
+                     the segment is handed out until it answers; {declare}"
+                )));
+            }
+        }
+        let Some(fence) = self.pool.host(other)?.fence.clone() else {
+            return Err(ProviderError::transient(format!(
+                "waiting for host {other} to answer ({failed}); it has no fence command \
+                 (hosts[].fence), so only its answer frees what its instances hold, or {declare}"
+            )));
+        };
+        if !lock(&self.dead).contains(other) {
+            return Err(ProviderError::transient(format!(
+                "waiting for host {other} to answer ({failed}); its fence command runs once a \
+                 host check finds it dead"
+            )));
+        }
+        let gate = lock(&self.fencing)
+            .entry(other.to_owned())
+            .or_default()
+            .clone();
+        let mut last = gate.lock().await;
+        if self.addresses.fenced(other).is_some() {
+            return Ok(());
+        }
+        if let Some((at, why)) = last.as_ref()
+            && at.elapsed() < self.fence_retry
+        {
+            return Err(ProviderError::transient(format!(
+                "waiting for host {other} to be fenced: {why}"
+            )));
+        }
+        tracing::warn!(host = other, "running the host's fence command");
+        match super::fence::run(other, &fence).await {
+            Ok(()) => {
+                *last = None;
+                self.addresses.fence(other, FENCED_BY_COMMAND);
+                Ok(())
+            }
+            Err(why) => {
+                tracing::warn!(host = other, "fencing failed: {why}");
+                *last = Some((std::time::Instant::now(), why.clone()));
+                Err(ProviderError::transient(format!(
+                    "waiting for host {other} to be fenced: {why}"
+                )))
+            }
         }
     }
 
@@ -717,6 +896,24 @@ impl Provider for LibvirtProvider {
         self.addresses.use_retired(retired);
     }
 
+    /// The addresses `host`'s instances held may move to other hosts of its segment (see
+    /// [`AddressBook::fence`]); only while its last check found it dead, so a declaration
+    /// that outlived the outage never frees what a live host's instances hold.
+    fn fence_host(&self, host: &str) -> Result<Vec<IpAddr>> {
+        self.pool.host(host)?;
+        if self.addresses.fenced(host).is_some() {
+            return Ok(Vec::new());
+        }
+        if !lock(&self.dead).contains(host) {
+            return Err(ProviderError::transient(format!(
+                "host {host} of entry {} is not declared dead: its last check did not find \
+                 it dead (Unreachable or Timeout)",
+                self.entry_cfg().name
+            )));
+        }
+        Ok(self.addresses.fence(host, FENCED_BY_ADMIN))
+    }
+
     async fn create(&self, req: &CreateRequest, progress: &dyn Progress) -> Result<Instance> {
         let host_name = req.host.clone();
         self.pool.host(&host_name)?;
@@ -748,12 +945,7 @@ impl Provider for LibvirtProvider {
                 &host_name,
             )
             .await?;
-        let held = self.addresses.allocate_avoiding(
-            &host_name,
-            &name,
-            &req.pinned_egress,
-            &req.reserved,
-        )?;
+        let held = self.allocate_moving(&host_name, &name, req).await?;
         let egress = held.as_ref().map_or(&[][..], |h| &h.addresses[..]);
         let mut made = Made::default();
         match self
@@ -840,6 +1032,16 @@ impl Provider for LibvirtProvider {
     async fn check(&self) -> Vec<HostReport> {
         match check::check_all(&self.pool, &self.check).await {
             Ok(mut r) => {
+                {
+                    let mut dead = lock(&self.dead);
+                    for h in &r {
+                        if matches!(h.state, HostState::Unreachable | HostState::Timeout) {
+                            dead.insert(h.host.clone());
+                        } else {
+                            dead.remove(&h.host);
+                        }
+                    }
+                }
                 self.clear_debris(&r).await;
                 let (entry, budget) = (&self.entry_cfg().name, self.entry_cfg().timeouts.call);
                 self.addresses

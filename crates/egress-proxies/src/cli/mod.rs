@@ -21,6 +21,7 @@ mod crds;
 mod echo;
 mod gateway;
 mod gc;
+mod hosts;
 mod images;
 mod images_gc;
 mod kubernetes;
@@ -112,6 +113,10 @@ pub enum Command {
     /// quarantine file beside its manifest; the running operator acts on its next round).
     #[command(subcommand)]
     Pools(pools::PoolsCommand),
+    /// Declare a host of a standalone operator dead, or take it back (edits the `fenced-hosts`
+    /// file in the manifest directory; the running operator acts after its next host check).
+    #[command(subcommand)]
+    Hosts(hosts::HostsCommand),
     /// Show the Proxies of a running `standalone` as a table.
     ///
     /// Reads GET /status from --server. Exit 1 when nothing answers there or a Proxy is
@@ -245,6 +250,7 @@ async fn dispatch(cmd: Command) -> anyhow::Result<u8> {
         Command::Status(a) => status::run(a).await,
         Command::Addresses(a) => addresses::run(a).await,
         Command::Pools(c) => pools::run(c),
+        Command::Hosts(c) => hosts::run(c),
         Command::Gc(a) => gc::run(a).await,
         Command::Echo(a) => echo::run(a).await,
         Command::Crds(a) => crds::run(a),
@@ -277,6 +283,7 @@ fn accepts(cmd: &Command) -> output::Accepts {
         Command::Status(_) => ("status", ALL, "prints a table"),
         Command::Addresses(_) => ("addresses", NO_TABLE, "prints two tables, no wider one"),
         Command::Pools(_) => ("pools", NO_TABLE, "prints one line, no table"),
+        Command::Hosts(_) => ("hosts", NO_TABLE, "prints one line, no table"),
         Command::Gc(_) => ("gc", NO_TABLE, "prints a report, no table"),
         Command::Echo(_) => (
             "echo",

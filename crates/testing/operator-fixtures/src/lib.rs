@@ -113,6 +113,8 @@ pub fn host_config(name: &str, pool_reserve_gib: u64, max_concurrent: u32) -> Ho
         guest_cidr: GUEST_CIDRS.iter().map(|c| (*c).to_owned()).collect(),
         address_pool: None,
         maintenance: Default::default(),
+        segment: None,
+        fence: None,
         host_addresses: Vec::new(),
         capacity: Default::default(),
         access: None,

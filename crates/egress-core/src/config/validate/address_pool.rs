@@ -32,11 +32,19 @@ pub(super) fn host_pool(r: &mut Report, hp: &str, h: &HostConfig) -> Option<Pars
     }
 }
 
+/// One valid pool for the cross-host rules: its host's path, the host's segment key
+/// (entry index and [`HostConfig::segment_key`]) and the pool.
+pub(super) type SegmentPool = (String, (usize, String), ParsedPool);
+
 /// Reports, at the later host's `addressPool`, an address two hosts' pools could both hand
-/// out (`pools`: each valid pool with its host path, in config order).
-pub(super) fn no_shared_addresses(r: &mut Report, pools: &[(String, ParsedPool)]) {
-    for (i, (later, p)) in pools.iter().enumerate() {
-        for (earlier, q) in pools.iter().take(i) {
+/// out (`pools`: each valid pool with its host path, in config order). Hosts of one entry on
+/// one segment share their pool (one book hands its addresses out): they are not compared.
+pub(super) fn no_shared_addresses(r: &mut Report, pools: &[SegmentPool]) {
+    for (i, (later, ls, p)) in pools.iter().enumerate() {
+        for (earlier, es, q) in pools.iter().take(i) {
+            if ls == es {
+                continue;
+            }
             if let Some(ip) = p.overlap(q) {
                 r.err(
                     &format!("{later}.addressPool"),
@@ -47,6 +55,31 @@ pub(super) fn no_shared_addresses(r: &mut Report, pools: &[(String, ParsedPool)]
                     ),
                 );
             }
+        }
+    }
+}
+
+/// Reports, at the later host's `addressPool`, a host of an entry whose `segment` is shared
+/// with an earlier host of the entry but whose `addressPool` differs (or is missing on one of
+/// them): one segment hands out one pool. `hosts`: each host's path with the host, in order.
+pub(super) fn one_pool_per_segment(r: &mut Report, hosts: &[(String, &HostConfig)]) {
+    for (i, (later, h)) in hosts.iter().enumerate() {
+        let Some(seg) = &h.segment else { continue };
+        let first = hosts
+            .iter()
+            .take(i)
+            .find(|(_, e)| e.segment.as_ref() == Some(seg));
+        if let Some((earlier, e)) = first
+            && e.address_pool != h.address_pool
+        {
+            r.err(
+                &format!("{later}.addressPool"),
+                format!(
+                    "differs from {earlier}.addressPool while both hosts are on segment {seg:?} \
+                     ({later}.segment): hosts of one segment share one address pool; give them \
+                     identical addressPools, or different segments"
+                ),
+            );
         }
     }
 }

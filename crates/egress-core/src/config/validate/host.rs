@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use egress_provider::libvirt::config::HostConfig;
+use egress_provider::libvirt::config::{HostConfig, MAX_FENCE_TIMEOUT, MIN_FENCE_TIMEOUT};
 use egress_provider::libvirt::hostpool::parse_address;
 use egress_provider::libvirt::ops::trust::parse_guest_cidr;
 
@@ -80,6 +80,10 @@ pub(super) fn host<'a>(
         libvirt_name(r, &format!("{hp}.network"), n, MAX_LIBVIRT_NAME_LEN);
     }
     guest_cidr(r, hp, h);
+    if let Some(seg) = &h.segment {
+        ident(r, &format!("{hp}.segment"), seg);
+    }
+    fence(r, hp, h);
     for (i, a) in h.host_addresses.iter().enumerate() {
         if a.trim().parse::<std::net::IpAddr>().is_err() {
             r.err(
@@ -158,6 +162,56 @@ pub(super) fn host<'a>(
         } else {
             places.insert(key, hp.to_owned());
         }
+    }
+}
+
+/// Longest fence command (arguments, each at most [`MAX_FENCE_ARG_LEN`] bytes).
+pub const MAX_FENCE_ARGS: usize = 64;
+/// Longest fence command argument, bytes.
+pub const MAX_FENCE_ARG_LEN: usize = 4096;
+
+/// `fence`: a non-empty argv whose program is named, without NULs, and a timeout within
+/// [`MIN_FENCE_TIMEOUT`]..=[`MAX_FENCE_TIMEOUT`].
+fn fence(r: &mut Report, hp: &str, h: &HostConfig) {
+    let Some(f) = &h.fence else { return };
+    let cp = format!("{hp}.fence.command");
+    match f.command.first() {
+        None => r.err(
+            &cp,
+            "is empty: give the program and its arguments, e.g. [ipmitool, -H, bmc-h1, chassis,              power, off]",
+        ),
+        Some(p) if p.trim().is_empty() => {
+            r.err(&format!("{cp}[0]"), format!("{p:?} names no program"));
+        }
+        Some(_) => {}
+    }
+    if f.command.len() > MAX_FENCE_ARGS {
+        r.err(
+            &cp,
+            format!(
+                "has {} arguments; at most {MAX_FENCE_ARGS}",
+                f.command.len()
+            ),
+        );
+    }
+    for (i, a) in f.command.iter().enumerate() {
+        if a.contains('\0') || a.len() > MAX_FENCE_ARG_LEN {
+            r.err(
+                &format!("{cp}[{i}]"),
+                format!("contains a NUL byte or is longer than {MAX_FENCE_ARG_LEN} bytes"),
+            );
+        }
+    }
+    if !(MIN_FENCE_TIMEOUT..=MAX_FENCE_TIMEOUT).contains(&f.timeout) {
+        r.err(
+            &format!("{hp}.fence.timeout"),
+            format!(
+                "{}s is out of range {}s..={}s",
+                f.timeout.as_secs_f64(),
+                MIN_FENCE_TIMEOUT.as_secs(),
+                MAX_FENCE_TIMEOUT.as_secs()
+            ),
+        );
     }
 }
 

@@ -137,12 +137,15 @@ pub fn validate(providers: &[ProviderEntry]) -> (Vec<ConfigError>, Vec<ConfigWar
             ProviderEntry::Libvirt(e) => libvirt_entry(&mut r, &path, e, &mut places),
         }
         let ProviderEntry::Libvirt(e) = p;
+        let mut hosts = Vec::new();
         for (j, h) in e.hosts.iter().enumerate() {
             let hp = format!("{path}.hosts[{j}]");
             if let Some(pool) = address_pool::host_pool(&mut r, &hp, h) {
-                pools.push((hp, pool));
+                pools.push((hp.clone(), (i, h.segment_key()), pool));
             }
+            hosts.push((hp, h));
         }
+        address_pool::one_pool_per_segment(&mut r, &hosts);
         if let Some(first) = names.get(p.name()) {
             r.err(
                 &format!("{path}.name"),

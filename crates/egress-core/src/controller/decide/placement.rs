@@ -129,22 +129,25 @@ pub(super) fn no_usable_host(
 }
 
 /// The first host of `entry` (in config order) whose address pool holds every address of
-/// `pinned` among its allocatable ranges; `None` without pins or when no host's pool holds
-/// them all (the create then fails naming the pools). Reads each host's pool: O(hosts), paid
-/// only when a Proxy that pins addresses is placed.
+/// `pinned` among its allocatable ranges, preferring one `usable` says takes the Proxy now:
+/// hosts of one `segment` share one pool, so a pinned Proxy goes to a live host of the
+/// segment rather than wait for the first one. `None` without pins or when no host's pool
+/// holds them all (the create then fails naming the pools). Reads each host's pool:
+/// O(hosts), paid only when a Proxy that pins addresses is placed.
 pub(super) fn host_holding(
     entry: &LibvirtEntry,
     pinned: &[std::net::IpAddr],
     eligible: &dyn Fn(&str) -> bool,
+    usable: &dyn Fn(&str) -> bool,
 ) -> Option<String> {
     if pinned.is_empty() {
         return None;
     }
-    entry
+    let holding: Vec<&str> = entry
         .hosts
         .iter()
         .filter(|h| eligible(&h.name))
-        .find(|h| {
+        .filter(|h| {
             h.address_pool
                 .as_ref()
                 .and_then(|p| p.parse().ok())
@@ -154,5 +157,11 @@ pub(super) fn host_holding(
                         .all(|ip| pool.family(*ip).is_some_and(|f| f.contains(*ip)))
                 })
         })
-        .map(|h| h.name.clone())
+        .map(|h| h.name.as_str())
+        .collect();
+    holding
+        .iter()
+        .find(|h| usable(h))
+        .or(holding.first())
+        .map(|h| (*h).to_owned())
 }

@@ -81,7 +81,10 @@ pub(super) fn start_create(
         .spec
         .host
         .is_none()
-        .then(|| host_holding(entry.config, &pinned_egress, &entitled))
+        .then(|| {
+            let usable = |h: &str| place(entry.config, Some(h), i.hosts, 0, &eligible).is_some();
+            host_holding(entry.config, &pinned_egress, &entitled, &usable)
+        })
         .flatten();
     let pin = i.obj.spec.host.as_deref().or(holder.as_deref());
     let need = super::families_needed(&pinned_egress);

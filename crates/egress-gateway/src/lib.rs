@@ -39,6 +39,7 @@ pub mod socks;
 pub mod target;
 mod text;
 pub mod username;
+pub mod workers;
 
 pub use access_log::{AccessLog, LogTarget, Record};
 pub use destinations::{Destinations, Net};
@@ -48,3 +49,4 @@ pub use model::{
     PoolSettings, PoolView, Sessions, Timeouts,
 };
 pub use set::{GatewaySet, Listening, Views};
+pub use workers::Workers;

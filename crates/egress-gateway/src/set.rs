@@ -12,6 +12,10 @@
 //! - A pool that leaves the views stops accepting and drains its members with its grace.
 //! - At most [`MAX_CONNECTIONS`] client connections at once; beyond that a new connection is
 //!   closed at once (the kernel's backlog absorbs bursts), so memory stays bounded.
+//! - With [`Workers`], each listener is one `SO_REUSEPORT` socket per worker, each accepted
+//!   on by its own worker, whose connections stay on it; two pools of one set never share an
+//!   address (the second is refused like a port in use, since `SO_REUSEPORT` would let the
+//!   kernel split one port between them).
 //! - Nothing here reads or writes pool state anywhere else: the gateway only follows views.
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,7 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -30,6 +34,7 @@ use crate::conn::{self, ConnCtx};
 use crate::metrics::GatewayMetrics;
 use crate::model::{Listener, PoolView};
 use crate::pool::PoolRt;
+use crate::workers::Workers;
 
 /// Client connections one process holds at most.
 // NB: an idle tunnel costs ~2 KiB of task state plus two sockets (measured in
@@ -75,6 +80,7 @@ struct Inner {
     metrics: GatewayMetrics,
     log: AccessLog,
     conns: Arc<AtomicUsize>,
+    workers: Option<Workers>,
 }
 
 /// The pools a process serves.
@@ -95,8 +101,19 @@ pub struct Listening {
 }
 
 impl GatewaySet {
-    /// A set serving nothing yet, counting into `metrics` and logging to `log`.
+    /// A set serving nothing yet, counting into `metrics` and logging to `log`; its
+    /// listeners accept on the caller's runtime.
     pub fn new(metrics: GatewayMetrics, log: AccessLog) -> Self {
+        Self::build(metrics, log, None)
+    }
+
+    /// A set whose listeners each accept on every one of `workers` (one `SO_REUSEPORT`
+    /// socket per worker) and whose connections run on the worker that accepted them.
+    pub fn with_workers(metrics: GatewayMetrics, log: AccessLog, workers: Workers) -> Self {
+        Self::build(metrics, log, Some(workers))
+    }
+
+    fn build(metrics: GatewayMetrics, log: AccessLog, workers: Option<Workers>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 pools: Mutex::new(BTreeMap::new()),
@@ -106,6 +123,7 @@ impl GatewaySet {
                 metrics,
                 log,
                 conns: Arc::new(AtomicUsize::new(0)),
+                workers,
             }),
         }
     }
@@ -187,14 +205,24 @@ impl GatewaySet {
                     .collect::<Vec<_>>()
             };
             for l in binds {
-                let bound = bind(l.addr).await;
+                let taken = taken_by_another(&lock(&self.inner.pools), key, l.addr);
+                let bound = match taken {
+                    Some(other) => Err(std::io::Error::new(
+                        std::io::ErrorKind::AddrInUse,
+                        format!("address in use by pool {other}'s listener"),
+                    )),
+                    None => self.bind_all(l.addr),
+                };
                 let mut pools = lock(&self.inner.pools);
                 let Some(e) = pools.get_mut(key) else {
                     continue;
                 };
                 match bound {
-                    Ok(listener) => {
-                        let local = listener.local_addr().unwrap_or(l.addr);
+                    Ok(sockets) => {
+                        let local = sockets
+                            .first()
+                            .and_then(|s| s.local_addr().ok())
+                            .unwrap_or(l.addr);
                         let stop = self.inner.stop_accepting.child_token();
                         let ctx = Arc::new(ConnCtx {
                             pool: Arc::clone(&e.rt),
@@ -202,13 +230,19 @@ impl GatewaySet {
                             log: self.inner.log.clone(),
                             shutdown: self.inner.cut.clone(),
                         });
-                        tokio::spawn(accept_loop(
-                            listener,
-                            ctx,
-                            stop.clone(),
-                            self.inner.tracker.clone(),
-                            Arc::clone(&self.inner.conns),
-                        ));
+                        for (i, socket) in sockets.into_iter().enumerate() {
+                            let run = accept_loop(
+                                socket,
+                                Arc::clone(&ctx),
+                                stop.clone(),
+                                self.inner.tracker.clone(),
+                                Arc::clone(&self.inner.conns),
+                            );
+                            match &self.inner.workers {
+                                Some(w) => w.spawn(i, run),
+                                None => drop(tokio::spawn(run)),
+                            }
+                        }
                         tracing::info!(pool = %key, listen = %local, protocol = l.protocol.as_str(), "gateway listening");
                         e.failed.remove(&l);
                         e.listeners.insert(l, Bound { local, stop });
@@ -228,6 +262,20 @@ impl GatewaySet {
                     .set(i64::try_from(e.listeners.len()).unwrap_or(i64::MAX));
             }
         }
+    }
+
+    /// Binds `addr` once, or once per worker with `SO_REUSEPORT` (the later ones on the
+    /// port the first got when `addr`'s port is 0); all or none.
+    fn bind_all(&self, addr: SocketAddr) -> std::io::Result<Vec<std::net::TcpListener>> {
+        let n = self.inner.workers.as_ref().map_or(1, Workers::count);
+        let reuse = self.inner.workers.is_some();
+        let first = bind(addr, reuse)?;
+        let at = first.local_addr()?;
+        let mut out = vec![first];
+        for _ in 1..n {
+            out.push(bind(at, reuse)?);
+        }
+        Ok(out)
     }
 
     /// Applies each value of `views` until `stop`, then returns (call [`Self::shutdown`]).
@@ -263,19 +311,46 @@ impl GatewaySet {
     }
 }
 
-async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let s = if addr.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
+/// The pool other than `key` whose listener's address overlaps `addr` (same port, and the
+/// same or an unspecified address on either side); `None` for port 0.
+fn taken_by_another(
+    pools: &BTreeMap<String, Entry>,
+    key: &str,
+    addr: SocketAddr,
+) -> Option<String> {
+    if addr.port() == 0 {
+        return None;
+    }
+    let overlaps = |b: SocketAddr| {
+        b.port() == addr.port()
+            && (b.ip() == addr.ip() || b.ip().is_unspecified() || addr.ip().is_unspecified())
     };
-    s.set_reuseaddr(true)?;
+    pools
+        .iter()
+        .filter(|(k, _)| k.as_str() != key)
+        .find(|(_, e)| e.listeners.values().any(|b| overlaps(b.local)))
+        .map(|(k, _)| k.clone())
+}
+
+/// A listening socket on `addr`, not yet registered with a runtime (the worker that accepts
+/// on it registers it), with `SO_REUSEPORT` when `reuse_port`.
+fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpListener> {
+    let s = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM.nonblocking(),
+        Some(socket2::Protocol::TCP),
+    )?;
+    s.set_reuse_address(true)?;
+    if reuse_port {
+        s.set_reuse_port(true)?;
+    }
     // NB: Linux copies TCP_NODELAY from the listening socket to each accepted one, which
     // saves a setsockopt per connection (the handshake and tunnelled interactive protocols
     // must not wait on Nagle); `conn::serve` no longer sets it.
-    s.set_nodelay(true)?;
-    s.bind(addr)?;
-    s.listen(BACKLOG)
+    s.set_tcp_nodelay(true)?;
+    s.bind(&addr.into())?;
+    s.listen(i32::try_from(BACKLOG).unwrap_or(i32::MAX))?;
+    Ok(s.into())
 }
 
 /// Decrements the connection count when a connection task ends.
@@ -288,12 +363,20 @@ impl Drop for ConnSlot {
 }
 
 async fn accept_loop(
-    listener: TcpListener,
+    listener: std::net::TcpListener,
     ctx: Arc<ConnCtx>,
     stop: CancellationToken,
     tracker: TaskTracker,
     conns: Arc<AtomicUsize>,
 ) {
+    // Registered here, with the runtime that runs this loop (a worker's, or the caller's).
+    let listener = match TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(pool = %ctx.pool.key, error = %e, "gateway: cannot register the listener");
+            return;
+        }
+    };
     loop {
         let (stream, peer) = tokio::select! {
             () = stop.cancelled() => return,
@@ -330,7 +413,8 @@ mod tests {
     /// The client side's TCP_NODELAY comes from the listener, not a call per connection.
     #[tokio::test]
     async fn accepted_connections_have_nodelay_from_the_listener() {
-        let l = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let l =
+            TcpListener::from_std(bind("127.0.0.1:0".parse().unwrap(), false).unwrap()).unwrap();
         let addr = l.local_addr().unwrap();
         let _c = tokio::net::TcpStream::connect(addr).await.unwrap();
         let (s, _) = l.accept().await.unwrap();
@@ -338,5 +422,62 @@ mod tests {
             s.nodelay().unwrap(),
             "TCP_NODELAY not inherited from the listener"
         );
+    }
+
+    fn entry(metrics: &GatewayMetrics, key: &str, local: &str) -> Entry {
+        let l = Listener {
+            addr: local.parse().unwrap(),
+            protocol: crate::model::ListenerProtocol::Http,
+        };
+        let mut listeners = HashMap::new();
+        listeners.insert(
+            l,
+            Bound {
+                local: l.addr,
+                stop: CancellationToken::new(),
+            },
+        );
+        Entry {
+            rt: Arc::new(PoolRt::new(key, metrics)),
+            view: None,
+            listeners,
+            failed: HashMap::new(),
+        }
+    }
+
+    /// `SO_REUSEPORT` would let two pools share a port: the set refuses the second itself.
+    #[test]
+    fn another_pools_port_is_taken_on_the_same_or_an_unspecified_address() {
+        let m = GatewayMetrics::new();
+        let mut pools = BTreeMap::new();
+        pools.insert("ns/a".to_owned(), entry(&m, "ns/a", "127.0.0.1:4000"));
+        let taken = |addr: &str| taken_by_another(&pools, "ns/b", addr.parse().unwrap());
+        assert_eq!(taken("127.0.0.1:4000").as_deref(), Some("ns/a"));
+        assert_eq!(taken("0.0.0.0:4000").as_deref(), Some("ns/a"));
+        assert_eq!(taken("127.0.0.2:4000"), None);
+        assert_eq!(taken("127.0.0.1:4001"), None);
+        assert_eq!(taken("127.0.0.1:0"), None);
+        assert_eq!(
+            taken_by_another(&pools, "ns/a", "127.0.0.1:4000".parse().unwrap()),
+            None,
+            "a pool's own listener is not another's"
+        );
+    }
+
+    /// One socket per worker on one port; a port a socket without `SO_REUSEPORT` holds (another
+    /// program) is refused, not shared.
+    #[tokio::test]
+    async fn each_worker_gets_its_own_socket_on_the_port_and_a_foreign_port_is_refused() {
+        let workers = Workers::new(3).unwrap();
+        let log =
+            AccessLog::start(crate::access_log::LogTarget::Off, GatewayMetrics::new()).unwrap();
+        let set = GatewaySet::with_workers(GatewayMetrics::new(), log, workers);
+        let socks = set.bind_all("127.0.0.1:0".parse().unwrap()).unwrap();
+        assert_eq!(socks.len(), 3);
+        let port = socks[0].local_addr().unwrap().port();
+        assert!(socks.iter().all(|s| s.local_addr().unwrap().port() == port));
+        let foreign = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let e = set.bind_all(foreign.local_addr().unwrap()).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
     }
 }

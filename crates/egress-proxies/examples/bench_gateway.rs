@@ -262,7 +262,14 @@ async fn throughput(f: &Front, t: &Targets, bytes: u64) -> (f64, Option<f64>) {
     (bytes as f64 / (1u64 << 20) as f64 / secs, cpu)
 }
 
-async fn conn_rate(f: &Front, t: &Targets, concurrency: usize, secs: u64) -> (f64, u64) {
+/// Connections per second, failed ones, and the front's CPU per connection (µs; none for
+/// direct) over the measured window.
+async fn conn_rate(
+    f: &Front,
+    t: &Targets,
+    concurrency: usize,
+    secs: u64,
+) -> (f64, u64, Option<f64>) {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
@@ -285,14 +292,18 @@ async fn conn_rate(f: &Front, t: &Targets, concurrency: usize, secs: u64) -> (f6
         }));
     }
     let t0 = Instant::now();
+    let (n0, cpu0) = (done.load(Ordering::Relaxed), f.pid.map(cpu_secs));
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    let n = done.load(Ordering::Relaxed);
+    let n = done.load(Ordering::Relaxed) - n0;
     let elapsed = t0.elapsed().as_secs_f64();
+    let cpu = f
+        .pid
+        .map(|p| (cpu_secs(p) - cpu0.unwrap_or(0.0)) * 1e6 / n.max(1) as f64);
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         let _ = t.await;
     }
-    (n as f64 / elapsed, failed.load(Ordering::Relaxed))
+    (n as f64 / elapsed, failed.load(Ordering::Relaxed), cpu)
 }
 
 async fn latencies(f: &Front, t: &Targets, n: usize) -> Vec<f64> {
@@ -535,6 +546,11 @@ async fn main() {
         .args(["--bind-address", "127.0.0.1"])
         .args(["--listen", &format!("127.0.0.1:{gw_listen}")])
         .args(["--gateway-access-log", "off"])
+        .args(
+            std::env::var("GATEWAY_WORKERS")
+                .map(|n| vec!["--gateway-workers".to_owned(), n])
+                .unwrap_or_default(),
+        )
         .env("KUBECONFIG", &kubeconfig)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
@@ -572,7 +588,7 @@ async fn main() {
         size >> 20
     );
     println!(
-        "run contender  MiB/s  cpu_s/GiB  conn/s (failed)  p50_us  p99_us  +p50_us  +p99_us  load"
+        "run contender  MiB/s  cpu_s/GiB  conn/s (failed)  cpu_us/conn  p50_us  p99_us  +p50_us  +p99_us  load"
     );
     for run in 0..runs {
         let mut order: Vec<&Front> = fronts.iter().collect();
@@ -581,19 +597,20 @@ async fn main() {
         let mut rows = Vec::new();
         for f in order {
             let (mibs, cpu) = throughput(f, &t, size).await;
-            let (rate, failed) = conn_rate(f, &t, concurrency, rate_secs).await;
+            let (rate, failed, per_conn) = conn_rate(f, &t, concurrency, rate_secs).await;
             let lat = latencies(f, &t, samples).await;
             let (p50, p99) = (pct(&lat, 0.5), pct(&lat, 0.99));
             if f.name == "direct" {
                 direct_lat = Some((p50, p99));
             }
-            rows.push((f.name, mibs, cpu, rate, failed, p50, p99));
+            rows.push((f.name, mibs, cpu, rate, failed, per_conn, p50, p99));
         }
         let (d50, d99) = direct_lat.unwrap();
-        for (name, mibs, cpu, rate, failed, p50, p99) in rows {
+        for (name, mibs, cpu, rate, failed, per_conn, p50, p99) in rows {
             println!(
-                "{run:>3} {name:<9} {mibs:>6.0} {:>10} {rate:>7.0} ({failed:>4}) {p50:>7.0} {p99:>7.0} {:>8.0} {:>8.0}  {}",
+                "{run:>3} {name:<9} {mibs:>6.0} {:>10} {rate:>7.0} ({failed:>4}) {:>11} {p50:>7.0} {p99:>7.0} {:>8.0} {:>8.0}  {}",
                 cpu.map_or("-".to_owned(), |c| format!("{c:.2}")),
+                per_conn.map_or("-".to_owned(), |c| format!("{c:.0}")),
                 p50 - d50,
                 p99 - d99,
                 loadavg()

@@ -109,7 +109,9 @@ impl Gateway {
             metrics.clone(),
         )
         .unwrap();
-        let set = GatewaySet::new(metrics.clone(), access);
+        // Two workers, each its own `SO_REUSEPORT` socket per listener: the production shape.
+        let workers = egress_gateway::Workers::new(2).unwrap();
+        let set = GatewaySet::with_workers(metrics.clone(), access, workers);
         set.apply(&views(&settings, &clients, members)).await;
         let l = set.listening();
         let find = |p| {

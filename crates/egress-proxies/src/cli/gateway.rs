@@ -71,6 +71,11 @@ pub struct GatewayLogArgs {
     #[arg(long = "gateway-shutdown-grace", value_name = "DURATION",
           value_parser = humantime::parse_duration, default_value = "30s")]
     pub gateway_shutdown_grace: Duration,
+    /// Threads that accept and serve the pool gateways' connections, each with its own
+    /// listening socket per listener (`SO_REUSEPORT`); default: the CPUs the process may use.
+    #[arg(long = "gateway-workers", value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=egress_gateway::workers::MAX_WORKERS as i64))]
+    pub gateway_workers: Option<u16>,
 }
 
 impl GatewayLogArgs {
@@ -258,7 +263,15 @@ pub fn start(log: &GatewayLogArgs) -> anyhow::Result<(GatewaySet, GatewayMetrics
             log.gateway_access_log
         ))
     })?;
-    Ok((GatewaySet::new(metrics.clone(), access), metrics))
+    let count = log
+        .gateway_workers
+        .map_or_else(egress_gateway::workers::default_count, usize::from);
+    let workers = egress_gateway::Workers::new(count)
+        .map_err(|e| UsageError::new(format!("--gateway-workers {count}: {e}")))?;
+    Ok((
+        GatewaySet::with_workers(metrics.clone(), access, workers),
+        metrics,
+    ))
 }
 
 /// What the gateway process serves on `--listen`.

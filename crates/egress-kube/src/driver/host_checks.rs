@@ -17,7 +17,9 @@
 //!   read again after the host answered never frees what its live instances hold, since the
 //!   term forgets it only once the annotation is gone;
 //! - a host that answers has its annotation removed with a JSON patch that first tests the
-//!   value read, so a newer declaration written meanwhile stays; logged;
+//!   value read, so a newer declaration written meanwhile stays; logged; until the removal
+//!   succeeds the row says `Removing`, and a declaration in that state never applies again,
+//!   in this term or the next leader's (it reads the row back);
 //! - the host's row shows the declaration (`fenced`); annotations naming no host of the
 //!   entry, or with a bad value, are never applied and are named by the `FenceDeclarations`
 //!   condition and a warning.
@@ -94,6 +96,7 @@ impl ProviderHealthWriter {
         &self,
         handle: &egress_core::providers::ProviderHandle,
         annotations: &std::collections::BTreeMap<String, String>,
+        previous: Option<&ProviderHealthStatus>,
         reports: &[egress_provider::HostReport],
         now: &str,
     ) -> (HashMap<String, ProviderHostFence>, Vec<fence::Problem>) {
@@ -118,8 +121,21 @@ impl ProviderHealthWriter {
                 message: None,
             };
             let applied = egress_provider::sync::lock(&self.fenced).get(&k).cloned();
+            // NB: a declaration whose host answered (this or an earlier term was removing it)
+            // is stale: it never applies again, even after a change of leader.
+            let stale = previous
+                .and_then(|p| p.hosts.iter().find(|x| x.host == d.host))
+                .and_then(|x| x.fenced.as_ref())
+                .is_some_and(|f| f.state == "Removing" && f.reason == row.reason);
             if egress_core::host_health::is_dead(Some(r.state)) {
-                if let Some((at, freed)) = applied {
+                if stale {
+                    row.state = "Removing".to_owned();
+                    row.message = Some(
+                        "the host answered since this declaration: not applied; write a new \
+                         reason to declare it dead again"
+                            .to_owned(),
+                    );
+                } else if let Some((at, freed)) = applied {
                     row.state = "Applied".to_owned();
                     row.applied_at = Some(at);
                     row.freed = freed;
@@ -242,9 +258,9 @@ impl HostCheckDriver for ProviderHealthWriter {
                 return;
             }
         };
-        let annotations = written.metadata.annotations.unwrap_or_default();
+        let annotations = written.metadata.annotations.clone().unwrap_or_default();
         let (mut fenced, problems) = self
-            .apply_declarations(h, &annotations, reports, &now)
+            .apply_declarations(h, &annotations, written.status.as_ref(), reports, &now)
             .await;
         let out = self.core.hosts_in_maintenance(&h.config.name);
         let hosts: Vec<ProviderHostStatus> = reports

@@ -122,7 +122,10 @@ pub fn parse(
 /// The JSON patch removing `host`'s declaration only while its value is still `reason`: a
 /// declaration rewritten meanwhile makes the patch fail (the `test` operation) and stays.
 pub fn removal_patch(host: &str, reason: &str) -> json_patch::Patch {
-    let path = format!("/metadata/annotations/{}", key(host).replace('~', "~0").replace('/', "~1"));
+    let path = format!(
+        "/metadata/annotations/{}",
+        key(host).replace('~', "~0").replace('/', "~1")
+    );
     // NB: a literal document: serde_json never fails on it.
     serde_json::from_value(serde_json::json!([
         {"op": "test", "path": path, "value": reason},
@@ -174,10 +177,9 @@ mod tests {
             p.iter()
                 .any(|x| matches!(x, Problem::BadReason { host, .. } if host == "h3"))
         );
-        assert!(
-            p.iter()
-                .any(|x| matches!(x, Problem::BadReason { host, why } if host == "h4" && why.contains("257")))
-        );
+        assert!(p.iter().any(
+            |x| matches!(x, Problem::BadReason { host, why } if host == "h4" && why.contains("257"))
+        ));
         assert!(p[0].to_string().contains("not applied"));
     }
 
@@ -186,7 +188,9 @@ mod tests {
         let a: BTreeMap<String, String> = (0..MAX_DECLARATIONS + 5)
             .map(|i| (key(&format!("h{i:03}")), "r".to_owned()))
             .collect();
-        let names: Vec<String> = (0..MAX_DECLARATIONS + 5).map(|i| format!("h{i:03}")).collect();
+        let names: Vec<String> = (0..MAX_DECLARATIONS + 5)
+            .map(|i| format!("h{i:03}"))
+            .collect();
         let hosts: Vec<&str> = names.iter().map(String::as_str).collect();
         let (d, p) = parse(&a, &hosts);
         assert_eq!(d.len(), MAX_DECLARATIONS);

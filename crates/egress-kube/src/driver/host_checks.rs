@@ -101,7 +101,12 @@ impl ProviderHealthWriter {
         now: &str,
     ) -> (HashMap<String, ProviderHostFence>, Vec<fence::Problem>) {
         let entry = &handle.config.name;
-        let hosts: Vec<&str> = handle.config.hosts.iter().map(|c| c.name.as_str()).collect();
+        let hosts: Vec<&str> = handle
+            .config
+            .hosts
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
         let (decls, problems) = fence::parse(annotations, &hosts);
         // A declaration whose annotation is gone (or changed) is forgotten: a new one applies.
         egress_provider::sync::lock(&self.fenced).retain(|(e, h, r), _| {
@@ -142,7 +147,8 @@ impl ProviderHealthWriter {
                 } else {
                     match handle.provider.fence_host(&d.host) {
                         Ok(freed) => {
-                            let freed: Vec<String> = freed.iter().map(ToString::to_string).collect();
+                            let freed: Vec<String> =
+                                freed.iter().map(ToString::to_string).collect();
                             tracing::warn!(
                                 entry = %entry,
                                 host = %d.host,
@@ -242,22 +248,20 @@ impl HostCheckDriver for ProviderHealthWriter {
                           "metadata": {"name": name}, "spec": {"provider": name}});
         let pp = PatchParams::apply(FIELD_MANAGER).force();
         // rbac: PROVIDER_HEALTHS patch (create when new)
-        let written = match tokio::time::timeout(
-            API_SLACK,
-            self.api.patch(&name, &pp, &Patch::Apply(&spec)),
-        )
-        .await
-        {
-            Ok(Ok(ph)) => ph,
-            Ok(Err(e)) => {
-                tracing::warn!(entry = %name, error = %e, "ProviderHealth write failed");
-                return;
-            }
-            Err(_) => {
-                tracing::warn!(entry = %name, "ProviderHealth write timed out");
-                return;
-            }
-        };
+        let written =
+            match tokio::time::timeout(API_SLACK, self.api.patch(&name, &pp, &Patch::Apply(&spec)))
+                .await
+            {
+                Ok(Ok(ph)) => ph,
+                Ok(Err(e)) => {
+                    tracing::warn!(entry = %name, error = %e, "ProviderHealth write failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!(entry = %name, "ProviderHealth write timed out");
+                    return;
+                }
+            };
         let annotations = written.metadata.annotations.clone().unwrap_or_default();
         let (mut fenced, problems) = self
             .apply_declarations(h, &annotations, written.status.as_ref(), reports, &now)

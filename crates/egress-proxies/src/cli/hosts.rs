@@ -152,14 +152,14 @@ fn entry_of(a: &HostArgs, config: &std::path::Path) -> anyhow::Result<String> {
 }
 
 /// Runs a `hosts` subcommand.
-pub fn run(cmd: HostsCommand) -> anyhow::Result<u8> {
+pub async fn run(cmd: HostsCommand) -> anyhow::Result<u8> {
     let format = super::output::format(false);
     let (a, reason) = match &cmd {
         HostsCommand::Fence(f) => (&f.host, Some(f.reason.as_str())),
         HostsCommand::Unfence(a) => (a, None),
     };
     let (Some(config), Some(proxies)) = (&a.config, &a.proxies) else {
-        return kube_run(a, reason, format);
+        return kube_run(a, reason, format).await;
     };
     let entry = entry_of(a, config)?;
     let when = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
@@ -228,7 +228,7 @@ async fn within<T>(
 
 /// `hosts fence|unfence --kubernetes`: edits the host's annotation on its entry's
 /// ProviderHealth.
-fn kube_run(
+async fn kube_run(
     a: &HostArgs,
     reason: Option<&str>,
     format: super::output::OutputFormat,
@@ -240,11 +240,7 @@ fn kube_run(
     if let Some(r) = reason {
         fence::check_reason(r).map_err(|e| UsageError::new(format!("--reason: {e}")))?;
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the runtime")?;
-    rt.block_on(async {
+    {
         let client = match &a.kubeconfig {
             Some(path) => {
                 let kc = kube::config::Kubeconfig::read_from(path)
@@ -260,11 +256,7 @@ fn kube_run(
         };
         let api: Api<ProviderHealth> = Api::all(client);
         // rbac (the administrator's): providerhealths list, patch
-        let list = within(
-            "listing ProviderHealths",
-            api.list(&ListParams::default()),
-        )
-        .await?;
+        let list = within("listing ProviderHealths", api.list(&ListParams::default())).await?;
         let hosts_of = |ph: &ProviderHealth| -> Vec<String> {
             ph.status
                 .as_ref()
@@ -274,7 +266,10 @@ fn kube_run(
         let all: Vec<String> = list.items.iter().map(kube::ResourceExt::name_any).collect();
         let all_s = all.join(", ");
         let ph = if let Some(want) = &a.entry {
-            let Some(ph) = list.items.iter().find(|p| &kube::ResourceExt::name_any(*p) == want)
+            let Some(ph) = list
+                .items
+                .iter()
+                .find(|p| &kube::ResourceExt::name_any(*p) == want)
             else {
                 return Err(UsageError::new(format!(
                     "--entry {want}: the cluster has no ProviderHealth of that entry \
@@ -307,8 +302,10 @@ fn kube_run(
                     .into());
                 }
                 many => {
-                    let names: Vec<String> =
-                        many.iter().map(|p| kube::ResourceExt::name_any(*p)).collect();
+                    let names: Vec<String> = many
+                        .iter()
+                        .map(|p| kube::ResourceExt::name_any(*p))
+                        .collect();
                     return Err(UsageError::new(format!(
                         "host {} is in entries {}: say which with --entry",
                         a.host,
@@ -358,10 +355,12 @@ fn kube_run(
                     Ok(Err(e)) => {
                         return Err(anyhow::Error::new(e).context("removing the annotation"));
                     }
-                    Err(_) => anyhow::bail!("removing the annotation: no answer within {KUBE_CALL:?}"),
+                    Err(_) => {
+                        anyhow::bail!("removing the annotation: no answer within {KUBE_CALL:?}")
+                    }
                 }
             }
         };
         report(&entry, &a.host, reason, edit, format)
-    })
+    }
 }

@@ -65,8 +65,11 @@ pub(super) struct ProviderHealthWriter {
     observer: Arc<Observer>,
     /// Declarations this term applied: (entry, host, reason) → (when, what was freed). Kept
     /// until the annotation is gone, so the same declaration never applies twice.
-    fenced: Mutex<HashMap<(String, String, String), (String, Vec<String>)>>,
+    fenced: Mutex<HashMap<DeclarationKey, (String, Vec<String>)>>,
 }
+
+/// A declaration: (entry, host, reason).
+type DeclarationKey = (String, String, String);
 
 /// The condition naming fence annotations that are not applied.
 pub const CONDITION_FENCE_DECLARATIONS: &str = "FenceDeclarations";

@@ -119,6 +119,36 @@ pub fn parse(
     (out, problems)
 }
 
+/// What the leader does with a valid declaration after a check of its entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Free what the host's instances held (the provider's `fence_host`).
+    Apply,
+    /// Nothing: this term already applied it.
+    AlreadyApplied,
+    /// Nothing: the host answered since the declaration was written (the row said
+    /// `Removing`); it never applies again.
+    Stale,
+    /// Remove the annotation: the host answered.
+    Remove,
+}
+
+/// The action for a declaration whose host this check found `dead` (`Unreachable` or
+/// `Timeout`), that this term `applied` already, and whose row said `Removing` before
+/// (`removing`): only a dead host's fresh declaration is applied; an answering host's is
+/// removed.
+pub fn decide(dead: bool, applied: bool, removing: bool) -> Action {
+    if !dead {
+        Action::Remove
+    } else if removing {
+        Action::Stale
+    } else if applied {
+        Action::AlreadyApplied
+    } else {
+        Action::Apply
+    }
+}
+
 /// The JSON patch removing `host`'s declaration only while its value is still `reason`: a
 /// declaration rewritten meanwhile makes the patch fail (the `test` operation) and stays.
 pub fn removal_patch(host: &str, reason: &str) -> json_patch::Patch {
@@ -195,6 +225,20 @@ mod tests {
         let (d, p) = parse(&a, &hosts);
         assert_eq!(d.len(), MAX_DECLARATIONS);
         assert_eq!(p, vec![Problem::TooMany(MAX_DECLARATIONS + 5)]);
+    }
+
+    #[test]
+    fn only_a_dead_hosts_fresh_declaration_is_applied_and_only_once() {
+        use Action::*;
+        for applied in [false, true] {
+            for removing in [false, true] {
+                assert_eq!(decide(false, applied, removing), Remove);
+            }
+        }
+        assert_eq!(decide(true, false, false), Apply);
+        assert_eq!(decide(true, true, false), AlreadyApplied);
+        assert_eq!(decide(true, false, true), Stale);
+        assert_eq!(decide(true, true, true), Stale);
     }
 
     #[test]

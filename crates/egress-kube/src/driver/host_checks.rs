@@ -135,88 +135,91 @@ impl ProviderHealthWriter {
                 .and_then(|p| p.hosts.iter().find(|x| x.host == d.host))
                 .and_then(|x| x.fenced.as_ref())
                 .is_some_and(|f| f.state == "Removing" && f.reason == row.reason);
-            if egress_core::host_health::is_dead(Some(r.state)) {
-                if stale {
+            let dead = egress_core::host_health::is_dead(Some(r.state));
+            match fence::decide(dead, applied.is_some(), stale) {
+                fence::Action::Stale => {
                     row.state = "Removing".to_owned();
                     row.message = Some(
                         "the host answered since this declaration: not applied; write a new \
                          reason to declare it dead again"
                             .to_owned(),
                     );
-                } else if let Some((at, freed)) = applied {
-                    row.state = "Applied".to_owned();
-                    row.applied_at = Some(at);
-                    row.freed = freed;
-                } else {
-                    match handle.provider.fence_host(&d.host) {
-                        Ok(freed) => {
-                            let freed: Vec<String> =
-                                freed.iter().map(ToString::to_string).collect();
-                            tracing::warn!(
-                                entry = %entry,
-                                host = %d.host,
-                                reason = %d.reason,
-                                freed = ?freed,
-                                "host declared dead by an administrator: what its instances \
-                                 held may move to other hosts of its segment"
-                            );
-                            egress_provider::sync::lock(&self.fenced)
-                                .insert(k, (now.to_owned(), freed.clone()));
-                            row.state = "Applied".to_owned();
-                            row.applied_at = Some(now.to_owned());
-                            row.freed = freed;
-                        }
-                        Err(e) => {
-                            tracing::warn!(
-                                entry = %entry,
-                                host = %d.host,
-                                "applying the declaration that the host is dead: {e}"
-                            );
-                            row.message = Some(egress_core::model::truncate(
-                                &egress_provider::error::redact(&e.to_string()),
-                                crate::api::MAX_HOST_STRING_CHARS,
-                            ));
-                        }
+                }
+                fence::Action::AlreadyApplied => {
+                    if let Some((at, freed)) = applied {
+                        row.state = "Applied".to_owned();
+                        row.applied_at = Some(at);
+                        row.freed = freed;
                     }
                 }
-            } else {
-                // NB: it answered: its listings say what it holds; the declaration must not
-                // apply again. The term forgets it only once the annotation is gone.
-                row.state = "Removing".to_owned();
-                let patch = Patch::<()>::Json(fence::removal_patch(&d.host, &d.reason));
-                let params = PatchParams::default();
-                // rbac: PROVIDER_HEALTHS patch
-                let call = self.api.patch(entry, &params, &patch);
-                match tokio::time::timeout(API_SLACK, call).await {
-                    Ok(Ok(_)) => {
-                        tracing::info!(
+                fence::Action::Apply => match handle.provider.fence_host(&d.host) {
+                    Ok(freed) => {
+                        let freed: Vec<String> = freed.iter().map(ToString::to_string).collect();
+                        tracing::warn!(
                             entry = %entry,
                             host = %d.host,
                             reason = %d.reason,
-                            "a host declared dead answered again: its fence annotation is \
-                             removed (nothing was freed by this check)"
+                            freed = ?freed,
+                            "host declared dead by an administrator: what its instances \
+                             held may move to other hosts of its segment"
                         );
-                        egress_provider::sync::lock(&self.fenced).remove(&k);
-                        continue;
+                        egress_provider::sync::lock(&self.fenced)
+                            .insert(k, (now.to_owned(), freed.clone()));
+                        row.state = "Applied".to_owned();
+                        row.applied_at = Some(now.to_owned());
+                        row.freed = freed;
                     }
-                    Ok(Err(kube::Error::Api(e))) if e.code == 409 || e.code == 422 => {
-                        tracing::info!(
+                    Err(e) => {
+                        tracing::warn!(
                             entry = %entry,
                             host = %d.host,
-                            "the fence annotation changed meanwhile: kept for the next check"
+                            "applying the declaration that the host is dead: {e}"
                         );
+                        row.message = Some(egress_core::model::truncate(
+                            &egress_provider::error::redact(&e.to_string()),
+                            crate::api::MAX_HOST_STRING_CHARS,
+                        ));
                     }
-                    Ok(Err(e)) => tracing::warn!(
-                        entry = %entry,
-                        host = %d.host,
-                        error = %e,
-                        "removing the fence annotation of a host that answered failed"
-                    ),
-                    Err(_) => tracing::warn!(
-                        entry = %entry,
-                        host = %d.host,
-                        "removing the fence annotation of a host that answered timed out"
-                    ),
+                },
+                fence::Action::Remove => {
+                    // NB: it answered: its listings say what it holds; the declaration must not
+                    // apply again. The term forgets it only once the annotation is gone.
+                    row.state = "Removing".to_owned();
+                    let patch = Patch::<()>::Json(fence::removal_patch(&d.host, &d.reason));
+                    let params = PatchParams::default();
+                    // rbac: PROVIDER_HEALTHS patch
+                    let call = self.api.patch(entry, &params, &patch);
+                    match tokio::time::timeout(API_SLACK, call).await {
+                        Ok(Ok(_)) => {
+                            tracing::info!(
+                                entry = %entry,
+                                host = %d.host,
+                                reason = %d.reason,
+                                "a host declared dead answered again: its fence annotation is \
+                                 removed (nothing was freed by this check)"
+                            );
+                            egress_provider::sync::lock(&self.fenced).remove(&k);
+                            continue;
+                        }
+                        Ok(Err(kube::Error::Api(e))) if e.code == 409 || e.code == 422 => {
+                            tracing::info!(
+                                entry = %entry,
+                                host = %d.host,
+                                "the fence annotation changed meanwhile: kept for the next check"
+                            );
+                        }
+                        Ok(Err(e)) => tracing::warn!(
+                            entry = %entry,
+                            host = %d.host,
+                            error = %e,
+                            "removing the fence annotation of a host that answered failed"
+                        ),
+                        Err(_) => tracing::warn!(
+                            entry = %entry,
+                            host = %d.host,
+                            "removing the fence annotation of a host that answered timed out"
+                        ),
+                    }
                 }
             }
             rows.insert(d.host.clone(), row);

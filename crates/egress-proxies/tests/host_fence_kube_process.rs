@@ -273,6 +273,19 @@ async fn a_pinned_address_held_on_a_dead_host_moves_only_after_a_fence_annotatio
         Some("rack 4 unplugged")
     );
     let t_fence = Instant::now();
+    let row = wait_for(
+        "X's row shows the declaration applied",
+        DEADLINE,
+        || async {
+            let r = fenced_row(&srv, &x);
+            (r["state"] == "Applied").then_some(r)
+        },
+    )
+    .await;
+    println!(
+        "eptest: {x}'s row shows the declaration applied {:.1} s after it was written",
+        t_fence.elapsed().as_secs_f64()
+    );
     wait_for("b running after the declaration", DEADLINE, || async {
         let row = proxy_row(&srv, "b")?;
         (row.0 == "Running").then_some(())?;
@@ -287,15 +300,6 @@ async fn a_pinned_address_held_on_a_dead_host_moves_only_after_a_fence_annotatio
         "eptest: b running on {y} with {ADDRESS} {:.1} s after the declaration",
         t_fence.elapsed().as_secs_f64()
     );
-    let row = wait_for(
-        "X's row shows the declaration applied",
-        DEADLINE,
-        || async {
-            let r = fenced_row(&srv, &x);
-            (r["state"] == "Applied").then_some(r)
-        },
-    )
-    .await;
     assert_eq!(row["reason"], "rack 4 unplugged", "{row}");
     assert_eq!(row["freed"], json!([ADDRESS]), "{row}");
     assert!(row["appliedAt"].is_string(), "{row}");

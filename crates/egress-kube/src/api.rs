@@ -222,6 +222,34 @@ pub struct ProviderHostStatus {
     /// `Draining (N left)` or `Drained`; absent for a host in service.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maintenance: Option<String>,
+    /// An administrator's declaration that the host is dead (the
+    /// `fence.egress-proxies.dev/HOST` annotation on this ProviderHealth) and what the
+    /// operator did with it; absent when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced: Option<ProviderHostFence>,
+}
+
+/// A host declared dead by an administrator, as the operator's latest check of the host's
+/// entry saw the declaration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderHostFence {
+    /// The annotation's value: why (truncated).
+    pub reason: String,
+    /// `Applied`: what the host's instances held was freed for other hosts of its segment;
+    /// `Waiting`: not applied (yet): the latest check did not find the host dead, or the
+    /// provider refused (see `message`); `Removing`: the host answered, the operator is
+    /// removing the annotation.
+    pub state: String,
+    /// When the operator applied it (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_at: Option<String>,
+    /// The declared egress addresses it freed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub freed: Vec<String>,
+    /// Why it is not applied, when the provider refused (truncated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 const GIB: u64 = 1 << 30;
@@ -246,6 +274,7 @@ impl ProviderHostStatus {
             last_error: r.error.as_deref().map(bound),
             checked_at: checked_at.to_owned(),
             maintenance: None,
+            fenced: None,
         }
     }
 }

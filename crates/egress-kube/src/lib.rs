@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod driver;
+pub mod fence;
 pub mod gateway_source;
 pub mod leader;
 pub mod observe;

@@ -8,9 +8,25 @@
 //! happens before the next entry's check; an entry whose check missed the deadline records
 //! nothing; a failed write is logged and retried next round. The task runs only while
 //! this replica leads (it is started with the term's stop token).
+//!
+//! Hosts declared dead (the `fence.egress-proxies.dev/HOST` annotations on the entry's
+//! ProviderHealth, [`crate::fence`]), after each check of the entry:
+//! - a declaration frees what the host's instances held (the provider's `fence_host`, as in
+//!   standalone mode) only while this check found the host dead (`Unreachable` or
+//!   `Timeout`), and once per declaration (host and annotation value) per term: a declaration
+//!   read again after the host answered never frees what its live instances hold, since the
+//!   term forgets it only once the annotation is gone;
+//! - a host that answers has its annotation removed with a JSON patch that first tests the
+//!   value read, so a newer declaration written meanwhile stays; logged; until the removal
+//!   succeeds the row says `Removing`, and a declaration in that state never applies again,
+//!   in this term or the next leader's (it reads the row back);
+//! - the host's row shows the declaration (`fenced`); annotations naming no host of the
+//!   entry, or with a bad value, are never applied and are named by the `FenceDeclarations`
+//!   condition and a warning.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use egress_core::background::host_checks::{HostCheckDriver, HostCheckSettings};
@@ -24,7 +40,10 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use super::{API_SLACK, CHECK_DEADLINE, DriverStats, FIELD_MANAGER, api_version};
-use crate::api::{ProviderHealth, ProviderHealthStatus, ProviderHostState, ProviderHostStatus};
+use crate::api::{
+    ProviderHealth, ProviderHealthStatus, ProviderHostFence, ProviderHostState, ProviderHostStatus,
+};
+use crate::fence;
 use crate::observe::Observer;
 
 /// How the Kubernetes driver checks hosts: every `interval`, one entry at a time.
@@ -44,7 +63,16 @@ pub(super) struct ProviderHealthWriter {
     providers: watch::Receiver<Arc<Providers>>,
     stats: Arc<DriverStats>,
     observer: Arc<Observer>,
+    /// Declarations this term applied: (entry, host, reason) → (when, what was freed). Kept
+    /// until the annotation is gone, so the same declaration never applies twice.
+    fenced: Mutex<HashMap<DeclarationKey, (String, Vec<String>)>>,
 }
+
+/// A declaration: (entry, host, reason).
+type DeclarationKey = (String, String, String);
+
+/// The condition naming fence annotations that are not applied.
+pub const CONDITION_FENCE_DECLARATIONS: &str = "FenceDeclarations";
 
 impl ProviderHealthWriter {
     /// A writer for one term: `core` is the term's controller.
@@ -61,7 +89,145 @@ impl ProviderHealthWriter {
             providers,
             stats,
             observer,
+            fenced: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Applies `entry`'s declarations after a check (`reports`): see the module doc. Returns
+    /// each declared host's row state and the problems to report.
+    async fn apply_declarations(
+        &self,
+        handle: &egress_core::providers::ProviderHandle,
+        annotations: &std::collections::BTreeMap<String, String>,
+        previous: Option<&ProviderHealthStatus>,
+        reports: &[egress_provider::HostReport],
+        now: &str,
+    ) -> (HashMap<String, ProviderHostFence>, Vec<fence::Problem>) {
+        let entry = &handle.config.name;
+        let hosts: Vec<&str> = handle
+            .config
+            .hosts
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        let (decls, problems) = fence::parse(annotations, &hosts);
+        // A declaration whose annotation is gone (or changed) is forgotten: a new one applies.
+        egress_provider::sync::lock(&self.fenced).retain(|(e, h, r), _| {
+            e != entry || decls.iter().any(|d| &d.host == h && &d.reason == r)
+        });
+        let mut rows = HashMap::new();
+        for d in decls {
+            let Some(r) = reports.iter().find(|r| r.host == d.host) else {
+                continue;
+            };
+            let k = (entry.clone(), d.host.clone(), d.reason.clone());
+            let mut row = ProviderHostFence {
+                reason: egress_core::model::truncate(&d.reason, fence::MAX_REASON_CHARS),
+                state: "Waiting".to_owned(),
+                applied_at: None,
+                freed: Vec::new(),
+                message: None,
+            };
+            let applied = egress_provider::sync::lock(&self.fenced).get(&k).cloned();
+            // NB: a declaration whose host answered (this or an earlier term was removing it)
+            // is stale: it never applies again, even after a change of leader.
+            let stale = previous
+                .and_then(|p| p.hosts.iter().find(|x| x.host == d.host))
+                .and_then(|x| x.fenced.as_ref())
+                .is_some_and(|f| f.state == "Removing" && f.reason == row.reason);
+            let dead = egress_core::host_health::is_dead(Some(r.state));
+            match fence::decide(dead, applied.is_some(), stale) {
+                fence::Action::Stale => {
+                    row.state = "Removing".to_owned();
+                    row.message = Some(
+                        "the host answered since this declaration: not applied; write a new \
+                         reason to declare it dead again"
+                            .to_owned(),
+                    );
+                }
+                fence::Action::AlreadyApplied => {
+                    if let Some((at, freed)) = applied {
+                        row.state = "Applied".to_owned();
+                        row.applied_at = Some(at);
+                        row.freed = freed;
+                    }
+                }
+                fence::Action::Apply => match handle.provider.fence_host(&d.host) {
+                    Ok(freed) => {
+                        let freed: Vec<String> = freed.iter().map(ToString::to_string).collect();
+                        tracing::warn!(
+                            entry = %entry,
+                            host = %d.host,
+                            reason = %d.reason,
+                            freed = ?freed,
+                            "host declared dead by an administrator: what its instances \
+                             held may move to other hosts of its segment"
+                        );
+                        egress_provider::sync::lock(&self.fenced)
+                            .insert(k, (now.to_owned(), freed.clone()));
+                        row.state = "Applied".to_owned();
+                        row.applied_at = Some(now.to_owned());
+                        row.freed = freed;
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            entry = %entry,
+                            host = %d.host,
+                            "applying the declaration that the host is dead: {e}"
+                        );
+                        row.message = Some(egress_core::model::truncate(
+                            &egress_provider::error::redact(&e.to_string()),
+                            crate::api::MAX_HOST_STRING_CHARS,
+                        ));
+                    }
+                },
+                fence::Action::Remove => {
+                    // NB: it answered: its listings say what it holds; the declaration must not
+                    // apply again. The term forgets it only once the annotation is gone.
+                    row.state = "Removing".to_owned();
+                    let patch = Patch::<()>::Json(fence::removal_patch(&d.host, &d.reason));
+                    let params = PatchParams::default();
+                    // rbac: PROVIDER_HEALTHS patch
+                    let call = self.api.patch(entry, &params, &patch);
+                    match tokio::time::timeout(API_SLACK, call).await {
+                        Ok(Ok(_)) => {
+                            tracing::info!(
+                                entry = %entry,
+                                host = %d.host,
+                                reason = %d.reason,
+                                "a host declared dead answered again: its fence annotation is \
+                                 removed (nothing was freed by this check)"
+                            );
+                            egress_provider::sync::lock(&self.fenced).remove(&k);
+                            continue;
+                        }
+                        Ok(Err(kube::Error::Api(e))) if e.code == 409 || e.code == 422 => {
+                            tracing::info!(
+                                entry = %entry,
+                                host = %d.host,
+                                "the fence annotation changed meanwhile: kept for the next check"
+                            );
+                        }
+                        Ok(Err(e)) => tracing::warn!(
+                            entry = %entry,
+                            host = %d.host,
+                            error = %e,
+                            "removing the fence annotation of a host that answered failed"
+                        ),
+                        Err(_) => tracing::warn!(
+                            entry = %entry,
+                            host = %d.host,
+                            "removing the fence annotation of a host that answered timed out"
+                        ),
+                    }
+                }
+            }
+            rows.insert(d.host.clone(), row);
+        }
+        for p in &problems {
+            tracing::warn!(entry = %entry, "ProviderHealth {entry}: {p}");
+        }
+        (rows, problems)
     }
 }
 
@@ -83,6 +249,29 @@ impl HostCheckDriver for ProviderHealthWriter {
         self.observer.record_hosts(&h.config.name, reports, now);
         self.observer.annotate_hosts(&h.config.name, &self.core);
         let now = rfc3339(now);
+        let name = h.config.name.clone();
+        let spec = json!({"apiVersion": api_version(), "kind": "ProviderHealth",
+                          "metadata": {"name": name}, "spec": {"provider": name}});
+        let pp = PatchParams::apply(FIELD_MANAGER).force();
+        // rbac: PROVIDER_HEALTHS patch (create when new)
+        let written =
+            match tokio::time::timeout(API_SLACK, self.api.patch(&name, &pp, &Patch::Apply(&spec)))
+                .await
+            {
+                Ok(Ok(ph)) => ph,
+                Ok(Err(e)) => {
+                    tracing::warn!(entry = %name, error = %e, "ProviderHealth write failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!(entry = %name, "ProviderHealth write timed out");
+                    return;
+                }
+            };
+        let annotations = written.metadata.annotations.clone().unwrap_or_default();
+        let (mut fenced, problems) = self
+            .apply_declarations(h, &annotations, written.status.as_ref(), reports, &now)
+            .await;
         let out = self.core.hosts_in_maintenance(&h.config.name);
         let hosts: Vec<ProviderHostStatus> = reports
             .iter()
@@ -94,6 +283,7 @@ impl HostCheckDriver for ProviderHealthWriter {
                         .and_then(|(_, m, left)| {
                             egress_core::host_health::maintenance_state(*m, *left)
                         });
+                s.fenced = fenced.remove(&r.host);
                 s
             })
             .collect();
@@ -102,41 +292,46 @@ impl HostCheckDriver for ProviderHealthWriter {
             .filter(|x| x.state == ProviderHostState::Ready)
             .count();
         let all_ready = ready == hosts.len() && !hosts.is_empty();
+        let mut conditions = vec![Condition::new(
+            crate::api::CONDITION_READY,
+            if all_ready {
+                ConditionStatus::True
+            } else {
+                ConditionStatus::False
+            },
+            if all_ready {
+                "AllHostsReady"
+            } else {
+                "HostsNotReady"
+            },
+            &format!("{ready} of {} hosts ready", hosts.len()),
+            &now,
+            1,
+        )];
+        if !problems.is_empty() {
+            let msg: Vec<String> = problems.iter().map(ToString::to_string).collect();
+            conditions.push(Condition::new(
+                CONDITION_FENCE_DECLARATIONS,
+                ConditionStatus::False,
+                "NotApplied",
+                &msg.join("; "),
+                &now,
+                1,
+            ));
+        }
         let status = ProviderHealthStatus {
             host_count: u32::try_from(hosts.len()).unwrap_or(u32::MAX),
             ready_hosts: u32::try_from(ready).unwrap_or(u32::MAX),
             checked_at: Some(now.clone()),
-            conditions: vec![Condition::new(
-                crate::api::CONDITION_READY,
-                if all_ready {
-                    ConditionStatus::True
-                } else {
-                    ConditionStatus::False
-                },
-                if all_ready {
-                    "AllHostsReady"
-                } else {
-                    "HostsNotReady"
-                },
-                &format!("{ready} of {} hosts ready", hosts.len()),
-                &now,
-                1,
-            )],
+            conditions,
             hosts,
             observed_generation: 1,
         };
-        let name = h.config.name.clone();
-        let spec = json!({"apiVersion": api_version(), "kind": "ProviderHealth",
-                          "metadata": {"name": name}, "spec": {"provider": name}});
         let st = json!({"apiVersion": api_version(), "kind": "ProviderHealth",
                         "status": status});
-        let pp = PatchParams::apply(FIELD_MANAGER).force();
-        let write = async {
-            // rbac: PROVIDER_HEALTHS patch (create when new)
-            self.api.patch(&name, &pp, &Patch::Apply(&spec)).await?;
-            // rbac: PROVIDER_HEALTHS_STATUS patch
-            self.api.patch_status(&name, &pp, &Patch::Apply(&st)).await
-        };
+        // rbac: PROVIDER_HEALTHS_STATUS patch
+        let st = Patch::Apply(&st);
+        let write = self.api.patch_status(&name, &pp, &st);
         match tokio::time::timeout(API_SLACK, write).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {

@@ -250,7 +250,7 @@ async fn dispatch(cmd: Command) -> anyhow::Result<u8> {
         Command::Status(a) => status::run(a).await,
         Command::Addresses(a) => addresses::run(a).await,
         Command::Pools(c) => pools::run(c),
-        Command::Hosts(c) => hosts::run(c),
+        Command::Hosts(c) => hosts::run(c).await,
         Command::Gc(a) => gc::run(a).await,
         Command::Echo(a) => echo::run(a).await,
         Command::Crds(a) => crds::run(a),

@@ -551,6 +551,7 @@ mod tests {
             host: "h1".into(),
             template_hash: "t".into(),
             pin: vec!["203.0.113.7".parse().unwrap()],
+            replaces: None,
         };
         let p = member_body(&pool, &c, &spec.template, None);
         assert_eq!(p.spec.0.host.as_deref(), Some("h1"));
@@ -575,6 +576,7 @@ mod tests {
             host: "h1".into(),
             template_hash: "abc".into(),
             pin: Vec::new(),
+            replaces: None,
         };
         let p = member_body(&pool, &c, &spec.template, None);
         let labels = p.metadata.labels.unwrap();

@@ -284,6 +284,7 @@ async fn deleting_a_proxy_with_no_provider_id_leaves_nothing_on_any_host() {
         pinned_egress: Vec::new(),
         reserved: Vec::new(),
         lift_internal: true,
+        replaces: None,
     };
     within(
         "a create",

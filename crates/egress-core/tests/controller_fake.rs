@@ -102,6 +102,7 @@ fn proxy(n: u8, pin: Option<&str>) -> ProxyObject {
         deleting: false,
         credentials: None,
         namespace_labels: None,
+        replaces: None,
     }
 }
 

@@ -408,7 +408,8 @@ async fn a_replacement_naming_the_lost_holder_fences_its_host_and_takes_its_addr
                 .unwrap_err();
             assert!(e.is_transient(), "{e}");
             assert!(
-                e.message.contains("held by another Proxy's instance on host h1"),
+                e.message
+                    .contains("held by another Proxy's instance on host h1"),
                 "{e}"
             );
         }

@@ -254,12 +254,26 @@ mod tests {
         // The replacement of the pinning Proxy (vouched for by its pool's driver) may pin it;
         // a Proxy naming another one may not.
         assert!(
-            r.conflict("e", &uid(2), Some(&uid(1)), "team-a", &[ip("203.0.113.7")], t)
-                .is_none()
+            r.conflict(
+                "e",
+                &uid(2),
+                Some(&uid(1)),
+                "team-a",
+                &[ip("203.0.113.7")],
+                t
+            )
+            .is_none()
         );
         assert!(
-            r.conflict("e", &uid(2), Some(&uid(4)), "team-a", &[ip("203.0.113.7")], t)
-                .is_some()
+            r.conflict(
+                "e",
+                &uid(2),
+                Some(&uid(4)),
+                "team-a",
+                &[ip("203.0.113.7")],
+                t
+            )
+            .is_some()
         );
         r.forget(&uid(1));
         assert!(

@@ -115,9 +115,7 @@ pub(crate) fn apply_pools(
             if objects.contains_key(&uid) {
                 continue;
             }
-            let mut object = member_object(&p, &m, uid, creds.as_ref(), &|r| {
-                names.contains(r)
-            });
+            let mut object = member_object(&p, &m, uid, creds.as_ref(), &|r| names.contains(r));
             object.deleting = m.deleting;
             objects.insert(
                 uid,

@@ -41,30 +41,46 @@ pub(super) fn segment_peers<'h>(hosts: &'h [PoolHost], host: &str) -> Vec<&'h Po
         .collect()
 }
 
-/// Remembers the addresses of `m`, just lost with its host, when that host has peers on its
-/// segment (the replacement takes them there) and `m` had any.
-pub(super) fn remember_lost(
-    list: &mut Vec<PendingAddress>,
-    m: &Member,
-    hosts: &[PoolHost],
-    replicas: usize,
-) {
-    let Some(host) = m.host.as_deref().filter(|h| !h.is_empty()) else {
-        return;
-    };
-    if m.egress_address.is_empty()
-        || segment_peers(hosts, host).is_empty()
-        || list.iter().any(|e| e.member == m.name)
-        || list.len() >= replicas
-    {
-        return;
+/// Whether `m`'s host has peers on its segment.
+pub(super) fn has_peers(hosts: &[PoolHost], m: &Member) -> bool {
+    m.host
+        .as_deref()
+        .is_some_and(|h| !segment_peers(hosts, h).is_empty())
+}
+
+/// Remembers the addresses of each member of `lost`, just lost with its host, when that host
+/// has peers on its segment (the replacement takes them there) and the member had any.
+pub(super) fn remember_lost(list: &mut Vec<PendingAddress>, lost: &[&Member], i: &PoolInputs<'_>) {
+    let replicas = usize::try_from(i.policy.replicas).unwrap_or(usize::MAX);
+    for m in lost {
+        let Some(host) = m.host.as_deref().filter(|h| !h.is_empty()) else {
+            continue;
+        };
+        if m.egress_address.is_empty()
+            || !has_peers(i.hosts, m)
+            || list.iter().any(|e| e.member == m.name)
+            || list.len() >= replicas
+        {
+            continue;
+        }
+        list.push(PendingAddress {
+            member: m.name.clone(),
+            host: host.to_owned(),
+            addresses: m.egress_address.clone(),
+            lost: true,
+        });
     }
-    list.push(PendingAddress {
-        member: m.name.clone(),
-        host: host.to_owned(),
-        addresses: m.egress_address.clone(),
-        lost: true,
-    });
+}
+
+/// The `MemberCreated` event's message for `name` on `host`, replacing lost member `replaces`.
+pub(super) fn created_message(name: &str, host: &str, replaces: Option<&str>) -> String {
+    match replaces {
+        Some(lost) => format!(
+            "created member {name} on host {host}, replacing lost member {lost} at its egress \
+             addresses (once its instance is confirmed gone)"
+        ),
+        None => format!("created member {name} on host {host}"),
+    }
 }
 
 /// Remembers the addresses of `m`, deleted for `cause`, when it had any.

@@ -222,10 +222,7 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
     // Keep: a member lost with its host leaves its addresses for a replacement on a peer of
     // its segment (taken in step 5, this round).
     if p.keep_addresses {
-        let replicas = usize::try_from(p.replicas).unwrap_or(usize::MAX);
-        for m in &split.newly {
-            keep::remember_lost(&mut d.status.pending_addresses, m, i.hosts, replicas);
-        }
+        keep::remember_lost(&mut d.status.pending_addresses, &split.newly, i);
     }
 
     // 3. Autohealing.
@@ -284,10 +281,7 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
     for (m, l) in split.returned {
         // Keep, with peers on its host's segment: its replacement waits for its addresses, so
         // it goes at once (it never becomes available while this one holds them).
-        let moved = p.keep_addresses
-            && m.host
-                .as_deref()
-                .is_some_and(|h| !keep::segment_peers(i.hosts, h).is_empty());
+        let moved = p.keep_addresses && keep::has_peers(i.hosts, m);
         if !moved && m.available && (r.available as usize) < min_available {
             r.lost.push(l);
         } else {
@@ -444,13 +438,7 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
         d.events.push(Event::new(
             EventKind::Normal,
             reason::MEMBER_CREATED,
-            &match &replaces {
-                Some(lost) => format!(
-                    "created member {name} on host {host}, replacing lost member {lost} at its \
-                     egress addresses (once its instance is confirmed gone)"
-                ),
-                None => format!("created member {name} on host {host}"),
-            },
+            &keep::created_message(&name, &host, replaces.as_deref()),
         ));
         d.creates.push(CreateMember {
             name,

@@ -61,7 +61,11 @@ fn a_lost_member_of_a_keep_pool_is_replaced_on_its_segment_peer_at_its_addresses
         .iter()
         .find(|e| e.reason == crate::pool::status::reason::MEMBER_CREATED)
         .unwrap();
-    assert!(ev.message.contains("replacing lost member web-a"), "{}", ev.message);
+    assert!(
+        ev.message.contains("replacing lost member web-a"),
+        "{}",
+        ev.message
+    );
     c.status = d.status;
     let mut repl = super::tests::provisioning(member(&cr.name, "h2", 1010));
     repl.egress_address = Vec::new();

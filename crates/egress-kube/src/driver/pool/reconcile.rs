@@ -7,7 +7,9 @@ use std::time::{Duration, SystemTime};
 use egress_core::controller::backoff::backoff;
 use egress_core::controller::{Event, EventKind};
 use egress_core::pool::credentials;
-use egress_core::pool::member::{ANNOTATION_DRAIN, ANNOTATION_REPLACES, LABEL_POOL, LABEL_TEMPLATE_HASH, member_spec};
+use egress_core::pool::member::{
+    ANNOTATION_DRAIN, ANNOTATION_REPLACES, LABEL_POOL, LABEL_TEMPLATE_HASH, member_spec,
+};
 use egress_core::pool::round::{self, PoolCredentials, PoolDriver, Quota, Round, RoundInputs};
 use egress_core::pool::status::reason as pool_reason;
 use egress_core::pool::{CreateMember, ProxyPoolStatus, ProxyTemplate, UnpublishMember};

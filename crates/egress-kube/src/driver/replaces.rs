@@ -3,8 +3,8 @@
 //! same ProxyPool (owner reference UID) in the same namespace, so a tenant cannot name
 //! someone else's Proxy to have its host fenced or its address taken.
 //!
-//! Guarantees: [`vouch`] is pure; [`resolve`] reads at most one Proxy of the member's own
-//! namespace, within [`super::API_SLACK`], and only while the member is not running yet.
+//! Guarantees: [`vouch`] is pure; [`resolve`] lists at most one Proxy (by name) of the
+//! member's own namespace, within [`super::API_SLACK`], and only while the member is not running yet.
 
 use egress_core::model::Phase;
 use egress_core::pool::member::ANNOTATION_REPLACES;
@@ -59,10 +59,12 @@ pub(super) async fn resolve(
     if phase == Phase::Running || p.meta().deletion_timestamp.is_some() {
         return Ok(None);
     }
-    // rbac: PROXIES get (its own namespace)
-    let read = tokio::time::timeout(super::API_SLACK, api.get_opt(name)).await;
+    // NB: a list of at most one (by name), as the operator lists Proxies but does not get them.
+    let lp = kube::api::ListParams::default().fields(&format!("metadata.name={name}"));
+    // rbac: PROXIES list (its own namespace, one name)
+    let read = tokio::time::timeout(super::API_SLACK, api.list(&lp)).await;
     match read {
-        Ok(Ok(r)) => vouch(p, r.as_ref()),
+        Ok(Ok(l)) => vouch(p, l.items.iter().find(|r| r.name_any() == *name)),
         Ok(Err(e)) => {
             tracing::warn!(proxy = %p.name_any(), error = %e, "cannot read the Proxy it replaces");
             Ok(None)

@@ -564,9 +564,28 @@ mod tests {
         let p = member_body(&pool, &c, &spec.template, None);
         assert_eq!(p.spec.0.host.as_deref(), Some("h1"));
         assert_eq!(p.spec.0.egress.address, ["203.0.113.7"]);
+        assert!(p.metadata.annotations.is_none());
         c.pin.clear();
         let p = member_body(&pool, &c, &spec.template, None);
         assert!(p.spec.0.egress.address.is_empty());
+        // The replacement of a lost member names it; only the pool sets that annotation.
+        c.replaces = Some("web-lost".into());
+        let p = member_body(&pool, &c, &spec.template, None);
+        assert_eq!(
+            p.metadata.annotations.unwrap()[ANNOTATION_REPLACES],
+            "web-lost"
+        );
+        let mut t = spec.template.clone();
+        t.metadata
+            .annotations
+            .insert(ANNOTATION_REPLACES.into(), "someone-else".into());
+        c.replaces = None;
+        let p = member_body(&pool, &c, &t, None);
+        assert!(
+            p.metadata.annotations.is_none(),
+            "{:?}",
+            p.metadata.annotations
+        );
     }
 
     #[test]

@@ -14,6 +14,21 @@ use kube::{Resource, ResourceExt};
 
 use crate::api::Proxy;
 
+/// A new member's annotations: its template's, with [`ANNOTATION_REPLACES`] naming `replaces`
+/// (the lost member it replaces) when the pool set one, never the template's own (only the
+/// pool names it); `None` when there are none.
+pub(super) fn member_annotations(
+    template: &std::collections::BTreeMap<String, String>,
+    replaces: Option<&str>,
+) -> Option<std::collections::BTreeMap<String, String>> {
+    let mut a = template.clone();
+    a.remove(ANNOTATION_REPLACES);
+    if let Some(lost) = replaces {
+        a.insert(ANNOTATION_REPLACES.to_owned(), lost.to_owned());
+    }
+    (!a.is_empty()).then_some(a)
+}
+
 /// The UID of the pool controlling `p` (a controller owner reference of kind ProxyPool).
 fn pool_uid(p: &Proxy) -> Option<&str> {
     p.owner_references()
@@ -107,6 +122,21 @@ mod tests {
 
     const OLD: &str = "0f8fad5b-d9cb-469f-a165-708677289501";
     const NEW: &str = "0f8fad5b-d9cb-469f-a165-708677289502";
+
+    #[test]
+    fn only_the_pool_names_the_member_a_new_one_replaces() {
+        let mut t = std::collections::BTreeMap::new();
+        assert_eq!(member_annotations(&t, None), None);
+        let a = member_annotations(&t, Some("web-lost")).unwrap();
+        assert_eq!(a[ANNOTATION_REPLACES], "web-lost");
+        t.insert(ANNOTATION_REPLACES.to_owned(), "someone-else".to_owned());
+        t.insert("example.com/owner".to_owned(), "jane".to_owned());
+        let a = member_annotations(&t, None).unwrap();
+        assert_eq!(a.len(), 1, "{a:?}");
+        assert_eq!(a["example.com/owner"], "jane");
+        let a = member_annotations(&t, Some("web-lost")).unwrap();
+        assert_eq!(a[ANNOTATION_REPLACES], "web-lost");
+    }
 
     #[test]
     fn only_a_member_of_the_same_pool_in_the_same_namespace_is_vouched_for() {

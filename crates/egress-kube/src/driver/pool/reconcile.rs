@@ -7,9 +7,7 @@ use std::time::{Duration, SystemTime};
 use egress_core::controller::backoff::backoff;
 use egress_core::controller::{Event, EventKind};
 use egress_core::pool::credentials;
-use egress_core::pool::member::{
-    ANNOTATION_DRAIN, ANNOTATION_REPLACES, LABEL_POOL, LABEL_TEMPLATE_HASH, member_spec,
-};
+use egress_core::pool::member::{ANNOTATION_DRAIN, LABEL_POOL, LABEL_TEMPLATE_HASH, member_spec};
 use egress_core::pool::round::{self, PoolCredentials, PoolDriver, Quota, Round, RoundInputs};
 use egress_core::pool::status::reason as pool_reason;
 use egress_core::pool::{CreateMember, ProxyPoolStatus, ProxyTemplate, UnpublishMember};
@@ -393,15 +391,10 @@ pub(crate) fn member_body(
     labels.insert(LABEL_POOL.to_owned(), pool.name_any());
     labels.insert(LABEL_TEMPLATE_HASH.to_owned(), c.template_hash.clone());
     p.metadata.labels = Some(labels);
-    let mut annotations = template.metadata.annotations.clone();
-    // NB: only the pool names the member a new one replaces.
-    annotations.remove(ANNOTATION_REPLACES);
-    if let Some(lost) = &c.replaces {
-        annotations.insert(ANNOTATION_REPLACES.to_owned(), lost.clone());
-    }
-    if !annotations.is_empty() {
-        p.metadata.annotations = Some(annotations);
-    }
+    p.metadata.annotations = crate::driver::replaces::member_annotations(
+        &template.metadata.annotations,
+        c.replaces.as_deref(),
+    );
     p.metadata.owner_references = secret::owner_reference(pool).map(|o| vec![o]);
     p
 }
@@ -568,24 +561,6 @@ mod tests {
         c.pin.clear();
         let p = member_body(&pool, &c, &spec.template, None);
         assert!(p.spec.0.egress.address.is_empty());
-        // The replacement of a lost member names it; only the pool sets that annotation.
-        c.replaces = Some("web-lost".into());
-        let p = member_body(&pool, &c, &spec.template, None);
-        assert_eq!(
-            p.metadata.annotations.unwrap()[ANNOTATION_REPLACES],
-            "web-lost"
-        );
-        let mut t = spec.template.clone();
-        t.metadata
-            .annotations
-            .insert(ANNOTATION_REPLACES.into(), "someone-else".into());
-        c.replaces = None;
-        let p = member_body(&pool, &c, &t, None);
-        assert!(
-            p.metadata.annotations.is_none(),
-            "{:?}",
-            p.metadata.annotations
-        );
     }
 
     #[test]

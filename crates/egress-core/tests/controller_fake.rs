@@ -102,6 +102,7 @@ fn proxy(n: u8, pin: Option<&str>) -> ProxyObject {
         deleting: false,
         credentials: None,
         namespace_labels: None,
+        replaces: None,
     }
 }
 
@@ -284,6 +285,7 @@ async fn deleting_a_proxy_with_no_provider_id_leaves_nothing_on_any_host() {
         pinned_egress: Vec::new(),
         reserved: Vec::new(),
         lift_internal: true,
+        replaces: None,
     };
     within(
         "a create",

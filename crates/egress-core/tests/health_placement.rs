@@ -79,6 +79,7 @@ fn proxy(n: u8) -> ProxyObject {
         deleting: false,
         credentials: None,
         namespace_labels: None,
+        replaces: None,
     }
 }
 

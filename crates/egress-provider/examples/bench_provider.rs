@@ -287,6 +287,7 @@ async fn main() {
         pinned_egress: Vec::new(),
         reserved: Vec::new(),
         lift_internal: true,
+        replaces: None,
     };
     let (ua, ub) = (
         ProxyUid(uuid::Uuid::new_v4()),

@@ -120,6 +120,11 @@ pub struct CreateRequest {
     /// Whether the guest may reach the entry's `policy.allowedInternalCidrs` (its namespace
     /// is granted them): the host's filter lifts them only then.
     pub lift_internal: bool,
+    /// The Proxy this one replaces, when its driver vouches that both belong to one pool of
+    /// one namespace and the replaced one was lost with its host (`rotation.egressAddress:
+    /// Keep`): an instance of the replaced Proxy holding a pinned address on another host
+    /// of the segment counts as a copy of this one, so that host may be fenced to free it.
+    pub replaces: Option<ProxyUid>,
 }
 
 impl std::fmt::Debug for CreateRequest {
@@ -133,6 +138,7 @@ impl std::fmt::Debug for CreateRequest {
             .field("memory_mib", &self.memory_mib)
             .field("vcpus", &self.vcpus)
             .field("pinned_egress", &self.pinned_egress)
+            .field("replaces", &self.replaces)
             .field(
                 "user_data",
                 &format_args!("<{} bytes, redacted>", self.user_data.len()),
@@ -387,6 +393,7 @@ mod tests {
             pinned_egress: Vec::new(),
             reserved: Vec::new(),
             lift_internal: true,
+            replaces: None,
         };
         let d = format!("{r:?}");
         assert!(!d.contains("s3cr3t"), "{d}");

@@ -181,6 +181,7 @@ fn request(u: ProxyUid, pinned: &[&str]) -> CreateRequest {
         pinned_egress: pinned.iter().map(|s| s.parse().unwrap()).collect(),
         reserved: Vec::new(),
         lift_internal: true,
+        replaces: None,
     }
 }
 

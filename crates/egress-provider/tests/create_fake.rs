@@ -149,6 +149,7 @@ fn request(u: ProxyUid, disk_gib: u64) -> CreateRequest {
         pinned_egress: Vec::new(),
         reserved: Vec::new(),
         lift_internal: true,
+        replaces: None,
     }
 }
 

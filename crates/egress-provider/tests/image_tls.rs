@@ -358,6 +358,7 @@ fn request(u: ProxyUid, image: &str, disk_gib: u64, memory_mib: u64) -> CreateRe
         pinned_egress: Vec::new(),
         reserved: Vec::new(),
         lift_internal: true,
+        replaces: None,
     }
 }
 

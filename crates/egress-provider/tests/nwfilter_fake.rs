@@ -95,6 +95,7 @@ fn request(n: u8) -> CreateRequest {
         pinned_egress: Vec::new(),
         reserved: Vec::new(),
         lift_internal: true,
+        replaces: None,
     }
 }
 

@@ -154,6 +154,7 @@ fn request(uid: ProxyUid, disk_gib: u64) -> CreateRequest {
         pinned_egress: Vec::new(),
         reserved: Vec::new(),
         lift_internal: true,
+        replaces: None,
     }
 }
 

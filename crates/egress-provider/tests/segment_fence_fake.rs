@@ -209,6 +209,17 @@ async fn create(
     host: &str,
     pinned: &[&str],
 ) -> Result<egress_provider::Instance, ProviderError> {
+    create_replacing(p, u, host, pinned, None).await
+}
+
+/// A create of `u` on `host` naming `replaces` (the Proxy it replaces in its pool).
+async fn create_replacing(
+    p: &LibvirtProvider,
+    u: ProxyUid,
+    host: &str,
+    pinned: &[&str],
+    replaces: Option<ProxyUid>,
+) -> Result<egress_provider::Instance, ProviderError> {
     let req = CreateRequest {
         uid: u,
         display_name: "default/p".into(),
@@ -221,6 +232,7 @@ async fn create(
         pinned_egress: pinned.iter().map(|s| s.parse().unwrap()).collect(),
         reserved: Vec::new(),
         lift_internal: true,
+        replaces,
     };
     tokio::time::timeout(CALL_BUDGET, p.create(&req, &NoProgress))
         .await
@@ -375,6 +387,56 @@ async fn another_proxy_pinned_to_a_held_address_never_fences_its_host() {
     assert_eq!(moved.egress, vec![ip("203.0.113.10")]);
     let runs = std::fs::read_to_string(dir.path().join("runs")).unwrap();
     assert_eq!(runs.lines().count(), 1, "{runs}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_naming_the_lost_holder_fences_its_host_and_takes_its_address() {
+    let s = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ok"), "").unwrap();
+    let p = s.provider(Some(fence_script(dir.path())));
+    // uid(1) (a pool member) holds the address on h1; uid(2), another Proxy, holds .11.
+    create(&p, uid(1), "h1", &["203.0.113.10"]).await.unwrap();
+    create(&p, uid(2), "h1", &["203.0.113.11"]).await.unwrap();
+    s.h1().faults().freeze();
+    h1_dead(&p).await;
+    let refused_as = |u: ProxyUid, pin: &'static str, replaces: Option<ProxyUid>| {
+        let p = &p;
+        async move {
+            let e = create_replacing(p, u, "h2", &[pin], replaces)
+                .await
+                .unwrap_err();
+            assert!(e.is_transient(), "{e}");
+            assert!(
+                e.message
+                    .contains("held by another Proxy's instance on host h1"),
+                "{e}"
+            );
+        }
+    };
+    // A replacement naming a Proxy that is not the holder: never a reason to fence.
+    refused_as(uid(3), "203.0.113.10", Some(uid(2))).await;
+    // Naming the holder of another address it does not pin: no fence either.
+    refused_as(uid(3), "203.0.113.11", Some(uid(1))).await;
+    // Without `replaces`: another Proxy's holding.
+    refused_as(uid(3), "203.0.113.10", None).await;
+    assert!(
+        !dir.path().join("runs").exists(),
+        "a create not replacing the holder ran h1's fence command"
+    );
+    // The replacement of uid(1) (another Proxy, another domain name): h1 is fenced once,
+    // the address moves to it on h2.
+    let moved = create_replacing(&p, uid(3), "h2", &["203.0.113.10"], Some(uid(1)))
+        .await
+        .unwrap();
+    assert_eq!(moved.egress, vec![ip("203.0.113.10")]);
+    let runs = std::fs::read_to_string(dir.path().join("runs")).unwrap();
+    assert_eq!(runs.lines().count(), 1, "{runs}");
+    assert!(
+        s.domains("h2").contains(&names::domain(ENTRY, &uid(3))),
+        "{:?}",
+        s.domains("h2")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

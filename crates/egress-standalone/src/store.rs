@@ -172,6 +172,11 @@ pub(crate) struct MemberRec {
     /// it once the drain grace has passed (kept here, so a restart keeps both).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) drain: Option<String>,
+    /// The member it replaces: one lost with its host, whose egress addresses it takes on
+    /// another host of the segment (`rotation.egressAddress: Keep`). Honoured while that
+    /// member is still in this pool's member file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) replaces: Option<String>,
 }
 
 /// One pool as this process runs it.
@@ -247,6 +252,7 @@ pub(crate) fn object_of(p: &LoadedProxy, generation: i64) -> ProxyObject {
             password: c.password.clone(),
         }),
         namespace_labels: None,
+        replaces: None,
     }
 }
 

@@ -93,6 +93,7 @@ impl Controller {
                     if let Some(msg) = st.reservations.conflict(
                         entry,
                         &obj.uid,
+                        obj.replaces.as_ref(),
                         &obj.namespace,
                         &req.pinned_egress,
                         now,

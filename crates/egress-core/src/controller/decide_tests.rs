@@ -61,6 +61,7 @@ fn proxy() -> P {
         deleting: false,
         credentials: None,
         namespace_labels: None,
+        replaces: None,
     })
 }
 

@@ -338,6 +338,7 @@ impl Controller {
                 state: states.and_then(|s| s.get(&host.name).copied()),
                 maintenance: host.maintenance,
                 dead_since: dead.and_then(|d| d.get(&host.name).copied()),
+                segment: host.segment.clone(),
             })
             .collect()
     }

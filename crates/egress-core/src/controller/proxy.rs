@@ -31,6 +31,12 @@ pub struct ProxyObject {
     /// The labels of its namespace, when the driver knows them (Kubernetes); the config's
     /// `namespaceSelector`s match only known labels.
     pub namespace_labels: Option<Arc<BTreeMap<String, String>>>,
+    /// The Proxy this one replaces, as its driver resolved it: a member of the same pool in
+    /// the same namespace, lost with its host, whose egress addresses this one pins
+    /// (`rotation.egressAddress: Keep`). Its instance holding them on another host of the
+    /// segment counts as this Proxy's own copy: the provider may fence that host. Drivers
+    /// set it only from their own pool records, never from what a tenant wrote alone.
+    pub replaces: Option<ProxyUid>,
 }
 
 /// Proxy credentials (basic auth for HTTP, username/password for SOCKS5). `Debug` redacts

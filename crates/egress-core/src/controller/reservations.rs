@@ -147,11 +147,13 @@ impl Reservations {
     }
 
     /// Why `uid` (namespace `ns`) may not have the addresses it pins in `entry` now, if it
-    /// may not: one refusal naming the address, never its holder.
+    /// may not: one refusal naming the address, never its holder. A pin of `replaces` (the
+    /// Proxy `uid` replaces in its pool) is no conflict.
     pub(super) fn conflict(
         &mut self,
         entry: &str,
         uid: &ProxyUid,
+        replaces: Option<&ProxyUid>,
         ns: &str,
         addrs: &[IpAddr],
         now: SystemTime,
@@ -159,7 +161,13 @@ impl Reservations {
         let book = self.entries.get_mut(entry)?;
         book.holds.retain(|_, (_, until)| *until > now);
         for a in addrs {
-            if book.pins.get(a).is_some_and(|(u, _)| u != uid) {
+            // NB: the Proxy it replaces (same pool and namespace, vouched for by the
+            // driver) pins it too while its lost instance may hold it: no conflict.
+            if book
+                .pins
+                .get(a)
+                .is_some_and(|(u, _)| u != uid && Some(u) != replaces)
+            {
                 return Some(format!(
                     "spec.egress.address: {a} is pinned by another Proxy; waiting until it is \
                      released"
@@ -230,12 +238,12 @@ mod tests {
         let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
         r.register("e", uid(1), "team-a", &[ip("203.0.113.7")]);
         let msg = r
-            .conflict("e", &uid(2), "team-b", &[ip("203.0.113.7")], t)
+            .conflict("e", &uid(2), None, "team-b", &[ip("203.0.113.7")], t)
             .unwrap();
         assert!(msg.contains("pinned by another Proxy"), "{msg}");
         assert!(!msg.contains("team-a"), "names no other tenant: {msg}");
         assert!(
-            r.conflict("e", &uid(1), "team-a", &[ip("203.0.113.7")], t)
+            r.conflict("e", &uid(1), None, "team-a", &[ip("203.0.113.7")], t)
                 .is_none()
         );
         assert_eq!(
@@ -243,9 +251,33 @@ mod tests {
             [ip("203.0.113.7")]
         );
         assert!(r.reserved_for("other", &uid(3), "team-b", t).is_empty());
+        // The replacement of the pinning Proxy (vouched for by its pool's driver) may pin it;
+        // a Proxy naming another one may not.
+        assert!(
+            r.conflict(
+                "e",
+                &uid(2),
+                Some(&uid(1)),
+                "team-a",
+                &[ip("203.0.113.7")],
+                t
+            )
+            .is_none()
+        );
+        assert!(
+            r.conflict(
+                "e",
+                &uid(2),
+                Some(&uid(4)),
+                "team-a",
+                &[ip("203.0.113.7")],
+                t
+            )
+            .is_some()
+        );
         r.forget(&uid(1));
         assert!(
-            r.conflict("e", &uid(2), "team-b", &[ip("203.0.113.7")], t)
+            r.conflict("e", &uid(2), None, "team-b", &[ip("203.0.113.7")], t)
                 .is_none()
         );
         assert!(r.reserved_for("e", &uid(3), "team-b", t).is_empty());
@@ -262,13 +294,13 @@ mod tests {
             t + Duration::from_secs(600),
         );
         let msg = r
-            .conflict("e", &uid(2), "team-b", &[ip("203.0.113.7")], t)
+            .conflict("e", &uid(2), None, "team-b", &[ip("203.0.113.7")], t)
             .unwrap();
         assert!(msg.contains("reserved for its previous holder"), "{msg}");
         assert!(!msg.contains("team-a"), "{msg}");
         // Its own namespace (a pool's replacement) may take it back.
         assert!(
-            r.conflict("e", &uid(3), "team-a", &[ip("203.0.113.7")], t)
+            r.conflict("e", &uid(3), None, "team-a", &[ip("203.0.113.7")], t)
                 .is_none()
         );
         assert_eq!(
@@ -279,7 +311,7 @@ mod tests {
         // After the hold, anyone.
         let later = t + Duration::from_secs(601);
         assert!(
-            r.conflict("e", &uid(2), "team-b", &[ip("203.0.113.7")], later)
+            r.conflict("e", &uid(2), None, "team-b", &[ip("203.0.113.7")], later)
                 .is_none()
         );
         assert!(r.reserved_for("e", &uid(4), "team-b", later).is_empty());

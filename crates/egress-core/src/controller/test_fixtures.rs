@@ -96,6 +96,7 @@ pub(super) fn obj(n: u8, host: Option<&str>) -> ProxyObject {
         deleting: false,
         credentials: None,
         namespace_labels: None,
+        replaces: None,
     }
 }
 

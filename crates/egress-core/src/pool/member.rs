@@ -65,6 +65,11 @@ pub const ANNOTATION_QUARANTINE: &str = "egress-proxies.dev/quarantine";
 /// unpublished (never available, never an endpoint or a gateway choice) and deleted once the
 /// grace since `SINCE` has passed.
 pub const ANNOTATION_DRAIN: &str = "egress-proxies.dev/drain";
+/// Annotation the pool sets on a member that replaces a member lost with its host, at its
+/// egress addresses (`rotation.egressAddress: Keep`): the lost member's name. The driver
+/// honours it only when both are members of the same pool in the same namespace; then the
+/// lost member's instance counts as the replacement's own copy (its host may be fenced).
+pub const ANNOTATION_REPLACES: &str = "egress-proxies.dev/replaces";
 /// Characters of a member name's suffix.
 // NB: Kubernetes' own alphabet for generated names (no vowels, no 0/1/3: no words, no
 // look-alikes); 27^6 ≈ 3.9e8 names per pool, and a clash with a live member is skipped.

@@ -35,6 +35,7 @@ fn hosts() -> Vec<PoolHost> {
         state: Some(HostState::Ready),
         maintenance: Default::default(),
         dead_since: None,
+        segment: None,
     }]
 }
 
@@ -471,12 +472,14 @@ async fn a_member_lost_with_its_host_is_replaced_kept_then_deleted_as_host_lost_
             state: Some(HostState::Timeout),
             maintenance: Default::default(),
             dead_since: Some(at(0)),
+            segment: None,
         },
         PoolHost {
             name: "h2".into(),
             state: Some(HostState::Ready),
             maintenance: Default::default(),
             dead_since: None,
+            segment: None,
         },
     ];
     // Round 1: h1 dead for 100 s (> the default 60 s): replaced on h2, not deleted.

@@ -128,6 +128,11 @@ pub struct PendingAddress {
     pub host: String,
     /// Its egress addresses: the replacement pins them.
     pub addresses: Vec<String>,
+    /// The member was lost with its host (`host`, dead): its replacement goes to another
+    /// host of that host's segment at once, pinned to these addresses, and gets them once
+    /// the old instance is confirmed gone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lost: bool,
 }
 
 /// What the operator reports about a ProxyPool.

@@ -72,6 +72,7 @@ pub mod pool;
 mod proxy_health;
 pub mod publish;
 mod reconcile;
+mod replaces;
 mod reputation;
 mod status;
 mod term;

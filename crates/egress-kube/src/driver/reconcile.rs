@@ -92,6 +92,14 @@ pub(super) async fn reconcile_inner(p: &Proxy, ctx: &Ctx) -> Result<Action, Reco
     let credentials =
         credentials(&ctx.client, &ns, p.spec.proxy.credentials_ref.as_deref()).await?;
     lock(&ctx.creds).insert(uid, credentials.clone());
+    let phase = p.status.as_ref().map(|s| s.phase).unwrap_or_default();
+    let (replaces, refused) = match super::replaces::resolve(&api, p, phase).await {
+        Ok(r) => (r, None),
+        Err(why) => {
+            tracing::warn!(proxy = %name, "{why}");
+            (None, Some(why))
+        }
+    };
     let obj = ProxyObject {
         namespace: ns.clone(),
         name: name.clone(),
@@ -101,10 +109,18 @@ pub(super) async fn reconcile_inner(p: &Proxy, ctx: &Ctx) -> Result<Action, Reco
         deleting,
         credentials,
         namespace_labels: namespace_labels(ctx, &ns).await,
+        replaces,
     };
     let current = p.status.clone().unwrap_or_default();
     let started = std::time::Instant::now();
     let mut out: Outcome = ctx.core.reconcile(&obj, &current, SystemTime::now()).await;
+    if let Some(why) = refused {
+        out.events.push(egress_core::controller::Event::new(
+            EventKind::Warning,
+            "ReplacesRefused",
+            &why,
+        ));
+    }
     if let Some(engine) = ctx.observer.health() {
         health::apply_to_status(
             &mut out.status,

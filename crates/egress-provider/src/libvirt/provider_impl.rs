@@ -171,7 +171,7 @@ impl LibvirtProvider {
     /// another host of the segment, or a host of the segment was never listed, first tries to
     /// confirm that host's instances gone: a listing of it (it answers), else — only when the
     /// instance held there is a copy of this same Proxy (`name`: a Proxy's domain has one name
-    /// on every host) — its fence command when its last check found it dead. Another Proxy's
+    /// on every host), or of the Proxy it replaces (`req.replaces`) — its fence command when its last check found it dead. Another Proxy's
     /// holding, or a host never listed since the start, is never a reason to fence: the
     /// create waits for that host's answer or an administrator's fence. Never releases
     /// anything on a timeout.
@@ -190,9 +190,15 @@ impl LibvirtProvider {
         }
         // Host → why its instances must be confirmed gone (a copy of this Proxy: may fence).
         let mut others: std::collections::BTreeMap<String, Holding> = Default::default();
+        // The Proxy this one replaces (lost with its host, in one pool): its instance counts
+        // as a copy of this one.
+        let replaced = req
+            .replaces
+            .as_ref()
+            .map(|u| names::domain(&self.entry_cfg().name, u));
         for a in &req.pinned_egress {
             if let Some((h, domain)) = self.addresses.holder(host, *a) {
-                let why = if domain == name {
+                let why = if domain == name || replaced.as_deref() == Some(domain.as_str()) {
                     Holding::OwnCopy
                 } else {
                     Holding::Another(*a)

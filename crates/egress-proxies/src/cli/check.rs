@@ -152,6 +152,7 @@ fn proxy_errors(
                 password: c.password.clone(),
             }),
         namespace_labels: None,
+        replaces: None,
     };
     let errs = entitlement_errors(&obj, entry);
     if !errs.is_empty() {

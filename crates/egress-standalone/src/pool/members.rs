@@ -159,13 +159,21 @@ pub(crate) fn pool_view(s: &ProxyStatus) -> (Phase, bool, Option<bool>, bool) {
     )
 }
 
-/// A member's object: the template pinned to its host, with the pool's credentials.
+/// A member's object: the template pinned to its host, with the pool's credentials; the
+/// member it replaces (`rec.replaces`) is vouched for only when `is_member` says it is still a
+/// member of this pool (this pool's member file: same pool, same namespace).
 pub(crate) fn member_object(
     p: &LoadedPool,
     rec: &MemberRec,
     uid: ProxyUid,
     creds: Option<&ProxyCredentials>,
+    is_member: &dyn Fn(&str) -> bool,
 ) -> ProxyObject {
+    let replaces = rec
+        .replaces
+        .as_deref()
+        .filter(|r| *r != rec.name && is_member(r))
+        .map(|r| member_uid(&p.namespace, &p.name, r));
     let reference = if p.policy.generate_credentials {
         Some(format!("{}{}", p.name, CREDENTIALS_SUFFIX))
     } else {
@@ -185,6 +193,7 @@ pub(crate) fn member_object(
         deleting: false,
         credentials: creds.cloned(),
         namespace_labels: None,
+        replaces,
     }
 }
 

@@ -34,6 +34,7 @@ fn rec(pin: &[&str]) -> MemberRec {
         was_available: false,
         pin: pin.iter().map(|a| a.parse().unwrap()).collect(),
         drain: None,
+        replaces: None,
     }
 }
 
@@ -42,14 +43,14 @@ fn a_member_object_pins_the_kept_addresses_and_the_member_file_keeps_them() {
     let p = loaded();
     let uid = member_uid("default", "web", "web-bcdfgh");
     let r = rec(&["203.0.113.7", "2001:db8::7"]);
-    let o = member_object(&p, &r, uid, None);
+    let o = member_object(&p, &r, uid, None, &|_| false);
     assert_eq!(o.spec.host.as_deref(), Some("h1"));
     assert_eq!(o.spec.egress.address, ["203.0.113.7", "2001:db8::7"]);
     // The member file round-trips the pin (a restart recreates the same spec).
     let back: MemberRec = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
     assert_eq!(back.pin, r.pin);
     // Without a pin: no declared address, and an older file without the field reads.
-    let o = member_object(&p, &rec(&[]), uid, None);
+    let o = member_object(&p, &rec(&[]), uid, None, &|_| false);
     assert!(o.spec.egress.address.is_empty());
     let old: MemberRec = serde_json::from_str(
         r#"{"name":"web-x","host":"h1","templateHash":"t","created":"2026-01-01T00:00:00Z"}"#,
@@ -115,4 +116,25 @@ fn a_fifo_at_the_member_file_reads_as_empty_without_hanging() {
         .recv_timeout(std::time::Duration::from_secs(10))
         .expect("reading a FIFO member file hung");
     assert_eq!(n, 0);
+}
+
+#[test]
+fn the_member_it_replaces_is_vouched_for_only_while_it_is_a_member_of_this_pool() {
+    let p = loaded();
+    let uid = member_uid("default", "web", "web-bcdfgh");
+    let mut r = rec(&["203.0.113.7"]);
+    r.replaces = Some("web-lost".into());
+    let o = member_object(&p, &r, uid, None, &|m| m == "web-lost");
+    assert_eq!(o.replaces, Some(member_uid("default", "web", "web-lost")));
+    // Not (or no longer) a member of this pool: nothing vouched for.
+    let o = member_object(&p, &r, uid, None, &|_| false);
+    assert_eq!(o.replaces, None);
+    // Itself: nothing.
+    r.replaces = Some(r.name.clone());
+    let o = member_object(&p, &r, uid, None, &|_| true);
+    assert_eq!(o.replaces, None);
+    // The member file keeps it.
+    r.replaces = Some("web-lost".into());
+    let back: MemberRec = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+    assert_eq!(back.replaces.as_deref(), Some("web-lost"));
 }

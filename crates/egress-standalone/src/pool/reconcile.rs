@@ -108,12 +108,14 @@ pub(crate) fn apply_pools(
     for (key, namespace, members, p) in restored {
         let creds = pool_credentials(ctx, &p).ok().flatten();
         let mut objects = lock(&store.objects);
+        let names: std::collections::BTreeSet<String> =
+            members.iter().map(|m| m.name.clone()).collect();
         for m in members {
             let uid = member_uid(&namespace, &p.name, &m.name);
             if objects.contains_key(&uid) {
                 continue;
             }
-            let mut object = member_object(&p, &m, uid, creds.as_ref());
+            let mut object = member_object(&p, &m, uid, creds.as_ref(), &|r| names.contains(r));
             object.deleting = m.deleting;
             objects.insert(
                 uid,
@@ -493,10 +495,13 @@ impl PoolDriver for StandalonePool<'_> {
             was_available: false,
             pin: c.pin.clone(),
             drain: None,
+            replaces: c.replaces.clone(),
         };
         let uid = member_uid(&self.pool.namespace, &self.pool.name, &c.name);
-        let object = member_object(self.pool, &rec, uid, self.creds);
         let mut w = lock(&self.work);
+        let object = member_object(self.pool, &rec, uid, self.creds, &|r| {
+            w.recs.contains_key(r)
+        });
         w.new_objects.push((uid, object));
         w.recs.insert(c.name.clone(), rec);
         w.changed = true;

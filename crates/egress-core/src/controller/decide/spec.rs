@@ -174,6 +174,7 @@ pub(super) fn request(
         // Filled by the executor, which knows every Proxy's pins and the holds.
         reserved: Vec::new(),
         lift_internal,
+        replaces: obj.replaces,
     })
 }
 
@@ -204,6 +205,7 @@ mod tests {
             deleting: false,
             credentials: None,
             namespace_labels: None,
+            replaces: None,
         }
     }
 

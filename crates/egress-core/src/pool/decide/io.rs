@@ -28,6 +28,10 @@ pub struct PoolHost {
     /// in memory: after an operator restart the clock starts again at the first dead report,
     /// so a member is never declared lost early.
     pub dead_since: Option<SystemTime>,
+    /// Its `segment:` in the config (hosts of one segment share an L2 segment and an
+    /// address pool): under `rotation.egressAddress: Keep`, a member lost with its host is
+    /// replaced on another host of that host's segment, at its addresses.
+    pub segment: Option<String>,
 }
 
 impl PoolHost {
@@ -73,6 +77,10 @@ pub struct CreateMember {
     /// Egress addresses to pin (its `spec.egress.address`): the replaced member's, under
     /// `rotation.egressAddress: Keep`; empty otherwise.
     pub pin: Vec<std::net::IpAddr>,
+    /// The member it replaces, when that member was lost with its host and this one takes
+    /// its addresses on another host of the same segment (`rotation.egressAddress: Keep`):
+    /// the provider may confirm that member's instance gone (fence its host) to free them.
+    pub replaces: Option<String>,
 }
 
 /// Why a member is deleted (a metrics label and part of the event message).

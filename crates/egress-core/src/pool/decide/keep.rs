@@ -3,6 +3,13 @@
 //! the members, its replacement is created on that host pinned to those addresses
 //! ([`take`]), or, when that host cannot take it, placed elsewhere with fresh addresses.
 //!
+//! A member lost with its host ([`remember_lost`]) leaves an entry too when that host has
+//! peers on its segment (`hosts[].segment`): its replacement is created at once on one of
+//! them ([`take`], placed as any member among those peers), pinned to its addresses and
+//! naming it (`replaces`), so the provider may confirm its instance gone (list or fence its
+//! host) and move the addresses; never on a timeout alone. Without a usable peer it is placed
+//! elsewhere with fresh addresses.
+//!
 //! Guarantees: pure; at most `replicas` entries; an entry is used once; a member replaced
 //! for another cause (quarantine, autohealing, scale-in) leaves no entry.
 
@@ -12,8 +19,69 @@ use std::net::IpAddr;
 use crate::pool::member::Member;
 use crate::pool::status::PendingAddress;
 
-use super::io::{DeleteCause, PoolInputs};
-use super::place::backoff_end;
+use super::io::{DeleteCause, PoolHost, PoolInputs};
+use super::place::{backoff_end, place};
+
+/// A replacement to create on `host` pinned to `pin`; `replaces` names the lost member whose
+/// addresses it takes on another host of the same segment.
+pub(super) type Pinned = (String, Vec<IpAddr>, Option<String>);
+
+/// The other hosts of `host`'s segment (none when it has no segment).
+pub(super) fn segment_peers<'h>(hosts: &'h [PoolHost], host: &str) -> Vec<&'h PoolHost> {
+    let Some(seg) = hosts
+        .iter()
+        .find(|h| h.name == host)
+        .and_then(|h| h.segment.as_deref())
+    else {
+        return Vec::new();
+    };
+    hosts
+        .iter()
+        .filter(|h| h.name != host && h.segment.as_deref() == Some(seg))
+        .collect()
+}
+
+/// Whether `m`'s host has peers on its segment.
+pub(super) fn has_peers(hosts: &[PoolHost], m: &Member) -> bool {
+    m.host
+        .as_deref()
+        .is_some_and(|h| !segment_peers(hosts, h).is_empty())
+}
+
+/// Remembers the addresses of each member of `lost`, just lost with its host, when that host
+/// has peers on its segment (the replacement takes them there) and the member had any.
+pub(super) fn remember_lost(list: &mut Vec<PendingAddress>, lost: &[&Member], i: &PoolInputs<'_>) {
+    let replicas = usize::try_from(i.policy.replicas).unwrap_or(usize::MAX);
+    for m in lost {
+        let Some(host) = m.host.as_deref().filter(|h| !h.is_empty()) else {
+            continue;
+        };
+        if m.egress_address.is_empty()
+            || !has_peers(i.hosts, m)
+            || list.iter().any(|e| e.member == m.name)
+            || list.len() >= replicas
+        {
+            continue;
+        }
+        list.push(PendingAddress {
+            member: m.name.clone(),
+            host: host.to_owned(),
+            addresses: m.egress_address.clone(),
+            lost: true,
+        });
+    }
+}
+
+/// The `MemberCreated` event's message for `name` on `host`, replacing lost member `replaces`.
+pub(super) fn created_message(name: &str, host: &str, replaces: Option<&str>) -> String {
+    match replaces {
+        Some(lost) => format!(
+            "created member {name} on host {host}, replacing lost member {lost} at its egress \
+             addresses (once its instance is confirmed gone)"
+        ),
+        None => format!("created member {name} on host {host}"),
+    }
+}
 
 /// Remembers the addresses of `m`, deleted for `cause`, when it had any.
 pub(super) fn remember(
@@ -38,22 +106,41 @@ pub(super) fn remember(
         member: m.name.clone(),
         host: host.to_owned(),
         addresses: m.egress_address.clone(),
+        lost: false,
     });
 }
 
-/// Takes the entries whose member is gone: `(host, pin)` of each replacement to create on
-/// its old host (counted in `counts`), and how many entries still wait for their member to
-/// go (each holds its slot). Entries whose host cannot take the replacement are dropped: the
+/// Takes the entries whose member is gone, and those of lost members: the replacements to
+/// create (counted in `counts`) — on the old host, or, for a lost member, on a peer of its
+/// segment naming it — and how many entries still wait for their member to go (each holds
+/// its slot). Entries whose host (or every peer) cannot take the replacement are dropped: the
 /// replacement is placed as any other create, with fresh addresses.
 pub(super) fn take(
     list: &mut Vec<PendingAddress>,
     i: &PoolInputs<'_>,
     counts: &mut BTreeMap<String, u32>,
-) -> (Vec<(String, Vec<IpAddr>)>, usize) {
+) -> (Vec<Pinned>, usize) {
     let p = i.policy;
     let mut pinned = Vec::new();
     let mut held = 0usize;
     list.retain(|e| {
+        if e.lost {
+            // NB: the lost member stays among the members while its host is dead; its
+            // replacement does not wait for it (the provider waits for its instance instead).
+            let pin: Vec<IpAddr> = e.addresses.iter().filter_map(|a| a.parse().ok()).collect();
+            if pin.is_empty() {
+                return false;
+            }
+            let peers: Vec<PoolHost> = segment_peers(i.hosts, &e.host)
+                .into_iter()
+                .cloned()
+                .collect();
+            let placed = place(1, p, &peers, &i.status.host_failures, counts, i.now);
+            if let Some(h) = placed.hosts.into_iter().next() {
+                pinned.push((h, pin, Some(e.member.clone())));
+            }
+            return false;
+        }
         if let Some(m) = i.members.iter().find(|m| m.name == e.member) {
             // Still deleting or draining: it holds its slot; not removed (yet): counted as
             // stale.
@@ -77,7 +164,7 @@ pub(super) fn take(
                 .any(|f| f.host == e.host && backoff_end(p, f).is_some_and(|end| end > i.now));
         if usable {
             *counts.entry(e.host.clone()).or_default() += 1;
-            pinned.push((e.host.clone(), pin));
+            pinned.push((e.host.clone(), pin, None));
         }
         false
     });

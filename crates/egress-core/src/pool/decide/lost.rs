@@ -29,6 +29,8 @@ pub(super) struct Split<'a> {
     /// Lost members whose host has not answered yet (the new `status.lostMembers`, without
     /// the returned ones).
     pub(super) lost: Vec<LostMember>,
+    /// Members lost in this round (also in `lost`).
+    pub(super) newly: Vec<&'a Member>,
 }
 
 /// Splits `active` into members the pool still counts, lost ones and returned ones; a member
@@ -81,6 +83,7 @@ pub(super) fn split<'a>(
                         h.name
                     ),
                 ));
+                out.newly.push(m);
                 out.lost.push(LostMember {
                     member: m.name.clone(),
                     host: h.name.clone(),

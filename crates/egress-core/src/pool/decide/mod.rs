@@ -63,6 +63,8 @@ mod tests_drain;
 #[cfg(test)]
 mod tests_keep;
 #[cfg(test)]
+mod tests_keep_lost;
+#[cfg(test)]
 mod tests_lead;
 #[cfg(test)]
 mod tests_listed;
@@ -217,6 +219,11 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
     let split = lost::split(i, active, &mut d.events, &mut wake_at);
     let active = split.kept;
     r.lost = split.lost;
+    // Keep: a member lost with its host leaves its addresses for a replacement on a peer of
+    // its segment (taken in step 5, this round).
+    if p.keep_addresses {
+        keep::remember_lost(&mut d.status.pending_addresses, &split.newly, i);
+    }
 
     // 3. Autohealing.
     let mut remaining: Vec<&Member> = Vec::with_capacity(active.len());
@@ -272,7 +279,10 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
     // its minimum without it (its replacement is not available yet).
     let min_available = usize::try_from(p.min_available()).unwrap_or(usize::MAX);
     for (m, l) in split.returned {
-        if m.available && (r.available as usize) < min_available {
+        // Keep, with peers on its host's segment: its replacement waits for its addresses, so
+        // it goes at once (it never becomes available while this one holds them).
+        let moved = p.keep_addresses && keep::has_peers(i.hosts, m);
+        if !moved && m.available && (r.available as usize) < min_available {
             r.lost.push(l);
         } else {
             delete(&mut d, m, DeleteCause::HostLost);
@@ -416,8 +426,8 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
     let mut attempt = 0u32;
     let planned = pinned
         .into_iter()
-        .chain(placed.hosts.into_iter().map(|h| (h, Vec::new())));
-    for (host, pin) in planned {
+        .chain(placed.hosts.into_iter().map(|h| (h, Vec::new(), None)));
+    for (host, pin, replaces) in planned {
         let name = loop {
             let n = member_name(i.name, i.template_hash, now, attempt);
             attempt = attempt.saturating_add(1);
@@ -428,13 +438,14 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
         d.events.push(Event::new(
             EventKind::Normal,
             reason::MEMBER_CREATED,
-            &format!("created member {name} on host {host}"),
+            &keep::created_message(&name, &host, replaces.as_deref()),
         ));
         d.creates.push(CreateMember {
             name,
             host,
             template_hash: i.template_hash.to_owned(),
             pin,
+            replaces,
         });
     }
 

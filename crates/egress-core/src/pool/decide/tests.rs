@@ -38,6 +38,7 @@ pub(super) fn hosts(names: &[&str]) -> Vec<PoolHost> {
             state: Some(HostState::Ready),
             maintenance: Default::default(),
             dead_since: None,
+            segment: None,
         })
         .collect()
 }
@@ -248,6 +249,7 @@ fn spread_skips_an_unhealthy_host_and_a_full_one_and_says_which_when_none_is_lef
         state: Some(HostState::Degraded),
         maintenance: Default::default(),
         dead_since: None,
+        segment: None,
     });
     let d = c.run();
     assert!(d.creates.is_empty());

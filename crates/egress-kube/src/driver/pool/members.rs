@@ -160,6 +160,7 @@ mod tests {
             state: Some(egress_provider::model::HostState::Ready),
             maintenance: Default::default(),
             dead_since: None,
+            segment: None,
         }];
         decide(&PoolInputs {
             name: "web",
@@ -185,6 +186,7 @@ mod tests {
             host: "a".into(),
             template_hash: "h1".into(),
             pin: Vec::new(),
+            replaces: None,
         };
         exp.created.insert(c.name.clone(), (c, now));
         // Not in the cache yet: counted, so the next round creates nothing more.
@@ -211,6 +213,7 @@ mod tests {
             host: "a".into(),
             template_hash: "h1".into(),
             pin: Vec::new(),
+            replaces: None,
         };
         exp.created.insert(c.name.clone(), (c, now));
         let later = now + EXPECTATION_TTL + Duration::from_secs(1);

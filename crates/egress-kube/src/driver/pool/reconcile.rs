@@ -391,9 +391,10 @@ pub(crate) fn member_body(
     labels.insert(LABEL_POOL.to_owned(), pool.name_any());
     labels.insert(LABEL_TEMPLATE_HASH.to_owned(), c.template_hash.clone());
     p.metadata.labels = Some(labels);
-    if !template.metadata.annotations.is_empty() {
-        p.metadata.annotations = Some(template.metadata.annotations.clone());
-    }
+    p.metadata.annotations = crate::driver::replaces::member_annotations(
+        &template.metadata.annotations,
+        c.replaces.as_deref(),
+    );
     p.metadata.owner_references = secret::owner_reference(pool).map(|o| vec![o]);
     p
 }
@@ -551,10 +552,12 @@ mod tests {
             host: "h1".into(),
             template_hash: "t".into(),
             pin: vec!["203.0.113.7".parse().unwrap()],
+            replaces: None,
         };
         let p = member_body(&pool, &c, &spec.template, None);
         assert_eq!(p.spec.0.host.as_deref(), Some("h1"));
         assert_eq!(p.spec.0.egress.address, ["203.0.113.7"]);
+        assert!(p.metadata.annotations.is_none());
         c.pin.clear();
         let p = member_body(&pool, &c, &spec.template, None);
         assert!(p.spec.0.egress.address.is_empty());
@@ -575,6 +578,7 @@ mod tests {
             host: "h1".into(),
             template_hash: "abc".into(),
             pin: Vec::new(),
+            replaces: None,
         };
         let p = member_body(&pool, &c, &spec.template, None);
         let labels = p.metadata.labels.unwrap();

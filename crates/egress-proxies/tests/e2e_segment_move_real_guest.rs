@@ -10,7 +10,8 @@
 //!    the echo from A; after its boot, before the test sends anything to A, the guest has
 //!    **announced** A: a gratuitous ARP for A from the guest's MAC reached the segment bridge
 //!    (an nftables set records the sender MAC of every ARP whose sender and target are A), and
-//!    the bridge's neighbour table holds A at that MAC.
+//!    the bridge's neighbour table holds A at that MAC (the bridge, the guests' gateway, takes
+//!    entries from gratuitous ARPs: `arp_accept=1`).
 //! 2. X is frozen (a DROP rule on its uplink: its SSH and its guest cut off; the guest still
 //!    runs). Once X's row says it is dead, `a` is removed and Proxy `b`, pinned to A, is
 //!    written: it waits, its condition naming X, with no domain on the other host Y, and X's
@@ -243,100 +244,219 @@ fn host_index(name: &str) -> usize {
         .unwrap_or_else(|| panic!("host name {name}"))
 }
 
-async fn inside_the_namespace(rg: RealGuest) {
-    let t_start = Instant::now();
-    let RealGuest { bin, image } = rg;
-    let name = std::env::var(SEGMENT_ENV).expect("the segment's name from the parent");
-    let seg = Segment::create_named(name, HOSTS);
-    let entry = format!("epsegmv{}", cleanup::now_secs());
-    let gateway = seg.ip(1);
-    // The address both Proxies pin, in the shared pool's range.
-    let address = seg.ip(150);
-    let work = tempfile::Builder::new()
-        .prefix(&cleanup::unique_name("dir", "epsegmv"))
-        .tempdir()
-        .unwrap();
-    let (echo, _seen) = echo_server(gateway).await;
-    let server = ImageHost::start(std::fs::read(&image.path).unwrap(), IMAGE_PATH, 0).await;
-    let dir = work.path().join("manifests");
-    std::fs::create_dir(&dir).unwrap();
-    // Each host's fence command: a script that records its run and kills the QEMUs of the
-    // host's namespace (its guests), exit 0. It must not run here: A is another Proxy's.
-    let mut hosts = String::new();
-    let mut markers = Vec::new();
-    for h in &seg.hosts {
-        let marker = work.path().join(format!("fenced-h{}", h.index + 1));
-        let script = work.path().join(format!("fence-h{}.sh", h.index + 1));
+/// What both tests run in: the segment, the echo, the image server, the config (both hosts
+/// on segment `lan` with one address pool and a fence command each) and the operator.
+struct Fixture {
+    // NB: fields drop in order: the operator before the segment it reaches.
+    op: StandaloneOperator,
+    listen: SocketAddr,
+    bin: std::path::PathBuf,
+    config: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    entry: String,
+    gateway: Ipv4Addr,
+    echo: SocketAddr,
+    server: ImageHost,
+    /// Per host: the file its fence command appends a line to at each run.
+    fence_runs: Vec<std::path::PathBuf>,
+    /// Per host: the file its fence command reads what to do from: `kill` (kill the QEMUs of
+    /// the host's namespace, exit 0; the default), `fail` (exit 1 with a message), `hang`
+    /// (sleep 600 s).
+    fence_mode: Vec<std::path::PathBuf>,
+    seg: Segment,
+    _work: tempfile::TempDir,
+}
+
+/// The fence command's timeout in the config.
+const FENCE_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Fixture {
+    async fn start(rg: RealGuest, prefix: &str, throttle: u64) -> Self {
+        let RealGuest { bin, image } = rg;
+        let name = std::env::var(SEGMENT_ENV).expect("the segment's name from the parent");
+        let seg = Segment::create_named(name, HOSTS);
+        let entry = format!("{prefix}{}", cleanup::now_secs());
+        let gateway = seg.ip(1);
+        let work = tempfile::Builder::new()
+            .prefix(&cleanup::unique_name("dir", prefix))
+            .tempdir()
+            .unwrap();
+        let (echo, _seen) = echo_server(gateway).await;
+        let server =
+            ImageHost::start(std::fs::read(&image.path).unwrap(), IMAGE_PATH, throttle).await;
+        let dir = work.path().join("manifests");
+        std::fs::create_dir(&dir).unwrap();
+        let mut hosts = String::new();
+        let (mut fence_runs, mut fence_mode) = (Vec::new(), Vec::new());
+        for h in &seg.hosts {
+            let n = h.index + 1;
+            let runs = work.path().join(format!("fence-runs-h{n}"));
+            let mode = work.path().join(format!("fence-mode-h{n}"));
+            let script = work.path().join(format!("fence-h{n}.sh"));
+            std::fs::write(&mode, "kill\n").unwrap();
+            std::fs::write(
+                &script,
+                format!(
+                    "#!/bin/sh\nmode=$(cat {mode})\necho \"$EGRESS_PROXIES_FENCE_HOST $mode $$\" >> {runs}\n\
+                     case $mode in\n\
+                     fail) echo \"bmc-h{n}: connection refused\" >&2; exit 1 ;;\n\
+                     hang) exec sleep 600 ;;\n\
+                     esac\n\
+                     for p in $(ip netns pids {ns}); do\n  \
+                     case \"$(cat /proc/$p/comm 2>/dev/null)\" in qemu*) kill -KILL \"$p\" ;; esac\n\
+                     done\nexit 0\n",
+                    mode = mode.display(),
+                    runs = runs.display(),
+                    ns = h.netns(),
+                ),
+            )
+            .unwrap();
+            run_ok(Command::new("chmod").arg("755").arg(&script));
+            fence_runs.push(runs);
+            fence_mode.push(mode);
+            hosts.push_str(&format!(
+                "      - name: h{n}\n        address: {ip}:{port}\n        user: root\n        \
+                 socket: {sock}\n        pool: {HOST_POOL}\n        bridge: {HOST_BRIDGE}\n        \
+                 guestCidr: {cidr}\n        virtType: qemu\n        poolReserveGiB: 0\n        \
+                 sshKeyFile: {key}\n        knownHostsFile: {kh}\n        maxConcurrent: 3\n        \
+                 segment: lan\n        fence: {{command: [{script}], timeout: {t}s}}\n        \
+                 addressPool:\n          ipv4:\n            prefix: {cidr}\n            \
+                 gateway: {gateway}\n            ranges: [{first}-{last}]\n",
+                ip = h.ip,
+                port = h.sshd.port,
+                sock = h.socket().display(),
+                cidr = seg.cidr(),
+                key = h.sshd.client_key_path.display(),
+                kh = h.sshd.known_hosts_path.display(),
+                script = script.display(),
+                t = FENCE_TIMEOUT.as_secs(),
+                first = seg.ip(140),
+                last = seg.ip(159),
+            ));
+        }
+        let config = work.path().join("providers.yaml");
         std::fs::write(
-            &script,
+            &config,
             format!(
-                "#!/bin/sh\necho \"$EGRESS_PROXIES_FENCE_HOST\" >> {marker}\n\
-                 for p in $(ip netns pids {ns}); do\n  \
-                 case \"$(cat /proc/$p/comm 2>/dev/null)\" in qemu*) kill -KILL \"$p\" ;; esac\n\
-                 done\nexit 0\n",
-                marker = marker.display(),
-                ns = h.netns(),
+                "providers:\n  - name: {entry}\n    type: libvirt\n    hosts:\n{hosts}    \
+                 images:\n      {IMAGE_KEY}:\n        url: {url}\n        sha256: {sha}\n        \
+                 format: qcow2\n        firmware: uefi\n    \
+                 policy:\n      allowedInternalCidrs: [{gateway}/32]\n      networkFilter: false\n    \
+                 defaults:\n      diskGiB: 4\n      memoryMiB: 512\n      vcpus: 1\n",
+                url = server.url,
+                sha = image.sha256,
             ),
         )
         .unwrap();
-        run_ok(Command::new("chmod").arg("755").arg(&script));
-        markers.push(marker);
-        hosts.push_str(&format!(
-            "      - name: h{n}\n        address: {ip}:{port}\n        user: root\n        \
-             socket: {sock}\n        pool: {HOST_POOL}\n        bridge: {HOST_BRIDGE}\n        \
-             guestCidr: {cidr}\n        virtType: qemu\n        poolReserveGiB: 0\n        \
-             sshKeyFile: {key}\n        knownHostsFile: {kh}\n        maxConcurrent: 3\n        \
-             segment: lan\n        fence: {{command: [{script}], timeout: 10s}}\n        \
-             addressPool:\n          ipv4:\n            prefix: {cidr}\n            \
-             gateway: {gateway}\n            ranges: [{first}-{last}]\n",
-            n = h.index + 1,
-            ip = h.ip,
-            port = h.sshd.port,
-            sock = h.socket().display(),
-            cidr = seg.cidr(),
-            key = h.sshd.client_key_path.display(),
-            kh = h.sshd.known_hosts_path.display(),
-            script = script.display(),
-            first = seg.ip(140),
-            last = seg.ip(159),
-        ));
+        println!(
+            "eptest: config:\n{}",
+            std::fs::read_to_string(&config).unwrap()
+        );
+        let listen = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let op = StandaloneOperator::start(
+            &bin,
+            &config,
+            &dir,
+            listen,
+            std::iter::empty::<&str>(),
+            work.path().join("operator.log"),
+        );
+        Self {
+            op,
+            listen,
+            bin,
+            config,
+            dir,
+            entry,
+            gateway,
+            echo,
+            server,
+            fence_runs,
+            fence_mode,
+            seg,
+            _work: work,
+        }
     }
-    let config = work.path().join("providers.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "providers:\n  - name: {entry}\n    type: libvirt\n    hosts:\n{hosts}    \
-             images:\n      {IMAGE_KEY}:\n        url: {url}\n        sha256: {sha}\n        \
-             format: qcow2\n        firmware: uefi\n    \
-             policy:\n      allowedInternalCidrs: [{gateway}/32]\n      networkFilter: false\n    \
-             defaults:\n      diskGiB: 4\n      memoryMiB: 512\n      vcpus: 1\n",
-            url = server.url,
-            sha = image.sha256,
-        ),
-    )
-    .unwrap();
-    println!(
-        "eptest: config:\n{}",
-        std::fs::read_to_string(&config).unwrap()
-    );
+
+    /// The fence runs of host index `i` so far: (host, mode, pid) lines.
+    fn fence_runs(&self, i: usize) -> Vec<String> {
+        std::fs::read_to_string(&self.fence_runs[i])
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The entry's domains on host index `i`.
+    fn domains(&self, i: usize) -> Vec<String> {
+        let prefix = format!("ep-{}-", self.entry);
+        self.seg.hosts[i]
+            .domains()
+            .into_iter()
+            .filter(|d| d.starts_with(&prefix))
+            .collect()
+    }
+
+    /// Removes every manifest's Proxy and checks that nothing is left on either host: no
+    /// domain, no volume of the entry but its bases.
+    async fn remove_all_and_check(self, names: &[&str]) {
+        for n in names {
+            let _ = std::fs::remove_file(self.dir.join(format!("{n}.yaml")));
+        }
+        let t2 = Instant::now();
+        loop {
+            let left: Vec<String> = (0..HOSTS).flat_map(|i| self.domains(i)).collect();
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                t2.elapsed() < CLEANUP_BUDGET,
+                "domains left after the Proxies' removal: {left:?}\n{}",
+                self.op.log_tail()
+            );
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        let Self { op, seg, entry, .. } = self;
+        drop(op);
+        let prefix = format!("ep-{entry}-");
+        for h in &seg.hosts {
+            let (domains, volumes) = (h.domains(), h.volumes());
+            println!(
+                "eptest: h{} after: domains {domains:?}, volumes {volumes:?}",
+                h.index + 1
+            );
+            assert!(
+                domains.is_empty(),
+                "h{}: domains left: {domains:?}",
+                h.index + 1
+            );
+            let base = format!("{prefix}base-");
+            let ours: Vec<&String> = volumes
+                .iter()
+                .filter(|v| v.starts_with(&prefix) && !v.starts_with(&base))
+                .collect();
+            assert!(ours.is_empty(), "h{}: volumes left: {ours:?}", h.index + 1);
+        }
+    }
+}
+
+async fn inside_the_namespace(rg: RealGuest) {
+    let t_start = Instant::now();
+    let fx = Fixture::start(rg, "epsegmv", 0).await;
+    let (seg, listen, op) = (&fx.seg, fx.listen, &fx.op);
+    let (entry, gateway, echo) = (fx.entry.clone(), fx.gateway, fx.echo);
+    let (bin, config, dir) = (fx.bin.clone(), fx.config.clone(), fx.dir.clone());
+    // The address both Proxies pin, in the shared pool's range.
+    let address = seg.ip(150);
     seg.watch_announcements(address);
-    let listen = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
-    let op = StandaloneOperator::start(
-        &bin,
-        &config,
-        &dir,
-        listen,
-        std::iter::empty::<&str>(),
-        work.path().join("operator.log"),
-    );
 
     // 1. `a` pinned to A runs on X and announced A.
     let t0 = Instant::now();
     proxy_yaml(&dir, "a", &entry, address, gateway);
-    let a = running_with(listen, "a", address, &op).await;
+    let a = running_with(listen, "a", address, op).await;
     let x = host_index(&a.host);
     let y = 1 - x;
     let (xh, yh) = (&seg.hosts[x], &seg.hosts[y]);
@@ -347,7 +467,7 @@ async fn inside_the_namespace(rg: RealGuest) {
         a.domain,
         t0.elapsed().as_secs_f64()
     );
-    let (after, neigh) = announced_by(&seg, address, &x_mac, "a").await;
+    let (after, neigh) = announced_by(seg, address, &x_mac, "a").await;
     println!(
         "eptest: a: gratuitous ARP for {address} from {x_mac} seen ({:.1} s after running); \
          the bridge's neighbour entry then, before the test sent anything to {address}: \
@@ -415,11 +535,11 @@ async fn inside_the_namespace(rg: RealGuest) {
         last.ready.contains(&x_name),
         "b's condition does not name {x_name}: {last:?}"
     );
-    for m in &markers {
+    for i in 0..HOSTS {
+        let runs = fx.fence_runs(i);
         assert!(
-            !m.exists(),
-            "a fence command ran for another Proxy's address: {}",
-            std::fs::read_to_string(m).unwrap_or_default()
+            runs.is_empty(),
+            "a fence command ran for another Proxy's address: {runs:?}"
         );
     }
     assert!(
@@ -477,7 +597,7 @@ async fn inside_the_namespace(rg: RealGuest) {
     );
     let y_mac = yh.guest_mac(&b.domain).expect("b's guest MAC on Y");
     assert_ne!(y_mac, x_mac, "b's guest has a's MAC");
-    let (after_b, neigh_b) = announced_by(&seg, address, &y_mac, "b").await;
+    let (after_b, neigh_b) = announced_by(seg, address, &y_mac, "b").await;
     println!(
         "eptest: b: gratuitous ARP for {address} from {y_mac} seen ({:.1} s after running); \
          the bridge's neighbour entry then, before the test sent anything to {address}: \
@@ -535,45 +655,181 @@ async fn inside_the_namespace(rg: RealGuest) {
         "eptest: timing: {x_name} back → a's old domain deleted {:.1} s",
         t_back.elapsed().as_secs_f64()
     );
-    std::fs::remove_file(dir.join("b.yaml")).unwrap();
-    let prefix = format!("ep-{entry}-");
-    let t2 = Instant::now();
+    fx.remove_all_and_check(&["b"]).await;
+    println!(
+        "eptest: timing: whole test {:.1} s",
+        t_start.elapsed().as_secs_f64()
+    );
+}
+
+fn fence_test_name() -> &'static str {
+    "a_fence_command_that_fails_or_hangs_keeps_the_address_and_the_condition_says_so"
+}
+
+/// The image served at this rate while the first create runs, so that it is still under way
+/// (streaming the image to its host) when its host is frozen.
+// NB: the image is ~150 MB: about 2.5 minutes at 1 MB/s; the freeze follows the first GET.
+const SLOW_IMAGE: u64 = 1_000_000;
+/// From a host frozen under a create to its fence command's result in the Proxy's condition:
+/// the create's call deadline, a host check that finds the host dead, the retry elsewhere.
+const FENCE_BUDGET: Duration = Duration::from_secs(6 * 60);
+
+/// A create dies with its host: Proxy `c`, pinned to address A of the shared pool, is being
+/// created on host X (its image streaming, throttled) when X is frozen, so X may hold A for
+/// `c`'s own domain and nothing can say otherwise. The retry on the other host Y must prove
+/// the copy gone first: X's fence command runs (it is `c`'s own copy, X found dead).
+/// - the fence command exits 1: `c` is not created on Y (no domain there, not Running), and
+///   its `Ready` condition says `waiting for host X to be fenced: fence command exited 1`
+///   with the command's message;
+/// - it hangs (`sleep 600`, timeout 5 s): the same, the condition saying it timed out, and
+///   the command is killed (its process gone);
+/// - it exits 0: `c` is created on Y with A (running with A as its egress address).
+///
+/// Then X answers again; removing `c` leaves nothing on either host. No guest needs to boot.
+#[test]
+fn a_fence_command_that_fails_or_hangs_keeps_the_address_and_the_condition_says_so() {
+    let own = (!real_guest::is_rerun(fence_test_name())).then(|| OwnNetns::create("segfence"));
+    let ns = own.as_ref().map_or_else(String::new, |o| o.0.clone());
+    real_guest::run_in(
+        &ns,
+        fence_test_name(),
+        TEST_BUDGET,
+        &[env(SEGMENT_ENV, &ns)],
+        fence_inside_the_namespace,
+    );
+}
+
+/// Waits until `c`'s `Ready` message contains `what`, checking meanwhile that `c` has no
+/// domain on host index `y` and does not run; returns the message.
+async fn waits_saying(fx: &Fixture, y: usize, what: &str, budget: Duration) -> String {
+    let t0 = Instant::now();
     loop {
-        let left: Vec<String> = seg
-            .hosts
-            .iter()
-            .flat_map(|h| h.domains())
-            .filter(|d| d.starts_with(&prefix))
-            .collect();
-        if left.is_empty() {
-            break;
+        let r = row(fx.listen, "c").await.unwrap_or_default();
+        assert_ne!(
+            r.phase, "Running",
+            "c runs while its copy is not proven gone: {r:?}"
+        );
+        let on_y = fx.domains(y);
+        assert!(
+            on_y.is_empty(),
+            "a domain on h{} while c's copy is not proven gone: {on_y:?}",
+            y + 1
+        );
+        if r.ready.contains(what) {
+            return r.ready;
         }
         assert!(
-            t2.elapsed() < CLEANUP_BUDGET,
-            "domains left after the Proxies' removal: {left:?}\n{}",
-            op.log_tail()
+            t0.elapsed() < budget,
+            "c's condition does not say {what:?} after {budget:?}: {r:?}\n{}",
+            fx.op.log_tail()
         );
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(SAMPLE).await;
     }
-    drop(op);
-    for h in &seg.hosts {
-        let (domains, volumes) = (h.domains(), h.volumes());
-        println!(
-            "eptest: h{} after: domains {domains:?}, volumes {volumes:?}",
-            h.index + 1
-        );
+}
+
+async fn fence_inside_the_namespace(rg: RealGuest) {
+    let t_start = Instant::now();
+    let fx = Fixture::start(rg, "epsegfn", SLOW_IMAGE).await;
+    let address = fx.seg.ip(151);
+    proxy_yaml(&fx.dir, "c", &fx.entry, address, fx.gateway);
+    // X: the host c's create goes to, frozen once the image streams to it.
+    let t0 = Instant::now();
+    let x = loop {
+        let r = row(fx.listen, "c").await.unwrap_or_default();
+        if !r.host.is_empty() && !fx.server.gets().is_empty() {
+            break host_index(&r.host);
+        }
         assert!(
-            domains.is_empty(),
-            "h{}: domains left: {domains:?}",
-            h.index + 1
+            t0.elapsed() < BOOT_BUDGET,
+            "c's create did not start fetching its image: {r:?}\n{}",
+            fx.op.log_tail()
         );
-        let base = format!("{prefix}base-");
-        let ours: Vec<&String> = volumes
-            .iter()
-            .filter(|v| v.starts_with(&prefix) && !v.starts_with(&base))
-            .collect();
-        assert!(ours.is_empty(), "h{}: volumes left: {ours:?}", h.index + 1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let y = 1 - x;
+    let x_name = format!("h{}", x + 1);
+    fx.seg.hosts[x].freeze();
+    let t_freeze = Instant::now();
+    println!(
+        "eptest: {x_name} frozen under c's create ({:.1} s after the manifest; its row: \
+         {:?})",
+        t0.elapsed().as_secs_f64(),
+        row(fx.listen, "c").await
+    );
+    // A fence command that fails.
+    std::fs::write(&fx.fence_mode[x], "fail\n").unwrap();
+    let said = waits_saying(
+        &fx,
+        y,
+        &format!("waiting for host {x_name} to be fenced: fence command exited 1"),
+        FENCE_BUDGET,
+    )
+    .await;
+    println!(
+        "eptest: timing: freeze → failed fence reported {:.1} s: {said}",
+        t_freeze.elapsed().as_secs_f64()
+    );
+    assert!(
+        said.contains("bmc-h"),
+        "the command's message is not kept: {said}"
+    );
+    let runs = fx.fence_runs(x);
+    assert!(
+        !runs.is_empty() && runs.iter().all(|l| l.starts_with(&format!("{x_name} "))),
+        "fence runs of {x_name}: {runs:?}"
+    );
+    assert!(fx.fence_runs(y).is_empty(), "the live host was fenced");
+    // One that hangs past its timeout.
+    std::fs::write(&fx.fence_mode[x], "hang\n").unwrap();
+    let t_hang = Instant::now();
+    let said = waits_saying(
+        &fx,
+        y,
+        &format!("waiting for host {x_name} to be fenced: fence command timed out"),
+        Duration::from_secs(90),
+    )
+    .await;
+    println!(
+        "eptest: timing: hanging fence reported {:.1} s after the switch: {said}",
+        t_hang.elapsed().as_secs_f64()
+    );
+    let hung: Vec<String> = fx
+        .fence_runs(x)
+        .iter()
+        .filter(|l| l.contains(" hang "))
+        .filter_map(|l| l.rsplit(' ').next().map(str::to_owned))
+        .collect();
+    assert!(!hung.is_empty(), "no hanging run recorded");
+    for pid in &hung {
+        let t = Instant::now();
+        while Path::new(&format!("/proc/{pid}")).exists()
+            && std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "sleep")
+        {
+            assert!(
+                t.elapsed() < FENCE_TIMEOUT * 3,
+                "the hanging fence command (pid {pid}) is not killed"
+            );
+            tokio::time::sleep(SAMPLE).await;
+        }
     }
+    // One that succeeds: c comes up on Y with A.
+    fx.server.unthrottle();
+    std::fs::write(&fx.fence_mode[x], "kill\n").unwrap();
+    let t_ok = Instant::now();
+    let c = running_with(fx.listen, "c", address, &fx.op).await;
+    assert_eq!(
+        c.host,
+        format!("h{}", y + 1),
+        "c not on the other host: {c:?}"
+    );
+    println!(
+        "eptest: timing: fence succeeding → c running on h{} with {address} {:.1} s ({c:?})",
+        y + 1,
+        t_ok.elapsed().as_secs_f64()
+    );
+    fx.seg.hosts[x].thaw();
+    fx.remove_all_and_check(&["c"]).await;
     println!(
         "eptest: timing: whole test {:.1} s",
         t_start.elapsed().as_secs_f64()

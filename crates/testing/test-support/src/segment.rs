@@ -298,8 +298,15 @@ impl Segment {
     /// bridge delivers broadcasts) adds the sender MAC of every gratuitous ARP for `ip`
     /// (request or reply whose sender and target address are both `ip`) to a set. Only a
     /// guest announcing itself sends those: ordinary resolution has the asker's address as
-    /// sender. Replaces an earlier watch; removed with the test's namespace.
+    /// sender. The bridge also takes a new neighbour entry from a gratuitous ARP
+    /// (`arp_accept=1`, as a gateway configured for it does; by default Linux only updates an
+    /// entry it has), so [`neighbour`](Self::neighbour) shows what the announcement alone
+    /// taught it. Replaces an earlier watch; removed with the test's namespace.
     pub fn watch_announcements(&self, ip: Ipv4Addr) {
+        run_ok(Command::new("sysctl").args([
+            "-qw",
+            &format!("net.ipv4.conf.{}.arp_accept=1", self.bridge),
+        ]));
         let _ = Command::new("nft")
             .args(["delete", "table", "arp", ANNOUNCE_TABLE])
             .output();

@@ -5,24 +5,27 @@
 //! both over SSH and runs real Debian guests (TCG).
 //!
 //! What it proves, through the user's path (`/status`, `/hosts`, `egress-proxies hosts fence`,
-//! the echo) and the segment itself:
-//! 1. Proxy `a`, pinned to address A of the shared pool, runs on a host X and answers through
-//!    the echo from A; after its boot, before the test sends anything to A, the guest has
+//! the echo) and the segment itself (test `a_pinned_address_is_announced_…`):
+//! 1. Proxy `a` gets address A (the shared pool's first) on a host X and answers through the
+//!    echo from A; after its boot, before the test sends anything to A, the guest has
 //!    **announced** A: a gratuitous ARP for A from the guest's MAC reached the segment bridge
 //!    (an nftables set records the sender MAC of every ARP whose sender and target are A), and
 //!    the bridge's neighbour table holds A at that MAC (the bridge, the guests' gateway, takes
 //!    entries from gratuitous ARPs: `arp_accept=1`).
 //! 2. X is frozen (a DROP rule on its uplink: its SSH and its guest cut off; the guest still
-//!    runs). Once X's row says it is dead, `a` is removed and Proxy `b`, pinned to A, is
-//!    written: it waits, its condition naming X, with no domain on the other host Y, and X's
-//!    fence command (a script that would kill X's QEMU) is **not** run: A is another Proxy's
-//!    address (a fence runs only for a Proxy's own copy).
+//!    runs). Once X's row says it is dead, Proxy `b`, pinned to A, is written: it waits, its
+//!    condition naming X, with no domain on the other host Y, and X's fence command (a script
+//!    that would kill X's QEMU) is **not** run: A is another Proxy's address (a fence runs
+//!    only for a Proxy's own copy).
 //! 3. The administrator kills X's guest and declares X dead (`egress-proxies hosts fence X`):
 //!    `b` comes up on Y with A; Y's guest announces A (its MAC recorded by the set), the
 //!    bridge's neighbour table moves A to Y's guest MAC without the test sending anything to A
 //!    first, and A answers through the echo from A.
-//! 4. X answers again: `a`'s old domain is deleted there; removing `b` leaves no domain and no
-//!    volume but the base on either host.
+//! 4. X answers again: A stays with `b`; `a` runs again, with another address. Removing both
+//!    leaves no domain and no volume but the bases on either host.
+//!
+//! The second test (`a_fence_command_that_fails_or_hangs_…`) runs the fence command itself:
+//! see its doc.
 //!
 //! Printed: freeze → X's row dead, → declared dead, → `b`'s domain on Y, → A announced from
 //! Y, → A answering through the echo, and how much of it is the guest's boot.
@@ -198,14 +201,18 @@ async fn announced_by(
     }
 }
 
-fn proxy_yaml(dir: &Path, name: &str, entry: &str, address: Ipv4Addr, client: Ipv4Addr) {
+/// Writes Proxy `name`'s manifest (atomically), pinned to `address` when given.
+fn proxy_yaml(dir: &Path, name: &str, entry: &str, address: Option<Ipv4Addr>, client: Ipv4Addr) {
     let path = dir.join(format!("{name}.yaml"));
     let tmp = dir.join(format!(".{name}.yaml.tmp"));
+    let egress = address.map_or(String::new(), |a| {
+        format!("  egress:\n    address: [{a}]\n")
+    });
     std::fs::write(
         &tmp,
         format!(
             "apiVersion: egress-proxies.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n\
-             spec:\n  provider: {entry}\n  image: {IMAGE_KEY}\n  egress:\n    address: [{address}]\n  \
+             spec:\n  provider: {entry}\n  image: {IMAGE_KEY}\n{egress}  \
              proxy:\n    port: {PROXY_PORT}\n    protocol: http\n    \
              allowedClientCidrs: [{client}/32]\n"
         ),
@@ -449,14 +456,13 @@ async fn inside_the_namespace(rg: RealGuest) {
     let (seg, listen, op) = (&fx.seg, fx.listen, &fx.op);
     let (entry, gateway, echo) = (fx.entry.clone(), fx.gateway, fx.echo);
     let (bin, config, dir) = (fx.bin.clone(), fx.config.clone(), fx.dir.clone());
-    // The address both Proxies pin, in the shared pool's range.
-    let address = seg.ip(150);
-    seg.watch_announcements(address);
-
-    // 1. `a` pinned to A runs on X and announced A.
+    // 1. `a` (not pinned) gets A, the segment pool's first address, on X and announces it.
     let t0 = Instant::now();
-    proxy_yaml(&dir, "a", &entry, address, gateway);
+    let address = seg.ip(140);
+    proxy_yaml(&dir, "a", &entry, None, gateway);
     let a = running_with(listen, "a", address, op).await;
+    // NB: Running comes with the domain's start, long before the guest's boot announces.
+    seg.watch_announcements(address);
     let x = host_index(&a.host);
     let y = 1 - x;
     let (xh, yh) = (&seg.hosts[x], &seg.hosts[y]);
@@ -506,8 +512,7 @@ async fn inside_the_namespace(rg: RealGuest) {
         "eptest: timing: freeze → {x_name}'s row dead {:.1} s",
         dead.as_secs_f64()
     );
-    std::fs::remove_file(dir.join("a.yaml")).unwrap();
-    proxy_yaml(&dir, "b", &entry, address, gateway);
+    proxy_yaml(&dir, "b", &entry, Some(address), gateway);
     let t_b = Instant::now();
     let mut last = Row::default();
     while t_b.elapsed() < WAITING {
@@ -634,28 +639,43 @@ async fn inside_the_namespace(rg: RealGuest) {
         declared.as_secs_f64(),
     );
 
-    // 4. X answers again: a's old domain goes; removing b leaves nothing.
+    // 4. X answers again: the address stays with b; a (its guest killed) is re-created
+    //    with another address, never A.
     xh.thaw();
     let t_back = Instant::now();
-    loop {
-        if !xh.domains().contains(&a.domain) && row(listen, "a").await.is_none() {
-            break;
+    let a_after = loop {
+        let r = row(listen, "a").await.unwrap_or_default();
+        assert!(
+            !(r.phase == "Running" && r.egress.contains(&address.to_string())),
+            "a runs with {address} again after {x_name}'s return while b holds it: {r:?}"
+        );
+        if r.phase == "Running" && !r.egress.is_empty() {
+            break r;
         }
         assert!(
             t_back.elapsed() < CLEANUP_BUDGET,
-            "a's old domain {} on {x_name} is not deleted {:?} after its return: {:?}\n{}",
-            a.domain,
+            "a is not running again {:?} after {x_name}'s return: {r:?}\n{}",
             t_back.elapsed(),
-            xh.domains(),
             op.log_tail()
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    println!(
-        "eptest: timing: {x_name} back → a's old domain deleted {:.1} s",
-        t_back.elapsed().as_secs_f64()
+    };
+    let b_after = row(listen, "b").await.unwrap_or_default();
+    assert!(
+        b_after.phase == "Running"
+            && b_after.host == b.host
+            && b_after.egress.contains(&address.to_string()),
+        "b lost {address} after {x_name}'s return: {b_after:?}"
     );
-    fx.remove_all_and_check(&["b"]).await;
+    println!(
+        "eptest: timing: {x_name} back → a running again {:.1} s with {:?} on {}; b still \
+         has {address} on {}",
+        t_back.elapsed().as_secs_f64(),
+        a_after.egress,
+        a_after.host,
+        b_after.host
+    );
+    fx.remove_all_and_check(&["a", "b"]).await;
     println!(
         "eptest: timing: whole test {:.1} s",
         t_start.elapsed().as_secs_f64()
@@ -675,7 +695,8 @@ const SLOW_IMAGE: u64 = 1_000_000;
 const FENCE_BUDGET: Duration = Duration::from_secs(6 * 60);
 
 /// A create dies with its host: Proxy `c`, pinned to address A of the shared pool, is being
-/// created on host X (its image streaming, throttled) when X is frozen, so X may hold A for
+/// created on host X (its image streaming into a volume there, throttled) when X is frozen,
+/// so X may hold A for
 /// `c`'s own domain and nothing can say otherwise. The retry on the other host Y must prove
 /// the copy gone first: X's fence command runs (it is `c`'s own copy, X found dead).
 /// - the fence command exits 1: `c` is not created on Y (no domain there, not Running), and
@@ -731,17 +752,30 @@ async fn fence_inside_the_namespace(rg: RealGuest) {
     let t_start = Instant::now();
     let fx = Fixture::start(rg, "epsegfn", SLOW_IMAGE).await;
     let address = fx.seg.ip(151);
-    proxy_yaml(&fx.dir, "c", &fx.entry, address, fx.gateway);
-    // X: the host c's create goes to, frozen once the image streams to it.
+    proxy_yaml(&fx.dir, "c", &fx.entry, Some(address), fx.gateway);
+    // X: the host c's create goes to, frozen once the image streams into a volume there
+    // (the create allocated A before it imports the image).
     let t0 = Instant::now();
+    let prefix = format!("ep-{}-", fx.entry);
     let x = loop {
         let r = row(fx.listen, "c").await.unwrap_or_default();
-        if !r.host.is_empty() && !fx.server.gets().is_empty() {
-            break host_index(&r.host);
+        let importing = (0..HOSTS).find(|i| {
+            fx.seg.hosts[*i]
+                .volumes()
+                .iter()
+                .any(|v| v.starts_with(&prefix))
+        });
+        if let Some(i) = importing {
+            assert_eq!(
+                r.host,
+                format!("h{}", i + 1),
+                "c's create is not where its volume is"
+            );
+            break i;
         }
         assert!(
             t0.elapsed() < BOOT_BUDGET,
-            "c's create did not start fetching its image: {r:?}\n{}",
+            "c's create did not start importing its image: {r:?}\n{}",
             fx.op.log_tail()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;

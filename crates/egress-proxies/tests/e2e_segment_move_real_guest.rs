@@ -352,9 +352,16 @@ impl Fixture {
                  images:\n      {IMAGE_KEY}:\n        url: {url}\n        sha256: {sha}\n        \
                  format: qcow2\n        firmware: uefi\n    \
                  policy:\n      allowedInternalCidrs: [{gateway}/32]\n      networkFilter: false\n    \
-                 defaults:\n      diskGiB: 4\n      memoryMiB: 512\n      vcpus: 1\n",
+                 defaults:\n      diskGiB: 4\n      memoryMiB: 512\n      vcpus: 1\n{timeouts}",
                 url = server.url,
                 sha = image.sha256,
+                // NB: a throttled import stalled by a frozen host ends by keepalive (30 s) or,
+                // at the latest, by this deadline, not the default 30 min.
+                timeouts = if throttle > 0 {
+                    "    timeouts:\n      imageImport: 240\n"
+                } else {
+                    ""
+                },
             ),
         )
         .unwrap();

@@ -266,7 +266,7 @@ struct Fixture {
     entry: String,
     gateway: Ipv4Addr,
     echo: SocketAddr,
-    server: ImageHost,
+    _server: ImageHost,
     /// Per host: the file its fence command appends a line to at each run.
     fence_runs: Vec<std::path::PathBuf>,
     /// Per host: the file its fence command reads what to do from: `kill` (kill the QEMUs of
@@ -281,7 +281,7 @@ struct Fixture {
 const FENCE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Fixture {
-    async fn start(rg: RealGuest, prefix: &str, throttle: u64) -> Self {
+    async fn start(rg: RealGuest, prefix: &str) -> Self {
         let RealGuest { bin, image } = rg;
         let name = std::env::var(SEGMENT_ENV).expect("the segment's name from the parent");
         let seg = Segment::create_named(name, HOSTS);
@@ -292,8 +292,7 @@ impl Fixture {
             .tempdir()
             .unwrap();
         let (echo, _seen) = echo_server(gateway).await;
-        let server =
-            ImageHost::start(std::fs::read(&image.path).unwrap(), IMAGE_PATH, throttle).await;
+        let server = ImageHost::start(std::fs::read(&image.path).unwrap(), IMAGE_PATH, 0).await;
         let dir = work.path().join("manifests");
         std::fs::create_dir(&dir).unwrap();
         let mut hosts = String::new();
@@ -352,16 +351,9 @@ impl Fixture {
                  images:\n      {IMAGE_KEY}:\n        url: {url}\n        sha256: {sha}\n        \
                  format: qcow2\n        firmware: uefi\n    \
                  policy:\n      allowedInternalCidrs: [{gateway}/32]\n      networkFilter: false\n    \
-                 defaults:\n      diskGiB: 4\n      memoryMiB: 512\n      vcpus: 1\n{timeouts}",
+                 defaults:\n      diskGiB: 4\n      memoryMiB: 512\n      vcpus: 1\n",
                 url = server.url,
                 sha = image.sha256,
-                // NB: a throttled import stalled by a frozen host ends by keepalive (30 s) or,
-                // at the latest, by this deadline, not the default 30 min.
-                timeouts = if throttle > 0 {
-                    "    timeouts:\n      imageImport: 240\n"
-                } else {
-                    ""
-                },
             ),
         )
         .unwrap();
@@ -390,7 +382,7 @@ impl Fixture {
             entry,
             gateway,
             echo,
-            server,
+            _server: server,
             fence_runs,
             fence_mode,
             seg,
@@ -462,7 +454,7 @@ impl Fixture {
 
 async fn inside_the_namespace(rg: RealGuest) {
     let t_start = Instant::now();
-    let fx = Fixture::start(rg, "epsegmv", 0).await;
+    let fx = Fixture::start(rg, "epsegmv").await;
     let (seg, listen, op) = (&fx.seg, fx.listen, &fx.op);
     let (entry, gateway, echo) = (fx.entry.clone(), fx.gateway, fx.echo);
     let (bin, config, dir) = (fx.bin.clone(), fx.config.clone(), fx.dir.clone());
@@ -696,17 +688,12 @@ fn fence_test_name() -> &'static str {
     "a_fence_command_that_fails_or_hangs_keeps_the_address_and_the_condition_says_so"
 }
 
-/// The image served at this rate while the first create runs, so that it is still under way
-/// (streaming the image to its host) when its host is frozen.
-// NB: the image is ~150 MB: about 2.5 minutes at 1 MB/s; the freeze follows the first GET.
-const SLOW_IMAGE: u64 = 1_000_000;
 /// From a host frozen under a create to its fence command's result in the Proxy's condition:
 /// the create's call deadline, a host check that finds the host dead, the retry elsewhere.
 const FENCE_BUDGET: Duration = Duration::from_secs(6 * 60);
 
 /// A create dies with its host: Proxy `c`, pinned to address A of the shared pool, is being
-/// created on host X (its image streaming into a volume there, throttled) when X is frozen,
-/// so X may hold A for
+/// created on host X (its domain just defined there) when X is frozen, so X may hold A for
 /// `c`'s own domain and nothing can say otherwise. The retry on the other host Y must prove
 /// the copy gone first: X's fence command runs (it is `c`'s own copy, X found dead).
 /// - the fence command exits 1: `c` is not created on Y (no domain there, not Running), and
@@ -760,35 +747,25 @@ async fn waits_saying(fx: &Fixture, y: usize, what: &str, budget: Duration) -> S
 
 async fn fence_inside_the_namespace(rg: RealGuest) {
     let t_start = Instant::now();
-    let fx = Fixture::start(rg, "epsegfn", SLOW_IMAGE).await;
+    let fx = Fixture::start(rg, "epsegfn").await;
     let address = fx.seg.ip(151);
     proxy_yaml(&fx.dir, "c", &fx.entry, Some(address), fx.gateway);
-    // X: the host c's create goes to, frozen once the image streams into a volume there
-    // (the create allocated A before it imports the image).
+    // X: the host c's create goes to, frozen as soon as c's domain is defined there: the
+    // create's next call to X fails, and so does its undo (X does not answer), so X may hold
+    // A for c's own domain. (A create that fails before its domain exists releases A: the
+    // image import, say.)
     let t0 = Instant::now();
-    let prefix = format!("ep-{}-", fx.entry);
     let x = loop {
-        let r = row(fx.listen, "c").await.unwrap_or_default();
-        let importing = (0..HOSTS).find(|i| {
-            fx.seg.hosts[*i]
-                .volumes()
-                .iter()
-                .any(|v| v.starts_with(&prefix))
-        });
-        if let Some(i) = importing {
-            assert_eq!(
-                r.host,
-                format!("h{}", i + 1),
-                "c's create is not where its volume is"
-            );
+        if let Some(i) = (0..HOSTS).find(|i| !fx.domains(*i).is_empty()) {
             break i;
         }
         assert!(
             t0.elapsed() < BOOT_BUDGET,
-            "c's create did not start importing its image: {r:?}\n{}",
+            "c's domain is not defined on either host: {:?}\n{}",
+            row(fx.listen, "c").await,
             fx.op.log_tail()
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let y = 1 - x;
     let x_name = format!("h{}", x + 1);
@@ -858,7 +835,6 @@ async fn fence_inside_the_namespace(rg: RealGuest) {
         }
     }
     // One that succeeds: c comes up on Y with A.
-    fx.server.unthrottle();
     std::fs::write(&fx.fence_mode[x], "kill\n").unwrap();
     let t_ok = Instant::now();
     let c = running_with(fx.listen, "c", address, &fx.op).await;

@@ -50,7 +50,7 @@ use ep_test_support::e2e::{EchoProcess, ImageHost, echo_server, env, get_body, r
 use ep_test_support::real_guest::{
     self as real_guest, RealGuest, StandaloneOperator, egress_through, status_json,
 };
-use ep_test_support::segment::{HOST_BRIDGE, HOST_POOL, HOST_UPLINK, Segment, remove_leftovers};
+use ep_test_support::segment::{HOST_BRIDGE, HOST_POOL, OwnNetns, Segment};
 
 const SEGMENT_ENV: &str = "EPTEST_FAILOVER_SEGMENT";
 /// How many kills of each kind (the benchmark raises it).
@@ -115,28 +115,6 @@ fn kills() -> usize {
                 .unwrap_or_else(|| panic!("{KILLS_ENV}={v}: a number from 1 to 20"))
         })
         .unwrap_or(1)
-}
-
-/// The test's own network namespace, deleted (with whatever a dead child left in it and in its
-/// hosts' namespaces) when dropped.
-struct OwnNetns(String);
-
-impl Drop for OwnNetns {
-    fn drop(&mut self) {
-        if cleanup::keep_requested() {
-            println!("eptest: keeping namespace {}", self.0);
-            return;
-        }
-        remove_leftovers(&self.0);
-        if let Ok(o) = Command::new("ip").args(["netns", "pids", &self.0]).output() {
-            for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
-                let _ = Command::new("kill").args(["-KILL", pid]).status();
-            }
-        }
-        let _ = Command::new("ip")
-            .args(["netns", "delete", &self.0])
-            .status();
-    }
 }
 
 /// One member as `/status` shows it.
@@ -247,9 +225,6 @@ struct Figures {
     below: f64,
 }
 
-/// The name of the nftables table that freezes a host.
-const FREEZE_TABLE: &str = "eptest_freeze";
-
 struct Ctx<'a> {
     listen: SocketAddr,
     op: &'a StandaloneOperator,
@@ -323,23 +298,7 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
                     .status();
             }
         }
-        Kill::Frozen => {
-            host.exec_ok("nft", &["add", "table", "netdev", FREEZE_TABLE]);
-            host.exec_ok(
-                "nft",
-                &[
-                    "add",
-                    "chain",
-                    "netdev",
-                    FREEZE_TABLE,
-                    "in",
-                    &format!(
-                        "{{ type filter hook ingress device {HOST_UPLINK} priority 0 ; policy \
-                         drop ; }}"
-                    ),
-                ],
-            );
-        }
+        Kill::Frozen => host.freeze(),
     }
     // Every timing counts from the moment the fault is complete: a libvirtd stopped with TERM
     // takes its time to shut down (seconds on a loaded machine) while its guests still serve,
@@ -447,9 +406,7 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
         println!("eptest: bringing {host_name} back");
         match kind {
             Kill::Libvirtd => cx.seg.hosts[h].libvirtd.restart(),
-            Kill::Frozen => {
-                cx.seg.hosts[h].exec_ok("nft", &["delete", "table", "netdev", FREEZE_TABLE]);
-            }
+            Kill::Frozen => cx.seg.hosts[h].thaw(),
             Kill::Qemu => {}
         }
         let back = t0.elapsed();
@@ -587,11 +544,7 @@ fn percentile(v: &[f64], p: f64) -> f64 {
 fn a_member_on_a_killed_host_is_unpublished_within_the_bound_and_the_pool_heals() {
     // The test's own namespace (the hosts' segment lives in it), made out here and removed
     // (with whatever a dead child left in it) when the re-run ends.
-    let own = (!real_guest::is_rerun(test_name())).then(|| {
-        let ns = cleanup::unique_name("network namespace", "failover");
-        run_ok(Command::new("ip").args(["netns", "add", &ns]));
-        OwnNetns(ns)
-    });
+    let own = (!real_guest::is_rerun(test_name())).then(|| OwnNetns::create("failover"));
     let ns = own.as_ref().map_or_else(String::new, |o| o.0.clone());
     let budget = TEST_BUDGET_BASE + TEST_BUDGET_PER_ROUND * kills() as u32;
     real_guest::run_in(

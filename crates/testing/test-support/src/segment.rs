@@ -32,6 +32,10 @@ pub const HOST_BRIDGE: &str = "br0";
 pub const HOST_UPLINK: &str = "up0";
 /// The storage pool every host has.
 pub const HOST_POOL: &str = "eptest-seg";
+/// The nftables table (netdev family, in a host's namespace) of [`SegmentHost::freeze`].
+pub const FREEZE_TABLE: &str = "eptest_freeze";
+/// The nftables table (arp family, in the test's namespace) of [`Segment::watch_announcements`].
+pub const ANNOUNCE_TABLE: &str = "eptest_announce";
 
 /// One host of a [`Segment`].
 #[derive(Debug)]
@@ -77,6 +81,41 @@ impl SegmentHost {
         names(&self.libvirtd.virsh(&["list", "--all", "--name"]).stdout)
     }
 
+    /// Freezes the host: a DROP rule on the ingress of its uplink (nftables table
+    /// [`FREEZE_TABLE`] in its namespace) swallows every packet into it, its SSH and its
+    /// guests' traffic alike, as a hung or cut-off host; [`thaw`](Self::thaw) removes it.
+    pub fn freeze(&self) {
+        self.exec_ok("nft", &["add", "table", "netdev", FREEZE_TABLE]);
+        self.exec_ok(
+            "nft",
+            &[
+                "add",
+                "chain",
+                "netdev",
+                FREEZE_TABLE,
+                "in",
+                &format!(
+                    "{{ type filter hook ingress device {HOST_UPLINK} priority 0 ; policy drop ; }}"
+                ),
+            ],
+        );
+    }
+
+    /// Undoes [`freeze`](Self::freeze).
+    pub fn thaw(&self) {
+        self.exec_ok("nft", &["delete", "table", "netdev", FREEZE_TABLE]);
+    }
+
+    /// The MAC of domain `domain`'s first interface (`virsh domiflist`), lower case.
+    pub fn guest_mac(&self, domain: &str) -> Option<String> {
+        let o = self.libvirtd.virsh(&["domiflist", domain]);
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .flat_map(str::split_whitespace)
+            .find(|w| is_mac(w))
+            .map(str::to_ascii_lowercase)
+    }
+
     /// The volumes of the host's pool.
     pub fn volumes(&self) -> Vec<String> {
         if !self.libvirtd.running() {
@@ -88,6 +127,14 @@ impl SegmentHost {
             .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
             .collect()
     }
+}
+
+fn is_mac(w: &str) -> bool {
+    let parts: Vec<&str> = w.split(':').collect();
+    parts.len() == 6
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 fn names(out: &[u8]) -> Vec<String> {
@@ -231,6 +278,64 @@ impl Segment {
         format!("{}/24", self.ip(0))
     }
 
+    /// The segment bridge's neighbour entry for `ip`: (MAC, state), e.g. `("52:54:…",
+    /// "STALE")`; `None` without an entry or without a MAC (`INCOMPLETE`, `FAILED`).
+    pub fn neighbour(&self, ip: Ipv4Addr) -> Option<(String, String)> {
+        let o = Command::new("ip")
+            .args(["neigh", "show", &ip.to_string(), "dev", &self.bridge])
+            .output()
+            .ok()?;
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let words: Vec<&str> = out.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == "lladdr")?;
+        let mac = words.get(at + 1)?.to_ascii_lowercase();
+        let state = words.last().map(|w| (*w).to_owned()).unwrap_or_default();
+        Some((mac, state))
+    }
+
+    /// Starts recording who announces `ip` on the segment: an nftables table
+    /// [`ANNOUNCE_TABLE`] (arp family, input hook of the test's namespace, where the segment
+    /// bridge delivers broadcasts) adds the sender MAC of every gratuitous ARP for `ip`
+    /// (request or reply whose sender and target address are both `ip`) to a set. Only a
+    /// guest announcing itself sends those: ordinary resolution has the asker's address as
+    /// sender. The bridge also takes a new neighbour entry from a gratuitous ARP
+    /// (`arp_accept=1`, as a gateway configured for it does; by default Linux only updates an
+    /// entry it has), so [`neighbour`](Self::neighbour) shows what the announcement alone
+    /// taught it. Replaces an earlier watch; removed with the test's namespace.
+    pub fn watch_announcements(&self, ip: Ipv4Addr) {
+        run_ok(Command::new("sysctl").args([
+            "-qw",
+            &format!("net.ipv4.conf.{}.arp_accept=1", self.bridge),
+        ]));
+        let _ = Command::new("nft")
+            .args(["delete", "table", "arp", ANNOUNCE_TABLE])
+            .output();
+        let rules = format!(
+            "table arp {ANNOUNCE_TABLE} {{\n  set announced {{ type ether_addr; flags dynamic; }}\n  \
+             chain in {{ type filter hook input priority 0; policy accept;\n    \
+             arp saddr ip {ip} arp daddr ip {ip} update @announced {{ arp saddr ether }} counter\n  \
+             }}\n}}\n"
+        );
+        let path = std::env::temp_dir().join(format!("{}-announce.nft", self.name));
+        std::fs::write(&path, rules).unwrap();
+        run_ok(Command::new("nft").arg("-f").arg(&path));
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// The MACs that announced the address of [`watch_announcements`](Self::watch_announcements)
+    /// so far (lower case).
+    pub fn announced(&self) -> Vec<String> {
+        let o = Command::new("nft")
+            .args(["list", "set", "arp", ANNOUNCE_TABLE, "announced"])
+            .output();
+        let Ok(o) = o else { return Vec::new() };
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        out.split(|c: char| c.is_whitespace() || c == ',' || c == '{' || c == '}')
+            .filter(|w| is_mac(w))
+            .map(str::to_ascii_lowercase)
+            .collect()
+    }
+
     /// A range of guest addresses for host `i`, disjoint from every other host's:
     /// `.(100 + 20i)`–`.(119 + 20i)` for up to 7 hosts, as `first-last`.
     pub fn guest_range(&self, i: usize) -> String {
@@ -251,6 +356,39 @@ impl Drop for Segment {
         self.hosts.clear();
         let _ = Command::new("ip")
             .args(["link", "delete", &self.bridge])
+            .status();
+    }
+}
+
+/// A network namespace a test made for itself (the segment lives in it), deleted when dropped
+/// with whatever a dead child left in it and in its hosts' namespaces ([`remove_leftovers`]
+/// by its name: the test names its segment after it).
+#[derive(Debug)]
+pub struct OwnNetns(pub String);
+
+impl OwnNetns {
+    /// Creates network namespace `unique_name("network namespace", test)`.
+    pub fn create(test: &str) -> Self {
+        let ns = unique_name("network namespace", test);
+        run_ok(Command::new("ip").args(["netns", "add", &ns]));
+        Self(ns)
+    }
+}
+
+impl Drop for OwnNetns {
+    fn drop(&mut self) {
+        if keep_requested() {
+            println!("eptest: keeping namespace {}", self.0);
+            return;
+        }
+        remove_leftovers(&self.0);
+        if let Ok(o) = Command::new("ip").args(["netns", "pids", &self.0]).output() {
+            for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-KILL", pid]).status();
+            }
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.0])
             .status();
     }
 }

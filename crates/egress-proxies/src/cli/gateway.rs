@@ -326,19 +326,7 @@ pub async fn run(a: GatewayArgs) -> anyhow::Result<u8> {
         version = env!("CARGO_PKG_VERSION"),
         "egress-proxies gateway starting"
     );
-    let client = match &a.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("cannot read the kubeconfig {}", path.display()))?;
-            let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .with_context(|| format!("kubeconfig {}", path.display()))?;
-            kube::Client::try_from(cfg).context("cannot build the Kubernetes client")?
-        }
-        None => kube::Client::try_default()
-            .await
-            .context("cannot connect to Kubernetes (kubeconfig or in-cluster)")?,
-    };
+    let client = super::kube_client::client(a.kubeconfig.as_deref()).await?;
     let (set, metrics) = start(&a.log)?;
     let mut registry = Registry::with_prefix(egress_core::metrics::PREFIX);
     registry.register(

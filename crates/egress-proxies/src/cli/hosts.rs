@@ -241,19 +241,7 @@ async fn kube_run(
         fence::check_reason(r).map_err(|e| UsageError::new(format!("--reason: {e}")))?;
     }
     {
-        let client = match &a.kubeconfig {
-            Some(path) => {
-                let kc = kube::config::Kubeconfig::read_from(path)
-                    .with_context(|| format!("cannot read the kubeconfig {}", path.display()))?;
-                let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                    .await
-                    .with_context(|| format!("kubeconfig {}", path.display()))?;
-                kube::Client::try_from(cfg).context("cannot build the Kubernetes client")?
-            }
-            None => kube::Client::try_default()
-                .await
-                .context("cannot connect to Kubernetes (kubeconfig or in-cluster)")?,
-        };
+        let client = super::kube_client::client(a.kubeconfig.as_deref()).await?;
         let api: Api<ProviderHealth> = Api::all(client);
         // rbac (the administrator's): providerhealths list, patch
         let list = within("listing ProviderHealths", api.list(&ListParams::default())).await?;

@@ -24,6 +24,7 @@ mod gc;
 mod hosts;
 mod images;
 mod images_gc;
+mod kube_client;
 mod kubernetes;
 mod messages;
 mod output;

@@ -6,7 +6,11 @@
 //!
 //! Guarantees: the namespace name and directory are unique (`eptest-…`, printed first); Drop
 //! stops the daemon (TERM, then KILL after [`STOP_WAIT`]), deletes the namespace and the
-//! directory, on every path; every wait has a deadline and panics past it.
+//! directory, on every path; every wait has a deadline and panics past it. A run killed
+//! before its Drop (SIGKILL, a timeout) leaves its daemon orphaned with its directory removed
+//! or not: the next start kills every private libvirtd whose directory is gone
+//! ([`kill_orphans`]), since such a daemon also keeps whatever descriptors it inherited
+//! (e.g. a `flock` a test runner holds) open.
 
 use std::io::Write;
 use std::os::unix::process::CommandExt;
@@ -21,6 +25,56 @@ use crate::cleanup::{keep_requested, unique_name};
 pub const START_WAIT: Duration = Duration::from_secs(30);
 /// Longest a TERM may take before the daemon is killed.
 pub const STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// Kills every private libvirtd (`libvirtd --pid-file /tmp/eptest-…/run/libvirtd.pid`)
+/// whose directory no longer exists: the daemon of a run killed before its Drop. A running
+/// test's daemon always has its directory. Returns how many were killed.
+pub fn kill_orphans() -> usize {
+    let tmp = std::env::temp_dir();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut killed = 0;
+    for e in procs.flatten() {
+        let pid = e.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_libvirtd = args
+            .first()
+            .is_some_and(|a| a.ends_with(b"libvirtd") && !a.ends_with(b"virtlogd"));
+        let Some(pid_file) = args
+            .windows(2)
+            .find(|w| w.first() == Some(&&b"--pid-file"[..]))
+            .and_then(|w| w.get(1))
+            .map(|p| PathBuf::from(String::from_utf8_lossy(p).into_owned()))
+        else {
+            continue;
+        };
+        let ours = pid_file.strip_prefix(&tmp).is_ok_and(|rest| {
+            rest.components()
+                .next()
+                .is_some_and(|c| c.as_os_str().to_string_lossy().starts_with("eptest-"))
+        });
+        let dir_gone = pid_file
+            .parent()
+            .and_then(Path::parent)
+            .is_some_and(|d| !d.exists());
+        if is_libvirtd && ours && dir_gone {
+            println!(
+                "eptest: killing orphaned private libvirtd {pid} ({})",
+                pid_file.display()
+            );
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            killed += 1;
+        }
+    }
+    killed
+}
 
 /// A private libvirtd (see the module doc).
 #[derive(Debug)]
@@ -43,6 +97,7 @@ impl PrivateLibvirtd {
     /// unique; it must not exist yet). Its directory is `/tmp/NETNS-…`, readable by the
     /// guests' QEMU (which runs as another user).
     pub fn start_named(netns: String) -> Self {
+        kill_orphans();
         let tmp = tempfile::Builder::new()
             .prefix(&format!("{netns}-"))
             .tempdir()
@@ -221,5 +276,62 @@ impl Drop for PrivateLibvirtd {
         let _ = Command::new("ip")
             .args(["netns", "delete", &self.netns])
             .status();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process that looks like a private libvirtd of pid file `pid_file` (argv[0]
+    /// `libvirtd`, then `--pid-file PID_FILE`), sleeping.
+    fn lookalike(pid_file: &Path) -> Child {
+        Command::new("bash")
+            .arg0("libvirtd")
+            .args(["-c", "sleep 600; :", "--pid-file"])
+            .arg(pid_file)
+            .process_group(0)
+            .spawn()
+            .unwrap()
+    }
+
+    #[test]
+    fn only_a_private_libvirtd_whose_directory_is_gone_is_killed() {
+        let live = tempfile::Builder::new()
+            .prefix(&unique_name("network namespace", "orphans"))
+            .tempdir()
+            .unwrap();
+        let gone = std::env::temp_dir().join(format!("{}-gone", unique_name("x", "orphans")));
+        let other = tempfile::tempdir().unwrap();
+        let mut orphan = lookalike(&gone.join("run/libvirtd.pid"));
+        let mut running = lookalike(&live.path().join("run/libvirtd.pid"));
+        // Not ours: a directory gone, but not a test's (`eptest-`) one.
+        let mut foreign = lookalike(&other.path().join("nope/run/libvirtd.pid"));
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(kill_orphans() >= 1);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(s) = orphan.try_wait().unwrap() {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "the orphan was not killed");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(!status.success());
+        assert!(
+            running.try_wait().unwrap().is_none(),
+            "a live run's daemon was killed"
+        );
+        assert!(
+            foreign.try_wait().unwrap().is_none(),
+            "a foreign daemon was killed"
+        );
+        // Each in a group of its own: the group goes, with its `sleep`.
+        for c in [&mut orphan, &mut running, &mut foreign] {
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", c.id())])
+                .status();
+            let _ = c.wait();
+        }
     }
 }

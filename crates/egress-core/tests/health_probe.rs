@@ -363,12 +363,117 @@ async fn a_host_reported_down_makes_one_failure_enough_and_wakes_the_engine() {
 #[test]
 fn the_default_detection_bound_is_under_ten_seconds() {
     let s = HealthSettings::new(CheckTarget::parse("http://127.0.0.1:9/").unwrap());
-    let b = egress_core::health::detection_bound(&s, Duration::from_millis(500));
+    let ms = Duration::from_millis;
+    let b = egress_core::health::detection_bound(&s, ms(500));
     println!("detection bound with the defaults and a 0.5 s round: {b:?}");
-    assert!(b <= Duration::from_secs(10), "{b:?}");
+    // The pause (5 s and 0.5 s of jitter) and two connect deadlines of 2 s.
+    assert_eq!(b, ms(9_500));
+    // Rounds start on a fixed cadence: a round's time adds nothing while it stays within the
+    // connect deadlines ...
+    assert_eq!(egress_core::health::detection_bound(&s, ms(4_000)), b);
+    // ... and beyond, the round that decides ends with its slowest check (5 s after it
+    // started), and from 5.5 s on the round before it delays its start too.
+    assert_eq!(
+        egress_core::health::detection_bound(&s, ms(5_000)),
+        ms(10_500)
+    );
+    assert_eq!(
+        egress_core::health::detection_bound(&s, ms(7_000)),
+        ms(14_000)
+    );
     let mut off = s.clone();
     off.recheck = false;
     assert!(egress_core::health::detection_bound(&off, Duration::ZERO) > b);
+}
+
+#[tokio::test]
+async fn a_proxy_killed_just_after_its_check_passed_is_unpublished_within_the_bound_however_long_the_round()
+ {
+    // The longest a round takes: the slow proxy's second and room for a loaded machine.
+    const ROUND: Duration = Duration::from_millis(1_500);
+    let (echo, _e) = start_echo().await;
+    let victim = http_proxy("127.0.0.1:0", ProxyBehaviour::default()).await;
+    // Another proxy whose check takes 1 s keeps every round going for a second after the
+    // victim's check passed: a schedule that paused after each round's end would count that
+    // second again before the next check of the victim.
+    let slow = http_proxy(
+        "127.0.0.1:0",
+        ProxyBehaviour {
+            handshake_delay: Duration::from_secs(1),
+            ..ProxyBehaviour::default()
+        },
+    )
+    .await;
+    let mut s = settings(echo);
+    s.interval = Duration::from_millis(1_500);
+    s.jitter = Duration::ZERO;
+    s.connect_timeout = Duration::from_millis(100);
+    let bound = egress_core::health::detection_bound(&s, ROUND);
+    let engine = std::sync::Arc::new(HealthEngine::new(s));
+    let targets = vec![
+        ptarget(1, endpoint(victim.addr, ProxyProtocol::Http, None), None),
+        ptarget(2, endpoint(slow.addr, ProxyProtocol::Http, None), None),
+    ];
+    let (ended_tx, mut ended) = tokio::sync::mpsc::unbounded_channel();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let e2 = engine.clone();
+    let run = tokio::spawn(engine.clone().run(
+        move || targets.clone(),
+        move |r| {
+            let state = e2.get(&uid(1)).map(|h| h.state);
+            let _ = ended_tx.send((Instant::now(), r.elapsed, state));
+        },
+        stop.clone(),
+    ));
+    let deadline = Duration::from_secs(20);
+    // Healthy after two rounds.
+    tokio::time::timeout(deadline, async {
+        loop {
+            let (_, _, state) = ended.recv().await.unwrap();
+            if state == Some(HealthState::Healthy) {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("the victim healthy");
+    // The next round: the victim's check passes (in milliseconds), and it dies at once,
+    // while the slow proxy's check keeps the round going.
+    let died = tokio::time::timeout(deadline, async {
+        while engine.get(&uid(1)).unwrap().consecutive_successes < 3 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        victim.stop();
+        Instant::now()
+    })
+    .await
+    .expect("the victim's third check");
+    // The round under way ends with the victim still Healthy; the next one decides.
+    let (at, elapsed, state) = tokio::time::timeout(deadline, ended.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(state, Some(HealthState::Healthy));
+    assert!(at > died && elapsed <= ROUND, "{elapsed:?}");
+    let (at, elapsed, state) = tokio::time::timeout(deadline, ended.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        state,
+        Some(HealthState::Unhealthy),
+        "decided in the next round"
+    );
+    assert!(
+        elapsed <= ROUND,
+        "a round took {elapsed:?}, past the {ROUND:?} assumed"
+    );
+    let took = at - died;
+    println!("killed just after its check passed → unpublished after {took:?} (bound {bound:?})");
+    assert!(took <= bound, "{took:?} > {bound:?}");
+    stop.cancel();
+    run.await.unwrap();
+    drop(slow);
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@
 //!
 //! Each time the test prints how long the member stayed in `/pools/NAME/healthy.txt` after
 //! the fault (sampled every 250 ms; it must be gone within the documented detection bound,
-//! 10 s, plus the sampling step) and waits for the pool to be back at 2 healthy members, the
+//! 9.5 s, plus the sampling step) and waits for the pool to be back at 2 healthy members, the
 //! faulty one replaced by autohealing (its domain gone) or re-created in place by its Proxy's
 //! own reconcile (a new QEMU process), and prints which. Then `egress-proxies pools quarantine`
 //! holds a member out: it leaves healthy.txt, is replaced, and its VM is kept until `pools
@@ -47,9 +47,9 @@ const FIRST_BUDGET: Duration = Duration::from_secs(15 * 60);
 // NB: autohealing's `unhealthyAfter` (5 min) and a replacement's boot (~3-4 min under TCG).
 const HEAL_BUDGET: Duration = Duration::from_secs(15 * 60);
 /// The documented detection bound: the health engine's `detection_bound` with the default
-/// settings (the pause, 5 s and up to 0.5 s of jitter, and two connect deadlines of 2 s) and
-/// the round's own time, allowed up to [`real_guest::ROUND_UNDER_TCG`]; one sampling step on
-/// top.
+/// settings (rounds start at most 5 s and 0.5 s of jitter apart, and two connect deadlines of
+/// 2 s), for rounds that take up to [`real_guest::ROUND_UNDER_TCG`] (which, under the 4 s of
+/// connect deadlines, adds nothing: 9.5 s); one sampling step on top.
 fn unpublish_bound() -> Duration {
     let defaults = egress_core::health::HealthSettings::new(
         egress_core::health::probe::CheckTarget::parse("http://127.0.0.1:9/")

@@ -8,8 +8,12 @@
 //! - **Bounded**: at most [`HealthSettings::concurrency`] probes at once (default
 //!   [`DEFAULT_CONCURRENCY`]), each under [`HealthSettings::probe_timeout`]; a round of N
 //!   proxies holds at most that many sockets. Between rounds nothing runs but a timer.
-//! - **Jitter**: the pause between rounds is `interval + U(0, jitter)`, so operators started
-//!   together do not probe in lockstep.
+//! - **A fixed cadence**: a round starts `interval + U(0, jitter)` after the previous one
+//!   *started* (the jitter drawn anew each round, so operators started together do not probe
+//!   in lockstep), not after it ended: the round's own time does not stretch the time between
+//!   two checks of a proxy. A round that takes longer than that is followed at once when it
+//!   ends; rounds of one engine never overlap, and missed starts are dropped, never caught up
+//!   in a burst.
 //! - **Hysteresis**: a proxy becomes Healthy after [`HealthSettings::healthy_after`]
 //!   consecutive successes and Unhealthy after [`HealthSettings::unhealthy_after`]
 //!   consecutive failures; until the first decision it is Unknown. One failed probe never
@@ -17,9 +21,9 @@
 //! - **A failure is re-checked at once** ([`HealthSettings::recheck`]): a proxy not yet
 //!   Unhealthy whose check failed is checked again in the same round, so with the defaults
 //!   (two failures) a proxy that stopped answering leaves rotation within one round: within
-//!   [`detection_bound`] of its death (interval, jitter, two connect deadlines, and the time
-//!   the round takes to reach it), which is under 10 s with the defaults.
-//! - **A host declared down** ([`HealthEngine::hosts_down`]) ends the pause at once: the next
+//!   [`detection_bound`] of its death (interval, jitter and two connect deadlines while
+//!   rounds take less than the interval and the connect deadlines), 9.5 s with the defaults.
+//! - **A host declared down** ([`HealthEngine::hosts_reported`]) ends the wait at once: the next
 //!   round starts, and there one failed check of a proxy on that host is enough (a proxy
 //!   that still answers through itself stays published: its host's management connection is
 //!   not its data path).
@@ -40,7 +44,7 @@
 //! - [`apply_to_status`] is pure: it writes the `health` block and the `Healthy` condition,
 //!   and makes `Ready` = Running ∧ Healthy, keeping transition times while values hold.
 //!
-//! One piece (about 780 lines with its docs): the engine's round loop, its state per proxy
+//! One piece (about 840 lines with its docs): the engine's round loop, its state per proxy
 //! and the hysteresis that decides from it share one lock and one set of invariants; the
 //! probe itself, the probes of declared addresses ([`declared`]) and the metrics already
 //! live in submodules; the echo target is served by `egress-web`.
@@ -75,14 +79,16 @@ use egress_provider::sync::lock;
 // finish 1000 loopback proxies in well under a second and 1000 remote ones (~100 ms each) in
 // ~2 s, while staying far below any fd limit and the echo's connection bound.
 pub const DEFAULT_CONCURRENCY: usize = 64;
-/// Pause between rounds by default.
+/// Time from one round's start to the next's by default (plus the jitter).
 // NB: with the re-check and `unhealthy_after` = 2, a proxy that stopped answering leaves
-// rotation within interval + jitter + 2 × connect deadline = 9.5 s (plus the round's own
-// time, well under a second for 1,000 proxies on a LAN). The price: 1,000 proxies cost
-// ~180 probes/s (each one TCP connection into the proxy and one from it to the target), a
-// few hundred KiB/s.
+// rotation within interval + jitter + 2 × connect deadline = 9.5 s ([`detection_bound`];
+// rounds start on a fixed cadence, so their own time adds nothing while it stays under the
+// 4 s of connect deadlines: well under a second for 1,000 proxies on a LAN). The price:
+// 1,000 proxies cost ~190 probes/s (1,000 every 5.25 s on average; each one TCP connection
+// into the proxy and one from it to the target), a few hundred KiB/s.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
-/// Largest random addition to the pause by default (10% of the interval).
+/// Largest random addition to the time between round starts by default (10% of the
+/// interval).
 pub const DEFAULT_JITTER: Duration = Duration::from_millis(500);
 /// Deadline of the TCP connect to the proxy by default.
 // NB: a proxy's SYN-ACK comes in a round trip (well under 100 ms between a datacenter's
@@ -104,22 +110,38 @@ pub const DEFAULT_HEALTHY_AFTER: u32 = 2;
 pub const DEFAULT_UNHEALTHY_AFTER: u32 = 2;
 
 /// How long after a proxy stops answering connections (its VM or host gone) it is
-/// unpublished at worst, with `settings` and a round that takes `round` to reach it: the
-/// pause before the next round (interval and all the jitter), the round's own time, and the
-/// probe and its re-check each failing at the connect deadline
-/// ([`HealthSettings::connect_timeout`]); with [`HealthSettings::recheck`] off, the
-/// remaining `unhealthy_after − 1` failures each take a further interval. A proxy that
-/// accepts connections but never answers takes its probe deadline in place of the connect
-/// deadline.
+/// unpublished at worst, with `settings` and rounds that take at most `round` apart from the
+/// dead proxy's own failing checks (the other proxies' checks; a round's whole time while
+/// every proxy answers). Counted to the end of the round that decides, when the engine hands
+/// the states to its driver.
+///
+/// Derivation, with `period = max(interval + jitter, round)` and `per_check` the probe and
+/// its re-check each failing at the connect deadline ([`HealthSettings::connect_timeout`];
+/// a proxy that accepts connections but never answers takes its probe deadline instead):
+/// - the proxy's last passing check ran in a round that started before its death;
+/// - rounds start on a fixed cadence ([`HealthEngine::run`]): the next round starts at most
+///   `interval + jitter` after that start, or when that round ends if it took longer, so at
+///   most `period` after the death (a woken round only starts earlier);
+/// - in that round the proxy's checks start with the round (every proxy does while they
+///   number at most [`HealthSettings::concurrency`]) and fail within `per_check`, and the
+///   round ends when the last of its checks does: at most `max(per_check, round)` after its
+///   start.
+///
+/// So the bound is `max(interval + jitter, round) + max(per_check, round)`: with the
+/// defaults, 5.5 s + 4 s = 9.5 s for any round up to 4 s; only a round longer than that adds.
+/// With more proxies than the concurrency a check may also wait for a free slot, up to
+/// `round`, on top. With [`HealthSettings::recheck`] off, each of the remaining
+/// `unhealthy_after − 1` failures takes a further round start, at most
+/// `max(period, connect deadline)` later.
 pub fn detection_bound(settings: &HealthSettings, round: Duration) -> Duration {
     let connect = settings.connect_timeout.min(settings.probe_timeout);
     let n = settings.unhealthy_after.max(1);
-    let per_check = if settings.recheck {
-        connect * n
+    let period = (settings.interval + settings.jitter).max(round);
+    if settings.recheck {
+        period + (connect * n).max(round)
     } else {
-        connect * n + (settings.interval + settings.jitter + round) * (n - 1)
-    };
-    settings.interval + settings.jitter + round + per_check
+        period + period.max(connect) * (n - 1) + connect.max(round)
+    }
 }
 
 /// Condition reasons the engine sets.
@@ -146,9 +168,10 @@ pub struct HealthSettings {
     /// Where the probe of a declared IPv6 egress address goes: a target the proxy reaches
     /// over IPv6 only (an IPv6 literal, or a name with only AAAA records). `None`: `target`.
     pub target_ipv6: Option<CheckTarget>,
-    /// Pause between rounds.
+    /// Time from one round's start to the next's (a round that takes longer is followed at
+    /// once when it ends).
     pub interval: Duration,
-    /// Largest random addition to the pause.
+    /// Largest random addition to `interval`, drawn anew for each round.
     pub jitter: Duration,
     /// Probes in flight at once (at least 1 is used).
     pub concurrency: usize,
@@ -475,7 +498,7 @@ pub struct HealthEngine {
     metrics: HealthMetrics,
     /// Hosts (entry, host) last reported down ([`HealthEngine::hosts_reported`]).
     down: Mutex<HashSet<(String, String)>>,
-    /// Ends the pause between rounds early (a host went down).
+    /// Ends the wait for the next round early (a host went down).
     wake: tokio::sync::Notify,
 }
 
@@ -579,9 +602,10 @@ impl HealthEngine {
     }
 
     /// The last host check of `entry`: a host reported `Unreachable` (its connection declared
-    /// dead) or `Timeout` is down, any other state is not. A host newly down ends the pause
-    /// before the next round at once, and in that round one failed check of a proxy on it
-    /// makes the proxy Unhealthy. O(hosts reported).
+    /// dead) or `Timeout` is down, any other state is not. A host newly down ends the wait
+    /// for the next round at once (reported during a round, the next one starts as soon as it
+    /// ends), and in that round one failed check of a proxy on it makes the proxy Unhealthy.
+    /// O(hosts reported).
     pub fn hosts_reported(&self, entry: &str, hosts: &[HostReport]) {
         let mut newly_down = false;
         {
@@ -624,8 +648,9 @@ impl HealthEngine {
         self.count_states();
     }
 
-    /// The pause before the next round: interval plus a random share of the jitter.
-    pub fn next_pause(&self) -> Duration {
+    /// The time from a round's start to the next's: interval plus a random share of the
+    /// jitter.
+    pub fn next_period(&self) -> Duration {
         let j = self.settings.jitter.as_millis();
         let extra = u64::try_from(j)
             .ok()
@@ -635,25 +660,61 @@ impl HealthEngine {
     }
 
     /// Runs rounds until `stop`: each round probes `targets()` and then calls `after_round`
-    /// (the driver merges the new states into status there).
+    /// (the driver merges the new states into status there). Rounds start on a fixed
+    /// cadence: [`HealthEngine::next_period`] after the previous one started, at once when the
+    /// previous one took longer (never two at once, missed starts dropped), and early when a
+    /// host is newly reported down.
     pub async fn run(
         self: Arc<Self>,
         targets: impl Fn() -> Vec<ProbeTarget> + Send,
         after_round: impl Fn(&RoundReport) + Send,
         stop: CancellationToken,
     ) {
-        loop {
-            let r = tokio::select! {
-                () = stop.cancelled() => return,
-                r = self.round(targets()) => r,
-            };
-            self.metrics.round_done(r.elapsed);
-            after_round(&r);
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep(self.next_pause()) => {}
-                () = self.wake.notified() => {}
-            }
+        let engine = &*self;
+        on_cadence(
+            move || engine.next_period(),
+            &engine.wake,
+            &stop,
+            move || engine.round(targets()),
+            move |r: RoundReport| {
+                engine.metrics.round_done(r.elapsed);
+                after_round(&r);
+            },
+        )
+        .await;
+    }
+}
+
+/// Runs rounds until `stop`, on a fixed cadence: each `round()` starts `period()` (drawn
+/// anew each time) after the previous one *started*, or as soon as the previous one ended
+/// when it took longer, or as soon as `wake` is notified (a notification during a round ends
+/// the wait after it); `after` gets each round's result as it ends. One round at a time,
+/// never overlapping. Missed starts are dropped rather than caught up (as
+/// `tokio::time::MissedTickBehavior::Delay`): after an overrun the next round starts at once
+/// and the cadence restarts from that start, so an overrun neither leaves an idle gap (which
+/// `Skip`'s realignment to the old grid would, lengthening detection) nor causes a burst of
+/// back-to-back catch-up rounds (which `Burst` would: a load spike on every proxy). `stop`
+/// ends a round under way and the wait.
+async fn on_cadence<R, Fut>(
+    period: impl Fn() -> Duration,
+    wake: &tokio::sync::Notify,
+    stop: &CancellationToken,
+    mut round: impl FnMut() -> Fut,
+    mut after: impl FnMut(R),
+) where
+    Fut: std::future::Future<Output = R>,
+{
+    loop {
+        let next = tokio::time::Instant::now() + period();
+        let r = tokio::select! {
+            () = stop.cancelled() => return,
+            r = round() => r,
+        };
+        after(r);
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep_until(next) => {}
+            () = wake.notified() => {}
         }
     }
 }

@@ -261,3 +261,52 @@ fn a_proxy_held_unready_by_health_becomes_ready_when_healthy_without_a_reconcile
     let ready = st.condition(condition::READY).unwrap();
     assert_eq!(ready.status, ConditionStatus::True, "{ready:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn rounds_start_on_a_fixed_cadence_and_an_overrun_is_followed_at_once_never_overlapping() {
+    // Rounds of 3 s on a 5 s cadence (no jitter), one of 7 s among them, and a host reported
+    // down during the fifth.
+    let took = [3, 3, 7, 3, 3, 3].map(Duration::from_secs);
+    let t0 = tokio::time::Instant::now();
+    let wake = tokio::sync::Notify::new();
+    let stop = CancellationToken::new();
+    let mut n = 0;
+    let mut spans: Vec<(Duration, Duration)> = Vec::new();
+    on_cadence(
+        || Duration::from_secs(5),
+        &wake,
+        &stop,
+        || {
+            let i = n;
+            n += 1;
+            let (wake, d) = (&wake, took.get(i).copied().unwrap_or_default());
+            async move {
+                let start = tokio::time::Instant::now();
+                if i == 4 {
+                    wake.notify_one();
+                }
+                tokio::time::sleep(d).await;
+                (start - t0, tokio::time::Instant::now() - t0)
+            }
+        },
+        |span| {
+            if spans.len() < took.len() {
+                spans.push(span);
+            }
+            if spans.len() == took.len() {
+                stop.cancel();
+            }
+        },
+    )
+    .await;
+    let secs = |s: u64| Duration::from_secs(s);
+    let starts: Vec<Duration> = spans.iter().map(|s| s.0).collect();
+    // Every 5 s from the previous start (not 5 s after its end: 0, 8, 16, ...); the 7 s
+    // round is followed at once when it ends (17), and the cadence counts from there; the
+    // wake-up during the round at 22 starts the next one when it ends (25, not 27).
+    assert_eq!(starts, [0, 5, 10, 17, 22, 25].map(secs), "{spans:?}");
+    for w in spans.windows(2) {
+        assert!(w[1].0 >= w[0].1, "rounds overlap: {spans:?}");
+    }
+    assert_eq!(spans[2].1, secs(17), "{spans:?}");
+}

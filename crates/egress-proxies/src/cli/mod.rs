@@ -394,9 +394,10 @@ pub struct HealthArgs {
         requires = "health_target"
     )]
     pub health_target_ipv6: Option<String>,
-    /// Pause between health rounds (a random jitter of up to 10% is added). A failed check
-    /// is re-checked at once and two failures unpublish a proxy: with 5s, a proxy that
-    /// stopped answering is unpublished within 10 s.
+    /// Time from one health round's start to the next's (a random jitter of up to 10% is
+    /// added; a round that takes longer is followed at once). A failed check is re-checked
+    /// at once and two failures unpublish a proxy: with 5s, a proxy that stopped answering is
+    /// unpublished within 10 s.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
           default_value = "5s")]
     pub health_interval: std::time::Duration,

@@ -35,12 +35,15 @@ const RETRY: Duration = Duration::from_secs(2);
 
 /// What a health round's own time (the probes of the other members, each through a guest's
 /// proxy to the echo) may reach with real guests under TCG on a loaded 2-core machine. A
-/// test bounding a detection time adds it to the health engine's `detection_bound` (the
-/// documented bound is the pause, two connect deadlines and the round's own time): the round
-/// under way when a guest dies delays the next one by what is left of it.
-// NB: a probe through a TCG guest answers in 0.1-1 s under load; a clean-clone CI run once saw a
-// member unpublished 10.6 s after its libvirtd was stopped, ~0.8 s past the 9.5 s of pause
-// and connects, with the round's time not allowed for.
+/// test bounding a detection time passes it to the health engine's `detection_bound` as the
+/// round's time. Rounds start on a fixed cadence (counted from the previous round's start),
+/// so a round's time lengthens the bound only where it exceeds the two connect deadlines
+/// (the round that finds the dead proxy ends with its slowest check) or the pause: with the
+/// default settings, not at all up to 4 s.
+// NB: a probe through a TCG guest answers in 0.1-1 s under load. When the pause was counted
+// from a round's end, a clean-clone CI run saw a member unpublished 10.6 s after its libvirtd
+// was stopped, ~0.8 s past the 9.5 s of pause and connects: the rest of the round under way at
+// the fault; the fixed cadence removed that term.
 pub const ROUND_UNDER_TCG: Duration = Duration::from_millis(1_500);
 
 /// What a real-guest test body gets: the binary under test and the guest image.

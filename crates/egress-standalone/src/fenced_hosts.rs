@@ -187,10 +187,13 @@ fn check_text(what: &str, r: &str) -> Result<(), FenceError> {
     Ok(())
 }
 
-/// The declarations this process has applied, (entry, host, when) → (when it applied it, what
-/// that freed): each at most once.
+/// A declaration: (entry, host, when it was written).
+type DeclarationKey = (String, String, String);
+
+/// The declarations this process has applied → (when it applied it, what that freed): each at
+/// most once.
 #[derive(Debug, Default)]
-pub(crate) struct Applied(Mutex<HashMap<(String, String, String), (String, Vec<String>)>>);
+pub(crate) struct Applied(Mutex<HashMap<DeclarationKey, (String, Vec<String>)>>);
 
 /// After a check of `handle`'s entry (`reports`): applies each declaration of the entry
 /// whose host the check found dead and that this process has not applied yet; removes the

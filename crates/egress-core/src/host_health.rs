@@ -80,6 +80,70 @@ pub struct HostHealth {
     /// Its address pool's usage per family (empty without an address pool).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<AddressPoolUsage>,
+    /// An administrator's declaration that the host is dead and what the operator did with
+    /// it, as its latest check of the entry saw it; absent when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced: Option<HostFence>,
+}
+
+/// A host declared dead by an administrator (standalone: a line of the `fenced-hosts` file;
+/// Kubernetes: the `fence.egress-proxies.dev/HOST` annotation on the entry's ProviderHealth),
+/// as the operator's latest check of the host's entry saw the declaration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostFence {
+    /// Why (bounded).
+    pub reason: String,
+    /// [`FENCE_APPLIED`], [`FENCE_WAITING`] or [`FENCE_REMOVING`].
+    pub state: String,
+    /// When the operator applied it (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_at: Option<String>,
+    /// The declared egress addresses applying it freed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub freed: Vec<String>,
+    /// Why it is not applied, when the provider refused (bounded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// What the host's instances held was freed for other hosts of its segment.
+pub const FENCE_APPLIED: &str = "Applied";
+/// Not applied (yet): the latest check did not find the host dead, or the provider refused.
+pub const FENCE_WAITING: &str = "Waiting";
+/// The host answered: the operator is removing the declaration (Kubernetes only; standalone
+/// removes the line in the same step).
+pub const FENCE_REMOVING: &str = "Removing";
+
+impl HostFence {
+    /// The declaration in a few words, as `egress-proxies status` prints it after the host's
+    /// line: `declared dead: REASON (STATE…)`.
+    pub fn describe(&self) -> String {
+        let detail = match self.state.as_str() {
+            FENCE_APPLIED => {
+                let mut d = FENCE_APPLIED.to_owned();
+                if let Some(at) = &self.applied_at {
+                    d.push_str(&format!(" at {at}"));
+                }
+                if !self.freed.is_empty() {
+                    d.push_str(&format!(", freed {}", self.freed.join(", ")));
+                }
+                d
+            }
+            FENCE_WAITING => match &self.message {
+                Some(m) => format!("{FENCE_WAITING}: {m}"),
+                None => format!(
+                    "{FENCE_WAITING}: applied once a check finds the host Unreachable or Timeout"
+                ),
+            },
+            FENCE_REMOVING => format!(
+                "{FENCE_REMOVING}: the host answered; the declaration is being removed and \
+                 frees nothing"
+            ),
+            other => other.to_owned(),
+        };
+        format!("declared dead: {} ({detail})", self.reason)
+    }
 }
 
 /// How much of one family of a host's address pool is in use, as its last check saw it.
@@ -202,6 +266,7 @@ impl HostHealth {
             checked_at: None,
             maintenance: None,
             addresses: Vec::new(),
+            fenced: None,
         }
     }
 
@@ -238,6 +303,7 @@ impl HostHealth {
             checked_at: Some(humantime::format_rfc3339_seconds(now).to_string()),
             maintenance: None,
             addresses: r.addresses.iter().map(AddressPoolUsage::of).collect(),
+            fenced: None,
         }
     }
 
@@ -308,6 +374,40 @@ pub async fn check_all(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
+
+    #[test]
+    fn a_declaration_is_described_with_its_reason_and_what_the_operator_did_with_it() {
+        let mut f = HostFence {
+            reason: "rack 4 unplugged".into(),
+            state: FENCE_APPLIED.into(),
+            applied_at: Some("2026-01-01T00:00:00Z".into()),
+            freed: vec!["203.0.113.10".into()],
+            message: None,
+        };
+        assert_eq!(
+            f.describe(),
+            "declared dead: rack 4 unplugged (Applied at 2026-01-01T00:00:00Z, freed \
+             203.0.113.10)"
+        );
+        f.state = FENCE_WAITING.into();
+        assert_eq!(
+            f.describe(),
+            "declared dead: rack 4 unplugged (Waiting: applied once a check finds the host \
+             Unreachable or Timeout)"
+        );
+        f.message = Some("no segment".into());
+        assert_eq!(
+            f.describe(),
+            "declared dead: rack 4 unplugged (Waiting: no segment)"
+        );
+        f.state = FENCE_REMOVING.into();
+        assert!(
+            f.describe()
+                .starts_with("declared dead: rack 4 unplugged (Removing: the host answered"),
+            "{}",
+            f.describe()
+        );
+    }
 
     fn report(state: HostState) -> HostReport {
         HostReport {

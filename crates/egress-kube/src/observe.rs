@@ -133,12 +133,25 @@ impl Observer {
     /// Records one entry's host check (`/hosts`, host metrics).
     pub fn record_hosts(&self, entry: &str, reports: &[HostReport], now: SystemTime) {
         let mut hosts = lock(&self.hosts);
-        hosts.retain(|(e, _), _| e != entry);
+        // NB: a host's declaration stays shown until the writer sets the check's own
+        // ([`Observer::set_fenced`]), so a request in between never sees it vanish.
+        let mut fenced: BTreeMap<String, egress_core::host_health::HostFence> = BTreeMap::new();
+        hosts.retain(|(e, h), row| {
+            if e == entry {
+                if let Some(f) = row.fenced.take() {
+                    fenced.insert(h.clone(), f);
+                }
+                false
+            } else {
+                true
+            }
+        });
         // A host no longer in the entry's reports left its config: its series go too.
         self.metrics
             .retain_hosts(|e, h| e != entry || reports.iter().any(|r| r.host == h));
         for r in reports {
-            let row = HostHealth::from_report(entry, r, now);
+            let mut row = HostHealth::from_report(entry, r, now);
+            row.fenced = fenced.remove(&r.host);
             self.metrics.host_checked(
                 entry,
                 &r.host,
@@ -162,6 +175,21 @@ impl Observer {
         egress_core::host_health::annotate_maintenance(&mut rows, core);
         for r in rows {
             hosts.insert((r.entry.clone(), r.host.clone()), r);
+        }
+    }
+
+    /// Sets the declarations that `entry`'s hosts are dead (`fenced` of their rows) as the
+    /// latest check of the entry saw them, the same rows the entry's ProviderHealth shows; a
+    /// host not in `fenced` has none.
+    pub fn set_fenced(
+        &self,
+        entry: &str,
+        fenced: &std::collections::HashMap<String, egress_core::host_health::HostFence>,
+    ) {
+        for ((e, h), row) in lock(&self.hosts).iter_mut() {
+            if e == entry {
+                row.fenced = fenced.get(h).cloned();
+            }
         }
     }
 
@@ -274,6 +302,53 @@ mod tests {
         o.set_leader(true);
         let t = Endpoints::metrics(&o, MetricsFormat::Prometheus);
         assert!(t.contains("egress_proxies_leader 1"), "{t}");
+    }
+
+    #[test]
+    fn a_declaration_shows_in_status_from_the_writers_check_until_a_check_has_none() {
+        use egress_core::host_health::HostFence;
+        use egress_provider::model::HostState;
+        let o = Observer::new(None);
+        let report = HostReport {
+            host: "h1".into(),
+            state: HostState::Timeout,
+            latency: None,
+            hostname: None,
+            libvirt_version: None,
+            virt_types: vec![],
+            uefi: false,
+            pool_free_bytes: None,
+            missing: vec![],
+            error: Some("no answer".into()),
+            addresses: vec![],
+        };
+        let now = SystemTime::now();
+        let fence = HostFence {
+            reason: "rack 4 unplugged".into(),
+            state: "Applied".into(),
+            applied_at: Some("2026-01-01T00:00:00Z".into()),
+            freed: vec![],
+            message: None,
+        };
+        let shown = |o: &Observer| {
+            Endpoints::status(o)
+                .hosts
+                .iter()
+                .find(|h| h.host == "h1")
+                .and_then(|h| h.fenced.clone())
+        };
+        o.record_hosts("home", std::slice::from_ref(&report), now);
+        assert_eq!(shown(&o), None);
+        o.set_fenced(
+            "home",
+            &std::collections::HashMap::from([("h1".to_owned(), fence.clone())]),
+        );
+        assert_eq!(shown(&o), Some(fence.clone()));
+        // The next check's rows keep it until the writer says what that check saw.
+        o.record_hosts("home", std::slice::from_ref(&report), now);
+        assert_eq!(shown(&o), Some(fence));
+        o.set_fenced("home", &std::collections::HashMap::new());
+        assert_eq!(shown(&o), None);
     }
 
     #[test]

@@ -351,6 +351,13 @@ fn every_field_of_the_status_document_is_documented_for_users() {
                 retired: 1,
                 free: 2,
             }],
+            fenced: Some(egress_core::host_health::HostFence {
+                reason: "rack 4 unplugged".into(),
+                state: "Applied".into(),
+                applied_at: Some("2026-01-01T00:00:00Z".into()),
+                freed: vec!["203.0.113.7".into()],
+                message: Some("m".into()),
+            }),
         }],
         manifest_errors: vec!["a.yaml: bad".into()],
         pools: vec![egress_web::status::PoolStatusRow {

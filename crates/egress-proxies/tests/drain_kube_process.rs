@@ -6,7 +6,9 @@
 //! while its `availableReplicas` never drops below 2 (sampled every second and printed); an
 //! unpinned Proxy is re-placed on h2; a Proxy pinned to h1 stays there with `Ready` reason
 //! `OnDrainingHost`; the entry's `ProviderHealth` shows `Draining (1 left)` for h1 and
-//! `Cordoned` for h0; the cordoned host never holds a domain.
+//! `Cordoned` for h0, and so does `egress-proxies status` against the operator's
+//! `--status-listen` (`host fake/h1 is Ready, Draining (1 left)`); the cordoned host never
+//! holds a domain.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -21,8 +23,8 @@ use std::time::{Duration, Instant};
 use egress_kube::api::ProxyPool;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube_support::{
-    ApiServer, ClusterConfig, ENTRY, IMAGE, Operator, SocketHosts, health_rows, on, pool_members,
-    wait_for,
+    ApiServer, ClusterConfig, ENTRY, IMAGE, Operator, SocketHosts, free_port, health_rows, on,
+    pool_members, status_cli, wait_for,
 };
 use serde_json::json;
 
@@ -83,11 +85,17 @@ async fn a_host_drained_by_a_config_reload_moves_its_proxies_within_the_pool_bud
     let hosts = SocketHosts::start(3).await;
     let cfg = hosts.config_with_maintenance(&[("h0", "Cordon"), ("h2", "Cordon")]);
     let kubeconfig = srv.kubeconfig();
+    let status_listen = format!("127.0.0.1:{}", free_port());
     let op = Operator::start_with(
         &cfg,
         ClusterConfig::Kubeconfig(&kubeconfig),
         "op-drain",
-        &["--check-interval".into(), "1s".into()],
+        &[
+            "--check-interval".into(),
+            "1s".into(),
+            "--status-listen".into(),
+            status_listen.clone(),
+        ],
     );
     let client = srv.client().await;
     let pools: Api<ProxyPool> = Api::namespaced(client.clone(), NS);
@@ -170,4 +178,20 @@ async fn a_host_drained_by_a_config_reload_moves_its_proxies_within_the_pool_bud
         "eptest: drained in {:.1} s; lowest availableReplicas {lowest} (bound 2)",
         t1.elapsed().as_secs_f64()
     );
+
+    // What a user sees: `egress-proxies status` against the operator names both hosts' progress.
+    let want = [
+        format!("host {ENTRY}/h0 is Ready, Cordoned\n"),
+        format!("host {ENTRY}/h1 is Ready, Draining (1 left)\n"),
+    ];
+    let out = wait_for("status shows the hosts' maintenance", DEADLINE, || async {
+        let (_, out) = status_cli(&status_listen);
+        want.iter().all(|w| out.contains(w.as_str())).then_some(out)
+    })
+    .await;
+    assert!(
+        !out.contains(&format!("{ENTRY}/h2")),
+        "h2 is in service: {out}"
+    );
+    println!("eptest: egress-proxies status:\n{out}");
 }

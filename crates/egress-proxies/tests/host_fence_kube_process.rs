@@ -13,8 +13,13 @@
 //!   nothing defined on Y) for longer than several checks; an annotation naming no host of the entry is reported in the
 //!   `FenceDeclarations` condition and never crashes anything;
 //! - X declared dead: `b` comes up on the other host Y with the address, X's row shows the
-//!   declaration `Applied` with the freed address; the annotation stays while X is dead;
-//! - once X answers again, the operator removes X's annotation.
+//!   declaration `Applied` with the freed address, and so does `egress-proxies status`
+//!   against the operator's `--status-listen` (`host fake/X is Timeout…` then `declared
+//!   dead: REASON (Applied at …, freed ADDRESS)`); the annotation stays while X is dead;
+//! - `a`, whose host X is dead, keeps its phase with `Ready` False, reason `HostUnreachable`
+//!   naming X;
+//! - once X answers again, the operator removes X's annotation, and `status` no longer shows
+//!   the declaration.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -30,8 +35,8 @@ use std::time::{Duration, Instant};
 
 use kube::api::{Api, DynamicObject, PostParams};
 use kube_support::{
-    ApiServer, ClusterConfig, ENTRY, IMAGE, Operator, SocketHosts, health_rows, proxy_resource,
-    wait_for,
+    ApiServer, ClusterConfig, ENTRY, IMAGE, Operator, SocketHosts, free_port, health_rows,
+    proxy_resource, status_cli, wait_for,
 };
 use serde_json::{Value, json};
 
@@ -152,11 +157,17 @@ async fn a_pinned_address_held_on_a_dead_host_moves_only_after_a_fence_annotatio
     let hosts = SocketHosts::start(2).await;
     let cfg = segment_config(&hosts);
     let kubeconfig = srv.kubeconfig();
+    let status_listen = format!("127.0.0.1:{}", free_port());
     let op = Operator::start_with(
         &cfg,
         ClusterConfig::Kubeconfig(&kubeconfig),
         "op-fence",
-        &["--check-interval".into(), "1s".into()],
+        &[
+            "--check-interval".into(),
+            "1s".into(),
+            "--status-listen".into(),
+            status_listen.clone(),
+        ],
     );
     let client = srv.client().await;
     create_proxy(&client, "a", None).await;
@@ -308,6 +319,48 @@ async fn a_pinned_address_held_on_a_dead_host_moves_only_after_a_fence_annotatio
         "the annotation went while {x} is dead"
     );
 
+    // What a user sees: `egress-proxies status` names X dead and the declaration applied.
+    let declared = "\n  declared dead: rack 4 unplugged (Applied at ";
+    let freed = format!(", freed {ADDRESS})\n");
+    let out = wait_for("status shows the declaration", DEADLINE, || async {
+        let (_, out) = status_cli(&status_listen);
+        (out.contains(declared) && out.contains(&freed)).then_some(out)
+    })
+    .await;
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&format!("host {ENTRY}/{x} is ")))
+        .unwrap_or_default();
+    assert!(
+        line.starts_with(&format!("host {ENTRY}/{x} is Timeout"))
+            || line.starts_with(&format!("host {ENTRY}/{x} is Unreachable")),
+        "{out}"
+    );
+    println!("eptest: egress-proxies status:\n{out}");
+
+    // `a`, on the dead X: Ready False, reason HostUnreachable, naming X (its next reconcile).
+    let t_a = Instant::now();
+    let msg = wait_for("a's Ready names its dead host", DEADLINE, || async {
+        let p = srv.proxy(NS, "a")?;
+        let c = p["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Ready" && c["reason"] == "HostUnreachable")?
+            .clone();
+        assert_eq!(p["status"]["phase"], "Running", "{p:#}");
+        Some(c["message"].as_str().unwrap_or("").to_owned())
+    })
+    .await;
+    assert!(
+        msg.starts_with(&format!("host {x} Timeout since "))
+            || msg.starts_with(&format!("host {x} Unreachable since ")),
+        "{msg}"
+    );
+    println!(
+        "eptest: a says (after {:.1} s more): {msg}",
+        t_a.elapsed().as_secs_f64()
+    );
+
     // X answers again: the operator removes its annotation (the unknown one stays).
     hosts.fakes[&x].faults().thaw();
     let t_thaw = Instant::now();
@@ -318,6 +371,11 @@ async fn a_pinned_address_held_on_a_dead_host_moves_only_after_a_fence_annotatio
     )
     .await;
     assert_eq!(fence_annotation(&srv, "h9").as_deref(), Some("typo"));
+    wait_for("status without the declaration", DEADLINE, || async {
+        let (_, out) = status_cli(&status_listen);
+        (!out.contains("declared dead") && !out.is_empty()).then_some(())
+    })
+    .await;
     println!(
         "eptest: {x}'s annotation removed {:.1} s after it was thawed",
         t_thaw.elapsed().as_secs_f64()

@@ -15,10 +15,11 @@
 //!   other line kept as it was; a reason is one line of at most [`MAX_REASON_CHARS`]
 //!   printable characters; an edit that changes nothing says so.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use egress_core::host_health::{FENCE_APPLIED, FENCE_REMOVING, FENCE_WAITING, HostFence};
 use egress_core::providers::ProviderHandle;
 use egress_provider::HostReport;
 use egress_provider::sync::lock;
@@ -186,21 +187,33 @@ fn check_text(what: &str, r: &str) -> Result<(), FenceError> {
     Ok(())
 }
 
-/// The declarations this process has applied (entry, host, when): each at most once.
+/// A declaration: (entry, host, when it was written).
+type DeclarationKey = (String, String, String);
+
+/// The declarations this process has applied → (when it applied it, what that freed): each at
+/// most once.
 #[derive(Debug, Default)]
-pub(crate) struct Applied(Mutex<HashSet<(String, String, String)>>);
+pub(crate) struct Applied(Mutex<HashMap<DeclarationKey, (String, Vec<String>)>>);
 
 /// After a check of `handle`'s entry (`reports`): applies each declaration of the entry
 /// whose host the check found dead and that this process has not applied yet; removes the
 /// line of a host that answered the check. Failures are logged; the next check retries.
-pub(crate) fn apply(dir: &Path, handle: &ProviderHandle, reports: &[HostReport], done: &Applied) {
+/// Returns each declared host's row state (`fenced` in `/status` and `/hosts`): `Applied`,
+/// or `Waiting` with the provider's refusal; a host whose line was removed has none.
+pub(crate) fn apply(
+    dir: &Path,
+    handle: &ProviderHandle,
+    reports: &[HostReport],
+    done: &Applied,
+) -> HashMap<String, HostFence> {
     let entry = &handle.config.name;
+    let mut rows = HashMap::new();
     let p = path(dir);
     let text = match read_text(&p) {
         Ok(t) => t,
         Err(e) => {
             tracing::warn!("reading the hosts declared dead: {e}");
-            return;
+            return rows;
         }
     };
     for d in parse(&text).into_iter().filter(|d| &d.entry == entry) {
@@ -208,13 +221,27 @@ pub(crate) fn apply(dir: &Path, handle: &ProviderHandle, reports: &[HostReport],
             continue;
         };
         let key = (d.entry.clone(), d.host.clone(), d.when.clone());
+        let mut row = HostFence {
+            reason: egress_core::model::truncate(&d.reason, MAX_REASON_CHARS),
+            state: FENCE_WAITING.to_owned(),
+            applied_at: None,
+            freed: Vec::new(),
+            message: None,
+        };
         if egress_core::host_health::is_dead(Some(r.state)) {
-            if lock(&done.0).contains(&key) {
+            if let Some((at, freed)) = lock(&done.0).get(&key).cloned() {
+                row.state = FENCE_APPLIED.to_owned();
+                row.applied_at = Some(at);
+                row.freed = freed;
+                rows.insert(d.host.clone(), row);
                 continue;
             }
             match handle.provider.fence_host(&d.host) {
                 Ok(freed) => {
-                    lock(&done.0).insert(key);
+                    let freed: Vec<String> = freed.iter().map(ToString::to_string).collect();
+                    let at =
+                        humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+                    lock(&done.0).insert(key, (at.clone(), freed.clone()));
                     tracing::warn!(
                         entry = %d.entry,
                         host = %d.host,
@@ -224,13 +251,23 @@ pub(crate) fn apply(dir: &Path, handle: &ProviderHandle, reports: &[HostReport],
                         "host declared dead by an administrator: what its instances held may \
                          move to other hosts of its segment"
                     );
+                    row.state = FENCE_APPLIED.to_owned();
+                    row.applied_at = Some(at);
+                    row.freed = freed;
                 }
-                Err(e) => tracing::warn!(
-                    entry = %d.entry,
-                    host = %d.host,
-                    "applying the declaration that the host is dead: {e}"
-                ),
+                Err(e) => {
+                    tracing::warn!(
+                        entry = %d.entry,
+                        host = %d.host,
+                        "applying the declaration that the host is dead: {e}"
+                    );
+                    row.message = Some(egress_core::model::truncate(
+                        &egress_provider::error::redact(&e.to_string()),
+                        MAX_REASON_CHARS,
+                    ));
+                }
             }
+            rows.insert(d.host.clone(), row);
         } else {
             // NB: it answered: its listings say what it holds; the line must not apply again.
             match edit(dir, &d.entry, &d.host, None) {
@@ -239,15 +276,20 @@ pub(crate) fn apply(dir: &Path, handle: &ProviderHandle, reports: &[HostReport],
                     host = %d.host,
                     "a host declared dead answered again: its line in {FILE_NAME} is removed"
                 ),
-                Err(e) => tracing::warn!(
-                    entry = %d.entry,
-                    host = %d.host,
-                    "removing the declaration of a host that answered again: {e}"
-                ),
+                Err(e) => {
+                    tracing::warn!(
+                        entry = %d.entry,
+                        host = %d.host,
+                        "removing the declaration of a host that answered again: {e}"
+                    );
+                    row.state = FENCE_REMOVING.to_owned();
+                    rows.insert(d.host.clone(), row);
+                }
             }
             lock(&done.0).remove(&key);
         }
     }
+    rows
 }
 
 #[cfg(test)]

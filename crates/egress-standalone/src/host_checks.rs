@@ -87,14 +87,25 @@ impl HostCheckDriver for HostChecks {
         };
         self.ctx.controller.record_host_reports(&entry, &reports);
         // NB: only real reports: a check that missed its deadline told the provider nothing.
-        if let Some(r) = &check.reports {
-            crate::fenced_hosts::apply(&self.ctx.manifest_dir, &check.handle, r, &self.fenced);
-        }
+        let mut fenced = match &check.reports {
+            Some(r) => {
+                crate::fenced_hosts::apply(&self.ctx.manifest_dir, &check.handle, r, &self.fenced)
+            }
+            None => Default::default(),
+        };
         if let Some(engine) = &self.ctx.health {
             engine.hosts_reported(&entry, &reports);
         }
         let mut hosts = lock(&self.store.hosts);
-        for row in rows {
+        for mut row in rows {
+            let key = (entry.clone(), row.host.clone());
+            // NB: a check that missed its deadline told nothing about the declarations: the
+            // row keeps what the last real check showed.
+            row.fenced = if check.reports.is_some() {
+                fenced.remove(&row.host)
+            } else {
+                hosts.get(&key).and_then(|r| r.fenced.clone())
+            };
             let report = check
                 .reports
                 .as_ref()
@@ -107,7 +118,7 @@ impl HostCheckDriver for HostChecks {
             self.ctx
                 .metrics
                 .host_addresses(&entry, &row.host, addresses);
-            hosts.insert((entry.clone(), row.host.clone()), row);
+            hosts.insert(key, row);
         }
     }
 

@@ -52,6 +52,8 @@ pub trait Endpoints: Send + Sync + 'static {
                 accepts_placements: r.state == "Ready" || r.state == "Unknown",
                 latency_ms: r.latency_ms,
                 error: r.error,
+                maintenance: r.maintenance,
+                fenced: r.fenced,
                 ..HostHealth::unknown(&r.entry, &r.host)
             })
             .collect()

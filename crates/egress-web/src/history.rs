@@ -302,6 +302,7 @@ mod tests {
             error: None,
             maintenance: None,
             addresses: Vec::new(),
+            fenced: None,
         }
     }
 

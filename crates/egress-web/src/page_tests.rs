@@ -27,6 +27,7 @@ fn host(entry: &str, name: &str, state: &str, error: Option<&str>) -> HostStatus
         error: error.map(Into::into),
         maintenance: None,
         addresses: Vec::new(),
+        fenced: None,
     }
 }
 

@@ -215,6 +215,10 @@ pub struct HostStatusRow {
     /// Its address pool's usage per family (empty without an address pool).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<egress_core::host_health::AddressPoolUsage>,
+    /// An administrator's declaration that the host is dead and what the operator did with
+    /// it; absent when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced: Option<egress_core::host_health::HostFence>,
 }
 
 impl From<&HostHealth> for HostStatusRow {
@@ -228,6 +232,7 @@ impl From<&HostHealth> for HostStatusRow {
             error: h.error.clone(),
             maintenance: h.maintenance.clone(),
             addresses: h.addresses.clone(),
+            fenced: h.fenced.clone(),
         }
     }
 }
@@ -297,6 +302,7 @@ mod tests {
                 error: None,
                 maintenance: None,
                 addresses: Vec::new(),
+                fenced: None,
             }],
             manifest_errors: vec!["a.yaml: bad".into()],
             pools: vec![],
@@ -343,6 +349,7 @@ mod tests {
             error: None,
             maintenance: None,
             addresses: Vec::new(),
+            fenced: None,
         };
         StatusDocument {
             generated_at: "2026-01-01T00:00:00Z".into(),

@@ -67,6 +67,7 @@ fn fleet(n: usize, pools: bool) -> StatusDocument {
                 error: None,
                 maintenance: None,
                 addresses: Vec::new(),
+                fenced: None,
             })
             .collect(),
         manifest_errors: vec!["bad.yaml: \"x\" is not a field".into()],

@@ -181,6 +181,8 @@ struct Case {
     hosts: BTreeMap<String, HostInfo>,
     /// Why each host is not Ready, as its last report said.
     reasons: BTreeMap<String, String>,
+    /// Since when each dead host's checks found it dead.
+    dead: BTreeMap<String, SystemTime>,
     memory: Memory,
     now: SystemTime,
     settings: ControllerSettings,
@@ -191,6 +193,7 @@ struct Case {
 struct Hosts<'a> {
     info: &'a BTreeMap<String, HostInfo>,
     reasons: &'a BTreeMap<String, String>,
+    dead: &'a BTreeMap<String, SystemTime>,
 }
 
 impl HostView for Hosts<'_> {
@@ -208,6 +211,9 @@ impl HostView for Hosts<'_> {
     fn reason(&self, host: &str) -> Option<String> {
         self.reasons.get(host).cloned()
     }
+    fn dead_since(&self, host: &str) -> Option<SystemTime> {
+        self.dead.get(host).copied()
+    }
 }
 
 fn case(p: P) -> Case {
@@ -222,6 +228,7 @@ fn case(p: P) -> Case {
             .collect(),
         entry: Some(e),
         reasons: BTreeMap::new(),
+        dead: BTreeMap::new(),
         digest: DIGEST.into(),
         location: None,
         strays: Vec::new(),
@@ -308,6 +315,7 @@ impl Case {
             hosts: &Hosts {
                 info: &self.hosts,
                 reasons: &self.reasons,
+                dead: &self.dead,
             },
             memory: &self.memory,
             now: self.now,
@@ -1562,4 +1570,65 @@ fn a_running_proxy_on_a_draining_host_is_re_placed_unless_pinned_or_nowhere_to_g
     );
     assert!(msg.contains("no other host takes new proxies"), "{msg}");
     assert_eq!(d.status.host.as_deref(), Some("h1"));
+}
+
+// ------------------------------------------------------------------ a dead host
+
+#[test]
+fn a_read_that_fails_on_a_dead_host_names_the_host_since_when_and_its_error_until_it_answers() {
+    let since = t0() - Duration::from_secs(90);
+    let mut c = case(proxy())
+        .status(running_status("h1", t0()))
+        .at("h1")
+        .observed(Observed::GetFailed(transient()))
+        .load("h1", 1, Some(HostState::Unreachable))
+        .reason("h1", "connection declared dead by keepalive");
+    // The host's row is not dead yet: the provider's own failure.
+    assert_eq!(ready(&c.run()).1, reason::TRANSIENT_ERROR);
+    c.dead.insert("h1".into(), since);
+    let d = c.run();
+    let (st, r, m) = ready(&d);
+    assert_eq!(
+        (st, r.as_str()),
+        (ConditionStatus::False, reason::HOST_UNREACHABLE)
+    );
+    assert_eq!(
+        m,
+        format!(
+            "host h1 Unreachable since {}: connection declared dead by keepalive; reading \
+             instance {} failed, its last status is kept until the host answers",
+            fmt_time(since),
+            id("h1")
+        )
+    );
+    assert_eq!(
+        d.status.phase,
+        Phase::Running,
+        "phase kept, as a Pod on a NotReady node"
+    );
+    assert_eq!(d.status.ip.as_deref(), Some("192.0.2.10"), "IP kept");
+    assert!(d.memory.latch.is_none(), "never latches");
+    assert_eq!(
+        d.requeue_after,
+        Some(Duration::from_secs(5)),
+        "retried with backoff"
+    );
+    assert!(
+        d.events
+            .iter()
+            .any(|e| e.reason == reason::HOST_UNREACHABLE)
+    );
+    // A check that ran out its deadline says Timeout.
+    let c = c.load("h1", 1, Some(HostState::Timeout));
+    assert!(
+        ready(&c.run()).2.starts_with("host h1 Timeout since "),
+        "{:?}",
+        ready(&c.run())
+    );
+    // The host answers again: the next read is what counts.
+    let mut back = c.observed(Observed::Found(running("h1")));
+    back.dead.clear();
+    back.hosts.insert("h1".into(), HostInfo::default());
+    let (st, r, _) = ready(&back.run());
+    assert_eq!((st, r.as_str()), (ConditionStatus::True, reason::RUNNING));
 }

@@ -77,6 +77,15 @@ impl HostView for LiveHosts<'_> {
             .cloned()
     }
 
+    fn dead_since(&self, host: &str) -> Option<std::time::SystemTime> {
+        let name = &self.handle.config.name;
+        lock(&self.inner.state)
+            .dead_since
+            .get(name)
+            .and_then(|m| m.get(host))
+            .copied()
+    }
+
     fn least_loaded(
         &self,
         _entry: &LibvirtEntry,

@@ -272,6 +272,12 @@ impl HostCheckDriver for ProviderHealthWriter {
         let (mut fenced, problems) = self
             .apply_declarations(h, &annotations, written.status.as_ref(), reports, &now)
             .await;
+        // The operator's own /status shows the same declarations as the ProviderHealth.
+        let shown: HashMap<String, egress_core::host_health::HostFence> = fenced
+            .iter()
+            .map(|(host, f)| (host.clone(), host_fence(f)))
+            .collect();
+        self.observer.set_fenced(&h.config.name, &shown);
         let out = self.core.hosts_in_maintenance(&h.config.name);
         let hosts: Vec<ProviderHostStatus> = reports
             .iter()
@@ -376,6 +382,17 @@ async fn delete_stale_provider_healths(
         }
     }
     Ok(())
+}
+
+/// A ProviderHealth host row's declaration as the status document's host rows carry it.
+fn host_fence(f: &ProviderHostFence) -> egress_core::host_health::HostFence {
+    egress_core::host_health::HostFence {
+        reason: f.reason.clone(),
+        state: f.state.clone(),
+        applied_at: f.applied_at.clone(),
+        freed: f.freed.clone(),
+        message: f.message.clone(),
+    }
 }
 
 fn rfc3339(t: SystemTime) -> String {

@@ -326,10 +326,22 @@ pub fn render(doc: &StatusDocument, now: SystemTime, wide: bool) -> String {
         t.render()
     };
     out.push_str(&super::status_pools::render(doc, now, wide));
+    out.push_str(&host_lines(doc));
+    for e in &doc.manifest_errors {
+        out.push_str(&format!("manifest error: {e}\n"));
+    }
+    out
+}
+
+/// One line per host that is not `Ready`, under maintenance or declared dead: its state,
+/// maintenance progress and last error, then, indented, the declaration that it is dead
+/// (reason and what the operator did with it).
+pub fn host_lines(doc: &StatusDocument) -> String {
+    let mut out = String::new();
     for h in doc
         .hosts
         .iter()
-        .filter(|h| h.state != "Ready" || h.maintenance.is_some())
+        .filter(|h| h.state != "Ready" || h.maintenance.is_some() || h.fenced.is_some())
     {
         out.push_str(&format!(
             "host {}/{} is {}{}{}\n",
@@ -345,9 +357,9 @@ pub fn render(doc: &StatusDocument, now: SystemTime, wide: bool) -> String {
                 .map(|e| format!(": {e}"))
                 .unwrap_or_default()
         ));
-    }
-    for e in &doc.manifest_errors {
-        out.push_str(&format!("manifest error: {e}\n"));
+        if let Some(f) = &h.fenced {
+            out.push_str(&format!("  {}\n", f.describe()));
+        }
     }
     out
 }
@@ -388,6 +400,7 @@ mod tests {
                 error: Some("connection refused".into()),
                 maintenance: None,
                 addresses: Vec::new(),
+                fenced: None,
             }],
             manifest_errors: vec!["a.yaml: bad".into()],
             pools: vec![],
@@ -406,6 +419,52 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("manifest error: a.yaml: bad"), "{out}");
+    }
+
+    #[test]
+    fn host_lines_name_maintenance_progress_and_a_declaration_that_the_host_is_dead() {
+        use egress_core::host_health::{FENCE_APPLIED, HostFence};
+        let row = |host: &str, state: &str| HostStatusRow {
+            entry: "home".into(),
+            host: host.into(),
+            state: state.into(),
+            latency_ms: None,
+            error: None,
+            maintenance: None,
+            addresses: Vec::new(),
+            fenced: None,
+        };
+        let mut draining = row("h1", "Ready");
+        draining.maintenance = Some("Draining (1 left)".into());
+        let mut dead = row("h2", "Timeout");
+        dead.error = Some("no answer within 10s".into());
+        dead.fenced = Some(HostFence {
+            reason: "rack 4 unplugged".into(),
+            state: FENCE_APPLIED.into(),
+            applied_at: Some("2026-01-01T01:00:00Z".into()),
+            freed: vec!["203.0.113.10".into()],
+            message: None,
+        });
+        let doc = StatusDocument {
+            generated_at: "2026-01-01T02:00:00Z".into(),
+            proxies: vec![],
+            hosts: vec![row("h0", "Ready"), draining, dead],
+            manifest_errors: vec![],
+            pools: vec![],
+        };
+        assert_eq!(
+            host_lines(&doc),
+            "host home/h1 is Ready, Draining (1 left)\n\
+             host home/h2 is Timeout: no answer within 10s\n  \
+             declared dead: rack 4 unplugged (Applied at 2026-01-01T01:00:00Z, freed \
+             203.0.113.10)\n"
+        );
+        let out = render(&doc, SystemTime::UNIX_EPOCH, false);
+        assert!(out.ends_with(&host_lines(&doc)), "{out}");
+        assert!(
+            !out.contains("home/h0"),
+            "a Ready host in service has no line: {out}"
+        );
     }
 
     #[test]

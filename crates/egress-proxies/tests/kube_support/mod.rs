@@ -412,6 +412,21 @@ pub fn health_rows(srv: &ApiServer, field: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Runs `egress-proxies status --server http://ADDR` (the operator's `--status-listen`):
+/// (exit code, stdout); bounded by the command's own request timeouts.
+pub fn status_cli(addr: &str) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxies"))
+        .args(["status", "--server", &format!("http://{addr}")])
+        .env_remove("EGRESS_PROXIES_SERVER")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
 /// How the operator process finds its cluster.
 pub enum ClusterConfig<'a> {
     /// `KUBECONFIG=path`.

@@ -180,6 +180,14 @@ pub trait HostView: std::fmt::Debug {
         let _ = host;
         None
     }
+    /// Since when `host`'s checks have found it dead
+    /// ([`crate::host_health::is_dead`]: `Unreachable` or `Timeout`), from the first check
+    /// that did; `None` while its last check found it answering, before any check, or when
+    /// unknown to the view.
+    fn dead_since(&self, host: &str) -> Option<SystemTime> {
+        let _ = host;
+        None
+    }
 }
 
 impl HostView for BTreeMap<String, HostInfo> {

@@ -200,6 +200,25 @@ pub fn decide(i: &Inputs<'_>) -> Decision {
                 Some(l) => format!("reading instance {l}"),
                 None => "reading the instance".into(),
             };
+            // Like a Pod on a NotReady node: a read that failed on a host the checks find
+            // dead is said to be the host's, naming it, since when, and its last error.
+            if e.class != egress_provider::error::ErrorClass::Permanent
+                && let Some(l) = &location
+                && let Some(since) = i.hosts.dead_since(&l.host)
+            {
+                let state = match i.hosts.info(&l.host).health {
+                    Some(HostState::Timeout) => "Timeout",
+                    _ => "Unreachable",
+                };
+                let why = i.hosts.reason(&l.host).unwrap_or_else(|| e.message.clone());
+                let msg = format!(
+                    "host {} {state} since {}: {why}; {what} failed, its last status is kept \
+                     until the host answers",
+                    l.host,
+                    fmt_time(since)
+                );
+                return cx.retry(reason::HOST_UNREACHABLE, &msg, Action::None);
+            }
             cx.failure(&e, &what)
         }
         Observed::Found(inst) => found(cx, entry, inst),

@@ -38,6 +38,9 @@ pub const PAUSED: &str = "Paused";
 pub const REPLACING: &str = "Replacing";
 /// Running on a draining host and staying there: pinned to it, or no other host takes it.
 pub const ON_DRAINING_HOST: &str = "OnDrainingHost";
+/// The instance's host is dead (its checks find it `Unreachable` or `Timeout`): the
+/// instance could not be read, and its last status is kept until the host answers.
+pub const HOST_UNREACHABLE: &str = "HostUnreachable";
 /// The instance vanished and is being recreated.
 pub const INSTANCE_LOST: &str = "InstanceLost";
 /// The instance's verified UID is not this Proxy's (M2).

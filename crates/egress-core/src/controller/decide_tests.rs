@@ -802,7 +802,10 @@ fn a_stopped_instance_of_this_proxy_is_replaced_on_its_host() {
     let Action::Create { req, .. } = &d.action else {
         panic!("{:?}", d.action)
     };
-    assert_eq!(req.prefer_egress, vec!["203.0.113.10".parse().unwrap()]);
+    assert_eq!(
+        req.prefer_egress,
+        vec!["203.0.113.10".parse::<std::net::IpAddr>().unwrap()]
+    );
     assert!(req.pinned_egress.is_empty());
 }
 

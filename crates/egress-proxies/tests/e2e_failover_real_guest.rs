@@ -664,6 +664,7 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
         })
         .map(|(k, x)| (k.clone(), x.clone()))
         .unwrap_or_else(|| panic!("{}: no member took {name}'s place: {m:?}", kind.label()));
+    let old_address = address;
     let address = holder.ip.unwrap();
     assert!(
         holder.egress.contains(&address.to_string()),
@@ -693,10 +694,14 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
         replacement.as_secs_f64(),
     );
     println!(
-        "eptest: timing: {} → old address answering from the replacement {:.1} s ({address} \
-         now {holder_name} on {}; the echo saw {saw}); of it the guest's boot (its QEMU \
-         started → answering) {}",
+        "eptest: timing: {} → {} {:.1} s ({address} now {holder_name} on {}; the echo saw \
+         {saw}); of it the guest's boot (its QEMU started → answering) {}",
         kind.label(),
+        if address == old_address {
+            "old address answering from the replacement".to_owned()
+        } else {
+            format!("the replacement answering on a NEW address (the old {old_address} is lost)")
+        },
         answering.as_secs_f64(),
         holder.host.as_deref().unwrap_or("?"),
         boot.map_or("not seen".into(), |b| format!(

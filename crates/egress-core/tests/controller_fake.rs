@@ -284,6 +284,7 @@ async fn deleting_a_proxy_with_no_provider_id_leaves_nothing_on_any_host() {
         user_data: "#cloud-config\n{}\n".into(),
         pinned_egress: Vec::new(),
         reserved: Vec::new(),
+        prefer_egress: Vec::new(),
         lift_internal: true,
         replaces: None,
     };

@@ -286,6 +286,7 @@ async fn main() {
         user_data: "#cloud-config\n{}\n".into(),
         pinned_egress: Vec::new(),
         reserved: Vec::new(),
+        prefer_egress: Vec::new(),
         lift_internal: true,
         replaces: None,
     };

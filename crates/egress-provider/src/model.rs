@@ -117,6 +117,12 @@ pub struct CreateRequest {
     /// not take: pinned by other Proxies, or held for another namespace after their
     /// instance went away.
     pub reserved: Vec<IpAddr>,
+    /// The addresses the Proxy's previous instance held, when its instance is re-created in
+    /// place (same host, a stopped instance replaced) and it pins none: a provider with an
+    /// address pool for the host gives these again when they are still free for this Proxy
+    /// (not held by another, not reserved, not retired, inside the pool, one per family of
+    /// the pool), and otherwise allocates as if this were empty. Never a reason to fail.
+    pub prefer_egress: Vec<IpAddr>,
     /// Whether the guest may reach the entry's `policy.allowedInternalCidrs` (its namespace
     /// is granted them): the host's filter lifts them only then.
     pub lift_internal: bool,
@@ -138,6 +144,7 @@ impl std::fmt::Debug for CreateRequest {
             .field("memory_mib", &self.memory_mib)
             .field("vcpus", &self.vcpus)
             .field("pinned_egress", &self.pinned_egress)
+            .field("prefer_egress", &self.prefer_egress)
             .field("replaces", &self.replaces)
             .field(
                 "user_data",
@@ -392,6 +399,7 @@ mod tests {
             user_data: "BasicAuth alice s3cr3t-pw-16chars\n".into(),
             pinned_egress: Vec::new(),
             reserved: Vec::new(),
+            prefer_egress: Vec::new(),
             lift_internal: true,
             replaces: None,
         };

@@ -180,6 +180,7 @@ fn request(u: ProxyUid, pinned: &[&str]) -> CreateRequest {
         user_data: "#cloud-config\n{}\n".into(),
         pinned_egress: pinned.iter().map(|s| s.parse().unwrap()).collect(),
         reserved: Vec::new(),
+        prefer_egress: Vec::new(),
         lift_internal: true,
         replaces: None,
     }
@@ -488,4 +489,72 @@ async fn a_failed_create_whose_cleanup_left_its_domain_keeps_its_address() {
     assert_eq!(a.egress, vec![ip("203.0.113.10")]);
     assert_eq!(s.mark_addresses(&uid(1)), a.egress);
     refused_while_held(&s, &p, uid(1), uid(2)).await;
+}
+
+/// A create of `u` asking for `prefer` again (re-created in place), pinning nothing.
+async fn create_preferring(
+    p: &LibvirtProvider,
+    u: ProxyUid,
+    prefer: &[&str],
+) -> Result<egress_provider::Instance, ProviderError> {
+    let mut req = request(u, &[]);
+    req.prefer_egress = prefer.iter().map(|s| s.parse().unwrap()).collect();
+    tokio::time::timeout(CALL_BUDGET, p.create(&req, &NoProgress))
+        .await
+        .expect("create within its budget")
+}
+
+#[tokio::test]
+async fn a_proxy_re_created_in_place_gets_its_previous_address_when_it_is_still_free() {
+    let (s, _srv) = setup(&["203.0.113.10-203.0.113.20"]).await;
+    let p = s.provider();
+    let a = create(&p, uid(1), &[]).await.unwrap();
+    let b = create(&p, uid(2), &[]).await.unwrap();
+    assert_eq!(
+        (a.egress.clone(), b.egress.clone()),
+        (vec![ip("203.0.113.10")], vec![ip("203.0.113.11")])
+    );
+    // A's instance is replaced in place (deleted, created again): it gets .10 back, not the
+    // next fresh address (.12).
+    p.delete("h1", &uid(1)).await.unwrap();
+    let again = create_preferring(&p, uid(1), &["203.0.113.10"])
+        .await
+        .unwrap();
+    assert_eq!(again.egress, a.egress);
+    assert_eq!(s.mark_addresses(&uid(1)), a.egress);
+    // An address another Proxy holds, one reserved for another, one outside the pool, or a
+    // family the pool lacks is no reason to fail: the create allocates as usual.
+    p.delete("h1", &uid(1)).await.unwrap();
+    let c = create_preferring(&p, uid(1), &["203.0.113.11"])
+        .await
+        .unwrap();
+    assert_eq!(c.egress, vec![ip("203.0.113.12")], "B keeps .11");
+    p.delete("h1", &uid(1)).await.unwrap();
+    let mut req = request(uid(1), &[]);
+    req.prefer_egress = vec![ip("203.0.113.12")];
+    req.reserved = vec![ip("203.0.113.12")];
+    let d = tokio::time::timeout(CALL_BUDGET, p.create(&req, &NoProgress))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(d.egress, vec![ip("203.0.113.12")], "reserved for another");
+    for prefer in ["203.0.113.30", "2001:db8::5"] {
+        p.delete("h1", &uid(1)).await.unwrap();
+        let e = create_preferring(&p, uid(1), &[prefer]).await.unwrap();
+        assert_eq!(e.egress.len(), 1, "{prefer}: {:?}", e.egress);
+        assert!(
+            e.egress[0].is_ipv4() && e.egress[0] != ip(prefer),
+            "{prefer}: {:?}",
+            e.egress
+        );
+    }
+    // A pinned address wins over a preference.
+    p.delete("h1", &uid(1)).await.unwrap();
+    let mut req = request(uid(1), &["203.0.113.19"]);
+    req.prefer_egress = vec![ip("203.0.113.10")];
+    let pinned = tokio::time::timeout(CALL_BUDGET, p.create(&req, &NoProgress))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(pinned.egress, vec![ip("203.0.113.19")]);
 }

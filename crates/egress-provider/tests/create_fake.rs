@@ -148,6 +148,7 @@ fn request(u: ProxyUid, disk_gib: u64) -> CreateRequest {
         user_data: "#cloud-config\n{}\n".into(),
         pinned_egress: Vec::new(),
         reserved: Vec::new(),
+        prefer_egress: Vec::new(),
         lift_internal: true,
         replaces: None,
     }

@@ -357,6 +357,7 @@ fn request(u: ProxyUid, image: &str, disk_gib: u64, memory_mib: u64) -> CreateRe
         user_data: "#cloud-config\n{}\n".into(),
         pinned_egress: Vec::new(),
         reserved: Vec::new(),
+        prefer_egress: Vec::new(),
         lift_internal: true,
         replaces: None,
     }

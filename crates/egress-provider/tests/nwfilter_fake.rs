@@ -94,6 +94,7 @@ fn request(n: u8) -> CreateRequest {
         user_data: "#cloud-config\n{}\n".into(),
         pinned_egress: Vec::new(),
         reserved: Vec::new(),
+        prefer_egress: Vec::new(),
         lift_internal: true,
         replaces: None,
     }

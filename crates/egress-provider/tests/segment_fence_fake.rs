@@ -231,6 +231,7 @@ async fn create_replacing(
         user_data: "#cloud-config\n{}\n".into(),
         pinned_egress: pinned.iter().map(|s| s.parse().unwrap()).collect(),
         reserved: Vec::new(),
+        prefer_egress: Vec::new(),
         lift_internal: true,
         replaces,
     };

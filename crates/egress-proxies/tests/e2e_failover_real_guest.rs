@@ -1,9 +1,12 @@
-//! Failover on two real hosts: two private libvirtds, each in its own network namespace with
-//! its own sshd, their guests bridged onto one segment (`ep_test_support::segment`); the
+//! Failover on two real hosts, the egress address moving with its member: two private
+//! libvirtds, each in its own network namespace with its own sshd, their guests bridged onto
+//! one segment (`ep_test_support::segment`); both hosts declare `segment: lan`, ONE shared
+//! address pool and a `fence` command (a script that kills the QEMUs of the host's namespace
+//! and exits 0, timeout 5 s; a copy of `e2e_segment_move_real_guest`'s). The
 //! `egress-proxies standalone` binary reaches both over SSH and runs a ProxyPool of 2 real
-//! Debian guests (TCG), each with a declared address from its host's address pool. Health
-//! checks at the defaults (5 s, a failed check re-checked at once, two failures unpublish),
-//! host checks every 5 s.
+//! Debian guests (TCG) with `rotation.egressAddress: Keep`, generated credentials and a
+//! gateway (HTTP, on 127.0.0.1 in the test's namespace). Health checks at the defaults (5 s, a
+//! failed check re-checked at once, two failures unpublish), host checks every 5 s.
 //!
 //! Once both members are healthy, a member's host is killed, three ways in turn:
 //! 1. **QEMU killed**: the member's QEMU process gets SIGKILL (the host itself answers);
@@ -18,12 +21,30 @@
 //! moment the fault is complete (for kind 2, once its guests' QEMUs are killed: a libvirtd
 //! stopping gracefully takes seconds while its guests still serve); for kinds 2 and 3
 //! it also waits for the host's row to say `Unreachable` or `Timeout`. Then it waits for the
-//! pool to be back at 2 available members: kind 1, the member replaced or re-created in place;
-//! kinds 2 and 3, a new member on the other host while the killed host is still dead (the pool's
-//! `autohealing.hostDeadAfter`, see [`REPLACED_ON_THE_OTHER_HOST`]), then the host is brought
-//! back and the lost member's old copy must be deleted from it. A request through the member
-//! that took the dead one's place must reach the echo from its declared address. Printed:
-//! kill → unpublished, kill → replacement available, and the member-seconds below 2.
+//! pool to be back at 2 available members: kind 1, the member re-created in place; kinds 2
+//! and 3, a new member on the other host while the killed host is still dead (the pool's
+//! `autohealing.hostDeadAfter`, [`HOST_DEAD_AFTER`]; the dead host's fence
+//! command proves the old copy gone), then the host is brought back and the lost member's old
+//! copy must be deleted from it. **The address moves**: the pool holds the same addresses
+//! after each heal as before the kill (kinds 2 and 3: the lost member's address now on the
+//! other host; kind 1: the re-created guest got its address back), and a request through the
+//! proxy at the killed member's address reaches the echo, which sees that address.
+//!
+//! **Through the gateway**: from just before the first kill to the end, a client sends one
+//! request every 250 ms through the pool's gateway to the health check target (an echo; each
+//! request its own connection, with a deadline of 8 s) and records whether it was answered;
+//! each kill counts its window (kill → the pool back at 2). The test asserts that requests
+//! were sent at the client's rate and that, while a member survived the kill, most were
+//! answered (the gateway fails over before the first byte); a kill that takes every member
+//! (both on the frozen host) leaves the pool empty until the replacements boot, and every
+//! request then fails: counted and printed, not asserted. After the last heal the gateway
+//! answers again, from the pool's own addresses only.
+//!
+//! Printed (`eptest: timing:` and `eptest: failover:` lines, `scripts/bench failover`): kill →
+//! unpublished, kill → replacement available, kill → the old address answering from the
+//! replacement and how much of it is the guest's boot (the replacement's QEMU started →
+//! answering), the member-seconds below 2, and the failed client connections through the
+//! gateway.
 //!
 //! `EPTEST_FAILOVER_KILLS=N` (default 1) repeats each kind N times and prints p50/p95 lines
 //! (`scripts/bench failover`). Removing the manifest at the end must leave no domain of the
@@ -40,16 +61,18 @@
     clippy::indexing_slicing
 )]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ep_test_support::cleanup;
-use ep_test_support::e2e::{EchoProcess, ImageHost, echo_server, env, get_body, run_ok};
-use ep_test_support::real_guest::{
-    self as real_guest, RealGuest, StandaloneOperator, egress_through, status_json,
+use ep_test_support::e2e::{
+    EchoProcess, ImageHost, echo_server, env, get_body, http, run_ok, status_code,
 };
+use ep_test_support::real_guest::{self as real_guest, RealGuest, StandaloneOperator, status_json};
 use ep_test_support::segment::{HOST_BRIDGE, HOST_POOL, OwnNetns, Segment};
 
 const SEGMENT_ENV: &str = "EPTEST_FAILOVER_SEGMENT";
@@ -81,12 +104,6 @@ fn unpublish_bound() -> Duration {
 /// first call's 10 s (docs/operations.md, "A host that stops answering"), and slack for a
 /// check round of two hosts.
 const HOST_ROW_BOUND: Duration = Duration::from_secs(30);
-/// Whether a member of a dead host is replaced on the other host while its host stays dead,
-/// and after how long (the pool's `autohealing.hostDeadAfter`): [`kill_cycle`] then asserts a
-/// member on the other host is available before the host returns, and the old copy is deleted
-/// after its return. `None`: the member is unpublished, its host reported, and the pool heals
-/// only once the host is back.
-const REPLACED_ON_THE_OTHER_HOST: Option<Duration> = Some(HOST_DEAD_AFTER);
 /// The pool's `autohealing.hostDeadAfter` (default 60 s, least 10 s).
 // NB: the host check runs every 5 s here, so a dead host is reported within ~15 s and its
 // member lost 15 s later; one late check under load must not replace a member (10 s would).
@@ -95,6 +112,17 @@ const HOST_DEAD_AFTER: Duration = Duration::from_secs(15);
 // NB: the first check that finds it Ready (every 5 s) and a delete (seconds).
 const OLD_COPY_BUDGET: Duration = Duration::from_secs(180);
 const SAMPLE: Duration = Duration::from_millis(250);
+/// The pool gateway's HTTP port (on 127.0.0.1 inside the test's network namespace).
+const GATEWAY_PORT: u16 = 18130;
+/// The gateway client sends one request this often ...
+const GATEWAY_EVERY: Duration = Duration::from_millis(250);
+/// ... each with this deadline (connect, request, whole answer): the gateway's own failover
+/// (`failover.connectTimeout: 3s` here) fits in it once.
+const GATEWAY_DEADLINE: Duration = Duration::from_secs(8);
+/// The hosts' fence command's timeout.
+const FENCE_TIMEOUT: Duration = Duration::from_secs(5);
+/// From a member available to a request through it answered (it passed its health check).
+const ANSWER_BUDGET: Duration = Duration::from_secs(60);
 const PROXY_PORT: u16 = 3128;
 const IMAGE_KEY: &str = "debian-12-ep";
 const IMAGE_PATH: &str = "/debian-12-ep.qcow2";
@@ -124,6 +152,8 @@ struct Member {
     deleting: bool,
     host: Option<String>,
     ip: Option<Ipv4Addr>,
+    /// Its declared egress addresses (from the shared address pool).
+    egress: Vec<String>,
     domain: Option<String>,
 }
 
@@ -154,6 +184,12 @@ async fn members(addr: SocketAddr) -> Option<BTreeMap<String, Member>> {
                     deleting: m["deleting"] == true,
                     host: s("host"),
                     ip: s("ip").and_then(|ip| ip.parse().ok()),
+                    egress: row
+                        .and_then(|r| r["egressAddress"].as_array())
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect(),
                     domain: s("providerId").and_then(|id| id.rsplit('/').next().map(str::to_owned)),
                 };
                 (name, member)
@@ -222,7 +258,114 @@ impl Kill {
 struct Figures {
     unpublished: f64,
     replacement: f64,
+    /// Kill → a request through the proxy at the killed member's address answered by the
+    /// replacement.
+    answering: f64,
+    /// Of `answering`: the replacement's QEMU started → answering (the guest's boot).
+    boot: Option<f64>,
     below: f64,
+    /// Gateway requests sent in the window (kill → the pool back at 2), and failed.
+    gw_sent: usize,
+    gw_failed: usize,
+}
+
+/// One request through the pool gateway.
+#[derive(Debug, Clone)]
+struct GwSample {
+    sent: Instant,
+    /// The address the echo saw, or why it failed.
+    result: Result<String, String>,
+}
+
+/// The gateway client: one request every [`GATEWAY_EVERY`] through the pool gateway at `gw`
+/// to the echo, each its own connection with a deadline of [`GATEWAY_DEADLINE`]; every
+/// result lands in the returned log. Stops when the handle is aborted (requests in flight
+/// still record their result).
+fn gateway_client(
+    gw: SocketAddr,
+    auth: String,
+    echo: SocketAddr,
+) -> (Arc<Mutex<Vec<GwSample>>>, tokio::task::JoinHandle<()>) {
+    let log: Arc<Mutex<Vec<GwSample>>> = Arc::default();
+    let l2 = log.clone();
+    let task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(GATEWAY_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let (log, auth) = (l2.clone(), auth.clone());
+            tokio::spawn(async move {
+                let sent = Instant::now();
+                let request = format!(
+                    "GET http://{echo}/ HTTP/1.1\r\nHost: {echo}\r\nProxy-Authorization: Basic \
+                     {auth}\r\nConnection: close\r\n\r\n"
+                );
+                let result =
+                    match tokio::time::timeout(GATEWAY_DEADLINE, http(None, gw, request)).await {
+                        Err(_) => Err(format!("no answer within {GATEWAY_DEADLINE:?}")),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Ok(Ok(r)) if status_code(&r) == Some(200) => {
+                            let body = r.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+                            Ok(body.trim().trim_start_matches("egress=").to_owned())
+                        }
+                        Ok(Ok(r)) => Err(r.lines().next().unwrap_or("an empty answer").to_owned()),
+                    };
+                log.lock().unwrap().push(GwSample { sent, result });
+            });
+        }
+    });
+    (log, task)
+}
+
+/// The gateway samples sent in `[from, to)`, once every one of them has had its deadline.
+async fn gateway_window(log: &Mutex<Vec<GwSample>>, from: Instant, to: Instant) -> Vec<GwSample> {
+    tokio::time::sleep_until((to + GATEWAY_DEADLINE + SAMPLE).into()).await;
+    let mut v: Vec<GwSample> = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|g| g.sent >= from && g.sent < to)
+        .cloned()
+        .collect();
+    v.sort_by_key(|g| g.sent);
+    v
+}
+
+/// The address the echo at `echo` saw for a request through the (authenticated) proxy at
+/// `ip`, from `client`; retried until `budget`.
+async fn through_member(
+    ip: Ipv4Addr,
+    auth: &str,
+    client: Ipv4Addr,
+    echo: SocketAddr,
+    budget: Duration,
+) -> String {
+    let request = format!(
+        "GET http://{echo}/ HTTP/1.1\r\nHost: {echo}\r\nProxy-Authorization: Basic {auth}\r\n\
+         Connection: close\r\n\r\n"
+    );
+    let t0 = Instant::now();
+    loop {
+        let r = http(
+            Some(client),
+            SocketAddr::from((ip, PROXY_PORT)),
+            request.clone(),
+        )
+        .await;
+        match r {
+            Ok(r) if status_code(&r) == Some(200) => {
+                let body = r.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+                return body.trim().trim_start_matches("egress=").to_owned();
+            }
+            other => {
+                assert!(
+                    t0.elapsed() < budget,
+                    "no 200 through the proxy at {ip}:{PROXY_PORT} within {budget:?}: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
 }
 
 struct Ctx<'a> {
@@ -231,6 +374,13 @@ struct Ctx<'a> {
     seg: &'a mut Segment,
     gateway: Ipv4Addr,
     echo: SocketAddr,
+    /// `base64(user:password)` of the pool's generated credentials.
+    auth: String,
+    gw_log: Arc<Mutex<Vec<GwSample>>>,
+    /// Per host: the file its fence command appends a line to at each run.
+    fence_runs: Vec<std::path::PathBuf>,
+    /// Failed checks of the moving address, asserted at the end of the test.
+    problems: Vec<String>,
 }
 
 /// Host index of config name `hN`.
@@ -241,8 +391,25 @@ fn host_index(name: &str) -> usize {
         .unwrap_or_else(|| panic!("host name {name}"))
 }
 
+/// The available members' addresses (a member lost with its host keeps its last address in
+/// `/status` until it is deleted).
+fn addresses(m: &BTreeMap<String, Member>) -> BTreeSet<Ipv4Addr> {
+    m.values()
+        .filter(|x| x.available && !x.deleting)
+        .filter_map(|x| x.ip)
+        .collect()
+}
+
+fn fence_runs(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
 /// One kill of `kind` on the host of a member (the `round`-th member by name, so successive
-/// rounds alternate hosts), measured; returns its figures once the pool is back at 2.
+/// rounds alternate hosts), measured; returns its figures once the pool is back at 2 with
+/// the same addresses as before.
 async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
     let healthy_path = format!("/pools/{POOL_NAME}/healthy.txt");
     let m = two_healthy(cx.listen, FIRST_BUDGET, cx.op).await;
@@ -259,7 +426,13 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
     };
     let (name, victim) = (name.clone(), victim.clone());
     let before: Vec<String> = m.keys().cloned().collect();
+    let addresses_before = addresses(&m);
     let endpoint = victim.endpoint().unwrap();
+    let address = victim.ip.unwrap();
+    assert!(
+        victim.egress.contains(&address.to_string()),
+        "the victim's address {address} is not its declared egress address: {victim:?}"
+    );
     let domain = victim.domain.clone().unwrap();
     let host_name = victim.host.clone().unwrap();
     let h = host_index(&host_name);
@@ -274,9 +447,11 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
         .values()
         .filter(|x| x.host.as_deref() == Some(host_name.as_str()))
         .count();
+    let fenced_before = fence_runs(&cx.fence_runs[h]);
     println!(
         "eptest: kill: {} of member {name} on {host_name} (domain {domain}, {endpoint}, QEMU \
-         pid {old_pid:?}); members on {host_name}: {on_host} of 2",
+         pid {old_pid:?}); members on {host_name}: {on_host} of 2; the pool's addresses \
+         {addresses_before:?}",
         kind.label()
     );
     let kill_started = Instant::now();
@@ -331,8 +506,10 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
         unpublished.as_secs_f64(),
         kill_done.as_secs_f64()
     );
-    let mut returned_at = None;
-    let mut elsewhere: Option<(Duration, String, Option<Ipv4Addr>)> = None;
+    // When the QEMU of the guest that takes `address` back started (kind 1: the victim's
+    // domain with a new QEMU; kinds 2 and 3: the new member holding it on the other host).
+    let mut qemu_started: Option<Duration> = None;
+    let mut elsewhere: Option<(Duration, String)> = None;
     if kind != Kill::Qemu {
         // The host's row says it is dead.
         loop {
@@ -356,34 +533,50 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
             below += count_below(n, &mut last);
             tokio::time::sleep(SAMPLE).await;
         }
-        if let Some(budget) = REPLACED_ON_THE_OTHER_HOST {
+        {
             // The member is lost once its host was dead for the budget: a new member on
-            // another host is available before the dead host returns.
+            // another host takes its address (once the dead host's fence command proved the
+            // old copy gone) and is available before the dead host returns.
             loop {
                 let m = members(cx.listen).await.unwrap_or_default();
                 let n = available(&m);
                 below += count_below(n, &mut last);
-                let new = m.iter().find(|(k, x)| {
-                    !before.contains(k)
-                        && x.available
-                        && !x.deleting
-                        && x.host.as_deref() != Some(host_name.as_str())
-                });
-                if let Some((k, x)) = new
-                    && n >= 2
+                let new: Vec<(String, Member)> = m
+                    .iter()
+                    .filter(|(k, x)| {
+                        !before.contains(k) && x.host.as_deref() != Some(host_name.as_str())
+                    })
+                    .map(|(k, x)| (k.clone(), x.clone()))
+                    .collect();
+                if qemu_started.is_none()
+                    && let Some((_, x)) = new.iter().find(|(_, x)| x.ip == Some(address))
+                    && let (Some(hn), Some(d)) = (x.host.as_deref(), x.domain.as_deref())
+                    && cx.seg.hosts[host_index(hn)].libvirtd.qemu_pid(d).is_some()
                 {
+                    qemu_started = Some(t0.elapsed());
+                }
+                if n >= 2 && new.iter().any(|(_, x)| x.available && !x.deleting) {
+                    let names: Vec<String> = new
+                        .iter()
+                        .map(|(k, x)| {
+                            format!(
+                                "{k} on {} with {}",
+                                x.host.as_deref().unwrap_or("?"),
+                                x.ip.map_or("?".into(), |i| i.to_string())
+                            )
+                        })
+                        .collect();
                     elsewhere = Some((
                         t0.elapsed(),
                         format!(
-                            "replaced by {k} on {} while {host_name} was dead",
-                            x.host.as_deref().unwrap_or("?")
+                            "replaced by {} while {host_name} was dead",
+                            names.join(", ")
                         ),
-                        x.ip,
                     ));
                     break;
                 }
                 assert!(
-                    t0.elapsed() < budget + HOST_ROW_BOUND + HEAL_BUDGET,
+                    t0.elapsed() < HOST_DEAD_AFTER + HOST_ROW_BOUND + HEAL_BUDGET,
                     "{}: no replacement on another host while {host_name} is dead: {m:?}\n{}",
                     kind.label(),
                     cx.op.log_tail()
@@ -393,94 +586,52 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
             let domains_there = cx.seg.hosts[h].domains();
             println!(
                 "eptest: {}: {} ({:.1} s after the kill); {host_name} still dead (its domains \
-                 as its daemon lists them: {domains_there:?})",
+                 as its daemon lists them: {domains_there:?}); its fence command ran {} \
+                 time(s)",
                 kind.label(),
                 elsewhere.as_ref().unwrap().1,
-                elsewhere.as_ref().unwrap().0.as_secs_f64()
-            );
-        } else {
-            // Without a "host dead" budget the member waits for its host: bring it back once
-            // its row said so.
-            tokio::time::sleep(Duration::from_secs(5)).await;
-        }
-        println!("eptest: bringing {host_name} back");
-        match kind {
-            Kill::Libvirtd => cx.seg.hosts[h].libvirtd.restart(),
-            Kill::Frozen => cx.seg.hosts[h].thaw(),
-            Kill::Qemu => {}
-        }
-        let back = t0.elapsed();
-        returned_at = Some(back);
-        if elsewhere.is_some() {
-            // The lost member's old copy is deleted once its host answers, never before.
-            let t_back = Instant::now();
-            loop {
-                let m = members(cx.listen).await.unwrap_or_default();
-                let gone = !cx.seg.hosts[h].domains().contains(&domain);
-                if gone && m.len() == 2 && available(&m) == 2 && !m.contains_key(&name) {
-                    break;
-                }
-                assert!(
-                    t_back.elapsed() < OLD_COPY_BUDGET,
-                    "{}: the lost member {name}'s domain {domain} is not deleted {:?} after \
-                     {host_name} returned: {m:?}\n{}",
-                    kind.label(),
-                    t_back.elapsed(),
-                    cx.op.log_tail()
-                );
-                tokio::time::sleep(SAMPLE).await;
-            }
-            println!(
-                "eptest: timing: {} → {host_name} back at {:.1} s, the lost member's old copy \
-                 deleted {:.1} s after its return",
-                kind.label(),
-                back.as_secs_f64(),
-                t_back.elapsed().as_secs_f64()
+                elsewhere.as_ref().unwrap().0.as_secs_f64(),
+                fence_runs(&cx.fence_runs[h]) - fenced_before
             );
         }
     }
-    // Healed: 2 available members, the victim replaced or its domain running a new QEMU.
-    let (replacement, how, new_ip) = if let Some(e) = elsewhere {
-        e
+    // Healed (kinds 2 and 3 with the host still dead): 2 available members, the victim
+    // replaced or its domain running a new QEMU.
+    let (replacement, how) = if let Some((t, how)) = &elsewhere {
+        (*t, how.clone())
     } else {
         loop {
             let m = members(cx.listen).await.unwrap_or_default();
             let n = available(&m);
             below += count_below(n, &mut last);
-            if n == 2 && m.len() == 2 {
-                let host = &cx.seg.hosts[h];
-                match m.get(name.as_str()) {
-                    None => {
-                        let (other, x) = m.iter().find(|(k, _)| !before.contains(k)).unwrap();
-                        let gone = !host.domains().contains(&domain);
-                        break (
-                            t0.elapsed(),
-                            format!(
-                                "replaced by {other} on {}, the old domain {}",
-                                x.host.as_deref().unwrap_or("?"),
-                                if gone { "deleted" } else { "still listed" }
-                            ),
-                            x.ip,
-                        );
-                    }
-                    Some(x) if x.available => {
-                        let pid = host.libvirtd.qemu_pid(&domain);
-                        if kind == Kill::Frozen && pid == old_pid {
-                            break (t0.elapsed(), "the same guest, republished".into(), x.ip);
-                        }
-                        if pid.is_some() && pid != old_pid {
-                            break (
-                                t0.elapsed(),
-                                "re-created in place (a new QEMU)".into(),
-                                x.ip,
-                            );
-                        }
-                    }
-                    Some(_) => {}
+            let host = &cx.seg.hosts[h];
+            if let Some(x) = m.get(name.as_str()) {
+                let pid = host.libvirtd.qemu_pid(&domain);
+                if qemu_started.is_none() && pid.is_some() && pid != old_pid {
+                    qemu_started = Some(t0.elapsed());
                 }
+                if n == 2 && m.len() == 2 && x.available {
+                    if kind == Kill::Frozen && pid == old_pid {
+                        break (t0.elapsed(), "the same guest, republished".into());
+                    }
+                    if pid.is_some() && pid != old_pid {
+                        break (t0.elapsed(), "re-created in place (a new QEMU)".into());
+                    }
+                }
+            } else if n == 2 && m.len() == 2 {
+                let (other, x) = m.iter().find(|(k, _)| !before.contains(k)).unwrap();
+                let gone = !host.domains().contains(&domain);
+                break (
+                    t0.elapsed(),
+                    format!(
+                        "replaced by {other} on {}, the old domain {}",
+                        x.host.as_deref().unwrap_or("?"),
+                        if gone { "deleted" } else { "still listed" }
+                    ),
+                );
             }
             assert!(
-                t0.elapsed() < HEAL_BUDGET + returned_at.unwrap_or_default(),
+                t0.elapsed() < HEAL_BUDGET,
                 "{}: the pool did not heal: {m:?}\n{}",
                 kind.label(),
                 cx.op.log_tail()
@@ -488,41 +639,166 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
             tokio::time::sleep(SAMPLE).await;
         }
     };
-    println!(
-        "eptest: timing: {} → replacement available {:.1} s ({how}{})",
-        kind.label(),
-        replacement.as_secs_f64(),
-        returned_at.map_or(String::new(), |r| match replacement.checked_sub(r) {
-            Some(after) => format!(
-                "; host back at {:.1} s, i.e. {:.1} s after its return",
-                r.as_secs_f64(),
-                after.as_secs_f64()
-            ),
-            None => format!("; before the host's return at {:.1} s", r.as_secs_f64()),
+    let window_end = Instant::now();
+    // The address moved: the pool holds the same addresses as before the kill, the killed
+    // member's among them on a guest that answers from it.
+    let m = members(cx.listen).await.unwrap_or_default();
+    let after = addresses(&m);
+    if after != addresses_before {
+        // NB: reported at the end, so that one run still measures every kind.
+        cx.problems.push(format!(
+            "{}: the pool's addresses changed ({how}): {addresses_before:?} before the kill, \
+             {after:?} after: {m:?}",
+            kind.label()
+        ));
+    }
+    // The guest that took the killed member's place: the holder of its address (else the
+    // holder of the new address, the failure recorded above).
+    let new_address = after.difference(&addresses_before).next().copied();
+    let (holder_name, holder) = m
+        .iter()
+        .find(|(_, x)| x.ip == Some(address) && x.available && !x.deleting)
+        .or_else(|| {
+            m.iter()
+                .find(|(_, x)| x.ip.is_some() && x.ip == new_address && x.available)
         })
-    );
-    let ip = new_ip.expect("the replacement's address");
-    let saw = egress_through(
-        (ip, PROXY_PORT),
-        cx.gateway,
-        cx.echo,
-        Duration::from_secs(60),
-    )
-    .await;
-    assert_eq!(
-        saw,
-        ip.to_string(),
-        "the echo saw another egress through {ip}"
-    );
-    println!(
-        "eptest: {}: a request through {ip} reached the echo from {saw}; member-seconds below \
-         2: {below:.1}",
+        .map(|(k, x)| (k.clone(), x.clone()))
+        .unwrap_or_else(|| panic!("{}: no member took {name}'s place: {m:?}", kind.label()));
+    let old_address = address;
+    let address = holder.ip.unwrap();
+    assert!(
+        holder.egress.contains(&address.to_string()),
+        "{}: {address} is not {holder_name}'s declared egress address: {holder:?}",
         kind.label()
     );
+    if kind != Kill::Qemu {
+        assert_ne!(
+            holder.host.as_deref(),
+            Some(host_name.as_str()),
+            "{}: {address} is not on the other host: {holder:?}",
+            kind.label()
+        );
+    }
+    let saw = through_member(address, &cx.auth, cx.gateway, cx.echo, ANSWER_BUDGET).await;
+    let answering = t0.elapsed();
+    assert_eq!(
+        saw,
+        address.to_string(),
+        "{}: the echo saw another egress through {address}",
+        kind.label()
+    );
+    let boot = qemu_started.map(|q| answering.saturating_sub(q));
+    println!(
+        "eptest: timing: {} → replacement available {:.1} s ({how})",
+        kind.label(),
+        replacement.as_secs_f64(),
+    );
+    println!(
+        "eptest: timing: {} → {} {:.1} s ({address} now {holder_name} on {}; the echo saw \
+         {saw}); of it the guest's boot (its QEMU started → answering) {}",
+        kind.label(),
+        if address == old_address {
+            "old address answering from the replacement".to_owned()
+        } else {
+            format!("the replacement answering on a NEW address (the old {old_address} is lost)")
+        },
+        answering.as_secs_f64(),
+        holder.host.as_deref().unwrap_or("?"),
+        boot.map_or("not seen".into(), |b| format!(
+            "{:.1} s, {:.0} %",
+            b.as_secs_f64(),
+            100.0 * b.as_secs_f64() / answering.as_secs_f64().max(0.001)
+        )),
+    );
+    if kind != Kill::Qemu {
+        println!("eptest: bringing {host_name} back");
+        match kind {
+            Kill::Libvirtd => cx.seg.hosts[h].libvirtd.restart(),
+            Kill::Frozen => cx.seg.hosts[h].thaw(),
+            Kill::Qemu => {}
+        }
+        let back = t0.elapsed();
+        // The lost member's old copy is deleted once its host answers, never before.
+        let t_back = Instant::now();
+        loop {
+            let m = members(cx.listen).await.unwrap_or_default();
+            let gone = !cx.seg.hosts[h].domains().contains(&domain);
+            if gone && m.len() == 2 && available(&m) == 2 && !m.contains_key(&name) {
+                if addresses(&m) != after {
+                    cx.problems.push(format!(
+                        "{}: the pool's addresses changed after {host_name}'s return: {:?} \
+                         before it, {m:?}",
+                        kind.label(),
+                        after
+                    ));
+                }
+                break;
+            }
+            assert!(
+                t_back.elapsed() < OLD_COPY_BUDGET,
+                "{}: the lost member {name}'s domain {domain} is not deleted {:?} after \
+                 {host_name} returned: {m:?}\n{}",
+                kind.label(),
+                t_back.elapsed(),
+                cx.op.log_tail()
+            );
+            tokio::time::sleep(SAMPLE).await;
+        }
+        println!(
+            "eptest: timing: {} → {host_name} back at {:.1} s, the lost member's old copy \
+             deleted {:.1} s after its return",
+            kind.label(),
+            back.as_secs_f64(),
+            t_back.elapsed().as_secs_f64()
+        );
+    }
+    // The gateway client's window: kill → the pool back at 2.
+    let w = gateway_window(&cx.gw_log, kill_started, window_end).await;
+    let failed: Vec<&GwSample> = w.iter().filter(|g| g.result.is_err()).collect();
+    let span = window_end.duration_since(kill_started).as_secs_f64();
+    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+    for f in &failed {
+        *reasons
+            .entry(f.result.clone().err().unwrap_or_default())
+            .or_default() += 1;
+    }
+    let seen: BTreeSet<String> = w.iter().filter_map(|g| g.result.clone().ok()).collect();
+    println!(
+        "eptest: {}: failed client connections through the gateway: {} of {} ({:.1} s window; \
+         answered from {seen:?}; failures by reason: {reasons:?}); member-seconds below 2: \
+         {below:.1}",
+        kind.label(),
+        failed.len(),
+        w.len(),
+        span
+    );
+    // The client ran at its rate ...
+    assert!(
+        w.len() as f64 >= 0.5 * span / GATEWAY_EVERY.as_secs_f64(),
+        "{}: only {} requests through the gateway in {span:.1} s",
+        kind.label(),
+        w.len()
+    );
+    // ... and while a member on another host survived the kill, the gateway answered most.
+    if kind == Kill::Qemu || on_host < before.len() {
+        assert!(
+            failed.len() * 2 < w.len(),
+            "{}: {} of {} requests through the gateway failed while a member survived: \
+             {reasons:?}\n{}",
+            kind.label(),
+            failed.len(),
+            w.len(),
+            cx.op.log_tail()
+        );
+    }
     Figures {
         unpublished: unpublished.as_secs_f64(),
         replacement: replacement.as_secs_f64(),
+        answering: answering.as_secs_f64(),
+        boot: boot.map(|b| b.as_secs_f64()),
         below,
+        gw_sent: w.len(),
+        gw_failed: failed.len(),
     }
 }
 
@@ -574,18 +850,40 @@ async fn inside_the_namespace(rg: RealGuest) {
     let dir = work.path().join("manifests");
     std::fs::create_dir(&dir).unwrap();
     let config = work.path().join("providers.yaml");
+    // One address pool for the segment, the same on both hosts; a fence command per host.
+    // NB: a copy of e2e_segment_move_real_guest's fence script (its `kill` mode only).
+    let range = seg.guest_range(0);
     let mut hosts = String::new();
+    let mut fence_runs = Vec::new();
     for h in &seg.hosts {
-        let range = seg.guest_range(h.index);
+        let n = h.index + 1;
+        let runs = work.path().join(format!("fence-runs-h{n}"));
+        let script = work.path().join(format!("fence-h{n}.sh"));
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\necho \"$EGRESS_PROXIES_FENCE_HOST $$\" >> {runs}\n\
+                 for p in $(ip netns pids {ns}); do\n  \
+                 case \"$(cat /proc/$p/comm 2>/dev/null)\" in qemu*) kill -KILL \"$p\" ;; esac\n\
+                 done\nexit 0\n",
+                runs = runs.display(),
+                ns = h.netns(),
+            ),
+        )
+        .unwrap();
+        run_ok(Command::new("chmod").arg("755").arg(&script));
+        fence_runs.push(runs);
         hosts.push_str(&format!(
             "      - name: h{n}\n        address: {ip}:{port}\n        user: root\n        \
              socket: {sock}\n        pool: {HOST_POOL}\n        bridge: {HOST_BRIDGE}\n        \
              guestCidr: {cidr}\n        virtType: qemu\n        poolReserveGiB: 0\n        \
              sshKeyFile: {key}\n        knownHostsFile: {kh}\n        maxConcurrent: 3\n        \
+             segment: lan\n        fence: {{command: [{script}], timeout: {t}s}}\n        \
              addressPool:\n          ipv4:\n            prefix: {cidr}\n            \
              gateway: {gateway}\n            ranges: [{range}]\n",
-            n = h.index + 1,
             ip = h.ip,
+            script = script.display(),
+            t = FENCE_TIMEOUT.as_secs(),
             port = h.sshd.port,
             sock = h.socket().display(),
             cidr = seg.cidr(),
@@ -617,8 +915,11 @@ async fn inside_the_namespace(rg: RealGuest) {
              spec:\n  replicas: 2\n  template:\n    spec:\n      provider: {entry}\n      \
              image: {IMAGE_KEY}\n      proxy:\n        port: {PROXY_PORT}\n        \
              protocol: http\n        allowedClientCidrs: [{gateway}/32]\n  \
+             rotation:\n    egressAddress: Keep\n  \
              update:\n    maxSurge: 1\n    maxUnavailable: 1\n  autohealing:\n    \
-             hostDeadAfter: {}s\n",
+             hostDeadAfter: {}s\n  credentials:\n    generate: true\n  gateway:\n    \
+             listeners: [{{port: {GATEWAY_PORT}}}]\n    drainGrace: 10s\n    \
+             failover: {{connectTimeout: 3s}}\n",
             HOST_DEAD_AFTER.as_secs()
         ),
     )
@@ -641,15 +942,46 @@ async fn inside_the_namespace(rg: RealGuest) {
         "eptest: timing: manifest → both members healthy {:.1} s: {m:?}",
         t0.elapsed().as_secs_f64()
     );
+    // The pool's generated credentials (the members' and the gateway's clients').
+    let creds =
+        std::fs::read_to_string(dir.join(format!("default.{POOL_NAME}.credentials"))).unwrap();
+    let auth = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(creds.trim())
+    };
     for x in m.values() {
         let ip = x.ip.unwrap();
-        let saw = egress_through((ip, PROXY_PORT), gateway, echo, Duration::from_secs(60)).await;
+        assert!(
+            x.egress.contains(&ip.to_string()),
+            "{ip} is not its declared egress address: {x:?}"
+        );
+        let saw = through_member(ip, &auth, gateway, echo, ANSWER_BUDGET).await;
         assert_eq!(
             saw,
             ip.to_string(),
             "the echo saw another egress through {ip}"
         );
     }
+    let original = addresses(&m);
+    // The gateway serves before the kills start.
+    let gw = SocketAddr::from(([127, 0, 0, 1], GATEWAY_PORT));
+    // NB: to the health check target, whose port the members' CONNECT allows (the gateway
+    // tunnels through the members with CONNECT; the echo's port is not allowed).
+    let (gw_log, gw_task) = gateway_client(gw, auth.clone(), health_echo.addr);
+    let t_gw = Instant::now();
+    loop {
+        if gw_log.lock().unwrap().iter().any(|g| g.result.is_ok()) {
+            break;
+        }
+        assert!(
+            t_gw.elapsed() < ANSWER_BUDGET,
+            "the pool's gateway does not answer: {:?}\n{}",
+            gw_log.lock().unwrap().last(),
+            op.log_tail()
+        );
+        tokio::time::sleep(SAMPLE).await;
+    }
+    let t_first_kill = Instant::now();
 
     let mut cx = Ctx {
         listen,
@@ -657,6 +989,10 @@ async fn inside_the_namespace(rg: RealGuest) {
         seg: &mut seg,
         gateway,
         echo,
+        auth,
+        gw_log: gw_log.clone(),
+        fence_runs,
+        problems: Vec::new(),
     };
     let mut figures: Vec<(Kill, Figures)> = Vec::new();
     for round in 0..kills() {
@@ -665,7 +1001,40 @@ async fn inside_the_namespace(rg: RealGuest) {
             figures.push((kind, f));
         }
     }
+    let problems = std::mem::take(&mut cx.problems);
+    // After the last heal the gateway answers again, from the pool's own addresses only.
+    let t_tail = Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let t_end = Instant::now();
+    gw_task.abort();
+    let tail = gateway_window(&gw_log, t_tail, t_end).await;
+    let tail_seen: BTreeSet<String> = tail.iter().filter_map(|g| g.result.clone().ok()).collect();
+    let tail_failed = tail.iter().filter(|g| g.result.is_err()).count();
+    let all = gateway_window(&gw_log, t_first_kill, t_end).await;
+    let all_failed = all.iter().filter(|g| g.result.is_err()).count();
+    println!(
+        "eptest: gateway after the last heal: {tail_failed} of {} failed, answered from \
+         {tail_seen:?}; over the whole run {all_failed} of {} failed",
+        tail.len(),
+        all.len()
+    );
+    let now = addresses(&members(listen).await.unwrap_or_default());
+    if now != original {
+        println!("eptest: the pool's addresses {now:?}, at the start {original:?}");
+    }
     for kind in [Kill::Qemu, Kill::Libvirtd, Kill::Frozen] {
+        let mine: Vec<&Figures> = figures
+            .iter()
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, f)| f)
+            .collect();
+        let boots: Vec<f64> = mine
+            .iter()
+            .filter_map(|f| f.boot.map(|b| 100.0 * b / f.answering.max(0.001)))
+            .collect();
+        let (sent, failed) = mine
+            .iter()
+            .fold((0, 0), |(s, f), x| (s + x.gw_sent, f + x.gw_failed));
         let of = |g: fn(&Figures) -> f64| -> Vec<f64> {
             figures
                 .iter()
@@ -673,23 +1042,41 @@ async fn inside_the_namespace(rg: RealGuest) {
                 .map(|(_, f)| g(f))
                 .collect()
         };
-        let (u, r, b) = (
+        let (u, r, a, b) = (
             of(|f| f.unpublished),
             of(|f| f.replacement),
+            of(|f| f.answering),
             of(|f| f.below),
         );
         println!(
             "eptest: failover: {:<20} kills {}  unpublished p50 {:.2} s p95 {:.2} s  \
-             replacement available p50 {:.1} s p95 {:.1} s  member-seconds below 2: mean {:.1}",
+             replacement available p50 {:.1} s p95 {:.1} s  old address answering p50 {:.1} s \
+             p95 {:.1} s (boot {} of it)  member-seconds below 2: mean {:.1}  failed client \
+             connections through the gateway: {failed} of {sent}",
             kind.label(),
             u.len(),
             percentile(&u, 0.5),
             percentile(&u, 0.95),
             percentile(&r, 0.5),
             percentile(&r, 0.95),
+            percentile(&a, 0.5),
+            percentile(&a, 0.95),
+            if boots.is_empty() {
+                "not seen".to_owned()
+            } else {
+                format!("{:.0} %", boots.iter().sum::<f64>() / boots.len() as f64)
+            },
             b.iter().sum::<f64>() / b.len() as f64,
         );
     }
+
+    let want: BTreeSet<String> = now.iter().map(ToString::to_string).collect();
+    assert!(
+        !tail.is_empty() && tail_failed * 2 < tail.len() && tail_seen.is_subset(&want),
+        "the gateway after the last heal: {tail_failed} of {} failed, answered from \
+         {tail_seen:?} (the pool's addresses {want:?})",
+        tail.len()
+    );
 
     // Removing the manifest deletes every member's VM on both hosts.
     std::fs::remove_file(dir.join("failover.yaml")).unwrap();
@@ -734,5 +1121,10 @@ async fn inside_the_namespace(rg: RealGuest) {
     println!(
         "eptest: timing: whole test {:.1} s",
         t_start.elapsed().as_secs_f64()
+    );
+    assert!(
+        problems.is_empty(),
+        "the address did not move with its member:\n{}",
+        problems.join("\n")
     );
 }

@@ -192,7 +192,7 @@ impl Controller {
                                 o.op = Some(self.spawn_create(
                                     h.provider.clone(),
                                     h.config.name.clone(),
-                                    req,
+                                    *req,
                                     replace,
                                     permit,
                                     deadline,

@@ -790,13 +790,14 @@ fn a_paused_instance_is_reported_and_never_destroyed() {
 #[test]
 fn a_stopped_instance_of_this_proxy_is_replaced_on_its_host() {
     // finding: M2
-    let stopped = inst(
+    let mut stopped = inst(
         "h2",
         InstanceState::Stopped {
             reason: "crashed".into(),
         },
         None,
     );
+    stopped.egress = vec!["203.0.113.10".parse().unwrap()];
     let d = case(proxy())
         .status(running_status("h2", t0()))
         .at("h2")
@@ -805,6 +806,15 @@ fn a_stopped_instance_of_this_proxy_is_replaced_on_its_host() {
     assert_eq!(created_host(&d), ("h2".into(), true));
     assert_eq!(d.status.phase, Phase::Provisioning);
     assert_eq!(ready(&d).1, reason::REPLACING);
+    // Re-created in place, it asks for the address its stopped instance held.
+    let Action::Create { req, .. } = &d.action else {
+        panic!("{:?}", d.action)
+    };
+    assert_eq!(
+        req.prefer_egress,
+        vec!["203.0.113.10".parse::<std::net::IpAddr>().unwrap()]
+    );
+    assert!(req.pinned_egress.is_empty());
 }
 
 #[test]

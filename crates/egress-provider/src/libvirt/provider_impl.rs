@@ -181,6 +181,9 @@ impl LibvirtProvider {
         name: &str,
         req: &CreateRequest,
     ) -> Result<Option<InFlight<'_>>> {
+        if let Some(kept) = self.kept_addresses(host, name, req) {
+            return Ok(Some(kept));
+        }
         let first = self
             .addresses
             .allocate_avoiding(host, name, &req.pinned_egress, &req.reserved);
@@ -221,6 +224,43 @@ impl LibvirtProvider {
         }
         self.addresses
             .allocate_avoiding(host, name, &req.pinned_egress, &req.reserved)
+    }
+
+    /// A Proxy re-created in place that pins nothing (`req.prefer_egress`): its previous
+    /// addresses again, when they are one per family of `host`'s pool and each is still free
+    /// for it (not another holder's anywhere in the segment, not reserved, not retired, inside
+    /// the pool); `None` otherwise, and the create allocates as usual. Never fences, never
+    /// waits: a preference is no reason to fail or to free anything.
+    fn kept_addresses(&self, host: &str, name: &str, req: &CreateRequest) -> Option<InFlight<'_>> {
+        let prefer = &req.prefer_egress;
+        if !req.pinned_egress.is_empty()
+            || prefer.is_empty()
+            || prefer.iter().any(|a| req.reserved.contains(a))
+        {
+            return None;
+        }
+        let pool = self.addresses.pool(host).ok()??;
+        let covers = |v4: bool, has: bool| {
+            prefer.iter().filter(|a| a.is_ipv4() == v4).count() == usize::from(has)
+        };
+        if !covers(true, pool.ipv4.is_some()) || !covers(false, pool.ipv6.is_some()) {
+            return None;
+        }
+        match self
+            .addresses
+            .allocate_avoiding(host, name, prefer, &req.reserved)
+        {
+            Ok(got) => {
+                if got.is_some() {
+                    tracing::info!(host, domain = name, addresses = ?prefer, "re-created in place with its previous addresses");
+                }
+                got
+            }
+            Err(e) => {
+                tracing::info!(host, domain = name, addresses = ?prefer, error = %e, "its previous addresses are not free for it; allocating others");
+                None
+            }
+        }
     }
 
     /// Lists `other` (recording what it holds), or, when it does not answer and `holding` is a

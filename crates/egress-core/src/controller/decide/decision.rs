@@ -21,8 +21,8 @@ pub enum Action {
     Cancel,
     /// Create (after deleting the old instance when `replace`).
     Create {
-        /// The request (user-data rendered).
-        req: CreateRequest,
+        /// The request (user-data rendered); boxed, the other variants are small.
+        req: Box<CreateRequest>,
         /// Delete the instance by UID on `req.host` first.
         replace: bool,
     },

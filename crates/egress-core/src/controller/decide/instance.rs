@@ -136,7 +136,15 @@ pub(super) fn found(mut cx: Ctx<'_>, entry: &EntryView<'_>, inst: Instance) -> D
             // finding M2: the UID was verified above (the provider's get verified the mark
             // too) before this destructive path.
             let msg = format!("instance {} stopped ({why}); replacing it", inst.id);
-            replace(cx, entry, &host, reason::REPLACING, &msg)
+            let mut d = replace(cx, entry, &host, reason::REPLACING, &msg);
+            // Re-created in place, it asks for the addresses it held again (given when still
+            // free for it): a crashed guest keeps its egress address.
+            if let Action::Create { req, .. } = &mut d.action
+                && req.pinned_egress.is_empty()
+            {
+                req.prefer_egress = inst.egress.clone();
+            }
+            d
         }
     }
 }

@@ -144,7 +144,7 @@ pub(super) fn start_create(
     cx.event(EventKind::Normal, reason::CREATING, &msg);
     cx.done(
         Action::Create {
-            req,
+            req: Box::new(req),
             replace: false,
         },
         Some(i.settings.poll_provisioning),
@@ -175,7 +175,10 @@ pub(super) fn replace(
     cx.cond(condition::READY, ConditionStatus::False, reason_, msg);
     cx.event(EventKind::Warning, reason_, msg);
     cx.done(
-        Action::Create { req, replace: true },
+        Action::Create {
+            req: Box::new(req),
+            replace: true,
+        },
         Some(i.settings.poll_provisioning),
     )
 }

@@ -173,6 +173,7 @@ pub(super) fn request(
         pinned_egress: obj.spec.egress.pinned(),
         // Filled by the executor, which knows every Proxy's pins and the holds.
         reserved: Vec::new(),
+        prefer_egress: Vec::new(),
         lift_internal,
         replaces: obj.replaces,
     })

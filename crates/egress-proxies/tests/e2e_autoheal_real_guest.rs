@@ -7,8 +7,8 @@
 //!
 //! Each time the test prints how long the member stayed in `/pools/NAME/healthy.txt` after
 //! the fault (sampled every 250 ms; it must be gone within the documented detection bound,
-//! 9.5 s, plus the sampling step) and waits for the pool to be back at 2 healthy members, the
-//! faulty one replaced by autohealing (its domain gone) or re-created in place by its Proxy's
+//! 9.5 s, plus the sampling step and a scheduling allowance: 10 s) and waits for the pool to
+//! be back at 2 healthy members, the faulty one replaced by autohealing (its domain gone) or re-created in place by its Proxy's
 //! own reconcile (a new QEMU process), and prints which. Then `egress-proxies pools quarantine`
 //! holds a member out: it leaves healthy.txt, is replaced, and its VM is kept until `pools
 //! release`, which deletes it. Removing the manifest then leaves no domain of the entry.
@@ -49,13 +49,16 @@ const HEAL_BUDGET: Duration = Duration::from_secs(15 * 60);
 /// The documented detection bound: the health engine's `detection_bound` with the default
 /// settings (rounds start at most 5 s and 0.5 s of jitter apart, and two connect deadlines of
 /// 2 s), for rounds that take up to [`real_guest::ROUND_UNDER_TCG`] (which, under the 4 s of
-/// connect deadlines, adds nothing: 9.5 s); one sampling step on top.
+/// connect deadlines, adds nothing: 9.5 s); one sampling step and
+/// [`real_guest::TIMERS_UNDER_TCG`] on top: 10 s.
 fn unpublish_bound() -> Duration {
     let defaults = egress_core::health::HealthSettings::new(
         egress_core::health::probe::CheckTarget::parse("http://127.0.0.1:9/")
             .expect("a check target"),
     );
-    egress_core::health::detection_bound(&defaults, real_guest::ROUND_UNDER_TCG) + SAMPLE
+    egress_core::health::detection_bound(&defaults, real_guest::ROUND_UNDER_TCG)
+        + SAMPLE
+        + real_guest::TIMERS_UNDER_TCG
 }
 /// `autohealing.unhealthyAfter` (the default).
 // NB: a member counts as unavailable from its create until it is first healthy, so a shorter

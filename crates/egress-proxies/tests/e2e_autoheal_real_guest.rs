@@ -8,8 +8,8 @@
 //! Each time the test prints how long the member stayed in `/pools/NAME/healthy.txt` after
 //! the fault (sampled every 250 ms; it must be gone within the documented detection bound,
 //! 9.5 s, plus the sampling step and a scheduling allowance: 10 s) and waits for the pool to
-//! be back at 2 healthy members, the faulty one replaced by autohealing (its domain gone) or re-created in place by its Proxy's
-//! own reconcile (a new QEMU process), and prints which. Then `egress-proxies pools quarantine`
+//! be back at 2 healthy members, the faulty one replaced by autohealing (its domain gone) or
+//! re-created in place by its Proxy's own reconcile (a new QEMU process), and prints which. Then `egress-proxies pools quarantine`
 //! holds a member out: it leaves healthy.txt, is replaced, and its VM is kept until `pools
 //! release`, which deletes it. Removing the manifest then leaves no domain of the entry.
 //!

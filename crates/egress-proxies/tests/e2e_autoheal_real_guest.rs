@@ -11,7 +11,8 @@
 //! be back at 2 healthy members, the faulty one replaced by autohealing (its domain gone) or
 //! re-created in place by its Proxy's own reconcile (a new QEMU process), and prints which.
 //! Then `egress-proxies pools quarantine` holds a member out: it leaves healthy.txt, is
-//! replaced, and its VM is kept until `pools release`, which deletes it. Removing the manifest then leaves no domain of the entry.
+//! replaced, and its VM is kept until `pools release`, which deletes it. Removing the
+//! manifest then leaves no domain of the entry.
 //!
 //! Isolation and resources as in `e2e_real_guest.rs` (finding M19): the test re-executes
 //! itself inside libvirtd's network namespace; every name is unique and printed before it

@@ -46,7 +46,10 @@ const WAIT: Duration = Duration::from_secs(75);
 /// The one Proxy's phase, provider ID, address, and whether its `Healthy` condition is True.
 async fn proxy(addr: SocketAddr) -> Option<(String, String, String, bool)> {
     let doc = json(addr, "/status").await;
-    let p = doc["proxies"].as_array()?.iter().find(|p| p["name"] == "p1")?;
+    let p = doc["proxies"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == "p1")?;
     let healthy = p["conditions"]
         .as_array()
         .into_iter()

@@ -43,13 +43,13 @@ const BOUND: Duration = Duration::from_secs(20);
 /// without the immediate reconcile shows how long it took).
 const WAIT: Duration = Duration::from_secs(75);
 
-/// The one Proxy's phase, provider ID, address, and whether its `Healthy` condition is True.
-async fn proxy(addr: SocketAddr) -> Option<(String, String, String, bool)> {
+/// Proxy `name`'s phase, provider ID, address, and whether its `Healthy` condition is True.
+async fn proxy(addr: SocketAddr, name: &str) -> Option<(String, String, String, bool)> {
     let doc = json(addr, "/status").await;
     let p = doc["proxies"]
         .as_array()?
         .iter()
-        .find(|p| p["name"] == "p1")?;
+        .find(|p| p["name"] == name)?;
     let healthy = p["conditions"]
         .as_array()
         .into_iter()
@@ -81,16 +81,18 @@ async fn inside() {
 
     let cfg = work.path().join("providers.yaml");
     hosts.write_config(&cfg, ENTRY, IMAGE, LOOPBACK_POLICY);
-    let dir = manifest_dir(work.path(), &[("p1.cred", MEMBER_USER, MEMBER_PW)]);
-    write(
-        &dir,
-        "p1.yaml",
-        &format!(
-            "apiVersion: egress-proxies.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: p1\n\
-             spec:\n  provider: {ENTRY}\n  image: {IMAGE}\n  proxy:\n    port: {MEMBER_PORT}\n    \
-             credentialsRef: p1.cred\n"
-        ),
-    );
+    let dir = manifest_dir(work.path(), &[("p.cred", MEMBER_USER, MEMBER_PW)]);
+    for name in ["p1", "p2"] {
+        write(
+            &dir,
+            &format!("{name}.yaml"),
+            &format!(
+                "apiVersion: egress-proxies.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n\
+                 spec:\n  provider: {ENTRY}\n  image: {IMAGE}\n  proxy:\n    port: {MEMBER_PORT}\n    \
+                 credentialsRef: p.cred\n"
+            ),
+        );
+    }
     let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
     let mut op = Operator::start(
         &cfg,
@@ -107,28 +109,58 @@ async fn inside() {
         60,
     );
 
-    // Running and Healthy.
+    // Both Running and Healthy.
     let t0 = Instant::now();
-    let (provider_id, ip) = loop {
-        let p = proxy(listen).await;
-        if let Some((phase, id, ip, true)) = &p
-            && phase == "Running"
-        {
-            break (id.clone(), ip.parse::<Ipv4Addr>().unwrap());
+    let mut up = Vec::new();
+    for name in ["p1", "p2"] {
+        let (provider_id, ip) = loop {
+            let p = proxy(listen, name).await;
+            if let Some((phase, id, ip, true)) = &p
+                && phase == "Running"
+            {
+                break (id.clone(), ip.parse::<Ipv4Addr>().unwrap());
+            }
+            op.assert_running();
+            assert!(
+                t0.elapsed() < DEADLINE,
+                "{name} is {p:?} after {DEADLINE:?}\n{}",
+                op.tail()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let domain = provider_id.rsplit('/').next().unwrap().to_owned();
+        let old = fake.domain(&domain).expect("its domain on the host");
+        println!(
+            "eptest: {name} Running and Healthy after {:.1} s ({domain} at {ip})",
+            t0.elapsed().as_secs_f64()
+        );
+        up.push((domain, old, ip));
+    }
+    let [(domain, old, ip), (domain2, old2, ip2)] = <[_; 2]>::try_from(up).unwrap();
+
+    // p2's proxy stops answering while its guest runs: it turns Unhealthy, its reconcile reads
+    // the running instance and leaves it.
+    drop(daemons.remove(&ip2));
+    let t1 = Instant::now();
+    loop {
+        if let Some((_, _, _, false)) = proxy(listen, "p2").await {
+            break;
         }
         op.assert_running();
-        assert!(
-            t0.elapsed() < DEADLINE,
-            "the Proxy is {p:?} after {DEADLINE:?}\n{}",
-            op.tail()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let domain = provider_id.rsplit('/').next().unwrap().to_owned();
-    let old = fake.domain(&domain).expect("its domain on the host");
-    println!(
-        "eptest: p1 Running and Healthy after {:.1} s ({domain} at {ip})",
-        t0.elapsed().as_secs_f64()
+        assert!(t1.elapsed() < DEADLINE, "p2 never Unhealthy\n{}", op.tail());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let now2 = fake.domain(&domain2).expect("p2's domain stays");
+    assert_eq!(
+        (now2.uuid, now2.state),
+        (old2.uuid, domain_state::RUNNING),
+        "a running guest whose proxy is down is left as it is\n{}",
+        op.tail()
+    );
+    assert!(
+        matches!(proxy(listen, "p2").await, Some((ref phase, _, _, false)) if phase == "Running"),
+        "p2 stays Running (Unhealthy)"
     );
 
     // Its guest dies: the domain is shut off and its proxy stops answering.
@@ -137,12 +169,13 @@ async fn inside() {
         .unwrap();
     drop(daemons.remove(&ip));
 
-    // A new domain runs in its place.
+    // A new domain runs in its place (p2's is not it).
+    assert_ne!(domain, domain2);
     let took = loop {
+        // Re-created in place: the same domain name, a new domain.
         let replaced = fake
-            .domains()
-            .iter()
-            .any(|d| d.uuid != old.uuid && d.state == domain_state::RUNNING);
+            .domain(&domain)
+            .is_some_and(|d| d.uuid != old.uuid && d.state == domain_state::RUNNING);
         if replaced {
             break killed.elapsed();
         }

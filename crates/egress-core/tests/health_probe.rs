@@ -238,9 +238,16 @@ async fn a_failed_check_is_rechecked_at_once_so_a_dead_proxy_goes_in_one_round()
     assert_eq!(h.state, HealthState::Unhealthy, "{h:?}");
     assert_eq!(h.consecutive_failures, 2);
     assert!(h.message.contains("ProxyUnreachable"), "{}", h.message);
-    // Unhealthy: the next failure is not re-checked (nothing to decide).
+    assert_eq!(
+        r.became_unhealthy,
+        [(uid(1), t.key.clone())],
+        "the round that turned it Unhealthy names it (its driver reconciles it now)"
+    );
+    // Unhealthy: the next failure is not re-checked (nothing to decide), and the round names
+    // no transition.
     let r = engine.round(vec![t.clone()]).await;
     assert_eq!(r.rechecked, 0);
+    assert!(r.became_unhealthy.is_empty(), "{r:?}");
 }
 
 #[tokio::test]

@@ -744,6 +744,62 @@ async fn only_healthy_group_members_are_published_and_an_emptied_group_is_unpubl
     stop(r).await;
 }
 
+/// A Proxy whose guest stopped (its domain shut off, its proxy no longer answering) is
+/// re-created in place as soon as a health round turns it Unhealthy, not at its next periodic
+/// read (`poll_running`, set to a minute here as by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_whose_guest_stopped_is_re_created_when_it_turns_unhealthy() {
+    let w = World::new();
+    let (echo, _echo) = health_support::start_echo().await;
+    let good = health_support::http_proxy("127.0.0.2:0", Default::default()).await;
+    let port = good.addr.port();
+    w.addrs
+        .lock()
+        .unwrap()
+        .insert("p1".to_owned(), "192.0.2.2".to_owned());
+    let r = w.start_with("a", Some(health(echo)), |o| {
+        o.controller.poll_running = Duration::from_secs(60);
+    });
+    create_member(&w, "p1", port, None, None).await;
+    w.until("p1 Ready", |w| {
+        condition(&w.proxy_json("p1"), "Ready")
+            .map(|c| c.0)
+            .as_deref()
+            == Some("True")
+    })
+    .await;
+    // Settled: the writes of its first reconciles and health rounds are behind it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let uid = w.proxy_json("p1").unwrap()["metadata"]["uid"]
+        .as_str()
+        .and_then(egress_provider::ProxyUid::parse_strict)
+        .unwrap();
+    let domain = names::domain(ENTRY, &uid);
+    let fake = w
+        .fakes
+        .values()
+        .find(|f| f.domain(&domain).is_some())
+        .unwrap()
+        .clone();
+    let old = fake.domain(&domain).unwrap().uuid;
+
+    // The guest dies: its domain shuts off and its proxy stops answering.
+    let killed = Instant::now();
+    fake.set_domain_state(&domain, libvirt_fake::domain_state::SHUTOFF, 1)
+        .unwrap();
+    good.stop();
+    drop(good);
+    w.until("a new domain in its place", |_| {
+        fake.domain(&domain)
+            .is_some_and(|d| d.uuid != old && d.state == libvirt_fake::domain_state::RUNNING)
+    })
+    .await;
+    let took = killed.elapsed();
+    println!("re-created {:.1} s after the stop", took.as_secs_f64());
+    assert!(took < Duration::from_secs(20), "re-created after {took:?}");
+    stop(r).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_writes_one_provider_health_per_entry_and_deletes_those_of_removed_entries() {
     let w = World::new();

@@ -379,7 +379,7 @@ pub async fn run_with_providers(
         tasks.spawn(
             "proxy health",
             background::proxy_health::run(
-                Arc::new(ProxyHealth::new(Arc::clone(&store))),
+                Arc::new(ProxyHealth::new(Arc::clone(&store), Arc::clone(&ctx))),
                 engine,
                 stop.clone(),
             ),

@@ -3,7 +3,8 @@
 //! are Running with an address, and after each round every Proxy's health is merged into its
 //! status (`Healthy`, `Ready` = Running ∧ Healthy).
 //!
-//! Guarantees: a Proxy being deleted is not probed; the engine keeps the state of every
+//! Guarantees: a Proxy a round turned Unhealthy is queued for a reconcile at once (the work
+//! queue's de-duplication keeps it to one); a Proxy being deleted is not probed; the engine keeps the state of every
 //! Proxy the store knows (deleting ones included) and drops the rest.
 
 use std::collections::HashSet;
@@ -15,17 +16,19 @@ use egress_core::health::{self, HealthEngine, ProbeTarget, RoundReport};
 use egress_provider::ProxyUid;
 use egress_provider::sync::lock;
 
+use crate::context::Context;
 use crate::store::Store;
 
 /// The targets and the status merge of the proxy health task, over the [`Store`].
 pub(crate) struct ProxyHealth {
     store: Arc<Store>,
+    ctx: Arc<Context>,
 }
 
 impl ProxyHealth {
-    /// Health checks of `store`'s Proxies.
-    pub(crate) fn new(store: Arc<Store>) -> Self {
-        Self { store }
+    /// Health checks of `store`'s Proxies; Proxies turned Unhealthy go to `ctx`'s work queue.
+    pub(crate) fn new(store: Arc<Store>, ctx: Arc<Context>) -> Self {
+        Self { store, ctx }
     }
 }
 
@@ -63,5 +66,11 @@ impl ProxyHealthDriver for ProxyHealth {
                 o.object.generation,
             );
         });
+    }
+
+    fn reconcile_now(&self, proxies: &[(ProxyUid, String)]) {
+        for (uid, _) in proxies {
+            self.ctx.queue.add(*uid);
+        }
     }
 }

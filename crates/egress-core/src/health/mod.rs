@@ -478,7 +478,7 @@ impl ProbeTarget {
 }
 
 /// What one round did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RoundReport {
     /// Proxies probed.
     pub probed: usize,
@@ -488,6 +488,9 @@ pub struct RoundReport {
     pub rechecked: usize,
     /// Wall time of the round.
     pub elapsed: Duration,
+    /// The Proxies this round turned Unhealthy (from Healthy or Unknown), with their keys
+    /// (`namespace/name`): only transitions, not Proxies that stay Unhealthy.
+    pub became_unhealthy: Vec<(ProxyUid, String)>,
 }
 
 /// The engine: per-proxy state and the round runner. Share it in an `Arc`.
@@ -560,6 +563,7 @@ impl HealthEngine {
             .buffer_unordered(settings.concurrency.max(1));
         let mut succeeded = 0;
         let mut rechecked = 0;
+        let mut became_unhealthy = Vec::new();
         while let Some((t, host_down, first, again)) = results.next().await {
             let now = SystemTime::now();
             rechecked += usize::from(again.is_some());
@@ -568,11 +572,15 @@ impl HealthEngine {
             let health = {
                 let mut states = lock(&self.states);
                 let h = states.entry(t.uid).or_default();
+                let before = h.state;
                 for probes in &checks {
                     declared::record_target(h, &t, probes, settings, now);
                 }
                 if host_down && any_failed(&first) {
                     h.fail_now(&format!("its host {} is reported down", t.host));
+                }
+                if before != HealthState::Unhealthy && h.state == HealthState::Unhealthy {
+                    became_unhealthy.push((t.uid, t.key.clone()));
                 }
                 h.clone()
             };
@@ -591,6 +599,7 @@ impl HealthEngine {
             succeeded,
             rechecked,
             elapsed: start.elapsed(),
+            became_unhealthy,
         }
     }
 

@@ -3,7 +3,9 @@
 //! from the controller's watch cache, the credentials from what each Proxy's last reconcile
 //! read, and the address probed from the core controller (the one the provider reported,
 //! never `status.ip` as stored in the API); after each round the publishing pass is woken,
-//! which merges the new states into status.
+//! which merges the new states into status, and each Proxy the round turned Unhealthy is
+//! sent to the controller's per-object trigger, so it is reconciled at once (its instance
+//! read; one whose guest stopped re-created) rather than at its next periodic read.
 //!
 //! Guarantees: the first round starts only once the watch cache holds a complete first
 //! listing (so no Proxy's state is dropped for being missing from a partial cache); Proxies
@@ -20,8 +22,8 @@ use egress_core::controller::ProxyCredentials;
 use egress_core::health::{HealthEngine, ProbeTarget, RoundReport};
 use egress_provider::ProxyUid;
 use kube::Resource;
-use kube::runtime::reflector::Store;
-use tokio::sync::{Notify, watch};
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::status::wait_synced;
@@ -33,6 +35,7 @@ struct CacheTargets {
     ctx: Arc<Ctx>,
     store: Store<Proxy>,
     wake: Arc<Notify>,
+    reconcile: mpsc::UnboundedSender<ObjectRef<Proxy>>,
 }
 
 impl ProxyHealthDriver for CacheTargets {
@@ -63,6 +66,21 @@ impl ProxyHealthDriver for CacheTargets {
     fn round_done(&self, _engine: &HealthEngine, _report: &RoundReport) {
         self.wake.notify_one();
     }
+
+    fn reconcile_now(&self, proxies: &[(ProxyUid, String)]) {
+        for (_, key) in proxies {
+            if let Some(r) = object_ref(key) {
+                // NB: the receiver is gone only when the controller stopped (end of term).
+                let _ = self.reconcile.send(r);
+            }
+        }
+    }
+}
+
+/// The reference of the Proxy keyed `namespace/name` (see [`key_of`]).
+fn object_ref(key: &str) -> Option<ObjectRef<Proxy>> {
+    let (ns, name) = key.split_once('/')?;
+    (!ns.is_empty() && !name.is_empty()).then(|| ObjectRef::new(name).within(ns))
 }
 
 /// The probe target of `p` (none while it is being deleted, not Running, or has no address
@@ -111,19 +129,25 @@ fn at_verified(
 
 /// Leader-only: once the watch cache synced, runs the proxy health engine over every Running
 /// Proxy with an address in it (not being deleted), waking the publishing pass after each
-/// round.
+/// round and sending each Proxy a round turned Unhealthy to `reconcile`.
 pub(super) async fn run(
     ctx: Arc<Ctx>,
     engine: Arc<HealthEngine>,
     store: Store<Proxy>,
     mut synced: watch::Receiver<bool>,
     wake: Arc<Notify>,
+    reconcile: mpsc::UnboundedSender<ObjectRef<Proxy>>,
     stop: CancellationToken,
 ) {
     if !wait_synced(&mut synced, &stop).await {
         return;
     }
-    let targets = Arc::new(CacheTargets { ctx, store, wake });
+    let targets = Arc::new(CacheTargets {
+        ctx,
+        store,
+        wake,
+        reconcile,
+    });
     proxy_health::run(targets, engine, stop).await;
 }
 
@@ -190,5 +214,13 @@ mod tests {
             target_of(&proxy(), &creds, |_| (None, Vec::new())).is_none(),
             "no address from the provider: no probe, whatever the status says"
         );
+    }
+
+    #[test]
+    fn a_key_names_the_proxy_to_reconcile() {
+        let r = object_ref(&key_of(&proxy())).unwrap();
+        assert_eq!(r, ObjectRef::new("p").within("ns"));
+        assert!(object_ref("no-slash").is_none());
+        assert!(object_ref("/p").is_none());
     }
 }

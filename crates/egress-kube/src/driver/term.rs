@@ -15,6 +15,7 @@ use futures_util::StreamExt;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::controller::Config as ControllerConfig;
+use kube::runtime::reflector::ObjectRef;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -216,6 +217,8 @@ pub(super) async fn run_term(
             std::future::pending::<()>().await;
         });
     }
+    // Proxies a health round turned Unhealthy: reconciled at once (see `proxy_health`).
+    let (unhealthy_tx, unhealthy_rx) = mpsc::unbounded_channel::<ObjectRef<Proxy>>();
     if let Some(engine) = observer.health().cloned() {
         loops.spawn(
             "proxy health",
@@ -225,10 +228,14 @@ pub(super) async fn run_term(
                 store.clone(),
                 synced.clone(),
                 wake.clone(),
+                unhealthy_tx,
                 stop.clone(),
             ),
         );
     }
+    let unhealthy = futures_util::stream::unfold(unhealthy_rx, |mut rx| async move {
+        rx.recv().await.map(|r| (r, rx))
+    });
     loops.spawn(
         "reputation",
         super::reputation::run(
@@ -270,6 +277,7 @@ pub(super) async fn run_term(
     controller
         .with_config(ControllerConfig::default().concurrency(opts.concurrency.max(1)))
         .reconcile_all_on(triggers)
+        .reconcile_on(unhealthy)
         .graceful_shutdown_on(graceful)
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {

@@ -4,8 +4,8 @@
 //! status (`Healthy`, `Ready` = Running ∧ Healthy).
 //!
 //! Guarantees: a Proxy a round turned Unhealthy is queued for a reconcile at once (the work
-//! queue's de-duplication keeps it to one); a Proxy being deleted is not probed; the engine keeps the state of every
-//! Proxy the store knows (deleting ones included) and drops the rest.
+//! queue's de-duplication keeps it to one); a Proxy being deleted is not probed; the engine
+//! keeps the state of every Proxy the store knows (deleting ones included) and drops the rest.
 
 use std::collections::HashSet;
 use std::sync::Arc;

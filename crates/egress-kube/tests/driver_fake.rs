@@ -747,6 +747,11 @@ async fn only_healthy_group_members_are_published_and_an_emptied_group_is_unpubl
 /// A Proxy whose guest stopped (its domain shut off, its proxy no longer answering) is
 /// re-created in place as soon as a health round turns it Unhealthy, not at its next periodic
 /// read (`poll_running`, set to a minute here as by default).
+///
+/// Two paths deliver that reconcile in this mode: the health task's per-object trigger, and
+/// the status write that records `Ready` False (the controller watches its Proxies without a
+/// predicate filter, so every write of one wakes it). This test proves the outcome, whichever
+/// path comes first; it still passes with either path removed, and fails with both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_whose_guest_stopped_is_re_created_when_it_turns_unhealthy() {
     let w = World::new();

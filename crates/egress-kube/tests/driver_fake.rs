@@ -751,7 +751,7 @@ async fn only_healthy_group_members_are_published_and_an_emptied_group_is_unpubl
 /// Two paths deliver that reconcile in this mode: the health task's per-object trigger, and
 /// the status write that records `Ready` False (the controller watches its Proxies without a
 /// predicate filter, so every write of one wakes it). This test proves the outcome, whichever
-/// path comes first; it still passes with either path removed, and fails with both.
+/// path comes first (it still passes with the trigger removed: tried).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_whose_guest_stopped_is_re_created_when_it_turns_unhealthy() {
     let w = World::new();

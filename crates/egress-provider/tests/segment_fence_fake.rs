@@ -472,3 +472,73 @@ async fn a_restart_during_an_outage_hands_nothing_out_until_the_dead_host_is_fen
     p.fence_host("h1").unwrap();
     create(&p, uid(2), "h2", &[]).await.unwrap();
 }
+
+/// Checks until h1 answers again.
+async fn h1_back(p: &LibvirtProvider) {
+    let until = Instant::now() + CALL_BUDGET;
+    loop {
+        let r = p.check().await;
+        let h1 = r.iter().find(|r| r.host == "h1").unwrap();
+        if matches!(h1.state, HostState::Ready | HostState::Degraded) {
+            return;
+        }
+        assert!(Instant::now() < until, "h1 never answered again: {h1:?}");
+    }
+}
+
+/// A fence lasts one outage: h1 is fenced, answers again, takes a new instance with another
+/// address, and dies again; the replacement of that instance waits for a fence of this outage
+/// (h1's command runs a second time) and then takes the address. A fence recorded for the
+/// first outage must neither stand in for the second (the create would wait for good: the
+/// address is held by an instance made after it) nor let an administrator's declaration be
+/// ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_fenced_in_one_outage_is_fenced_again_in_the_next() {
+    let s = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ok"), "").unwrap();
+    let p = s.provider(Some(fence_script(dir.path())));
+    let runs = || {
+        std::fs::read_to_string(dir.path().join("runs"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    create(&p, uid(1), "h1", &["203.0.113.10"]).await.unwrap();
+
+    // The first outage: fenced once, the address moves to uid(2) on h2.
+    s.h1().faults().freeze();
+    h1_dead(&p).await;
+    let moved = create_replacing(&p, uid(2), "h2", &["203.0.113.10"], Some(uid(1)))
+        .await
+        .unwrap();
+    assert_eq!(moved.egress, vec![ip("203.0.113.10")]);
+    assert_eq!(runs(), 1);
+
+    // h1 answers again (seen by its host checks only); its old copy is deleted, as a pool
+    // does, and a new instance takes another address there.
+    s.h1().faults().thaw();
+    h1_back(&p).await;
+    p.delete("h1", &uid(1)).await.unwrap();
+    let back = create(&p, uid(3), "h1", &["203.0.113.11"]).await.unwrap();
+    assert_eq!(back.egress, vec![ip("203.0.113.11")]);
+
+    // The second outage: uid(3)'s replacement runs h1's fence command again, then moves.
+    s.h1().faults().freeze();
+    h1_dead(&p).await;
+    let moved = create_replacing(&p, uid(4), "h2", &["203.0.113.11"], Some(uid(3)))
+        .await
+        .unwrap();
+    assert_eq!(moved.egress, vec![ip("203.0.113.11")]);
+    assert_eq!(runs(), 2, "the second outage has a fence of its own");
+
+    // The third, declared by an administrator: the declaration frees what h1 holds now.
+    s.h1().faults().thaw();
+    h1_back(&p).await;
+    p.delete("h1", &uid(3)).await.unwrap();
+    create(&p, uid(5), "h1", &["203.0.113.12"]).await.unwrap();
+    s.h1().faults().freeze();
+    h1_dead(&p).await;
+    assert_eq!(p.fence_host("h1").unwrap(), vec![ip("203.0.113.12")]);
+    assert_eq!(runs(), 2, "an administrator's declaration runs no command");
+}

@@ -22,6 +22,10 @@
 //!   host's holders); or when its host was fenced (its fence command exited 0, or an
 //!   administrator declared it dead). Never on a timeout. A create in flight is never
 //!   released by a listing, whatever the listing saw;
+//! - **a fence lasts one outage**: a fenced host that answers again is listed at its next
+//!   check or before a create on it, and the listing replaces the fence; when it dies again,
+//!   what its instances hold then moves only after a fence of its own (a fence recorded for
+//!   an earlier outage never stands in for it);
 //! - a failed allocation holds nothing it did not hold before; its error names the host and
 //!   the pool's family (exhaustion: QuotaExceeded) or the ranges (outside the pool: Permanent);
 //!   a pinned address held on the same host is Permanent, one held on another host of the
@@ -218,8 +222,11 @@ impl AddressBook {
         Ok(self.pools.get(host))
     }
 
-    /// Records one complete listing of `host` unless one has been recorded already; the first
-    /// caller lists, concurrent ones wait for it. A host without a pool needs none.
+    /// Records one complete listing of `host` unless one has been recorded since the start and
+    /// since its last fence; the first caller lists, concurrent ones wait for it. A host
+    /// without a pool needs none. A fenced host that answers again is listed at its next check
+    /// or create, so the fence never outlives the outage: its next outage needs a fence (or an
+    /// answer) of its own.
     pub async fn ensure_rebuilt(
         &self,
         client: &Client,
@@ -246,10 +253,12 @@ impl AddressBook {
         Ok(())
     }
 
+    /// Listed, and not fenced since (a fence stands in for a listing only while the host is
+    /// down).
     fn is_rebuilt(&self, host: &str) -> bool {
         lock(&self.books)
             .get(self.segment(host))
-            .is_some_and(|b| b.listed.contains(host))
+            .is_some_and(|b| b.listed.contains(host) && !b.fenced.contains_key(host))
     }
 
     fn with_book<T>(&self, host: &str, f: impl FnOnce(&mut SegmentBook) -> T) -> Option<T> {

@@ -54,6 +54,7 @@ mod io;
 mod keep;
 mod lost;
 mod place;
+mod rebalance;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -70,6 +71,8 @@ mod tests_lead;
 mod tests_listed;
 #[cfg(test)]
 mod tests_lost;
+#[cfg(test)]
+mod tests_rebalance;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
@@ -104,6 +107,10 @@ struct Round {
     surplus: usize,
     /// Members left on draining hosts after this round's removals.
     draining: usize,
+    /// Members left to move for spread (`placement.rebalance`) after this round's removals.
+    rebalancing: usize,
+    /// Why an uneven pool is not spread again.
+    unspread: Option<String>,
     /// Members unpublished and waiting for their drain grace to end after this round.
     unpublished: usize,
     /// Members counted (not quarantined) and their available / updated subsets, before acting.
@@ -383,6 +390,28 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
         }
     }
     let replicas = usize::try_from(p.replicas).unwrap_or(usize::MAX);
+    // Spread restored (`placement.rebalance`): in a settled pool, one member of the most
+    // loaded host is outdated (cause `rebalance`), its replacement made on the target host.
+    let settled = i.members.len() == replicas
+        && remaining.len() == replicas
+        && remaining
+            .iter()
+            .all(|m| m.available && m.unhealthy_since.is_none())
+        && stale.is_empty()
+        && d.deletes.is_empty()
+        && r.quarantined == 0
+        && r.lost.is_empty()
+        && r.unpublished == 0
+        && d.status.pending_addresses.is_empty();
+    let spread = rebalance::plan(
+        i,
+        settled,
+        &mut fresh,
+        &mut stale,
+        &mut d.events,
+        &mut wake_at,
+    );
+    r.unspread = spread.note;
     let max_total = usize::try_from(p.max_total()).unwrap_or(usize::MAX);
     // Keep: a replaced member's addresses wait in the status until it is gone, then its
     // replacement takes them on its host (elsewhere, fresh, when that host is unusable).
@@ -408,14 +437,23 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
         .min(max_members.saturating_sub(
             remaining.len() + r.quarantined + r.lost.len() + r.unpublished + held + pinned.len(),
         ));
-    let placed = place::place(
-        wanted,
+    // A rebalance's replacement goes to its target (elsewhere when the target cannot take it).
+    let targeted = match spread.target.as_deref() {
+        Some(t) if wanted > 0 => {
+            let target: Vec<PoolHost> = i.hosts.iter().filter(|h| h.name == t).cloned().collect();
+            place::place(1, p, &target, &d.status.host_failures, &mut counts, now).hosts
+        }
+        _ => Vec::new(),
+    };
+    let mut placed = place::place(
+        wanted - targeted.len(),
         p,
         i.hosts,
         &d.status.host_failures,
         &mut counts,
         now,
     );
+    placed.hosts.splice(0..0, targeted);
     r.unplaced = wanted - placed.hosts.len().min(wanted);
     r.refused = placed.refused;
     r.backing_off = placed.backing_off;
@@ -475,6 +513,7 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
                 DeleteCause::Age => r.aged += 1,
                 DeleteCause::Listed => r.listed += 1,
                 DeleteCause::Drain => r.draining += 1,
+                DeleteCause::Rebalance => r.rebalancing += 1,
                 _ => r.surplus += 1,
             }
             continue;
@@ -503,10 +542,14 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
             _ => delete(&mut d, m, cause),
         }
         if p.keep_addresses {
-            keep::remember(&mut d.status.pending_addresses, m, cause, replicas);
+            // A member moved for spread leaves its addresses for the target host (of its
+            // segment: see `rebalance`).
+            let to = spread.entry.as_ref().map(|e| e.to.as_str());
+            keep::remember(&mut d.status.pending_addresses, m, cause, to, replicas);
         }
     }
 
+    d.status.rebalancing = spread.entry;
     d.status.observed_generation = i.generation;
     d.status.template_hash = i.template_hash.to_owned();
     d.status.replicas = r.counted;

@@ -243,7 +243,6 @@ pub struct Placement {
     pub rebalance: bool,
 }
 
-#[allow(clippy::trivially_copy_pass_by_ref)]
 fn is_true(b: &bool) -> bool {
     *b
 }

@@ -104,14 +104,14 @@ pub(super) fn plan<'a>(
     let count = |h: &str| counts.get(h).copied().unwrap_or(0);
     // The most loaded host (first in the entry's order on a tie; a host no longer in the
     // entry after it).
-    let Some((from, most)) = counts
-        .iter()
-        .map(|(h, n)| (*h, *n))
-        .min_by_key(|(h, n)| {
-            let order = i.hosts.iter().position(|x| x.name == *h).unwrap_or(usize::MAX);
-            (std::cmp::Reverse(*n), order)
-        })
-    else {
+    let Some((from, most)) = counts.iter().map(|(h, n)| (*h, *n)).min_by_key(|(h, n)| {
+        let order = i
+            .hosts
+            .iter()
+            .position(|x| x.name == *h)
+            .unwrap_or(usize::MAX);
+        (std::cmp::Reverse(*n), order)
+    }) else {
         return out;
     };
     let settle = p.host_dead_after;
@@ -171,9 +171,9 @@ pub(super) fn plan<'a>(
         return out;
     };
     let m = fresh.remove(at);
-    let ready = to.ready_since.map_or_else(String::new, |t| {
-        format!(", Ready since {}", fmt_time(t))
-    });
+    let ready = to
+        .ready_since
+        .map_or_else(String::new, |t| format!(", Ready since {}", fmt_time(t)));
     events.push(Event::new(
         EventKind::Normal,
         reason::REBALANCING,

@@ -48,7 +48,7 @@ fn nothing_moves(d: &PoolDecision) {
     assert!(d.deletes.is_empty(), "deleted: {:?}", d.deletes);
     assert!(d.unpublishes.is_empty(), "unpublished: {:?}", d.unpublishes);
     assert_eq!(d.status.rebalancing, None);
-    assert!(rebalance_events(&d).is_empty(), "{:?}", d.events);
+    assert!(rebalance_events(d).is_empty(), "{:?}", d.events);
 }
 
 /// Carries `d` out on `c`: creates join (provisioning), unpublished members drain, deleted
@@ -100,7 +100,10 @@ fn two_members_on_one_host_move_one_to_the_other_once_it_has_been_ready_long_eno
     assert_eq!(d.creates[0].host, "h2");
     assert!(d.deletes.is_empty() && d.unpublishes.is_empty());
     let r = d.status.rebalancing.clone().unwrap();
-    assert_eq!((r.member.as_str(), r.from.as_str(), r.to.as_str()), ("web-a", "h1", "h2"));
+    assert_eq!(
+        (r.member.as_str(), r.from.as_str(), r.to.as_str()),
+        ("web-a", "h1", "h2")
+    );
     let ev = rebalance_events(&d);
     assert_eq!(ev.len(), 1, "{:?}", d.events);
     for part in ["web-a", "host h1 (2 members)", "host h2 (0 members"] {
@@ -114,7 +117,10 @@ fn two_members_on_one_host_move_one_to_the_other_once_it_has_been_ready_long_eno
     let d = c.run();
     assert!(d.creates.is_empty() && d.deletes.is_empty(), "{d:?}");
     assert!(rebalance_events(&d).is_empty());
-    assert_eq!(cond_of(&d, condition::PROGRESSING).reason, reason::REBALANCING);
+    assert_eq!(
+        cond_of(&d, condition::PROGRESSING).reason,
+        reason::REBALANCING
+    );
     assert_eq!(
         cond_of(&d, condition::AVAILABLE).status,
         crate::model::ConditionStatus::True
@@ -276,7 +282,10 @@ fn rebalance_false_turns_it_off() {
     c.policy = policy("replicas: 2\nplacement:\n  rebalance: false\n");
     let d = c.run();
     assert_eq!(d.status.rebalancing, None);
-    assert!(d.deletes.iter().all(|x| x.cause != DeleteCause::Rebalance), "{d:?}");
+    assert!(
+        d.deletes.iter().all(|x| x.cause != DeleteCause::Rebalance),
+        "{d:?}"
+    );
 }
 
 #[test]
@@ -354,7 +363,11 @@ fn members_move_one_at_a_time_until_spread() {
         let started = rebalance_events(&d).len();
         assert!(started <= 1, "{:?}", d.events);
         if started == 1 {
-            assert!(settled, "started while unsettled (round {round}): {:?}", c.members);
+            assert!(
+                settled,
+                "started while unsettled (round {round}): {:?}",
+                c.members
+            );
             moves += 1;
         }
         // Never more than one member marked, never below replicas available.
@@ -422,7 +435,10 @@ fn keep_moves_a_member_with_its_addresses_within_its_segment() {
     let d = c.run();
     assert_eq!(d.creates.len(), 1);
     assert_eq!(d.creates[0].host, "h2");
-    assert_eq!(d.creates[0].pin, vec!["192.0.2.1".parse::<std::net::IpAddr>().unwrap()]);
+    assert_eq!(
+        d.creates[0].pin,
+        vec!["192.0.2.1".parse::<std::net::IpAddr>().unwrap()]
+    );
     assert_eq!(d.creates[0].replaces, None);
     assert_eq!(d.status.rebalancing, None);
 }

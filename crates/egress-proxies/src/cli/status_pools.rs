@@ -214,7 +214,7 @@ mod tests {
                         since: "2026-01-01T01:58:00Z".into(),
                     }],
                     rebalancing: Some(egress_core::pool::status::Rebalancing {
-                        member: "web-1".into(),
+                        member: "web-5".into(),
                         from: "h1".into(),
                         to: "h2".into(),
                         since: "2026-01-01T01:59:30Z".into(),
@@ -265,7 +265,7 @@ mod tests {
         );
         assert!(
             text.contains(
-                "\n  moving web-1 from host h1 to host h2 to spread the pool again (since \
+                "\n  moving web-5 from host h1 to host h2 to spread the pool again (since \
                  2026-01-01T01:59:30Z)\n"
             ),
             "{text}"

@@ -32,6 +32,10 @@
 //!    `place` (spread, `maxPerHost`, host health, backoff).
 //!    A member on a draining host (`maintenance: Drain`) is outdated too (cause `drain`, ahead
 //!    of every other cause) and no new member goes to a cordoned or draining host.
+//!    **Spread** ([`rebalance`], `placement.rebalance`): in a settled pool, when a host holds
+//!    two members more than a host that has been Ready for `hostDeadAfter`, the oldest member
+//!    of the most loaded host is outdated too (cause `rebalance`, one at a time, remembered in
+//!    `status.rebalancing`) and the first create goes to that host.
 //! 6. **Removals** of outdated (cause `template`, `drain`), aged (`age`) and surplus (`scale-in`)
 //!    members, unavailable ones first: an available member is removed only while more than
 //!    `replicas - maxUnavailable` are available, and removals never take the pool's members
@@ -49,6 +53,7 @@
 //! recorded on it (so an operator restart changes nothing); broken members and released
 //! quarantined ones are deleted at once.
 
+mod acts;
 mod conditions;
 mod io;
 mod keep;
@@ -82,9 +87,10 @@ use crate::controller::{Event, EventKind};
 use crate::model::{MAX_MESSAGE_CHARS, truncate};
 use crate::pool::member::{Drain, Member, member_name};
 use crate::pool::spec::{OnListed, ScaleInOrder};
-use crate::pool::status::{HostFailures, MAX_RETIRED, RetiredAddress, reason};
+use crate::pool::status::{MAX_RETIRED, RetiredAddress, reason};
 use egress_provider::libvirt::config::Maintenance;
 
+use self::acts::{delete, record_failure, removal_order, tier, unpublish};
 pub use self::io::{
     CreateMember, DeleteCause, DeleteMember, PoolDecision, PoolHost, PoolInputs, UnpublishMember,
 };
@@ -559,79 +565,4 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
     conditions::set(&mut d, i, &r);
     d.requeue_after = wake.map(|t| t.duration_since(now).unwrap_or(Duration::ZERO));
     d
-}
-
-/// 0: unhealthy, 1: not available yet, 2: available.
-fn tier(m: &Member) -> u8 {
-    if m.unhealthy_since.is_some() || m.phase == crate::model::Phase::Failed {
-        0
-    } else if !m.available {
-        1
-    } else {
-        2
-    }
-}
-
-/// Scale-in order: unhealthy, then not available, then by age per `order` (name last, so
-/// the order is total).
-fn removal_order(a: &Member, b: &Member, order: ScaleInOrder) -> std::cmp::Ordering {
-    let age = match order {
-        ScaleInOrder::OldestFirst => a.created.cmp(&b.created),
-        ScaleInOrder::NewestFirst => b.created.cmp(&a.created),
-    };
-    tier(a)
-        .cmp(&tier(b))
-        .then(age)
-        .then_with(|| a.name.cmp(&b.name))
-}
-
-fn delete(d: &mut PoolDecision, m: &Member, cause: DeleteCause) {
-    let kind = match cause {
-        DeleteCause::Failed | DeleteCause::Unhealthy => EventKind::Warning,
-        _ => EventKind::Normal,
-    };
-    d.events.push(Event::new(
-        kind,
-        reason::MEMBER_DELETED,
-        &format!("deleted member {} (cause: {})", m.name, cause.as_str()),
-    ));
-    d.deletes.push(DeleteMember {
-        name: m.name.clone(),
-        cause,
-    });
-}
-
-fn unpublish(d: &mut PoolDecision, m: &Member, drain: Drain, due: SystemTime) {
-    d.events.push(Event::new(
-        EventKind::Normal,
-        reason::MEMBER_DRAINING,
-        &format!(
-            "unpublished member {} (cause: {}); deleting it at {} (drain grace)",
-            m.name,
-            drain.cause.as_str(),
-            fmt_time(due)
-        ),
-    ));
-    d.unpublishes.push(UnpublishMember {
-        name: m.name.clone(),
-        cause: drain.cause,
-        marker: drain.marker(),
-    });
-}
-
-fn record_failure(list: &mut Vec<HostFailures>, host: &str, why: &str, now: SystemTime) {
-    let message = truncate(&egress_provider::error::redact(why), MAX_MESSAGE_CHARS);
-    match list.iter_mut().find(|f| f.host == host) {
-        Some(f) => {
-            f.count = f.count.saturating_add(1);
-            f.last_failure = fmt_time(now);
-            f.message = message;
-        }
-        None => list.push(HostFailures {
-            host: host.to_owned(),
-            count: 1,
-            last_failure: fmt_time(now),
-            message,
-        }),
-    }
 }

@@ -458,3 +458,33 @@ fn keep_across_segments_or_without_one_does_not_move_and_says_why() {
         );
     }
 }
+
+#[test]
+fn with_a_drain_grace_the_moved_member_is_unpublished_first_and_its_marker_keeps_the_cause() {
+    let mut c = both_on_h1("update:\n  drainGrace: 2m\n");
+    let d = c.run();
+    apply(&mut c, &d);
+    boot(&mut c);
+    c.now = at(1010);
+    let d = c.run();
+    assert!(d.deletes.is_empty(), "{:?}", d.deletes);
+    assert_eq!(d.unpublishes.len(), 1);
+    assert_eq!(
+        (d.unpublishes[0].name.as_str(), d.unpublishes[0].cause),
+        ("web-a", DeleteCause::Rebalance)
+    );
+    let dr = crate::pool::member::Drain::parse(&d.unpublishes[0].marker);
+    assert_eq!(dr.cause, DeleteCause::Rebalance);
+    // Draining: the move is still in flight, nothing else starts; deleted after the grace.
+    apply(&mut c, &d);
+    c.now = at(1010 + 121);
+    let d = c.run();
+    assert_eq!(
+        d.deletes
+            .iter()
+            .map(|x| (x.name.as_str(), x.cause))
+            .collect::<Vec<_>>(),
+        [("web-a", DeleteCause::Rebalance)]
+    );
+    assert!(rebalance_events(&d).is_empty());
+}

@@ -8,7 +8,9 @@
 //! gateway (HTTP, on 127.0.0.1 in the test's namespace). Health checks at the defaults (5 s, a
 //! failed check re-checked at once, two failures unpublish), host checks every 5 s.
 //!
-//! Once both members are healthy, a member's host is killed, three ways in turn:
+//! Once both members are healthy and spread over both hosts (after a host's return the pool
+//! moves a member back, `placement.rebalance`; each cycle waits for that move to end, timed),
+//! a member's host is killed, three ways in turn:
 //! 1. **QEMU killed**: the member's QEMU process gets SIGKILL (the host itself answers);
 //! 2. **libvirtd stopped**: the host's libvirtd is stopped and the guests it ran die with it
 //!    (their QEMUs get SIGKILL): the hypervisor is down while the machine still answers SSH;
@@ -36,10 +38,10 @@
 //! request its own connection, with a deadline of 8 s) and records whether it was answered;
 //! each kill counts its window (kill → the pool back at 2). The test asserts that requests
 //! were sent at the client's rate and that, while a member survived the kill, most were
-//! answered (the gateway fails over before the first byte); a kill that takes every member
-//! (both on the frozen host) leaves the pool empty until the replacements boot, and every
-//! request then fails: counted and printed, not asserted. After the last heal the gateway
-//! answers again, from the pool's own addresses only.
+//! answered (the gateway fails over before the first byte). The pool spreads again before
+//! each kill, so a kill takes one member; a kill that took every member would leave the pool
+//! empty until the replacements boot (counted and printed, not asserted). After the last heal
+//! the gateway answers again, from the pool's own addresses only.
 //!
 //! Printed (`eptest: timing:` and `eptest: failover:` lines, `scripts/bench failover`): kill →
 //! unpublished, kill → replacement available, kill → the old address answering from the
@@ -240,6 +242,40 @@ async fn two_healthy(
     }
 }
 
+/// Whether the pool is moving a member to spread again (`status.rebalancing`), from `/status`.
+async fn rebalancing(addr: SocketAddr) -> Option<bool> {
+    let doc = status_json(addr).await?;
+    let pool = doc["pools"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == POOL_NAME)?;
+    Some(!pool["status"]["rebalancing"].is_null())
+}
+
+/// Waits until the pool has 2 available members and nothing else, one on each host, and no
+/// member being moved: after a host's return the pool spreads again (`placement.rebalance`),
+/// so every kill finds one member per host. Returns them.
+async fn two_spread(
+    listen: SocketAddr,
+    budget: Duration,
+    op: &StandaloneOperator,
+) -> BTreeMap<String, Member> {
+    let t0 = Instant::now();
+    loop {
+        let m = two_healthy(listen, budget.saturating_sub(t0.elapsed()), op).await;
+        let hosts: BTreeSet<Option<&String>> = m.values().map(|x| x.host.as_ref()).collect();
+        if hosts.len() == HOSTS && rebalancing(listen).await == Some(false) {
+            return m;
+        }
+        assert!(
+            t0.elapsed() < budget,
+            "the pool is not spread over both hosts {budget:?} after the cycle began: {m:?}\n{}",
+            op.log_tail()
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kill {
     Qemu,
@@ -416,7 +452,14 @@ fn fence_runs(path: &Path) -> usize {
 /// the same addresses as before.
 async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
     let healthy_path = format!("/pools/{POOL_NAME}/healthy.txt");
-    let m = two_healthy(cx.listen, FIRST_BUDGET, cx.op).await;
+    let t_spread = Instant::now();
+    let m = two_spread(cx.listen, FIRST_BUDGET, cx.op).await;
+    println!(
+        "eptest: timing: {} (round {round}): the pool spread over both hosts, settled, {:.1} s \
+         after the cycle began",
+        kind.label(),
+        t_spread.elapsed().as_secs_f64()
+    );
     // NB: a member alone on its host when there is one (a dead host then takes one member),
     // alternating between them from round to round.
     let alone: Vec<(&String, &Member)> = m

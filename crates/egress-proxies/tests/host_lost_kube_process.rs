@@ -7,7 +7,10 @@
 //! `Timeout`/`Unreachable`; the member on h1 is replaced on h2 no sooner than `autohealing.hostDeadAfter` (10 s) after that and within it + the check
 //! interval + slack; the old member keeps no deletion timestamp and its domain stays on h1
 //! while h1 is frozen (the pool's status names it in `lostMembers`, `ReplicaFailure`
-//! `HostLost`); once h1 answers again the old member and its domain are deleted.
+//! `HostLost`); once h1 answers again the old member and its domain are deleted; then, once
+//! h1 has been Ready for `hostDeadAfter` and never before, the pool (both members on h2) is
+//! spread again (`placement.rebalance`, on by default): one member back on h1, a `Rebalancing`
+//! event on the pool, `status.rebalancing` gone at the end.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -44,7 +47,8 @@ fn pool_status(srv: &ApiServer) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_in_kubernetes() {
+async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_and_spreads_again_in_kubernetes()
+{
     let srv = ApiServer::start().await;
     srv.apply_committed_crds().await;
     let hosts = SocketHosts::start(2).await;
@@ -186,5 +190,43 @@ async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_in_kubernetes(
     println!(
         "eptest: {old} and its domain on {h1} deleted {:.1} s after {h1} was thawed",
         t_thaw.elapsed().as_secs_f64()
+    );
+
+    // Spread again: one member back on h1, never before h1 has been Ready for the budget.
+    let t_spread = loop {
+        let m = pool_members(&srv, NS, "web");
+        let since = t_thaw.elapsed();
+        if on(&m, &h1) == 1
+            && on(&m, &h2) == 1
+            && m.values().all(|(_, r)| *r)
+            && pool_status(&srv)["rebalancing"].is_null()
+        {
+            break since;
+        }
+        assert!(
+            on(&m, &h1) == 0 || since + Duration::from_millis(500) >= BUDGET,
+            "a member moved to {h1} {since:?} after it was thawed, before the budget: {m:?}"
+        );
+        assert!(
+            since < DEADLINE,
+            "not spread again {DEADLINE:?} after {h1} returned: {m:?} {}",
+            pool_status(&srv)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    println!(
+        "eptest: spread again (one member on each host) {:.1} s after {h1} was thawed",
+        t_spread.as_secs_f64()
+    );
+    let events = srv.api.objects("events.k8s.io", "events");
+    assert!(
+        events.iter().any(|e| e["reason"] == "Rebalancing"
+            && e["regarding"]["kind"] == "ProxyPool"
+            && e["regarding"]["name"] == "web"
+            && e["note"]
+                .as_str()
+                .unwrap_or("")
+                .contains(&format!("host {h1}"))),
+        "no Rebalancing event naming {h1}"
     );
 }

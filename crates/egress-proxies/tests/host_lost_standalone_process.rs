@@ -11,7 +11,11 @@
 //! - the old member and its domain on h1 stay while h1 is frozen (never deleted before), and
 //!   the pool's status names it (`lostMembers`, `ReplicaFailure` `HostLost`);
 //! - once h1 answers again, the old copy is deleted (its domain gone from h1), counted under
-//!   `cause="host-lost"`.
+//!   `cause="host-lost"`;
+//! - the pool, left with both members on h2, is spread again (`placement.rebalance`, on by
+//!   default): once h1 has been Ready for `hostDeadAfter`, never before, one member moves back
+//!   to h1 (a replacement there first, then the member on h2 goes: `cause="rebalance"`),
+//!   while the available members never drop below `replicas`.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -53,7 +57,8 @@ const POOL_TICK: Duration = Duration::from_secs(2);
 const HOLD: Duration = Duration::from_secs(15);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_and_deletes_it_on_return() {
+async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_deletes_it_on_return_and_spreads_again()
+ {
     let work = tempfile::tempdir().unwrap();
     let fakes = FakeHosts::start(work.path(), ENTRY, IMAGE, &HOSTS).await;
 
@@ -250,6 +255,51 @@ async fn a_pool_replaces_a_member_on_a_dead_host_after_the_budget_and_deletes_it
         .lines()
         .find(|l| {
             l.starts_with("egress_proxies_pool_replacements_total") && l.contains("host-lost")
+        })
+        .unwrap_or_default()
+        .to_owned();
+    assert!(line.ends_with(" 1"), "{line:?}");
+
+    // Spread again: one member back on h1 once h1 has been Ready for the budget, never
+    // before; never fewer than `replicas` available meanwhile.
+    let t_spread = loop {
+        let l = look(listen).await;
+        let since = t_thaw.elapsed();
+        if l.on("h1") == 1
+            && l.on("h2") == 1
+            && l.available() == REPLICAS
+            && l.status["rebalancing"].is_null()
+        {
+            break since;
+        }
+        if l.on("h1") > 0 {
+            assert!(
+                since + Duration::from_millis(500) >= BUDGET,
+                "a member moved to h1 {since:?} after it was thawed, before the budget \
+                 {BUDGET:?}: {l:?}"
+            );
+        }
+        assert!(
+            l.available() >= REPLICAS,
+            "the move took available members below replicas: {l:?}"
+        );
+        assert!(
+            since < DEADLINE,
+            "not spread again {DEADLINE:?} after h1 returned: {l:?}\n{}",
+            op.tail()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    println!(
+        "eptest: spread again (one member on each host) {:.1} s after h1 was thawed",
+        t_spread.as_secs_f64()
+    );
+    assert_eq!((fakes.domains("h1"), fakes.domains("h2")), (1, 1));
+    let metrics = get(listen, "/metrics").await.unwrap_or_default();
+    let line = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("egress_proxies_pool_replacements_total") && l.contains("rebalance")
         })
         .unwrap_or_default()
         .to_owned();

@@ -281,6 +281,14 @@ impl Controller {
                 dead.remove(&r.host);
             }
         }
+        let ready = st.ready_since.entry(entry.to_owned()).or_default();
+        for r in reports {
+            if r.state == egress_provider::model::HostState::Ready {
+                ready.entry(r.host.clone()).or_insert(now);
+            } else {
+                ready.remove(&r.host);
+            }
+        }
         let reasons = st.host_reasons.entry(entry.to_owned()).or_default();
         for r in reports {
             match r.reason() {
@@ -330,6 +338,7 @@ impl Controller {
         let st = lock(&self.inner.state);
         let states = st.health.get(entry);
         let dead = st.dead_since.get(entry);
+        let ready = st.ready_since.get(entry);
         h.config
             .hosts
             .iter()
@@ -338,6 +347,7 @@ impl Controller {
                 state: states.and_then(|s| s.get(&host.name).copied()),
                 maintenance: host.maintenance,
                 dead_since: dead.and_then(|d| d.get(&host.name).copied()),
+                ready_since: ready.and_then(|d| d.get(&host.name).copied()),
                 segment: host.segment.clone(),
             })
             .collect()

@@ -584,3 +584,30 @@ async fn a_hosts_dead_since_runs_while_its_reports_say_dead_and_restarts_on_an_a
     assert!(dead(&c, "h1").is_some());
     assert_eq!(dead(&c, "h2"), None);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_hosts_ready_since_runs_while_its_reports_say_ready_and_restarts_on_any_other() {
+    use egress_provider::model::HostState;
+    let c = controller(Arc::new(Scripted::default()), 4);
+    let ready = |c: &Controller, h: &str| {
+        c.pool_hosts("home")
+            .into_iter()
+            .find(|x| x.name == h)
+            .and_then(|x| x.ready_since)
+    };
+    assert_eq!(ready(&c, "h1"), None);
+    c.record_host_reports("home", &[report("h1", HostState::Ready)]);
+    let first = ready(&c, "h1").expect("ready since the first Ready report");
+    std::thread::sleep(Duration::from_millis(5));
+    c.record_host_reports("home", &[report("h1", HostState::Ready)]);
+    assert_eq!(ready(&c, "h1"), Some(first));
+    // Degraded (or dead) ends it; the next Ready report starts a new one.
+    c.record_host_reports("home", &[report("h1", HostState::Degraded)]);
+    assert_eq!(ready(&c, "h1"), None);
+    std::thread::sleep(Duration::from_millis(5));
+    c.record_host_reports("home", &[report("h1", HostState::Ready)]);
+    assert!(ready(&c, "h1").is_some_and(|t| t > first));
+    c.record_host_reports("home", &[report("h2", HostState::Timeout)]);
+    assert!(ready(&c, "h1").is_some());
+    assert_eq!(ready(&c, "h2"), None);
+}

@@ -42,6 +42,11 @@ pub(super) struct State {
     /// no entry for a host whose last report is not dead. In memory only: an operator restart
     /// restarts every clock, so a pool never replaces a lost member early after one.
     pub(super) dead_since: HashMap<String, HashMap<String, std::time::SystemTime>>,
+    /// Per entry, per host: since when its reports have said it is `Ready` without a break,
+    /// as this process saw it; no entry for a host whose last report is not Ready. In memory
+    /// only, like `dead_since`: after an operator restart a pool moves no member to a host
+    /// before it has been Ready for the settle time again.
+    pub(super) ready_since: HashMap<String, HashMap<String, std::time::SystemTime>>,
     /// Per entry, per host: why its last report is not Ready ([`HostReport::reason`]); no
     /// entry for a Ready host.
     ///

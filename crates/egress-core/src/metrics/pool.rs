@@ -16,7 +16,7 @@ use prometheus_client::registry::Registry;
 /// The states `pool_members` reports, each a series per pool.
 pub const MEMBER_STATES: [&str; 4] = ["available", "unavailable", "quarantined", "deleting"];
 /// The causes `pool_replacements_total` counts.
-const CAUSES: [&str; 9] = [
+const CAUSES: [&str; 10] = [
     "age",
     "unhealthy",
     "failed",
@@ -26,6 +26,7 @@ const CAUSES: [&str; 9] = [
     "listed",
     "drain",
     "host-lost",
+    "rebalance",
 ];
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -69,7 +70,7 @@ impl PoolMetrics {
         let replacements = Family::<CauseLabels, Counter>::default();
         reg.register(
             "pool_replacements",
-            "Members the pool deleted, by cause (age, unhealthy, failed, template, scale-in, quarantine, listed, drain, host-lost)",
+            "Members the pool deleted, by cause (age, unhealthy, failed, template, scale-in, quarantine, listed, drain, host-lost, rebalance)",
             replacements.clone(),
         );
         let ready = Family::<PoolLabel, Histogram, fn() -> Histogram>::new_with_constructor(

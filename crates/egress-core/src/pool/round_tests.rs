@@ -35,6 +35,7 @@ fn hosts() -> Vec<PoolHost> {
         state: Some(HostState::Ready),
         maintenance: Default::default(),
         dead_since: None,
+        ready_since: None,
         segment: None,
     }]
 }
@@ -472,6 +473,7 @@ async fn a_member_lost_with_its_host_is_replaced_kept_then_deleted_as_host_lost_
             state: Some(HostState::Timeout),
             maintenance: Default::default(),
             dead_since: Some(at(0)),
+            ready_since: None,
             segment: None,
         },
         PoolHost {
@@ -479,6 +481,7 @@ async fn a_member_lost_with_its_host_is_replaced_kept_then_deleted_as_host_lost_
             state: Some(HostState::Ready),
             maintenance: Default::default(),
             dead_since: None,
+            ready_since: None,
             segment: None,
         },
     ];

@@ -222,7 +222,7 @@ impl<'de> Deserialize<'de> for ProxyTemplate {
 
 /// Where a pool's members go: spread over the provider entry's hosts, as evenly as health
 /// and capacity allow.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Placement {
@@ -234,6 +234,27 @@ pub struct Placement {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[cfg_attr(feature = "schema", schemars(length(max = 256)))]
     pub hosts: Vec<String>,
+    /// Spread the members again when a host holds at least two more of them than another
+    /// host the pool may use (as after a failover once the dead host is back): one member at
+    /// a time is replaced on the least loaded host, within the `update` budget, once the pool
+    /// is settled and that host has been `Ready` for `autohealing.hostDeadAfter` (default
+    /// true).
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub rebalance: bool,
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+impl Default for Placement {
+    fn default() -> Self {
+        Self {
+            max_per_host: None,
+            hosts: Vec::new(),
+            rebalance: true,
+        }
+    }
 }
 
 impl Placement {

@@ -68,6 +68,10 @@ pub mod reason {
     /// Members on a host dead for `autohealing.hostDeadAfter` were replaced elsewhere
     /// (condition reason of `ReplicaFailure`, and the event of each such member).
     pub const HOST_LOST: &str = "HostLost";
+    /// A member is replaced on a less loaded host to spread the pool again
+    /// (`placement.rebalance`; the event names the member, both hosts and their counts, and
+    /// the `Progressing` reason while it runs).
+    pub const REBALANCING: &str = "Rebalancing";
 }
 
 /// Most entries of `status.retiredAddresses` (the newest are kept).
@@ -135,6 +139,26 @@ pub struct PendingAddress {
     pub lost: bool,
 }
 
+/// A member being replaced on a less loaded host to spread the pool again
+/// (`placement.rebalance`): one at a time.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Rebalancing {
+    /// The member replaced.
+    #[cfg_attr(feature = "schema", schemars(length(max = 253)))]
+    pub member: String,
+    /// Its host (the most loaded).
+    #[cfg_attr(feature = "schema", schemars(length(max = 253)))]
+    pub from: String,
+    /// The host its replacement goes to (the least loaded).
+    #[cfg_attr(feature = "schema", schemars(length(max = 253)))]
+    pub to: String,
+    /// When it started (RFC 3339).
+    #[cfg_attr(feature = "schema", schemars(length(max = 32)))]
+    pub since: String,
+}
+
 /// What the operator reports about a ProxyPool.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -196,6 +220,10 @@ pub struct ProxyPoolStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[cfg_attr(feature = "schema", schemars(length(max = 1000)))]
     pub retired_addresses: Vec<RetiredAddress>,
+    /// The member being replaced on a less loaded host to spread the pool again
+    /// (`placement.rebalance`), until it is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebalancing: Option<Rebalancing>,
     /// The label selector of the pool's members (`egress-proxies.dev/pool=NAME`), as the
     /// `scale` subresource reports it to `kubectl scale` and autoscalers.
     #[serde(default, skip_serializing_if = "String::is_empty")]

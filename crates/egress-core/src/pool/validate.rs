@@ -55,6 +55,9 @@ pub struct PoolPolicy {
     pub max_per_host: Option<u32>,
     /// Only these hosts; empty: every host of the entry.
     pub hosts: Vec<String>,
+    /// Whether a pool that has become uneven (a host with two members more than another) is
+    /// spread again (`placement.rebalance`).
+    pub rebalance: bool,
     /// Members older than this are replaced.
     pub max_age: Option<Duration>,
     /// Whether broken members are replaced.
@@ -359,6 +362,7 @@ impl ProxyPoolSpec {
             max_unavailable,
             max_per_host: self.placement.max_per_host,
             hosts: self.placement.hosts.clone(),
+            rebalance: self.placement.rebalance,
             max_age: max_age.flatten(),
             autohealing: self.autohealing.enabled,
             unhealthy_after,

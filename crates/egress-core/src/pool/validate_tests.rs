@@ -40,6 +40,7 @@ fn a_minimal_manifest_gets_the_documented_defaults() {
             max_unavailable: 0,
             max_per_host: None,
             hosts: vec![],
+            rebalance: true,
             max_age: None,
             autohealing: true,
             unhealthy_after: Duration::from_secs(300),
@@ -245,6 +246,7 @@ fn the_users_page_documents_every_spec_field_with_its_default() {
         ("template", "(required)"),
         ("placement.maxPerHost", "unset"),
         ("placement.hosts", "all hosts"),
+        ("placement.rebalance", "`true`"),
         ("rotation.maxAge", "unset"),
         ("update.maxSurge", "`1`"),
         ("update.maxUnavailable", "`0`"),
@@ -288,7 +290,7 @@ fn the_users_page_documents_every_spec_field_with_its_default() {
         }
     }
     let mut with_all = serde_json::to_value(spec(
-        "placement:\n  maxPerHost: 1\n  hosts: [a]\nrotation:\n  maxAge: 1h\ncredentials:\n  generate: false\n",
+        "placement:\n  maxPerHost: 1\n  hosts: [a]\n  rebalance: false\nrotation:\n  maxAge: 1h\ncredentials:\n  generate: false\n",
     ))
     .unwrap();
     for section in ["placement", "rotation"] {

@@ -43,6 +43,12 @@ pub fn render(doc: &StatusDocument, now: SystemTime, wide: bool) -> String {
         ));
         out.push_str(&retired(p));
         out.push_str(&lost(p));
+        if let Some(r) = &p.status.rebalancing {
+            out.push_str(&format!(
+                "  moving {} from host {} to host {} to spread the pool again (since {})\n",
+                r.member, r.from, r.to, r.since
+            ));
+        }
         if p.members.is_empty() {
             continue;
         }
@@ -207,6 +213,12 @@ mod tests {
                         host: "h2".into(),
                         since: "2026-01-01T01:58:00Z".into(),
                     }],
+                    rebalancing: Some(egress_core::pool::status::Rebalancing {
+                        member: "web-5".into(),
+                        from: "h1".into(),
+                        to: "h2".into(),
+                        since: "2026-01-01T01:59:30Z".into(),
+                    }),
                     ..Default::default()
                 },
                 members: vec![pinned, q, d, drained],
@@ -248,6 +260,13 @@ mod tests {
             text.contains(
                 "\n  lost web-0 with host h2 (dead since 2026-01-01T01:58:00Z): replaced; deleted \
                  once the host answers again\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "\n  moving web-5 from host h1 to host h2 to spread the pool again (since \
+                 2026-01-01T01:59:30Z)\n"
             ),
             "{text}"
         );

@@ -120,7 +120,7 @@ pub(super) fn set(d: &mut PoolDecision, i: &PoolInputs<'_>, r: &Round) {
     };
     let done = !acted
         && !blocked
-        && r.outdated + r.aged + r.listed + r.surplus + r.draining == 0
+        && r.outdated + r.aged + r.listed + r.surplus + r.draining + r.rebalancing == 0
         && r.counted == p.replicas
         && r.available == p.replicas;
     if done {
@@ -133,6 +133,10 @@ pub(super) fn set(d: &mut PoolDecision, i: &PoolInputs<'_>, r: &Round) {
                 "; {} removed member(s) unpublished, deleted after the drain grace",
                 r.unpublished
             ));
+        }
+        if let Some(note) = &r.unspread {
+            msg.push_str("; ");
+            msg.push_str(note);
         }
         cond(d, condition::PROGRESSING, true, reason::COMPLETE, &msg);
     } else if blocked && !acted {
@@ -152,6 +156,11 @@ pub(super) fn set(d: &mut PoolDecision, i: &PoolInputs<'_>, r: &Round) {
             reason::REPLACING_LISTED
         } else if r.aged > 0 || removing(super::DeleteCause::Age) {
             reason::ROTATING
+        } else if r.rebalancing > 0
+            || removing(super::DeleteCause::Rebalance)
+            || d.status.rebalancing.is_some()
+        {
+            reason::REBALANCING
         } else if r.counted < p.replicas {
             reason::SCALING_UP
         } else if r.counted > p.replicas {

@@ -28,6 +28,11 @@ pub struct PoolHost {
     /// in memory: after an operator restart the clock starts again at the first dead report,
     /// so a member is never declared lost early.
     pub dead_since: Option<SystemTime>,
+    /// Since when its reports have said it is `Ready` without a break; `None` when its last
+    /// report is not `Ready` (or there is none). Kept in memory like `dead_since`: after an
+    /// operator restart the clock starts again at the first Ready report, so a pool never
+    /// moves a member to a host early after one (see `placement.rebalance`).
+    pub ready_since: Option<SystemTime>,
     /// Its `segment:` in the config (hosts of one segment share an L2 segment and an
     /// address pool): under `rotation.egressAddress: Keep`, a member lost with its host is
     /// replaced on another host of that host's segment, at its addresses.
@@ -105,11 +110,14 @@ pub enum DeleteCause {
     /// Its host was dead for `autohealing.hostDeadAfter`, so it was replaced elsewhere, and
     /// its host answers again: the old copy goes.
     HostLost,
+    /// Its host holds at least two members more than another host the pool may use
+    /// (`placement.rebalance`): it is replaced on that host.
+    Rebalance,
 }
 
 impl DeleteCause {
     /// The label value: `age`, `unhealthy`, `failed`, `template`, `scale-in`, `quarantine`,
-    /// `listed`, `drain`, `host-lost`.
+    /// `listed`, `drain`, `host-lost`, `rebalance`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Age => "age",
@@ -121,6 +129,7 @@ impl DeleteCause {
             Self::Listed => "listed",
             Self::Drain => "drain",
             Self::HostLost => "host-lost",
+            Self::Rebalance => "rebalance",
         }
     }
 
@@ -135,19 +144,25 @@ impl DeleteCause {
             Self::Quarantine,
             Self::Listed,
             Self::Drain,
+            Self::Rebalance,
         ]
         .into_iter()
         .find(|c| c.as_str() == s)
     }
 
     /// Whether the pool plans this removal (`template`, `age`, `listed`, `drain`,
-    /// `scale-in`): the member is unpublished first and deleted after the drain grace. A
+    /// `scale-in`, `rebalance`): the member is unpublished first and deleted after the drain grace. A
     /// broken member (`failed`, `unhealthy`) and a released quarantined one are deleted at
     /// once.
     pub fn is_planned(self) -> bool {
         matches!(
             self,
-            Self::Age | Self::Template | Self::ScaleIn | Self::Listed | Self::Drain
+            Self::Age
+                | Self::Template
+                | Self::ScaleIn
+                | Self::Listed
+                | Self::Drain
+                | Self::Rebalance
         )
     }
 }

@@ -83,17 +83,22 @@ pub(super) fn created_message(name: &str, host: &str, replaces: Option<&str>) ->
     }
 }
 
-/// Remembers the addresses of `m`, deleted for `cause`, when it had any.
+/// Remembers the addresses of `m`, deleted for `cause`, when it had any: its replacement
+/// takes them on its host, or, for a member moved for spread (cause `rebalance`), on `to` (a
+/// host of the same segment: the addresses move there once `m` is gone).
 pub(super) fn remember(
     list: &mut Vec<PendingAddress>,
     m: &Member,
     cause: DeleteCause,
+    to: Option<&str>,
     replicas: usize,
 ) {
-    if !matches!(cause, DeleteCause::Age | DeleteCause::Template) {
-        return;
-    }
-    let Some(host) = m.host.as_deref().filter(|h| !h.is_empty()) else {
+    let host = match cause {
+        DeleteCause::Age | DeleteCause::Template => m.host.as_deref(),
+        DeleteCause::Rebalance => to,
+        _ => return,
+    };
+    let Some(host) = host.filter(|h| !h.is_empty()) else {
         return;
     };
     if m.egress_address.is_empty() || list.iter().any(|e| e.member == m.name) {

@@ -32,6 +32,10 @@
 //!    `place` (spread, `maxPerHost`, host health, backoff).
 //!    A member on a draining host (`maintenance: Drain`) is outdated too (cause `drain`, ahead
 //!    of every other cause) and no new member goes to a cordoned or draining host.
+//!    **Spread** ([`rebalance`], `placement.rebalance`): in a settled pool, when a host holds
+//!    two members more than a host that has been Ready for `hostDeadAfter`, the oldest member
+//!    of the most loaded host is outdated too (cause `rebalance`, one at a time, remembered in
+//!    `status.rebalancing`) and the first create goes to that host.
 //! 6. **Removals** of outdated (cause `template`, `drain`), aged (`age`) and surplus (`scale-in`)
 //!    members, unavailable ones first: an available member is removed only while more than
 //!    `replicas - maxUnavailable` are available, and removals never take the pool's members
@@ -49,11 +53,13 @@
 //! recorded on it (so an operator restart changes nothing); broken members and released
 //! quarantined ones are deleted at once.
 
+mod acts;
 mod conditions;
 mod io;
 mod keep;
 mod lost;
 mod place;
+mod rebalance;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -70,6 +76,8 @@ mod tests_lead;
 mod tests_listed;
 #[cfg(test)]
 mod tests_lost;
+#[cfg(test)]
+mod tests_rebalance;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
@@ -79,9 +87,10 @@ use crate::controller::{Event, EventKind};
 use crate::model::{MAX_MESSAGE_CHARS, truncate};
 use crate::pool::member::{Drain, Member, member_name};
 use crate::pool::spec::{OnListed, ScaleInOrder};
-use crate::pool::status::{HostFailures, MAX_RETIRED, RetiredAddress, reason};
+use crate::pool::status::{MAX_RETIRED, RetiredAddress, reason};
 use egress_provider::libvirt::config::Maintenance;
 
+use self::acts::{delete, record_failure, removal_order, tier, unpublish};
 pub use self::io::{
     CreateMember, DeleteCause, DeleteMember, PoolDecision, PoolHost, PoolInputs, UnpublishMember,
 };
@@ -104,6 +113,10 @@ struct Round {
     surplus: usize,
     /// Members left on draining hosts after this round's removals.
     draining: usize,
+    /// Members left to move for spread (`placement.rebalance`) after this round's removals.
+    rebalancing: usize,
+    /// Why an uneven pool is not spread again.
+    unspread: Option<String>,
     /// Members unpublished and waiting for their drain grace to end after this round.
     unpublished: usize,
     /// Members counted (not quarantined) and their available / updated subsets, before acting.
@@ -383,6 +396,28 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
         }
     }
     let replicas = usize::try_from(p.replicas).unwrap_or(usize::MAX);
+    // Spread restored (`placement.rebalance`): in a settled pool, one member of the most
+    // loaded host is outdated (cause `rebalance`), its replacement made on the target host.
+    let settled = i.members.len() == replicas
+        && remaining.len() == replicas
+        && remaining
+            .iter()
+            .all(|m| m.available && m.unhealthy_since.is_none())
+        && stale.is_empty()
+        && d.deletes.is_empty()
+        && r.quarantined == 0
+        && r.lost.is_empty()
+        && r.unpublished == 0
+        && d.status.pending_addresses.is_empty();
+    let spread = rebalance::plan(
+        i,
+        settled,
+        &mut fresh,
+        &mut stale,
+        &mut d.events,
+        &mut wake_at,
+    );
+    r.unspread = spread.note;
     let max_total = usize::try_from(p.max_total()).unwrap_or(usize::MAX);
     // Keep: a replaced member's addresses wait in the status until it is gone, then its
     // replacement takes them on its host (elsewhere, fresh, when that host is unusable).
@@ -408,14 +443,23 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
         .min(max_members.saturating_sub(
             remaining.len() + r.quarantined + r.lost.len() + r.unpublished + held + pinned.len(),
         ));
-    let placed = place::place(
-        wanted,
+    // A rebalance's replacement goes to its target (elsewhere when the target cannot take it).
+    let targeted = match spread.target.as_deref() {
+        Some(t) if wanted > 0 => {
+            let target: Vec<PoolHost> = i.hosts.iter().filter(|h| h.name == t).cloned().collect();
+            place::place(1, p, &target, &d.status.host_failures, &mut counts, now).hosts
+        }
+        _ => Vec::new(),
+    };
+    let mut placed = place::place(
+        wanted - targeted.len(),
         p,
         i.hosts,
         &d.status.host_failures,
         &mut counts,
         now,
     );
+    placed.hosts.splice(0..0, targeted);
     r.unplaced = wanted - placed.hosts.len().min(wanted);
     r.refused = placed.refused;
     r.backing_off = placed.backing_off;
@@ -475,6 +519,7 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
                 DeleteCause::Age => r.aged += 1,
                 DeleteCause::Listed => r.listed += 1,
                 DeleteCause::Drain => r.draining += 1,
+                DeleteCause::Rebalance => r.rebalancing += 1,
                 _ => r.surplus += 1,
             }
             continue;
@@ -503,10 +548,14 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
             _ => delete(&mut d, m, cause),
         }
         if p.keep_addresses {
-            keep::remember(&mut d.status.pending_addresses, m, cause, replicas);
+            // A member moved for spread leaves its addresses for the target host (of its
+            // segment: see `rebalance`).
+            let to = spread.entry.as_ref().map(|e| e.to.as_str());
+            keep::remember(&mut d.status.pending_addresses, m, cause, to, replicas);
         }
     }
 
+    d.status.rebalancing = spread.entry;
     d.status.observed_generation = i.generation;
     d.status.template_hash = i.template_hash.to_owned();
     d.status.replicas = r.counted;
@@ -516,79 +565,4 @@ pub fn decide(i: &PoolInputs<'_>) -> PoolDecision {
     conditions::set(&mut d, i, &r);
     d.requeue_after = wake.map(|t| t.duration_since(now).unwrap_or(Duration::ZERO));
     d
-}
-
-/// 0: unhealthy, 1: not available yet, 2: available.
-fn tier(m: &Member) -> u8 {
-    if m.unhealthy_since.is_some() || m.phase == crate::model::Phase::Failed {
-        0
-    } else if !m.available {
-        1
-    } else {
-        2
-    }
-}
-
-/// Scale-in order: unhealthy, then not available, then by age per `order` (name last, so
-/// the order is total).
-fn removal_order(a: &Member, b: &Member, order: ScaleInOrder) -> std::cmp::Ordering {
-    let age = match order {
-        ScaleInOrder::OldestFirst => a.created.cmp(&b.created),
-        ScaleInOrder::NewestFirst => b.created.cmp(&a.created),
-    };
-    tier(a)
-        .cmp(&tier(b))
-        .then(age)
-        .then_with(|| a.name.cmp(&b.name))
-}
-
-fn delete(d: &mut PoolDecision, m: &Member, cause: DeleteCause) {
-    let kind = match cause {
-        DeleteCause::Failed | DeleteCause::Unhealthy => EventKind::Warning,
-        _ => EventKind::Normal,
-    };
-    d.events.push(Event::new(
-        kind,
-        reason::MEMBER_DELETED,
-        &format!("deleted member {} (cause: {})", m.name, cause.as_str()),
-    ));
-    d.deletes.push(DeleteMember {
-        name: m.name.clone(),
-        cause,
-    });
-}
-
-fn unpublish(d: &mut PoolDecision, m: &Member, drain: Drain, due: SystemTime) {
-    d.events.push(Event::new(
-        EventKind::Normal,
-        reason::MEMBER_DRAINING,
-        &format!(
-            "unpublished member {} (cause: {}); deleting it at {} (drain grace)",
-            m.name,
-            drain.cause.as_str(),
-            fmt_time(due)
-        ),
-    ));
-    d.unpublishes.push(UnpublishMember {
-        name: m.name.clone(),
-        cause: drain.cause,
-        marker: drain.marker(),
-    });
-}
-
-fn record_failure(list: &mut Vec<HostFailures>, host: &str, why: &str, now: SystemTime) {
-    let message = truncate(&egress_provider::error::redact(why), MAX_MESSAGE_CHARS);
-    match list.iter_mut().find(|f| f.host == host) {
-        Some(f) => {
-            f.count = f.count.saturating_add(1);
-            f.last_failure = fmt_time(now);
-            f.message = message;
-        }
-        None => list.push(HostFailures {
-            host: host.to_owned(),
-            count: 1,
-            last_failure: fmt_time(now),
-            message,
-        }),
-    }
 }

@@ -38,6 +38,7 @@ pub(super) fn hosts(names: &[&str]) -> Vec<PoolHost> {
             state: Some(HostState::Ready),
             maintenance: Default::default(),
             dead_since: None,
+            ready_since: None,
             segment: None,
         })
         .collect()
@@ -249,6 +250,7 @@ fn spread_skips_an_unhealthy_host_and_a_full_one_and_says_which_when_none_is_lef
         state: Some(HostState::Degraded),
         maintenance: Default::default(),
         dead_since: None,
+        ready_since: None,
         segment: None,
     });
     let d = c.run();

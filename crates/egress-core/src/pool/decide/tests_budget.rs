@@ -31,6 +31,10 @@ fn run_history(seed: u64, replicas: u32, spec: &str, steps: usize) {
         vec![],
         &["h1", "h2", "h3", "h4"],
     );
+    // Hosts Ready since the start: uneven pools are spread again (`placement.rebalance`).
+    for h in &mut c.hosts {
+        h.ready_since = Some(at(0));
+    }
     let mut sims: BTreeMap<String, Sim> = BTreeMap::new();
     let mut t: u64 = 0;
     let mut chaos = true;
@@ -38,6 +42,9 @@ fn run_history(seed: u64, replicas: u32, spec: &str, steps: usize) {
         if step == steps / 2 {
             chaos = false;
             for h in &mut c.hosts {
+                if h.state != Some(HostState::Ready) {
+                    h.ready_since = Some(at(t));
+                }
                 h.state = Some(HostState::Ready);
             }
         }
@@ -53,12 +60,18 @@ fn run_history(seed: u64, replicas: u32, spec: &str, steps: usize) {
                 c.policy = policy(&format!("replicas: {n}\n{spec}"));
             }
             if rng.u8(0..20) == 0 {
-                let h = rng.usize(0..c.hosts.len());
-                c.hosts[h].state = [
+                let h = &mut c.hosts[rng.usize(0..4)];
+                let state = [
                     Some(HostState::Ready),
                     Some(HostState::Unreachable),
                     Some(HostState::Degraded),
                 ][rng.usize(0..3)];
+                if state != Some(HostState::Ready) {
+                    h.ready_since = None;
+                } else if h.state != state {
+                    h.ready_since = Some(at(t));
+                }
+                h.state = state;
             }
         }
         for m in &mut c.members {
@@ -221,6 +234,19 @@ fn run_history(seed: u64, replicas: u32, spec: &str, steps: usize) {
         );
         let left = c.members.iter().filter(|m| m.draining.is_none()).count();
         assert_eq!(left, p.replicas as usize, "seed {seed}");
+        // And spread: no host holds two members more than another (each takes them).
+        if c.status.rebalancing.is_none() && p.rebalance {
+            let mut per_host: BTreeMap<&str, usize> =
+                c.hosts.iter().map(|h| (h.name.as_str(), 0)).collect();
+            for m in c.members.iter().filter(|m| m.draining.is_none()) {
+                *per_host.entry(m.host.as_deref().unwrap()).or_default() += 1;
+            }
+            let (lo, hi) = (per_host.values().min(), per_host.values().max());
+            assert!(
+                hi.unwrap() - lo.unwrap() <= 1,
+                "seed {seed}: not spread: {per_host:?}"
+            );
+        }
     }
 }
 

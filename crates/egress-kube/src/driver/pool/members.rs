@@ -160,6 +160,7 @@ mod tests {
             state: Some(egress_provider::model::HostState::Ready),
             maintenance: Default::default(),
             dead_since: None,
+            ready_since: None,
             segment: None,
         }];
         decide(&PoolInputs {

@@ -253,10 +253,12 @@ async fn a_listed_member_is_reported_replaced_within_budget_and_its_address_reti
     );
 
     // `egress-proxies addresses` against the operator's status listener lists the retirement
-    // (from the pool's status) and the replacement's address allocated to it.
+    // (from the pool's status) and the replacement's address allocated to it. The operator's
+    // view follows the API server through its watch, so it may lag the read above by a moment:
+    // asked again until it shows the replacement's address.
     let listen = status_listen;
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_egress-proxies"))
+    let ask = move || {
+        let out = Command::new(env!("CARGO_BIN_EXE_egress-proxies"))
             .args([
                 "addresses",
                 "--server",
@@ -266,12 +268,27 @@ async fn a_listed_member_is_reported_replaced_within_budget_and_its_address_reti
             ])
             .env_remove("EGRESS_PROXIES_SERVER")
             .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let doc: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+            .unwrap();
+        let doc: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        doc
+    };
+    let want = got[0].clone();
+    let doc = wait_for(
+        "the operator's view to show the replacement's address",
+        DEADLINE,
+        || {
+            let want = want.clone();
+            async move {
+                let doc = tokio::task::spawn_blocking(ask).await.unwrap();
+                let shown = doc["addresses"]
+                    .as_array()
+                    .is_some_and(|rows| rows.iter().any(|r| r["address"] == want.as_str()));
+                shown.then_some(doc)
+            }
+        },
+    )
+    .await;
     let rows = doc["addresses"].as_array().cloned().unwrap_or_default();
     let row = |a: &str| rows.iter().find(|r| r["address"] == a).cloned();
     let r = row(LISTED).unwrap_or_else(|| panic!("{doc:#}"));

@@ -581,14 +581,23 @@ fn vendor_data_the_entry_configures_is_kept_never_dropped() {
 }
 
 /// A directory of stub commands, each recording its arguments into `log`.
+/// Each stub logs its call and exits 0; `NAME=STATE` makes `NAME is-enabled` answer `STATE`
+/// (as systemctl does: exit 0), a stub without a state answers `disabled` (exit 1).
 fn stubs(dir: &Path, names: &[&str], log: &Path) {
     std::fs::create_dir_all(dir).unwrap();
-    for n in names {
+    for spec in names {
+        let (n, state) = spec.split_once('=').unwrap_or((spec, ""));
         let p = dir.join(n);
+        let answer = if state.is_empty() {
+            "echo disabled; exit 1".to_owned()
+        } else {
+            format!("echo {state}; exit 0")
+        };
         std::fs::write(
             &p,
             format!(
-                "#!/bin/sh\necho \"{n} $*\" >> '{}'\nexit 0\n",
+                "#!/bin/sh\necho \"{n} $*\" >> '{}'\n\
+                 if [ \"$1\" = is-enabled ]; then {answer}; fi\nexit 0\n",
                 log.display()
             ),
         )
@@ -635,15 +644,27 @@ fn the_agent_script_installs_and_starts_the_agent_on_systemd_images() {
     assert_eq!(
         calls,
         "apt-get update -q\napt-get install -y -q qemu-guest-agent\n\
-         systemctl enable qemu-guest-agent\nsystemctl start qemu-guest-agent\n"
+         systemctl is-enabled qemu-guest-agent\nsystemctl enable qemu-guest-agent\n\
+         systemctl start qemu-guest-agent\n"
     );
     // Already installed: nothing is installed, it is still started.
     let (calls, err) = run_agent_script(&["qemu-ga", "apt-get", "systemctl"], true);
     assert_eq!(
         calls,
-        "systemctl enable qemu-guest-agent\nsystemctl start qemu-guest-agent\n"
+        "systemctl is-enabled qemu-guest-agent\nsystemctl enable qemu-guest-agent\n\
+         systemctl start qemu-guest-agent\n"
     );
     assert!(err.contains("already installed"), "{err}");
+    // Static (Debian's unit, started by udev) or enabled: not enabled again (each `systemctl
+    // enable` reloads systemd, seconds of a TCG boot), still started.
+    for state in ["static", "enabled"] {
+        let stub = format!("systemctl={state}");
+        let (calls, _) = run_agent_script(&["qemu-ga", &stub], true);
+        assert_eq!(
+            calls, "systemctl is-enabled qemu-guest-agent\nsystemctl start qemu-guest-agent\n",
+            "{state}"
+        );
+    }
 }
 
 #[test]

@@ -350,12 +350,18 @@ fn install_if_missing(out: &mut String, present: &str, deb: &str, apk: &str) {
 }
 
 /// The shell that enables and (re)starts `services` (the first that exists) on systemd or
-/// OpenRC (finding L10).
+/// OpenRC (finding L10). On systemd a unit already enabled is not enabled again: `systemctl
+/// enable` reloads systemd (and runs `update-rc.d` for a unit with an init script), about
+/// 6 s of a first boot under TCG, for nothing.
 fn start_service(out: &mut String, systemd: &str, openrc: &str) {
     let _ = writeln!(
         out,
         "if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then\n  \
-         systemctl enable {systemd}\n  systemctl restart {systemd}\n\
+         case \"$(systemctl is-enabled {systemd} 2>/dev/null)\" in\n    \
+         enabled) ;;\n    \
+         *) systemctl enable {systemd} ;;\n  \
+         esac\n  \
+         systemctl restart {systemd}\n\
          elif command -v rc-service >/dev/null 2>&1; then\n  \
          rc-update add {openrc} default\n  rc-service {openrc} restart\n\
          fi"

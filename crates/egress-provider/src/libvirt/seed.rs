@@ -268,10 +268,10 @@ pub fn payload_type(what: &str, payload: &str) -> Result<&'static str> {
 }
 
 /// The agent-install script (finding L10): installs qemu-guest-agent only when `qemu-ga` is
-/// missing, then enables and starts it with systemd when the guest booted with systemd, else
-/// with OpenRC (`rc-update`/`rc-service`) when present, else reports that neither was found.
-/// It never fails the boot (always exits 0) and reports every failure on stderr, which
-/// cloud-init logs.
+/// missing, then enables it (unless it is enabled or static) and starts it with systemd when
+/// the guest booted with systemd, else with OpenRC (`rc-update`/`rc-service`) when present,
+/// else reports that neither was found. It never fails the boot (always exits 0) and reports
+/// every failure on stderr, which cloud-init logs.
 pub fn agent_script() -> String {
     format!(
         r#"#!/bin/sh
@@ -296,7 +296,12 @@ else
 fi
 if [ -d {SYSTEMD_RUNTIME_DIR} ] && have systemctl; then
   # NB: the unit is static on Debian/Ubuntu (started by udev); enable may refuse, start works.
-  systemctl enable qemu-guest-agent >/dev/null 2>&1 || true
+  # Not enabled again when it is enabled or static: `systemctl enable` reloads systemd (~6 s
+  # of a first boot under TCG) even when it changes nothing.
+  case "$(systemctl is-enabled qemu-guest-agent 2>/dev/null)" in
+    enabled|static) ;;
+    *) systemctl enable qemu-guest-agent >/dev/null 2>&1 || true ;;
+  esac
   systemctl start qemu-guest-agent || log "systemctl could not start qemu-guest-agent"
 elif have rc-update; then
   rc-update add qemu-guest-agent default || log "rc-update could not enable qemu-guest-agent"

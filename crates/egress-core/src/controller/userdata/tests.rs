@@ -180,6 +180,67 @@ fn the_start_script_works_on_systemd_and_openrc_images() {
     );
 }
 
+/// Runs `start_service(unit, unit)`'s shell with a stub `systemctl` whose `is-enabled`
+/// answers `state` (exit 0) or `disabled` (exit 1, `state` empty), on a "booted with systemd"
+/// directory of its own; returns the stub's calls.
+fn run_start_service(unit: &str, state: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    let sd = dir.path().join("run-systemd-system");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&sd).unwrap();
+    let log = dir.path().join("calls.log");
+    let answer = if state.is_empty() {
+        "echo disabled; exit 1".to_owned()
+    } else {
+        format!("echo {state}; exit 0")
+    };
+    let stub = bin.join("systemctl");
+    std::fs::write(
+        &stub,
+        format!(
+            "#!/bin/sh\necho \"systemctl $*\" >> '{}'\n\
+             if [ \"$1\" = is-enabled ]; then {answer}; fi\nexit 0\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&stub)
+        .status()
+        .unwrap();
+    let mut script = String::new();
+    start_service(&mut script, unit, unit);
+    let script = script.replace("/run/systemd/system", sd.to_str().unwrap());
+    let out = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(&script)
+        .env_clear()
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{script}: {out:?}");
+    std::fs::read_to_string(&log).unwrap_or_default()
+}
+
+#[test]
+fn a_service_already_enabled_is_only_restarted() {
+    // `systemctl enable` reloads systemd (and runs update-rc.d for tinyproxy's init script):
+    // seconds of every first boot under TCG when the image already enables the service.
+    assert_eq!(
+        run_start_service("tinyproxy", "enabled"),
+        "systemctl is-enabled tinyproxy\nsystemctl restart tinyproxy\n"
+    );
+    for state in ["", "disabled"] {
+        assert_eq!(
+            run_start_service("danted", state),
+            "systemctl is-enabled danted\nsystemctl enable danted\nsystemctl restart danted\n",
+            "{state:?}"
+        );
+    }
+}
+
 #[test]
 fn the_package_is_installed_only_when_missing_so_preinstalled_images_boot_offline() {
     for (proto, probe) in [

@@ -647,6 +647,10 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
     let (replacement, how) = if let Some((t, how)) = &elsewhere {
         (*t, how.clone())
     } else {
+        // NB: the pool's row of a member can still say available for a moment after its
+        // guest died (it follows the member's reconcile, which re-creates the domain first):
+        // a new QEMU counts once the row has said unavailable since the kill.
+        let mut seen_down = false;
         loop {
             let m = members(cx.listen).await.unwrap_or_default();
             let n = available(&m);
@@ -657,11 +661,12 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
                 if qemu_started.is_none() && pid.is_some() && pid != old_pid {
                     qemu_started = Some(t0.elapsed());
                 }
+                seen_down |= !x.available;
                 if n == 2 && m.len() == 2 && x.available {
                     if kind == Kill::Frozen && pid == old_pid {
                         break (t0.elapsed(), "the same guest, republished".into());
                     }
-                    if pid.is_some() && pid != old_pid {
+                    if pid.is_some() && pid != old_pid && seen_down {
                         break (t0.elapsed(), "re-created in place (a new QEMU)".into());
                     }
                 }

@@ -648,8 +648,9 @@ async fn kill_cycle(cx: &mut Ctx<'_>, kind: Kill, round: usize) -> Figures {
         (*t, how.clone())
     } else {
         // NB: the pool's row of a member can still say available for a moment after its
-        // guest died (it follows the member's reconcile, which re-creates the domain first):
-        // a new QEMU counts once the row has said unavailable since the kill.
+        // guest died (it follows at the pool's next round, up to ~2 s later, and the member's
+        // reconcile may start the new QEMU before that): a new QEMU counts once the row has
+        // said unavailable since the kill.
         let mut seen_down = false;
         loop {
             let m = members(cx.listen).await.unwrap_or_default();

@@ -580,9 +580,9 @@ fn vendor_data_the_entry_configures_is_kept_never_dropped() {
     assert_eq!(seed::vendor_data(&guest(false, None)).unwrap(), None);
 }
 
-/// A directory of stub commands, each recording its arguments into `log`.
-/// Each stub logs its call and exits 0; `NAME=STATE` makes `NAME is-enabled` answer `STATE`
-/// (as systemctl does: exit 0), a stub without a state answers `disabled` (exit 1).
+/// A directory of stub commands, each recording its arguments into `log` and exiting 0;
+/// `NAME=STATE` makes `NAME is-enabled` answer `STATE` (as systemctl does: exit 0), a stub
+/// without a state answers `disabled` (exit 1).
 fn stubs(dir: &Path, names: &[&str], log: &Path) {
     std::fs::create_dir_all(dir).unwrap();
     for spec in names {

@@ -254,8 +254,8 @@ async fn a_listed_member_is_reported_replaced_within_budget_and_its_address_reti
 
     // `egress-proxies addresses` against the operator's status listener lists the retirement
     // (from the pool's status) and the replacement's address allocated to it. The operator's
-    // view follows the API server through its watch, so it may lag the read above by a moment:
-    // asked again until it shows the replacement's address.
+    // Proxy rows are set once per health round, so they may lag the read above by up to a
+    // round: asked again until they show the replacement's address.
     let listen = status_listen;
     let ask = move || {
         let out = Command::new(env!("CARGO_BIN_EXE_egress-proxies"))

@@ -154,7 +154,12 @@ impl Providers {
                 unix: UnixConnector::new(&e.timeouts),
             });
             let pool = HostPool::new(e.clone(), connector, opts.pool.clone())?;
-            let mut provider = LibvirtProvider::new(pool, opts.fetch.clone(), opts.check.clone());
+            // The entry's own `timeouts.check` bounds each call of its hosts' checks.
+            let check = CheckOptions {
+                call_timeout: e.timeouts.check,
+                ..opts.check.clone()
+            };
+            let mut provider = LibvirtProvider::new(pool, opts.fetch.clone(), check);
             // The installation's ID in every mark it writes; others' marks are foreign.
             if let Some(id) = &cfg.installation {
                 provider = provider.with_installation(id)?;

@@ -301,6 +301,27 @@ fn zero_or_absurd_timeouts_are_rejected() {
         "providers[0].timeouts.imageImport",
         "86401s",
     );
+    // a host check's calls share a 20 s budget
+    for bad in ["0", "21"] {
+        only_error(
+            &with("      check: 10", &format!("      check: {bad}")),
+            "providers[0].timeouts.check",
+            &format!("{bad}s is out of range 1..=20"),
+        );
+    }
+    for good in ["1", "4s", "20"] {
+        let cfg = ok(&with("      check: 10", &format!("      check: {good}")));
+        let ProviderEntry::Libvirt(e) = &cfg.providers[0];
+        assert_eq!(
+            e.timeouts.check,
+            whole_seconds(good),
+            "timeouts.check: {good}"
+        );
+    }
+}
+
+fn whole_seconds(s: &str) -> std::time::Duration {
+    std::time::Duration::from_secs(s.trim_end_matches('s').parse().unwrap())
 }
 
 // finding: L20

@@ -517,3 +517,51 @@ async fn the_address_to_probe_is_the_one_the_provider_verified_never_one_from_th
     assert_eq!(s.controller.verified_address(&o.uid), None);
     s.controller.forget(&o.uid);
 }
+
+/// A reconcile says when it started a create (`Outcome::instance_started`): for the first
+/// instance and for one re-created in place of a stopped one, never while the instance runs,
+/// so a driver drops the old instance's health results exactly when a new guest is coming.
+#[tokio::test]
+async fn a_reconcile_reports_each_create_it_starts_and_nothing_else() {
+    let s = setup();
+    let o = proxy(1, None);
+    let objs = [o.clone()];
+    let mut statuses = BTreeMap::new();
+    let mut started = 0;
+    let t0 = Instant::now();
+    while phase(&statuses, &o.uid) != Phase::Running {
+        let (_, outs) = round(&s, &objs, &mut statuses).await;
+        started += outs.iter().filter(|x| x.instance_started).count();
+        assert!(t0.elapsed() < CONVERGE_BUDGET, "{statuses:#?}");
+        tokio::time::sleep(ROUND).await;
+    }
+    assert_eq!(started, 1, "the first create");
+    for _ in 0..5 {
+        let (_, outs) = round(&s, &objs, &mut statuses).await;
+        assert!(
+            outs.iter().all(|x| !x.instance_started),
+            "a running instance's reconcile started a create"
+        );
+    }
+    // The guest dies (QEMU killed): the next reconcile re-creates it in place, once.
+    let name = names::domain(ENTRY, &o.uid);
+    for fake in s.fakes.values() {
+        if fake.domain(&name).is_some() {
+            fake.set_domain_state(&name, libvirt_fake::domain_state::SHUTOFF, 1)
+                .unwrap();
+        }
+    }
+    let mut started = 0;
+    let t0 = Instant::now();
+    loop {
+        let (_, outs) = round(&s, &objs, &mut statuses).await;
+        started += outs.iter().filter(|x| x.instance_started).count();
+        if started > 0 && phase(&statuses, &o.uid) == Phase::Running {
+            break;
+        }
+        assert!(t0.elapsed() < CONVERGE_BUDGET, "{statuses:#?}");
+        tokio::time::sleep(ROUND).await;
+    }
+    assert_eq!(started, 1, "the re-create in place");
+    s.controller.forget(&o.uid);
+}

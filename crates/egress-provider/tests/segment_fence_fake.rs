@@ -5,7 +5,9 @@
 //!   deadline); the create's error says what it waits for (the command's status and stderr,
 //!   or the timeout);
 //! - once h1's fence command exits 0 (or an administrator fences h1), the create on h2 gets
-//!   the address; when h1 answers again with its old domain, the address stays on h2;
+//!   the address; when h1 answers again with its old domain, the address stays on h2; a
+//!   frozen h1 the checks found dead is fenced after one check call's deadline, not a whole
+//!   call's;
 //! - the fence command runs only for a create of the same Proxy whose copy holds the address
 //!   on h1: another Proxy pinned to that address never runs it (counted in a marker file) and
 //!   waits, naming h1 and how an administrator declares it dead;
@@ -139,6 +141,11 @@ async fn setup() -> Setup {
 
 impl Setup {
     fn provider(&self, h1_fence: Option<Fence>) -> LibvirtProvider {
+        self.provider_with_call(h1_fence, Duration::from_secs(1))
+    }
+
+    /// [`Setup::provider`] with `timeouts.call` = `call` (host check calls still 1 s).
+    fn provider_with_call(&self, h1_fence: Option<Fence>, call: Duration) -> LibvirtProvider {
         let mut images = BTreeMap::new();
         images.insert(
             "tiny".to_string(),
@@ -159,7 +166,7 @@ impl Setup {
             guest: Default::default(),
             timeouts: Timeouts {
                 dial: Duration::from_secs(1),
-                call: Duration::from_secs(1),
+                call,
                 ..Timeouts::default()
             },
             defaults: Default::default(),
@@ -438,6 +445,35 @@ async fn a_replacement_naming_the_lost_holder_fences_its_host_and_takes_its_addr
         "{:?}",
         s.domains("h2")
     );
+}
+
+/// A frozen host the checks found dead gets one check call's deadline (1 s here) to answer
+/// the replacement's listing before its fence runs, not a whole call's (`timeouts.call`, 60 s
+/// here) nor keepalive's 30 s: the replacement is created well within 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_hosts_fence_runs_after_one_check_calls_deadline_not_a_whole_calls() {
+    let s = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ok"), "").unwrap();
+    let p = s.provider_with_call(Some(fence_script(dir.path())), Duration::from_secs(60));
+    create(&p, uid(1), "h1", &["203.0.113.10"]).await.unwrap();
+    s.h1().faults().freeze();
+    h1_dead(&p).await;
+    let t = Instant::now();
+    let moved = tokio::time::timeout(
+        Duration::from_secs(10),
+        create_replacing(&p, uid(3), "h2", &["203.0.113.10"], Some(uid(1))),
+    )
+    .await
+    .expect("the replacement waited on the frozen host for more than 10 s")
+    .unwrap();
+    println!(
+        "eptest: replacement created {:.2} s after h1 was found dead",
+        t.elapsed().as_secs_f64()
+    );
+    assert_eq!(moved.egress, vec![ip("203.0.113.10")]);
+    let runs = std::fs::read_to_string(dir.path().join("runs")).unwrap();
+    assert_eq!(runs.lines().count(), 1, "{runs}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,8 +5,8 @@
 //! What it proves, through `egress-proxies status` and `/status`:
 //! - h2 is cordoned in the config: `status` prints `host ENTRY/h2 is Ready, Cordoned`, and
 //!   Proxy `a` runs on h1;
-//! - h1 frozen (libvirt-fake's freeze fault: nothing answered): its line turns `Timeout` or
-//!   `Unreachable`; `a` keeps its phase `Running` with `Ready` False, reason
+//! - h1 frozen (libvirt-fake's freeze fault: nothing answered): its line turns `Timeout`
+//!   (the check's calls give up after the entry's `timeouts.check`, 3 s here); `a` keeps its phase `Running` with `Ready` False, reason
 //!   `HostUnreachable`, its message naming h1, since when and h1's error (what `status`
 //!   shows as its LAST ERROR);
 //! - `hosts fence h1`: `status` prints the declaration under h1's line, `declared dead:
@@ -100,7 +100,12 @@ async fn status_names_a_dead_a_declared_dead_and_a_cordoned_host_and_a_proxy_say
     let fakes = FakeHosts::start(work.path(), ENTRY, IMAGE, &HOSTS).await;
     let cfg = work.path().join("providers.yaml");
     let hosts = fakes.host_yaml("h1", "") + &fakes.host_yaml("h2", "        maintenance: Cordon\n");
-    write_whole(&cfg, &providers_yaml(ENTRY, IMAGE, &hosts, ""));
+    // A host check's calls get 3 s instead of the default 10 s: a frozen h1 reads Timeout
+    // 3 s into the first check after the freeze, and its error says so.
+    write_whole(
+        &cfg,
+        &providers_yaml(ENTRY, IMAGE, &hosts, "    timeouts:\n      check: 3\n"),
+    );
     let dir = work.path().join("manifests");
     std::fs::create_dir(&dir).unwrap();
     write(
@@ -144,13 +149,29 @@ async fn status_names_a_dead_a_declared_dead_and_a_cordoned_host_and_a_proxy_say
     println!("eptest: freezing h1");
     fakes.fakes["h1"].faults().freeze();
     let t_freeze = Instant::now();
-    until("h1 dead in status", &mut op, listen, || async {
-        let out = status(listen);
-        (out.contains(&format!("host {ENTRY}/h1 is Timeout"))
-            || out.contains(&format!("host {ENTRY}/h1 is Unreachable")))
-        .then_some(())
+    // NB: keepalive declares the link dead 30 s after h1's last answer (then `Unreachable`);
+    // the first check after the freeze (every 1 s here) gives up 3 s in, long before that:
+    // `Timeout`, its error naming the entry's `timeouts.check`.
+    let row = until("h1 Timeout in /hosts", &mut op, listen, || async {
+        let doc = json(listen, "/hosts").await;
+        let row = doc
+            .as_array()?
+            .iter()
+            .find(|h| h["host"] == format!("{ENTRY}/h1") || h["host"] == "h1")?
+            .clone();
+        (row["state"] == "Timeout").then_some(row)
     })
     .await;
+    assert!(
+        row.to_string().contains("within 3s"),
+        "h1's check did not give up after timeouts.check (3 s): {row}"
+    );
+    let out = status(listen);
+    assert!(
+        out.contains(&format!("host {ENTRY}/h1 is Timeout"))
+            || out.contains(&format!("host {ENTRY}/h1 is Unreachable")),
+        "{out}"
+    );
     println!(
         "eptest: h1 dead in status {:.1} s after the freeze",
         t_freeze.elapsed().as_secs_f64()
@@ -173,6 +194,7 @@ async fn status_names_a_dead_a_declared_dead_and_a_cordoned_host_and_a_proxy_say
         msg.starts_with("host h1 Timeout since ") || msg.starts_with("host h1 Unreachable since "),
         "{msg}"
     );
+
     println!(
         "eptest: a says {:.1} s after the freeze: {msg}",
         t_freeze.elapsed().as_secs_f64()

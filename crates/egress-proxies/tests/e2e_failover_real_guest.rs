@@ -6,7 +6,8 @@
 //! `egress-proxies standalone` binary reaches both over SSH and runs a ProxyPool of 2 real
 //! Debian guests (TCG) with `rotation.egressAddress: Keep`, generated credentials and a
 //! gateway (HTTP, on 127.0.0.1 in the test's namespace). Health checks at the defaults (5 s, a
-//! failed check re-checked at once, two failures unpublish), host checks every 5 s.
+//! failed check re-checked at once, two failures unpublish), host checks every 5 s, each
+//! call of one giving up after 4 s (`timeouts.check`).
 //!
 //! Once both members are healthy and spread over both hosts (after a host's return the pool
 //! moves a member back, `placement.rebalance`; each cycle waits for that move to end, timed),
@@ -107,13 +108,17 @@ fn unpublish_bound() -> Duration {
         + real_guest::TIMERS_UNDER_TCG
 }
 /// A killed host's row must say so within this: the host check interval (5 s here) and its
-/// first call's 10 s (docs/operations.md, "A host that stops answering"), and slack for a
-/// check round of two hosts.
+/// first call's [`HOST_CHECK_CALL`] (docs/operations.md, "A host that stops answering"), and
+/// slack for a check round of two hosts under load.
 const HOST_ROW_BOUND: Duration = Duration::from_secs(30);
+/// The entry's `timeouts.check`: each call of a host check gives up after this (default 10 s).
+// NB: the check's calls answer in milliseconds here; 4 s still tolerates a loaded machine.
+const HOST_CHECK_CALL: Duration = Duration::from_secs(4);
 /// The pool's `autohealing.hostDeadAfter` (default 60 s, least 10 s).
-// NB: the host check runs every 5 s here, so a dead host is reported within ~15 s and its
-// member lost 15 s later; one late check under load must not replace a member (10 s would).
-const HOST_DEAD_AFTER: Duration = Duration::from_secs(15);
+// NB: the host check runs every 5 s here and gives up after 4 s, so a dead host is reported
+// 4–9 s after the freeze and its member lost 10 s later. One late check under load does not
+// replace a member: the next check starts 5 s after it and answers within 4 s, before 10 s.
+const HOST_DEAD_AFTER: Duration = Duration::from_secs(10);
 /// From a dead host's return to its lost member's old copy deleted.
 // NB: the first check that finds it Ready (every 5 s) and a delete (seconds).
 const OLD_COPY_BUDGET: Duration = Duration::from_secs(180);
@@ -948,12 +953,14 @@ async fn inside_the_namespace(rg: RealGuest) {
         &config,
         format!(
             "providers:\n  - name: {entry}\n    type: libvirt\n    hosts:\n{hosts}    \
+             timeouts:\n      check: {check}\n    \
              images:\n      {IMAGE_KEY}:\n        url: {url}\n        sha256: {sha}\n        \
              format: qcow2\n        firmware: uefi\n    \
              policy:\n      allowedInternalCidrs: [{gateway}/32]\n      networkFilter: false\n    \
              defaults:\n      diskGiB: 4\n      memoryMiB: 512\n      vcpus: 1\n",
             url = server.url,
             sha = image.sha256,
+            check = HOST_CHECK_CALL.as_secs(),
         ),
     )
     .unwrap();

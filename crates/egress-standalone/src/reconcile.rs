@@ -95,6 +95,9 @@ pub(crate) fn apply_outcome(
             let before = pool_view(&o.status);
             let previous = std::mem::replace(&mut o.status, out.status);
             if let Some(engine) = &ctx.health {
+                if out.instance_started {
+                    engine.new_instance(&uid);
+                }
                 let generation = o.object.generation;
                 health::apply_to_status(
                     &mut o.status,

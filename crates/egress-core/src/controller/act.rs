@@ -138,12 +138,14 @@ impl Controller {
                 requeue_after,
                 events,
                 finalized,
+                instance_started: false,
             };
         }
         // A sweep of this UID's second copies is running: no create may start until it is
         // done (it wakes the UID when it ends), so it never removes a copy being made.
         let sweeping = st.sweeping(&obj.uid);
         let mut created_on: Option<(String, String)> = None;
+        let mut instance_started = false;
         let o = st.objects.entry(obj.uid).or_default();
         o.memory = memory;
         let stopping = self.inner.stopping.load(Ordering::SeqCst);
@@ -186,6 +188,7 @@ impl Controller {
                                 if let Some(old) = o.op.take() {
                                     old.abort.abort();
                                 }
+                                instance_started = true;
                                 let deadline = create_deadline(&h.config.timeouts);
                                 // Until it succeeds there, a copy may be left on this host.
                                 created_on = Some((h.config.name.clone(), req.host.clone()));
@@ -268,6 +271,7 @@ impl Controller {
             requeue_after,
             events,
             finalized,
+            instance_started,
         }
     }
 }

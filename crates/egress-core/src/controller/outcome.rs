@@ -19,6 +19,10 @@ pub struct Outcome {
     pub events: Vec<Event>,
     /// The Proxy was being deleted and nothing is left on any host: the driver may forget it.
     pub finalized: bool,
+    /// A create of a new instance for this Proxy started in this reconcile (its first, or one
+    /// re-created in place of a stopped or lost one, possibly on the same address): what the
+    /// health checks knew of an older instance no longer holds, and the driver drops it.
+    pub instance_started: bool,
 }
 
 /// An event's kind, as in Kubernetes.

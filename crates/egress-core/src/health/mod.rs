@@ -35,7 +35,9 @@
 //!   ([`declared`]).
 //! - **State survives address gaps** (finding H3): a proxy's state is kept while it is not
 //!   probed (its address read failed transiently, it is briefly Provisioning); it is reset
-//!   only when the proxy's address changes (a new instance) and dropped only by
+//!   only when the proxy's address changes or its driver reports a new instance
+//!   ([`HealthEngine::new_instance`]: one re-created in place keeps its address, and a guest
+//!   still booting must never read Healthy on its predecessor's results), and dropped by
 //!   [`HealthEngine::forget`] / [`HealthEngine::retain`] when the Proxy is deleted.
 //! - **Latency is the probe only** (finding L15): connect through the proxy to the answer;
 //!   socket teardown is not timed.
@@ -642,6 +644,15 @@ impl HealthEngine {
     /// The current state of `uid`.
     pub fn get(&self, uid: &ProxyUid) -> Option<ProxyHealth> {
         lock(&self.states).get(uid).cloned()
+    }
+
+    /// Drops what is known of `uid`'s instance (a new one is being created, possibly on the
+    /// same address): it is decided afresh by its own checks, never Healthy on the old
+    /// instance's results. Its metrics stay.
+    pub fn new_instance(&self, uid: &ProxyUid) {
+        if lock(&self.states).remove(uid).is_some() {
+            self.count_states();
+        }
     }
 
     /// Forgets a deleted Proxy.

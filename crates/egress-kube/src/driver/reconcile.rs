@@ -122,6 +122,9 @@ pub(super) async fn reconcile_inner(p: &Proxy, ctx: &Ctx) -> Result<Action, Reco
         ));
     }
     if let Some(engine) = ctx.observer.health() {
+        if out.instance_started {
+            engine.new_instance(&uid);
+        }
         health::apply_to_status(
             &mut out.status,
             engine.get(&uid).as_ref(),

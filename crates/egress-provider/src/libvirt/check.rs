@@ -56,7 +56,7 @@ pub const MAX_HOSTNAME_CHARS: usize = 253;
 // daemon's message, and keep a status patch small whatever the daemon says (finding L18).
 pub const MAX_ERROR_CHARS: usize = 512;
 
-/// Deadline of one check call by default.
+/// Deadline of one check call by default (an entry's `timeouts.check` sets its own).
 // NB: every call here is cheap (version, hostname, capabilities, lookups, one pool refresh of
 // a directory); a healthy host answers in milliseconds. 10 s tolerates a loaded host. It is
 // also what bounds how late a frozen host is *reported*: the first check round after the

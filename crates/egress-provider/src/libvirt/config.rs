@@ -745,6 +745,10 @@ pub struct Timeouts {
     /// Waiting for a started domain to be running.
     #[serde(default = "d60", with = "super::secs")]
     pub start: Duration,
+    /// One call of a host check (the periodic probe of each host): how long the first check
+    /// after a host froze waits before the host's row reads `Timeout`.
+    #[serde(default = "d10", with = "super::secs")]
+    pub check: Duration,
 }
 
 fn d10() -> Duration {
@@ -764,6 +768,7 @@ impl Default for Timeouts {
             call: d60(),
             image_import: d1800(),
             start: d60(),
+            check: d10(),
         }
     }
 }
@@ -777,9 +782,10 @@ mod tests {
     #[test]
     fn timeouts_accept_whole_seconds_and_duration_strings_and_refuse_anything_else() {
         let t: Timeouts = serde_json::from_str(
-            r#"{"dial": 15, "call": "90s", "imageImport": "1h30m", "start": "5m"}"#,
+            r#"{"dial": 15, "call": "90s", "imageImport": "1h30m", "start": "5m", "check": "4s"}"#,
         )
         .unwrap();
+        assert_eq!(t.check, Duration::from_secs(4));
         assert_eq!(t.dial, Duration::from_secs(15));
         assert_eq!(t.call, Duration::from_secs(90));
         assert_eq!(t.image_import, Duration::from_secs(5400));

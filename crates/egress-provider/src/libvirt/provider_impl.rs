@@ -265,13 +265,23 @@ impl LibvirtProvider {
 
     /// Lists `other` (recording what it holds), or, when it does not answer and `holding` is a
     /// copy of the Proxy being created, runs its fence command if its last check found it
-    /// dead; Transient naming what is waited for otherwise.
+    /// dead; Transient naming what is waited for otherwise. The listing gets `timeouts.call`,
+    /// or one host check call's deadline (`timeouts.check`) when the last check found `other`
+    /// dead.
     async fn confirm_gone(&self, other: &str, holding: Holding) -> Result<()> {
         if self.addresses.fenced(other).is_some() {
             return Ok(());
         }
         let entry = &self.entry_cfg().name;
-        let budget = self.entry_cfg().timeouts.call;
+        // NB: a host the checks found dead gets one check call's time (`timeouts.check`) to
+        // answer, not a whole call's: a frozen host's pooled connection would otherwise hold
+        // the listing until keepalive gives up on it (30 s after its last answer) before its
+        // fence could run.
+        let budget = if lock(&self.dead).contains(other) {
+            self.check.call_timeout.min(self.entry_cfg().timeouts.call)
+        } else {
+            self.entry_cfg().timeouts.call
+        };
         let listed = tokio::time::timeout(budget, async {
             let lease = self.pool.acquire(other).await?;
             let started = self.addresses.listing_started(other);

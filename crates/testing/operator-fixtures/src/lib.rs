@@ -65,7 +65,8 @@ pub const HTTP_DEADLINE: Duration = Duration::from_secs(10);
 /// Pause between two polls of [`wait_status`].
 // NB: 50 ms keeps waits responsive while costing the server a negligible ~20 requests/s.
 pub const STATUS_POLL: Duration = Duration::from_millis(50);
-/// Short provider budgets of [`FakeHosts::short_timeouts`]: dial, call, image import, start.
+/// Short provider budgets of [`FakeHosts::short_timeouts`]: dial, call, image import, start,
+/// host check call.
 // NB: the fake answers in microseconds; 1 s calls make work stuck on a frozen fake give up
 // well within a test, and 5 s leaves import/start room on a loaded 2-core machine.
 pub const SHORT_TIMEOUTS: Timeouts = Timeouts {
@@ -73,6 +74,7 @@ pub const SHORT_TIMEOUTS: Timeouts = Timeouts {
     call: Duration::from_secs(1),
     image_import: Duration::from_secs(5),
     start: Duration::from_secs(5),
+    check: Duration::from_secs(1),
 };
 /// Host slot wait of [`FakeHosts::short_permit_wait`].
 // NB: as short as a call, so a test on a frozen host sees slot waits give up quickly.

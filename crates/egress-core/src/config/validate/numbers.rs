@@ -34,6 +34,19 @@ pub(super) fn timeouts(r: &mut Report, p: &str, t: &Timeouts) {
             );
         }
     }
+    let probe_budget = egress_provider::libvirt::check::DEFAULT_PROBE_BUDGET;
+    if t.check.is_zero() || t.check > probe_budget {
+        in_range = false;
+        r.err(
+            &format!("{p}.check"),
+            format!(
+                "{}s is out of range 1..={} seconds (a host check's calls share a {}s budget)",
+                t.check.as_secs(),
+                probe_budget.as_secs(),
+                probe_budget.as_secs()
+            ),
+        );
+    }
     if !in_range {
         return;
     }

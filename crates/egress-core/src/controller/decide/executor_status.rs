@@ -151,5 +151,6 @@ pub fn reconcile_timed_out(
             &msg,
         )],
         finalized: false,
+        instance_started: false,
     }
 }

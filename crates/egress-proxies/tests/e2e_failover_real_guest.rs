@@ -51,7 +51,8 @@
 //! gateway.
 //!
 //! `EPTEST_FAILOVER_KILLS=N` (default 1) repeats each kind N times and prints p50/p95 lines
-//! (`scripts/bench failover`). Removing the manifest at the end must leave no domain of the
+//! (`scripts/bench failover`); `EPTEST_FAILOVER_KINDS` (comma-separated `qemu`, `libvirtd`,
+//! `frozen`; default all three) limits the kinds, for measuring one of them. Removing the manifest at the end must leave no domain of the
 //! entry and no volume but the base image on either host (listed with `virsh`).
 //!
 //! Isolation: the test re-executes itself inside a network namespace it creates; the segment
@@ -82,6 +83,8 @@ use ep_test_support::segment::{HOST_BRIDGE, HOST_POOL, OwnNetns, Segment};
 const SEGMENT_ENV: &str = "EPTEST_FAILOVER_SEGMENT";
 /// How many kills of each kind (the benchmark raises it).
 pub const KILLS_ENV: &str = "EPTEST_FAILOVER_KILLS";
+/// Which kinds of kill to run (see the module doc).
+pub const KINDS_ENV: &str = "EPTEST_FAILOVER_KINDS";
 /// The whole test with one kill of each kind.
 // NB: two guests healthy ~4 min after the start, then each kind waits a full boot of a
 // replacement (3-4.5 min under TCG): 889 s measured for one round; 15 + 30 min for one round
@@ -154,6 +157,25 @@ fn kills() -> usize {
                 .unwrap_or_else(|| panic!("{KILLS_ENV}={v}: a number from 1 to 20"))
         })
         .unwrap_or(1)
+}
+
+fn kinds() -> Vec<Kill> {
+    let all = [Kill::Qemu, Kill::Libvirtd, Kill::Frozen];
+    let Ok(v) = std::env::var(KINDS_ENV) else {
+        return all.to_vec();
+    };
+    let mut chosen = Vec::new();
+    for word in v.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+        let k = all
+            .into_iter()
+            .find(|k| k.word() == word)
+            .unwrap_or_else(|| panic!("{KINDS_ENV}={v}: {word:?} is not qemu, libvirtd or frozen"));
+        if !chosen.contains(&k) {
+            chosen.push(k);
+        }
+    }
+    assert!(!chosen.is_empty(), "{KINDS_ENV}={v:?}: no kind named");
+    chosen
 }
 
 /// One member as `/status` shows it.
@@ -294,6 +316,14 @@ impl Kill {
             Self::Qemu => "QEMU killed",
             Self::Libvirtd => "libvirtd stopped",
             Self::Frozen => "host frozen (DROP)",
+        }
+    }
+
+    fn word(self) -> &'static str {
+        match self {
+            Self::Qemu => "qemu",
+            Self::Libvirtd => "libvirtd",
+            Self::Frozen => "frozen",
         }
     }
 }
@@ -885,7 +915,18 @@ fn a_member_on_a_killed_host_is_unpublished_within_the_bound_and_the_pool_heals(
         &ns,
         test_name(),
         budget,
-        &[env(SEGMENT_ENV, &ns), env(KILLS_ENV, kills().to_string())],
+        &[
+            env(SEGMENT_ENV, &ns),
+            env(KILLS_ENV, kills().to_string()),
+            env(
+                KINDS_ENV,
+                kinds()
+                    .iter()
+                    .map(|k| k.word())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+        ],
         inside_the_namespace,
     );
 }
@@ -1055,8 +1096,9 @@ async fn inside_the_namespace(rg: RealGuest) {
         problems: Vec::new(),
     };
     let mut figures: Vec<(Kill, Figures)> = Vec::new();
+    let kinds = kinds();
     for round in 0..kills() {
-        for kind in [Kill::Qemu, Kill::Libvirtd, Kill::Frozen] {
+        for &kind in &kinds {
             let f = kill_cycle(&mut cx, kind, round).await;
             figures.push((kind, f));
         }
@@ -1091,7 +1133,7 @@ async fn inside_the_namespace(rg: RealGuest) {
     if now != original {
         println!("eptest: the pool's addresses {now:?}, at the start {original:?}");
     }
-    for kind in [Kill::Qemu, Kill::Libvirtd, Kill::Frozen] {
+    for &kind in &kinds {
         let mine: Vec<&Figures> = figures
             .iter()
             .filter(|(k, _)| *k == kind)

@@ -18,7 +18,6 @@ use std::time::{Duration, SystemTime};
 
 use egress_core::background::sleep_or_stop;
 use egress_core::controller::{EventKind, Outcome, ProxyObject};
-use egress_core::health;
 use egress_provider::ProxyUid;
 use egress_provider::sync::lock;
 use tokio_util::sync::CancellationToken;
@@ -95,14 +94,12 @@ pub(crate) fn apply_outcome(
             let before = pool_view(&o.status);
             let previous = std::mem::replace(&mut o.status, out.status);
             if let Some(engine) = &ctx.health {
-                if out.instance_started {
-                    engine.new_instance(&uid);
-                }
                 let generation = o.object.generation;
-                health::apply_to_status(
+                engine.merge_reconcile(
+                    &uid,
                     &mut o.status,
-                    engine.get(&uid).as_ref(),
-                    Some(&previous),
+                    &previous,
+                    out.instance_started,
                     SystemTime::now(),
                     generation,
                 );

@@ -655,6 +655,32 @@ impl HealthEngine {
         }
     }
 
+    /// Merges what this engine knows of `uid` into the status a reconcile produced
+    /// ([`apply_to_status`]); when that reconcile started a new instance
+    /// (`instance_started`), the old instance's state is dropped first
+    /// ([`new_instance`](Self::new_instance)), so the new one reads `Healthy` only on its own
+    /// checks. Both drivers merge a reconcile's outcome through this.
+    pub fn merge_reconcile(
+        &self,
+        uid: &ProxyUid,
+        status: &mut ProxyStatus,
+        previous: &ProxyStatus,
+        instance_started: bool,
+        now: SystemTime,
+        generation: i64,
+    ) {
+        if instance_started {
+            self.new_instance(uid);
+        }
+        apply_to_status(
+            status,
+            self.get(uid).as_ref(),
+            Some(previous),
+            now,
+            generation,
+        );
+    }
+
     /// Forgets a deleted Proxy.
     pub fn forget(&self, uid: &ProxyUid, key: &str) {
         lock(&self.states).remove(uid);

@@ -310,3 +310,40 @@ async fn rounds_start_on_a_fixed_cadence_and_an_overrun_is_followed_at_once_neve
     }
     assert_eq!(spans[2].1, secs(17), "{spans:?}");
 }
+
+#[test]
+fn a_reconcile_that_started_a_new_instance_drops_the_old_instances_health() {
+    // A guest re-created in place keeps its address, so nothing but the reconcile that
+    // started it tells the engine the Healthy results belong to the instance that died.
+    let s = settings();
+    let uid = ProxyUid::parse_strict("7c9e6679-7425-40de-944b-e07fc1f90ae7").unwrap();
+    let mut h = ProxyHealth::default();
+    h.record(addr(), &ok("203.0.113.7"), None, &s, t(0));
+    h.record(addr(), &ok("203.0.113.7"), None, &s, t(1));
+    assert_eq!(h.state, HealthState::Healthy);
+    let engine = HealthEngine::new(s);
+    lock(&engine.states).insert(uid, h);
+    let running = ProxyStatus {
+        phase: Phase::Running,
+        ip: Some(addr().ip().to_string()),
+        ..ProxyStatus::default()
+    };
+    let healthy = |st: &ProxyStatus| st.condition(condition::HEALTHY).map(|c| c.status);
+
+    // A reconcile that started nothing: the instance's own state stands.
+    let mut st = running.clone();
+    engine.merge_reconcile(&uid, &mut st, &running, false, t(2), 1);
+    assert_eq!(healthy(&st), Some(ConditionStatus::True), "{st:?}");
+    assert!(engine.get(&uid).is_some());
+
+    // The reconcile that re-created it: awaiting its own checks, the old state gone.
+    let mut st = running.clone();
+    engine.merge_reconcile(&uid, &mut st, &running, true, t(3), 1);
+    assert_eq!(healthy(&st), Some(ConditionStatus::Unknown), "{st:?}");
+    assert_eq!(
+        st.condition(condition::HEALTHY).unwrap().reason,
+        reason::AWAITING_PROBE
+    );
+    assert_eq!(st.health, None, "{st:?}");
+    assert!(engine.get(&uid).is_none());
+}

@@ -10,7 +10,6 @@ use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
 use egress_core::controller::{EventKind, Outcome, ProxyObject, backoff::backoff};
-use egress_core::health;
 use egress_core::model::ProxyStatus;
 use egress_provider::ProxyUid;
 use kube::api::{Api, Patch, PatchParams};
@@ -122,13 +121,11 @@ pub(super) async fn reconcile_inner(p: &Proxy, ctx: &Ctx) -> Result<Action, Reco
         ));
     }
     if let Some(engine) = ctx.observer.health() {
-        if out.instance_started {
-            engine.new_instance(&uid);
-        }
-        health::apply_to_status(
+        engine.merge_reconcile(
+            &uid,
             &mut out.status,
-            engine.get(&uid).as_ref(),
-            Some(&current),
+            &current,
+            out.instance_started,
             SystemTime::now(),
             obj.generation,
         );

@@ -359,20 +359,23 @@ impl Drop for Dhcp {
 /// of `entry` that has none yet an address on NIC `eth0` with the domain's derived MAC, as a
 /// guest agent would report it: `10.{host index + 1}.X.Y/16` (host index in name order; X.Y
 /// from a counter, starting at 0.2, distinct for the first 62,500 domains of a host). A
-/// domain that stops or is recreated gets an address again when it runs.
+/// domain that stops or is recreated gets an address again when it runs: a domain is known
+/// by its UUID, so one deleted and defined again under the same name between two rounds (a
+/// Proxy removed and added back) is a new domain.
 pub async fn run_dhcp(
     entry: String,
     fakes: BTreeMap<String, FakeLibvirt>,
     period: Duration,
     stop: CancellationToken,
 ) {
-    let mut given: HashSet<(String, String)> = HashSet::new();
+    // (host, domain name, domain UUID) of every domain given its address.
+    let mut given: HashSet<(String, String, _)> = HashSet::new();
     let mut next: u32 = 0;
     while !stop.is_cancelled() {
         for (i, (h, f)) in fakes.iter().enumerate() {
             for d in f.domains() {
-                if d.state != domain_state::RUNNING || given.contains(&(h.clone(), d.name.clone()))
-                {
+                let key = (h.clone(), d.name.clone(), d.uuid);
+                if d.state != domain_state::RUNNING || given.contains(&key) {
                     continue;
                 }
                 let Some(u) = names::uid_of_domain(&entry, &d.name) else {
@@ -382,16 +385,16 @@ pub async fn run_dhcp(
                 next = next.wrapping_add(1);
                 let iface = Interface::new("eth0", names::mac(&entry, &u)).addr(ip, 16);
                 if f.set_interfaces(&d.name, vec![iface]).is_ok() {
-                    given.insert((h.clone(), d.name.clone()));
+                    given.insert(key);
                 }
             }
         }
         // A domain that stopped or was recreated gets an address again.
-        given.retain(|(h, n)| {
+        given.retain(|(h, n, uuid)| {
             fakes
                 .get(h)
                 .and_then(|f| f.domain(n))
-                .is_some_and(|d| d.state == domain_state::RUNNING)
+                .is_some_and(|d| d.state == domain_state::RUNNING && d.uuid == *uuid)
         });
         tokio::select! {
             () = stop.cancelled() => return,

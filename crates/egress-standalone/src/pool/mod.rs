@@ -13,7 +13,8 @@
 //! - **Rounds**: the pool loop (`reconcile::run`) decides a pool again when it is marked
 //!   dirty (its manifest changed; one of its members' phase, readiness or health changed in
 //!   a reconcile or a health round, or its deletion finalized) and every pool on every tick
-//!   ([`crate::settings::POLL_INTERVAL`]), which picks up what no event announces: host checks, the end of an age, an unhealthy period or a backoff, the quarantine and
+//!   ([`crate::settings::POLL_INTERVAL`]), which picks up what no event announces: host
+//!   checks, the end of an age, an unhealthy period or a backoff, the quarantine and
 //!   credentials files. A round reads only the pool's own members (indexed by pool), never
 //!   every Proxy.
 //! - **Safety gates**: no round acts before the pool's provider entry was adopted from a

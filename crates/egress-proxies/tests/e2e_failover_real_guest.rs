@@ -52,8 +52,9 @@
 //!
 //! `EPTEST_FAILOVER_KILLS=N` (default 1) repeats each kind N times and prints p50/p95 lines
 //! (`scripts/bench failover`); `EPTEST_FAILOVER_KINDS` (comma-separated `qemu`, `libvirtd`,
-//! `frozen`; default all three) limits the kinds, for measuring one of them. Removing the manifest at the end must leave no domain of the
-//! entry and no volume but the base image on either host (listed with `virsh`).
+//! `frozen`; default all three) limits the kinds, for measuring one of them. Removing the
+//! manifest at the end must leave no domain of the entry and no volume but the base image on
+//! either host (listed with `virsh`).
 //!
 //! Isolation: the test re-executes itself inside a network namespace it creates; the segment
 //! bridge, the operator, the echo, the image server and the client live there; every host is a

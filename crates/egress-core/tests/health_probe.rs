@@ -179,12 +179,20 @@ async fn the_socks5_path_works_with_and_without_credentials() {
     assert_eq!(authed.tunnels.load(Ordering::SeqCst), 1);
 }
 
-/// A proxy that is Healthy after two rounds through `engine`, and its target.
+/// A proxy made Healthy through `engine` (one round with the re-check, two without), and
+/// its target.
 async fn healthy(engine: &HealthEngine, p: &health_support::TestProxy) -> ProbeTarget {
     let t = ptarget(1, endpoint(p.addr, ProxyProtocol::Http, None), None);
-    engine.round(vec![t.clone()]).await;
-    assert_eq!(engine.get(&uid(1)).unwrap().state, HealthState::Unknown);
-    engine.round(vec![t.clone()]).await;
+    let r = engine.round(vec![t.clone()]).await;
+    if engine.settings().recheck {
+        assert_eq!(
+            r.rechecked, 1,
+            "a new proxy's first pass is confirmed at once"
+        );
+    } else {
+        assert_eq!(engine.get(&uid(1)).unwrap().state, HealthState::Unknown);
+        engine.round(vec![t.clone()]).await;
+    }
     let h = engine.get(&uid(1)).unwrap();
     assert_eq!(h.state, HealthState::Healthy);
     assert_eq!(h.egress_ip.unwrap().to_string(), "127.0.0.1");
@@ -272,8 +280,65 @@ async fn one_lost_probe_whose_recheck_passes_keeps_the_proxy_published() {
     assert_eq!(
         p.tunnels.load(Ordering::SeqCst),
         3,
-        "two rounds and the re-check"
+        "the first round and its confirmation, then the lost probe's re-check"
     );
+}
+
+#[tokio::test]
+async fn a_proxy_never_healthy_joins_in_the_round_it_first_answers_and_a_recovered_one_needs_two() {
+    let (echo, _e) = start_echo().await;
+    // `p` loses its connections 1-2 (a guest still booting: both checks of its first round),
+    // `q` its 3-4 (once it was Healthy: both checks of its second round).
+    let p = http_proxy(
+        "127.0.0.1:0",
+        ProxyBehaviour {
+            drop: 1..3,
+            ..ProxyBehaviour::default()
+        },
+    )
+    .await;
+    let q = http_proxy(
+        "127.0.0.1:0",
+        ProxyBehaviour {
+            drop: 3..5,
+            ..ProxyBehaviour::default()
+        },
+    )
+    .await;
+    let engine = HealthEngine::new(settings(echo));
+    let t = ptarget(1, endpoint(p.addr, ProxyProtocol::Http, None), None);
+    let state = || engine.get(&uid(1)).unwrap();
+    // Booting: it fails and its re-check fails.
+    let r = engine.round(vec![t.clone()]).await;
+    assert_eq!((r.succeeded, r.rechecked), (0, 1));
+    assert_eq!(state().state, HealthState::Unhealthy);
+    // It answers: the pass is confirmed in the same round.
+    let r = engine.round(vec![t.clone()]).await;
+    assert_eq!((r.succeeded, r.rechecked), (1, 1));
+    assert_eq!(state().state, HealthState::Healthy, "{:?}", state());
+    assert_eq!(state().consecutive_successes, 2);
+
+    // Another proxy: Healthy in its first round, then lost in one round.
+    let t = ptarget(2, endpoint(q.addr, ProxyProtocol::Http, None), None);
+    let state = || engine.get(&uid(2)).unwrap();
+    let r = engine.round(vec![t.clone()]).await;
+    assert_eq!((r.succeeded, r.rechecked), (1, 1));
+    assert_eq!(state().state, HealthState::Healthy);
+    let r = engine.round(vec![t.clone()]).await;
+    assert_eq!((r.succeeded, r.rechecked), (0, 1));
+    assert_eq!(state().state, HealthState::Unhealthy);
+    // Back: once Healthy, a pass is not confirmed at once; it needs two rounds again.
+    let r = engine.round(vec![t.clone()]).await;
+    assert_eq!((r.succeeded, r.rechecked), (1, 0));
+    assert_eq!(state().state, HealthState::Unhealthy, "{:?}", state());
+    engine.round(vec![t.clone()]).await;
+    assert_eq!(state().state, HealthState::Healthy);
+
+    // A new instance (re-created in place on its address) is new again.
+    engine.new_instance(&uid(2));
+    let r = engine.round(vec![t.clone()]).await;
+    assert_eq!((r.succeeded, r.rechecked), (1, 1));
+    assert_eq!(state().state, HealthState::Healthy);
 }
 
 #[tokio::test]
@@ -499,7 +564,12 @@ async fn an_egress_ip_outside_the_expected_range_is_unhealthy_with_its_reason() 
     assert_eq!(bad.state, HealthState::Unhealthy, "at once: {bad:?}");
     assert_eq!(bad.reason, reason::EGRESS_MISMATCH);
     assert!(bad.message.contains("127.0.0.1") && bad.message.contains("192.0.2.0/24"));
-    assert_eq!(engine.get(&uid(2)).unwrap().consecutive_successes, 1);
+    let good = engine.get(&uid(2)).unwrap();
+    assert_eq!(
+        (good.state, good.consecutive_successes),
+        (HealthState::Healthy, 2),
+        "a new proxy's pass, confirmed at once"
+    );
 }
 
 #[tokio::test]

@@ -75,7 +75,8 @@ const IMAGE_KEY: &str = "debian-12-ep";
 /// Where the image server serves it.
 const IMAGE_PATH: &str = "/debian-12-ep.qcow2";
 /// Between health rounds (`--health-interval`).
-// NB: short so Healthy (two consecutive successes) follows tinyproxy's start within seconds.
+// NB: short so Healthy (two consecutive successes, the second at once for a new proxy)
+// follows tinyproxy's start within seconds.
 const HEALTH_INTERVAL: &str = "3s";
 /// The Proxy's namespace, name and group.
 const NAMESPACE: &str = "team-e2e";

@@ -64,7 +64,8 @@ const BOOT_BUDGET: Duration = Duration::from_secs(15 * 60);
 /// From Running to tinyproxy answering (cloud-init's final stage starts it), and to the health
 /// engine calling the proxy Healthy.
 // NB: cloud-init's final stage ends ~10–40 s after the guest has its address here; Healthy
-// follows the first answer by HEALTH_INTERVAL × healthy_after (2).
+// follows within a HEALTH_INTERVAL of the first answer (a new proxy's pass is confirmed at
+// once).
 const PROXY_BUDGET: Duration = Duration::from_secs(5 * 60);
 /// Deleting: manifest removed → domain and instance volumes gone.
 // NB: destroy + undefine + two volume deletes take seconds; the reconcile poll is 5 s.
@@ -97,7 +98,8 @@ const KILL_AFTER_BYTES: u64 = 4 << 20;
 // NB: start-up, adoption, the host check and HEAD take seconds; 3 min absorbs a loaded host.
 const KILL_BUDGET: Duration = Duration::from_secs(3 * 60);
 /// Between health rounds (`--health-interval`).
-// NB: short so Healthy (two consecutive successes) follows tinyproxy's start within seconds.
+// NB: short so Healthy (two consecutive successes, the second at once for a new proxy)
+// follows tinyproxy's start within seconds.
 const HEALTH_INTERVAL: &str = "3s";
 /// Between GC passes (`--gc-interval`).
 // NB: short so the hand-made orphan is collected within one poll budget; the minimum age

@@ -10,6 +10,9 @@
 //! choices; timing on a loaded machine still varies). `EP_SOAK_SECS=N` sets the fault phase's
 //! length (default [`DEFAULT_SOAK`]); `cargo test -p egress-standalone --test soak --
 //! --ignored` runs the long variant ([`LONG_SOAK`]). Every wait has a deadline.
+//!
+//! The operator's log (`EP_SOAK_LOG`, a tracing filter, default `info`) goes to the test
+//! harness's capture: a failing run prints it with the failure, a passing one drops it.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -282,6 +285,13 @@ fn seed() -> u64 {
 }
 
 async fn soak(length: Duration) {
+    let filter = std::env::var("EP_SOAK_LOG").unwrap_or_else(|_| "info".into());
+    // NB: one subscriber per test process; the second soak of a run keeps the first's.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_ansi(false)
+        .with_test_writer()
+        .try_init();
     let seed = seed();
     println!("soak seed {seed} (replay with EP_SOAK_SEED={seed}), fault phase {length:?}");
     let mut rng = Rng(seed);

@@ -17,7 +17,12 @@
 //! - **Hysteresis**: a proxy becomes Healthy after [`HealthSettings::healthy_after`]
 //!   consecutive successes and Unhealthy after [`HealthSettings::unhealthy_after`]
 //!   consecutive failures; until the first decision it is Unknown. One failed probe never
-//!   drops a working proxy from rotation.
+//!   drops a working proxy from rotation, and one that was Healthy and failed comes back
+//!   only after `healthy_after` passing rounds.
+//! - **A new proxy's first pass is confirmed at once** ([`HealthSettings::recheck`]): a
+//!   proxy never Healthy since its state was reset (new, re-created, at a new address) whose
+//!   check passed is checked again in the same round, so with the defaults it is published
+//!   in the round where it first answers rather than one interval later.
 //! - **A failure is re-checked at once** ([`HealthSettings::recheck`]): a proxy not yet
 //!   Unhealthy whose check failed is checked again in the same round, so with the defaults
 //!   (two failures) a proxy that stopped answering leaves rotation within one round: within
@@ -103,7 +108,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Consecutive successes to become Healthy by default.
 // NB: two, so a proxy that answers every other probe never re-enters rotation, while a new
-// proxy joins one interval after its first success.
+// proxy joins in the round of its first success (its pass is re-checked at once).
 pub const DEFAULT_HEALTHY_AFTER: u32 = 2;
 /// Consecutive failures to become Unhealthy by default.
 // NB: two, the second being the immediate re-check of the first: a lost probe (a guest GC
@@ -182,7 +187,8 @@ pub struct HealthSettings {
     /// Deadline of a probe's TCP connect to the proxy (at most `probe_timeout` is used).
     pub connect_timeout: Duration,
     /// Check a proxy again at once, in the same round, when its check failed and it is not
-    /// Unhealthy yet (on by default).
+    /// Unhealthy yet, or when it passed and the proxy was never Healthy since its state was
+    /// reset (on by default).
     pub recheck: bool,
     /// Consecutive successes to become Healthy (at least 1 is used).
     pub healthy_after: u32,
@@ -252,6 +258,9 @@ pub struct ProxyHealth {
     pub consecutive_successes: u32,
     /// The last failure, while failing.
     pub last_error: Option<String>,
+    /// Whether it was Healthy since its state was last reset (a new instance or address):
+    /// until then a passing check is confirmed at once ([`HealthEngine::round`]).
+    pub was_healthy: bool,
 }
 
 /// What one check (one probe, or one per declared family) decided, before hysteresis.
@@ -366,6 +375,7 @@ impl ProxyHealth {
                 self.last_error = None;
                 if self.consecutive_successes >= settings.healthy_after.max(1) {
                     self.state = HealthState::Healthy;
+                    self.was_healthy = true;
                     self.reason = reason::PROBE_SUCCEEDED.to_owned();
                     self.message = format!(
                         "through the proxy in {} ms; egress IP {egress}",
@@ -537,9 +547,11 @@ impl HealthEngine {
     }
 
     /// Probes every target (at most `concurrency` at once) and records the results.
-    /// Proxies not in `targets` keep their state (finding H3). A target whose check failed
-    /// and that is not Unhealthy yet is checked again at once ([`HealthSettings::recheck`]);
-    /// on a host reported down, one failed check makes it Unhealthy.
+    /// Proxies not in `targets` keep their state (finding H3). With
+    /// [`HealthSettings::recheck`], a target is checked again at once when its check failed
+    /// and it is not Unhealthy yet, or when its check passed and it was never decided yet
+    /// (Unknown: new, re-created, or at a new address); on a host reported down, one failed
+    /// check makes it Unhealthy.
     pub async fn round(&self, targets: Vec<ProbeTarget>) -> RoundReport {
         let start = tokio::time::Instant::now();
         let settings = &self.settings;
@@ -550,15 +562,12 @@ impl HealthEngine {
                 let host_down = down.contains(&(t.entry.clone(), t.host.clone()));
                 async move {
                     let first = declared::probe_target(&t, settings).await;
-                    let again = if settings.recheck
-                        && !host_down
-                        && any_failed(&first)
-                        && !self.is_unhealthy(&t.uid)
-                    {
-                        Some(declared::probe_target(&t, settings).await)
-                    } else {
-                        None
-                    };
+                    let again =
+                        if settings.recheck && !host_down && self.recheck(&t, any_failed(&first)) {
+                            Some(declared::probe_target(&t, settings).await)
+                        } else {
+                            None
+                        };
                     (t, host_down, first, again)
                 }
             })
@@ -605,11 +614,24 @@ impl HealthEngine {
         }
     }
 
-    /// Whether `uid` is Unhealthy now.
-    fn is_unhealthy(&self, uid: &ProxyUid) -> bool {
-        lock(&self.states)
-            .get(uid)
-            .is_some_and(|h| h.state == HealthState::Unhealthy)
+    /// Whether a check of `t` that `failed` (or passed) is checked again at once: a failure
+    /// of a proxy not Unhealthy yet (a lost probe is forgiven, a dead proxy goes in one
+    /// round), and a pass of one never Healthy since its last reset (with `healthy_after` 2,
+    /// a new or re-created proxy joins in the round where it first answers, not one interval
+    /// later). A proxy that was Healthy and failed needs `healthy_after` passing rounds to
+    /// come back.
+    fn recheck(&self, t: &ProbeTarget, failed: bool) -> bool {
+        let states = lock(&self.states);
+        // NB: a state kept for another address is reset by this check's record.
+        let h = states
+            .get(&t.uid)
+            .filter(|h| h.probed == Some(t.endpoint.addr));
+        if failed {
+            h.is_none_or(|h| h.state != HealthState::Unhealthy)
+        } else {
+            self.settings.healthy_after > 1
+                && h.is_none_or(|h| !h.was_healthy && h.state != HealthState::Healthy)
+        }
     }
 
     /// The last host check of `entry`: a host reported `Unreachable` (its connection declared

@@ -179,6 +179,19 @@ async fn the_socks5_path_works_with_and_without_credentials() {
     assert_eq!(authed.tunnels.load(Ordering::SeqCst), 1);
 }
 
+/// An HTTP proxy that closes its connections numbered in `drop` (from 1) at once (lost
+/// probes).
+async fn lossy(drop: std::ops::Range<usize>) -> health_support::TestProxy {
+    http_proxy(
+        "127.0.0.1:0",
+        ProxyBehaviour {
+            drop,
+            ..ProxyBehaviour::default()
+        },
+    )
+    .await
+}
+
 /// A proxy made Healthy through `engine` (one round with the re-check, two without), and
 /// its target.
 async fn healthy(engine: &HealthEngine, p: &health_support::TestProxy) -> ProbeTarget {
@@ -262,14 +275,7 @@ async fn a_failed_check_is_rechecked_at_once_so_a_dead_proxy_goes_in_one_round()
 async fn one_lost_probe_whose_recheck_passes_keeps_the_proxy_published() {
     let (echo, _e) = start_echo().await;
     // The proxy drops its 3rd connection: the first check after it became Healthy.
-    let p = http_proxy(
-        "127.0.0.1:0",
-        ProxyBehaviour {
-            drop: 3..4,
-            ..ProxyBehaviour::default()
-        },
-    )
-    .await;
+    let p = lossy(3..4).await;
     let engine = HealthEngine::new(settings(echo));
     let t = healthy(&engine, &p).await;
     let r = engine.round(vec![t.clone()]).await;
@@ -289,22 +295,8 @@ async fn a_proxy_never_healthy_joins_in_the_round_it_first_answers_and_a_recover
     let (echo, _e) = start_echo().await;
     // `p` loses its connections 1-2 (a guest still booting: both checks of its first round),
     // `q` its 3-4 (once it was Healthy: both checks of its second round).
-    let p = http_proxy(
-        "127.0.0.1:0",
-        ProxyBehaviour {
-            drop: 1..3,
-            ..ProxyBehaviour::default()
-        },
-    )
-    .await;
-    let q = http_proxy(
-        "127.0.0.1:0",
-        ProxyBehaviour {
-            drop: 3..5,
-            ..ProxyBehaviour::default()
-        },
-    )
-    .await;
+    let p = lossy(1..3).await;
+    let q = lossy(3..5).await;
     let engine = HealthEngine::new(settings(echo));
     let t = ptarget(1, endpoint(p.addr, ProxyProtocol::Http, None), None);
     let state = || engine.get(&uid(1)).unwrap();

@@ -549,9 +549,9 @@ impl HealthEngine {
     /// Probes every target (at most `concurrency` at once) and records the results.
     /// Proxies not in `targets` keep their state (finding H3). With
     /// [`HealthSettings::recheck`], a target is checked again at once when its check failed
-    /// and it is not Unhealthy yet, or when its check passed and it was never decided yet
-    /// (Unknown: new, re-created, or at a new address); on a host reported down, one failed
-    /// check makes it Unhealthy.
+    /// and it is not Unhealthy yet, or when its check passed and it was never Healthy since
+    /// its state was reset (new, re-created, or at a new address); on a host reported down,
+    /// one failed check makes it Unhealthy.
     pub async fn round(&self, targets: Vec<ProbeTarget>) -> RoundReport {
         let start = tokio::time::Instant::now();
         let settings = &self.settings;
@@ -629,8 +629,8 @@ impl HealthEngine {
         if failed {
             h.is_none_or(|h| h.state != HealthState::Unhealthy)
         } else {
-            self.settings.healthy_after > 1
-                && h.is_none_or(|h| !h.was_healthy && h.state != HealthState::Healthy)
+            // NB: `was_healthy` is set with the Healthy state and reset with it.
+            self.settings.healthy_after > 1 && h.is_none_or(|h| !h.was_healthy)
         }
     }
 

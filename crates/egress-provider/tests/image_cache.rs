@@ -471,6 +471,175 @@ async fn a_publish_that_fails_before_its_marker_removes_its_base_and_its_data() 
     );
 }
 
+/// The `home` entry with image `deb` served from `path`, its bytes and its base's name.
+fn deb_entry(fx: &Fx, path: &str, pad: usize) -> (LibvirtEntry, Vec<u8>, String) {
+    let img = qcow2(8 * MIB, pad);
+    let url = fx.server.route(path, Route::new(img.clone()));
+    let mut e = entry("home");
+    e.images.insert(
+        "deb".into(),
+        spec(&url, Some(&sha(&img)), ImageFormat::Qcow2),
+    );
+    let name = names::base(
+        "home",
+        names::ImageSource::Catalogue("deb"),
+        &sha(&img),
+        ImageFormat::Qcow2,
+    );
+    (e, img, name)
+}
+
+#[tokio::test]
+async fn a_base_whose_publish_and_removal_both_failed_is_removed_once_the_host_answers() {
+    // finding: H4
+    // The publish fails after creating its base (a marker of another size is in the way) and
+    // the base's removal fails too (the host failing at that moment): the unmarked base would
+    // make every later import of the image on this host wait for a marker nobody writes.
+    // The next clear (run by each host check once the host answers) removes base, then part.
+    const HOST: &str = "h-debris-unremoved";
+    let fx = Fx::new().await;
+    let (e, img, name) = deb_entry(&fx, "/u", 6_000);
+    let marker = cache::marker_name(&name);
+    fx.fake
+        .add_volume(POOL, libvirt_fake::VolumeSpec::new(&marker, 1))
+        .unwrap();
+    fx.fake.faults().fail_calls(
+        procs::STORAGE_VOL_DELETE,
+        1,
+        18,
+        "internal error: the host is failing",
+        Some(1),
+    );
+    let r = image::ensure_base(&fx.target(&e, HOST), "deb").await;
+    assert_eq!(class(&r), ErrorClass::Permanent, "{r:?}");
+    let part = fx
+        .volumes()
+        .into_iter()
+        .find(|v| v.contains(cache::PART_INFIX))
+        .expect("the part stays while its base does");
+    assert_eq!(
+        fx.fake.volume(POOL, &name).and_then(|b| b.backing),
+        Some(format!("/pool/{part}")),
+        "the unmarked base is still there, on the part: {:?}",
+        fx.volumes()
+    );
+    assert_eq!(
+        image::debris::noted(HOST, POOL),
+        vec![name.clone(), part.clone()]
+    );
+
+    let gone = image::debris::clear(&fx.client, &fx.pool, HOST, "home")
+        .await
+        .unwrap();
+    assert_eq!(gone, vec![name.clone(), part]);
+    assert_eq!(fx.volumes(), vec![marker.clone()], "the marker is not ours");
+    assert!(image::debris::noted(HOST, POOL).is_empty());
+
+    // Once the stray marker is removed (as the error says), the image publishes.
+    fx.client
+        .vol_delete(&cache::handle(&fx.pool, &marker, ""), 0)
+        .await
+        .unwrap();
+    let b = image::ensure_base(&fx.target(&e, HOST), "deb")
+        .await
+        .unwrap();
+    assert!(b.imported);
+    assert_eq!(fx.base_bytes(&b.name), img);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_dropped_between_its_base_and_its_marker_leaves_nothing_once_the_host_answers() {
+    // finding: H4
+    // The import's future is dropped (a cancelled reconcile, the import deadline) while the
+    // host is frozen right after the base was created: the base is noted, then removed.
+    const HOST: &str = "h-debris-dropped";
+    let fx = std::sync::Arc::new(Fx::new().await);
+    let (e, _img, name) = deb_entry(&fx, "/d", 7_000);
+    // NB: every call waits 50 ms, so the base's creation is seen and the fake frozen well
+    // before the publish's next two calls (the base's info, the marker) run.
+    fx.fake
+        .faults()
+        .delay_replies(Some(Duration::from_millis(50)));
+    let task = {
+        let fx = fx.clone();
+        let e = e.clone();
+        tokio::spawn(async move { image::ensure_base(&fx.target(&e, HOST), "deb").await })
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while fx.fake.volume(POOL, &name).is_none() {
+        assert!(
+            !task.is_finished(),
+            "the import ended before its base appeared"
+        );
+        assert!(std::time::Instant::now() < until, "no base after 60 s");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    fx.fake.faults().freeze();
+    assert!(
+        fx.fake.volume(POOL, &cache::marker_name(&name)).is_none(),
+        "the publish marked its base before the fake froze (the test missed its window)"
+    );
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    let noted = image::debris::noted(HOST, POOL);
+    assert_eq!(noted.first(), Some(&name), "{noted:?}");
+
+    fx.fake.faults().clear();
+    let gone = image::debris::clear(&fx.client, &fx.pool, HOST, "home")
+        .await
+        .unwrap();
+    assert_eq!(gone.len(), 2, "{gone:?}");
+    assert!(fx.volumes().is_empty(), "{:?}", fx.volumes());
+    assert!(image::debris::noted(HOST, POOL).is_empty());
+}
+
+#[tokio::test]
+async fn a_noted_base_is_kept_when_published_or_no_longer_on_its_part() {
+    // finding: H4
+    // Only an unpublished base still backed by the noted part is removed: a base of the same
+    // name published since (by another import, on its own part), or one whose marker was
+    // written after all, stays with its data.
+    let fx = Fx::new().await;
+    let (e, img, name) = deb_entry(&fx, "/k", 8_000);
+    let b = fx.ensure(&e, "deb").await.unwrap();
+    let data = b.data_path.clone().unwrap();
+    let data_name = data.strip_prefix("/pool/").unwrap().to_owned();
+    let before = fx.volumes();
+
+    // Published (marker agrees), on the noted part.
+    image::debris::note_base("h-debris-kept-1", POOL, &name, &data_name, &data);
+    let gone = image::debris::clear(&fx.client, &fx.pool, "h-debris-kept-1", "home")
+        .await
+        .unwrap();
+    assert!(gone.is_empty(), "{gone:?}");
+    assert!(image::debris::noted("h-debris-kept-1", POOL).is_empty());
+
+    // Unmarked, but on another part than the one noted.
+    let marker = cache::marker_name(&name);
+    fx.client
+        .vol_delete(&cache::handle(&fx.pool, &marker, ""), 0)
+        .await
+        .unwrap();
+    let other = format!("{name}{}1-00000000000000bb", cache::PART_INFIX);
+    image::debris::note_base(
+        "h-debris-kept-2",
+        POOL,
+        &name,
+        &other,
+        &format!("/pool/{other}"),
+    );
+    let gone = image::debris::clear(&fx.client, &fx.pool, "h-debris-kept-2", "home")
+        .await
+        .unwrap();
+    assert!(gone.is_empty(), "{gone:?}");
+    assert!(image::debris::noted("h-debris-kept-2", POOL).is_empty());
+    let mut now = fx.volumes();
+    now.push(marker);
+    now.sort();
+    assert_eq!(now, before, "nothing removed");
+    assert_eq!(fx.base_bytes(&name), img);
+}
+
 // ---------------------------------------------------------------- M10
 
 #[tokio::test]

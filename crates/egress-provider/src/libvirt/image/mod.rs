@@ -668,8 +668,10 @@ async fn publish(
         Ok(v) => v,
         Err(e) if e.is_connection() || e.is_timeout() => {
             // NB: the volume may exist on the host, backed by our part; we cannot prove the
-            // name is ours, so we never write its marker or delete it, nor the part.
+            // name is ours here, so we never write its marker. Debris removes it once the
+            // host answers, if it is then backed by our part (ours) and unmarked, then the part.
             *keep_part = true;
+            debris::note_base(host, &pool.name, &name, &part.name, &part_path);
             return Err(classify(
                 &e,
                 &format!(
@@ -695,7 +697,9 @@ async fn publish(
     };
 
     // From here the final name is ours and references the part: if publishing fails,
-    // remove the base (then the part goes too).
+    // remove the base (then the part goes too). Until it is marked or removed, a failure to
+    // remove it, or this future dropped, leaves it noted as debris.
+    let mut unmarked = debris::UnmarkedBase::new(host, &pool.name, &name, &part.name, &part_path);
     let finish = async {
         let info =
             on_link!(link, |c| c.vol_info(&base)).map_err(lv(host, "reading the new base"))?;
@@ -772,14 +776,27 @@ async fn publish(
     };
     match finish.await {
         Ok(p) => {
+            unmarked.disarm();
             *keep_part = true;
             Ok(done(p, true))
         }
         Err(e) => {
             // Ours (created in this call) and unmarked: remove it; the caller then deletes
-            // the part. If the base cannot be removed, the part stays with it.
-            if on_link!(link, |c| c.vol_delete(&base, 0)).is_err() {
-                *keep_part = true;
+            // the part. If the base cannot be removed, the part stays with it, both noted as
+            // debris by `unmarked` (an unmarked base would stall every later import of this
+            // image on this host).
+            // NB: not `on_link!`, whose failed reopen would return before the part is kept.
+            let mut r = link.client.vol_delete(&base, 0).await;
+            if matches!(&r, Err(d) if d.is_connection()) && link.reopen().await.is_ok() {
+                r = link.client.vol_delete(&base, 0).await;
+            }
+            match r {
+                Ok(()) => unmarked.disarm(),
+                Err(d) if cache::is_no_vol(&d) => unmarked.disarm(),
+                Err(d) => {
+                    tracing::warn!(base = %name, error = %d, "could not delete the unpublished base");
+                    *keep_part = true;
+                }
             }
             Err(e)
         }

@@ -56,8 +56,8 @@ pub struct BaseVerdict {
     /// What happened.
     pub action: BaseAction,
     /// A stable label of the rule that decided: `base-in-use`, `base-in-grace`,
-    /// `base-unused`, `base-age-unknown`, `base-importing`, `base-chain-unseen`,
-    /// `base-host-failed`.
+    /// `base-unused`, `base-unpublished`, `base-age-unknown`, `base-importing`,
+    /// `base-chain-unseen`, `base-host-failed`.
     pub rule: &'static str,
     /// Why, for humans.
     pub reason: String,

@@ -388,3 +388,81 @@ async fn a_host_that_cannot_be_read_is_reported_and_the_others_are_still_collect
     .await
     .expect("within the test budget");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_base_left_without_its_marker_goes_once_no_import_can_be_publishing_it() {
+    // finding: H4
+    // An import that died between creating its base and marking it (a crash, a host failing at
+    // that moment in another process, or before a restart) leaves the final name without its
+    // marker: every later import of the image on that host would wait for a marker nobody
+    // writes. Kept while an import may still be publishing it, removed (base and data) once
+    // its upload is older than timeouts.imageImport plus the grace, unless something uses it.
+    tokio::time::timeout(BUDGET, async {
+        let w = world(&["dead", "dead-in-use"]).await;
+        let (dead, used) = (&w.bases["dead"], &w.bases["dead-in-use"]);
+        let c = FakeBulk(w.fake.clone()).open().await.unwrap();
+        let pool = c.pool_lookup_by_name(POOL).await.unwrap();
+        for b in [dead, used] {
+            let m = c
+                .vol_lookup_by_name(&pool, &format!("{}.marker", b.name))
+                .await
+                .unwrap();
+            c.vol_delete(&m, 0).await.unwrap();
+        }
+        w.fake
+            .add_volume(
+                POOL,
+                VolumeSpec::new("overlay-on-unmarked.qcow2", 8 * MIB)
+                    .format("qcow2")
+                    .backing(used.path.clone()),
+            )
+            .unwrap();
+        let limit = image_fixtures::entry("home").timeouts.image_import + 60 * MINUTE;
+        let t0 = SystemTime::now();
+
+        for at in [t0, t0 + limit - MINUTE] {
+            let v = w
+                .provider
+                .collect_bases(&settings(UnusedClock::FirstSeen, at))
+                .await;
+            let d = verdict(&v, dead);
+            assert_eq!(
+                (d.action, d.rule),
+                (BaseAction::Kept, "base-unpublished"),
+                "{d:?}"
+            );
+            assert!(d.reason.contains("may still be publishing"), "{d:?}");
+            assert_eq!(verdict(&v, used).rule, "base-in-use", "{v:#?}");
+            assert_eq!(left(&w.fake, dead).len(), 2);
+        }
+
+        let mut dry = settings(UnusedClock::FirstSeen, t0 + limit + MINUTE);
+        dry.dry_run = true;
+        let v = w.provider.collect_bases(&dry).await;
+        assert_eq!(verdict(&v, dead).action, BaseAction::WouldRemove, "{v:#?}");
+        assert_eq!(left(&w.fake, dead).len(), 2, "a dry run removes nothing");
+
+        let v = w
+            .provider
+            .collect_bases(&settings(UnusedClock::FirstSeen, t0 + limit + MINUTE))
+            .await;
+        println!("pass past the limit: {v:#?}");
+        let d = verdict(&v, dead);
+        assert_eq!(
+            (d.action, d.rule),
+            (BaseAction::Removed, "base-unpublished"),
+            "{d:?}"
+        );
+        assert_eq!(left(&w.fake, dead), Vec::<String>::new());
+        let u = verdict(&v, used);
+        assert_eq!(
+            (u.action, u.rule),
+            (BaseAction::Kept, "base-in-use"),
+            "{u:?}"
+        );
+        assert!(u.reason.contains("overlay-on-unmarked.qcow2"), "{u:?}");
+        assert_eq!(left(&w.fake, used).len(), 2);
+    })
+    .await
+    .expect("within the test budget");
+}

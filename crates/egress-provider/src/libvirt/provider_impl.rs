@@ -1226,6 +1226,7 @@ impl Provider for LibvirtProvider {
                     host: &host,
                     client: &c,
                     pool: &pool,
+                    import_timeout: self.entry_cfg().timeouts.image_import,
                 };
                 let r = image::gc::collect_host(&scope, settings, grace, &self.unused_bases).await;
                 if matches!(&r, Err(e) if e.libvirt_code == Some(49)) {

@@ -93,11 +93,15 @@ pub(super) fn recently_used(host: &str, pool: &str, base: &str) -> bool {
         .is_some_and(|at| at.elapsed() < RECENT_USE)
 }
 
-/// A published base of the entry that might be removed.
+/// A base of the entry that might be removed.
 #[derive(Debug, Clone)]
 pub(super) struct Candidate {
     /// The base volume's name.
     pub(super) name: String,
+    /// Whether it is published (its marker exists and agrees). An unpublished one is a base
+    /// being published right now, or one whose import died between creating it and marking
+    /// it: only the collection of unused bases judges those ([`super::gc`]), by age.
+    pub(super) published: bool,
     /// Its source key (`img-…` / `url-…`), for the import lock.
     pub(super) source_key: String,
     /// Its path.
@@ -147,7 +151,8 @@ pub(super) struct Usage {
     pub(super) blocked: Option<String>,
 }
 
-/// Reads who uses `bases` (published base names of `entry`) in `pool` on `host`: every
+/// Reads who uses `bases` (base names of `entry`; one without its marker is read as an
+/// unpublished [`Candidate`]) in `pool` on `host`: every
 /// domain's XML (live and next definition) and every other volume's backing store of the
 /// pool (see the module guarantees). Fails as a whole on any read failure but "vanished".
 pub(super) async fn usage(
@@ -228,7 +233,9 @@ pub async fn make_room(
     let mut cands: Vec<Candidate> = u
         .bases
         .into_iter()
-        .filter(|(k, user)| user.is_none() && !recently_used(host, &pool.name, &k.name))
+        .filter(|(k, user)| {
+            k.published && user.is_none() && !recently_used(host, &pool.name, &k.name)
+        })
         .map(|(k, _)| k)
         .collect();
     cands.sort_by(|a, b| (a.created_unix, &a.name).cmp(&(b.created_unix, &b.name)));
@@ -285,18 +292,26 @@ async fn candidates(
             unreadable.push((name.clone(), "its name has no digest".to_owned()));
             continue;
         };
-        let p = match cache::check_published(c, pool, name, host).await {
-            Ok(Some(p)) => p,
-            // Not (or no longer) published: not a base yet, or being removed.
-            Ok(None) => continue,
+        let (path, data_path, published) = match cache::check_published(c, pool, name, host).await {
+            Ok(Some(p)) => (p.path, p.data_path, true),
+            // Not (or no longer) published: being published, left by an import that died
+            // before its marker, or being removed.
+            Ok(None) => match unpublished(c, pool, name, host).await {
+                Ok(Some((path, data))) => (path, data, false),
+                Ok(None) => continue,
+                Err(e) if e.is_permanent() => {
+                    unreadable.push((name.clone(), e.message));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            },
             Err(e) if e.is_permanent() => {
                 unreadable.push((name.clone(), e.message));
                 continue;
             }
             Err(e) => return Err(e),
         };
-        let data_name = p
-            .data_path
+        let data_name = data_path
             .as_deref()
             .and_then(|d| d.rsplit('/').next())
             .map(str::to_owned);
@@ -310,15 +325,40 @@ async fn candidates(
         };
         out.push(Candidate {
             name: name.clone(),
+            published,
             source_key: source_key.to_owned(),
-            path: p.path,
-            data_path: p.data_path,
+            path,
+            data_path,
             data_name,
             created_unix,
             url: source_key.starts_with("url-"),
         });
     }
     Ok((out, unreadable))
+}
+
+/// The path and backing store of base `name` read without its marker; `None` when it does not
+/// exist. Permanent when its description cannot be read or names no path.
+async fn unpublished(
+    c: &Client,
+    pool: &StoragePool,
+    name: &str,
+    host: &str,
+) -> Result<Option<(String, Option<String>)>> {
+    let xml = match c.vol_xml(&cache::handle(pool, name, "")).await {
+        Ok(x) => x,
+        Err(e) if cache::is_no_vol(&e) => return Ok(None),
+        Err(e) => return Err(classify(&e, &format!("reading base {name} on host {host}"))),
+    };
+    let facts = volumes::parse_volume_xml(&xml).and_then(|f| f.path.map(|p| (p, f.backing)));
+    match facts {
+        Some(f) => Ok(Some(f)),
+        None => Err(crate::error::ProviderError::permanent(format!(
+            "base volume {name} in pool {} on host {host} (no marker) has a description \
+             without a path",
+            pool.name
+        ))),
+    }
 }
 
 /// Every volume path in `pool` (to tell disks inside it from disks elsewhere).

@@ -1,5 +1,10 @@
 //! Collecting unused bases: a base nothing on its host uses, unused for the entry's grace
 //! period (`limits.unusedBaseGraceMinutes`), is removed with its marker and data volume.
+//! So is an *unpublished* base (the final name without its marker, left by an import that
+//! died between creating it and marking it: a crash, or a host failing at that moment in
+//! another process or before a restart) once its upload is older than the entry's
+//! `timeouts.imageImport` plus the grace: no import publishes it any more, and left there it
+//! would make every later import of that image on the host wait for a marker nobody writes.
 //! The operator's GC runs this every pass; `egress-proxies images gc` runs it once.
 //!
 //! Guarantees:
@@ -9,6 +14,10 @@
 //!   handed to a create within [`evict::RECENT_USE`], and nothing at all on a host where a
 //!   shut-off domain has a disk chain libvirt does not show. Our own records (marks, the
 //!   address book) are never what keeps or frees a base;
+//! - an unpublished base is judged by the same "in use" rules and then by its upload time
+//!   alone (from its data volume's name, written by the importing process): an import's
+//!   deadline starts before its upload, so past `timeouts.imageImport` none is running; the
+//!   grace is added as a margin for a slow clock;
 //! - a base in use is never removed, and the unused count restarts whenever a pass finds it
 //!   in use; a base's unused time never starts before its upload, so a base imported or
 //!   prefetched less than the grace ago stays;
@@ -62,6 +71,9 @@ pub struct HostScope<'a> {
     pub client: &'a Client,
     /// The host's pool.
     pub pool: &'a StoragePool,
+    /// The entry's `timeouts.imageImport`: a base without its marker whose upload is older
+    /// than this plus the grace has no import left to publish it.
+    pub import_timeout: Duration,
 }
 
 /// Collects the entry's unused bases on one host (see the module guarantees). `grace` is the
@@ -79,12 +91,20 @@ pub async fn collect_host(
         .await
         .map_err(|e| classify(&e, &format!("listing pool {} on host {host}", pool.name)))?;
     let prefix = names::base_prefix(entry);
-    let bases: Vec<String> = vols
+    let listed: HashSet<&str> = vols.iter().map(|v| v.name.as_str()).collect();
+    let marked = vols
         .iter()
         .filter_map(|v| v.name.strip_suffix(cache::MARKER_SUFFIX))
-        .filter(|b| b.starts_with(&prefix))
-        .map(str::to_owned)
-        .collect();
+        .filter(|b| b.starts_with(&prefix));
+    // NB: a base name without its marker: being published, or left by an import that died
+    // between the two (judged by age below).
+    let unmarked = vols.iter().map(|v| v.name.as_str()).filter(|n| {
+        n.starts_with(&prefix)
+            && !n.contains(cache::PART_INFIX)
+            && !n.ends_with(cache::MARKER_SUFFIX)
+            && !listed.contains(cache::marker_name(n).as_str())
+    });
+    let bases: Vec<String> = marked.chain(unmarked).map(str::to_owned).collect();
     let key = |base: &str| format!("{host}/{}/{base}", pool.name);
     if bases.is_empty() {
         forget_host(seen, &key(""), &HashSet::new());
@@ -147,45 +167,47 @@ pub async fn collect_host(
             continue;
         }
         let uploaded = UNIX_EPOCH + Duration::from_secs(k.created_unix);
-        let since = match settings.clock {
-            UnusedClock::Upload => uploaded,
-            UnusedClock::FirstSeen => {
-                let first = *seen.lock().entry(base_key.clone()).or_insert(settings.now);
-                first.max(uploaded)
+        let (rule, reason) = if k.published {
+            match unused_reason(&base_key, uploaded, settings, grace, seen) {
+                Ok(r) => ("base-unused", r),
+                Err(kept) => {
+                    out.push(verdict(&k.name, BaseAction::Kept, "base-in-grace", kept));
+                    continue;
+                }
             }
-        };
-        let unused_for = settings.now.duration_since(since).unwrap_or_default();
-        if unused_for < grace {
-            out.push(verdict(
-                &k.name,
-                BaseAction::Kept,
-                "base-in-grace",
+        } else {
+            // NB: no process publishes a base whose upload is older than its import budget:
+            // the import's deadline is counted from before the upload.
+            let limit = scope.import_timeout.saturating_add(grace);
+            let age = settings.now.duration_since(uploaded).unwrap_or_default();
+            if age < limit {
+                out.push(verdict(
+                    &k.name,
+                    BaseAction::Kept,
+                    "base-unpublished",
+                    format!(
+                        "kept: it has no marker yet, and its import may still be publishing it \
+                         (uploaded {}s ago; removed once older than timeouts.imageImport plus \
+                         the grace, {}s)",
+                        age.as_secs(),
+                        limit.as_secs()
+                    ),
+                ));
+                continue;
+            }
+            (
+                "base-unpublished",
                 format!(
-                    "unused for {}s, less than the grace of {}s ({})",
-                    unused_for.as_secs(),
-                    grace.as_secs(),
-                    match settings.clock {
-                        UnusedClock::Upload => "counted from its upload",
-                        UnusedClock::FirstSeen => {
-                            "counted from the first pass that found it unused, or its upload"
-                        }
-                    }
+                    "it has no marker: its import ended before publishing it (uploaded {}s ago, \
+                     more than timeouts.imageImport plus the grace, {}s), and nothing on the \
+                     host uses it",
+                    age.as_secs(),
+                    limit.as_secs()
                 ),
-            ));
-            continue;
-        }
-        let reason = format!(
-            "nothing on the host uses it and it has been unused for {}s (grace {}s)",
-            unused_for.as_secs(),
-            grace.as_secs()
-        );
+            )
+        };
         if settings.dry_run {
-            out.push(verdict(
-                &k.name,
-                BaseAction::WouldRemove,
-                "base-unused",
-                reason,
-            ));
+            out.push(verdict(&k.name, BaseAction::WouldRemove, rule, reason));
             continue;
         }
         let lock = import_lock(&k.lock_key(host, &pool.name, entry));
@@ -202,18 +224,57 @@ pub async fn collect_host(
         match evict::remove(c, pool, host, &k).await {
             Ok(()) => {
                 seen.lock().remove(&base_key);
-                tracing::info!(base = %k.name, host, pool = %pool.name, "removed an unused base");
-                out.push(verdict(&k.name, BaseAction::Removed, "base-unused", reason));
+                tracing::info!(base = %k.name, host, pool = %pool.name, rule, "removed a base");
+                out.push(verdict(&k.name, BaseAction::Removed, rule, reason));
             }
             Err(e) => out.push(verdict(
                 &k.name,
                 BaseAction::Failed,
-                "base-unused",
+                rule,
                 format!("removing it failed: {e}"),
             )),
         }
     }
     Ok(out)
+}
+
+/// Why a published, unused base goes (`Ok`), or why it is kept in its grace (`Err`).
+fn unused_reason(
+    base_key: &str,
+    uploaded: SystemTime,
+    settings: &BaseGcSettings,
+    grace: Duration,
+    seen: &UnusedSince,
+) -> std::result::Result<String, String> {
+    let since = match settings.clock {
+        UnusedClock::Upload => uploaded,
+        UnusedClock::FirstSeen => {
+            let first = *seen
+                .lock()
+                .entry(base_key.to_owned())
+                .or_insert(settings.now);
+            first.max(uploaded)
+        }
+    };
+    let unused_for = settings.now.duration_since(since).unwrap_or_default();
+    if unused_for < grace {
+        return Err(format!(
+            "unused for {}s, less than the grace of {}s ({})",
+            unused_for.as_secs(),
+            grace.as_secs(),
+            match settings.clock {
+                UnusedClock::Upload => "counted from its upload",
+                UnusedClock::FirstSeen => {
+                    "counted from the first pass that found it unused, or its upload"
+                }
+            }
+        ));
+    }
+    Ok(format!(
+        "nothing on the host uses it and it has been unused for {}s (grace {}s)",
+        unused_for.as_secs(),
+        grace.as_secs()
+    ))
 }
 
 /// Drops the first-seen times of bases under `prefix` (one host's pool) that are no longer

@@ -675,8 +675,9 @@ async fn publish(
             return Err(classify(
                 &e,
                 &format!(
-                    "publishing base {name} on host {host} (it may have been created; if \
-                     {name} stays without {marker}, delete it, then its data volume {})",
+                    "publishing base {name} on host {host} (it may have been created: if it \
+                     is there without {marker}, it and its data volume {} are removed once \
+                     the host answers)",
                     part.name
                 ),
             ));
@@ -904,7 +905,9 @@ async fn wait_for_marker(
         if Instant::now() + cache::MARKER_POLL > until {
             return Err(ProviderError::transient(format!(
                 "base {name} in pool {} on host {host} has no marker {} after waiting: another \
-                 import is still publishing it, or one died; if no import is running, delete {name}",
+                 import is still publishing it, or one died (the GC removes it once its upload \
+                 is older than timeouts.imageImport plus limits.unusedBaseGraceMinutes; if no \
+                 import is running, deleting {name} now is safe)",
                 pool.name,
                 cache::marker_name(name)
             )));

@@ -555,11 +555,11 @@ async fn a_publish_dropped_between_its_base_and_its_marker_leaves_nothing_once_t
     const HOST: &str = "h-debris-dropped";
     let fx = std::sync::Arc::new(Fx::new().await);
     let (e, _img, name) = deb_entry(&fx, "/d", 7_000);
-    // NB: every call waits 50 ms, so the base's creation is seen and the fake frozen well
+    // NB: every call waits 250 ms, so the base's creation is seen and the fake frozen well
     // before the publish's next two calls (the base's info, the marker) run.
     fx.fake
         .faults()
-        .delay_replies(Some(Duration::from_millis(50)));
+        .delay_replies(Some(Duration::from_millis(250)));
     let task = {
         let fx = fx.clone();
         let e = e.clone();

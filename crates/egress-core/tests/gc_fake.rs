@@ -591,6 +591,10 @@ async fn a_part_that_a_published_base_uses_as_its_data_is_never_collected() {
                 .backing(data_path),
         )
         .unwrap();
+    // Published: its marker records the base's size (an unmarked one this old is collected).
+    s.fake
+        .add_volume(POOL, VolumeSpec::new(cache::marker_name(&base), 1 << 30))
+        .unwrap();
     let r = collect(
         &s.providers,
         &HashSet::new(),

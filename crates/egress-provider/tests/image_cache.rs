@@ -438,21 +438,9 @@ async fn a_publish_that_fails_before_its_marker_removes_its_base_and_its_data() 
     // finding: H4, M13
     use libvirt_remote::proto::procs;
     let fx = Fx::new().await;
-    let img = qcow2(8 * MIB, 5_000);
-    let url = fx.server.route("/f", Route::new(img.clone()));
-    let mut e = entry("home");
-    e.images.insert(
-        "deb".into(),
-        spec(&url, Some(&sha(&img)), ImageFormat::Qcow2),
-    );
     // A marker left behind by hand, recording another size: the publish creates its base,
     // then finds the marker disagrees, and must remove the base and its data, nothing else.
-    let name = names::base(
-        "home",
-        names::ImageSource::Catalogue("deb"),
-        &sha(&img),
-        ImageFormat::Qcow2,
-    );
+    let (e, _img, name) = deb_entry(&fx, "/f", 5_000);
     let marker = cache::marker_name(&name);
     fx.fake
         .add_volume(POOL, libvirt_fake::VolumeSpec::new(&marker, 1))
